@@ -1,0 +1,1 @@
+"""tailguard pipeline: pure core (contract, core) and thin adapters."""

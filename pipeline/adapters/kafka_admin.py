@@ -1,0 +1,108 @@
+"""Kafka administration: topic creation, partition counts, consumer-group progress."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class KafkaAdminError(Exception):
+    """Topic or group administration failed."""
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient(settings.kafka_config())
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]:
+    """Create tailguard's topics if missing; return each topic's partition count.
+
+    Faust does not create source topics, and the broker's auto-creation is off
+    in production clusters: topics are created here, with configured partitions.
+    """
+    a = admin(settings)
+    week_ms = str(7 * 24 * 3600 * 1000)
+    wanted = {
+        settings.lifecycle_topic: NewTopic(
+            settings.lifecycle_topic,
+            settings.topic_partitions,
+            settings.replication_factor,
+            config={"retention.ms": week_ms, "compression.type": "producer"},
+        ),
+        settings.engine_stats_topic: NewTopic(
+            settings.engine_stats_topic,
+            settings.topic_partitions,
+            settings.replication_factor,
+            config={"retention.ms": week_ms},
+        ),
+        settings.dlq_topic: NewTopic(
+            settings.dlq_topic,
+            1,
+            settings.replication_factor,
+            config={"retention.ms": str(30 * 24 * 3600 * 1000)},
+        ),
+    }
+    existing = a.list_topics(timeout=timeout_s).topics
+    missing = [t for name, t in wanted.items() if name not in existing]
+    if missing:
+        for name, fut in a.create_topics(missing, operation_timeout=timeout_s).items():
+            try:
+                fut.result()
+                log.info("created topic %s", name)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise KafkaAdminError(f"cannot create topic {name}: {exc}") from exc
+    return wait_partitions(settings, list(wanted), timeout_s)
+
+
+def wait_partitions(settings: Settings, topics: list[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Partition count of each topic, waiting until metadata shows them all."""
+    a = admin(settings)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = a.list_topics(timeout=timeout_s).topics
+        counts = {t: len(md[t].partitions) for t in topics if t in md and md[t].partitions}
+        if len(counts) == len(topics):
+            return counts
+        if time.monotonic() > deadline:
+            raise KafkaAdminError(f"topics missing from metadata: {sorted(set(topics) - set(counts))}")
+        time.sleep(0.2)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return self.end - self.committed
+
+
+def group_progress(settings: Settings, topic: str, group: str | None = None) -> GroupProgress:
+    """Committed offsets of the worker group against the topic's end offsets."""
+    from confluent_kafka import Consumer
+
+    a = admin(settings)
+    md = a.list_topics(topic, timeout=10).topics[topic]
+    tps = [TopicPartition(topic, p) for p in md.partitions]
+    fut = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group or settings.group_id, tps)])
+    committed = 0
+    for f in fut.values():
+        for tp in f.result().topic_partitions:
+            committed += max(tp.offset, 0)
+    conf = settings.kafka_config() | {"group.id": "tailguard-admin-probe", "enable.auto.commit": False}
+    c = Consumer(conf)
+    try:
+        end = sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps)
+    finally:
+        c.close()
+    return GroupProgress(committed, end)

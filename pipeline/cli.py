@@ -1,0 +1,223 @@
+"""``tailguard`` command line. The settings object is built here, once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from pipeline.settings import Settings
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023" / "conv.csv"
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    for flag, field in (
+        ("bootstrap", "bootstrap_servers"),
+        ("store", "store_dir"),
+        ("partitions", "topic_partitions"),
+        ("group", "group_id"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[field] = value
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SystemExit(f"tailguard: invalid settings:\n{exc}") from None
+
+
+def _add_kafka(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (env TAILGUARD_BOOTSTRAP_SERVERS)")
+    p.add_argument("--partitions", type=int, help="partitions for created topics")
+
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", type=Path, help="embedded ClickHouse directory (env TAILGUARD_STORE_DIR)")
+
+
+def _add_sim(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure-format trace CSV")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate")
+    p.add_argument("--overload", metavar="START_S:END_S:FACTOR", help="overload episode, e.g. 600:1200:3")
+    p.add_argument("--limit", type=int, help="only the first N trace requests")
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from pipeline.contract.events import json_schema
+
+    sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from pipeline.adapters.kafka_admin import ensure_topics
+
+    for topic, n in ensure_topics(_settings(args)).items():
+        print(f"{topic}\t{n} partitions")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from pipeline.adapters.store import migrate, open_store
+
+    settings = _settings(args)
+    store = open_store(settings)
+    try:
+        applied = migrate(store, settings.cluster)
+    finally:
+        store.close()
+    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from pipeline.adapters.worker import run_worker
+
+    run_worker(_settings(args), loglevel=args.loglevel)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pipeline.demo import sim_config_from_args, simulate_to
+
+    config = sim_config_from_args(args)
+    if args.out is not None:
+        summary = simulate_to(args.trace, config, jsonl=args.out, speedup=args.speedup, limit=args.limit)
+    else:
+        summary = simulate_to(
+            args.trace, config, settings=_settings(args), speedup=args.speedup, limit=args.limit
+        )
+    print(orjson.dumps(summary).decode())
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pipeline.replay import replay_file
+
+    dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
+    with dlq_path.open("wb") as dlq:
+        result = replay_file(args.events, _settings(args).join_config(), dlq_out=dlq)
+    if args.store is not None:
+        from pipeline.adapters.store import migrate, open_store, write_requests
+
+        settings = _settings(args)
+        store = open_store(settings)
+        try:
+            migrate(store, settings.cluster)
+            write_requests(store, result.records)
+        finally:
+            store.close()
+    summary = result.summary()
+    summary["dlq_file"] = str(dlq_path)
+    sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 if not args.json else 0).decode() + "\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pipeline.adapters.store import open_store
+    from pipeline.report import read_report, render
+
+    store = open_store(_settings(args))
+    try:
+        report = read_report(store)
+    finally:
+        store.close()
+    if args.json:
+        print(orjson.dumps(report.to_json()).decode())
+    else:
+        Console().print(render(report))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import run_demo, sim_config_from_args
+
+    return run_demo(
+        trace=args.trace,
+        sim_config=sim_config_from_args(args),
+        speedup=args.speedup,
+        partitions=args.partitions or 8,
+        workdir=args.workdir,
+        bootstrap=args.bootstrap,
+        limit=args.limit,
+        tee_jsonl=args.tee,
+        json_out=args.json,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tailguard", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("schema", help="print the v1 event contract as JSON Schema")
+    s.set_defaults(func=cmd_schema)
+
+    s = sub.add_parser("topics", help="create tailguard's Kafka topics (idempotent)")
+    _add_kafka(s)
+    s.set_defaults(func=cmd_topics)
+
+    s = sub.add_parser("migrate", help="apply sql/ migrations to ClickHouse (idempotent)")
+    _add_store(s)
+    s.set_defaults(func=cmd_migrate)
+
+    s = sub.add_parser("worker", help="run a pipeline worker (Faust)")
+    _add_kafka(s)
+    _add_store(s)
+    s.add_argument("--group", help="consumer group id")
+    s.add_argument("--loglevel", default="info")
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("simulate", help="replay a trace through the serving simulator")
+    _add_kafka(s)
+    _add_sim(s)
+    s.add_argument("--speedup", type=float, default=None, help="event time / wall time; omit = max")
+    s.add_argument("--out", type=Path, help="write JSON Lines here instead of Kafka")
+    s.set_defaults(func=cmd_simulate)
+
+    s = sub.add_parser("replay", help="run the core over a JSON Lines file of messages")
+    s.add_argument("events", type=Path)
+    _add_store(s)
+    s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
+    s.add_argument("--json", action="store_true", help="one-line JSON")
+    s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("report", help="print the SLO report from the store")
+    _add_store(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("demo", help="local Kafka + simulator + worker + report, end to end")
+    _add_sim(s)
+    s.add_argument("--speedup", type=float, default=60.0, help="event time / wall time (0 = max)")
+    s.add_argument("--partitions", type=int)
+    s.add_argument("--bootstrap", help="use this Kafka instead of starting a local one")
+    s.add_argument("--workdir", type=Path, default=Path("var/demo"))
+    s.add_argument("--tee", type=Path, help="also write the simulated events to this JSONL file")
+    s.add_argument("--json", type=Path, help="also write the report as JSON to this file")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

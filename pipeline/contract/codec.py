@@ -1,0 +1,125 @@
+"""Message codec: bytes on the wire <-> v1 events, with dead letters for bad input.
+
+A Kafka message value (or one JSON Lines line) is either one event object or
+a JSON array of events. Decoding never raises on bad input: everything that
+fails validation becomes a :class:`DeadLetter` with the raw bytes and a
+reason, and one bad event in a batch does not reject its valid neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from pipeline.contract.events import EVENT_ADAPTER, Event
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 1_048_576
+_BATCH_ADAPTER: Final[TypeAdapter[list[Event]]] = TypeAdapter(list[Event])
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a message came from (Kafka coordinates, or file and line for replay)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One rejected message or batch element, with the reason it was rejected."""
+
+    raw: bytes
+    reason: str
+    source: SourceRef
+    index: int | None  # position inside a batch; None when the whole message is bad
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    events: list[Event]
+    dead: list[DeadLetter]
+
+
+def _reason(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors(include_url=False)[:3]:
+        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        parts.append(f"{loc}: {e['msg']}")
+    more = err.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"... {more} more")
+    return "invalid_event: " + "; ".join(parts)
+
+
+def decode_message(
+    raw: bytes, source: SourceRef, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> Decoded:
+    """Decode one message value into events and dead letters. Never raises."""
+    if len(raw) > max_bytes:
+        return Decoded([], [DeadLetter(raw, f"oversize: {len(raw)} > {max_bytes} bytes", source, None)])
+    stripped = raw.lstrip()
+    if stripped[:1] == b"[":
+        try:  # fast path: a clean batch validates in one call inside pydantic-core
+            return Decoded(_BATCH_ADAPTER.validate_json(raw), [])
+        except ValidationError:
+            pass
+        try:
+            items = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return Decoded([], [DeadLetter(raw, f"invalid_json: {exc}", source, None)])
+        events: list[Event] = []
+        dead: list[DeadLetter] = []
+        for i, item in enumerate(items):
+            item_raw = orjson.dumps(item)
+            try:
+                events.append(EVENT_ADAPTER.validate_json(item_raw))
+            except ValidationError as exc:
+                dead.append(DeadLetter(item_raw, _reason(exc), source, i))
+        return Decoded(events, dead)
+    try:
+        return Decoded([EVENT_ADAPTER.validate_json(raw)], [])
+    except ValidationError as exc:
+        if stripped[:1] != b"{":
+            try:
+                orjson.loads(raw)
+            except orjson.JSONDecodeError as jexc:
+                return Decoded([], [DeadLetter(raw, f"invalid_json: {jexc}", source, None)])
+            return Decoded([], [DeadLetter(raw, "not_an_event: value is neither object nor array", source, None)])
+        return Decoded([], [DeadLetter(raw, _reason(exc), source, None)])
+
+
+def event_to_dict(event: Event) -> dict[str, object]:
+    return event.model_dump(mode="json", exclude_none=True)
+
+
+def encode_event(event: Event) -> bytes:
+    return orjson.dumps(event_to_dict(event))
+
+
+def encode_batch(events: Sequence[Event] | Iterable[Event]) -> bytes:
+    """One message carrying a JSON array of events."""
+    return orjson.dumps([event_to_dict(e) for e in events])
+
+
+def dead_letter_record(d: DeadLetter) -> dict[str, object]:
+    """A JSON-ready description of a dead letter (for files and logs)."""
+    try:
+        raw_text: str | None = d.raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raw_text = None
+    out: dict[str, object] = {
+        "reason": d.reason,
+        "source": {"topic": d.source.topic, "partition": d.source.partition, "offset": d.source.offset},
+        "index": d.index,
+    }
+    if raw_text is not None:
+        out["raw"] = raw_text
+    else:
+        out["raw_hex"] = d.raw.hex()
+    return out

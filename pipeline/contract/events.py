@@ -1,0 +1,136 @@
+"""Event contract v1: the public wire format of tailguard.
+
+Every lifecycle event is one JSON object. A Kafka message carries either one
+event (a JSON object) or a batch (a JSON array of events); see
+:mod:`pipeline.contract.codec`.
+
+Field names carry their units (``ts_unix_ns``, ``total_ms``). Durations are
+measured on one host's monotonic clock; wall-clock timestamps (``*_unix_ns``)
+are the emitting host's clock and are never subtracted across hosts.
+
+Compatibility rules for v1: fields may be added (optional, with defaults);
+none may be renamed, retyped or removed. Unknown fields are ignored on read so
+that newer producers keep working with older workers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+CONTRACT_VERSION: Final = 1
+
+LIFECYCLE_TOPIC: Final = "tailguard.lifecycle"
+ENGINE_STATS_TOPIC: Final = "tailguard.engine-stats"
+DLQ_TOPIC: Final = "tailguard.dlq"
+
+NonNegMs = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Priority = Annotated[int, Field(ge=0, le=3)]
+Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class _Event(BaseModel):
+    """Fields every event carries."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+    v: Literal[1] = Field(description="Contract version; always 1 for this schema.")
+    event_id: str = Field(
+        min_length=1, max_length=128, description="Unique per event; a repeat is a duplicate."
+    )
+    ts_unix_ns: int = Field(gt=0, description="Wall clock of the emitting host, ns since epoch.")
+    host: str = Field(min_length=1, max_length=256, description="Emitting host (or host/engine).")
+    model: str = Field(min_length=1, max_length=256, description="Served model name.")
+
+
+class _RequestEvent(_Event):
+    request_id: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Request id shared by gateway and engine (the gateway's X-Request-Id).",
+    )
+
+
+class GatewayReceived(_RequestEvent):
+    """The gateway accepted a request (gives in-flight visibility)."""
+
+    kind: Literal["gateway.received"]
+    priority: Priority = Field(description="0 = highest (real-time) ... 3 = fallback.")
+    tenant: str | None = Field(default=None, max_length=256)
+    prompt_tokens: NonNegInt | None = None
+    stream: bool = False
+
+
+class GatewayCompleted(_RequestEvent):
+    """The gateway finished a request; durations from the gateway's monotonic clock."""
+
+    kind: Literal["gateway.completed"]
+    total_ms: NonNegMs = Field(description="Received -> last byte sent (or client gone).")
+    ttfb_ms: NonNegMs | None = Field(
+        default=None, description="Received -> first byte sent; null when none was sent."
+    )
+    http_status: int = Field(ge=0, le=599, description="0 = client disconnected.")
+    outcome: Outcome
+    output_tokens: NonNegInt | None = None
+
+
+class EngineFinished(_RequestEvent):
+    """The engine finished a request; durations from the engine's monotonic clock."""
+
+    kind: Literal["engine.finished"]
+    arrival_unix_ns: int = Field(gt=0, description="Engine wall clock at arrival.")
+    queue_ms: NonNegMs = Field(description="Queued -> scheduled.")
+    prefill_ms: NonNegMs = Field(description="Scheduled -> first token.")
+    decode_ms: NonNegMs = Field(description="First token -> last token.")
+    inference_ms: NonNegMs = Field(description="Scheduled -> last token.")
+    e2e_ms: NonNegMs = Field(description="Arrival -> finish.")
+    prompt_tokens: NonNegInt
+    output_tokens: NonNegInt
+    cached_tokens: NonNegInt = 0
+    finish_reason: FinishReason
+    preemptions: NonNegInt = 0
+    priority: Priority | None = None
+
+
+class EngineStats(_Event):
+    """Scheduler snapshot of one engine (topic ``tailguard.engine-stats``, key = host)."""
+
+    kind: Literal["engine.stats"]
+    request_id: str = Field(
+        default="", max_length=256, description="Unused for stats; empty by convention."
+    )
+    num_running: NonNegInt
+    num_waiting: NonNegInt
+    kv_cache_usage: Fraction
+    prefix_cache_hit_rate: Fraction | None = None
+    gpu_memory_used_fraction: Fraction | None = None
+
+
+LifecycleEvent = GatewayReceived | GatewayCompleted | EngineFinished
+Event = Annotated[
+    GatewayReceived | GatewayCompleted | EngineFinished | EngineStats,
+    Field(discriminator="kind"),
+]
+
+EVENT_ADAPTER: Final[TypeAdapter[Event]] = TypeAdapter(Event)
+EVENT_KINDS: Final = ("gateway.received", "gateway.completed", "engine.finished", "engine.stats")
+
+
+def json_schema() -> dict[str, object]:
+    """JSON Schema of one v1 event (a message is one event or an array of them)."""
+    one = EVENT_ADAPTER.json_schema()
+    defs = one.pop("$defs", {})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://tailguard.dev/schema/lifecycle/v1.json",
+        "title": "tailguard lifecycle message v1",
+        "description": (
+            "A Kafka message value: one event object, or a JSON array of event objects."
+        ),
+        "oneOf": [one, {"type": "array", "items": one}],
+        "$defs": defs,
+    }

@@ -1,0 +1,1 @@
+"""Pure core: joining, records, windows, sketches, SLOs. No Kafka, Faust or ClickHouse."""

@@ -1,0 +1,284 @@
+"""Join state machine: lifecycle events -> one request record per request_id.
+
+One :class:`Joiner` holds the state of one source partition (every event of a
+request lands on the same partition, so partitions join independently and a
+rebalance moves whole states). Time is passed in: ``advance(now_ms)`` takes
+the partition's event-time clock, which the adapter derives from event
+timestamps (see :class:`EventClock`).
+
+Rules
+-----
+* A record is complete when ``gateway.completed`` and ``engine.finished`` have
+  both arrived, in any order; it is emitted at once (revision 1).
+* ``gateway.received`` only gives in-flight visibility (priority, tenant).
+* When the first terminal event of a request arrives, its partner has
+  ``timeout_ms`` of event time to follow; then a partial record is emitted
+  (revision 0): gateway-only (engine fields null; client aborts are only
+  visible here) or engine-only (flagged as direct traffic).
+* A partner arriving after its partial record was emitted, while the request
+  id is still remembered, upgrades it to a joined record (revision 1; the
+  store keeps the highest revision).
+* A repeated ``event_id`` is a duplicate and is ignored; a second event of the
+  same kind with another id is a conflict, counted and ignored.
+* A ``gateway.received`` with nothing else is dropped after ``inflight_ttl_ms``
+  (counted as orphaned). State is bounded by ``max_pending``: beyond it the
+  oldest requests are resolved early (counted as evicted).
+
+Offsets: every pending request remembers the smallest source offset of its
+events; :meth:`Joiner.safe_offset` is the offset a consumer may commit
+without losing any state that lives only in memory.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Final
+
+from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived, LifecycleEvent
+from pipeline.core.record import RequestRecord, build_record
+
+_NS_PER_MS: Final = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class JoinConfig:
+    timeout_ms: int = 15_000
+    inflight_ttl_ms: int = 600_000
+    resolved_ttl_ms: int = 120_000
+    max_pending: int = 1_000_000
+    max_resolved: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_ms", "inflight_ttl_ms", "resolved_ttl_ms", "max_pending", "max_resolved"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class JoinCounters:
+    events: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    joined: int = 0
+    gateway_only: int = 0
+    engine_only: int = 0
+    upgraded: int = 0
+    orphaned_received: int = 0
+    evicted: int = 0
+    late_after_resolved: int = 0
+
+    def add(self, other: JoinCounters) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class _Pending:
+    __slots__ = ("completed", "deadline_ms", "finished", "first_offset", "received")
+
+    def __init__(self, first_offset: int) -> None:
+        self.received: GatewayReceived | None = None
+        self.completed: GatewayCompleted | None = None
+        self.finished: EngineFinished | None = None
+        self.first_offset = first_offset
+        self.deadline_ms = 0
+
+
+@dataclass(slots=True)
+class _Resolved:
+    expires_ms: int
+    # Kept only for partial records, so that a late partner can upgrade them.
+    received: GatewayReceived | None = None
+    completed: GatewayCompleted | None = None
+    finished: EngineFinished | None = None
+    partial: bool = False
+
+
+@dataclass(slots=True)
+class EventClock:
+    """Event-time clock of one partition that keeps moving while input is idle.
+
+    ``now = watermark + (wall - wall at last watermark advance)``: driven by
+    event timestamps while events flow (so a replay at any speed-up times out
+    in event time), and by the wall clock when a partition goes quiet (so the
+    last requests of a burst still resolve). Wall time is passed in.
+    """
+
+    watermark_ms: int = 0
+    wall_at_advance_ms: int = 0
+
+    def observe(self, ts_ms: int, wall_ms: int) -> None:
+        if ts_ms > self.watermark_ms:
+            self.watermark_ms = ts_ms
+            self.wall_at_advance_ms = wall_ms
+
+    def now(self, wall_ms: int) -> int:
+        if self.watermark_ms == 0:
+            return 0
+        return self.watermark_ms + max(0, wall_ms - self.wall_at_advance_ms)
+
+
+@dataclass(slots=True)
+class Joiner:
+    config: JoinConfig = field(default_factory=JoinConfig)
+    counters: JoinCounters = field(default_factory=JoinCounters)
+    _pending: dict[str, _Pending] = field(default_factory=dict)
+    _resolved: dict[str, _Resolved] = field(default_factory=dict)
+    _deadlines: list[tuple[int, str]] = field(default_factory=list)
+    _evicted_records: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def add(self, event: LifecycleEvent, offset: int) -> RequestRecord | None:
+        """Feed one event; returns a record when this event completes a request."""
+        self.counters.events += 1
+        rid = event.request_id
+        done = self._resolved.get(rid)
+        if done is not None:
+            return self._after_resolved(done, rid, event)
+        entry = self._pending.get(rid)
+        if entry is None:
+            if len(self._pending) >= self.config.max_pending:
+                self._evict_oldest()
+            entry = self._pending[rid] = _Pending(offset)
+        if not self._store(entry, event):
+            return None
+        if entry.completed is not None and entry.finished is not None:
+            del self._pending[rid]
+            self._remember(rid, event.ts_unix_ns // _NS_PER_MS, None)
+            self.counters.joined += 1
+            return build_record(rid, entry.received, entry.completed, entry.finished)
+        ts_ms = event.ts_unix_ns // _NS_PER_MS
+        if isinstance(event, GatewayReceived):
+            if entry.completed is not None or entry.finished is not None:
+                return None  # the partner's timeout is already running
+            entry.deadline_ms = ts_ms + self.config.inflight_ttl_ms
+        else:
+            # First terminal event: its partner now has timeout_ms to arrive.
+            entry.deadline_ms = ts_ms + self.config.timeout_ms
+        heapq.heappush(self._deadlines, (entry.deadline_ms, rid))
+        return None
+
+    def _store(self, entry: _Pending, event: LifecycleEvent) -> bool:
+        if isinstance(event, GatewayReceived):
+            slot: LifecycleEvent | None = entry.received
+            if slot is None:
+                entry.received = event
+                return True
+        elif isinstance(event, GatewayCompleted):
+            slot = entry.completed
+            if slot is None:
+                entry.completed = event
+                return True
+        else:
+            slot = entry.finished
+            if slot is None:
+                entry.finished = event
+                return True
+        if slot.event_id == event.event_id:
+            self.counters.duplicates += 1
+        else:
+            self.counters.conflicts += 1
+        return False
+
+    def _after_resolved(self, done: _Resolved, rid: str, event: LifecycleEvent) -> RequestRecord | None:
+        if not done.partial:
+            self._count_repeat(event, None)
+            return None
+        slot = {
+            "gateway.received": done.received,
+            "gateway.completed": done.completed,
+            "engine.finished": done.finished,
+        }[event.kind]
+        if slot is not None:
+            self._count_repeat(event, slot)
+            return None
+        if isinstance(event, GatewayReceived):
+            # Too late to matter for the record already emitted; keep it for an upgrade.
+            done.received = event
+            return None
+        if isinstance(event, GatewayCompleted):
+            done.completed = event
+        else:
+            done.finished = event
+        done.partial = False
+        self.counters.upgraded += 1
+        return build_record(rid, done.received, done.completed, done.finished)
+
+    def _count_repeat(self, event: LifecycleEvent, slot: LifecycleEvent | None) -> None:
+        if slot is None or slot.event_id == event.event_id:
+            # Fully joined requests keep no events: any repeat of them is a duplicate.
+            self.counters.duplicates += 1
+        else:
+            self.counters.conflicts += 1
+
+    def _remember(self, rid: str, now_ms: int, partial: _Pending | None) -> None:
+        expires = now_ms + self.config.resolved_ttl_ms
+        if partial is None:
+            self._resolved[rid] = _Resolved(expires)
+        else:
+            self._resolved[rid] = _Resolved(
+                expires, partial.received, partial.completed, partial.finished, partial=True
+            )
+        if len(self._resolved) > self.config.max_resolved:
+            del self._resolved[next(iter(self._resolved))]
+
+    def _resolve_partial(self, rid: str, entry: _Pending, now_ms: int) -> RequestRecord | None:
+        del self._pending[rid]
+        if entry.completed is None and entry.finished is None:
+            self.counters.orphaned_received += 1
+            return None
+        self._remember(rid, now_ms, entry)
+        if entry.completed is not None:
+            self.counters.gateway_only += 1
+        else:
+            self.counters.engine_only += 1
+        return build_record(rid, entry.received, entry.completed, entry.finished)
+
+    def _evict_oldest(self) -> None:
+        rid = next(iter(self._pending))
+        entry = self._pending[rid]
+        self.counters.evicted += 1
+        rec = self._resolve_partial(rid, entry, entry.deadline_ms)
+        if rec is not None:
+            self._evicted_records.append(rec)
+
+    def advance(self, now_ms: int) -> list[RequestRecord]:
+        """Resolve every request whose deadline is at or before ``now_ms``."""
+        out = self._evicted_records
+        self._evicted_records = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now_ms:
+            deadline, rid = heapq.heappop(heap)
+            entry = self._pending.get(rid)
+            if entry is None or entry.deadline_ms != deadline:
+                continue  # stale heap item: resolved already, or deadline moved
+            rec = self._resolve_partial(rid, entry, now_ms)
+            if rec is not None:
+                out.append(rec)
+        resolved = self._resolved
+        while resolved:
+            rid = next(iter(resolved))
+            if resolved[rid].expires_ms > now_ms:
+                break
+            del resolved[rid]
+        return out
+
+    def drain(self) -> list[RequestRecord]:
+        """End of input: resolve everything pending as if its timeout had passed."""
+        out = self._evicted_records
+        self._evicted_records = []
+        for rid, entry in list(self._pending.items()):
+            rec = self._resolve_partial(rid, entry, entry.deadline_ms)
+            if rec is not None:
+                out.append(rec)
+        self._deadlines.clear()
+        return out
+
+    def safe_offset(self, next_offset: int) -> int:
+        """Smallest offset whose events may still be needed (commit up to here)."""
+        for entry in self._pending.values():
+            return min(entry.first_offset, next_offset)
+        return next_offset

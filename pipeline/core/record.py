@@ -1,0 +1,180 @@
+"""The request record: one request measured at every boundary.
+
+Built from whichever of the three lifecycle events arrived. Every boundary is
+a duration measured on one host's clock (gateway segments on the gateway's
+monotonic clock, engine segments on the engine's); derived values such as
+``gateway_overhead_ms`` are differences of *durations*, never of timestamps
+taken on different hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
+
+Source = Literal["joined", "gateway_only", "engine_only"]
+
+BOUNDARIES: Final = (
+    "gateway_total_ms",
+    "gateway_ttfb_ms",
+    "engine_e2e_ms",
+    "queue_ms",
+    "prefill_ms",
+    "decode_ms",
+    "inference_ms",
+    "ttft_engine_ms",
+    "tpot_ms",
+    "gateway_overhead_ms",
+)
+
+CTX_BUCKETS: Final = ("<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown")
+
+
+def ctx_bucket(prompt_tokens: int | None) -> str:
+    """Context-length bucket: <512 (fast lane), 512-4k, 4k-8k, 8k-16k (long), >16k (async)."""
+    if prompt_tokens is None:
+        return "unknown"
+    if prompt_tokens < 512:
+        return "<512"
+    if prompt_tokens < 4096:
+        return "512-4k"
+    if prompt_tokens < 8192:
+        return "4k-8k"
+    if prompt_tokens <= 16384:
+        return "8k-16k"
+    return ">16k"
+
+
+_FINISH_TO_OUTCOME: Final = {"stop": "ok", "length": "ok", "abort": "client_abort", "error": "error"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    source: Source
+    revision: int  # 0 = partial (one side timed out), 1 = both sides joined
+    ts_unix_ns: int  # request start on the first side's own clock (gateway if present)
+    model: str
+    priority: int | None
+    tenant: str | None
+    ctx_bucket: str
+    outcome: str
+    http_status: int | None
+    finish_reason: str | None
+    stream: bool | None
+    gateway_host: str | None
+    engine_host: str | None
+    gateway_received_unix_ns: int | None
+    engine_arrival_unix_ns: int | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    preemptions: int | None
+    gateway_total_ms: float | None
+    gateway_ttfb_ms: float | None
+    engine_e2e_ms: float | None
+    queue_ms: float | None
+    prefill_ms: float | None
+    decode_ms: float | None
+    inference_ms: float | None
+    ttft_engine_ms: float | None
+    tpot_ms: float | None
+    gateway_overhead_ms: float | None
+
+    @property
+    def direct_traffic(self) -> bool:
+        """Engine saw it, no gateway did: traffic that bypassed the gateways."""
+        return self.source == "engine_only"
+
+    def boundary(self, name: str) -> float | None:
+        value: float | None = getattr(self, name)
+        return value
+
+
+def build_record(
+    request_id: str,
+    received: GatewayReceived | None,
+    completed: GatewayCompleted | None,
+    finished: EngineFinished | None,
+) -> RequestRecord:
+    """Combine the events of one request into its record (pure)."""
+    if completed is None and finished is None:
+        raise ValueError("a record needs gateway.completed or engine.finished")
+    source: Source
+    if completed is not None and finished is not None:
+        source = "joined"
+    elif completed is not None:
+        source = "gateway_only"
+    else:
+        source = "engine_only"
+
+    model = (received or completed or finished).model  # type: ignore[union-attr]
+    priority = received.priority if received is not None else (finished.priority if finished else None)
+    prompt_tokens = (
+        finished.prompt_tokens
+        if finished is not None
+        else (received.prompt_tokens if received is not None else None)
+    )
+    output_tokens = (
+        finished.output_tokens
+        if finished is not None
+        else (completed.output_tokens if completed is not None else None)
+    )
+    if completed is not None:
+        outcome: str = completed.outcome
+    else:
+        assert finished is not None
+        outcome = _FINISH_TO_OUTCOME[finished.finish_reason]
+
+    if received is not None:
+        ts_unix_ns = received.ts_unix_ns
+    elif completed is not None:
+        ts_unix_ns = completed.ts_unix_ns - int(completed.total_ms * 1e6)
+    else:
+        assert finished is not None
+        ts_unix_ns = finished.arrival_unix_ns
+
+    gateway = completed if completed is not None else received
+    total = completed.total_ms if completed is not None else None
+    e2e = finished.e2e_ms if finished is not None else None
+    queue = finished.queue_ms if finished is not None else None
+    prefill = finished.prefill_ms if finished is not None else None
+    decode = finished.decode_ms if finished is not None else None
+    tpot = None
+    if finished is not None and finished.output_tokens >= 2:
+        tpot = finished.decode_ms / (finished.output_tokens - 1)
+
+    return RequestRecord(
+        request_id=request_id,
+        source=source,
+        revision=1 if source == "joined" else 0,
+        ts_unix_ns=ts_unix_ns,
+        model=model,
+        priority=priority,
+        tenant=received.tenant if received is not None else None,
+        ctx_bucket=ctx_bucket(prompt_tokens),
+        outcome=outcome,
+        http_status=completed.http_status if completed is not None else None,
+        finish_reason=finished.finish_reason if finished is not None else None,
+        stream=received.stream if received is not None else None,
+        gateway_host=gateway.host if gateway is not None else None,
+        engine_host=finished.host if finished is not None else None,
+        gateway_received_unix_ns=received.ts_unix_ns if received is not None else None,
+        engine_arrival_unix_ns=finished.arrival_unix_ns if finished is not None else None,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=finished.cached_tokens if finished is not None else None,
+        preemptions=finished.preemptions if finished is not None else None,
+        gateway_total_ms=total,
+        gateway_ttfb_ms=completed.ttfb_ms if completed is not None else None,
+        engine_e2e_ms=e2e,
+        queue_ms=queue,
+        prefill_ms=prefill,
+        decode_ms=decode,
+        inference_ms=finished.inference_ms if finished is not None else None,
+        ttft_engine_ms=(queue + prefill) if queue is not None and prefill is not None else None,
+        tpot_ms=tpot,
+        gateway_overhead_ms=(total - e2e) if total is not None and e2e is not None else None,
+    )

@@ -1,0 +1,239 @@
+"""The demo: local Kafka -> simulator -> worker -> embedded ClickHouse -> report.
+
+Everything it starts it stops (broker and worker by PID), also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from pipeline.settings import Settings
+from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink
+from producers.simulator.model import OverloadEpisode, SimConfig
+
+DEMO_JOIN_TIMEOUT_MS = 5_000
+
+
+def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
+    overload = None
+    if getattr(args, "overload", None):
+        try:
+            start_s, end_s, factor = (float(x) for x in args.overload.split(":"))
+        except ValueError:
+            raise SystemExit("--overload must look like START_S:END_S:FACTOR, e.g. 600:1200:3") from None
+        overload = OverloadEpisode(start_offset_s=start_s, end_offset_s=end_s, factor=factor)
+    try:
+        return SimConfig(
+            start_unix_ns=time.time_ns(),
+            seed=args.seed,
+            rate_scale=args.rate_scale,
+            overload=overload,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"invalid simulator settings: {exc}") from None
+
+
+class _Tee:
+    def __init__(self, *sinks: EventSink) -> None:
+        self.sinks = sinks
+
+    def emit(self, event: Any) -> None:
+        for s in self.sinks:
+            s.emit(event)
+
+    def tick(self) -> None:
+        for s in self.sinks:
+            tick = getattr(s, "tick", None)
+            if tick is not None:
+                tick()
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        return sum(s.flush(timeout_s) for s in self.sinks)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+def kafka_sink(settings: Settings) -> KafkaSink:
+    from pipeline.adapters.kafka_admin import wait_partitions
+
+    topics = [settings.lifecycle_topic, settings.engine_stats_topic]
+    partitions = wait_partitions(settings, topics)
+    lifecycle, stats = settings.lifecycle_topic, settings.engine_stats_topic
+    return KafkaSink(
+        settings.kafka_config(),
+        topic_for=lambda e: stats if e.kind == "engine.stats" else lifecycle,
+        partitions=partitions,
+        policy=BatchPolicy(),
+    )
+
+
+def simulate_to(
+    trace: Path,
+    config: SimConfig,
+    *,
+    jsonl: Path | None = None,
+    settings: Settings | None = None,
+    tee_jsonl: Path | None = None,
+    speedup: float | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    from producers.simulator.run import run_simulation
+
+    sinks: list[EventSink] = []
+    if jsonl is not None:
+        sinks.append(JsonlSink(jsonl))
+    if settings is not None:
+        sinks.append(kafka_sink(settings))
+    if tee_jsonl is not None:
+        sinks.append(JsonlSink(tee_jsonl))
+    sink = _Tee(*sinks)
+    try:
+        summary = run_simulation(trace, config, sink, speedup=speedup or None, progress=progress, limit=limit)
+    finally:
+        sink.close()
+    out: dict[str, Any] = orjson.loads(orjson.dumps(summary, default=_default))
+    return out
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+    raise TypeError(type(obj).__name__)
+
+
+def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def run_demo(
+    *,
+    trace: Path,
+    sim_config: SimConfig,
+    speedup: float | None,
+    partitions: int,
+    workdir: Path,
+    bootstrap: str | None,
+    limit: int | None = None,
+    tee_jsonl: Path | None = None,
+    json_out: Path | None = None,
+    wait_timeout_s: float = 600.0,
+) -> int:
+    from pipeline.adapters.kafka_admin import ensure_topics, group_progress
+    from pipeline.adapters.store import open_store
+    from pipeline.devtools.kafka_local import LocalKafka
+    from pipeline.report import read_report, render
+
+    console = Console(stderr=True)
+    workdir = workdir.resolve()
+    store_dir = workdir / "store"
+    for stale in (store_dir, workdir / "kafka"):
+        if stale.exists():
+            shutil.rmtree(stale)
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:8]
+
+    with ExitStack() as stack:
+        topic_suffix = ""
+        if bootstrap is None:
+            console.print("[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)")
+            kafka = stack.enter_context(LocalKafka(workdir / "kafka"))
+            bootstrap = kafka.bootstrap_servers
+        else:
+            topic_suffix = f".demo-{run_id}"  # never mix with data already on a shared cluster
+        settings = Settings(
+            bootstrap_servers=bootstrap,
+            store_dir=store_dir,
+            topic_partitions=partitions,
+            group_id=f"tailguard-demo-{run_id}",
+            lifecycle_topic=f"tailguard.lifecycle{topic_suffix}",
+            engine_stats_topic=f"tailguard.engine-stats{topic_suffix}",
+            dlq_topic=f"tailguard.dlq{topic_suffix}",
+            join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
+        )
+        ensure_topics(settings)
+        console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
+
+        env = dict(os.environ)
+        env.update(
+            {
+                "TAILGUARD_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+                "TAILGUARD_STORE_DIR": str(settings.store_dir),
+                "TAILGUARD_TOPIC_PARTITIONS": str(settings.topic_partitions),
+                "TAILGUARD_GROUP_ID": settings.group_id,
+                "TAILGUARD_LIFECYCLE_TOPIC": settings.lifecycle_topic,
+                "TAILGUARD_ENGINE_STATS_TOPIC": settings.engine_stats_topic,
+                "TAILGUARD_DLQ_TOPIC": settings.dlq_topic,
+                "TAILGUARD_JOIN_TIMEOUT_MS": str(settings.join_timeout_ms),
+            }
+        )
+        worker_log = (workdir / "worker.log").open("wb")
+        stack.callback(worker_log.close)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "worker"],
+            env=env,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stack.callback(_stop_process, worker)
+        console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
+
+        label = "as fast as possible" if not speedup else f"at {speedup:g}x"
+        console.print(f"simulating {trace} {label}")
+        summary = simulate_to(
+            trace, sim_config, settings=settings, tee_jsonl=tee_jsonl, speedup=speedup, limit=limit
+        )
+        console.print(f"simulator: {summary}")
+
+        deadline = time.monotonic() + wait_timeout_s
+        last = None
+        while True:
+            if worker.poll() is not None:
+                tail = (workdir / "worker.log").read_text(errors="replace")[-3000:]
+                console.print(f"[red]worker exited with {worker.returncode}[/]\n{tail}")
+                return 1
+            prog = group_progress(settings, settings.lifecycle_topic)
+            if prog.end > 0 and prog.lag == 0:
+                break
+            if prog.lag != last:
+                console.print(f"waiting for the worker: {prog.lag} messages not yet committed")
+                last = prog.lag
+            if time.monotonic() > deadline:
+                console.print(f"[red]worker did not catch up within {wait_timeout_s:.0f} s[/]")
+                return 1
+            time.sleep(0.5)
+        rc = _stop_process(worker)
+        console.print(f"worker caught up and stopped (exit {rc})")
+
+    store = open_store(settings)
+    try:
+        report = read_report(store)
+    finally:
+        store.close()
+    Console().print(render(report))
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
+    return 0

@@ -1,0 +1,95 @@
+"""The SLO report read back from ClickHouse (the demo prints it).
+
+Quantiles here are exact (``quantilesExact``: the element at index
+``floor(p * n)`` of the sorted values), so that they can be checked against an
+exact computation over the events; the streaming sketches come with the
+measurement core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.adapters.store import Store
+from pipeline.core.record import BOUNDARIES
+
+QUANTILES = (0.5, 0.99)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryStats:
+    count: int
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    requests: int
+    by_source: dict[str, int]
+    by_outcome: dict[str, int]
+    boundaries: dict[str, BoundaryStats]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_source": self.by_source,
+            "by_outcome": self.by_outcome,
+            "boundaries": {
+                k: {"count": v.count, "p50": v.p50, "p99": v.p99} for k, v in self.boundaries.items()
+            },
+        }
+
+
+def exact_quantile(sorted_values: list[float], q: float) -> float:
+    """ClickHouse ``quantileExact`` semantics: element ``floor(q * n)`` (clamped)."""
+    n = len(sorted_values)
+    return sorted_values[min(int(q * n), n - 1)]
+
+
+def read_report(store: Store) -> Report:
+    db = store.database
+    parts = []
+    for b in BOUNDARIES:
+        parts.append(f"count({b})")
+        parts.append(f"quantilesExact({', '.join(map(str, QUANTILES))})({b})")
+    row = store.query_rows(f"SELECT count(), {', '.join(parts)} FROM {db}.requests FINAL")[0]
+    boundaries = {}
+    for i, b in enumerate(BOUNDARIES):
+        n = int(row[1 + 2 * i])
+        qs = row[2 + 2 * i]
+        boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
+    by_source = dict(store.query_rows(f"SELECT source, count() FROM {db}.requests FINAL GROUP BY source ORDER BY source"))
+    by_outcome = dict(store.query_rows(f"SELECT outcome, count() FROM {db}.requests FINAL GROUP BY outcome ORDER BY outcome"))
+    return Report(int(row[0]), by_source, by_outcome, boundaries)
+
+
+def render(report: Report) -> Any:
+    """A rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+
+    t = Table(title=f"tailguard SLO report — {report.requests} requests")
+    t.add_column("boundary")
+    t.add_column("count", justify="right")
+    t.add_column("P50 ms", justify="right")
+    t.add_column("P99 ms", justify="right")
+    for name, s in report.boundaries.items():
+        t.add_row(
+            name,
+            str(s.count),
+            "-" if s.p50 is None else f"{s.p50:.1f}",
+            "-" if s.p99 is None else f"{s.p99:.1f}",
+        )
+    s = Table(title="records")
+    s.add_column("by source")
+    s.add_column("n", justify="right")
+    for k, v in report.by_source.items():
+        s.add_row(k, str(v))
+    o = Table(title="outcomes")
+    o.add_column("outcome")
+    o.add_column("n", justify="right")
+    for k, v in report.by_outcome.items():
+        o.add_row(k, str(v))
+    return Group(t, s, o)

@@ -1,0 +1,123 @@
+"""One frozen settings object, built once at the CLI.
+
+Every field can be set by an environment variable ``TAILGUARD_<FIELD>``
+(upper case); the CLI's flags override the environment. Secrets are
+``SecretStr`` and never logged (``Settings.redacted()`` is what logs show).
+Invalid settings fail at start-up with the field name in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.contract.events import DLQ_TOPIC, ENGINE_STATS_TOPIC, LIFECYCLE_TOPIC
+from pipeline.core.join import JoinConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TAILGUARD_", frozen=True, extra="forbid")
+
+    # --- Kafka -------------------------------------------------------------
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="TAILGUARD_SECURITY_PROTOCOL"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="TAILGUARD_SASL_MECHANISM"
+    )
+    sasl_username: str | None = Field(None, description="TAILGUARD_SASL_USERNAME")
+    sasl_password: SecretStr | None = Field(None, description="TAILGUARD_SASL_PASSWORD (secret)")
+    ssl_cafile: Path | None = Field(None, description="TAILGUARD_SSL_CAFILE: CA bundle for TLS.")
+    lifecycle_topic: str = Field(LIFECYCLE_TOPIC, description="TAILGUARD_LIFECYCLE_TOPIC")
+    engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
+    dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
+    topic_partitions: int = Field(
+        8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."
+    )
+    replication_factor: int = Field(1, ge=1, description="TAILGUARD_REPLICATION_FACTOR")
+    group_id: str = Field(
+        "tailguard-worker", min_length=1, description="TAILGUARD_GROUP_ID: worker consumer group."
+    )
+    max_message_bytes: int = Field(
+        1_048_576, ge=1024, description="TAILGUARD_MAX_MESSAGE_BYTES: larger messages go to the DLQ."
+    )
+
+    # --- ClickHouse --------------------------------------------------------
+    store_dir: Path = Field(
+        Path("var/store"),
+        description="TAILGUARD_STORE_DIR: embedded ClickHouse (chDB) data directory.",
+    )
+    clickhouse_url: str | None = Field(
+        None,
+        description="TAILGUARD_CLICKHOUSE_URL: http(s)://host:port of a ClickHouse server; "
+        "when set it replaces the embedded store.",
+    )
+    clickhouse_user: str = Field("default", description="TAILGUARD_CLICKHOUSE_USER")
+    clickhouse_password: SecretStr = Field(
+        SecretStr(""), description="TAILGUARD_CLICKHOUSE_PASSWORD (secret)"
+    )
+    database: str = Field(
+        "tailguard", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="TAILGUARD_DATABASE"
+    )
+    cluster: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+        description="TAILGUARD_CLUSTER: apply DDL ON CLUSTER with Replicated engines.",
+    )
+
+    # --- Worker ------------------------------------------------------------
+    join_timeout_ms: int = Field(
+        15_000, gt=0, description="TAILGUARD_JOIN_TIMEOUT_MS: wait for the partner event."
+    )
+    inflight_ttl_ms: int = Field(
+        600_000, gt=0, description="TAILGUARD_INFLIGHT_TTL_MS: drop a lone gateway.received."
+    )
+    flush_interval_ms: int = Field(
+        1000, ge=50, description="TAILGUARD_FLUSH_INTERVAL_MS: write + commit period."
+    )
+    flush_max_rows: int = Field(
+        20_000, ge=1, description="TAILGUARD_FLUSH_MAX_ROWS: flush early at this many rows."
+    )
+    take_max_messages: int = Field(
+        1000, ge=1, description="TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."
+    )
+    worker_web_port: int | None = Field(
+        None, ge=1, le=65535, description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.security_protocol.startswith("SASL") and not (
+            self.sasl_mechanism and self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
+            )
+        return self
+
+    def join_config(self) -> JoinConfig:
+        return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)
+
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka (confluent-kafka) client configuration."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+            conf["sasl.username"] = self.sasl_username
+            conf["sasl.password"] = self.sasl_password.get_secret_value() if self.sasl_password else ""
+        if self.ssl_cafile:
+            conf["ssl.ca.location"] = str(self.ssl_cafile)
+        return conf
+
+    def redacted(self) -> dict[str, Any]:
+        """What logs show: secrets masked."""
+        return self.model_dump(mode="json")  # SecretStr serialises as '**********'

@@ -1,0 +1,1 @@
+"""tailguard producers: emitters of v1 lifecycle events (no Faust imports here)."""

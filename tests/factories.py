@@ -1,0 +1,94 @@
+"""Small event factories for tests (not the simulator: exact, hand-set values)."""
+
+from __future__ import annotations
+
+from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
+
+T0_NS = 1_700_000_000_000_000_000
+
+
+def received(
+    rid: str,
+    t_ms: float = 0.0,
+    *,
+    priority: int = 1,
+    prompt_tokens: int | None = 100,
+    tenant: str | None = "t1",
+    model: str = "m",
+    eid: str | None = None,
+) -> GatewayReceived:
+    return GatewayReceived(
+        v=1,
+        event_id=eid or f"{rid}:r",
+        kind="gateway.received",
+        request_id=rid,
+        ts_unix_ns=T0_NS + int(t_ms * 1e6),
+        host="gw-0",
+        model=model,
+        priority=priority,
+        tenant=tenant,
+        prompt_tokens=prompt_tokens,
+        stream=True,
+    )
+
+
+def completed(
+    rid: str,
+    t_ms: float = 100.0,
+    *,
+    total_ms: float = 100.0,
+    ttfb_ms: float | None = 20.0,
+    outcome: str = "ok",
+    http_status: int = 200,
+    model: str = "m",
+    eid: str | None = None,
+) -> GatewayCompleted:
+    return GatewayCompleted(
+        v=1,
+        event_id=eid or f"{rid}:c",
+        kind="gateway.completed",
+        request_id=rid,
+        ts_unix_ns=T0_NS + int(t_ms * 1e6),
+        host="gw-0",
+        model=model,
+        total_ms=total_ms,
+        ttfb_ms=ttfb_ms,
+        http_status=http_status,
+        outcome=outcome,  # type: ignore[arg-type]
+    )
+
+
+def finished(
+    rid: str,
+    t_ms: float = 98.0,
+    *,
+    queue_ms: float = 10.0,
+    prefill_ms: float = 8.0,
+    decode_ms: float = 70.0,
+    output_tokens: int = 8,
+    prompt_tokens: int = 100,
+    model: str = "m",
+    eid: str | None = None,
+) -> EngineFinished:
+    inference = prefill_ms + decode_ms
+    return EngineFinished(
+        v=1,
+        event_id=eid or f"{rid}:f",
+        kind="engine.finished",
+        request_id=rid,
+        ts_unix_ns=T0_NS + int(t_ms * 1e6),
+        host="m-0",
+        model=model,
+        arrival_unix_ns=T0_NS + int((t_ms - queue_ms - inference) * 1e6),
+        queue_ms=queue_ms,
+        prefill_ms=prefill_ms,
+        decode_ms=decode_ms,
+        inference_ms=inference,
+        e2e_ms=queue_ms + inference,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=0,
+        finish_reason="stop",
+        preemptions=0,
+        priority=1,
+    )
