@@ -47,8 +47,11 @@ class Decoded:
 
 
 def _reason(err: ValidationError) -> str:
+    errors = err.errors(include_url=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        return f"invalid_json: {errors[0]['msg']}"
     parts = []
-    for e in err.errors(include_url=False)[:3]:
+    for e in errors[:3]:
         loc = ".".join(str(x) for x in e["loc"]) or "<root>"
         parts.append(f"{loc}: {e['msg']}")
     more = err.error_count() - len(parts)

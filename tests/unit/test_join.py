@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.core.join import EventClock, JoinConfig, Joiner
+from pipeline.core.record import build_record, ctx_bucket
+from tests.factories import T0_NS, completed, finished, received
+
+MS = 1_000_000
+
+
+def _now(ms: float) -> int:
+    return T0_NS // MS + int(ms)
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["received", "completed", "finished"])))
+def test_join_completes_in_any_order(order: tuple[str, ...]) -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000))
+    make = {"received": received, "completed": completed, "finished": finished}
+    out = [j.add(make[k]("r1"), i) for i, k in enumerate(order)]
+    recs = [r for r in out if r is not None]
+    assert len(recs) == 1
+    rec = recs[0]
+    assert (rec.source, rec.revision) == ("joined", 1)
+    # received carries priority/tenant only when it came before the join completed
+    if order.index("received") < 2:
+        assert rec.tenant == "t1"
+    assert rec.gateway_total_ms == 100.0
+    assert rec.engine_e2e_ms == 88.0
+    assert rec.gateway_overhead_ms == pytest.approx(12.0)
+    assert rec.ttft_engine_ms == 18.0
+    assert rec.tpot_ms == pytest.approx(70.0 / 7)
+    assert j.pending_count == 0
+
+
+def test_duplicates_and_conflicts_are_ignored_and_counted() -> None:
+    j = Joiner()
+    assert j.add(received("r1"), 0) is None
+    assert j.add(received("r1"), 1) is None  # same event_id
+    assert j.add(completed("r1"), 2) is None
+    assert j.add(completed("r1", eid="other"), 3) is None  # same kind, other id
+    rec = j.add(finished("r1"), 4)
+    assert rec is not None
+    assert j.add(finished("r1"), 5) is None  # after the join: still a duplicate
+    assert j.counters.duplicates == 2
+    assert j.counters.conflicts == 1
+    assert j.counters.joined == 1
+
+
+@pytest.mark.parametrize(
+    ("events", "source", "outcome", "gateway_total", "queue"),
+    [
+        # client abort: vLLM never reports it, so only the gateway side exists
+        ([received("a"), completed("a", total_ms=900.0, outcome="client_abort", http_status=0)],
+         "gateway_only", "client_abort", 900.0, None),
+        # direct traffic: engine only
+        ([finished("b", 100.0)], "engine_only", "ok", None, 10.0),
+    ],
+)
+def test_partial_records_after_timeout(events: list, source: str, outcome: str,
+                                       gateway_total: float | None, queue: float | None) -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000))
+    for i, ev in enumerate(events):
+        assert j.add(ev, i) is None
+    assert j.advance(_now(100 + 999)) == []  # not yet
+    recs = j.advance(_now(100 + 1000))
+    assert len(recs) == 1
+    rec = recs[0]
+    assert (rec.source, rec.revision, rec.outcome) == (source, 0, outcome)
+    assert rec.gateway_total_ms == gateway_total
+    assert rec.queue_ms == queue
+    assert rec.direct_traffic is (source == "engine_only")
+
+
+def test_late_partner_upgrades_a_partial_record() -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000))
+    j.add(completed("r"), 0)
+    (partial,) = j.advance(_now(5000))
+    assert partial.source == "gateway_only"
+    rec = j.add(finished("r", 6000), 1)
+    assert rec is not None and rec.source == "joined" and rec.revision == 1
+    assert j.counters.upgraded == 1
+    assert j.add(finished("r", 6000), 2) is None  # and a repeat of it is a duplicate
+    assert j.counters.duplicates == 1
+
+
+def test_lone_received_is_dropped_after_inflight_ttl() -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000, inflight_ttl_ms=10_000))
+    j.add(received("r"), 0)
+    assert j.advance(_now(9_999)) == []
+    assert j.pending_count == 1
+    assert j.advance(_now(10_000)) == []
+    assert j.pending_count == 0
+    assert j.counters.orphaned_received == 1
+
+
+def test_terminal_event_replaces_inflight_deadline() -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000, inflight_ttl_ms=600_000))
+    j.add(received("r", 0), 0)
+    j.add(completed("r", 100), 1)
+    assert [r.source for r in j.advance(_now(1100))] == ["gateway_only"]
+
+
+def test_safe_offset_is_the_oldest_open_request() -> None:
+    j = Joiner()
+    assert j.safe_offset(0) == 0
+    j.add(received("a"), 10)
+    j.add(received("b"), 11)
+    assert j.safe_offset(12) == 10
+    j.add(completed("a"), 12)
+    j.add(finished("a"), 13)
+    assert j.safe_offset(14) == 11
+    j.add(completed("b"), 14)
+    j.add(finished("b"), 15)
+    assert j.safe_offset(16) == 16
+
+
+def test_state_is_bounded() -> None:
+    j = Joiner(JoinConfig(timeout_ms=1000, max_pending=3))
+    for i in range(5):
+        j.add(completed(f"r{i}"), i)
+    assert j.pending_count == 3
+    assert j.counters.evicted == 2
+    assert [r.request_id for r in j.advance(0)] == ["r0", "r1"]
+
+
+def test_drain_resolves_everything() -> None:
+    j = Joiner()
+    j.add(completed("a"), 0)
+    j.add(finished("b"), 1)
+    j.add(received("c"), 2)
+    assert sorted(r.source for r in j.drain()) == ["engine_only", "gateway_only"]
+    assert j.pending_count == 0
+    assert j.counters.orphaned_received == 1
+
+
+def test_event_clock_follows_events_then_wall_time_when_idle() -> None:
+    c = EventClock()
+    assert c.now(123) == 0
+    c.observe(1000, wall_ms=50)
+    c.observe(900, wall_ms=60)  # late event does not move it back
+    assert c.now(60) == 1010
+    c.observe(2000, wall_ms=70)
+    assert c.now(70) == 2000
+    assert c.now(1070) == 3000
+
+
+def _requests(n: int) -> list:
+    evs = []
+    for i in range(n):
+        rid = f"r{i}"
+        t = i * 3.0
+        evs += [received(rid, t), finished(rid, t + 90, queue_ms=float(i % 7)), completed(rid, t + 95)]
+    return evs
+
+
+@given(st.integers(min_value=0, max_value=2**32), st.floats(min_value=0.0, max_value=0.3))
+@settings(max_examples=40, deadline=None)
+def test_shuffled_with_duplicates_gives_identical_records(seed: int, dup_share: float) -> None:
+    events = _requests(40)
+    rng = random.Random(seed)
+    noisy = events + [e for e in events if rng.random() < dup_share]
+    rng.shuffle(noisy)
+
+    def run(evs: list) -> list:
+        j = Joiner(JoinConfig(timeout_ms=10**9))
+        out = [r for i, e in enumerate(evs) if (r := j.add(e, i)) is not None]
+        out += j.drain()
+        return sorted((r.request_id, r.source, r.queue_ms, r.gateway_total_ms) for r in out)
+
+    assert run(noisy) == run(events)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "bucket"),
+    [(None, "unknown"), (0, "<512"), (511, "<512"), (512, "512-4k"), (4095, "512-4k"),
+     (4096, "4k-8k"), (8191, "4k-8k"), (8192, "8k-16k"), (16384, "8k-16k"), (16385, ">16k")],
+)
+def test_ctx_bucket(tokens: int | None, bucket: str) -> None:
+    assert ctx_bucket(tokens) == bucket
+
+
+@pytest.mark.parametrize(("out_tokens", "tpot"), [(0, None), (1, None), (2, 70.0), (11, 7.0)])
+def test_tpot_needs_two_tokens(out_tokens: int, tpot: float | None) -> None:
+    rec = build_record("r", None, None, finished("r", output_tokens=out_tokens))
+    assert rec.tpot_ms == tpot
+
+
+def test_record_needs_a_terminal_event() -> None:
+    with pytest.raises(ValueError, match="gateway.completed or engine.finished"):
+        build_record("r", received("r"), None, None)
