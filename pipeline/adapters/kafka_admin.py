@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.settings import Settings
@@ -77,6 +77,17 @@ def wait_partitions(settings: Settings, topics: list[str], timeout_s: float = 30
         time.sleep(0.2)
 
 
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupProgress:
     committed: int
@@ -88,20 +99,35 @@ class GroupProgress:
 
 
 def group_progress(settings: Settings, topic: str, group: str | None = None) -> GroupProgress:
-    """Committed offsets of the worker group against the topic's end offsets."""
+    """Committed offsets of the worker group against the topic's end offsets.
+
+    Uses a consumer that carries the group id but never subscribes (so it does
+    not join the group). AdminClient.list_consumer_group_offsets is avoided on
+    purpose: librdkafka 2.16 segfaults in rd_kafka_cgrp_op while parsing an
+    OffsetFetch response that carries COORDINATOR_LOAD_IN_PROGRESS.
+    """
     from confluent_kafka import Consumer
 
-    a = admin(settings)
-    md = a.list_topics(topic, timeout=10).topics[topic]
-    tps = [TopicPartition(topic, p) for p in md.partitions]
-    fut = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group or settings.group_id, tps)])
-    committed = 0
-    for f in fut.values():
-        for tp in f.result().topic_partitions:
-            committed += max(tp.offset, 0)
-    conf = settings.kafka_config() | {"group.id": "tailguard-admin-probe", "enable.auto.commit": False}
+    conf = settings.kafka_config() | {
+        "group.id": group or settings.group_id,
+        "enable.auto.commit": False,
+    }
     c = Consumer(conf)
     try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        tps = [TopicPartition(topic, p) for p in md.partitions]
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                committed = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+                break
+            except KafkaException as exc:
+                # The group coordinator loads or moves (broker start, restart): retry.
+                err = exc.args[0]
+                transient = err.retriable() or err.code() in _COORDINATOR_MOVING
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         end = sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps)
     finally:
         c.close()

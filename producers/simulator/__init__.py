@@ -1,0 +1,31 @@
+"""Load simulator: replays an Azure-format LLM trace as v1 gateway and engine events.
+
+* :mod:`producers.simulator.trace` — read the trace (pure).
+* :mod:`producers.simulator.model` — the discrete-event model (pure, deterministic).
+* :mod:`producers.simulator.run` — the shell: pacing, sink, progress bar.
+"""
+
+from producers.simulator.model import (
+    DEFAULT_MODELS,
+    ModelConfig,
+    OverloadEpisode,
+    SimConfig,
+    SimSummary,
+    Simulator,
+    engine_hosts,
+    simulate,
+)
+from producers.simulator.trace import TraceRequest, read_trace
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "ModelConfig",
+    "OverloadEpisode",
+    "SimConfig",
+    "SimSummary",
+    "Simulator",
+    "TraceRequest",
+    "engine_hosts",
+    "read_trace",
+    "simulate",
+]

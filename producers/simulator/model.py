@@ -1,0 +1,916 @@
+"""Pure discrete-event model of LLM gateways in front of vLLM-like engines.
+
+Given a trace (:class:`~producers.simulator.trace.TraceRequest`) and a
+:class:`SimConfig`, :func:`simulate` yields exactly the v1 events that real
+gateways and engines would emit, in non-decreasing ``ts_unix_ns`` order.
+
+The model
+---------
+* **Time.** The simulation runs on one true clock in float milliseconds
+  (trace offset 0 = ``SimConfig.start_unix_ns``). Gateways stamp wall-clock
+  times from the true clock; every engine's wall clock is off by a fixed skew
+  (``engine_skew_max_ms`` / ``engine_skew_ms``). Durations are differences of
+  true times taken on one host (gateway durations between gateway instants,
+  engine durations between engine instants), so skew only moves ``*_unix_ns``
+  stamps, as on real hosts with a synchronised-but-imperfect NTP.
+* **Arrivals.** Trace offsets are divided by ``rate_scale``. Requests inside
+  an overload episode are replicated ``factor`` times with a small jitter.
+  Each request draws a model (by weight), tenant, priority, stream flag,
+  gateway host, gateway overheads, client patience, an optional mid-stream
+  stop and a prefix-cache hit from one ``random.Random(seed)``.
+* **Gateway.** ``gateway.received`` at arrival; after ``pre`` ms the request
+  reaches the least-loaded engine of its model (running + waiting, ties
+  round-robin). The response leaves the gateway ``post`` ms after the engine
+  produced it: ``total_ms = pre + engine e2e + post``.
+* **Engine (continuous batching, FCFS).** An engine runs iterations. At each
+  iteration start it admits waiting requests (FIFO) while fewer than
+  ``max_concurrency`` run. An iteration lasts
+  ``decode_base_ms + decode_ms_per_seq * running + prefill_ms_per_token *
+  (uncached prompt tokens admitted in it)``. An admitted request gets its first
+  token at the end of its admission iteration and one token per iteration
+  after that; it finishes when it has ``min(GeneratedTokens, max_output_tokens)``
+  tokens (at least 1). An idle engine starts an iteration when a request
+  arrives. Between changes of the running set all iterations have the same
+  length, so the engine jumps straight to the next iteration boundary at
+  which something happens (a finish, an admission, an abort): cost is per
+  request, not per iteration or per running sequence.
+* **Clients.** A client waits up to its patience (log-normal) for the first
+  byte (the first token of a stream, the whole body otherwise) and then
+  disconnects: ``gateway.completed`` with ``outcome="client_abort"``,
+  ``http_status=0``; the engine drops the request and reports nothing (vLLM
+  does not report aborts). A small share of stream clients stop a stream
+  midway (after a uniform share of its tokens) the same way.
+* **Queue timeout.** With ``max_queue_ms`` set, a request still waiting in an
+  engine queue after that long is cancelled and the gateway answers 503
+  (``outcome="rejected"``).
+* **Engine stats.** Every ``stats_interval_ms`` each engine reports running
+  and waiting counts, KV-cache usage (prompt + generated tokens of running
+  sequences over ``kv_capacity_tokens``, capped at 1), a decayed prefix-cache
+  hit rate and a GPU-memory fraction (static share + KV share).
+
+Everything here is pure: no I/O, no wall clock, randomness only from
+generators seeded by ``SimConfig.seed``. The same trace and config always
+give the same events.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from pipeline.contract.events import (
+    EngineFinished,
+    EngineStats,
+    Event,
+    GatewayCompleted,
+    GatewayReceived,
+    Outcome,
+)
+from producers.simulator.trace import TraceRequest
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "DEFAULT_TENANTS",
+    "ModelConfig",
+    "OverloadEpisode",
+    "SimConfig",
+    "SimSummary",
+    "Simulator",
+    "engine_hosts",
+    "simulate",
+]
+
+_NS_PER_MS: Final = 1_000_000
+_ROUND_MS: Final = 6  # durations are reported to the nanosecond
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served model and the engines (vLLM instances) that serve it."""
+
+    name: str
+    weight: float  # share of the traffic (relative to the other models' weights)
+    engines: int  # engine instances; hosts are named "<name>-<i>"
+    max_concurrency: int  # max running sequences per engine (vLLM max_num_seqs)
+    prefill_ms_per_token: float  # added to an iteration per uncached prompt token admitted
+    decode_base_ms: float  # iteration (step) time with one running sequence, minus per-seq
+    decode_ms_per_seq: float  # added to the step time per running sequence
+    kv_capacity_tokens: int = 65_536  # KV-cache capacity of one engine, in tokens
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ValueError("ModelConfig.name must be non-empty")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"ModelConfig.weight must be > 0 (model {self.name})")
+        if self.engines < 1:
+            raise ValueError(f"ModelConfig.engines must be >= 1 (model {self.name})")
+        if self.max_concurrency < 1:
+            raise ValueError(f"ModelConfig.max_concurrency must be >= 1 (model {self.name})")
+        for fname in ("prefill_ms_per_token", "decode_base_ms", "decode_ms_per_seq"):
+            value = getattr(self, fname)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"ModelConfig.{fname} must be finite and >= 0 (model {self.name})")
+        if self.decode_base_ms + self.decode_ms_per_seq <= 0:
+            raise ValueError(
+                f"ModelConfig.decode_base_ms + decode_ms_per_seq must be > 0 (model {self.name})"
+            )
+        if self.kv_capacity_tokens < 1:
+            raise ValueError(f"ModelConfig.kv_capacity_tokens must be >= 1 (model {self.name})")
+
+    def step_ms(self, running: int) -> float:
+        """Length of a decode-only iteration with ``running`` sequences."""
+        return self.decode_base_ms + self.decode_ms_per_seq * running
+
+    def capacity_tokens_per_s(self) -> float:
+        """Decode tokens per second of one engine at full batch (saturation throughput)."""
+        return 1000.0 * self.max_concurrency / self.step_ms(self.max_concurrency)
+
+
+# Defaults, tuned on the Azure conv trace (~5.4 req/s, mean 211 generated
+# tokens): decode demand is ~55% (8B) and ~50% (70B) of the full-batch capacity
+# of each model's engines, so the plain trace runs well below saturation with a
+# gateway-total P99 of a few seconds; at 3x the rate both models are saturated
+# and queues grow without bound. Unloaded decode: 6.5 ms/token (8B), 10.2 (70B).
+DEFAULT_MODELS: Final[tuple[ModelConfig, ...]] = (
+    ModelConfig(
+        name="llama-3-8b",
+        weight=0.75,
+        engines=2,
+        max_concurrency=8,
+        prefill_ms_per_token=0.05,
+        decode_base_ms=6.0,
+        decode_ms_per_seq=0.5,
+        kv_capacity_tokens=32_768,
+    ),
+    ModelConfig(
+        name="llama-3-70b",
+        weight=0.25,
+        engines=2,
+        max_concurrency=4,
+        prefill_ms_per_token=0.2,
+        decode_base_ms=9.0,
+        decode_ms_per_seq=1.2,
+        kv_capacity_tokens=32_768,
+    ),
+)
+
+# Eight tenants with Zipf (s = 1) weights.
+DEFAULT_TENANTS: Final[tuple[tuple[str, float], ...]] = tuple(
+    (f"tenant-{chr(ord('a') + i)}", 1.0 / (i + 1)) for i in range(8)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadEpisode:
+    """Arrivals in [start_offset_s, end_offset_s) of simulated time are sent ``factor`` times.
+
+    Offsets are on the simulated timeline (after ``rate_scale``). A fractional
+    factor sends the extra copy with probability equal to the fraction.
+    Replicas arrive up to ``jitter_ms`` after the original.
+    """
+
+    start_offset_s: float
+    end_offset_s: float
+    factor: float = 3.0
+    jitter_ms: float = 500.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.start_offset_s) and self.start_offset_s >= 0):
+            raise ValueError("OverloadEpisode.start_offset_s must be finite and >= 0")
+        if not (math.isfinite(self.end_offset_s) and self.end_offset_s > self.start_offset_s):
+            raise ValueError("OverloadEpisode.end_offset_s must be finite and > start_offset_s")
+        if not (math.isfinite(self.factor) and self.factor >= 1):
+            raise ValueError("OverloadEpisode.factor must be finite and >= 1")
+        if not (math.isfinite(self.jitter_ms) and self.jitter_ms >= 0):
+            raise ValueError("OverloadEpisode.jitter_ms must be finite and >= 0")
+
+    def contains(self, offset_ms: float) -> bool:
+        return self.start_offset_s * 1000.0 <= offset_ms < self.end_offset_s * 1000.0
+
+
+def _check_range(name: str, lo_hi: tuple[float, float], lo_min: float = 0.0) -> None:
+    lo, hi = lo_hi
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo_min <= lo <= hi):
+        raise ValueError(
+            f"SimConfig.{name} must be a finite (low, high) with {lo_min} <= low <= high"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Settings of one simulation run (all times in simulated milliseconds unless named _s)."""
+
+    start_unix_ns: int  # wall-clock time (ns) that trace offset 0 maps to; required
+    models: tuple[ModelConfig, ...] = DEFAULT_MODELS
+    priority_weights: tuple[float, float, float, float] = (0.05, 0.25, 0.5, 0.2)  # 0..3
+    tenants: tuple[tuple[str, float], ...] = DEFAULT_TENANTS  # (name, weight)
+    stream_fraction: float = 0.8
+    gateway_hosts: tuple[str, ...] = ("gateway-0", "gateway-1")
+    gateway_pre_ms: tuple[float, float] = (1.0, 4.0)  # uniform: received -> sent to engine
+    gateway_post_ms: tuple[float, float] = (1.0, 4.0)  # uniform: engine output -> sent to client
+    # Client patience for the first byte: log-normal with this median and sigma; None = never.
+    patience_median_ms: float | None = 60_000.0
+    patience_sigma: float = 0.75
+    patience_min_ms: float = 1_000.0
+    stream_stop_fraction: float = 0.01  # share of streams the client stops midway
+    rate_scale: float = 1.0  # >1 compresses the trace's time (more requests per second)
+    overload: OverloadEpisode | None = None
+    seed: int = 0
+    engine_skew_max_ms: float = 5.0  # each engine's wall clock is off by U(-max, +max) ms
+    engine_skew_ms: tuple[tuple[str, float], ...] = ()  # (engine host, skew ms) overrides
+    stats_interval_ms: float = 1_000.0
+    max_queue_ms: float | None = None  # queue-timeout cut-off (503); None = wait forever
+    max_output_tokens: int = 1_000  # a request reaching it finishes with "length"
+    prefix_hit_fraction: float = 0.95  # share of requests whose prompt prefix is cached
+    prefix_cached_share: tuple[float, float] = (0.8, 1.0)  # uniform share of a hit prompt
+    kv_block_tokens: int = 16  # cached tokens are whole blocks
+    gpu_memory_static_fraction: float = 0.5  # weights + activations
+    gpu_memory_kv_fraction: float = 0.42  # reached at full KV cache
+    # Request ids are "<prefix><9-digit trace row>" (+ "-x<k>" for overload replicas) and
+    # event ids derive from them: give each run sent into one pipeline its own prefix.
+    request_id_prefix: str = "req-"
+
+    def __post_init__(self) -> None:
+        if not self.start_unix_ns > 0:
+            raise ValueError("SimConfig.start_unix_ns must be > 0")
+        if not self.models:
+            raise ValueError("SimConfig.models must not be empty")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("SimConfig.models must have distinct names")
+        if len(self.priority_weights) != 4 or not all(
+            math.isfinite(w) and w >= 0 for w in self.priority_weights
+        ):
+            raise ValueError("SimConfig.priority_weights must be 4 finite weights >= 0")
+        if sum(self.priority_weights) <= 0:
+            raise ValueError("SimConfig.priority_weights must not all be 0")
+        if not self.tenants or not all(t and math.isfinite(w) and w > 0 for t, w in self.tenants):
+            raise ValueError("SimConfig.tenants must be non-empty (name, weight > 0) pairs")
+        if not 0.0 <= self.stream_fraction <= 1.0:
+            raise ValueError("SimConfig.stream_fraction must be in [0, 1]")
+        if not self.gateway_hosts or not all(h.strip() for h in self.gateway_hosts):
+            raise ValueError("SimConfig.gateway_hosts must be non-empty names")
+        _check_range("gateway_pre_ms", self.gateway_pre_ms)
+        _check_range("gateway_post_ms", self.gateway_post_ms)
+        if self.patience_median_ms is not None and not (
+            math.isfinite(self.patience_median_ms) and self.patience_median_ms > 0
+        ):
+            raise ValueError("SimConfig.patience_median_ms must be > 0 or None")
+        if not (math.isfinite(self.patience_sigma) and self.patience_sigma >= 0):
+            raise ValueError("SimConfig.patience_sigma must be finite and >= 0")
+        if not (math.isfinite(self.patience_min_ms) and self.patience_min_ms >= 0):
+            raise ValueError("SimConfig.patience_min_ms must be finite and >= 0")
+        if not 0.0 <= self.stream_stop_fraction <= 1.0:
+            raise ValueError("SimConfig.stream_stop_fraction must be in [0, 1]")
+        if not (math.isfinite(self.rate_scale) and self.rate_scale > 0):
+            raise ValueError("SimConfig.rate_scale must be finite and > 0")
+        if not (math.isfinite(self.engine_skew_max_ms) and self.engine_skew_max_ms >= 0):
+            raise ValueError("SimConfig.engine_skew_max_ms must be finite and >= 0")
+        hosts = set(engine_hosts(self.models))
+        for host, skew in self.engine_skew_ms:
+            if host not in hosts:
+                raise ValueError(f"SimConfig.engine_skew_ms names unknown engine host {host!r}")
+            if not math.isfinite(skew):
+                raise ValueError(f"SimConfig.engine_skew_ms must be finite (host {host})")
+        if not (math.isfinite(self.stats_interval_ms) and self.stats_interval_ms > 0):
+            raise ValueError("SimConfig.stats_interval_ms must be finite and > 0")
+        if self.max_queue_ms is not None and not (
+            math.isfinite(self.max_queue_ms) and self.max_queue_ms >= 0
+        ):
+            raise ValueError("SimConfig.max_queue_ms must be finite and >= 0, or None")
+        if self.max_output_tokens < 1:
+            raise ValueError("SimConfig.max_output_tokens must be >= 1")
+        if not 0.0 <= self.prefix_hit_fraction <= 1.0:
+            raise ValueError("SimConfig.prefix_hit_fraction must be in [0, 1]")
+        _check_range("prefix_cached_share", self.prefix_cached_share)
+        if self.prefix_cached_share[1] > 1.0:
+            raise ValueError("SimConfig.prefix_cached_share must lie in [0, 1]")
+        if self.kv_block_tokens < 1:
+            raise ValueError("SimConfig.kv_block_tokens must be >= 1")
+        for fname in ("gpu_memory_static_fraction", "gpu_memory_kv_fraction"):
+            value = getattr(self, fname)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"SimConfig.{fname} must be in [0, 1]")
+        if self.gpu_memory_static_fraction + self.gpu_memory_kv_fraction > 1.0:
+            raise ValueError(
+                "SimConfig.gpu_memory_static_fraction + gpu_memory_kv_fraction must be <= 1"
+            )
+        if not self.request_id_prefix or len(self.request_id_prefix) > 200:
+            raise ValueError("SimConfig.request_id_prefix must have 1..200 characters")
+
+
+def engine_hosts(models: Sequence[ModelConfig]) -> list[str]:
+    """Engine host names in simulation order: ``"<model>-<i>"``."""
+    return [f"{m.name}-{i}" for m in models for i in range(m.engines)]
+
+
+@dataclass(frozen=True, slots=True)
+class SimSummary:
+    """Counts and engine figures of a (finished or running) simulation."""
+
+    requests: int  # requests of the run, overload replicas included
+    ok: int
+    client_aborts: int  # patience aborts + mid-stream stops
+    rejected: int  # queue timeouts (503)
+    events_by_kind: dict[str, int]
+    sim_end_ms: float  # true time of the last simulated happening
+    engine_skew_ms: dict[str, float]
+    engine_busy_fraction: dict[str, float]  # share of [0, sim_end] with >= 1 running sequence
+    engine_mean_running: dict[str, float]  # time-averaged running sequences
+
+
+# ---------------------------------------------------------------------------
+# Internal state
+# ---------------------------------------------------------------------------
+
+_PENDING: Final = 0  # between gateway and engine
+_WAITING: Final = 1
+_RUNNING: Final = 2
+_DONE: Final = 3
+
+# Happenings at the same instant run in this order.
+_K_ARRIVE: Final = 0  # request reaches an engine
+_K_WAKE: Final = 1  # engine iteration boundary
+_K_PATIENCE: Final = 2  # client patience deadline
+_K_QUEUE_TIMEOUT: Final = 3
+_K_STATS: Final = 4
+
+
+@dataclass(slots=True, eq=False)
+class _Req:
+    request_id: str
+    t_gateway_ms: float  # gateway arrival
+    model_idx: int
+    gateway: str
+    prompt_tokens: int
+    cached_tokens: int
+    gen_tokens: int  # tokens the engine will generate if left alone
+    stop_after: int  # client stops the stream after this many tokens (0 = never)
+    priority: int
+    tenant: str
+    stream: bool
+    pre_ms: float
+    post_ms: float
+    patience_ms: float | None
+    state: int = _PENDING
+    engine: int = -1
+    t_engine_ms: float = 0.0
+    t_sched_ms: float = 0.0
+    t_first_ms: float = -1.0
+    admit_iter: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Engine:
+    host: str
+    model: ModelConfig
+    skew_ms: float
+    waiting: deque[_Req] = field(default_factory=deque)
+    waiting_live: int = 0
+    running: int = 0
+    running_prompt_tokens: int = 0
+    running_admit_iter_sum: int = 0
+    finish_heap: list[tuple[int, int, _Req]] = field(default_factory=list)
+    iter_idx: int = 0  # index of the next iteration to start (iterations before are done)
+    active: bool = False  # a segment of iterations is in progress
+    seg_start_ms: float = 0.0
+    seg_iter: int = 0  # index of the segment's first iteration
+    seg_first_ms: float = 0.0  # its length (includes prefill)
+    seg_step_ms: float = 0.0  # length of the segment's later iterations
+    wake_iter: int = -1  # boundary index of the scheduled wake; -1 none
+    wake_version: int = 0
+    hit_cached: float = 0.0  # decayed prefix-cache sums
+    hit_prompt: float = 0.0
+    last_change_ms: float = 0.0
+    busy_ms: float = 0.0
+    running_area: float = 0.0  # integral of running over time (seq * ms)
+
+    def boundary_ms(self, j: int) -> float:
+        """End time of iteration j-1 = start time of iteration j (j > seg_iter)."""
+        return self.seg_start_ms + self.seg_first_ms + (j - self.seg_iter - 1) * self.seg_step_ms
+
+    def iterations_done(self, t_ms: float) -> int:
+        """Iterations completed by time t (within the current segment)."""
+        if not self.active:
+            return self.iter_idx
+        first_end = self.seg_start_ms + self.seg_first_ms
+        if t_ms < first_end:
+            return self.seg_iter
+        return self.seg_iter + 1 + int((t_ms - first_end) // self.seg_step_ms)
+
+    def next_boundary(self, t_ms: float) -> int:
+        """Index of the first iteration boundary at or after t that is still to come."""
+        first_end = self.seg_start_ms + self.seg_first_ms
+        if t_ms <= first_end:
+            return self.seg_iter + 1
+        j = self.seg_iter + 1 + math.ceil((t_ms - first_end) / self.seg_step_ms)
+        while self.boundary_ms(j) < t_ms:  # float rounding
+            j += 1
+        return j
+
+    def account(self, now_ms: float) -> None:
+        dt = now_ms - self.last_change_ms
+        if dt > 0:
+            if self.running > 0:
+                self.busy_ms += dt
+            self.running_area += self.running * dt
+        self.last_change_ms = now_ms
+
+
+def _r(ms: float) -> float:
+    """Round a duration for the wire and clamp float noise below zero."""
+    return max(0.0, round(ms, _ROUND_MS))
+
+
+class Simulator:
+    """One simulation run; iterate :meth:`events` once. :attr:`summary` is live."""
+
+    def __init__(self, trace: Sequence[TraceRequest], config: SimConfig) -> None:
+        self._cfg = config
+        self._rng = random.Random(config.seed)
+        skew_rng = random.Random(f"tailguard-sim-skew:{config.seed}")
+        overrides = dict(config.engine_skew_ms)
+        self._engines: list[_Engine] = []
+        self._engines_of_model: list[list[int]] = []
+        for model in config.models:
+            ids: list[int] = []
+            for i in range(model.engines):
+                host = f"{model.name}-{i}"
+                drawn = skew_rng.uniform(-config.engine_skew_max_ms, config.engine_skew_max_ms)
+                skew = round(overrides.get(host, drawn), 3)
+                ids.append(len(self._engines))
+                self._engines.append(_Engine(host=host, model=model, skew_ms=skew))
+            self._engines_of_model.append(ids)
+        self._rr = [0] * len(config.models)
+        self._min_skew_ms = min(0.0, *(e.skew_ms for e in self._engines))
+        if config.start_unix_ns + math.floor(self._min_skew_ms * _NS_PER_MS) <= 0:
+            raise ValueError("SimConfig.start_unix_ns is too small for the engine clock skews")
+        self._arrivals = self._build_arrivals(trace)
+        self._heap: list[tuple[float, int, int, object, int]] = []
+        self._order = 0
+        self._out: list[tuple[int, int, Event]] = []
+        self._out_order = 0
+        self._open_requests = 0
+        self._now_ms = 0.0
+        self._counts: dict[str, int] = {
+            "gateway.received": 0,
+            "gateway.completed": 0,
+            "engine.finished": 0,
+            "engine.stats": 0,
+        }
+        self._ok = 0
+        self._aborts = 0
+        self._rejected = 0
+        self._stats_seq = 0
+        self._started = False
+
+    # -- public -------------------------------------------------------------
+
+    @property
+    def engine_skew_ms(self) -> dict[str, float]:
+        """Each engine host's wall-clock skew (engine clock - true clock), ms."""
+        return {e.host: e.skew_ms for e in self._engines}
+
+    @property
+    def summary(self) -> SimSummary:
+        end = self._now_ms
+        busy: dict[str, float] = {}
+        mean_running: dict[str, float] = {}
+        for e in self._engines:
+            busy[e.host] = e.busy_ms / end if end > 0 else 0.0
+            mean_running[e.host] = e.running_area / end if end > 0 else 0.0
+        return SimSummary(
+            requests=len(self._arrivals),
+            ok=self._ok,
+            client_aborts=self._aborts,
+            rejected=self._rejected,
+            events_by_kind=dict(self._counts),
+            sim_end_ms=end,
+            engine_skew_ms=self.engine_skew_ms,
+            engine_busy_fraction=busy,
+            engine_mean_running=mean_running,
+        )
+
+    def events(self) -> Iterator[Event]:
+        """Run the simulation, yielding events in non-decreasing ``ts_unix_ns`` order."""
+        if self._started:
+            raise RuntimeError("a Simulator runs once; create a new one")
+        self._started = True
+        arrivals = self._arrivals
+        n = len(arrivals)
+        if n == 0:
+            return
+        self._open_requests = n
+        self._push(0.0, _K_STATS, None)
+        i = 0
+        heap = self._heap
+        while self._open_requests > 0:
+            if i < n and (not heap or arrivals[i].t_gateway_ms <= heap[0][0]):
+                req = arrivals[i]
+                i += 1
+                self._advance(req.t_gateway_ms)
+                self._on_gateway_arrival(req)
+            else:
+                t, kind, _order, payload, version = heapq.heappop(heap)
+                self._advance(t)
+                self._dispatch(kind, payload, version)
+            yield from self._release(self._watermark_ns())
+        # What is left in the heap are no-ops (stale wakes, deadlines of finished requests).
+        for e in self._engines:
+            e.account(self._now_ms)
+        yield from self._release(None)
+
+    # -- setup --------------------------------------------------------------
+
+    def _build_arrivals(self, trace: Sequence[TraceRequest]) -> list[_Req]:
+        cfg = self._cfg
+        rng = self._rng
+        episode = cfg.overload
+        raw: list[tuple[float, str, TraceRequest]] = []
+        for idx, tr in enumerate(trace):
+            t = tr.arrival_offset_ms / cfg.rate_scale
+            rid = f"{cfg.request_id_prefix}{idx:09d}"
+            raw.append((t, rid, tr))
+            if episode is not None and episode.contains(t):
+                copies = int(episode.factor) - 1
+                if rng.random() < episode.factor - int(episode.factor):
+                    copies += 1
+                for r in range(1, copies + 1):
+                    raw.append((t + rng.uniform(0.0, episode.jitter_ms), f"{rid}-x{r}", tr))
+        raw.sort(key=lambda x: x[0])  # stable
+        model_w = [m.weight for m in cfg.models]
+        model_ids = list(range(len(cfg.models)))
+        tenant_names = [t for t, _ in cfg.tenants]
+        tenant_w = [w for _, w in cfg.tenants]
+        prios = [0, 1, 2, 3]
+        prio_w = list(cfg.priority_weights)
+        out: list[_Req] = []
+        for t, rid, tr in raw:
+            model_idx = rng.choices(model_ids, model_w)[0]
+            prompt = tr.context_tokens
+            gen = max(1, min(tr.generated_tokens, cfg.max_output_tokens))
+            cached = 0
+            if prompt > 1 and rng.random() < cfg.prefix_hit_fraction:
+                share = rng.uniform(*cfg.prefix_cached_share)
+                blocks = int(prompt * share) // cfg.kv_block_tokens
+                # the last prompt token is always computed
+                max_blocks = (prompt - 1) // cfg.kv_block_tokens
+                cached = min(blocks, max_blocks) * cfg.kv_block_tokens
+            stream = rng.random() < cfg.stream_fraction
+            stop_after = 0
+            if stream and gen > 1 and rng.random() < cfg.stream_stop_fraction:
+                stop_after = max(1, math.ceil(rng.random() * (gen - 1)))
+            patience: float | None = None
+            if cfg.patience_median_ms is not None:
+                drawn = rng.lognormvariate(math.log(cfg.patience_median_ms), cfg.patience_sigma)
+                patience = max(cfg.patience_min_ms, drawn)
+            out.append(
+                _Req(
+                    request_id=rid,
+                    t_gateway_ms=t,
+                    model_idx=model_idx,
+                    gateway=rng.choice(cfg.gateway_hosts),
+                    prompt_tokens=prompt,
+                    cached_tokens=cached,
+                    gen_tokens=gen,
+                    stop_after=stop_after,
+                    priority=rng.choices(prios, prio_w)[0],
+                    tenant=rng.choices(tenant_names, tenant_w)[0],
+                    stream=stream,
+                    pre_ms=rng.uniform(*cfg.gateway_pre_ms),
+                    post_ms=rng.uniform(*cfg.gateway_post_ms),
+                    patience_ms=patience,
+                )
+            )
+        return out
+
+    # -- clocks and output --------------------------------------------------
+
+    def _wall_ns(self, t_ms: float, skew_ms: float = 0.0) -> int:
+        return self._cfg.start_unix_ns + round((t_ms + skew_ms) * _NS_PER_MS)
+
+    def _watermark_ns(self) -> int:
+        # Anything created from now on is stamped at or after this.
+        return self._wall_ns(self._now_ms, self._min_skew_ms)
+
+    def _emit(self, event: Event) -> None:
+        self._counts[event.kind] += 1
+        heapq.heappush(self._out, (event.ts_unix_ns, self._out_order, event))
+        self._out_order += 1
+
+    def _release(self, upto_ns: int | None) -> Iterator[Event]:
+        out = self._out
+        while out and (upto_ns is None or out[0][0] <= upto_ns):
+            yield heapq.heappop(out)[2]
+
+    def _push(self, t_ms: float, kind: int, payload: object, version: int = 0) -> None:
+        heapq.heappush(self._heap, (t_ms, kind, self._order, payload, version))
+        self._order += 1
+
+    def _advance(self, t_ms: float) -> None:
+        if t_ms < self._now_ms:  # pragma: no cover - an invariant of the event loop
+            raise AssertionError(f"time went backwards: {t_ms} < {self._now_ms}")
+        self._now_ms = t_ms
+
+    def _dispatch(self, kind: int, payload: object, version: int) -> None:
+        if kind == _K_STATS:
+            self._on_stats()
+            return
+        if kind == _K_WAKE:
+            assert isinstance(payload, _Engine)
+            if version == payload.wake_version:
+                self._on_wake(payload)
+            return
+        assert isinstance(payload, _Req)
+        if kind == _K_ARRIVE:
+            self._on_engine_arrival(payload)
+        elif kind == _K_PATIENCE:
+            self._on_patience(payload)
+        else:
+            self._on_queue_timeout(payload)
+
+    # -- gateway ------------------------------------------------------------
+
+    def _on_gateway_arrival(self, req: _Req) -> None:
+        cfg = self._cfg
+        self._emit(
+            GatewayReceived(
+                v=1,
+                event_id=f"{req.request_id}:gateway.received",
+                ts_unix_ns=self._wall_ns(req.t_gateway_ms),
+                host=req.gateway,
+                model=cfg.models[req.model_idx].name,
+                request_id=req.request_id,
+                kind="gateway.received",
+                priority=req.priority,
+                tenant=req.tenant,
+                prompt_tokens=req.prompt_tokens,
+                stream=req.stream,
+            )
+        )
+        self._push(req.t_gateway_ms + req.pre_ms, _K_ARRIVE, req)
+        if req.patience_ms is not None:
+            self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
+
+    def _complete(
+        self,
+        req: _Req,
+        t_done_ms: float,
+        *,
+        outcome: Outcome,
+        http_status: int,
+        ttfb_ms: float | None,
+        output_tokens: int,
+    ) -> None:
+        """Emit gateway.completed at gateway time t_done_ms and close the request."""
+        req.state = _DONE
+        self._open_requests -= 1
+        if outcome == "ok":
+            self._ok += 1
+        elif outcome == "client_abort":
+            self._aborts += 1
+        else:
+            self._rejected += 1
+        total = _r(t_done_ms - req.t_gateway_ms)
+        self._emit(
+            GatewayCompleted(
+                v=1,
+                event_id=f"{req.request_id}:gateway.completed",
+                ts_unix_ns=self._wall_ns(t_done_ms),
+                host=req.gateway,
+                model=self._cfg.models[req.model_idx].name,
+                request_id=req.request_id,
+                kind="gateway.completed",
+                total_ms=total,
+                ttfb_ms=None if ttfb_ms is None else min(total, _r(ttfb_ms)),
+                http_status=http_status,
+                outcome=outcome,
+                output_tokens=output_tokens,
+            )
+        )
+
+    def _on_patience(self, req: _Req) -> None:
+        if req.state == _DONE:
+            return
+        now = self._now_ms
+        if req.stream and req.t_first_ms >= 0 and req.t_first_ms + req.post_ms <= now:
+            return  # the first byte reached the client in time
+        if req.state == _WAITING:
+            self._engines[req.engine].waiting_live -= 1
+        elif req.state == _RUNNING:
+            self._drop_running(self._engines[req.engine], req, now)
+        self._complete(
+            req, now, outcome="client_abort", http_status=0, ttfb_ms=None, output_tokens=0
+        )
+
+    def _on_queue_timeout(self, req: _Req) -> None:
+        if req.state != _WAITING:
+            return
+        self._engines[req.engine].waiting_live -= 1
+        t_done = self._now_ms + req.post_ms
+        self._complete(
+            req,
+            t_done,
+            outcome="rejected",
+            http_status=503,
+            ttfb_ms=t_done - req.t_gateway_ms,
+            output_tokens=0,
+        )
+
+    # -- engines ------------------------------------------------------------
+
+    def _on_engine_arrival(self, req: _Req) -> None:
+        if req.state != _PENDING:
+            return  # the client left before the request reached the engine
+        now = self._now_ms
+        ids = self._engines_of_model[req.model_idx]
+        start = self._rr[req.model_idx]
+        self._rr[req.model_idx] = (start + 1) % len(ids)
+        best = ids[start]
+        best_load = self._engines[best].running + self._engines[best].waiting_live
+        for k in range(1, len(ids)):
+            cand = ids[(start + k) % len(ids)]
+            e = self._engines[cand]
+            load = e.running + e.waiting_live
+            if load < best_load:
+                best, best_load = cand, load
+        eng = self._engines[best]
+        req.engine = best
+        req.t_engine_ms = now
+        req.state = _WAITING
+        eng.waiting.append(req)
+        eng.waiting_live += 1
+        if self._cfg.max_queue_ms is not None:
+            self._push(now + self._cfg.max_queue_ms, _K_QUEUE_TIMEOUT, req)
+        if not eng.active:
+            self._schedule_wake(eng, eng.iter_idx, now)
+        elif eng.running < eng.model.max_concurrency:
+            j = eng.next_boundary(now)
+            self._schedule_wake(eng, j, eng.boundary_ms(j))
+
+    def _schedule_wake(self, eng: _Engine, j: int, t_ms: float) -> None:
+        if eng.wake_iter != -1 and eng.wake_iter <= j:
+            return
+        eng.wake_version += 1
+        eng.wake_iter = j
+        self._push(t_ms, _K_WAKE, eng, eng.wake_version)
+
+    def _drop_running(self, eng: _Engine, req: _Req, now: float) -> None:
+        """Take a running request off its engine (finish-heap entry is deleted lazily)."""
+        eng.account(now)
+        eng.running -= 1
+        eng.running_prompt_tokens -= req.prompt_tokens
+        eng.running_admit_iter_sum -= req.admit_iter
+        if eng.active:
+            j = eng.next_boundary(now)
+            self._schedule_wake(eng, j, eng.boundary_ms(j))
+
+    def _on_wake(self, eng: _Engine) -> None:
+        now = self._now_ms
+        j = eng.wake_iter
+        eng.wake_iter = -1
+        eng.account(now)
+        eng.iter_idx = j
+        model = eng.model
+        heap = eng.finish_heap
+        while heap and heap[0][0] <= j - 1:
+            _f, _o, req = heapq.heappop(heap)
+            if req.state != _RUNNING:
+                continue  # aborted while running (lazy deletion)
+            eng.running -= 1
+            eng.running_prompt_tokens -= req.prompt_tokens
+            eng.running_admit_iter_sum -= req.admit_iter
+            self._finish(eng, req, now)
+        admitted: list[_Req] = []
+        prefill_tokens = 0
+        while eng.waiting and eng.running < model.max_concurrency:
+            req = eng.waiting.popleft()
+            if req.state != _WAITING:
+                continue
+            eng.waiting_live -= 1
+            req.state = _RUNNING
+            req.t_sched_ms = now
+            req.admit_iter = j
+            eng.running += 1
+            eng.running_prompt_tokens += req.prompt_tokens
+            eng.running_admit_iter_sum += j
+            prefill_tokens += req.prompt_tokens - req.cached_tokens
+            eng.hit_cached += req.cached_tokens
+            eng.hit_prompt += req.prompt_tokens
+            admitted.append(req)
+        if eng.running == 0:
+            eng.active = False
+            return
+        eng.active = True
+        eng.seg_start_ms = now
+        eng.seg_iter = j
+        eng.seg_step_ms = model.step_ms(eng.running)
+        eng.seg_first_ms = eng.seg_step_ms + model.prefill_ms_per_token * prefill_tokens
+        t_first = now + eng.seg_first_ms
+        for req in admitted:
+            req.t_first_ms = t_first
+            last = req.stop_after if req.stop_after else req.gen_tokens
+            heapq.heappush(heap, (j + last - 1, self._order, req))
+            self._order += 1
+        while heap and heap[0][2].state != _RUNNING:
+            heapq.heappop(heap)
+        if heap:
+            nxt = heap[0][0] + 1
+            self._schedule_wake(eng, nxt, eng.boundary_ms(nxt))
+
+    def _finish(self, eng: _Engine, req: _Req, now: float) -> None:
+        """A request left the engine at an iteration boundary: done, or stopped by its client."""
+        ttfb = req.t_first_ms + req.post_ms - req.t_gateway_ms
+        if req.stop_after:
+            t_done = now + req.post_ms
+            self._complete(
+                req,
+                t_done,
+                outcome="client_abort",
+                http_status=0,
+                ttfb_ms=ttfb,
+                output_tokens=req.stop_after,
+            )
+            return
+        cfg = self._cfg
+        queue = _r(req.t_sched_ms - req.t_engine_ms)
+        prefill = _r(req.t_first_ms - req.t_sched_ms)
+        decode = _r(now - req.t_first_ms)
+        inference = prefill + decode
+        self._emit(
+            EngineFinished(
+                v=1,
+                event_id=f"{req.request_id}:engine.finished",
+                ts_unix_ns=self._wall_ns(now, eng.skew_ms),
+                host=eng.host,
+                model=eng.model.name,
+                request_id=req.request_id,
+                kind="engine.finished",
+                arrival_unix_ns=self._wall_ns(req.t_engine_ms, eng.skew_ms),
+                queue_ms=queue,
+                prefill_ms=prefill,
+                decode_ms=decode,
+                inference_ms=inference,
+                e2e_ms=queue + inference,
+                prompt_tokens=req.prompt_tokens,
+                output_tokens=req.gen_tokens,
+                cached_tokens=req.cached_tokens,
+                finish_reason="length" if req.gen_tokens >= cfg.max_output_tokens else "stop",
+                preemptions=0,
+                priority=req.priority,
+            )
+        )
+        t_done = now + req.post_ms
+        first_byte = ttfb if req.stream else t_done - req.t_gateway_ms
+        self._complete(
+            req,
+            t_done,
+            outcome="ok",
+            http_status=200,
+            ttfb_ms=first_byte,
+            output_tokens=req.gen_tokens,
+        )
+
+    # -- stats --------------------------------------------------------------
+
+    def _on_stats(self) -> None:
+        if self._open_requests <= 0:
+            return
+        cfg = self._cfg
+        now = self._now_ms
+        for eng in self._engines:
+            done = eng.iterations_done(now)
+            kv_tokens = eng.running_prompt_tokens + eng.running * done - eng.running_admit_iter_sum
+            kv = min(1.0, max(0.0, kv_tokens / eng.model.kv_capacity_tokens))
+            hit = eng.hit_cached / eng.hit_prompt if eng.hit_prompt > 0 else None
+            self._emit(
+                EngineStats(
+                    v=1,
+                    event_id=f"{eng.host}:engine.stats:{self._stats_seq:09d}",
+                    ts_unix_ns=self._wall_ns(now, eng.skew_ms),
+                    host=eng.host,
+                    model=eng.model.name,
+                    kind="engine.stats",
+                    num_running=eng.running,
+                    num_waiting=eng.waiting_live,
+                    kv_cache_usage=round(kv, 6),
+                    prefix_cache_hit_rate=None if hit is None else round(min(1.0, hit), 6),
+                    gpu_memory_used_fraction=round(
+                        cfg.gpu_memory_static_fraction + cfg.gpu_memory_kv_fraction * kv, 6
+                    ),
+                )
+            )
+            eng.hit_cached *= 0.9  # ~10-interval memory
+            eng.hit_prompt *= 0.9
+        self._stats_seq += 1
+        self._push(now + cfg.stats_interval_ms, _K_STATS, None)
+
+
+def simulate(trace: Sequence[TraceRequest], config: SimConfig) -> Iterator[Event]:
+    """Yield the v1 events of ``trace`` under ``config`` in non-decreasing ``ts_unix_ns``."""
+    return Simulator(trace, config).events()

@@ -1,0 +1,116 @@
+"""Run real workers against the real broker and embedded ClickHouse, per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline.adapters.kafka_admin import ensure_topics, group_progress
+from pipeline.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
+    run = uuid.uuid4().hex[:8]
+    base: dict[str, object] = {
+        "bootstrap_servers": bootstrap,
+        "store_dir": tmp / "store",
+        "group_id": f"test-{run}",
+        "lifecycle_topic": f"lc-{run}",
+        "engine_stats_topic": f"stats-{run}",
+        "dlq_topic": f"dlq-{run}",
+        "topic_partitions": 4,
+        "join_timeout_ms": 2000,
+        "flush_interval_ms": 200,
+    }
+    base.update(over)
+    s = Settings(**base)  # type: ignore[arg-type]
+    ensure_topics(s)
+    return s
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in s.model_dump().items():
+        if value is not None:
+            env[f"TAILGUARD_{name.upper()}"] = str(value)
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "worker"],
+            cwd=REPO,
+            env=settings_env(settings),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_caught_up(self, timeout_s: float = 120.0) -> None:
+        """Until the group's committed offsets reach the topic's end (all written)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.alive(), f"worker died:\n{self.log_tail()}"
+            prog = group_progress(self.settings, self.settings.lifecycle_topic)
+            if prog.end > 0 and prog.lag == 0:
+                return
+            assert time.monotonic() < deadline, f"not caught up: {prog}\n{self.log_tail()}"
+            time.sleep(0.2)
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list:
+    """Every message currently on ``topic`` (up to the end offsets at call time)."""
+    c = Consumer(settings.kafka_config() | {"group.id": f"reader-{uuid.uuid4().hex[:6]}",
+                                            "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        ends = {}
+        tps = []
+        for p in md.partitions:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi > lo:
+                ends[p] = hi
+                tps.append(TopicPartition(topic, p, lo))
+        c.assign(tps)
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            out.append(msg)
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+        assert not ends, f"did not read to the end of {topic}: {ends}"
+        return out
+    finally:
+        c.close()

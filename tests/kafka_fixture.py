@@ -1,0 +1,121 @@
+"""The ``kafka`` session fixture: a real local broker (or an external cluster) for tests.
+
+Import it into a conftest (``from tests.kafka_fixture import kafka``). By default it starts
+:class:`pipeline.devtools.kafka_local.LocalKafka` in a temporary directory (fetching the jars
+into ``.cache/kafka`` on first use) and stops it when the session ends. With
+``TAILGUARD_TEST_BOOTSTRAP=host:port`` it uses that cluster instead; tests that need
+``restart()`` are then skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported in its stubs
+    AdminClient,
+    NewTopic,
+)
+
+from pipeline.devtools.kafka_local import LocalKafka
+
+ENV_EXTERNAL_BOOTSTRAP = "TAILGUARD_TEST_BOOTSTRAP"
+
+
+class KafkaUnderTest:
+    """What the ``kafka`` fixture yields."""
+
+    def __init__(self, bootstrap_servers: str, local: LocalKafka | None) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self.local = local  # None for an external cluster
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._bootstrap_servers
+
+    @property
+    def can_restart(self) -> bool:
+        return self.local is not None
+
+    def _require_local(self) -> LocalKafka:
+        if self.local is None:
+            pytest.skip(f"broker restart is unsupported with {ENV_EXTERNAL_BOOTSTRAP} set")
+        return self.local
+
+    def restart(self, *, hard: bool = False) -> float:
+        """Stop (SIGTERM; SIGKILL when ``hard``) and start again on the same port and data.
+
+        Returns the seconds from the start of the restart until the broker serves requests.
+        Skips the calling test when the cluster is external.
+        """
+        local = self._require_local()
+        t0 = time.monotonic()
+        if hard:
+            local.kill()
+        else:
+            local.stop()
+        local.start()
+        return time.monotonic() - t0
+
+    def __repr__(self) -> str:
+        kind = "local" if self.local is not None else "external"
+        return f"KafkaUnderTest({self.bootstrap_servers!r}, {kind})"
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
+    """A Kafka cluster for the whole test session (see the module docstring)."""
+    external = os.environ.get(ENV_EXTERNAL_BOOTSTRAP, "").strip()
+    if external:
+        yield KafkaUnderTest(external, None)
+        return
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    try:
+        broker.start()
+        yield KafkaUnderTest(broker.bootstrap_servers, broker)
+    finally:
+        broker.stop()
+
+
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    *,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+    exist_ok: bool = False,
+    timeout: float = 30.0,
+) -> None:
+    """Create ``name`` and wait until every partition has a leader (ready to produce)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or {}),
+    )
+    futures = admin.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        futures[name].result(timeout=timeout)
+    except KafkaException as exc:
+        if not (exist_ok and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
+
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(topic=name, timeout=max(0.5, deadline - time.monotonic()))
+        meta = md.topics.get(name)
+        if (
+            meta is not None
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"topic {name!r} has no leaders after {timeout:.0f}s: {meta}")
+        time.sleep(0.1)
