@@ -80,7 +80,7 @@ def replay_file(
 
 
 def _feed(proc: StreamProcessor, batch: list[tuple[int, int, bytes]], result: ReplayResult, dlq_out: IO[bytes] | None) -> None:
-    out = proc.process(batch, wall_ms=0)  # event time only: no idle advance in a replay
+    out = proc.process(batch, wall_ms=None)  # event time only in a replay
     result.records.extend(out.records)
     result.dead_letters += len(out.dead)
     if dlq_out is not None:

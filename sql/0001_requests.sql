@@ -2,8 +2,11 @@
 -- ReplacingMergeTree(revision): a re-delivered request writes an identical row
 -- (collapsed at merge time; read with FINAL or argMax for exact counts), and a
 -- partial record (revision 0) is replaced by its joined record (revision 1).
--- The ordering key starts with what dashboards filter on (model, time) and ends
--- with request_id, so that the deduplication key is the request.
+-- The ordering (= deduplication) key is request_id alone: the record of one
+-- request may change its model name (gateway alias vs served name) or its
+-- start time (engine-only record upgraded by a late gateway event), and
+-- either in the key would keep both rows. Time-range scans prune by the daily
+-- partition and the minmax index on ts; dashboards read the aggregate tables.
 CREATE TABLE IF NOT EXISTS ${db}.requests ${on_cluster}
 (
     request_id               String,
@@ -37,9 +40,10 @@ CREATE TABLE IF NOT EXISTS ${db}.requests ${on_cluster}
     ttft_engine_ms           Nullable(Float64),
     tpot_ms                  Nullable(Float64),
     gateway_overhead_ms      Nullable(Float64),
-    INDEX idx_request_id request_id TYPE bloom_filter(0.01) GRANULARITY 4
+    INDEX idx_ts ts TYPE minmax GRANULARITY 1,
+    INDEX idx_model model TYPE set(256) GRANULARITY 4
 )
 ENGINE = ${replicated}ReplacingMergeTree(${replica_args}revision)
 PARTITION BY toYYYYMMDD(ts)
-ORDER BY (model, ts, request_id)
+ORDER BY request_id
 SETTINGS index_granularity = 8192;

@@ -12,7 +12,8 @@ Rules
   both arrived, in any order; it is emitted at once (revision 1).
 * ``gateway.received`` only gives in-flight visibility (priority, tenant).
 * When the first terminal event of a request arrives, its partner has
-  ``timeout_ms`` of event time to follow; then a partial record is emitted
+  ``timeout_ms`` to follow, counted in event time and (in a live worker) also
+  in processing time (see :meth:`Joiner.advance`); then a partial record is emitted
   (revision 0): gateway-only (engine fields null; client aborts are only
   visible here) or engine-only (flagged as direct traffic).
 * A partner arriving after its partial record was emitted, while the request
@@ -74,7 +75,7 @@ class JoinCounters:
 
 
 class _Pending:
-    __slots__ = ("completed", "deadline_ms", "finished", "first_offset", "received")
+    __slots__ = ("completed", "deadline_ms", "finished", "first_offset", "received", "wall_deadline_ms")
 
     def __init__(self, first_offset: int) -> None:
         self.received: GatewayReceived | None = None
@@ -82,6 +83,7 @@ class _Pending:
         self.finished: EngineFinished | None = None
         self.first_offset = first_offset
         self.deadline_ms = 0
+        self.wall_deadline_ms = 0
 
 
 @dataclass(slots=True)
@@ -125,14 +127,19 @@ class Joiner:
     _pending: dict[str, _Pending] = field(default_factory=dict)
     _resolved: dict[str, _Resolved] = field(default_factory=dict)
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
+    _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _evicted_records: list[RequestRecord] = field(default_factory=list)
 
     @property
     def pending_count(self) -> int:
         return len(self._pending)
 
-    def add(self, event: LifecycleEvent, offset: int) -> RequestRecord | None:
-        """Feed one event; returns a record when this event completes a request."""
+    def add(self, event: LifecycleEvent, offset: int, wall_ms: int | None = None) -> RequestRecord | None:
+        """Feed one event; returns a record when this event completes a request.
+
+        ``wall_ms`` (processing time) arms the second timeout condition; None
+        (a replay of a file) times out on event time alone.
+        """
         self.counters.events += 1
         rid = event.request_id
         done = self._resolved.get(rid)
@@ -154,10 +161,12 @@ class Joiner:
         if isinstance(event, GatewayReceived):
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
-            entry.deadline_ms = ts_ms + self.config.inflight_ttl_ms
+            wait_ms = self.config.inflight_ttl_ms
         else:
             # First terminal event: its partner now has timeout_ms to arrive.
-            entry.deadline_ms = ts_ms + self.config.timeout_ms
+            wait_ms = self.config.timeout_ms
+        entry.deadline_ms = ts_ms + wait_ms
+        entry.wall_deadline_ms = wall_ms + wait_ms if wall_ms is not None else 0
         heapq.heappush(self._deadlines, (entry.deadline_ms, rid))
         return None
 
@@ -245,16 +254,35 @@ class Joiner:
         if rec is not None:
             self._evicted_records.append(rec)
 
-    def advance(self, now_ms: int) -> list[RequestRecord]:
-        """Resolve every request whose deadline is at or before ``now_ms``."""
+    def advance(self, now_ms: int, wall_ms: int | None = None) -> list[RequestRecord]:
+        """Resolve every request whose partner is overdue.
+
+        Overdue means ``timeout_ms`` has passed in event time (``now_ms``) and,
+        when ``wall_ms`` is given, also in processing time. Event time alone
+        would time out too early when one producer's messages sit far ahead of
+        another's in the log (a backlog, a buffering producer); processing
+        time alone would make a replay's results depend on its speed.
+        """
         out = self._evicted_records
         self._evicted_records = []
         heap = self._deadlines
+        waits = self._wall_waits
         while heap and heap[0][0] <= now_ms:
             deadline, rid = heapq.heappop(heap)
             entry = self._pending.get(rid)
             if entry is None or entry.deadline_ms != deadline:
                 continue  # stale heap item: resolved already, or deadline moved
+            if wall_ms is not None and entry.wall_deadline_ms > wall_ms:
+                heapq.heappush(waits, (entry.wall_deadline_ms, deadline, rid))
+                continue
+            rec = self._resolve_partial(rid, entry, now_ms)
+            if rec is not None:
+                out.append(rec)
+        while waits and (wall_ms is None or waits[0][0] <= wall_ms):
+            _, deadline, rid = heapq.heappop(waits)
+            entry = self._pending.get(rid)
+            if entry is None or entry.deadline_ms != deadline:
+                continue
             rec = self._resolve_partial(rid, entry, now_ms)
             if rec is not None:
                 out.append(rec)
@@ -275,6 +303,7 @@ class Joiner:
             if rec is not None:
                 out.append(rec)
         self._deadlines.clear()
+        self._wall_waits.clear()
         return out
 
     def safe_offset(self, next_offset: int) -> int:

@@ -59,8 +59,11 @@ class StreamProcessor:
             st = self._parts[partition] = _PartitionState(Joiner(self.join_config))
         return st
 
-    def process(self, messages: Iterable[tuple[int, int, bytes]], wall_ms: int) -> Output:
-        """Process ``(partition, offset, value)`` messages in order."""
+    def process(self, messages: Iterable[tuple[int, int, bytes]], wall_ms: int | None) -> Output:
+        """Process ``(partition, offset, value)`` messages in order.
+
+        ``wall_ms`` is the processing time (None for a replay: event time only).
+        """
         out = Output()
         touched: set[int] = set()
         counters = self.counters
@@ -80,15 +83,15 @@ class StreamProcessor:
                 if ev.kind == "engine.stats":
                     counters.stats_events += 1
                     continue
-                clock.observe(ev.ts_unix_ns // 1_000_000, wall_ms)
-                rec = joiner.add(ev, offset)
+                clock.observe(ev.ts_unix_ns // 1_000_000, wall_ms or 0)
+                rec = joiner.add(ev, offset, wall_ms)
                 if rec is not None:
                     out.records.append(rec)
             st.next_offset = offset + 1
             touched.add(partition)
         for p in touched:
             st = self._parts[p]
-            out.records.extend(st.joiner.advance(st.clock.now(wall_ms)))
+            out.records.extend(st.joiner.advance(st.clock.now(wall_ms or 0), wall_ms))
         counters.records += len(out.records)
         return out
 
@@ -96,7 +99,7 @@ class StreamProcessor:
         """Advance every partition's clock (resolves timeouts while input is idle)."""
         out: list[RequestRecord] = []
         for st in self._parts.values():
-            out.extend(st.joiner.advance(st.clock.now(wall_ms)))
+            out.extend(st.joiner.advance(st.clock.now(wall_ms), wall_ms))
         self.counters.records += len(out)
         return out
 

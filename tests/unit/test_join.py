@@ -194,3 +194,16 @@ def test_tpot_needs_two_tokens(out_tokens: int, tpot: float | None) -> None:
 def test_record_needs_a_terminal_event() -> None:
     with pytest.raises(ValueError, match="gateway.completed or engine.finished"):
         build_record("r", received("r"), None, None)
+
+
+def test_backlog_does_not_time_out_before_processing_time_passes() -> None:
+    # Event time races ahead (a backlog where one producer's messages are far
+    # ahead of another's in the log); the partner is only missing in event time.
+    j = Joiner(JoinConfig(timeout_ms=1000))
+    j.add(finished("r", 0.0), 0, wall_ms=50_000)
+    assert j.advance(_now(60_000), wall_ms=50_500) == []
+    assert j.add(completed("r", 2.0), 1, wall_ms=50_600) is not None
+    j.add(finished("s", 0.0), 2, wall_ms=50_700)
+    assert j.advance(_now(60_000), wall_ms=51_699) == []
+    (rec,) = j.advance(_now(60_000), wall_ms=51_700)
+    assert rec.source == "engine_only"
