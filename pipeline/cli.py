@@ -39,14 +39,18 @@ def _add_kafka(p: argparse.ArgumentParser) -> None:
 
 
 def _add_store(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=Path, help="embedded ClickHouse directory (env TAILGUARD_STORE_DIR)")
+    p.add_argument(
+        "--store", type=Path, help="embedded ClickHouse directory (env TAILGUARD_STORE_DIR)"
+    )
 
 
 def _add_sim(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure-format trace CSV")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate")
-    p.add_argument("--overload", metavar="START_S:END_S:FACTOR", help="overload episode, e.g. 600:1200:3")
+    p.add_argument(
+        "--overload", metavar="START_S:END_S:FACTOR", help="overload episode, e.g. 600:1200:3"
+    )
     p.add_argument("--limit", type=int, help="only the first N trace requests")
 
 
@@ -90,7 +94,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     config = sim_config_from_args(args)
     if args.out is not None:
-        summary = simulate_to(args.trace, config, jsonl=args.out, speedup=args.speedup, limit=args.limit)
+        summary = simulate_to(
+            args.trace, config, jsonl=args.out, speedup=args.speedup, limit=args.limit
+        )
     else:
         summary = simulate_to(
             args.trace, config, settings=_settings(args), speedup=args.speedup, limit=args.limit
@@ -117,7 +123,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             store.close()
     summary = result.summary()
     summary["dlq_file"] = str(dlq_path)
-    sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 if not args.json else 0).decode() + "\n")
+    sys.stdout.write(
+        orjson.dumps(summary, option=orjson.OPT_INDENT_2 if not args.json else 0).decode() + "\n"
+    )
     return 0
 
 

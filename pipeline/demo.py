@@ -33,7 +33,9 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         try:
             start_s, end_s, factor = (float(x) for x in args.overload.split(":"))
         except ValueError:
-            raise SystemExit("--overload must look like START_S:END_S:FACTOR, e.g. 600:1200:3") from None
+            raise SystemExit(
+                "--overload must look like START_S:END_S:FACTOR, e.g. 600:1200:3"
+            ) from None
         overload = OverloadEpisode(start_offset_s=start_s, end_offset_s=end_s, factor=factor)
     try:
         return SimConfig(
@@ -104,7 +106,9 @@ def simulate_to(
         sinks.append(JsonlSink(tee_jsonl))
     sink = _Tee(*sinks)
     try:
-        summary = run_simulation(trace, config, sink, speedup=speedup or None, progress=progress, limit=limit)
+        summary = run_simulation(
+            trace, config, sink, speedup=speedup or None, progress=progress, limit=limit
+        )
     finally:
         sink.close()
     out: dict[str, Any] = orjson.loads(orjson.dumps(summary, default=_default))
@@ -158,7 +162,9 @@ def run_demo(
     with ExitStack() as stack:
         topic_suffix = ""
         if bootstrap is None:
-            console.print("[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)")
+            console.print(
+                "[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)"
+            )
             kafka = stack.enter_context(LocalKafka(workdir / "kafka"))
             bootstrap = kafka.bootstrap_servers
         else:

@@ -79,7 +79,12 @@ def replay_file(
     return result
 
 
-def _feed(proc: StreamProcessor, batch: list[tuple[int, int, bytes]], result: ReplayResult, dlq_out: IO[bytes] | None) -> None:
+def _feed(
+    proc: StreamProcessor,
+    batch: list[tuple[int, int, bytes]],
+    result: ReplayResult,
+    dlq_out: IO[bytes] | None,
+) -> None:
     out = proc.process(batch, wall_ms=None)  # event time only in a replay
     result.records.extend(out.records)
     result.dead_letters += len(out.dead)

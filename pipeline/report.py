@@ -37,7 +37,8 @@ class Report:
             "by_source": self.by_source,
             "by_outcome": self.by_outcome,
             "boundaries": {
-                k: {"count": v.count, "p50": v.p50, "p99": v.p99} for k, v in self.boundaries.items()
+                k: {"count": v.count, "p50": v.p50, "p99": v.p99}
+                for k, v in self.boundaries.items()
             },
         }
 
@@ -60,8 +61,16 @@ def read_report(store: Store) -> Report:
         n = int(row[1 + 2 * i])
         qs = row[2 + 2 * i]
         boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
-    by_source = dict(store.query_rows(f"SELECT source, count() FROM {db}.requests FINAL GROUP BY source ORDER BY source"))
-    by_outcome = dict(store.query_rows(f"SELECT outcome, count() FROM {db}.requests FINAL GROUP BY outcome ORDER BY outcome"))
+    by_source = dict(
+        store.query_rows(
+            f"SELECT source, count() FROM {db}.requests FINAL GROUP BY source ORDER BY source"
+        )
+    )
+    by_outcome = dict(
+        store.query_rows(
+            f"SELECT outcome, count() FROM {db}.requests FINAL GROUP BY outcome ORDER BY outcome"
+        )
+    )
     return Report(int(row[0]), by_source, by_outcome, boundaries)
 
 
@@ -75,12 +84,12 @@ def render(report: Report) -> Any:
     t.add_column("count", justify="right")
     t.add_column("P50 ms", justify="right")
     t.add_column("P99 ms", justify="right")
-    for name, s in report.boundaries.items():
+    for name, b in report.boundaries.items():
         t.add_row(
             name,
-            str(s.count),
-            "-" if s.p50 is None else f"{s.p50:.1f}",
-            "-" if s.p99 is None else f"{s.p99:.1f}",
+            str(b.count),
+            "-" if b.p50 is None else f"{b.p50:.1f}",
+            "-" if b.p99 is None else f"{b.p99:.1f}",
         )
     s = Table(title="records")
     s.add_column("by source")

@@ -45,7 +45,9 @@ class Settings(BaseSettings):
         "tailguard-worker", min_length=1, description="TAILGUARD_GROUP_ID: worker consumer group."
     )
     max_message_bytes: int = Field(
-        1_048_576, ge=1024, description="TAILGUARD_MAX_MESSAGE_BYTES: larger messages go to the DLQ."
+        1_048_576,
+        ge=1024,
+        description="TAILGUARD_MAX_MESSAGE_BYTES: larger messages go to the DLQ.",
     )
 
     # --- ClickHouse --------------------------------------------------------
@@ -88,7 +90,10 @@ class Settings(BaseSettings):
         1000, ge=1, description="TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."
     )
     worker_web_port: int | None = Field(
-        None, ge=1, le=65535, description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset)."
+        None,
+        ge=1,
+        le=65535,
+        description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset).",
     )
 
     @model_validator(mode="after")
@@ -113,7 +118,9 @@ class Settings(BaseSettings):
         if self.sasl_mechanism:
             conf["sasl.mechanism"] = self.sasl_mechanism
             conf["sasl.username"] = self.sasl_username
-            conf["sasl.password"] = self.sasl_password.get_secret_value() if self.sasl_password else ""
+            conf["sasl.password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else ""
+            )
         if self.ssl_cafile:
             conf["ssl.ca.location"] = str(self.ssl_cafile)
         return conf

@@ -85,7 +85,9 @@ class Batcher:
 
     def due(self, now_ms: float) -> list[tuple[int, bytes, int]]:
         limit = self.policy.max_delay_ms
-        return [self._close(p) for p, b in list(self._open.items()) if now_ms - b.started_ms >= limit]
+        return [
+            self._close(p) for p, b in list(self._open.items()) if now_ms - b.started_ms >= limit
+        ]
 
     def drain(self) -> list[tuple[int, bytes, int]]:
         return [self._close(p) for p in list(self._open)]
@@ -178,7 +180,9 @@ class KafkaSink:
     def _send(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
         for p, payload, n in items:
             try:
-                self._producer.produce(topic, payload, partition=p, on_delivery=self._on_delivery(n))
+                self._producer.produce(
+                    topic, payload, partition=p, on_delivery=self._on_delivery(n)
+                )
             except BufferError:
                 self.counters.events_dropped += n
             except Exception:  # never raise into the request path

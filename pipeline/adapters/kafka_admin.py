@@ -7,7 +7,10 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported in stubs
+    AdminClient,
+    NewTopic,
+)
 
 from pipeline.settings import Settings
 
@@ -63,7 +66,9 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]
     return wait_partitions(settings, list(wanted), timeout_s)
 
 
-def wait_partitions(settings: Settings, topics: list[str], timeout_s: float = 30.0) -> dict[str, int]:
+def wait_partitions(
+    settings: Settings, topics: list[str], timeout_s: float = 30.0
+) -> dict[str, int]:
     """Partition count of each topic, waiting until metadata shows them all."""
     a = admin(settings)
     deadline = time.monotonic() + timeout_s
@@ -73,7 +78,9 @@ def wait_partitions(settings: Settings, topics: list[str], timeout_s: float = 30
         if len(counts) == len(topics):
             return counts
         if time.monotonic() > deadline:
-            raise KafkaAdminError(f"topics missing from metadata: {sorted(set(topics) - set(counts))}")
+            raise KafkaAdminError(
+                f"topics missing from metadata: {sorted(set(topics) - set(counts))}"
+            )
         time.sleep(0.2)
 
 

@@ -38,10 +38,16 @@ class Store(Protocol):
 
     def command(self, sql: str) -> Any: ...
 
-    def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]: ...
+    def query_rows(
+        self, sql: str, parameters: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]: ...
 
     def insert_columns(
-        self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str], types: Sequence[str]
+        self,
+        table: str,
+        columns: Sequence[Sequence[Any]],
+        names: Sequence[str],
+        types: Sequence[str],
     ) -> None: ...
 
     def close(self) -> None: ...
@@ -63,12 +69,18 @@ class ClickHouseStore:
         with self._lock:
             return self._client.command(sql)
 
-    def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def query_rows(
+        self, sql: str, parameters: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
         with self._lock:
             return list(self._client.query(sql, parameters=parameters).result_rows)
 
     def insert_columns(
-        self, table: str, columns: Sequence[Sequence[Any]], names: Sequence[str], types: Sequence[str]
+        self,
+        table: str,
+        columns: Sequence[Sequence[Any]],
+        names: Sequence[str],
+        types: Sequence[str],
     ) -> None:
         with self._lock:
             self._client.insert(
@@ -169,7 +181,10 @@ def migrate(store: Store, cluster: str | None = None, sql_dir: Path = SQL_DIR) -
         for stmt in mig.statements(params):
             store.command(stmt)
         store.insert_columns(
-            "schema_migrations", [[mig.version], [mig.name]], ["version", "name"], ["UInt32", "String"]
+            "schema_migrations",
+            [[mig.version], [mig.name]],
+            ["version", "name"],
+            ["UInt32", "String"],
         )
         applied.append(mig.name)
         log.info("applied migration %s", mig.name)
@@ -255,11 +270,14 @@ def write_with_retry(
     while True:
         try:
             write_requests(store, records)
-            return retries
         except Exception as exc:
             retries += 1
             if attempts is not None and retries >= attempts:
-                raise StoreError(f"write of {len(records)} records failed {retries} times: {exc}") from exc
+                raise StoreError(
+                    f"write of {len(records)} records failed {retries} times: {exc}"
+                ) from exc
             log.warning("ClickHouse write failed (%s); retry %d in %.1fs", exc, retries, delay)
             sleep(delay)
             delay = min(delay * 2, max_delay_s)
+        else:
+            return retries

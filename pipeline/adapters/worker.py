@@ -57,7 +57,7 @@ class DeadLetterSink:
 
     def send(self, dead: list[DeadLetter]) -> None:
         for d in dead:
-            headers = [
+            headers: list[tuple[str, str | bytes | None]] = [
                 ("tailguard.reason", d.reason.encode()),
                 ("tailguard.source.topic", d.source.topic.encode()),
                 ("tailguard.source.partition", str(d.source.partition).encode()),
@@ -67,7 +67,9 @@ class DeadLetterSink:
                 headers.append(("tailguard.source.index", str(d.index).encode()))
             while True:
                 try:
-                    self._producer.produce(self._topic, d.raw, headers=headers, on_delivery=self._on_delivery)
+                    self._producer.produce(
+                        self._topic, d.raw, headers=headers, on_delivery=self._on_delivery
+                    )
                     break
                 except BufferError:
                     self._producer.poll(0.1)
@@ -103,7 +105,10 @@ class WorkerShell:
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster)
         self.dlq = DeadLetterSink(self.settings)
-        log.info("worker started: %s", {k: v for k, v in self.settings.redacted().items() if "password" not in k})
+        log.info(
+            "worker started: %s",
+            {k: v for k, v in self.settings.redacted().items() if "password" not in k},
+        )
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
         out = self.processor.process(messages, int(time.time() * 1000))
@@ -125,7 +130,9 @@ class WorkerShell:
             if batch:
                 assert self.store is not None
                 t0 = time.perf_counter()
-                retries = await loop.run_in_executor(self._executor, write_with_retry, self.store, batch)
+                retries = await loop.run_in_executor(
+                    self._executor, write_with_retry, self.store, batch
+                )
                 self.write_retries += retries
                 self.rows_written += len(batch)
                 log.debug("wrote %d rows in %.1f ms", len(batch), (time.perf_counter() - t0) * 1000)
@@ -135,7 +142,9 @@ class WorkerShell:
             if changed:
                 topic = self.settings.lifecycle_topic
                 # Faust's commit path for explicit offsets (assignment-checked).
-                await self.app.consumer._commit_offsets({TP(topic, p): o for p, o in changed.items()})
+                await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
+                    {TP(topic, p): o for p, o in changed.items()}
+                )
                 self._committed.update(changed)
             self._maybe_log()
 
@@ -149,8 +158,16 @@ class WorkerShell:
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
             "joined=%d gateway_only=%d engine_only=%d duplicates=%d write_retries=%d",
-            c.messages, c.events, c.records, self.rows_written, c.dead_letters,
-            self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
+            c.messages,
+            c.events,
+            c.records,
+            self.rows_written,
+            c.dead_letters,
+            self.processor.pending(),
+            j.joined,
+            j.gateway_only,
+            j.engine_only,
+            j.duplicates,
             self.write_retries,
         )
 
@@ -180,7 +197,9 @@ class WorkerShell:
 def _credentials(settings: Settings) -> Any:
     if settings.security_protocol == "PLAINTEXT":
         return None
-    ctx = ssl.create_default_context(cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None)
+    ctx = ssl.create_default_context(
+        cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None
+    )
     if settings.security_protocol == "SSL":
         return faust.SSLCredentials(ctx)
     return faust.SASLCredentials(
@@ -209,20 +228,23 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         stream_buffer_maxsize=8192,
     )
     shell = WorkerShell(settings, app)
-    topic = app.topic(settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False)
+    topic = app.topic(
+        settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False
+    )
 
     @app.agent(topic, name="tailguard-lifecycle")
     async def lifecycle(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(settings.take_max_messages, within=0.1):
+        take = stream.take_events  # type: ignore[attr-defined]  # faust-streaming API, not in StreamT
+        async for events in take(settings.take_max_messages, within=0.1):
             await shell.on_batch(
                 [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
             )
 
-    @app.timer(interval=settings.flush_interval_ms / 1000)
+    @app.timer(interval=settings.flush_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def flush() -> None:
         await shell.flush_and_commit()
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         await shell.on_revoked(revoked)
 

@@ -65,7 +65,9 @@ def decode_message(
 ) -> Decoded:
     """Decode one message value into events and dead letters. Never raises."""
     if len(raw) > max_bytes:
-        return Decoded([], [DeadLetter(raw, f"oversize: {len(raw)} > {max_bytes} bytes", source, None)])
+        return Decoded(
+            [], [DeadLetter(raw, f"oversize: {len(raw)} > {max_bytes} bytes", source, None)]
+        )
     stripped = raw.lstrip()
     if stripped[:1] == b"[":
         try:  # fast path: a clean batch validates in one call inside pydantic-core
@@ -93,7 +95,10 @@ def decode_message(
                 orjson.loads(raw)
             except orjson.JSONDecodeError as jexc:
                 return Decoded([], [DeadLetter(raw, f"invalid_json: {jexc}", source, None)])
-            return Decoded([], [DeadLetter(raw, "not_an_event: value is neither object nor array", source, None)])
+            return Decoded(
+                [],
+                [DeadLetter(raw, "not_an_event: value is neither object nor array", source, None)],
+            )
         return Decoded([], [DeadLetter(raw, _reason(exc), source, None)])
 
 
@@ -118,7 +123,11 @@ def dead_letter_record(d: DeadLetter) -> dict[str, object]:
         raw_text = None
     out: dict[str, object] = {
         "reason": d.reason,
-        "source": {"topic": d.source.topic, "partition": d.source.partition, "offset": d.source.offset},
+        "source": {
+            "topic": d.source.topic,
+            "partition": d.source.partition,
+            "offset": d.source.offset,
+        },
         "index": d.index,
     }
     if raw_text is not None:

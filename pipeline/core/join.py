@@ -36,7 +36,12 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived, LifecycleEvent
+from pipeline.contract.events import (
+    EngineFinished,
+    GatewayCompleted,
+    GatewayReceived,
+    LifecycleEvent,
+)
 from pipeline.core.record import RequestRecord, build_record
 
 _NS_PER_MS: Final = 1_000_000
@@ -51,7 +56,13 @@ class JoinConfig:
     max_resolved: int = 2_000_000
 
     def __post_init__(self) -> None:
-        for name in ("timeout_ms", "inflight_ttl_ms", "resolved_ttl_ms", "max_pending", "max_resolved"):
+        for name in (
+            "timeout_ms",
+            "inflight_ttl_ms",
+            "resolved_ttl_ms",
+            "max_pending",
+            "max_resolved",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
@@ -75,7 +86,14 @@ class JoinCounters:
 
 
 class _Pending:
-    __slots__ = ("completed", "deadline_ms", "finished", "first_offset", "received", "wall_deadline_ms")
+    __slots__ = (
+        "completed",
+        "deadline_ms",
+        "finished",
+        "first_offset",
+        "received",
+        "wall_deadline_ms",
+    )
 
     def __init__(self, first_offset: int) -> None:
         self.received: GatewayReceived | None = None
@@ -134,7 +152,9 @@ class Joiner:
     def pending_count(self) -> int:
         return len(self._pending)
 
-    def add(self, event: LifecycleEvent, offset: int, wall_ms: int | None = None) -> RequestRecord | None:
+    def add(
+        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+    ) -> RequestRecord | None:
         """Feed one event; returns a record when this event completes a request.
 
         ``wall_ms`` (processing time) arms the second timeout condition; None
@@ -192,7 +212,9 @@ class Joiner:
             self.counters.conflicts += 1
         return False
 
-    def _after_resolved(self, done: _Resolved, rid: str, event: LifecycleEvent) -> RequestRecord | None:
+    def _after_resolved(
+        self, done: _Resolved, rid: str, event: LifecycleEvent
+    ) -> RequestRecord | None:
         if not done.partial:
             self._count_repeat(event, None)
             return None

@@ -113,7 +113,11 @@ class StreamProcessor:
 
     def safe_offsets(self) -> dict[int, int]:
         """Per partition, the offset that may be committed with nothing lost."""
-        return {p: st.joiner.safe_offset(st.next_offset) for p, st in self._parts.items() if st.next_offset}
+        return {
+            p: st.joiner.safe_offset(st.next_offset)
+            for p, st in self._parts.items()
+            if st.next_offset
+        }
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget partitions handed to another worker (it rebuilds from the committed offset)."""

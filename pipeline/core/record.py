@@ -47,7 +47,12 @@ def ctx_bucket(prompt_tokens: int | None) -> str:
     return ">16k"
 
 
-_FINISH_TO_OUTCOME: Final = {"stop": "ok", "length": "ok", "abort": "client_abort", "error": "error"}
+_FINISH_TO_OUTCOME: Final = {
+    "stop": "ok",
+    "length": "ok",
+    "abort": "client_abort",
+    "error": "error",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +116,9 @@ def build_record(
         source = "engine_only"
 
     model = (received or completed or finished).model  # type: ignore[union-attr]
-    priority = received.priority if received is not None else (finished.priority if finished else None)
+    priority = (
+        received.priority if received is not None else (finished.priority if finished else None)
+    )
     prompt_tokens = (
         finished.prompt_tokens
         if finished is not None

@@ -62,6 +62,7 @@ def run_simulation(
     trace_path: str | Path,
     config: SimConfig,
     sink: EventSink,
+    *,
     speedup: float | None = None,
     progress: bool = False,
     limit: int | None = None,
@@ -156,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sink = JsonlSink(args.out)
     try:
-        summary = run_simulation(args.trace, config, sink, args.speedup, not args.no_progress)
+        summary = run_simulation(
+            args.trace, config, sink, speedup=args.speedup, progress=not args.no_progress
+        )
     finally:
         sink.close()
     Console(stderr=True).print(summary)

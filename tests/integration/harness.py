@@ -89,8 +89,10 @@ class WorkerProcess:
 
 def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list:
     """Every message currently on ``topic`` (up to the end offsets at call time)."""
-    c = Consumer(settings.kafka_config() | {"group.id": f"reader-{uuid.uuid4().hex[:6]}",
-                                            "enable.auto.commit": False})
+    c = Consumer(
+        settings.kafka_config()
+        | {"group.id": f"reader-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+    )
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         ends = {}

@@ -39,7 +39,8 @@ def _expected_from_events(path: Path) -> dict:
         "requests": len(set(done) | set(fin)),
         "aborts": sum(1 for e in done.values() if e["outcome"] == "client_abort"),
         "boundaries": {
-            k: {"count": len(v), "p50": _exact(v, 0.5), "p99": _exact(v, 0.99)} for k, v in series.items()
+            k: {"count": len(v), "p50": _exact(v, 0.5), "p99": _exact(v, 0.99)}
+            for k, v in series.items()
         },
     }
 

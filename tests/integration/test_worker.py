@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 N = 3000
 
 
-def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(kafka, tmp_path: Path) -> None:
+def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(
+    kafka, tmp_path: Path
+) -> None:
     s = make_settings(kafka.bootstrap_servers, tmp_path, max_message_bytes=100_000)
     sink = kafka_sink(s)
     # Gateway events as single-event messages keyed by request_id through the
@@ -31,8 +33,13 @@ def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(kaf
         rid = f"req-{i}"
         single.produce(s.lifecycle_topic, encode_event(received(rid, i)), key=rid)
         if i % 100 == 0:  # client abort: the engine never reports it
-            single.produce(s.lifecycle_topic, encode_event(
-                completed(rid, i + 50, total_ms=50, outcome="client_abort", http_status=0)), key=rid)
+            single.produce(
+                s.lifecycle_topic,
+                encode_event(
+                    completed(rid, i + 50, total_ms=50, outcome="client_abort", http_status=0)
+                ),
+                key=rid,
+            )
             expected_abort += 1
             continue
         sink.emit(finished(rid, i + 98, queue_ms=float(i % 13)))
@@ -41,11 +48,29 @@ def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(kaf
             sink.emit(finished(rid, i + 98, queue_ms=float(i % 13)))
     bad = [
         b"{this is not json",
-        b"[" + encode_event(completed("ok-in-bad-batch")) + b', {"v": 1, "kind": "gateway.completed"}]',
-        orjson.dumps({"v": 1, "event_id": "x", "kind": "engine.finished", "request_id": "neg",
-                      "ts_unix_ns": 1, "host": "h", "model": "m", "arrival_unix_ns": 1,
-                      "queue_ms": -5.0, "prefill_ms": 1.0, "decode_ms": 1.0, "inference_ms": 2.0,
-                      "e2e_ms": 1.0, "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop"}),
+        b"["
+        + encode_event(completed("ok-in-bad-batch"))
+        + b', {"v": 1, "kind": "gateway.completed"}]',
+        orjson.dumps(
+            {
+                "v": 1,
+                "event_id": "x",
+                "kind": "engine.finished",
+                "request_id": "neg",
+                "ts_unix_ns": 1,
+                "host": "h",
+                "model": "m",
+                "arrival_unix_ns": 1,
+                "queue_ms": -5.0,
+                "prefill_ms": 1.0,
+                "decode_ms": 1.0,
+                "inference_ms": 2.0,
+                "e2e_ms": 1.0,
+                "prompt_tokens": 1,
+                "output_tokens": 1,
+                "finish_reason": "stop",
+            }
+        ),
         b'{"v": 1, "kind": "gateway.teleported"}',
         b"x" * 200_000,  # over the worker's max_message_bytes below
     ]
@@ -63,8 +88,14 @@ def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(kaf
 
     store = open_store(s)
     try:
-        rows = dict(store.query_rows(f"SELECT source, count() FROM {s.database}.requests FINAL GROUP BY source"))
-        total = store.query_rows(f"SELECT count(), uniqExact(request_id) FROM {s.database}.requests FINAL")[0]
+        rows = dict(
+            store.query_rows(
+                f"SELECT source, count() FROM {s.database}.requests FINAL GROUP BY source"
+            )
+        )
+        total = store.query_rows(
+            f"SELECT count(), uniqExact(request_id) FROM {s.database}.requests FINAL"
+        )[0]
         aborts = store.query_rows(
             f"SELECT count() FROM {s.database}.requests FINAL "
             "WHERE outcome = 'client_abort' AND source = 'gateway_only' AND queue_ms IS NULL"
@@ -80,7 +111,9 @@ def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(kaf
 
     dead = read_all(s, s.dlq_topic)
     reasons = sorted(dict(m.headers())["tailguard.reason"].decode().split(":")[0] for m in dead)
-    assert reasons == sorted(["invalid_json", "invalid_event", "invalid_event", "invalid_event", "oversize"])
+    assert reasons == sorted(
+        ["invalid_json", "invalid_event", "invalid_event", "invalid_event", "oversize"]
+    )
     for m in dead:
         h = dict(m.headers())
         assert h["tailguard.source.topic"].decode() == s.lifecycle_topic

@@ -14,9 +14,17 @@ SRC = SourceRef("tailguard.lifecycle", 3, 42)
 
 def _ok(**over: object) -> dict[str, object]:
     base: dict[str, object] = {
-        "v": 1, "event_id": "e1", "kind": "gateway.completed", "request_id": "r1",
-        "ts_unix_ns": 1_700_000_000_000_000_000, "host": "gw", "model": "m",
-        "total_ms": 120.5, "ttfb_ms": 12.0, "http_status": 200, "outcome": "ok",
+        "v": 1,
+        "event_id": "e1",
+        "kind": "gateway.completed",
+        "request_id": "r1",
+        "ts_unix_ns": 1_700_000_000_000_000_000,
+        "host": "gw",
+        "model": "m",
+        "total_ms": 120.5,
+        "ttfb_ms": 12.0,
+        "http_status": 200,
+        "outcome": "ok",
     }
     base.update(over)
     return base
@@ -61,7 +69,10 @@ def test_malformed_messages_become_dead_letters(raw: bytes, reason: str) -> None
 
 
 def test_one_bad_event_does_not_reject_its_neighbours() -> None:
-    good1, good2 = orjson.loads(encode_event(received("a"))), orjson.loads(encode_event(completed("a")))
+    good1, good2 = (
+        orjson.loads(encode_event(received("a"))),
+        orjson.loads(encode_event(completed("a"))),
+    )
     raw = orjson.dumps([good1, _ok(queue_ms=1, total_ms=-3), good2, "junk"])
     out = decode_message(raw, SRC)
     assert [e.event_id for e in out.events] == ["a:r", "a:c"]
@@ -72,7 +83,8 @@ def test_one_bad_event_does_not_reject_its_neighbours() -> None:
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     out = decode_message(orjson.dumps(_ok(new_field_from_v1_1="x")), SRC)
-    assert out.dead == [] and len(out.events) == 1
+    assert out.dead == []
+    assert len(out.events) == 1
 
 
 @given(st.binary(max_size=300))
@@ -84,7 +96,21 @@ def test_decode_never_raises_on_arbitrary_bytes(raw: bytes) -> None:
     assert accounted >= 1 or orjson.loads(raw) == []
 
 
-@given(st.lists(st.one_of(st.integers(min_value=-(2**63), max_value=2**63 - 1), st.text(max_size=5), st.none(), st.dictionaries(st.text(max_size=5), st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=3)), max_size=20))
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(min_value=-(2**63), max_value=2**63 - 1),
+            st.text(max_size=5),
+            st.none(),
+            st.dictionaries(
+                st.text(max_size=5),
+                st.integers(min_value=-(2**63), max_value=2**63 - 1),
+                max_size=3,
+            ),
+        ),
+        max_size=20,
+    )
+)
 def test_every_batch_element_is_accounted_for(items: list[object]) -> None:
     items = [*items, orjson.loads(encode_event(received("x")))]
     out = decode_message(orjson.dumps(items), SRC)

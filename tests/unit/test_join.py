@@ -18,7 +18,9 @@ def _now(ms: float) -> int:
     return T0_NS // MS + int(ms)
 
 
-@pytest.mark.parametrize("order", list(itertools.permutations(["received", "completed", "finished"])))
+@pytest.mark.parametrize(
+    "order", list(itertools.permutations(["received", "completed", "finished"]))
+)
 def test_join_completes_in_any_order(order: tuple[str, ...]) -> None:
     j = Joiner(JoinConfig(timeout_ms=1000))
     make = {"received": received, "completed": completed, "finished": finished}
@@ -56,14 +58,20 @@ def test_duplicates_and_conflicts_are_ignored_and_counted() -> None:
     ("events", "source", "outcome", "gateway_total", "queue"),
     [
         # client abort: vLLM never reports it, so only the gateway side exists
-        ([received("a"), completed("a", total_ms=900.0, outcome="client_abort", http_status=0)],
-         "gateway_only", "client_abort", 900.0, None),
+        (
+            [received("a"), completed("a", total_ms=900.0, outcome="client_abort", http_status=0)],
+            "gateway_only",
+            "client_abort",
+            900.0,
+            None,
+        ),
         # direct traffic: engine only
         ([finished("b", 100.0)], "engine_only", "ok", None, 10.0),
     ],
 )
-def test_partial_records_after_timeout(events: list, source: str, outcome: str,
-                                       gateway_total: float | None, queue: float | None) -> None:
+def test_partial_records_after_timeout(
+    events: list, source: str, outcome: str, gateway_total: float | None, queue: float | None
+) -> None:
     j = Joiner(JoinConfig(timeout_ms=1000))
     for i, ev in enumerate(events):
         assert j.add(ev, i) is None
@@ -83,7 +91,8 @@ def test_late_partner_upgrades_a_partial_record() -> None:
     (partial,) = j.advance(_now(5000))
     assert partial.source == "gateway_only"
     rec = j.add(finished("r", 6000), 1)
-    assert rec is not None and rec.source == "joined" and rec.revision == 1
+    assert rec is not None
+    assert (rec.source, rec.revision) == ("joined", 1)
     assert j.counters.upgraded == 1
     assert j.add(finished("r", 6000), 2) is None  # and a repeat of it is a duplicate
     assert j.counters.duplicates == 1
@@ -155,7 +164,11 @@ def _requests(n: int) -> list:
     for i in range(n):
         rid = f"r{i}"
         t = i * 3.0
-        evs += [received(rid, t), finished(rid, t + 90, queue_ms=float(i % 7)), completed(rid, t + 95)]
+        evs += [
+            received(rid, t),
+            finished(rid, t + 90, queue_ms=float(i % 7)),
+            completed(rid, t + 95),
+        ]
     return evs
 
 
@@ -178,8 +191,18 @@ def test_shuffled_with_duplicates_gives_identical_records(seed: int, dup_share: 
 
 @pytest.mark.parametrize(
     ("tokens", "bucket"),
-    [(None, "unknown"), (0, "<512"), (511, "<512"), (512, "512-4k"), (4095, "512-4k"),
-     (4096, "4k-8k"), (8191, "4k-8k"), (8192, "8k-16k"), (16384, "8k-16k"), (16385, ">16k")],
+    [
+        (None, "unknown"),
+        (0, "<512"),
+        (511, "<512"),
+        (512, "512-4k"),
+        (4095, "512-4k"),
+        (4096, "4k-8k"),
+        (8191, "4k-8k"),
+        (8192, "8k-16k"),
+        (16384, "8k-16k"),
+        (16385, ">16k"),
+    ],
 )
 def test_ctx_bucket(tokens: int | None, bucket: str) -> None:
     assert ctx_bucket(tokens) == bucket
@@ -192,7 +215,7 @@ def test_tpot_needs_two_tokens(out_tokens: int, tpot: float | None) -> None:
 
 
 def test_record_needs_a_terminal_event() -> None:
-    with pytest.raises(ValueError, match="gateway.completed or engine.finished"):
+    with pytest.raises(ValueError, match=r"gateway\.completed or engine\.finished"):
         build_record("r", received("r"), None, None)
 
 

@@ -43,7 +43,9 @@ def _write(path: Path, lines: list[bytes]) -> None:
 
 
 def test_replay_sends_malformed_lines_to_the_dlq_and_keeps_the_rest(tmp_path: Path) -> None:
-    good = [encode_batch([received(f"r{i}"), finished(f"r{i}"), completed(f"r{i}")]) for i in range(50)]
+    good = [
+        encode_batch([received(f"r{i}"), finished(f"r{i}"), completed(f"r{i}")]) for i in range(50)
+    ]
     bad = [b"{oops", b'{"v":1,"kind":"gateway.completed"}', b"[1,2,3]", b"null"]
     clean, dirty = tmp_path / "clean.jsonl", tmp_path / "dirty.jsonl"
     _write(clean, good)
@@ -62,7 +64,13 @@ def test_replay_sends_malformed_lines_to_the_dlq_and_keeps_the_rest(tmp_path: Pa
 
 def test_replay_cli_prints_json(tmp_path: Path, capsys: object) -> None:
     f = tmp_path / "e.jsonl"
-    _write(f, [encode_batch([received("a"), completed("a", outcome="client_abort", http_status=0)]), b"bad"])
+    _write(
+        f,
+        [
+            encode_batch([received("a"), completed("a", outcome="client_abort", http_status=0)]),
+            b"bad",
+        ],
+    )
     assert main(["replay", str(f), "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
     assert out["requests"] == 1

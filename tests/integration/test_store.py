@@ -1,0 +1,62 @@
+"""The ClickHouse schema and writer on the real embedded engine (chDB)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.store import migrate, open_store, write_requests, write_with_retry
+from pipeline.core.record import build_record
+from pipeline.settings import Settings
+from tests.factories import completed, finished, received
+
+pytestmark = pytest.mark.integration
+
+
+def test_migrate_is_idempotent_and_rows_are_one_per_request(tmp_path: Path) -> None:
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        assert migrate(store) == ["0001_requests"]
+        assert migrate(store) == []
+        partial = build_record("a", received("a"), completed("a"), None)
+        joined = build_record("a", received("a"), completed("a"), finished("a"))
+        other = build_record("b", None, None, finished("b"))
+        write_requests(store, [partial, other])
+        write_requests(store, [joined, other])  # re-delivery and an upgrade
+        write_requests(store, [partial])  # a stale partial arriving last
+        rows = store.query_rows(
+            "SELECT request_id, source, revision, queue_ms FROM tailguard.requests FINAL ORDER BY request_id"
+        )
+        assert rows == [("a", "joined", 1, 10.0), ("b", "engine_only", 0, 10.0)]
+    finally:
+        store.close()
+
+
+class _Flaky:
+    """A store whose inserts fail a given number of times."""
+
+    def __init__(self, inner: object, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.database = "tailguard"
+
+    def insert_columns(self, *args: object, **kw: object) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("injected")
+        self.inner.insert_columns(*args, **kw)  # type: ignore[attr-defined]
+
+
+def test_writer_retries_with_backoff_and_loses_nothing(tmp_path: Path) -> None:
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        migrate(store)
+        sleeps: list[float] = []
+        recs = [build_record(f"r{i}", None, completed(f"r{i}"), None) for i in range(100)]
+        retries = write_with_retry(_Flaky(store, 4), recs, sleep=sleeps.append, base_delay_s=0.1)  # type: ignore[arg-type]
+        assert retries == 4
+        assert sleeps == [0.1, 0.2, 0.4, 0.8]
+        assert store.query_rows("SELECT count() FROM tailguard.requests FINAL") == [(100,)]
+    finally:
+        store.close()
