@@ -148,9 +148,9 @@ class WorkerShell:
                 self._committed.update(changed)
             self._maybe_log()
 
-    def _maybe_log(self) -> None:
+    def _maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last_log < 10:
+        if now - self._last_log < 10 and not force:
             return
         self._last_log = now
         c = self.processor.counters
@@ -191,7 +191,7 @@ class WorkerShell:
             self._executor.shutdown(wait=True)
             if self.store is not None:
                 self.store.close()
-            self._maybe_log()
+            self._maybe_log(force=True)
 
 
 def _credentials(settings: Settings) -> Any:

@@ -26,7 +26,8 @@ def test_migrate_is_idempotent_and_rows_are_one_per_request(tmp_path: Path) -> N
         write_requests(store, [joined, other])  # re-delivery and an upgrade
         write_requests(store, [partial])  # a stale partial arriving last
         rows = store.query_rows(
-            "SELECT request_id, source, revision, queue_ms FROM tailguard.requests FINAL ORDER BY request_id"
+            "SELECT request_id, source, revision, queue_ms "
+            "FROM tailguard.requests FINAL ORDER BY request_id"
         )
         assert rows == [("a", "joined", 1, 10.0), ("b", "engine_only", 0, 10.0)]
     finally:

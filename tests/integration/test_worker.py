@@ -119,3 +119,4 @@ def test_worker_joins_batched_and_single_messages_and_dead_letters_bad_input(
         assert h["tailguard.source.topic"].decode() == s.lifecycle_topic
         assert int(h["tailguard.source.offset"]) >= 0
     assert any(m.value() == b"{this is not json" for m in dead)
+    assert " dead_letters=5 " in worker.log_tail(20_000), "the worker counts what it dead-letters"
