@@ -105,27 +105,57 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_spec(path: Path | None) -> Any:
+    from pipeline.core.slo import SpecError, load_spec_file
+
+    if path is None:
+        return None
+    try:
+        return load_spec_file(path)
+    except SpecError as exc:
+        raise SystemExit(f"tailguard: invalid SLO spec:\n{exc}") from None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.core.slo import validate_file
+
+    ok, message = validate_file(args.file)
+    print(message, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.replay import replay_file
 
+    settings = _settings(args)
+    spec = _load_spec(args.slo or settings.slo_spec)
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
     with dlq_path.open("wb") as dlq:
-        result = replay_file(args.events, _settings(args).join_config(), dlq_out=dlq)
-    if args.store is not None:
-        from pipeline.adapters.store import migrate, open_store, write_requests
+        result = replay_file(
+            args.events,
+            settings.join_config(),
+            spec=spec,
+            window_config=settings.window_config(),
+            dlq_out=dlq,
+        )
+    summary = result.summary()
+    summary["dlq_file"] = str(dlq_path)
+    if not args.no_store:
+        from pipeline.adapters.store import migrate, open_store, write_requests, write_window
 
-        settings = _settings(args)
         store = open_store(settings)
         try:
             migrate(store, settings.cluster)
-            write_requests(store, result.records)
+            write_requests(store, result.emitted)
+            topic = f"replay:{args.events.name}"
+            acc = settings.window_config().relative_accuracy
+            for win in result.windows:
+                write_window(store, win, topic, "replay", acc)
         finally:
             store.close()
-    summary = result.summary()
-    summary["dlq_file"] = str(dlq_path)
-    sys.stdout.write(
-        orjson.dumps(summary, option=orjson.OPT_INDENT_2 if not args.json else 0).decode() + "\n"
-    )
+        summary["store"] = str(settings.store_dir)
+    option = 0 if args.json else orjson.OPT_INDENT_2
+    sys.stdout.write(orjson.dumps(summary, option=option).decode() + "\n")
     return 0
 
 
@@ -196,9 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("replay", help="run the core over a JSON Lines file of messages")
     s.add_argument("events", type=Path)
     _add_store(s)
+    s.add_argument("--no-store", action="store_true", help="do not write to the store")
+    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
     s.add_argument("--json", action="store_true", help="one-line JSON")
     s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("validate", help="validate an SLO spec file (exit 0 ok, 1 invalid)")
+    s.add_argument("file", type=Path)
+    s.set_defaults(func=cmd_validate)
 
     s = sub.add_parser("report", help="print the SLO report from the store")
     _add_store(s)

@@ -3,7 +3,7 @@
 Each line is one message (an event object or an array of events), exactly as
 it would sit on the lifecycle topic. Time is the events' own event time; at
 the end of the input everything still pending is resolved as if its timeout
-had passed.
+had passed, and every window is closed.
 """
 
 from __future__ import annotations
@@ -17,37 +17,86 @@ import orjson
 
 from pipeline.contract.codec import dead_letter_record
 from pipeline.core.join import JoinConfig
-from pipeline.core.processor import StreamProcessor
+from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
-from pipeline.report import exact_quantile
+from pipeline.core.sketch import QuantileSketch
+from pipeline.core.skew import SkewEstimator
+from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.slo_windows import WindowSLOCounts
+from pipeline.core.windows import ClosedWindow, WindowConfig
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 
 
 @dataclass
 class ReplayResult:
-    records: list[RequestRecord] = field(default_factory=list)
+    spec: SLOSpec | None
+    relative_accuracy: float
+    records: dict[str, RequestRecord] = field(default_factory=dict)  # final version per request
+    emitted: list[RequestRecord] = field(default_factory=list)  # every record, in emission order
+    windows: list[ClosedWindow] = field(default_factory=list)
     dead_letters: int = 0
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)
+
+    def _take(self, out: Output) -> None:
+        self.emitted.extend(out.records)
+        for r in out.records:
+            prev = self.records.get(r.request_id)
+            if prev is None or r.revision >= prev.revision:
+                self.records[r.request_id] = r
+        self.windows.extend(out.windows)
+        self.dead_letters += len(out.dead)
 
     def summary(self) -> dict[str, Any]:
+        sketches = {b: QuantileSketch(self.relative_accuracy) for b in BOUNDARIES}
+        values: dict[str, list[float]] = {b: [] for b in BOUNDARIES}
+        outcomes: dict[str, int] = {}
+        skew = SkewEstimator()
+        evaluator = SLOEvaluator(self.spec) if self.spec is not None else None
+        for r in self.records.values():
+            for b in BOUNDARIES:
+                v = r.boundary(b)
+                if v is not None:
+                    values[b].append(v)
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+            skew.add(r)
+            if evaluator is not None:
+                evaluator.add(r)
         boundaries: dict[str, Any] = {}
         for b in BOUNDARIES:
-            vals = sorted(v for r in self.records if (v := r.boundary(b)) is not None)
-            entry: dict[str, Any] = {"count": len(vals)}
-            for k, q in REPLAY_QUANTILES.items():
-                entry[k] = exact_quantile(vals, q) if vals else None
+            sk = sketches[b]
+            sk.add_many(values[b])
+            entry: dict[str, Any] = {"count": sk.count}
+            for name, q in REPLAY_QUANTILES.items():
+                entry[name] = sk.quantile(q)
             boundaries[b] = entry
-        outcomes: dict[str, int] = {}
-        for r in self.records:
-            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-        return {
+        out: dict[str, Any] = {
             "requests": len(self.records),
             "dead_letters": self.dead_letters,
+            "aborts": outcomes.get("client_abort", 0),
             "outcomes": dict(sorted(outcomes.items())),
             "boundaries": boundaries,
-            "join": self.counters,
+            "quantiles": {
+                "method": "DDSketch",
+                "relative_accuracy": self.relative_accuracy,
+            },
         }
+        if evaluator is not None:
+            slo_json = evaluator.to_json()
+            out["slos"] = {
+                name: {"total": v["total"], "good": v["good"], "compliance": v["compliance"]}
+                for name, v in slo_json["slos"].items()
+            }
+            blended = slo_json.get("blended")
+            out["blended"] = {"compliance": blended["compliance"] if blended else None}
+            out["slo_details"] = slo_json
+        out["windows"] = {
+            "closed": len(self.windows),
+            "late_records": self.counters.get("late_records", 0),
+        }
+        out["clock_skew"] = skew.report()
+        out["join"] = self.counters.get("join", {})
+        return out
 
 
 def _lines(fh: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
@@ -60,11 +109,20 @@ def _lines(fh: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
 def replay_file(
     path: Path,
     join_config: JoinConfig | None = None,
+    *,
+    spec: SLOSpec | None = None,
+    window_config: WindowConfig | None = None,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
 ) -> ReplayResult:
-    proc = StreamProcessor(str(path), join_config)
-    result = ReplayResult()
+    wc = window_config or WindowConfig()
+    proc = StreamProcessor(
+        str(path),
+        join_config,
+        window_config=wc,
+        slo_factory=(lambda: WindowSLOCounts(spec)) if spec is not None else None,
+    )
+    result = ReplayResult(spec, wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):
@@ -73,9 +131,12 @@ def replay_file(
                 _feed(proc, batch, result, dlq_out)
                 batch = []
         _feed(proc, batch, result, dlq_out)
-    result.records.extend(proc.drain())
+    result._take(proc.drain())
     j = proc.join_counters()
-    result.counters = {name: getattr(j, name) for name in j.__slots__}
+    result.counters = {
+        "join": {name: getattr(j, name) for name in j.__slots__},
+        "late_records": proc.window_counters().late,
+    }
     return result
 
 
@@ -86,8 +147,7 @@ def _feed(
     dlq_out: IO[bytes] | None,
 ) -> None:
     out = proc.process(batch, wall_ms=None)  # event time only in a replay
-    result.records.extend(out.records)
-    result.dead_letters += len(out.dead)
+    result._take(out)
     if dlq_out is not None:
         for d in out.dead:
             dlq_out.write(orjson.dumps(dead_letter_record(d)) + b"\n")

@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.contract.events import DLQ_TOPIC, ENGINE_STATS_TOPIC, LIFECYCLE_TOPIC
 from pipeline.core.join import JoinConfig
+from pipeline.core.windows import WindowConfig
+
+DEFAULT_SLO_SPEC = Path(__file__).resolve().parents[1] / "specs" / "slo-example.yaml"
 
 
 class Settings(BaseSettings):
@@ -95,6 +98,34 @@ class Settings(BaseSettings):
         le=65535,
         description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset).",
     )
+    window_size_ms: int = Field(
+        10_000, gt=0, description="TAILGUARD_WINDOW_SIZE_MS: base tumbling window."
+    )
+    window_grace_ms: int = Field(
+        30_000, ge=0, description="TAILGUARD_WINDOW_GRACE_MS: lateness accepted before closing."
+    )
+    max_window_keys: int = Field(
+        1000, ge=1, description="TAILGUARD_MAX_WINDOW_KEYS: keys per window, then __other__."
+    )
+    slo_spec: Path | None = Field(
+        DEFAULT_SLO_SPEC,
+        description="TAILGUARD_SLO_SPEC: SLO spec YAML (default: the shipped example).",
+    )
+    store_raw_events: bool = Field(
+        True, description="TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."
+    )
+    raw_events_ttl_days: int = Field(
+        7, ge=1, description="TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events."
+    )
+    metrics_exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="TAILGUARD_METRICS_EXPORTER: the worker's own OpenTelemetry metrics."
+    )
+    metrics_file: Path | None = Field(
+        None, description="TAILGUARD_METRICS_FILE: console exporter output (default stdout)."
+    )
+    metrics_interval_ms: int = Field(
+        10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -105,6 +136,13 @@ class Settings(BaseSettings):
                 "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
             )
         return self
+
+    def window_config(self) -> WindowConfig:
+        return WindowConfig(
+            size_ms=self.window_size_ms,
+            grace_ms=self.window_grace_ms,
+            max_keys=self.max_window_keys,
+        )
 
     def join_config(self) -> JoinConfig:
         return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)

@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS ${db}.requests ${on_cluster}
     revision                 UInt8,
     source                   LowCardinality(String),          -- joined | gateway_only | engine_only
     ts_unix_ns               Int64,                           -- request start, first side's own clock
+    end_unix_ns              Int64,                           -- request end, same side's clock (window time)
     ts                       DateTime64(3, 'UTC') MATERIALIZED fromUnixTimestamp64Milli(intDiv(ts_unix_ns, 1000000), 'UTC'),
     model                    LowCardinality(String),
     priority                 Nullable(UInt8),

@@ -13,7 +13,7 @@ import re
 import string
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +48,7 @@ class Store(Protocol):
         columns: Sequence[Sequence[Any]],
         names: Sequence[str],
         types: Sequence[str],
+        settings: dict[str, Any] | None = None,
     ) -> None: ...
 
     def close(self) -> None: ...
@@ -81,6 +82,7 @@ class ClickHouseStore:
         columns: Sequence[Sequence[Any]],
         names: Sequence[str],
         types: Sequence[str],
+        settings: dict[str, Any] | None = None,
     ) -> None:
         with self._lock:
             self._client.insert(
@@ -90,6 +92,7 @@ class ClickHouseStore:
                 column_type_names=list(types),
                 column_oriented=True,
                 database=self.database,
+                settings=settings,
             )
 
     def close(self) -> None:
@@ -146,18 +149,30 @@ def load_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
     return found
 
 
-def template_params(database: str, cluster: str | None) -> dict[str, str]:
+def template_params(database: str, cluster: str | None, raw_ttl_days: int = 7) -> dict[str, str]:
+    """Values for the ``${...}`` placeholders of ``sql/*.sql``."""
+    common = {"db": database, "raw_ttl_days": str(int(raw_ttl_days))}
     if cluster:
-        return {
-            "db": database,
+        path = "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}'"
+        return common | {
             "on_cluster": f"ON CLUSTER '{cluster}'",
             "replicated": "Replicated",
-            "replica_args": "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}', ",
+            "replica_args": f"{path}, ",
+            "replica_args_only": path,
+            "dedup_window_setting": "replicated_deduplication_window = 10000",
         }
-    return {"db": database, "on_cluster": "", "replicated": "", "replica_args": ""}
+    return common | {
+        "on_cluster": "",
+        "replicated": "",
+        "replica_args": "",
+        "replica_args_only": "",
+        "dedup_window_setting": "non_replicated_deduplication_window = 10000",
+    }
 
 
-def migrate(store: Store, cluster: str | None = None, sql_dir: Path = SQL_DIR) -> list[str]:
+def migrate(
+    store: Store, cluster: str | None = None, sql_dir: Path = SQL_DIR, raw_ttl_days: int = 7
+) -> list[str]:
     """Apply pending migrations in order; idempotent. Returns the names applied."""
     db = store.database
     on_cluster = f"ON CLUSTER '{cluster}'" if cluster else ""
@@ -173,7 +188,7 @@ def migrate(store: Store, cluster: str | None = None, sql_dir: Path = SQL_DIR) -
         f"ENGINE = {engine} ORDER BY version"
     )
     done = {int(r[0]) for r in store.query_rows(f"SELECT version FROM {db}.schema_migrations")}
-    params = template_params(db, cluster)
+    params = template_params(db, cluster, raw_ttl_days)
     applied = []
     for mig in load_migrations(sql_dir):
         if mig.version in done:
@@ -198,6 +213,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("revision", "UInt8"),
     ("source", "LowCardinality(String)"),
     ("ts_unix_ns", "Int64"),
+    ("end_unix_ns", "Int64"),
     ("model", "LowCardinality(String)"),
     ("priority", "Nullable(UInt8)"),
     ("tenant", "LowCardinality(String)"),
@@ -251,6 +267,36 @@ def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
     )
 
 
+def with_retry(
+    fn: Callable[[], None],
+    what: str,
+    *,
+    attempts: int | None = None,
+    base_delay_s: float = 0.2,
+    max_delay_s: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run ``fn``, retrying with exponential backoff (forever when ``attempts`` is None).
+
+    Returns the number of retries. Every write tailguard retries is idempotent
+    (rows keyed by request, windows deduplicated by token).
+    """
+    retries = 0
+    delay = base_delay_s
+    while True:
+        try:
+            fn()
+        except Exception as exc:
+            retries += 1
+            if attempts is not None and retries >= attempts:
+                raise StoreError(f"{what} failed {retries} times: {exc}") from exc
+            log.warning("ClickHouse %s failed (%s); retry %d in %.1fs", what, exc, retries, delay)
+            sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+        else:
+            return retries
+
+
 def write_with_retry(
     store: Store,
     records: Sequence[RequestRecord],
@@ -258,26 +304,159 @@ def write_with_retry(
     attempts: int | None = None,
     base_delay_s: float = 0.2,
     max_delay_s: float = 10.0,
-    sleep: Any = time.sleep,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Write, retrying with exponential backoff (forever when ``attempts`` is None).
+    """Write request records with :func:`with_retry`."""
+    return with_retry(
+        lambda: write_requests(store, records),
+        f"write of {len(records)} records",
+        attempts=attempts,
+        base_delay_s=base_delay_s,
+        max_delay_s=max_delay_s,
+        sleep=sleep,
+    )
 
-    Returns the number of retries. Re-writing a batch is safe: rows are keyed by
-    request_id and revision.
-    """
-    retries = 0
-    delay = base_delay_s
-    while True:
-        try:
-            write_requests(store, records)
-        except Exception as exc:
-            retries += 1
-            if attempts is not None and retries >= attempts:
-                raise StoreError(
-                    f"write of {len(records)} records failed {retries} times: {exc}"
-                ) from exc
-            log.warning("ClickHouse write failed (%s); retry %d in %.1fs", exc, retries, delay)
-            sleep(delay)
-            delay = min(delay * 2, max_delay_s)
-        else:
-            return retries
+
+# --- windows, SLO counts, checkpoints, raw events ------------------------------
+
+WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("window_start", "DateTime64(3, 'UTC')"),
+    ("window_ms", "UInt32"),
+    ("source_topic", "LowCardinality(String)"),
+    ("partition", "UInt16"),
+    ("model", "LowCardinality(String)"),
+    ("priority", "LowCardinality(String)"),
+    ("ctx_bucket", "LowCardinality(String)"),
+    ("boundary", "LowCardinality(String)"),
+    ("relative_accuracy", "Float64"),
+    ("records", "UInt64"),
+    ("count", "UInt64"),
+    ("sum", "Float64"),
+    ("min", "Float64"),
+    ("max", "Float64"),
+    ("zero_count", "UInt64"),
+    ("pos_keys", "Array(Int32)"),
+    ("pos_counts", "Array(UInt64)"),
+    ("neg_keys", "Array(Int32)"),
+    ("neg_counts", "Array(UInt64)"),
+)
+
+SLO_WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("window_start", "DateTime64(3, 'UTC')"),
+    ("window_ms", "UInt32"),
+    ("source_topic", "LowCardinality(String)"),
+    ("partition", "UInt16"),
+    ("slo", "LowCardinality(String)"),
+    ("kind", "LowCardinality(String)"),
+    ("boundary", "LowCardinality(String)"),
+    ("threshold_ms", "Float64"),
+    ("objective", "Float64"),
+    ("total", "UInt64"),
+    ("good", "UInt64"),
+    ("good_secondary_only", "UInt64"),
+    ("secondary_weight", "Float64"),
+)
+
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("event_id", "String"),
+    ("kind", "LowCardinality(String)"),
+    ("request_id", "String"),
+    ("ts_unix_ns", "Int64"),
+    ("host", "LowCardinality(String)"),
+    ("model", "LowCardinality(String)"),
+    ("source_topic", "LowCardinality(String)"),
+    ("source_partition", "UInt16"),
+    ("source_offset", "Int64"),
+    ("payload", "String"),
+)
+
+_DEDUP_SETTINGS = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+
+
+def _insert(
+    store: Store,
+    table: str,
+    spec: tuple[tuple[str, str], ...],
+    rows: Sequence[Sequence[Any]],
+    token: str | None = None,
+) -> None:
+    if not rows:
+        return
+    columns = [list(col) for col in zip(*rows, strict=True)]
+    settings = dict(_DEDUP_SETTINGS, insert_deduplication_token=token) if token else None
+    store.insert_columns(table, columns, [n for n, _ in spec], [t for _, t in spec], settings)
+
+
+def window_rows(
+    win: Any, topic: str, relative_accuracy: float
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rows of one closed window: (window_sketches rows, slo_windows rows)."""
+    from datetime import UTC, datetime
+
+    start = datetime.fromtimestamp(win.start_ms / 1000, tz=UTC)
+    sketch_rows = []
+    for (key, boundary), c in sorted(win.sketches.items()):
+        model, priority, ctx = key
+        sketch_rows.append(
+            (
+                start, win.size_ms, topic, win.partition, model, priority, ctx, boundary,
+                relative_accuracy, win.records.get(key, 0), c.count, c.sum,
+                c.min if c.count else 0.0, c.max if c.count else 0.0, c.zero_count,
+                c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts,
+            )
+        )  # fmt: skip
+    slo_rows = []
+    if win.slos is not None:
+        for r in win.slos.rows():
+            slo_rows.append(
+                (
+                    start, win.size_ms, topic, win.partition, r.slo, r.kind, r.boundary,
+                    r.threshold_ms, r.objective, r.total, r.good, r.good_secondary_only,
+                    r.secondary_weight,
+                )
+            )  # fmt: skip
+    return sketch_rows, slo_rows
+
+
+def write_window(store: Store, win: Any, topic: str, group: str, relative_accuracy: float) -> None:
+    """One closed window as one block per table, deduplicated by a per-window token."""
+    sketch_rows, slo_rows = window_rows(win, topic, relative_accuracy)
+    token = f"{group}/{topic}/{win.partition}/{win.size_ms}/{win.start_ms}"
+    _insert(store, "window_sketches", WINDOW_COLUMNS, sketch_rows, token + "/sketches")
+    _insert(store, "slo_windows", SLO_WINDOW_COLUMNS, slo_rows, token + "/slo")
+
+
+CHECKPOINT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("group_id", "String"),
+    ("source_topic", "String"),
+    ("partition", "UInt16"),
+    ("close_horizon_ms", "Int64"),
+    ("committed_offset", "Int64"),
+    ("late_records", "UInt64"),
+)
+
+
+def write_checkpoints(
+    store: Store, group: str, topic: str, rows: Sequence[tuple[int, int, int, int]]
+) -> None:
+    """``rows``: (partition, close_horizon_ms, committed_offset, late_records)."""
+    _insert(
+        store,
+        "worker_checkpoints",
+        CHECKPOINT_COLUMNS,
+        [(group, topic, p, h, o, late) for p, h, o, late in rows],
+    )
+
+
+def read_horizons(store: Store, group: str, topic: str) -> dict[int, int]:
+    """Checkpointed close horizon per partition (the highest written)."""
+    rows = store.query_rows(
+        f"SELECT partition, max(close_horizon_ms) FROM {store.database}.worker_checkpoints "
+        "WHERE group_id = {g:String} AND source_topic = {t:String} GROUP BY partition",
+        {"g": group, "t": topic},
+    )
+    return {int(p): int(h) for p, h in rows}
+
+
+def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:
+    _insert(store, "lifecycle_events", EVENT_COLUMNS, rows)

@@ -30,10 +30,23 @@ import faust
 from confluent_kafka import Producer
 from faust.types import TP
 
-from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_with_retry
-from pipeline.contract.codec import DeadLetter
-from pipeline.core.processor import StreamProcessor
+from pipeline.adapters.store import (
+    ClickHouseStore,
+    migrate,
+    open_store,
+    read_horizons,
+    with_retry,
+    write_checkpoints,
+    write_events,
+    write_window,
+    write_with_retry,
+)
+from pipeline.adapters.telemetry import WorkerTelemetry
+from pipeline.contract.codec import DeadLetter, encode_event
+from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
+from pipeline.core.slo_windows import load_slo_factory
+from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
 log = logging.getLogger("tailguard.worker")
@@ -87,15 +100,33 @@ class WorkerShell:
     def __init__(self, settings: Settings, app: faust.App) -> None:
         self.settings = settings
         self.app = app
+        self.slo_factory = load_slo_factory(settings.slo_spec)
         self.processor = StreamProcessor(
-            settings.lifecycle_topic, settings.join_config(), settings.max_message_bytes
+            settings.lifecycle_topic,
+            settings.join_config(),
+            max_message_bytes=settings.max_message_bytes,
+            window_config=settings.window_config(),
+            slo_factory=self.slo_factory,
+            keep_events=settings.store_raw_events,
+        )
+        self.telemetry = WorkerTelemetry(
+            settings.group_id,
+            exporter=settings.metrics_exporter,
+            interval_ms=settings.metrics_interval_ms,
+            metrics_file=settings.metrics_file,
+            lag=self._lag,
+            pending=self.processor.pending,
         )
         self.store: ClickHouseStore | None = None
         self.dlq: DeadLetterSink | None = None
-        self._buffer: list[RequestRecord] = []
+        self._records: list[RequestRecord] = []
+        self._windows: list[ClosedWindow] = []
+        self._events: list[tuple[Any, ...]] = []
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
+        self._timeouts_seen = (0, 0)
+        self._late_seen = 0
         self.write_retries = 0
         self.rows_written = 0
         self._last_log = time.monotonic()
@@ -103,39 +134,121 @@ class WorkerShell:
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
         self.store = open_store(self.settings)
-        migrate(self.store, self.settings.cluster)
+        migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         self.dlq = DeadLetterSink(self.settings)
         log.info(
             "worker started: %s",
             {k: v for k, v in self.settings.redacted().items() if "password" not in k},
         )
 
-    async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
-        out = self.processor.process(messages, int(time.time() * 1000))
+    def _lag(self) -> int:
+        consumer = getattr(self.app, "_consumer", None)
+        if consumer is None:
+            return 0
+        lag = 0
+        for p, st_next in self.processor.next_offsets().items():
+            try:
+                hw = consumer.highwater(TP(self.settings.lifecycle_topic, p))
+            except Exception:  # noqa: S112  # not assigned any more, or not known yet
+                continue
+            if hw is not None:
+                lag += max(0, hw - st_next)
+        return lag
+
+    async def _init_partitions(self, partitions: set[int]) -> None:
+        """Start new partitions from their checkpointed window horizon."""
+        assert self.store is not None
+        loop = asyncio.get_running_loop()
+        horizons = await loop.run_in_executor(
+            self._executor,
+            read_horizons,
+            self.store,
+            self.settings.group_id,
+            self.settings.lifecycle_topic,
+        )
+        for p in partitions:
+            self.processor.init_partition(p, horizons.get(p, 0))
+            log.info("partition %d: window horizon %d ms", p, horizons.get(p, 0))
+
+    def _collect(self, out: Output) -> None:
+        self._records.extend(out.records)
+        self._windows.extend(out.windows)
+        if out.events:
+            topic = self.settings.lifecycle_topic
+            for p, off, ev in out.events:
+                self._events.append(
+                    (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
+                     topic, p, off, encode_event(ev).decode())
+                )  # fmt: skip
         if out.dead:
             assert self.dlq is not None
             self.dlq.send(out.dead)
-        self._buffer.extend(out.records)
-        if len(self._buffer) >= self.settings.flush_max_rows:
+            self.telemetry.dead_letters.add(len(out.dead))
+
+    async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
+        new = {p for p, _, _ in messages if not self.processor.has_partition(p)}
+        if new:
+            await self._init_partitions(new)
+        before = self.processor.counters.events
+        out = self.processor.process(messages, int(time.time() * 1000))
+        self.telemetry.messages.add(len(messages))
+        self.telemetry.events.add(self.processor.counters.events - before)
+        self._collect(out)
+        if len(self._records) >= self.settings.flush_max_rows:
             await self.flush_and_commit()
+
+    def _write(
+        self,
+        records: list[RequestRecord],
+        windows: list[ClosedWindow],
+        events: list[tuple[Any, ...]],
+        checkpoints: list[tuple[int, int, int, int]],
+    ) -> int:
+        """All writes of one flush, in order; runs on the writer thread."""
+        assert self.store is not None
+        store, s = self.store, self.settings
+        retries = 0
+        if records:
+            retries += write_with_retry(store, records)
+        if events:
+            retries += with_retry(lambda: write_events(store, events), "write of raw events")
+        acc = s.window_config().relative_accuracy
+        for win in windows:
+            retries += with_retry(
+                lambda w=win: write_window(store, w, s.lifecycle_topic, s.group_id, acc),  # type: ignore[misc]
+                "write of a window",
+            )
+        # Only after the windows: a horizon never runs ahead of what is stored.
+        retries += with_retry(
+            lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
+            "write of checkpoints",
+        )
+        return retries
 
     async def flush_and_commit(self) -> None:
         async with self._flush_lock:
-            self._buffer.extend(self.processor.tick(int(time.time() * 1000)))
-            # Snapshot offsets and rows together: nothing processed after this
-            # point is covered by the commit below.
+            self._collect(self.processor.tick(int(time.time() * 1000)))
+            # Snapshot offsets, horizons and buffers together: nothing processed
+            # after this point is covered by the commit below.
             offsets = self.processor.safe_offsets()
-            batch, self._buffer = self._buffer, []
+            horizons = self.processor.horizons()
+            late = self.processor.late_by_partition()
+            checkpoints = [(p, horizons[p], o, late.get(p, 0)) for p, o in offsets.items()]
+            records, self._records = self._records, []
+            windows, self._windows = self._windows, []
+            events, self._events = self._events, []
             loop = asyncio.get_running_loop()
-            if batch:
-                assert self.store is not None
+            if records or windows or events or checkpoints:
                 t0 = time.perf_counter()
                 retries = await loop.run_in_executor(
-                    self._executor, write_with_retry, self.store, batch
+                    self._executor, self._write, records, windows, events, checkpoints
                 )
+                self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
+                self.telemetry.write_retries.add(retries)
+                self.telemetry.records.add(len(records))
+                self.telemetry.windows_closed.add(len(windows))
                 self.write_retries += retries
-                self.rows_written += len(batch)
-                log.debug("wrote %d rows in %.1f ms", len(batch), (time.perf_counter() - t0) * 1000)
+                self.rows_written += len(records)
             assert self.dlq is not None
             await loop.run_in_executor(self._executor, self.dlq.flush)
             changed = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
@@ -146,7 +259,21 @@ class WorkerShell:
                     {TP(topic, p): o for p, o in changed.items()}
                 )
                 self._committed.update(changed)
+            self._count_timeouts()
             self._maybe_log()
+
+    def _count_timeouts(self) -> None:
+        j = self.processor.join_counters()
+        gw, en = self._timeouts_seen
+        if j.gateway_only > gw:
+            self.telemetry.join_timeouts.add(j.gateway_only - gw, {"side": "gateway_only"})
+        if j.engine_only > en:
+            self.telemetry.join_timeouts.add(j.engine_only - en, {"side": "engine_only"})
+        self._timeouts_seen = (j.gateway_only, j.engine_only)
+        late = self.processor.window_counters().late
+        if late > self._late_seen:
+            self.telemetry.late_records.add(late - self._late_seen)
+            self._late_seen = late
 
     def _maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -155,21 +282,15 @@ class WorkerShell:
         self._last_log = now
         c = self.processor.counters
         j = self.processor.join_counters()
+        w = self.processor.window_counters()
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
-            "joined=%d gateway_only=%d engine_only=%d duplicates=%d write_retries=%d",
-            c.messages,
-            c.events,
-            c.records,
-            self.rows_written,
-            c.dead_letters,
-            self.processor.pending(),
-            j.joined,
-            j.gateway_only,
-            j.engine_only,
-            j.duplicates,
-            self.write_retries,
-        )
+            "joined=%d gateway_only=%d engine_only=%d duplicates=%d windows_closed=%d "
+            "late_records=%d write_retries=%d",
+            c.messages, c.events, c.records, self.rows_written, c.dead_letters,
+            self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
+            w.windows_closed, w.late, self.write_retries,
+        )  # fmt: skip
 
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
@@ -180,10 +301,10 @@ class WorkerShell:
             self._committed.pop(p, None)
 
     async def stop(self) -> None:
-        """Write what is buffered (idempotent). No commit: the consumer is gone by
-        now, and anything uncommitted is replayed by the next worker."""
+        """Write buffered records (idempotent). No commit and no windows: the
+        consumer is gone by now; the next owner replays from the committed offset."""
         try:
-            batch, self._buffer = self._buffer, []
+            batch, self._records = self._records, []
             if batch and self.store is not None:
                 write_with_retry(self.store, batch, attempts=3)
                 self.rows_written += len(batch)
@@ -192,6 +313,7 @@ class WorkerShell:
             if self.store is not None:
                 self.store.close()
             self._maybe_log(force=True)
+            self.telemetry.shutdown()
 
 
 def _credentials(settings: Settings) -> Any:

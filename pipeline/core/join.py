@@ -67,6 +67,15 @@ class JoinConfig:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
 
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """A record with what the windows need to know about it."""
+
+    record: RequestRecord
+    first_offset: int  # smallest source offset of the events it was built from (-1: unknown)
+    upgrade: bool = False  # a late partner completed a partial record already emitted
+
+
 @dataclass(slots=True)
 class JoinCounters:
     events: int = 0
@@ -146,7 +155,7 @@ class Joiner:
     _resolved: dict[str, _Resolved] = field(default_factory=dict)
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
-    _evicted_records: list[RequestRecord] = field(default_factory=list)
+    _evicted: list[Emitted] = field(default_factory=list)
 
     @property
     def pending_count(self) -> int:
@@ -155,6 +164,13 @@ class Joiner:
     def add(
         self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
     ) -> RequestRecord | None:
+        """Feed one event; returns the record it completes, if any (see :meth:`add_emitted`)."""
+        out = self.add_emitted(event, offset, wall_ms)
+        return out.record if out is not None else None
+
+    def add_emitted(
+        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+    ) -> Emitted | None:
         """Feed one event; returns a record when this event completes a request.
 
         ``wall_ms`` (processing time) arms the second timeout condition; None
@@ -176,7 +192,10 @@ class Joiner:
             del self._pending[rid]
             self._remember(rid, event.ts_unix_ns // _NS_PER_MS, None)
             self.counters.joined += 1
-            return build_record(rid, entry.received, entry.completed, entry.finished)
+            return Emitted(
+                build_record(rid, entry.received, entry.completed, entry.finished),
+                entry.first_offset,
+            )
         ts_ms = event.ts_unix_ns // _NS_PER_MS
         if isinstance(event, GatewayReceived):
             if entry.completed is not None or entry.finished is not None:
@@ -212,9 +231,7 @@ class Joiner:
             self.counters.conflicts += 1
         return False
 
-    def _after_resolved(
-        self, done: _Resolved, rid: str, event: LifecycleEvent
-    ) -> RequestRecord | None:
+    def _after_resolved(self, done: _Resolved, rid: str, event: LifecycleEvent) -> Emitted | None:
         if not done.partial:
             self._count_repeat(event, None)
             return None
@@ -236,7 +253,9 @@ class Joiner:
             done.finished = event
         done.partial = False
         self.counters.upgraded += 1
-        return build_record(rid, done.received, done.completed, done.finished)
+        return Emitted(
+            build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
+        )
 
     def _count_repeat(self, event: LifecycleEvent, slot: LifecycleEvent | None) -> None:
         if slot is None or slot.event_id == event.event_id:
@@ -256,7 +275,7 @@ class Joiner:
         if len(self._resolved) > self.config.max_resolved:
             del self._resolved[next(iter(self._resolved))]
 
-    def _resolve_partial(self, rid: str, entry: _Pending, now_ms: int) -> RequestRecord | None:
+    def _resolve_partial(self, rid: str, entry: _Pending, now_ms: int) -> Emitted | None:
         del self._pending[rid]
         if entry.completed is None and entry.finished is None:
             self.counters.orphaned_received += 1
@@ -266,7 +285,9 @@ class Joiner:
             self.counters.gateway_only += 1
         else:
             self.counters.engine_only += 1
-        return build_record(rid, entry.received, entry.completed, entry.finished)
+        return Emitted(
+            build_record(rid, entry.received, entry.completed, entry.finished), entry.first_offset
+        )
 
     def _evict_oldest(self) -> None:
         rid = next(iter(self._pending))
@@ -274,9 +295,13 @@ class Joiner:
         self.counters.evicted += 1
         rec = self._resolve_partial(rid, entry, entry.deadline_ms)
         if rec is not None:
-            self._evicted_records.append(rec)
+            self._evicted.append(rec)
 
     def advance(self, now_ms: int, wall_ms: int | None = None) -> list[RequestRecord]:
+        """Records of requests whose partner is overdue (see :meth:`advance_emitted`)."""
+        return [e.record for e in self.advance_emitted(now_ms, wall_ms)]
+
+    def advance_emitted(self, now_ms: int, wall_ms: int | None = None) -> list[Emitted]:
         """Resolve every request whose partner is overdue.
 
         Overdue means ``timeout_ms`` has passed in event time (``now_ms``) and,
@@ -285,8 +310,8 @@ class Joiner:
         another's in the log (a backlog, a buffering producer); processing
         time alone would make a replay's results depend on its speed.
         """
-        out = self._evicted_records
-        self._evicted_records = []
+        out = self._evicted
+        self._evicted = []
         heap = self._deadlines
         waits = self._wall_waits
         while heap and heap[0][0] <= now_ms:
@@ -317,9 +342,12 @@ class Joiner:
         return out
 
     def drain(self) -> list[RequestRecord]:
+        return [e.record for e in self.drain_emitted()]
+
+    def drain_emitted(self) -> list[Emitted]:
         """End of input: resolve everything pending as if its timeout had passed."""
-        out = self._evicted_records
-        self._evicted_records = []
+        out = self._evicted
+        self._evicted = []
         for rid, entry in list(self._pending.items()):
             rec = self._resolve_partial(rid, entry, entry.deadline_ms)
             if rec is not None:

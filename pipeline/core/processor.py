@@ -7,12 +7,20 @@ in); no Kafka, Faust or ClickHouse.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef, decode_message
-from pipeline.core.join import EventClock, JoinConfig, JoinCounters, Joiner
+from pipeline.contract.events import Event
+from pipeline.core.join import Emitted, EventClock, JoinConfig, JoinCounters, Joiner
 from pipeline.core.record import RequestRecord
+from pipeline.core.windows import (
+    ClosedWindow,
+    WindowAggregator,
+    WindowConfig,
+    WindowCounters,
+    WindowSLOs,
+)
 
 
 @dataclass(slots=True)
@@ -22,11 +30,13 @@ class ProcessorCounters:
     dead_letters: int = 0
     stats_events: int = 0
     records: int = 0
+    upgrades_not_windowed: int = 0
 
 
 @dataclass(slots=True)
 class _PartitionState:
     joiner: Joiner
+    windows: WindowAggregator
     clock: EventClock = field(default_factory=EventClock)
     next_offset: int = 0
 
@@ -35,6 +45,9 @@ class _PartitionState:
 class Output:
     records: list[RequestRecord] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    windows: list[ClosedWindow] = field(default_factory=list)
+    # (partition, offset, event) of every valid event, when keep_events is on
+    events: list[tuple[int, int, Event]] = field(default_factory=list)
 
 
 class StreamProcessor:
@@ -44,20 +57,48 @@ class StreamProcessor:
         self,
         topic: str,
         join_config: JoinConfig | None = None,
+        *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        window_config: WindowConfig | None = None,
+        slo_factory: Callable[[], WindowSLOs] | None = None,
+        keep_events: bool = False,
     ) -> None:
         self.topic = topic
+        self.keep_events = keep_events
         self.join_config = join_config or JoinConfig()
+        self.window_config = window_config or WindowConfig()
+        self.slo_factory = slo_factory
         self.max_message_bytes = max_message_bytes
         self.counters = ProcessorCounters()
         self._parts: dict[int, _PartitionState] = {}
         self._retired = JoinCounters()  # counters of partitions handed away
+        self._retired_windows = WindowCounters()
+
+    def has_partition(self, partition: int) -> bool:
+        return partition in self._parts
+
+    def init_partition(self, partition: int, horizon_ms: int = 0) -> None:
+        """Start a partition's state; ``horizon_ms`` is its checkpointed close horizon."""
+        self._parts[partition] = _PartitionState(
+            Joiner(self.join_config),
+            WindowAggregator(partition, self.window_config, self.slo_factory, horizon_ms),
+        )
 
     def _part(self, partition: int) -> _PartitionState:
         st = self._parts.get(partition)
         if st is None:
-            st = self._parts[partition] = _PartitionState(Joiner(self.join_config))
+            self.init_partition(partition)
+            st = self._parts[partition]
         return st
+
+    def _window(self, st: _PartitionState, emitted: Emitted, out: Output) -> None:
+        out.records.append(emitted.record)
+        if emitted.upgrade:
+            # Windows take a request once, at its first emission (a sketch cannot
+            # take a value back); the requests table gets the upgrade.
+            self.counters.upgrades_not_windowed += 1
+            return
+        st.windows.add(emitted.record, emitted.first_offset)
 
     def process(self, messages: Iterable[tuple[int, int, bytes]], wall_ms: int | None) -> Output:
         """Process ``(partition, offset, value)`` messages in order.
@@ -78,46 +119,69 @@ class StreamProcessor:
                 counters.dead_letters += len(decoded.dead)
             joiner = st.joiner
             clock = st.clock
+            if self.keep_events:
+                out.events.extend((partition, offset, ev) for ev in decoded.events)
             for ev in decoded.events:
                 counters.events += 1
                 if ev.kind == "engine.stats":
                     counters.stats_events += 1
                     continue
                 clock.observe(ev.ts_unix_ns // 1_000_000, wall_ms or 0)
-                rec = joiner.add(ev, offset, wall_ms)
-                if rec is not None:
-                    out.records.append(rec)
+                emitted = joiner.add_emitted(ev, offset, wall_ms)
+                if emitted is not None:
+                    self._window(st, emitted, out)
             st.next_offset = offset + 1
             touched.add(partition)
         for p in touched:
-            st = self._parts[p]
-            out.records.extend(st.joiner.advance(st.clock.now(wall_ms or 0), wall_ms))
+            self._advance(self._parts[p], wall_ms, out)
         counters.records += len(out.records)
         return out
 
-    def tick(self, wall_ms: int) -> list[RequestRecord]:
-        """Advance every partition's clock (resolves timeouts while input is idle)."""
-        out: list[RequestRecord] = []
+    def _advance(self, st: _PartitionState, wall_ms: int | None, out: Output) -> None:
+        now = st.clock.now(wall_ms or 0)
+        for emitted in st.joiner.advance_emitted(now, wall_ms):
+            self._window(st, emitted, out)
+        out.windows.extend(st.windows.close(now))
+
+    def tick(self, wall_ms: int) -> Output:
+        """Advance every partition's clock (resolves timeouts, closes windows while idle)."""
+        out = Output()
         for st in self._parts.values():
-            out.extend(st.joiner.advance(st.clock.now(wall_ms), wall_ms))
-        self.counters.records += len(out)
+            self._advance(st, wall_ms, out)
+        self.counters.records += len(out.records)
         return out
 
-    def drain(self) -> list[RequestRecord]:
-        """End of input: resolve everything still pending."""
-        out: list[RequestRecord] = []
+    def drain(self) -> Output:
+        """End of input: resolve everything still pending and close every window."""
+        out = Output()
         for st in self._parts.values():
-            out.extend(st.joiner.drain())
-        self.counters.records += len(out)
+            for emitted in st.joiner.drain_emitted():
+                self._window(st, emitted, out)
+            out.windows.extend(st.windows.drain())
+        self.counters.records += len(out.records)
         return out
 
     def safe_offsets(self) -> dict[int, int]:
-        """Per partition, the offset that may be committed with nothing lost."""
-        return {
-            p: st.joiner.safe_offset(st.next_offset)
-            for p, st in self._parts.items()
-            if st.next_offset
-        }
+        """Per partition, the offset that may be committed with nothing lost:
+        the oldest event of an open join or of a record in an open window."""
+        out = {}
+        for p, st in self._parts.items():
+            if not st.next_offset:
+                continue
+            safe = st.joiner.safe_offset(st.next_offset)
+            win = st.windows.min_open_offset()
+            out[p] = safe if win is None else min(safe, win)
+        return out
+
+    def next_offsets(self) -> dict[int, int]:
+        return {p: st.next_offset for p, st in self._parts.items()}
+
+    def late_by_partition(self) -> dict[int, int]:
+        return {p: st.windows.counters.late for p, st in self._parts.items()}
+
+    def horizons(self) -> dict[int, int]:
+        """Per partition, the close horizon of its windows (checkpointed with the offsets)."""
+        return {p: st.windows.horizon_ms for p, st in self._parts.items()}
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget partitions handed to another worker (it rebuilds from the committed offset)."""
@@ -125,9 +189,22 @@ class StreamProcessor:
             st = self._parts.pop(p, None)
             if st is not None:
                 self._retired.add(st.joiner.counters)
+                for name in WindowCounters.__slots__:
+                    setattr(
+                        self._retired_windows,
+                        name,
+                        getattr(self._retired_windows, name) + getattr(st.windows.counters, name),
+                    )
 
     def pending(self) -> int:
         return sum(st.joiner.pending_count for st in self._parts.values())
+
+    def window_counters(self) -> WindowCounters:
+        total = WindowCounters()
+        for c in [self._retired_windows, *(st.windows.counters for st in self._parts.values())]:
+            for name in WindowCounters.__slots__:
+                setattr(total, name, getattr(total, name) + getattr(c, name))
+        return total
 
     def join_counters(self) -> JoinCounters:
         total = JoinCounters()

@@ -61,6 +61,7 @@ class RequestRecord:
     source: Source
     revision: int  # 0 = partial (one side timed out), 1 = both sides joined
     ts_unix_ns: int  # request start on the first side's own clock (gateway if present)
+    end_unix_ns: int  # request end on the same side's clock: windows are assigned by it
     model: str
     priority: int | None
     tenant: str | None
@@ -135,6 +136,11 @@ def build_record(
         assert finished is not None
         outcome = _FINISH_TO_OUTCOME[finished.finish_reason]
 
+    if completed is not None:
+        end_unix_ns = completed.ts_unix_ns
+    else:
+        assert finished is not None
+        end_unix_ns = finished.ts_unix_ns
     if received is not None:
         ts_unix_ns = received.ts_unix_ns
     elif completed is not None:
@@ -158,6 +164,7 @@ def build_record(
         source=source,
         revision=1 if source == "joined" else 0,
         ts_unix_ns=ts_unix_ns,
+        end_unix_ns=end_unix_ns,
         model=model,
         priority=priority,
         tenant=received.tenant if received is not None else None,

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.store import migrate, open_store, write_requests, write_with_retry
+from pipeline.adapters.store import (
+    load_migrations,
+    migrate,
+    open_store,
+    write_requests,
+    write_with_retry,
+)
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
@@ -17,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_migrate_is_idempotent_and_rows_are_one_per_request(tmp_path: Path) -> None:
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        assert migrate(store) == ["0001_requests"]
+        assert migrate(store) == [m.name for m in load_migrations()]
         assert migrate(store) == []
         partial = build_record("a", received("a"), completed("a"), None)
         joined = build_record("a", received("a"), completed("a"), finished("a"))

@@ -25,7 +25,11 @@ def test_processor_tracks_offsets_per_partition_and_dead_letters() -> None:
     )
     assert [r.request_id for r in out.records] == ["a"]
     assert [(d.source.partition, d.source.offset) for d in out.dead] == [(0, 6)]
-    assert p.safe_offsets() == {0: 8, 1: 7}  # b still open at offset 7 of partition 1
+    # a is in an open window (offset 5); b still waits for its partner (offset 7)
+    assert p.safe_offsets() == {0: 5, 1: 7}
+    closed = p.tick(60_000).windows  # event time moves on while idle: a's window closes
+    assert [(w.partition, w.records[("*", "*", "*")]) for w in closed] == [(0, 1)]
+    assert p.safe_offsets() == {0: 8, 1: 7}
     p.revoke([1])
     assert p.safe_offsets() == {0: 8}
 
@@ -33,8 +37,8 @@ def test_processor_tracks_offsets_per_partition_and_dead_letters() -> None:
 def test_idle_partition_times_out_on_wall_clock() -> None:
     p = StreamProcessor("t", JoinConfig(timeout_ms=1000))
     p.process([(0, 0, encode_event(completed("a")))], wall_ms=10_000)
-    assert p.tick(10_500) == []
-    (rec,) = p.tick(11_001)
+    assert p.tick(10_500).records == []
+    (rec,) = p.tick(11_001).records
     assert rec.source == "gateway_only"
 
 
@@ -71,7 +75,7 @@ def test_replay_cli_prints_json(tmp_path: Path, capsys: object) -> None:
             b"bad",
         ],
     )
-    assert main(["replay", str(f), "--json"]) == 0
+    assert main(["replay", str(f), "--json", "--no-store"]) == 0
     out = orjson.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
     assert out["requests"] == 1
     assert out["dead_letters"] == 1

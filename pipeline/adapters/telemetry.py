@@ -1,0 +1,128 @@
+"""The worker's own health as OpenTelemetry metrics.
+
+Instruments (meter ``tailguard.worker``):
+
+* ``tailguard.events`` (counter): valid events consumed
+* ``tailguard.messages`` (counter): Kafka messages consumed
+* ``tailguard.dead_letters`` (counter): rejected events/messages sent to the DLQ
+* ``tailguard.records`` (counter): request records written
+* ``tailguard.join.timeouts`` (counter, attribute ``side``): partial records
+* ``tailguard.windows.late_records`` (counter): records for already closed windows
+* ``tailguard.windows.closed`` (counter)
+* ``tailguard.clickhouse.write.duration`` (histogram, ms): one flush's writes
+* ``tailguard.clickhouse.write.retries`` (counter)
+* ``tailguard.consumer.lag`` (gauge): messages behind the high watermark
+* ``tailguard.join.pending`` (gauge): requests waiting for their partner
+
+Exporters: ``none`` (an in-memory reader, readable by tests), ``console``
+(JSON to a file, every ``metrics_interval_ms``), or ``otlp`` (needs the
+``opentelemetry-exporter-otlp-proto-http`` package; endpoint from the usual
+``OTEL_EXPORTER_OTLP_*`` variables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    InMemoryMetricReader,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+
+
+class ConfigError(Exception):
+    """A setting that cannot work (raised at start-up)."""
+
+
+def _reader(
+    exporter: str, interval_ms: int, metrics_file: Path | None
+) -> tuple[MetricReader, IO[str] | None]:
+    if exporter == "none":
+        return InMemoryMetricReader(), None
+    if exporter == "console":
+        fh = metrics_file.open("a") if metrics_file else None
+        exp = ConsoleMetricExporter(out=fh) if fh else ConsoleMetricExporter()
+        return PeriodicExportingMetricReader(exp, export_interval_millis=interval_ms), fh
+    if exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        except ImportError as exc:
+            raise ConfigError(
+                "metrics_exporter=otlp needs the opentelemetry-exporter-otlp-proto-http package"
+            ) from exc
+        return PeriodicExportingMetricReader(
+            OTLPMetricExporter(), export_interval_millis=interval_ms
+        ), None
+    raise ConfigError(f"unknown metrics_exporter {exporter!r} (none, console, otlp)")
+
+
+class WorkerTelemetry:
+    def __init__(
+        self,
+        service_name: str,
+        *,
+        exporter: str = "none",
+        interval_ms: int = 10_000,
+        metrics_file: Path | None = None,
+        lag: Callable[[], int] | None = None,
+        pending: Callable[[], int] | None = None,
+    ) -> None:
+        self.reader, self._fh = _reader(exporter, interval_ms, metrics_file)
+        self.provider = MeterProvider(
+            metric_readers=[self.reader],
+            resource=Resource.create({"service.name": service_name}),
+        )
+        m = self.provider.get_meter("tailguard.worker")
+        self.events = m.create_counter("tailguard.events", unit="{event}")
+        self.messages = m.create_counter("tailguard.messages", unit="{message}")
+        self.dead_letters = m.create_counter("tailguard.dead_letters", unit="{event}")
+        self.records = m.create_counter("tailguard.records", unit="{record}")
+        self.join_timeouts = m.create_counter("tailguard.join.timeouts", unit="{record}")
+        self.late_records = m.create_counter("tailguard.windows.late_records", unit="{record}")
+        self.windows_closed = m.create_counter("tailguard.windows.closed", unit="{window}")
+        self.write_duration = m.create_histogram("tailguard.clickhouse.write.duration", unit="ms")
+        self.write_retries = m.create_counter("tailguard.clickhouse.write.retries", unit="{retry}")
+
+        def gauge(
+            fn: Callable[[], int] | None,
+        ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def cb(_options: CallbackOptions) -> Iterable[Observation]:
+                return [Observation(fn())] if fn is not None else []
+
+            return cb
+
+        m.create_observable_gauge("tailguard.consumer.lag", [gauge(lag)], unit="{message}")
+        m.create_observable_gauge("tailguard.join.pending", [gauge(pending)], unit="{request}")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Current values by instrument name (summed over attributes); in-memory reader only."""
+        if not isinstance(self.reader, InMemoryMetricReader):
+            return {}
+        out: dict[str, Any] = {}
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    points: list[Any] = list(metric.data.data_points)
+                    if hasattr(points[0] if points else None, "value"):
+                        out[metric.name] = sum(p.value for p in points)
+                    elif points:
+                        out[metric.name] = {
+                            "count": sum(p.count for p in points),
+                            "sum": sum(p.sum for p in points),
+                        }
+        return out
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+        if self._fh is not None:
+            self._fh.close()

@@ -1,0 +1,63 @@
+"""SLO counts per window: the glue between :mod:`pipeline.core.slo` and the windows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.record import RequestRecord
+from pipeline.core.slo import SLOEvaluator, SLOSpec, load_spec_file
+
+
+@dataclass(frozen=True, slots=True)
+class SLOWindowRow:
+    slo: str
+    kind: str  # "slo" | "blended"
+    boundary: str
+    threshold_ms: float
+    objective: float
+    total: int
+    good: int  # for a blended tier: good on the primary
+    good_secondary_only: int
+    secondary_weight: float
+
+
+class WindowSLOCounts:
+    """Per-window accumulator (satisfies ``pipeline.core.windows.WindowSLOs``)."""
+
+    __slots__ = ("evaluator",)
+
+    def __init__(self, spec: SLOSpec) -> None:
+        self.evaluator = SLOEvaluator(spec)
+
+    def add(self, record: RequestRecord) -> None:
+        self.evaluator.add(record)
+
+    def rows(self) -> list[SLOWindowRow]:
+        spec = self.evaluator.spec
+        counts = self.evaluator.counts()
+        out = [
+            SLOWindowRow(
+                s.name, "slo", s.boundary, s.threshold_ms, s.objective,
+                counts[s.name].total, counts[s.name].good, 0, 0.0,
+            )
+            for s in spec.slos
+        ]  # fmt: skip
+        for name, b in self.evaluator.blended_counts().items():
+            tier = spec.tiers[name]
+            out.append(
+                SLOWindowRow(
+                    name, "blended", "", 0.0, tier.objective,
+                    b.total, b.good_primary, b.good_secondary_only, tier.secondary_weight,
+                )
+            )  # fmt: skip
+        return out
+
+
+def load_slo_factory(path: Path | None) -> Callable[[], WindowSLOCounts] | None:
+    """Load and validate the spec once (a bad spec fails here, at start-up)."""
+    if path is None:
+        return None
+    spec = load_spec_file(path)
+    return lambda: WindowSLOCounts(spec)

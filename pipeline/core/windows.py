@@ -1,0 +1,222 @@
+"""Event-time tumbling windows of request records, per key and boundary.
+
+Pure window maths on integer milliseconds (time passed in), in the manner of
+quix-streams' ``get_window_ranges``:
+
+* A record belongs to the window ``[start, start + size_ms)`` that holds its
+  end time (``end_unix_ns``: when the measurement became complete).
+* A window closes, and is emitted exactly once, when the partition's
+  event-time watermark reaches ``start + size_ms + grace_ms``. A record for a
+  closed window is *late*: it is counted (never silently dropped; its row is
+  in the requests table all the same) but does not change the emitted window.
+* The close horizon (``window end <= horizon`` means closed) is monotone and
+  is checkpointed with the committed offset, so that a restarted worker,
+  which replays from that offset, never re-opens a window it already emitted.
+* Keys: ``(model, priority, ctx_bucket)`` plus the all-traffic key
+  ``("*", "*", "*")``. At most ``max_keys`` distinct keys per window; further
+  keys fold into ``("__other__", "*", "*")`` (counted).
+* Values are buffered per (key, boundary) and added to the sketches in
+  vectorised batches.
+
+Longer windows (1 min, 5 min, 1 h) are merges of these base windows
+(:func:`rollup_start`), in the stream and in ClickHouse alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from pipeline.core.record import BOUNDARIES, RequestRecord
+from pipeline.core.sketch import QuantileSketch, SketchColumns
+
+ALL: Final = "*"
+OTHER_MODEL: Final = "__other__"
+ALL_KEY: Final = (ALL, ALL, ALL)
+OTHER_KEY: Final = (OTHER_MODEL, ALL, ALL)
+_FLUSH_VALUES: Final = 2048
+
+WindowKey = tuple[str, str, str]  # (model, priority, ctx_bucket)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    size_ms: int = 10_000
+    grace_ms: int = 30_000
+    max_keys: int = 1_000
+    relative_accuracy: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise ValueError(f"windows.size_ms must be > 0, got {self.size_ms}")
+        if self.grace_ms < 0:
+            raise ValueError(f"windows.grace_ms must be >= 0, got {self.grace_ms}")
+        if self.max_keys < 1:
+            raise ValueError(f"windows.max_keys must be >= 1, got {self.max_keys}")
+        if not 0.0 < self.relative_accuracy < 1.0:
+            raise ValueError("windows.relative_accuracy must be in (0, 1)")
+
+
+def window_start(ts_ms: int, size_ms: int) -> int:
+    """Start of the tumbling window of ``size_ms`` holding ``ts_ms`` (floor, also for negatives)."""
+    return ts_ms - ts_ms % size_ms
+
+
+def rollup_start(start_ms: int, rollup_ms: int) -> int:
+    """Start of the longer window (a multiple of the base size) a base window merges into."""
+    return window_start(start_ms, rollup_ms)
+
+
+def record_key(rec: RequestRecord) -> WindowKey:
+    return (rec.model, "unknown" if rec.priority is None else str(rec.priority), rec.ctx_bucket)
+
+
+class WindowSLOs(Protocol):
+    """Per-window SLO accumulator (see :mod:`pipeline.core.slo_windows`)."""
+
+    def add(self, record: RequestRecord) -> None: ...
+
+    def rows(self) -> list[Any]: ...
+
+
+@dataclass(slots=True)
+class _Cell:
+    """One (key, boundary) of one window: a sketch plus values not yet added to it."""
+
+    sketch: QuantileSketch
+    pending: list[float] = field(default_factory=list)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.sketch.add_many(self.pending)
+            self.pending = []
+
+
+@dataclass(slots=True)
+class _Window:
+    start_ms: int
+    min_offset: int
+    records: dict[WindowKey, int] = field(default_factory=dict)
+    cells: dict[tuple[WindowKey, str], _Cell] = field(default_factory=dict)
+    slos: WindowSLOs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    """What a closed window emits (one partition's share of it)."""
+
+    partition: int
+    start_ms: int
+    size_ms: int
+    records: dict[WindowKey, int]
+    sketches: dict[tuple[WindowKey, str], SketchColumns]
+    slos: WindowSLOs | None
+
+
+@dataclass(slots=True)
+class WindowCounters:
+    records: int = 0
+    late: int = 0
+    folded_keys: int = 0
+    windows_closed: int = 0
+
+
+class WindowAggregator:
+    """Tumbling windows of one partition."""
+
+    def __init__(
+        self,
+        partition: int,
+        config: WindowConfig | None = None,
+        slo_factory: Callable[[], WindowSLOs] | None = None,
+        horizon_ms: int = 0,
+    ) -> None:
+        self.partition = partition
+        self.config = config or WindowConfig()
+        self.slo_factory = slo_factory
+        self.horizon_ms = horizon_ms  # windows ending at or before it are closed
+        self.counters = WindowCounters()
+        self._open: dict[int, _Window] = {}
+
+    def add(self, rec: RequestRecord, lower_offset: int) -> bool:
+        """Add one record; ``lower_offset`` bounds the offsets its events came from.
+
+        Returns False (and counts it) when the record's window is already closed.
+        """
+        size = self.config.size_ms
+        start = window_start(rec.end_unix_ns // 1_000_000, size)
+        if start + size <= self.horizon_ms:
+            self.counters.late += 1
+            return False
+        self.counters.records += 1
+        win = self._open.get(start)
+        if win is None:
+            win = self._open[start] = _Window(start, lower_offset)
+            if self.slo_factory is not None:
+                win.slos = self.slo_factory()
+        elif lower_offset < win.min_offset:
+            win.min_offset = lower_offset
+        key = record_key(rec)
+        if key not in win.records and len(win.records) >= self.config.max_keys + 1:
+            self.counters.folded_keys += 1
+            key = OTHER_KEY
+        for k in (key, ALL_KEY):
+            win.records[k] = win.records.get(k, 0) + 1
+        cells = win.cells
+        acc = self.config.relative_accuracy
+        for name in BOUNDARIES:
+            value = getattr(rec, name)
+            if value is None:
+                continue
+            for k in (key, ALL_KEY):
+                cell = cells.get((k, name))
+                if cell is None:
+                    cell = cells[(k, name)] = _Cell(QuantileSketch(acc))
+                cell.pending.append(value)
+                if len(cell.pending) >= _FLUSH_VALUES:
+                    cell.flush()
+        if win.slos is not None:
+            win.slos.add(rec)
+        return True
+
+    def add_many(self, records: Iterable[RequestRecord], lower_offset: int) -> None:
+        for rec in records:
+            self.add(rec, lower_offset)
+
+    def close(self, watermark_ms: int) -> list[ClosedWindow]:
+        """Close every window whose end + grace is at or before the watermark."""
+        horizon = watermark_ms - self.config.grace_ms
+        if horizon <= self.horizon_ms:
+            return []
+        self.horizon_ms = horizon
+        size = self.config.size_ms
+        due = sorted(s for s in self._open if s + size <= horizon)
+        return [self._emit(self._open.pop(s)) for s in due]
+
+    def drain(self) -> list[ClosedWindow]:
+        """End of input: close everything."""
+        out = [self._emit(self._open.pop(s)) for s in sorted(self._open)]
+        if out:
+            self.horizon_ms = max(self.horizon_ms, out[-1].start_ms + self.config.size_ms)
+        return out
+
+    def _emit(self, win: _Window) -> ClosedWindow:
+        self.counters.windows_closed += 1
+        sketches = {}
+        for ck, cell in win.cells.items():
+            cell.flush()
+            sketches[ck] = cell.sketch.to_columns()
+        return ClosedWindow(
+            self.partition, win.start_ms, self.config.size_ms, win.records, sketches, win.slos
+        )
+
+    def min_open_offset(self) -> int | None:
+        """Smallest source offset that any open window still depends on."""
+        if not self._open:
+            return None
+        return min(w.min_offset for w in self._open.values())
+
+    @property
+    def open_windows(self) -> int:
+        return len(self._open)
