@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = result.summary()
     summary["dlq_file"] = str(dlq_path)
     if not args.no_store:
-        from pipeline.adapters.store import migrate, open_store, write_requests, write_window
+        from pipeline.adapters.store import (
+            migrate,
+            open_store,
+            read_horizons,
+            write_requests,
+            write_windows,
+        )
 
         store = open_store(settings)
         try:
@@ -149,8 +156,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             write_requests(store, result.emitted)
             topic = f"replay:{args.events.name}"
             acc = settings.window_config().relative_accuracy
-            for win in result.windows:
-                write_window(store, win, topic, "replay", acc)
+            # A second replay of the same file writes no window twice.
+            horizon = read_horizons(store, topic).get(0, 0)
+            new = [w for w in result.windows if w.start_ms + w.size_ms > horizon]
+            write_windows(store, new, topic, acc, f"replay/{uuid.uuid4().hex}")
+            summary["windows"]["written"] = len(new)
         finally:
             store.close()
         summary["store"] = str(settings.store_dir)

@@ -3,9 +3,13 @@
 -- The sketch's buckets are stored so that SQL merges windows, keys and
 -- partitions and computes the same quantile as the stream (see
 -- pipeline/adapters/sketch_sql.py). The all-traffic key is ('*', '*', '*').
--- A window is inserted as one block with an insert_deduplication_token per
--- (group, topic, partition, window): a re-emitted window (after a crash) is
--- dropped by ClickHouse, and so never reaches the materialized views twice.
+-- Exactly once: a worker emits a (partition, window) only if it ends after
+-- the partition's horizon, which it reads back from this table when it takes
+-- the partition (max window end written), so a window written before a crash
+-- is never written again and never reaches the materialized views twice.
+-- SLO counts ride in the same insert, on one row per (partition, window) with
+-- boundary '__slo__' (an insert into one table is atomic); a materialized view
+-- spreads them into slo_windows.
 CREATE TABLE IF NOT EXISTS ${db}.window_sketches ${on_cluster}
 (
     window_start      DateTime64(3, 'UTC'),
@@ -26,7 +30,10 @@ CREATE TABLE IF NOT EXISTS ${db}.window_sketches ${on_cluster}
     pos_keys          Array(Int32),
     pos_counts        Array(UInt64),
     neg_keys          Array(Int32),
-    neg_counts        Array(UInt64)
+    neg_counts        Array(UInt64),
+    slo               Map(String, Tuple(kind String, boundary String, threshold_ms Float64,
+                          objective Float64, total UInt64, good UInt64,
+                          good_secondary_only UInt64, secondary_weight Float64))
 )
 ENGINE = ${replicated}ReplacingMergeTree(${replica_args_only})
 PARTITION BY toYYYYMM(window_start)
@@ -34,7 +41,8 @@ ORDER BY (boundary, model, priority, ctx_bucket, window_start, source_topic, par
 SETTINGS ${dedup_window_setting};
 
 -- SLO counts per window: kind 'slo' (total, good) or 'blended'
--- (total, good = good on primary, good_secondary_only; weight).
+-- (total, good = good on primary, good_secondary_only; weight). Filled by
+-- slo_windows_mv from the '__slo__' rows of window_sketches.
 CREATE TABLE IF NOT EXISTS ${db}.slo_windows ${on_cluster}
 (
     window_start        DateTime64(3, 'UTC'),
@@ -56,9 +64,18 @@ PARTITION BY toYYYYMM(window_start)
 ORDER BY (slo, window_start, source_topic, partition)
 SETTINGS ${dedup_window_setting};
 
--- Per partition: the close horizon of its windows and the offset committed
--- with it. A worker taking a partition over never re-opens a window that
--- ended at or before the horizon. Version = horizon (monotone).
+CREATE MATERIALIZED VIEW IF NOT EXISTS ${db}.slo_windows_mv ${on_cluster} TO ${db}.slo_windows AS
+SELECT window_start, window_ms, source_topic, partition,
+       slo_name AS slo, v.kind AS kind, v.boundary AS boundary, v.threshold_ms AS threshold_ms,
+       v.objective AS objective, v.total AS total, v.good AS good,
+       v.good_secondary_only AS good_secondary_only, v.secondary_weight AS secondary_weight
+FROM ${db}.window_sketches
+ARRAY JOIN mapKeys(slo) AS slo_name, mapValues(slo) AS v
+WHERE boundary = '__slo__';
+
+-- Per partition, for operators: the close horizon of its windows, the offset
+-- committed with it and the late records seen (informational; the horizon a
+-- worker resumes from is read from window_sketches itself).
 CREATE TABLE IF NOT EXISTS ${db}.worker_checkpoints ${on_cluster}
 (
     group_id          String,

@@ -32,6 +32,7 @@ SELECT
     sumMapState(pos_keys, pos_counts) AS pos,
     sumMapState(neg_keys, neg_counts) AS neg
 FROM ${db}.window_sketches
+WHERE boundary != '__slo__'
 GROUP BY window_start, model, priority, ctx_bucket, boundary;
 
 CREATE TABLE IF NOT EXISTS ${db}.latency_1h ${on_cluster} AS ${db}.latency_1m
@@ -49,6 +50,7 @@ SELECT
     sumMapState(pos_keys, pos_counts) AS pos,
     sumMapState(neg_keys, neg_counts) AS neg
 FROM ${db}.window_sketches
+WHERE boundary != '__slo__'
 GROUP BY window_start, model, priority, ctx_bucket, boundary;
 
 CREATE TABLE IF NOT EXISTS ${db}.slo_1m ${on_cluster}

@@ -339,23 +339,13 @@ WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("pos_counts", "Array(UInt64)"),
     ("neg_keys", "Array(Int32)"),
     ("neg_counts", "Array(UInt64)"),
+    (
+        "slo",
+        "Map(String, Tuple(kind String, boundary String, threshold_ms Float64, objective Float64, "
+        "total UInt64, good UInt64, good_secondary_only UInt64, secondary_weight Float64))",
+    ),
 )
-
-SLO_WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("window_start", "DateTime64(3, 'UTC')"),
-    ("window_ms", "UInt32"),
-    ("source_topic", "LowCardinality(String)"),
-    ("partition", "UInt16"),
-    ("slo", "LowCardinality(String)"),
-    ("kind", "LowCardinality(String)"),
-    ("boundary", "LowCardinality(String)"),
-    ("threshold_ms", "Float64"),
-    ("objective", "Float64"),
-    ("total", "UInt64"),
-    ("good", "UInt64"),
-    ("good_secondary_only", "UInt64"),
-    ("secondary_weight", "Float64"),
-)
+SLO_ROW_BOUNDARY = "__slo__"
 
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("event_id", "String"),
@@ -387,43 +377,53 @@ def _insert(
     store.insert_columns(table, columns, [n for n, _ in spec], [t for _, t in spec], settings)
 
 
-def window_rows(
-    win: Any, topic: str, relative_accuracy: float
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Rows of one closed window: (window_sketches rows, slo_windows rows)."""
+def window_rows(win: Any, topic: str, relative_accuracy: float) -> list[tuple[Any, ...]]:
+    """Rows of one closed window: one per (key, boundary), plus its ``__slo__`` row.
+
+    The ``__slo__`` row is written for every window, with or without SLOs: it
+    marks the window as emitted (see :func:`read_horizons`).
+    """
     from datetime import UTC, datetime
 
     start = datetime.fromtimestamp(win.start_ms / 1000, tz=UTC)
-    sketch_rows = []
+    rows: list[tuple[Any, ...]] = []
     for (key, boundary), c in sorted(win.sketches.items()):
         model, priority, ctx = key
-        sketch_rows.append(
+        rows.append(
             (
                 start, win.size_ms, topic, win.partition, model, priority, ctx, boundary,
                 relative_accuracy, win.records.get(key, 0), c.count, c.sum,
                 c.min if c.count else 0.0, c.max if c.count else 0.0, c.zero_count,
-                c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts,
+                c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts, {},
             )
         )  # fmt: skip
-    slo_rows = []
+    slo: dict[str, tuple[Any, ...]] = {}
     if win.slos is not None:
         for r in win.slos.rows():
-            slo_rows.append(
-                (
-                    start, win.size_ms, topic, win.partition, r.slo, r.kind, r.boundary,
-                    r.threshold_ms, r.objective, r.total, r.good, r.good_secondary_only,
-                    r.secondary_weight,
-                )
+            slo[r.slo] = (
+                r.kind, r.boundary, r.threshold_ms, r.objective, r.total, r.good,
+                r.good_secondary_only, r.secondary_weight,
             )  # fmt: skip
-    return sketch_rows, slo_rows
+    all_records = sum(n for k, n in win.records.items() if k == ("*", "*", "*"))
+    rows.append(
+        (
+            start, win.size_ms, topic, win.partition, "*", "*", "*", SLO_ROW_BOUNDARY,
+            relative_accuracy, all_records, 0, 0.0, 0.0, 0.0, 0, [], [], [], [], slo,
+        )
+    )  # fmt: skip
+    return rows
 
 
-def write_window(store: Store, win: Any, topic: str, group: str, relative_accuracy: float) -> None:
-    """One closed window as one block per table, deduplicated by a per-window token."""
-    sketch_rows, slo_rows = window_rows(win, topic, relative_accuracy)
-    token = f"{group}/{topic}/{win.partition}/{win.size_ms}/{win.start_ms}"
-    _insert(store, "window_sketches", WINDOW_COLUMNS, sketch_rows, token + "/sketches")
-    _insert(store, "slo_windows", SLO_WINDOW_COLUMNS, slo_rows, token + "/slo")
+def write_windows(
+    store: Store, windows: Sequence[Any], topic: str, relative_accuracy: float, token: str
+) -> None:
+    """Closed windows as one insert (atomic: sketches and SLO counts together).
+
+    ``token`` makes a retry of the same batch a no-op (insert deduplication,
+    also for the materialized views fed by this table).
+    """
+    rows = [r for w in windows for r in window_rows(w, topic, relative_accuracy)]
+    _insert(store, "window_sketches", WINDOW_COLUMNS, rows, token)
 
 
 CHECKPOINT_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -448,12 +448,18 @@ def write_checkpoints(
     )
 
 
-def read_horizons(store: Store, group: str, topic: str) -> dict[int, int]:
-    """Checkpointed close horizon per partition (the highest written)."""
+def read_horizons(store: Store, topic: str) -> dict[int, int]:
+    """Per partition, the end of the last window written for ``topic``.
+
+    A worker taking a partition never emits a window ending at or before it,
+    so no window is written twice, whatever happened between this write and
+    the offset commit.
+    """
     rows = store.query_rows(
-        f"SELECT partition, max(close_horizon_ms) FROM {store.database}.worker_checkpoints "
-        "WHERE group_id = {g:String} AND source_topic = {t:String} GROUP BY partition",
-        {"g": group, "t": topic},
+        "SELECT partition, max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches "
+        "WHERE source_topic = {t:String} AND boundary = {b:String} GROUP BY partition",
+        {"t": topic, "b": SLO_ROW_BOUNDARY},
     )
     return {int(p): int(h) for p, h in rows}
 

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import ssl
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,7 +39,7 @@ from pipeline.adapters.store import (
     with_retry,
     write_checkpoints,
     write_events,
-    write_window,
+    write_windows,
     write_with_retry,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
@@ -163,7 +164,6 @@ class WorkerShell:
             self._executor,
             read_horizons,
             self.store,
-            self.settings.group_id,
             self.settings.lifecycle_topic,
         )
         for p in partitions:
@@ -212,11 +212,12 @@ class WorkerShell:
             retries += write_with_retry(store, records)
         if events:
             retries += with_retry(lambda: write_events(store, events), "write of raw events")
-        acc = s.window_config().relative_accuracy
-        for win in windows:
+        if windows:
+            acc = s.window_config().relative_accuracy
+            token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
             retries += with_retry(
-                lambda w=win: write_window(store, w, s.lifecycle_topic, s.group_id, acc),  # type: ignore[misc]
-                "write of a window",
+                lambda: write_windows(store, windows, s.lifecycle_topic, acc, token),
+                f"write of {len(windows)} windows",
             )
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += with_retry(

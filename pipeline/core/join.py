@@ -190,7 +190,13 @@ class Joiner:
             return None
         if entry.completed is not None and entry.finished is not None:
             del self._pending[rid]
-            self._remember(rid, event.ts_unix_ns // _NS_PER_MS, None)
+            ts = event.ts_unix_ns // _NS_PER_MS
+            if entry.received is None:
+                # Joined before its gateway.received (producers reordered): keep the
+                # two events so that a late received can still add priority/tenant.
+                self._remember(rid, ts, entry, partial=False)
+            else:
+                self._remember(rid, ts, None)
             self.counters.joined += 1
             return Emitted(
                 build_record(rid, entry.received, entry.completed, entry.finished),
@@ -233,6 +239,15 @@ class Joiner:
 
     def _after_resolved(self, done: _Resolved, rid: str, event: LifecycleEvent) -> Emitted | None:
         if not done.partial:
+            if isinstance(event, GatewayReceived) and done.completed is not None:
+                if done.received is None:
+                    done.received = event
+                    self.counters.upgraded += 1
+                    return Emitted(
+                        build_record(rid, event, done.completed, done.finished), -1, upgrade=True
+                    )
+                self._count_repeat(event, done.received)
+                return None
             self._count_repeat(event, None)
             return None
         slot = {
@@ -244,9 +259,12 @@ class Joiner:
             self._count_repeat(event, slot)
             return None
         if isinstance(event, GatewayReceived):
-            # Too late to matter for the record already emitted; keep it for an upgrade.
+            # The partial record gains priority, tenant and start time (still partial).
             done.received = event
-            return None
+            self.counters.upgraded += 1
+            return Emitted(
+                build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
+            )
         if isinstance(event, GatewayCompleted):
             done.completed = event
         else:
@@ -264,13 +282,15 @@ class Joiner:
         else:
             self.counters.conflicts += 1
 
-    def _remember(self, rid: str, now_ms: int, partial: _Pending | None) -> None:
+    def _remember(
+        self, rid: str, now_ms: int, entry: _Pending | None, *, partial: bool = True
+    ) -> None:
         expires = now_ms + self.config.resolved_ttl_ms
-        if partial is None:
+        if entry is None:
             self._resolved[rid] = _Resolved(expires)
         else:
             self._resolved[rid] = _Resolved(
-                expires, partial.received, partial.completed, partial.finished, partial=True
+                expires, entry.received, entry.completed, entry.finished, partial=partial
             )
         if len(self._resolved) > self.config.max_resolved:
             del self._resolved[next(iter(self._resolved))]

@@ -1,0 +1,32 @@
+"""Simulated events from the shared trace, written as the worker would read them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from pipeline.cli import DEFAULT_TRACE
+from pipeline.contract.codec import event_to_dict
+from producers.simulator.model import SimConfig, Simulator
+from producers.simulator.trace import read_trace
+
+START_NS = 1_763_316_946_680_590_000  # the trace's own first timestamp
+
+
+def simulate_jsonl(path: Path, *, seed: int = 3, limit: int | None = None) -> dict[str, float]:
+    """One event per line, in emission order; returns the simulator's engine skews (ms)."""
+    trace = read_trace(DEFAULT_TRACE)
+    sim = Simulator(trace[:limit] if limit else trace, SimConfig(start_unix_ns=START_NS, seed=seed))
+    with path.open("wb") as fh:
+        for ev in sim.events():
+            fh.write(orjson.dumps(event_to_dict(ev)) + b"\n")
+    return dict(sim.engine_skew_ms)
+
+
+def load_events(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_bytes().splitlines():
+        msg = orjson.loads(line)
+        out.extend(msg if isinstance(msg, list) else [msg])
+    return out
