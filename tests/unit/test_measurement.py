@@ -106,8 +106,8 @@ SPEC = """
 apiVersion: tailguard/v1
 kind: SLOSpec
 slos:
-  - {name: gw-1s, boundary: gateway_total_ms, threshold_ms: 1000, objective: 0.9, window: {rolling: 30d}}
-  - {name: queue-100, boundary: queue_ms, threshold_ms: 100, objective: 0.95, window: {rolling: 30d}}
+  - {name: gw-1s, boundary: gateway_total_ms, threshold_ms: 1000, objective: 0.9}
+  - {name: queue-100, boundary: queue_ms, threshold_ms: 100, objective: 0.95}
   - name: prio0-compute
     boundary: inference_ms
     threshold_ms: 2000
