@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS ${db}.window_sketches ${on_cluster}
     pos_counts        Array(UInt64),
     neg_keys          Array(Int32),
     neg_counts        Array(UInt64),
-    slo               Map(String, Tuple(kind String, boundary String, threshold_ms Float64,
+    slo_counts        Map(String, Tuple(kind String, boundary String, threshold_ms Float64,
                           objective Float64, total UInt64, good UInt64,
                           good_secondary_only UInt64, secondary_weight Float64))
 )
@@ -65,13 +65,15 @@ ORDER BY (slo, window_start, source_topic, partition)
 SETTINGS ${dedup_window_setting};
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS ${db}.slo_windows_mv ${on_cluster} TO ${db}.slo_windows AS
-SELECT window_start, window_ms, source_topic, partition,
+SELECT w.window_start AS window_start, w.window_ms AS window_ms,
+       w.source_topic AS source_topic, w.partition AS partition,
        slo_name AS slo, v.kind AS kind, v.boundary AS boundary, v.threshold_ms AS threshold_ms,
        v.objective AS objective, v.total AS total, v.good AS good,
        v.good_secondary_only AS good_secondary_only, v.secondary_weight AS secondary_weight
-FROM ${db}.window_sketches
-ARRAY JOIN mapKeys(slo) AS slo_name, mapValues(slo) AS v
-WHERE boundary = '__slo__';
+FROM ${db}.window_sketches AS w
+ARRAY JOIN mapKeys(w.slo_counts) AS slo_name, mapValues(w.slo_counts) AS v
+-- w.boundary, qualified: the alias "boundary" above would shadow the column
+WHERE w.boundary = '__slo__';
 
 -- Per partition, for operators: the close horizon of its windows, the offset
 -- committed with it and the late records seen (informational; the horizon a

@@ -340,7 +340,7 @@ WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("neg_keys", "Array(Int32)"),
     ("neg_counts", "Array(UInt64)"),
     (
-        "slo",
+        "slo_counts",
         "Map(String, Tuple(kind String, boundary String, threshold_ms Float64, objective Float64, "
         "total UInt64, good UInt64, good_secondary_only UInt64, secondary_weight Float64))",
     ),
