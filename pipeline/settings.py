@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         le=65535,
         description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset).",
     )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=6000,
+        description="TAILGUARD_SESSION_TIMEOUT_MS: a dead worker's partitions move after this.",
+    )
     window_size_ms: int = Field(
         10_000, gt=0, description="TAILGUARD_WINDOW_SIZE_MS: base tumbling window."
     )

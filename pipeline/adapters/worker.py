@@ -142,19 +142,26 @@ class WorkerShell:
             {k: v for k, v in self.settings.redacted().items() if "password" not in k},
         )
 
-    def _lag(self) -> int:
+    def _lags(self, next_offsets: dict[int, int]) -> dict[int, int | None]:
+        """Per partition: messages between our position and the high watermark (None: unknown)."""
         consumer = getattr(self.app, "_consumer", None)
-        if consumer is None:
-            return 0
-        lag = 0
-        for p, st_next in self.processor.next_offsets().items():
-            try:
-                hw = consumer.highwater(TP(self.settings.lifecycle_topic, p))
-            except Exception:  # noqa: S112  # not assigned any more, or not known yet
-                continue
-            if hw is not None:
-                lag += max(0, hw - st_next)
-        return lag
+        out: dict[int, int | None] = {}
+        for p, nxt in next_offsets.items():
+            hw = None
+            if consumer is not None:
+                try:
+                    hw = consumer.highwater(TP(self.settings.lifecycle_topic, p))
+                except Exception:  # not assigned any more, or not known yet
+                    hw = None
+            out[p] = None if hw is None else max(0, hw - nxt)
+        return out
+
+    def _lag(self) -> int:
+        return sum(v or 0 for v in self._lags(self.processor.next_offsets()).values())
+
+    def _lagging(self, next_offsets: dict[int, int]) -> frozenset[int]:
+        """Partitions with input still waiting (or not known to be caught up)."""
+        return frozenset(p for p, lag in self._lags(next_offsets).items() if lag is None or lag > 0)
 
     async def _init_partitions(self, partitions: set[int]) -> None:
         """Start new partitions from their checkpointed window horizon."""
@@ -190,7 +197,10 @@ class WorkerShell:
         if new:
             await self._init_partitions(new)
         before = self.processor.counters.events
-        out = self.processor.process(messages, int(time.time() * 1000))
+        last: dict[int, int] = {}
+        for p, off, _ in messages:
+            last[p] = off + 1
+        out = self.processor.process(messages, int(time.time() * 1000), self._lagging(last))
         self.telemetry.messages.add(len(messages))
         self.telemetry.events.add(self.processor.counters.events - before)
         self._collect(out)
@@ -228,7 +238,8 @@ class WorkerShell:
 
     async def flush_and_commit(self) -> None:
         async with self._flush_lock:
-            self._collect(self.processor.tick(int(time.time() * 1000)))
+            lagging = self._lagging(self.processor.next_offsets())
+            self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
             # after this point is covered by the commit below.
             offsets = self.processor.safe_offsets()
@@ -348,6 +359,8 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         broker_max_poll_records=5000,
+        broker_session_timeout=settings.session_timeout_ms / 1000,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         stream_buffer_maxsize=8192,
     )
     shell = WorkerShell(settings, app)

@@ -101,6 +101,7 @@ class _Pending:
         "finished",
         "first_offset",
         "received",
+        "terminal_ms",
         "wall_deadline_ms",
     )
 
@@ -111,6 +112,7 @@ class _Pending:
         self.first_offset = first_offset
         self.deadline_ms = 0
         self.wall_deadline_ms = 0
+        self.terminal_ms = 0  # event time of its first terminal event (0: none yet)
 
 
 @dataclass(slots=True)
@@ -130,7 +132,11 @@ class EventClock:
     ``now = watermark + (wall - wall at last watermark advance)``: driven by
     event timestamps while events flow (so a replay at any speed-up times out
     in event time), and by the wall clock when a partition goes quiet (so the
-    last requests of a burst still resolve). Wall time is passed in.
+    last requests of a burst still resolve and the last windows close). A
+    partition that is merely behind (consumer lag: more input is waiting) is
+    not quiet: ``caught_up=False`` holds the clock at the watermark, else a
+    catch-up would close windows before their records arrive. Wall time is
+    passed in.
     """
 
     watermark_ms: int = 0
@@ -141,9 +147,13 @@ class EventClock:
             self.watermark_ms = ts_ms
             self.wall_at_advance_ms = wall_ms
 
-    def now(self, wall_ms: int) -> int:
+    def now(self, wall_ms: int, caught_up: bool = True) -> int:
         if self.watermark_ms == 0:
             return 0
+        if not caught_up:
+            # Quiet time only counts from the last moment input was known to be waiting.
+            self.wall_at_advance_ms = max(self.wall_at_advance_ms, wall_ms)
+            return self.watermark_ms
         return self.watermark_ms + max(0, wall_ms - self.wall_at_advance_ms)
 
 
@@ -155,6 +165,7 @@ class Joiner:
     _resolved: dict[str, _Resolved] = field(default_factory=dict)
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
+    _terminals: list[tuple[int, str]] = field(default_factory=list)
     _evicted: list[Emitted] = field(default_factory=list)
 
     @property
@@ -210,6 +221,8 @@ class Joiner:
         else:
             # First terminal event: its partner now has timeout_ms to arrive.
             wait_ms = self.config.timeout_ms
+            entry.terminal_ms = ts_ms
+            heapq.heappush(self._terminals, (ts_ms, rid))
         entry.deadline_ms = ts_ms + wait_ms
         entry.wall_deadline_ms = wall_ms + wait_ms if wall_ms is not None else 0
         heapq.heappush(self._deadlines, (entry.deadline_ms, rid))
@@ -374,7 +387,23 @@ class Joiner:
                 out.append(rec)
         self._deadlines.clear()
         self._wall_waits.clear()
+        self._terminals.clear()
         return out
+
+    def oldest_terminal_ms(self) -> int | None:
+        """Event time of the oldest terminal event still waiting for its partner.
+
+        Its record (joined or partial) will end no earlier than this, so windows
+        from here on must stay open until it is resolved.
+        """
+        heap = self._terminals
+        while heap:
+            ts, rid = heap[0]
+            entry = self._pending.get(rid)
+            if entry is not None and entry.terminal_ms == ts:
+                return ts
+            heapq.heappop(heap)
+        return None
 
     def safe_offset(self, next_offset: int) -> int:
         """Smallest offset whose events may still be needed (commit up to here)."""

@@ -100,10 +100,17 @@ class StreamProcessor:
             return
         st.windows.add(emitted.record, emitted.first_offset)
 
-    def process(self, messages: Iterable[tuple[int, int, bytes]], wall_ms: int | None) -> Output:
+    def process(
+        self,
+        messages: Iterable[tuple[int, int, bytes]],
+        wall_ms: int | None,
+        lagging: frozenset[int] = frozenset(),
+    ) -> Output:
         """Process ``(partition, offset, value)`` messages in order.
 
-        ``wall_ms`` is the processing time (None for a replay: event time only).
+        ``wall_ms`` is the processing time (None for a replay: event time only);
+        ``lagging`` names partitions with more input waiting (their clocks do not
+        advance on wall time, see :class:`EventClock`).
         """
         out = Output()
         touched: set[int] = set()
@@ -133,21 +140,23 @@ class StreamProcessor:
             st.next_offset = offset + 1
             touched.add(partition)
         for p in touched:
-            self._advance(self._parts[p], wall_ms, out)
+            self._advance(self._parts[p], wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
 
-    def _advance(self, st: _PartitionState, wall_ms: int | None, out: Output) -> None:
-        now = st.clock.now(wall_ms or 0)
+    def _advance(
+        self, st: _PartitionState, wall_ms: int | None, out: Output, caught_up: bool = True
+    ) -> None:
+        now = st.clock.now(wall_ms or 0, caught_up)
         for emitted in st.joiner.advance_emitted(now, wall_ms):
             self._window(st, emitted, out)
-        out.windows.extend(st.windows.close(now))
+        out.windows.extend(st.windows.close(now, st.joiner.oldest_terminal_ms()))
 
-    def tick(self, wall_ms: int) -> Output:
+    def tick(self, wall_ms: int, lagging: frozenset[int] = frozenset()) -> Output:
         """Advance every partition's clock (resolves timeouts, closes windows while idle)."""
         out = Output()
-        for st in self._parts.values():
-            self._advance(st, wall_ms, out)
+        for p, st in self._parts.items():
+            self._advance(st, wall_ms, out, p not in lagging)
         self.counters.records += len(out.records)
         return out
 

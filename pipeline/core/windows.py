@@ -184,9 +184,15 @@ class WindowAggregator:
         for rec in records:
             self.add(rec, lower_offset)
 
-    def close(self, watermark_ms: int) -> list[ClosedWindow]:
-        """Close every window whose end + grace is at or before the watermark."""
+    def close(self, watermark_ms: int, hold_ms: int | None = None) -> list[ClosedWindow]:
+        """Close every window whose end + grace is at or before the watermark.
+
+        ``hold_ms``: an event time a pending record may still end at (the oldest
+        unresolved join); its window and later ones stay open whatever the watermark.
+        """
         horizon = watermark_ms - self.config.grace_ms
+        if hold_ms is not None:
+            horizon = min(horizon, window_start(hold_ms, self.config.size_ms))
         if horizon <= self.horizon_ms:
             return []
         self.horizon_ms = horizon

@@ -73,12 +73,13 @@ def test_sql_over_stored_sketches_equals_the_stream(
             assert _same(value, sk.quantile(0.99)), minute_ms
 
         # SLO counts: windows (via the materialized views) add up to the replay's totals.
-        slo_totals = dict(
-            (name, (total, good))
+        slo_totals = {
+            name: (total, good)
             for name, total, good in store.query_rows(
-                f"SELECT slo, sum(total), sum(good) FROM {db}.slo_1h WHERE kind = 'slo' GROUP BY slo"
+                f"SELECT slo, sum(total), sum(good) FROM {db}.slo_1h "
+                "WHERE kind = 'slo' GROUP BY slo"
             )
-        )
+        }
         for name, want in first["slos"].items():
             assert slo_totals[name] == (want["total"], want["good"]), name
         n = store.query_rows(f"SELECT count() FROM {db}.requests FINAL")[0][0]
