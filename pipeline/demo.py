@@ -25,6 +25,7 @@ from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink
 from producers.simulator.model import OverloadEpisode, SimConfig
 
 DEMO_JOIN_TIMEOUT_MS = 5_000
+DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input ends
 
 
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -178,6 +179,7 @@ def run_demo(
             engine_stats_topic=f"tailguard.engine-stats{topic_suffix}",
             dlq_topic=f"tailguard.dlq{topic_suffix}",
             join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
+            window_grace_ms=DEMO_WINDOW_GRACE_MS,
         )
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
@@ -193,6 +195,7 @@ def run_demo(
                 "TAILGUARD_ENGINE_STATS_TOPIC": settings.engine_stats_topic,
                 "TAILGUARD_DLQ_TOPIC": settings.dlq_topic,
                 "TAILGUARD_JOIN_TIMEOUT_MS": str(settings.join_timeout_ms),
+                "TAILGUARD_WINDOW_GRACE_MS": str(settings.window_grace_ms),
             }
         )
         worker_log = (workdir / "worker.log").open("wb")

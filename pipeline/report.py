@@ -30,6 +30,7 @@ class Report:
     by_source: dict[str, int]
     by_outcome: dict[str, int]
     boundaries: dict[str, BoundaryStats]
+    slos: dict[str, dict[str, Any]]  # from the stream's windows (slo_1h)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,7 +72,22 @@ def read_report(store: Store) -> Report:
             f"SELECT outcome, count() FROM {db}.requests FINAL GROUP BY outcome ORDER BY outcome"
         )
     )
-    return Report(int(row[0]), by_source, by_outcome, boundaries)
+    slos: dict[str, dict[str, Any]] = {}
+    for name, kind, objective, weight, total, good, secondary in store.query_rows(
+        "SELECT slo, kind, any(objective), any(secondary_weight), sum(total), sum(good), "
+        f"sum(good_secondary_only) FROM {db}.slo_1h GROUP BY slo, kind ORDER BY kind DESC, slo"
+    ):
+        good_w = good + weight * secondary if kind == "blended" else good
+        compliance = good_w / total if total else None
+        slos[name] = {
+            "kind": kind,
+            "objective": objective,
+            "total": int(total),
+            "good": int(good),
+            "compliance": compliance,
+            "met": None if compliance is None else compliance >= objective,
+        }
+    return Report(int(row[0]), by_source, by_outcome, boundaries, slos)
 
 
 def render(report: Report) -> Any:
@@ -101,4 +117,11 @@ def render(report: Report) -> Any:
     o.add_column("n", justify="right")
     for k, v in report.by_outcome.items():
         o.add_row(k, str(v))
-    return Group(t, s, o)
+    c = Table(title="SLO compliance (stream windows)")
+    for col in ("slo", "objective", "total", "good", "compliance", "met"):
+        c.add_column(col, justify="left" if col == "slo" else "right")
+    for name, slo in report.slos.items():
+        comp = "-" if slo["compliance"] is None else f"{slo['compliance']:.4f}"
+        met = "-" if slo["met"] is None else ("yes" if slo["met"] else "NO")
+        c.add_row(name, f"{slo['objective']:g}", str(slo["total"]), str(slo["good"]), comp, met)
+    return Group(t, c, s, o)

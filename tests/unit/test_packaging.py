@@ -51,3 +51,16 @@ def test_migrations_render_for_single_node_and_cluster(cluster: str | None) -> N
                 assert "ON CLUSTER 'prod'" in stmt
                 if stmt.startswith("CREATE TABLE") and " AS " not in stmt.split("(")[0]:
                     assert "Replicated" in stmt, stmt[:80]
+
+
+def test_validate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO / "specs" / "slo-example.yaml")]) == 0
+    assert capsys.readouterr().out.startswith("ok:")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n"
+        "  - {name: a, boundary: gateway_total_ms, threshold_ms: -5, objective: 0.99}\n"
+    )
+    assert main(["validate", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "slos[0].threshold_ms" in err

@@ -82,3 +82,19 @@ def test_replay_cli_prints_json(tmp_path: Path, capsys: object) -> None:
     assert out["outcomes"] == {"client_abort": 1}
     assert out["boundaries"]["gateway_total_ms"]["count"] == 1
     assert out["boundaries"]["queue_ms"]["count"] == 0
+
+
+def test_worker_telemetry_reports_its_instruments() -> None:
+    from pipeline.adapters.telemetry import WorkerTelemetry
+
+    t = WorkerTelemetry("test", lag=lambda: 7, pending=lambda: 3)
+    t.events.add(10)
+    t.dead_letters.add(2)
+    t.write_duration.record(12.5)
+    snap = t.snapshot()
+    assert snap["tailguard.events"] == 10
+    assert snap["tailguard.dead_letters"] == 2
+    assert snap["tailguard.consumer.lag"] == 7
+    assert snap["tailguard.join.pending"] == 3
+    assert snap["tailguard.clickhouse.write.duration"] == {"count": 1, "sum": 12.5}
+    t.shutdown()
