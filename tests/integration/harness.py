@@ -29,6 +29,7 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
         "dlq_topic": f"dlq-{run}",
         "topic_partitions": 4,
         "join_timeout_ms": 2000,
+        "window_grace_ms": 2000,
         "flush_interval_ms": 200,
     }
     base.update(over)
