@@ -178,26 +178,15 @@ def run_demo(
             lifecycle_topic=f"tailguard.lifecycle{topic_suffix}",
             engine_stats_topic=f"tailguard.engine-stats{topic_suffix}",
             dlq_topic=f"tailguard.dlq{topic_suffix}",
+            summaries_topic=f"tailguard.summaries{topic_suffix}",
+            control_topic=f"tailguard.control{topic_suffix}",
             join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
             window_grace_ms=DEMO_WINDOW_GRACE_MS,
         )
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
 
-        env = dict(os.environ)
-        env.update(
-            {
-                "TAILGUARD_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                "TAILGUARD_STORE_DIR": str(settings.store_dir),
-                "TAILGUARD_TOPIC_PARTITIONS": str(settings.topic_partitions),
-                "TAILGUARD_GROUP_ID": settings.group_id,
-                "TAILGUARD_LIFECYCLE_TOPIC": settings.lifecycle_topic,
-                "TAILGUARD_ENGINE_STATS_TOPIC": settings.engine_stats_topic,
-                "TAILGUARD_DLQ_TOPIC": settings.dlq_topic,
-                "TAILGUARD_JOIN_TIMEOUT_MS": str(settings.join_timeout_ms),
-                "TAILGUARD_WINDOW_GRACE_MS": str(settings.window_grace_ms),
-            }
-        )
+        env = dict(os.environ) | settings.to_env()
         worker_log = (workdir / "worker.log").open("wb")
         stack.callback(worker_log.close)
         worker = subprocess.Popen(

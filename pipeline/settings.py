@@ -14,7 +14,13 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.contract.events import DLQ_TOPIC, ENGINE_STATS_TOPIC, LIFECYCLE_TOPIC
+from pipeline.contract.events import (
+    CONTROL_TOPIC,
+    DLQ_TOPIC,
+    ENGINE_STATS_TOPIC,
+    LIFECYCLE_TOPIC,
+    SUMMARIES_TOPIC,
+)
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
 
@@ -40,6 +46,8 @@ class Settings(BaseSettings):
     lifecycle_topic: str = Field(LIFECYCLE_TOPIC, description="TAILGUARD_LIFECYCLE_TOPIC")
     engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
     dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
+    summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
+    control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
     topic_partitions: int = Field(
         8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."
     )
@@ -167,6 +175,18 @@ class Settings(BaseSettings):
         if self.ssl_cafile:
             conf["ssl.ca.location"] = str(self.ssl_cafile)
         return conf
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``TAILGUARD_*`` variables, for a child process (secrets included)."""
+        out = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            out[f"TAILGUARD_{name.upper()}"] = str(value)
+        return out
 
     def redacted(self) -> dict[str, Any]:
         """What logs show: secrets masked."""

@@ -46,6 +46,22 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]
             settings.replication_factor,
             config={"retention.ms": week_ms},
         ),
+        settings.summaries_topic: NewTopic(
+            settings.summaries_topic,
+            1,  # one partition: exactly one worker of the group runs the controller
+            settings.replication_factor,
+            config={"retention.ms": str(3 * 24 * 3600 * 1000)},
+        ),
+        settings.control_topic: NewTopic(
+            settings.control_topic,
+            1,
+            settings.replication_factor,
+            config={
+                "cleanup.policy": "compact",
+                "min.compaction.lag.ms": "0",
+                "segment.ms": str(3600 * 1000),
+            },
+        ),
         settings.dlq_topic: NewTopic(
             settings.dlq_topic,
             1,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef, decode_message
-from pipeline.contract.events import Event
+from pipeline.contract.events import EngineStats, Event
 from pipeline.core.join import Emitted, EventClock, JoinConfig, JoinCounters, Joiner
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
@@ -48,6 +48,7 @@ class Output:
     windows: list[ClosedWindow] = field(default_factory=list)
     # (partition, offset, event) of every valid event, when keep_events is on
     events: list[tuple[int, int, Event]] = field(default_factory=list)
+    stats: list[EngineStats] = field(default_factory=list)  # engine.stats events seen
 
 
 class StreamProcessor:
@@ -132,6 +133,7 @@ class StreamProcessor:
                 counters.events += 1
                 if ev.kind == "engine.stats":
                     counters.stats_events += 1
+                    out.stats.append(ev)
                     continue
                 clock.observe(ev.ts_unix_ns // 1_000_000, wall_ms or 0)
                 emitted = joiner.add_emitted(ev, offset, wall_ms)

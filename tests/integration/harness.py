@@ -27,6 +27,8 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
         "lifecycle_topic": f"lc-{run}",
         "engine_stats_topic": f"stats-{run}",
         "dlq_topic": f"dlq-{run}",
+        "summaries_topic": f"summaries-{run}",
+        "control_topic": f"control-{run}",
         "topic_partitions": 4,
         "join_timeout_ms": 2000,
         "window_grace_ms": 2000,
@@ -39,11 +41,7 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
 
 
 def settings_env(s: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in s.model_dump().items():
-        if value is not None:
-            env[f"TAILGUARD_{name.upper()}"] = str(value)
-    return env
+    return dict(os.environ) | s.to_env()
 
 
 class WorkerProcess:

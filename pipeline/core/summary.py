@@ -1,0 +1,173 @@
+"""Window summaries: what every worker tells the one controller.
+
+Each worker owns some partitions, so no worker sees a model's whole traffic.
+When a (partition, window) closes, the worker publishes a compact summary of
+it — per model and boundary the sketch, per SLO the counts — and forwards the
+engine.stats samples it consumes, all on one single-partition topic
+(``tailguard.summaries``). Exactly one worker of the group owns that
+partition and runs the controller over the merged picture. The same code runs
+in ``replay``, without Kafka.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import orjson
+
+from pipeline.contract.events import EngineStats
+from pipeline.core.sketch import QuantileSketch, SketchColumns
+from pipeline.core.windows import ALL, ClosedWindow
+
+SUMMARY_VERSION: Final = 1
+ALL_MODELS: Final = ALL
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWindow:
+    records: int
+    boundaries: dict[str, SketchColumns]
+
+
+@dataclass(frozen=True, slots=True)
+class SLOWindowCounts:
+    total: int
+    good: int
+    objective: float
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSummary:
+    partition: int
+    start_ms: int
+    size_ms: int
+    models: dict[str, ModelWindow]  # "*" = all traffic
+    slos: dict[str, SLOWindowCounts]
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSample:
+    host: str
+    model: str
+    ts_ms: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_hit_rate: float | None
+    gpu_memory_used_fraction: float | None
+
+    @classmethod
+    def of(cls, ev: EngineStats) -> StatsSample:
+        return cls(
+            ev.host,
+            ev.model,
+            ev.ts_unix_ns // 1_000_000,
+            ev.num_running,
+            ev.num_waiting,
+            ev.kv_cache_usage,
+            ev.prefix_cache_hit_rate,
+            ev.gpu_memory_used_fraction,
+        )
+
+
+def summarize(win: ClosedWindow, relative_accuracy: float = 0.01) -> WindowSummary:
+    """Merge a closed window's keys by model (priority and ctx bucket folded)."""
+    merged: dict[str, dict[str, QuantileSketch]] = {}
+    records: dict[str, int] = {}
+    for (model, prio, ctx), n in win.records.items():
+        name = ALL_MODELS if (model, prio, ctx) == (ALL, ALL, ALL) else model
+        if name == ALL_MODELS and (prio, ctx) != (ALL, ALL):
+            continue
+        records[name] = records.get(name, 0) + n
+    for ((model, prio, ctx), boundary), cols in win.sketches.items():
+        if (model, prio, ctx) == (ALL, ALL, ALL):
+            name = ALL_MODELS
+        elif model == ALL:
+            continue
+        else:
+            name = model
+        sk = QuantileSketch.from_columns(cols, relative_accuracy)
+        by_b = merged.setdefault(name, {})
+        if boundary in by_b:
+            by_b[boundary].merge(sk)
+        else:
+            by_b[boundary] = sk
+    models = {
+        name: ModelWindow(records.get(name, 0), {b: sk.to_columns() for b, sk in sks.items()})
+        for name, sks in merged.items()
+    }
+    slos: dict[str, SLOWindowCounts] = {}
+    if win.slos is not None:
+        for r in win.slos.rows():
+            if r.kind == "slo":
+                slos[r.slo] = SLOWindowCounts(r.total, r.good, r.objective)
+    return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos)
+
+
+def _cols_json(c: SketchColumns) -> list[Any]:
+    return [
+        c.count, c.sum, c.min, c.max, c.zero_count,
+        c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts,
+    ]  # fmt: skip
+
+
+def _cols_of(v: list[Any]) -> SketchColumns:
+    return SketchColumns(
+        int(v[0]), float(v[1]), float(v[2]), float(v[3]), int(v[4]),
+        list(v[5]), list(v[6]), list(v[7]), list(v[8]),
+    )  # fmt: skip
+
+
+def encode_summary(s: WindowSummary | StatsSample) -> bytes:
+    if isinstance(s, StatsSample):
+        return orjson.dumps(
+            {
+                "v": SUMMARY_VERSION, "type": "stats", "host": s.host, "model": s.model,
+                "ts_ms": s.ts_ms, "num_running": s.num_running, "num_waiting": s.num_waiting,
+                "kv_cache_usage": s.kv_cache_usage,
+                "prefix_cache_hit_rate": s.prefix_cache_hit_rate,
+                "gpu_memory_used_fraction": s.gpu_memory_used_fraction,
+            }
+        )  # fmt: skip
+    return orjson.dumps(
+        {
+            "v": SUMMARY_VERSION,
+            "type": "window",
+            "partition": s.partition,
+            "start_ms": s.start_ms,
+            "size_ms": s.size_ms,
+            "models": {
+                m: {
+                    "records": mw.records,
+                    "b": {b: _cols_json(c) for b, c in mw.boundaries.items()},
+                }
+                for m, mw in s.models.items()
+            },
+            "slos": {n: [c.total, c.good, c.objective] for n, c in s.slos.items()},
+        }
+    )
+
+
+SummaryType = Literal["window", "stats"]
+
+
+def decode_summary(raw: bytes) -> WindowSummary | StatsSample:
+    """Raises ValueError/KeyError/TypeError on a malformed summary (an internal topic)."""
+    d = orjson.loads(raw)
+    if d.get("v") != SUMMARY_VERSION:
+        raise ValueError(f"unsupported summary version {d.get('v')!r}")
+    if d["type"] == "stats":
+        return StatsSample(
+            str(d["host"]), str(d["model"]), int(d["ts_ms"]), int(d["num_running"]),
+            int(d["num_waiting"]), float(d["kv_cache_usage"]), d.get("prefix_cache_hit_rate"),
+            d.get("gpu_memory_used_fraction"),
+        )  # fmt: skip
+    if d["type"] != "window":
+        raise ValueError(f"unknown summary type {d['type']!r}")
+    models = {
+        m: ModelWindow(int(v["records"]), {b: _cols_of(c) for b, c in v["b"].items()})
+        for m, v in d["models"].items()
+    }
+    slos = {n: SLOWindowCounts(int(t), int(g), float(o)) for n, (t, g, o) in d["slos"].items()}
+    return WindowSummary(int(d["partition"]), int(d["start_ms"]), int(d["size_ms"]), models, slos)
