@@ -117,10 +117,47 @@ def _load_spec(path: Path | None) -> Any:
         raise SystemExit(f"tailguard: invalid SLO spec:\n{exc}") from None
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline.core.slo import validate_file
+def _load_control(policy_path: Path | None, rules_path: Path) -> tuple[Any, Any]:
+    from pipeline.core.budget import load_burn_rules_file
+    from pipeline.core.policy import load_policy_file
+    from pipeline.core.slo import SpecError
 
-    ok, message = validate_file(args.file)
+    if policy_path is None:
+        return None, None
+    try:
+        return load_policy_file(policy_path), load_burn_rules_file(rules_path)
+    except SpecError as exc:
+        raise SystemExit(f"tailguard: invalid control configuration:\n{exc}") from None
+
+
+def _kind_of(path: Path) -> str:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return "SLOSpec"  # let the SLO validator report it
+    return str(doc.get("kind", "SLOSpec")) if isinstance(doc, dict) else "SLOSpec"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.core.slo import SpecError, validate_file
+
+    kind = _kind_of(args.file)
+    if kind == "ControlPolicy":
+        from pipeline.core.policy import validate_policy_file
+
+        ok, message = validate_policy_file(args.file)
+    elif kind == "BurnRules":
+        from pipeline.core.budget import load_burn_rules_file
+
+        try:
+            load_burn_rules_file(args.file)
+            ok, message = True, f"ok: burn rules ({args.file})"
+        except SpecError as exc:
+            ok, message = False, str(exc)
+    else:
+        ok, message = validate_file(args.file)
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -130,6 +167,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
+    policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
     with dlq_path.open("wb") as dlq:
         result = replay_file(
@@ -137,6 +175,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             settings.join_config(),
             spec=spec,
             window_config=settings.window_config(),
+            policy=policy,
+            burn_rules=rules,
             dlq_out=dlq,
         )
     summary = result.summary()
@@ -238,11 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store(s)
     s.add_argument("--no-store", action="store_true", help="do not write to the store")
     s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
+    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
     s.add_argument("--json", action="store_true", help="one-line JSON")
     s.set_defaults(func=cmd_replay)
 
-    s = sub.add_parser("validate", help="validate an SLO spec file (exit 0 ok, 1 invalid)")
+    s = sub.add_parser(
+        "validate", help="validate an SLO spec, control policy or burn rules file (by its kind)"
+    )
     s.add_argument("file", type=Path)
     s.set_defaults(func=cmd_validate)
 

@@ -16,22 +16,67 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contract.codec import dead_letter_record
+from pipeline.core.budget import BurnRules
+from pipeline.core.control import Controller, ControlStep
 from pipeline.core.join import JoinConfig
+from pipeline.core.policy import ControlPolicy
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.skew import SkewEstimator
 from pipeline.core.slo import SLOEvaluator, SLOSpec
 from pipeline.core.slo_windows import WindowSLOCounts
+from pipeline.core.summary import StatsSample, summarize
 from pipeline.core.windows import ClosedWindow, WindowConfig
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 
 
 @dataclass
+class _ControlRun:
+    """Drives the controller in event time: one evaluation per closed base window."""
+
+    controller: Controller
+    relative_accuracy: float
+    next_eval_ms: int | None = None
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    last: ControlStep | None = None
+
+    def feed(self, out: Output) -> None:
+        for st in out.stats:
+            self.controller.add_stats(StatsSample.of(st))
+        for w in out.windows:
+            self.controller.add_window(summarize(w, self.relative_accuracy))
+            end = w.start_ms + w.size_ms
+            if self.next_eval_ms is None:
+                self.next_eval_ms = end
+            while self.next_eval_ms <= end:
+                self._step(self.next_eval_ms)
+                self.next_eval_ms += w.size_ms
+
+    def _step(self, now_ms: int) -> None:
+        step = self.controller.evaluate(now_ms)
+        self.last = step
+        for d in step.decisions:
+            if d.changed:
+                self.transitions.append(
+                    {
+                        "ts_unix_ns": now_ms * 1_000_000,
+                        "scope": d.scope,
+                        "level": d.level,
+                        "phase": d.phase,
+                        "reason": d.reason,
+                    }
+                )
+        self.events.extend(e.to_json() for e in step.events)
+
+
+@dataclass
 class ReplayResult:
     spec: SLOSpec | None
     relative_accuracy: float
+    control: _ControlRun | None = None
     records: dict[str, RequestRecord] = field(default_factory=dict)  # final version per request
     emitted: list[RequestRecord] = field(default_factory=list)  # every record, in emission order
     windows: list[ClosedWindow] = field(default_factory=list)
@@ -95,6 +140,25 @@ class ReplayResult:
             "late_records": self.counters.get("late_records", 0),
         }
         out["clock_skew"] = skew.report()
+        if self.control is not None:
+            out["control"] = self.control.transitions
+            out["budget_events"] = self.control.events
+            last = self.control.last
+            out["budgets"] = (
+                {
+                    st.slo: {
+                        "remaining_fraction": st.remaining_fraction,
+                        "consumed": st.consumed,
+                        "allowed": st.allowed,
+                        "burn_rates": dict(st.burn_rates),
+                        "alerts": [a.rule for a in st.alerts],
+                        "window": st.window,
+                    }
+                    for st in last.budgets
+                }
+                if last is not None
+                else {}
+            )
         out["join"] = self.counters.get("join", {})
         return out
 
@@ -112,6 +176,8 @@ def replay_file(
     *,
     spec: SLOSpec | None = None,
     window_config: WindowConfig | None = None,
+    policy: ControlPolicy | None = None,
+    burn_rules: BurnRules | None = None,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
 ) -> ReplayResult:
@@ -123,6 +189,8 @@ def replay_file(
         slo_factory=(lambda: WindowSLOCounts(spec)) if spec is not None else None,
     )
     result = ReplayResult(spec, wc.relative_accuracy)
+    if policy is not None:
+        result.control = _ControlRun(Controller(policy, spec, burn_rules), wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):
@@ -131,7 +199,10 @@ def replay_file(
                 _feed(proc, batch, result, dlq_out)
                 batch = []
         _feed(proc, batch, result, dlq_out)
-    result._take(proc.drain())
+    drained = proc.drain()
+    result._take(drained)
+    if result.control is not None:
+        result.control.feed(drained)
     j = proc.join_counters()
     result.counters = {
         "join": {name: getattr(j, name) for name in j.__slots__},
@@ -148,6 +219,8 @@ def _feed(
 ) -> None:
     out = proc.process(batch, wall_ms=None)  # event time only in a replay
     result._take(out)
+    if result.control is not None:
+        result.control.feed(out)
     if dlq_out is not None:
         for d in out.dead:
             dlq_out.write(orjson.dumps(dead_letter_record(d)) + b"\n")

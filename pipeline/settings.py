@@ -24,7 +24,10 @@ from pipeline.contract.events import (
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
 
-DEFAULT_SLO_SPEC = Path(__file__).resolve().parents[1] / "specs" / "slo-example.yaml"
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+DEFAULT_SLO_SPEC = SPECS / "slo-example.yaml"
+DEFAULT_POLICY = SPECS / "policy-default.yaml"
+DEFAULT_BURN_RULES = SPECS / "burn-rules.yaml"
 
 
 class Settings(BaseSettings):
@@ -123,6 +126,21 @@ class Settings(BaseSettings):
     slo_spec: Path | None = Field(
         DEFAULT_SLO_SPEC,
         description="TAILGUARD_SLO_SPEC: SLO spec YAML (default: the shipped example).",
+    )
+    policy_file: Path | None = Field(
+        DEFAULT_POLICY, description="TAILGUARD_POLICY_FILE: control policy (None: no control)."
+    )
+    burn_rules_file: Path = Field(
+        DEFAULT_BURN_RULES, description="TAILGUARD_BURN_RULES_FILE: multiwindow burn-rate rules."
+    )
+    queue_capacity: int = Field(
+        64, ge=1, description="TAILGUARD_QUEUE_CAPACITY: num_waiting of a full engine queue."
+    )
+    control_keys_file: Path | None = Field(
+        None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
+    )
+    control_heartbeat_ms: int = Field(
+        10_000, ge=100, description="TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives."
     )
     store_raw_events: bool = Field(
         True, description="TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."

@@ -43,10 +43,12 @@ from pipeline.adapters.store import (
     write_with_retry,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
-from pipeline.contract.codec import DeadLetter, encode_event
+from pipeline.contract.codec import DeadLetter, SourceRef, decode_message, encode_event
+from pipeline.contract.events import EngineStats
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
+from pipeline.core.summary import StatsSample, encode_summary, summarize
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
@@ -95,6 +97,35 @@ class DeadLetterSink:
             log.warning("waiting for the DLQ producer to deliver")
 
 
+class SummaryPublisher:
+    """Window summaries and forwarded engine stats, to the controller's topic."""
+
+    def __init__(self, settings: Settings) -> None:
+        conf = settings.kafka_config()
+        conf.update({"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True})
+        self._producer = Producer(conf)
+        self._topic = settings.summaries_topic
+        self.failed = 0
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            log.error("summary delivery failed: %s", err)
+
+    def send(self, payload: bytes) -> None:
+        while True:
+            try:
+                self._producer.produce(self._topic, payload, on_delivery=self._on_delivery)
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        while self._producer.flush(5.0) > 0:
+            log.warning("waiting for the summaries producer to deliver")
+
+
 class WorkerShell:
     """Holds the adapters; all logic lives in the processor."""
 
@@ -120,6 +151,7 @@ class WorkerShell:
         )
         self.store: ClickHouseStore | None = None
         self.dlq: DeadLetterSink | None = None
+        self.summaries: SummaryPublisher | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
@@ -137,6 +169,7 @@ class WorkerShell:
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         self.dlq = DeadLetterSink(self.settings)
+        self.summaries = SummaryPublisher(self.settings)
         log.info(
             "worker started: %s",
             {k: v for k, v in self.settings.redacted().items() if "password" not in k},
@@ -229,6 +262,11 @@ class WorkerShell:
                 lambda: write_windows(store, windows, s.lifecycle_topic, acc, token),
                 f"write of {len(windows)} windows",
             )
+        # The controller hears of a window once it is stored (at least once: it dedups).
+        assert self.summaries is not None
+        for win in windows:
+            self.summaries.send(encode_summary(summarize(win, s.window_config().relative_accuracy)))
+        self.summaries.flush()
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += with_retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
@@ -304,6 +342,23 @@ class WorkerShell:
             w.windows_closed, w.late, self.write_retries,
         )  # fmt: skip
 
+    async def on_stats(self, messages: list[tuple[int, int, bytes]]) -> None:
+        """Forward engine.stats to the controller (one topic for all it needs)."""
+        assert self.summaries is not None
+        for p, off, raw in messages:
+            decoded = decode_message(
+                raw,
+                SourceRef(self.settings.engine_stats_topic, p, off),
+                max_bytes=self.settings.max_message_bytes,
+            )
+            for ev in decoded.events:
+                if isinstance(ev, EngineStats):
+                    self.summaries.send(encode_summary(StatsSample.of(ev)))
+            if decoded.dead:
+                assert self.dlq is not None
+                self.dlq.send(decoded.dead)
+                self.telemetry.dead_letters.add(len(decoded.dead))
+
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
         # Write what is complete (idempotent), then forget the handed-away state.
@@ -373,6 +428,16 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         take = stream.take_events  # type: ignore[attr-defined]  # faust-streaming API, not in StreamT
         async for events in take(settings.take_max_messages, within=0.1):
             await shell.on_batch(
+                [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
+            )
+
+    stats_topic = app.topic(settings.engine_stats_topic, value_type=bytes, value_serializer="raw")
+
+    @app.agent(stats_topic, name="tailguard-engine-stats")
+    async def engine_stats(stream: faust.StreamT[bytes]) -> None:
+        take = stream.take_events  # type: ignore[attr-defined]
+        async for events in take(settings.take_max_messages, within=0.2):
+            await shell.on_stats(
                 [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
             )
 

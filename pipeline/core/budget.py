@@ -1,0 +1,1146 @@
+"""Error budgets, burn rates and multiwindow burn-rate alerts over closed SLO windows.
+
+Pure: pydantic, PyYAML and the standard library only (no Kafka, Faust or
+ClickHouse); time comes in as integer milliseconds since the Unix epoch.
+
+Input
+-----
+Per SLO (and per scope: all traffic, one model, ...), a stream of *closed*
+windows ``(start_ms, size_ms, total, good, objective)``: the per-window SLO
+rows of :mod:`pipeline.core.slo_windows` (10 s base windows by default). They
+arrive roughly in time order, a few out of order, and the rows of several
+partitions for one window arrive separately: everything is **added** (a window
+given twice counts twice; the worker writes each window once). A window is
+attributed wholly to the time of its ``start_ms``.
+
+Storage and resolution
+----------------------
+:class:`BudgetTracker` keeps three rings of buckets, each a Fenwick tree
+(range sums in O(log n), point updates in O(log n), out-of-order windows are
+point updates), each bucket holding ``total``, ``bad`` and ``allowed`` (below):
+
+========  =========================  =============================================
+level     bucket width               retention (behind the newest window)
+========  =========================  =============================================
+0         the base window (10 s)     2 h 10 min  (5m, 30m, 1h, 2h windows exact)
+1         1 min                      1 d 2 h     (6h, 1d windows to the minute)
+2         1 h                        the SLO window (30 d, a month = 31 d, a week),
+                                     at least 3 d, or the longest rule window; + 3 h
+========  =========================  =============================================
+
+A range ``[a, b)`` is summed from the finest level that still holds each part:
+level 0 from its retention up to ``b`` (every window *starting* before ``b``),
+coarser levels for the older part in whole buckets, joined at bucket edges.
+A coarser bucket counts only when it starts at or after ``a``: a long window
+(3 d burn rate, rolling 30 d budget) is at most one bucket (1 min or 1 h)
+*shorter* than asked at its far end, never longer; hour-aligned ranges (e.g.
+calendar months, whose start is midnight UTC) are exact. A window older than
+the coarsest retention is dropped (:attr:`BudgetTracker.dropped`). Memory is
+fixed per tracker: ~3,060 buckets for a 30 d SLO, 48 bytes each, ~150 KB.
+
+Windows coarser than 10 s (e.g. 1 min / 1 h rollups, to backfill after a
+restart) may be added too, but each lands in the bucket of its start at every
+level: feed 1 h rows only for times older than 1 d, 1 min rows only for times
+older than 2 h 10 min, and base windows after that.
+
+Burn rate
+---------
+Over a window ``W`` ending at ``now``, using the windows that start in
+``[now - W, now)``::
+
+    burn = bad / allowed,   allowed = Σ_w (1 - objective_w) × total_w
+
+which is ``(bad / total) / (1 - objective)`` when one objective is in force;
+with several, each window weighs in with the objective it carried. ``None``
+when ``total == 0`` (no traffic is not a burn rate of 0). ``now`` should be the
+end of the newest closed window (the worker's watermark): windows that have
+not closed are simply absent, which shortens the most recent window.
+
+Error budget (objective changes mid-period)
+-------------------------------------------
+Over the SLO's own window: rolling ``[now - N days, now)``, or the calendar
+period (UTC month, or ISO week starting Monday) containing ``now``::
+
+    allowed_bad        = Σ_w (1 - objective_w) × total_w
+    consumed           = Σ_w bad_w
+    remaining_fraction = 1 - consumed / allowed_bad    (< 0 when overspent;
+                                                        None when allowed_bad == 0)
+
+**Each window is budgeted at the objective in force when it was measured**:
+tightening 99 % to 99.9 % on the 15th does not retroactively overspend the
+first half of the month, and loosening it does not refund it. The objective
+given to :class:`BudgetTracker` is the default for windows that carry none.
+
+Rules (``specs/burn-rules.yaml``, ``apiVersion: tailguard/v1``, ``kind: BurnRules``)
+-------------------------------------------------------------------------------
+* ``burn_rate``: fires when the burn rate over ``long`` **and** over ``short``
+  both exceed ``factor`` (strictly). A burn of B spends B/30 of a 30-day
+  budget per day: 14.4× over 1 h = 2 % of it in an hour.
+* ``budget_fraction``: fires when ``bad`` over the last ``within`` is at least
+  ``fraction`` × the allowed bad over the last ``of`` (e.g. 20 % of the daily
+  budget within an hour; with steady traffic that is a burn rate of
+  ``fraction × of / within`` = 4.8× over 1 h). Until ``of`` of history has been
+  seen (e.g. just after a restart without backfill), the allowed bad over
+  ``of`` is extrapolated from the history seen,
+  ``allowed × of / max(history, within)``, so a young tracker does not page on
+  a tiny first-hour budget.
+* ``compliance_below``: fires once the compliance over ``window`` has been
+  below ``below`` (strictly) at every evaluation for ``for`` (the first low
+  evaluation starts the clock; an evaluation at or above ``below``, or with no
+  traffic, resets it). Evaluate at least every few windows for this to mean
+  "consecutive". Skipped for an SLO whose objective is below ``below`` (it
+  would fire while the SLO is met).
+
+Every rule may name ``slos: [...]`` to apply to those SLOs only (default: all).
+
+Budget events
+-------------
+Edge-triggered, at most once per budget period: ``budget_80pct_consumed``
+(``consumed ≥ 0.8 × allowed_bad``) and ``budget_exhausted``
+(``consumed ≥ allowed_bad``). Both are emitted by the same evaluation when it
+crosses both. Re-arming: a calendar window re-arms both when a new period
+starts; a rolling window (whose budget recovers as bad windows age out) re-arms
+an event once the consumed fraction drops below its threshold minus
+``budget_events.rearm_margin`` (default 0.05: the 80 % event re-arms below 75 %
+consumed, i.e. remaining above 25 %; exhausted below 95 % consumed), so a
+budget hovering at the threshold does not flap. No event while fewer than
+``budget_events.min_requests`` requests were counted in the period. The arming
+state is in memory: a restarted tracker may emit an event again (consumers can
+dedupe on ``(slo, scope, kind, period_start_ms)`` for calendar windows).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, NamedTuple, Protocol
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from pipeline.core.slo import (
+    SLOSpec,
+    SpecError,
+    SpecIssue,
+    Window,
+    _line,
+    _message,
+    _path,
+    _SpecLoader,
+    parse_duration_ms,
+)
+
+API_VERSION: Final = "tailguard/v1"
+KIND: Final = "BurnRules"
+DEFAULT_BURN_RULES_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "burn-rules.yaml"
+
+BUDGET_80PCT_CONSUMED: Final = "budget_80pct_consumed"
+BUDGET_EXHAUSTED: Final = "budget_exhausted"
+# (event, consumed fraction at which it fires)
+BUDGET_EVENTS: Final = ((BUDGET_80PCT_CONSUMED, 0.8), (BUDGET_EXHAUSTED, 1.0))
+
+MINUTE_MS: Final = 60_000
+HOUR_MS: Final = 3_600_000
+DAY_MS: Final = 86_400_000
+DEFAULT_BASE_MS: Final = 10_000
+# The burn-rate windows always reported (labels as in the SRE workbook).
+STANDARD_BURN_WINDOWS_MS: Final = (
+    5 * MINUTE_MS,
+    30 * MINUTE_MS,
+    HOUR_MS,
+    2 * HOUR_MS,
+    6 * HOUR_MS,
+    DAY_MS,
+    3 * DAY_MS,
+)
+# Retention of the three levels (see the module docstring).
+_LEVEL0_SPAN_MS: Final = 2 * HOUR_MS + 10 * MINUTE_MS
+_LEVEL1_SPAN_MS: Final = DAY_MS + 2 * HOUR_MS
+_LEVEL2_MARGIN_MS: Final = 3 * HOUR_MS
+_MAX_RULE_WINDOW_MS: Final = 90 * DAY_MS
+_DEFER_CROSS_CHECKS: Final = "tailguard.budget.defer_cross_checks"
+_EPS: Final = 1e-9  # float slack when comparing a consumed fraction with its threshold
+_NAME_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+Severity = Literal["page", "ticket"]
+
+
+def window_label(ms: int) -> str:
+    """``3_600_000`` -> ``"1h"``; the largest unit that divides exactly (d, h, m, s, ms)."""
+    for unit, size in (("d", DAY_MS), ("h", HOUR_MS), ("m", MINUTE_MS), ("s", 1_000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+# --------------------------------------------------------------------------- #
+# Rules file
+# --------------------------------------------------------------------------- #
+
+
+def _unit_required(v: object) -> object:
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        raise ValueError(f"duration {v} has no unit: write e.g. {v}m, {v}h or {v}d")  # noqa: TRY004
+    return v
+
+
+def _check_window(v: str) -> str:
+    ms = parse_duration_ms(v)
+    if ms > _MAX_RULE_WINDOW_MS:
+        raise ValueError(f"window {v} is longer than the supported 90d")
+    return v
+
+
+def _check_rule_name(v: str) -> str:
+    if not _NAME_RE.fullmatch(v):
+        raise ValueError(
+            f"invalid name {v!r}: use lowercase letters, digits and dashes "
+            "(at most 63, not starting or ending with a dash), e.g. page-fast-burn"
+        )
+    return v
+
+
+Duration = Annotated[str, BeforeValidator(_unit_required), AfterValidator(_check_window)]
+RuleName = Annotated[str, AfterValidator(_check_rule_name)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class _Rule(_Model):
+    name: RuleName
+    severity: Severity
+    description: str | None = None
+    slos: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+
+    def applies_to(self, slo: str, objective: float) -> bool:
+        return self.slos is None or slo in self.slos
+
+    def windows_ms(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+class BurnRateRule(_Rule):
+    """Burn rate over ``long`` and over ``short`` both > ``factor``."""
+
+    kind: Literal["burn_rate"]
+    factor: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    long: Duration
+    short: Duration
+
+    @property
+    def long_ms(self) -> int:
+        return parse_duration_ms(self.long)
+
+    @property
+    def short_ms(self) -> int:
+        return parse_duration_ms(self.short)
+
+    def windows_ms(self) -> tuple[int, ...]:
+        return (self.long_ms, self.short_ms)
+
+
+class BudgetFractionRule(_Rule):
+    """Bad over ``within`` >= ``fraction`` x allowed bad over ``of``."""
+
+    kind: Literal["budget_fraction"]
+    fraction: Fraction
+    within: Duration
+    of: Duration
+
+    @property
+    def within_ms(self) -> int:
+        return parse_duration_ms(self.within)
+
+    @property
+    def of_ms(self) -> int:
+        return parse_duration_ms(self.of)
+
+    @property
+    def equivalent_burn_rate(self) -> float:
+        """The burn rate over ``within`` that spends ``fraction`` of ``of`` (steady traffic)."""
+        return self.fraction * self.of_ms / self.within_ms
+
+    def windows_ms(self) -> tuple[int, ...]:
+        return (self.within_ms, self.of_ms)
+
+
+class ComplianceBelowRule(_Rule):
+    """Compliance over ``window`` < ``below`` at every evaluation for ``for``."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    kind: Literal["compliance_below"]
+    window: Duration
+    below: Fraction
+    for_: Duration = Field(alias="for")
+
+    @property
+    def window_ms(self) -> int:
+        return parse_duration_ms(self.window)
+
+    @property
+    def for_ms(self) -> int:
+        return parse_duration_ms(self.for_)
+
+    def applies_to(self, slo: str, objective: float) -> bool:
+        return super().applies_to(slo, objective) and self.below <= objective
+
+    def windows_ms(self) -> tuple[int, ...]:
+        return (self.window_ms,)
+
+
+Rule = Annotated[
+    BurnRateRule | BudgetFractionRule | ComplianceBelowRule, Field(discriminator="kind")
+]
+RULE_KINDS: Final = ("burn_rate", "budget_fraction", "compliance_below")
+
+
+class BudgetEventsConfig(_Model):
+    """Re-arming of the budget events (see the module docstring)."""
+
+    rearm_margin: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
+    min_requests: Annotated[int, Field(ge=0)] = 0
+
+
+class BurnRules(_Model):
+    """A versioned set of alert rules (``apiVersion: tailguard/v1``, ``kind: BurnRules``)."""
+
+    api_version: Literal["tailguard/v1"] = Field(alias="apiVersion")
+    kind: Literal["BurnRules"]
+    description: str | None = None
+    rules: list[Rule] = Field(default_factory=list)
+    budget_events: BudgetEventsConfig = Field(default_factory=BudgetEventsConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> BurnRules:
+        if isinstance(info.context, Mapping) and info.context.get(_DEFER_CROSS_CHECKS):
+            return self
+        issues = _cross_issues({"rules": [r.model_dump(by_alias=True) for r in self.rules]})
+        if issues:
+            raise ValueError("; ".join(f"{i.path}: {i.message}" for i in issues))
+        return self
+
+    @classmethod
+    def empty(cls) -> BurnRules:
+        return cls.model_validate({"apiVersion": API_VERSION, "kind": KIND})
+
+    def rule(self, name: str) -> BurnRateRule | BudgetFractionRule | ComplianceBelowRule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+def _duration_or_none(v: object) -> int | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        return parse_duration_ms(v)
+    except ValueError:
+        return None
+
+
+def _cross_issues(data: object) -> list[SpecIssue]:
+    """Checks across fields on a plain document (tolerant of a malformed one)."""
+    issues: list[SpecIssue] = []
+    if not isinstance(data, Mapping):
+        return issues
+    rules = data.get("rules")
+    if not isinstance(rules, list):
+        return issues
+    first: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, Mapping):
+            continue
+        name = rule.get("name")
+        if isinstance(name, str):
+            if name in first:
+                issues.append(
+                    SpecIssue(
+                        f"rules[{i}].name",
+                        f"duplicate rule name {name!r} (first at rules[{first[name]}])",
+                    )
+                )
+            else:
+                first[name] = i
+        kind = rule.get("kind")
+        if kind == "burn_rate":
+            long, short = _duration_or_none(rule.get("long")), _duration_or_none(rule.get("short"))
+            if long is not None and short is not None and short >= long:
+                issues.append(
+                    SpecIssue(
+                        f"rules[{i}].short",
+                        f"must be shorter than long ({rule.get('long')}); "
+                        "the SRE workbook uses long / 12",
+                    )
+                )
+        elif kind == "budget_fraction":
+            within, of = _duration_or_none(rule.get("within")), _duration_or_none(rule.get("of"))
+            if within is not None and of is not None and within > of:
+                issues.append(
+                    SpecIssue(
+                        f"rules[{i}].within", f"must not be longer than of ({rule.get('of')})"
+                    )
+                )
+    return issues
+
+
+def _rule_loc(loc: tuple[int | str, ...], err_type: str) -> tuple[int | str, ...]:
+    """Drop the discriminator tag pydantic puts in the path (``rules.0.burn_rate.factor``)."""
+    out = list(loc)
+    if len(out) >= 3 and out[0] == "rules" and isinstance(out[1], int) and out[2] in RULE_KINDS:
+        del out[2]
+    if err_type in ("union_tag_invalid", "union_tag_not_found"):
+        out.append("kind")
+    return tuple(out)
+
+
+def _rule_message(err: Mapping[str, Any]) -> str:
+    if err["type"] == "union_tag_not_found":
+        return f"missing kind: one of {', '.join(RULE_KINDS)}"
+    if err["type"] == "union_tag_invalid":
+        return f"unknown kind {err['ctx']['tag']!r}; known: {', '.join(RULE_KINDS)}"
+    return _message(err)
+
+
+def load_burn_rules(text: str, source: str = "<burn-rules>") -> BurnRules:
+    """Parse and validate a rules file; raises :class:`SpecError` listing every problem."""
+    loader = _SpecLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        what = ": ".join(p for p in (e.context, e.problem) if p)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise SpecError(source, [SpecIssue("", f"YAML error: {what}", line, column)]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(source, [SpecIssue("", f"YAML error: {e}")]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise SpecError(source, [SpecIssue("", f"a rules file must be a YAML mapping, got {kind}")])
+    issues: list[SpecIssue] = []
+    rules: BurnRules | None = None
+    try:
+        rules = BurnRules.model_validate(data, context={_DEFER_CROSS_CHECKS: True})
+    except ValidationError as e:
+        for err in e.errors():
+            loc = _rule_loc(tuple(err["loc"]), err["type"])
+            issues.append(SpecIssue(_path(loc), _rule_message(err), _line(node, loc)))
+    for issue in _cross_issues(data):
+        parts = issue.path.replace("[", ".").replace("]", "").split(".")
+        loc = tuple(int(p) if p.isdigit() else p for p in parts if p)
+        issues.append(SpecIssue(issue.path, issue.message, _line(node, loc)))
+    if issues or rules is None:
+        raise SpecError(source, sorted(issues, key=lambda i: i.line or 0))
+    return rules
+
+
+def load_burn_rules_file(path: str | Path = DEFAULT_BURN_RULES_PATH) -> BurnRules:
+    """:func:`load_burn_rules` on a file; an unreadable file is a :class:`SpecError` too."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), [SpecIssue("", f"cannot read rules: {e}")]) from None
+    return load_burn_rules(text, str(path))
+
+
+# --------------------------------------------------------------------------- #
+# Bucketed storage: rings of Fenwick trees
+# --------------------------------------------------------------------------- #
+
+
+class WindowCounts(NamedTuple):
+    """Counts over a time range; ``allowed`` = Σ (1 - objective_w) × total_w."""
+
+    total: int
+    bad: float
+    allowed: float
+
+    @property
+    def good(self) -> float:
+        return self.total - self.bad
+
+    @property
+    def compliance(self) -> float | None:
+        return None if self.total == 0 else (self.total - self.bad) / self.total
+
+    @property
+    def burn_rate(self) -> float | None:
+        """``bad / allowed`` (= ``(bad/total) / (1 - objective)``); None without traffic."""
+        if self.total == 0 or self.allowed <= 0:
+            return None
+        return self.bad / self.allowed
+
+
+_ZERO: Final = WindowCounts(0, 0.0, 0.0)
+
+
+class _Level:
+    """A ring of ``n`` buckets of ``width`` ms, summed with Fenwick trees.
+
+    Invariant: only epochs (bucket start // width) in ``(head - n, head]`` are
+    held; advancing ``head`` clears the buckets it passes. Raw bucket values
+    are kept beside the trees so a bucket can be cleared exactly, and the trees
+    are rebuilt from them once per ring revolution (no float drift).
+    """
+
+    __slots__ = (
+        "_clears",
+        "alw",
+        "bad",
+        "head",
+        "n",
+        "raw_alw",
+        "raw_bad",
+        "raw_tot",
+        "tot",
+        "width",
+    )
+
+    def __init__(self, width: int, span: int) -> None:
+        self.width = width
+        self.n = n = -(-span // width)
+        self.head: int | None = None
+        self._clears = 0
+        self.tot = array("q", bytes(8 * (n + 1)))  # Fenwick, 1-based
+        self.bad = array("d", bytes(8 * (n + 1)))
+        self.alw = array("d", bytes(8 * (n + 1)))
+        self.raw_tot = array("q", bytes(8 * n))  # ring, 0-based
+        self.raw_bad = array("d", bytes(8 * n))
+        self.raw_alw = array("d", bytes(8 * n))
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.tot, self.bad, self.alw, self.raw_tot, self.raw_bad, self.raw_alw)
+        return sum(a.buffer_info()[1] * a.itemsize for a in arrays)
+
+    @property
+    def first_epoch(self) -> int | None:
+        return None if self.head is None else self.head - self.n + 1
+
+    def _fen_add(self, i: int, t: int, b: float, a: float) -> None:
+        n, tot, bad, alw = self.n, self.tot, self.bad, self.alw
+        i += 1
+        while i <= n:
+            tot[i] += t
+            bad[i] += b
+            alw[i] += a
+            i += i & -i
+
+    def _prefix(self, i: int) -> tuple[int, float, float]:
+        """Sum of ring slots ``[0, i)``."""
+        tot, bad, alw = self.tot, self.bad, self.alw
+        t, b, a = 0, 0.0, 0.0
+        while i > 0:
+            t += tot[i]
+            b += bad[i]
+            a += alw[i]
+            i -= i & -i
+        return t, b, a
+
+    def _rebuild(self) -> None:
+        n = self.n
+        self.tot[1:] = self.raw_tot[:]
+        self.bad[1:] = self.raw_bad[:]
+        self.alw[1:] = self.raw_alw[:]
+        tot, bad, alw = self.tot, self.bad, self.alw
+        for i in range(1, n + 1):
+            j = i + (i & -i)
+            if j <= n:
+                tot[j] += tot[i]
+                bad[j] += bad[i]
+                alw[j] += alw[i]
+        self._clears = 0
+
+    def _advance(self, epoch: int) -> None:
+        head = self.head
+        if head is None:
+            self.head = epoch
+            return
+        n = self.n
+        if epoch - head >= n:
+            for arr in (self.tot, self.bad, self.alw, self.raw_tot, self.raw_bad, self.raw_alw):
+                arr[:] = array(arr.typecode, bytes(8 * len(arr)))
+            self._clears = 0
+        else:
+            raw_tot, raw_bad, raw_alw = self.raw_tot, self.raw_bad, self.raw_alw
+            for e in range(head + 1, epoch + 1):
+                i = e % n
+                t = raw_tot[i]
+                if t or raw_bad[i] or raw_alw[i]:
+                    self._fen_add(i, -t, -raw_bad[i], -raw_alw[i])
+                    raw_tot[i] = 0
+                    raw_bad[i] = 0.0
+                    raw_alw[i] = 0.0
+            self._clears += epoch - head
+            if self._clears >= n:
+                self._rebuild()
+        self.head = epoch
+
+    def add(self, start_ms: int, total: int, bad: float, allowed: float) -> bool:
+        epoch = start_ms // self.width
+        if self.head is None or epoch > self.head:
+            self._advance(epoch)
+        elif epoch <= self.head - self.n:
+            return False  # older than this level holds
+        i = epoch % self.n
+        self.raw_tot[i] += total
+        self.raw_bad[i] += bad
+        self.raw_alw[i] += allowed
+        self._fen_add(i, total, bad, allowed)
+        return True
+
+    def sum_epochs(self, e0: int, e1: int) -> WindowCounts:
+        """Sum of the held buckets with epoch in ``[e0, e1)``."""
+        head = self.head
+        if head is None:
+            return _ZERO
+        n = self.n
+        e0 = max(e0, head - n + 1)
+        e1 = min(e1, head + 1)
+        if e0 >= e1:
+            return _ZERO
+        i0 = e0 % n
+        i1 = i0 + (e1 - e0)
+        t0, b0, a0 = self._prefix(i0)
+        if i1 <= n:
+            t1, b1, a1 = self._prefix(i1)
+            return WindowCounts(t1 - t0, b1 - b0, a1 - a0)
+        tn, bn, an = self._prefix(n)
+        t1, b1, a1 = self._prefix(i1 - n)
+        return WindowCounts(tn - t0 + t1, bn - b0 + b1, an - a0 + a1)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Buckets:
+    """The three levels and range sums across them (see the module docstring)."""
+
+    __slots__ = ("levels",)
+
+    def __init__(self, base_ms: int, long_span_ms: int) -> None:
+        if base_ms <= 0 or MINUTE_MS % base_ms:
+            raise ValueError(f"base window size must divide 60000 ms, got {base_ms}")
+        self.levels = (
+            _Level(base_ms, _LEVEL0_SPAN_MS),
+            _Level(MINUTE_MS, _LEVEL1_SPAN_MS),
+            _Level(HOUR_MS, long_span_ms + _LEVEL2_MARGIN_MS),
+        )
+
+    def add(self, start_ms: int, total: int, bad: float, allowed: float) -> bool:
+        kept = False
+        for lv in self.levels:
+            kept = lv.add(start_ms, total, bad, allowed) or kept
+        return kept
+
+    def range(self, a: int, b: int) -> WindowCounts:
+        """Counts of ``[a, b)`` (ms): finest level first, older parts from coarser ones."""
+        t, bd, al = 0, 0.0, 0.0
+        hi = b
+        levels = self.levels
+        last = len(levels) - 1
+        for k, lv in enumerate(levels):
+            if hi <= a:
+                break
+            first = lv.first_epoch
+            if first is None:
+                break
+            w = lv.width
+            # the finest level counts windows starting before b; coarser ones whole buckets
+            e_hi = _ceil_div(hi, w) if k == 0 else hi // w
+            e_lo = _ceil_div(a, w)
+            if e_lo >= first or k == last:
+                c = lv.sum_epochs(e_lo, e_hi)
+                t, bd, al = t + c.total, bd + c.bad, al + c.allowed
+                break
+            next_w = levels[k + 1].width
+            boundary = _ceil_div(first * w, next_w) * next_w
+            if boundary < hi:
+                c = lv.sum_epochs(boundary // w, e_hi)
+                t, bd, al = t + c.total, bd + c.bad, al + c.allowed
+                hi = boundary
+        return WindowCounts(t, bd, al)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lv.nbytes for lv in self.levels)
+
+    @property
+    def buckets(self) -> int:
+        return sum(lv.n for lv in self.levels)
+
+
+# --------------------------------------------------------------------------- #
+# Evaluation results
+# --------------------------------------------------------------------------- #
+
+
+class Alert(NamedTuple):
+    """A firing rule: ``(rule, severity, figures)``; figures name the windows (``burn_1h``)."""
+
+    rule: str
+    severity: Severity
+    figures: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetEvent:
+    """``budget_80pct_consumed`` or ``budget_exhausted``, emitted once when crossed."""
+
+    kind: str
+    slo: str
+    scope: str
+    at_ms: int
+    period_start_ms: int
+    consumed_fraction: float
+    allowed: float
+    consumed: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "slo": self.slo,
+            "scope": self.scope,
+            "at_ms": self.at_ms,
+            "period_start_ms": self.period_start_ms,
+            "consumed_fraction": self.consumed_fraction,
+            "allowed": self.allowed,
+            "consumed": self.consumed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """One evaluation of one tracker at ``now_ms``.
+
+    ``period_*``: the SLO window evaluated, ``[period_start_ms, now_ms)``
+    (``period_end_ms`` is the calendar period's end, ``now_ms`` for a rolling
+    window). ``burn_rates``: label (``5m`` ... ``3d``, plus any rule window) ->
+    burn rate or None. ``alerts``: the rules firing now, in file order.
+    ``events``: budget events emitted by *this* evaluation.
+    """
+
+    slo: str
+    scope: str
+    now_ms: int
+    objective: float
+    window: str
+    period_start_ms: int
+    period_end_ms: int
+    total: int
+    good: float
+    compliance: float | None
+    allowed: float
+    consumed: float
+    remaining_fraction: float | None
+    burn_rates: Mapping[str, float | None]
+    alerts: tuple[Alert, ...] = ()
+    events: tuple[BudgetEvent, ...] = ()
+
+    @property
+    def paging(self) -> bool:
+        return any(a.severity == "page" for a in self.alerts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "slo": self.slo,
+            "scope": self.scope,
+            "now_ms": self.now_ms,
+            "objective": self.objective,
+            "window": self.window,
+            "period_start_ms": self.period_start_ms,
+            "period_end_ms": self.period_end_ms,
+            "total": self.total,
+            "good": self.good,
+            "compliance": self.compliance,
+            "allowed": self.allowed,
+            "consumed": self.consumed,
+            "remaining_fraction": self.remaining_fraction,
+            "burn_rates": dict(self.burn_rates),
+            "alerts": [
+                {"rule": a.rule, "severity": a.severity, "figures": dict(a.figures)}
+                for a in self.alerts
+            ],
+            "events": [e.to_json() for e in self.events],
+        }
+
+
+# --------------------------------------------------------------------------- #
+# The tracker
+# --------------------------------------------------------------------------- #
+
+
+def _check_objective(objective: float) -> float:
+    if not (0.0 < objective < 1.0) or math.isnan(objective):
+        raise ValueError(f"objective must be strictly between 0 and 1, got {objective}")
+    return objective
+
+
+def _budget_share(objective: float) -> float:
+    """``1 - objective``, as the decimal the spec wrote (0.99 -> 0.01, not 0.010000000000000009)."""
+    return round(1.0 - objective, 12)
+
+
+def _compliance_span_ms(window: Window) -> int:
+    rolling = window.rolling_ms
+    if rolling is not None:
+        return rolling
+    return 31 * DAY_MS if window.calendar == "month" else 7 * DAY_MS
+
+
+def _period_ms(window: Window, now_ms: int) -> tuple[int, int]:
+    """``(start, end)`` of the SLO window at ``now_ms``; end = now for a rolling window."""
+    rolling = window.rolling_ms
+    if rolling is not None:
+        return now_ms - rolling, now_ms
+    start_ms = window.start_unix_ns(now_ms * 1_000_000) // 1_000_000
+    start = dt.datetime.fromtimestamp(start_ms // 1000, tz=dt.UTC)
+    if window.calendar == "month":
+        end = (start + dt.timedelta(days=32)).replace(day=1)
+    else:
+        end = start + dt.timedelta(days=7)
+    return start_ms, int(end.timestamp()) * 1000
+
+
+class BudgetTracker:
+    """Burn rates, error budget, alerts and budget events of one SLO (in one scope).
+
+    Feed it closed windows with :meth:`add_window`; call :meth:`evaluate`
+    every base window. Not thread-safe; one tracker per SLO x scope
+    (:class:`BudgetBook` keeps many).
+    """
+
+    __slots__ = (
+        "_armed",
+        "_below_since",
+        "_buckets",
+        "_first_start",
+        "_period_start",
+        "_rules",
+        "_windows",
+        "dropped",
+        "objective",
+        "rules",
+        "scope",
+        "slo",
+        "window",
+    )
+
+    def __init__(
+        self,
+        slo_name: str,
+        objective: float,
+        window: Window,
+        rules: BurnRules | None = None,
+        *,
+        scope: str = "*",
+        base_ms: int = DEFAULT_BASE_MS,
+    ) -> None:
+        self.slo = slo_name
+        self.scope = scope
+        self.objective = _check_objective(objective)
+        self.window = window
+        self.rules = rules if rules is not None else BurnRules.empty()
+        self._rules = tuple(r for r in self.rules.rules if r.applies_to(slo_name, objective))
+        windows = set(STANDARD_BURN_WINDOWS_MS)
+        for r in self._rules:
+            windows.update(r.windows_ms())
+        self._windows = tuple(sorted(windows))
+        long_span = max(_compliance_span_ms(window), *self._windows)
+        self._buckets = _Buckets(base_ms, long_span)
+        self._first_start: int | None = None
+        self._below_since: dict[str, int] = {}
+        self._armed = {name: True for name, _ in BUDGET_EVENTS}
+        self._period_start: int | None = None
+        self.dropped = 0  # windows older than every level holds
+
+    # -- input ---------------------------------------------------------------
+
+    def add_window(
+        self,
+        start_ms: int,
+        size_ms: int,
+        total: int,
+        good: float,
+        objective: float | None = None,
+    ) -> bool:
+        """Add one closed window (or one partition's part of it); False if too old to keep.
+
+        ``good`` may be fractional (a blended tier's weighted good count).
+        """
+        if size_ms <= 0:
+            raise ValueError(f"size_ms must be > 0, got {size_ms}")
+        if total < 0 or not (0 <= good <= total):
+            raise ValueError(f"need 0 <= good <= total, got good={good} total={total}")
+        obj = self.objective if objective is None else _check_objective(objective)
+        if self._first_start is None or start_ms < self._first_start:
+            self._first_start = start_ms
+        if total == 0:
+            return True
+        kept = self._buckets.add(start_ms, total, total - good, _budget_share(obj) * total)
+        if not kept:
+            self.dropped += 1
+        return kept
+
+    # -- queries -------------------------------------------------------------
+
+    def counts(self, start_ms: int, end_ms: int) -> WindowCounts:
+        """Counts of the windows starting in ``[start_ms, end_ms)`` (see resolution)."""
+        return self._buckets.range(start_ms, end_ms)
+
+    def burn_rate(self, window_ms: int, now_ms: int) -> float | None:
+        return self._buckets.range(now_ms - window_ms, now_ms).burn_rate
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the bucket arrays (fixed at construction)."""
+        return self._buckets.nbytes
+
+    @property
+    def buckets(self) -> int:
+        return self._buckets.buckets
+
+    # -- evaluation ----------------------------------------------------------
+
+    def evaluate(self, now_ms: int) -> BudgetStatus:
+        rng = self._buckets.range
+        by_window = {w: rng(now_ms - w, now_ms) for w in self._windows}
+        burn_rates = {window_label(w): c.burn_rate for w, c in by_window.items()}
+
+        start, end = _period_ms(self.window, now_ms)
+        budget = rng(start, now_ms)
+        remaining = None if budget.total == 0 else 1.0 - budget.bad / budget.allowed
+
+        alerts: list[Alert] = []
+        for rule in self._rules:
+            alert = self._check(rule, now_ms, by_window)
+            if alert is not None:
+                alerts.append(alert)
+
+        events = self._events(now_ms, start, budget)
+        return BudgetStatus(
+            slo=self.slo,
+            scope=self.scope,
+            now_ms=now_ms,
+            objective=self.objective,
+            window=self.window.describe(),
+            period_start_ms=start,
+            period_end_ms=end,
+            total=budget.total,
+            good=budget.good,
+            compliance=budget.compliance,
+            allowed=budget.allowed,
+            consumed=budget.bad,
+            remaining_fraction=remaining,
+            burn_rates=burn_rates,
+            alerts=tuple(alerts),
+            events=events,
+        )
+
+    def _check(
+        self,
+        rule: BurnRateRule | BudgetFractionRule | ComplianceBelowRule,
+        now_ms: int,
+        by_window: Mapping[int, WindowCounts],
+    ) -> Alert | None:
+        if isinstance(rule, BurnRateRule):
+            long = by_window[rule.long_ms].burn_rate
+            short = by_window[rule.short_ms].burn_rate
+            if long is None or short is None or long <= rule.factor or short <= rule.factor:
+                return None
+            return Alert(
+                rule.name,
+                rule.severity,
+                {
+                    "factor": rule.factor,
+                    f"burn_{window_label(rule.long_ms)}": long,
+                    f"burn_{window_label(rule.short_ms)}": short,
+                },
+            )
+        if isinstance(rule, BudgetFractionRule):
+            within = by_window[rule.within_ms]
+            of = by_window[rule.of_ms]
+            if within.total == 0 or of.allowed <= 0:
+                return None
+            assert self._first_start is not None  # there is traffic
+            history = now_ms - self._first_start
+            allowed_of = of.allowed
+            if history < rule.of_ms:
+                allowed_of = of.allowed * rule.of_ms / max(history, rule.within_ms)
+            spent = within.bad / allowed_of
+            if spent < rule.fraction:
+                return None
+            return Alert(
+                rule.name,
+                rule.severity,
+                {
+                    "fraction": rule.fraction,
+                    "spent_fraction": spent,
+                    "bad": within.bad,
+                    f"allowed_{window_label(rule.of_ms)}": allowed_of,
+                    f"burn_{window_label(rule.within_ms)}": within.burn_rate or 0.0,
+                    "equivalent_burn_rate": rule.equivalent_burn_rate,
+                },
+            )
+        compliance = by_window[rule.window_ms].compliance
+        if compliance is None or compliance >= rule.below:
+            self._below_since.pop(rule.name, None)
+            return None
+        since = self._below_since.setdefault(rule.name, now_ms)
+        if now_ms < since:  # evaluated back in time: start over
+            since = self._below_since[rule.name] = now_ms
+        if now_ms - since < rule.for_ms:
+            return None
+        return Alert(
+            rule.name,
+            rule.severity,
+            {
+                "below": rule.below,
+                f"compliance_{window_label(rule.window_ms)}": compliance,
+                "below_since_ms": float(since),
+                "below_for_ms": float(now_ms - since),
+            },
+        )
+
+    def _events(
+        self, now_ms: int, period_start: int, budget: WindowCounts
+    ) -> tuple[BudgetEvent, ...]:
+        rolling = self.window.rolling is not None
+        if not rolling and period_start != self._period_start:
+            for name in self._armed:
+                self._armed[name] = True
+        self._period_start = period_start
+        cfg = self.rules.budget_events
+        if budget.total == 0 or budget.allowed <= 0 or budget.total < cfg.min_requests:
+            return ()
+        consumed = budget.bad / budget.allowed
+        out: list[BudgetEvent] = []
+        for name, threshold in BUDGET_EVENTS:
+            if self._armed[name]:
+                if consumed >= threshold - _EPS:
+                    self._armed[name] = False
+                    out.append(
+                        BudgetEvent(
+                            name,
+                            self.slo,
+                            self.scope,
+                            now_ms,
+                            period_start,
+                            consumed,
+                            budget.allowed,
+                            budget.bad,
+                        )
+                    )
+            elif rolling and consumed < threshold - cfg.rearm_margin:
+                self._armed[name] = True
+        return tuple(out)
+
+
+# --------------------------------------------------------------------------- #
+# Many trackers
+# --------------------------------------------------------------------------- #
+
+
+class WindowRow(Protocol):
+    """What :class:`BudgetBook.add_rows` reads (``pipeline.core.slo_windows.SLOWindowRow``)."""
+
+    @property
+    def slo(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def objective(self) -> float: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def good(self) -> int: ...
+    @property
+    def good_secondary_only(self) -> int: ...
+    @property
+    def secondary_weight(self) -> float: ...
+
+
+@dataclass
+class BudgetBook:
+    """One :class:`BudgetTracker` per SLO (or blended tier) x scope of a spec, made on demand.
+
+    ``scope`` is an opaque label (``"*"`` for all traffic, a model, ...). A
+    blended tier is budgeted on its weighted good count with its own objective
+    and its primary's window. At most ``max_trackers`` trackers (a fixed
+    ~150 KB each); :meth:`tracker` raises beyond that.
+    """
+
+    spec: SLOSpec
+    rules: BurnRules = field(default_factory=BurnRules.empty)
+    base_ms: int = DEFAULT_BASE_MS
+    max_trackers: int = 256
+    trackers: dict[tuple[str, str], BudgetTracker] = field(default_factory=dict, init=False)
+
+    def tracker(self, slo: str, scope: str = "*") -> BudgetTracker:
+        key = (slo, scope)
+        t = self.trackers.get(key)
+        if t is not None:
+            return t
+        if len(self.trackers) >= self.max_trackers:
+            raise ValueError(f"more than {self.max_trackers} budget trackers (slo x scope)")
+        if slo in self.spec.tiers:
+            tier = self.spec.tiers[slo]
+            objective, window = tier.objective, self.spec.slo(tier.primary).window
+        else:
+            try:
+                s = self.spec.slo(slo)
+            except KeyError:
+                raise KeyError(f"unknown SLO or tier {slo!r}") from None
+            objective, window = s.objective, s.window
+        t = BudgetTracker(slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms)
+        self.trackers[key] = t
+        return t
+
+    def add_window(
+        self,
+        slo: str,
+        start_ms: int,
+        size_ms: int,
+        total: int,
+        good: float,
+        *,
+        objective: float | None = None,
+        scope: str = "*",
+    ) -> bool:
+        return self.tracker(slo, scope).add_window(start_ms, size_ms, total, good, objective)
+
+    def add_rows(
+        self, start_ms: int, size_ms: int, rows: Iterable[WindowRow], *, scope: str = "*"
+    ) -> None:
+        """Add one window's SLO rows (:meth:`pipeline.core.slo_windows.WindowSLOCounts.rows`)."""
+        for r in rows:
+            good: float = r.good
+            if r.kind == "blended":
+                good = r.good + r.secondary_weight * r.good_secondary_only
+            self.tracker(r.slo, scope).add_window(start_ms, size_ms, r.total, good, r.objective)
+
+    def evaluate(self, now_ms: int) -> list[BudgetStatus]:
+        """Every tracker at ``now_ms``, ordered by (slo, scope)."""
+        return [self.trackers[k].evaluate(now_ms) for k in sorted(self.trackers)]

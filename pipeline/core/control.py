@@ -1,0 +1,211 @@
+"""The controller: window summaries + engine stats -> signals -> budgets and policy decisions.
+
+Pure: fed :class:`~pipeline.core.summary.WindowSummary` and
+:class:`~pipeline.core.summary.StatsSample` values, evaluated at an event time
+passed in. One controller sees every partition's windows (the worker that
+owns the single-partition summaries topic runs it; ``replay`` runs it in
+process).
+
+Signals per scope (a model), the names the policy refers to:
+
+* ``p99.<boundary>``: P99 over the last ``latency_window_ms`` (1 min) of
+  closed windows, merged across partitions (the sketch, not an average of P99s);
+* ``compliance_5m.<slo>``: good / total over the last 5 min;
+* ``burn.page`` / ``burn.ticket``: a burn-rate rule of that severity fires for
+  an SLO that covers the model (no model filter, or the model listed);
+* ``budget_exhausted``: such an SLO has no budget left (flagged, never a
+  reason to degrade);
+* ``kv_cache_hit_rate``: mean prefix-cache hit rate of the model's engines;
+* ``queue_saturation``: max over the model's engines of num_waiting / capacity;
+* ``gpu_memory_fraction``: max over the model's engines;
+* ``queue_compute_ratio``: Σ inference_ms / Σ gateway_total_ms (below 0.3:
+  queueing dominates).
+
+Budgets are tracked per SLO for all traffic (scope ``*``); SLO filters decide
+which models an SLO's alerts apply to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from pipeline.core.budget import (
+    BudgetBook,
+    BudgetEvent,
+    BudgetStatus,
+    BurnRules,
+    load_burn_rules_file,
+)
+from pipeline.core.policy import ControlPolicy, Decision, PolicyEngine
+from pipeline.core.record import BOUNDARIES
+from pipeline.core.sketch import QuantileSketch
+from pipeline.core.slo import SLOSpec
+from pipeline.core.summary import ALL_MODELS, StatsSample, WindowSummary
+
+FIVE_MIN_MS: Final = 300_000
+
+Signals = dict[str, float | bool | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    latency_window_ms: int = 60_000
+    stats_window_ms: int = 60_000
+    queue_capacity: int = 64  # num_waiting at which an engine's queue counts as full
+    queue_capacity_by_model: Mapping[str, int] = field(default_factory=dict)
+    max_windows: int = 100_000  # bound on remembered (partition, window) ids
+
+    def capacity(self, model: str) -> int:
+        return self.queue_capacity_by_model.get(model, self.queue_capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStep:
+    now_ms: int
+    decisions: list[Decision]
+    budgets: list[BudgetStatus]
+    events: list[BudgetEvent]
+    signals: dict[str, Signals]
+
+
+class Controller:
+    def __init__(
+        self,
+        policy: ControlPolicy,
+        spec: SLOSpec | None = None,
+        burn_rules: BurnRules | None = None,
+        config: ControllerConfig | None = None,
+    ) -> None:
+        self.config = config or ControllerConfig()
+        self.policy = PolicyEngine(policy)
+        self.spec = spec
+        self.book = (
+            BudgetBook(spec, burn_rules or load_burn_rules_file()) if spec is not None else None
+        )
+        # start_ms -> model -> boundary -> merged sketch (all partitions so far)
+        self._latency: dict[int, dict[str, dict[str, QuantileSketch]]] = {}
+        self._seen: dict[tuple[int, int], None] = {}
+        # Per engine host, its samples of the last stats window (in time order).
+        # Stats arrive ahead of closed windows; signals at T use samples <= T only.
+        self._stats: dict[str, list[StatsSample]] = {}
+        self.models: set[str] = set()
+        self.duplicates = 0
+
+    # -- input ------------------------------------------------------------------
+
+    def add_window(self, s: WindowSummary) -> bool:
+        """Add one partition's window; a repeat (at-least-once delivery) is ignored."""
+        wid = (s.partition, s.start_ms)
+        if wid in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen[wid] = None
+        if len(self._seen) > self.config.max_windows:
+            del self._seen[next(iter(self._seen))]
+        by_model = self._latency.setdefault(s.start_ms, {})
+        for model, mw in s.models.items():
+            if model != ALL_MODELS:
+                self.models.add(model)
+            by_b = by_model.setdefault(model, {})
+            for b, cols in mw.boundaries.items():
+                sk = QuantileSketch.from_columns(cols)
+                if b in by_b:
+                    by_b[b].merge(sk)
+                else:
+                    by_b[b] = sk
+        if self.book is not None:
+            for name, c in s.slos.items():
+                self.book.add_window(
+                    name, s.start_ms, s.size_ms, c.total, c.good, objective=c.objective
+                )
+        return True
+
+    def add_stats(self, s: StatsSample) -> None:
+        self.models.add(s.model)
+        xs = self._stats.setdefault(s.host, [])
+        xs.append(s)
+        if len(xs) > 1 and xs[-2].ts_ms > s.ts_ms:
+            xs.sort(key=lambda x: x.ts_ms)
+
+    # -- signals -----------------------------------------------------------------
+
+    def _prune(self, now_ms: int) -> None:
+        keep_from = now_ms - max(self.config.latency_window_ms, FIVE_MIN_MS) - 60_000
+        for start in [s for s in self._latency if s < keep_from]:
+            del self._latency[start]
+        stats_from = now_ms - self.config.stats_window_ms
+        for host, xs in self._stats.items():
+            if xs and xs[0].ts_ms < stats_from:
+                self._stats[host] = [x for x in xs if x.ts_ms >= stats_from]
+
+    def _covers(self, slo_name: str, model: str) -> bool:
+        if self.spec is None:
+            return False
+        for slo in self.spec.slos:
+            if slo.name == slo_name:
+                models = slo.filter.model if slo.filter is not None else None
+                return models is None or model in models
+        return True  # a blended tier covers everything
+
+    def signals(self, model: str, now_ms: int, budgets: list[BudgetStatus]) -> Signals:
+        out: Signals = {}
+        lo = now_ms - self.config.latency_window_ms
+        merged: dict[str, QuantileSketch] = {}
+        for start, by_model in self._latency.items():
+            if lo <= start < now_ms and model in by_model:
+                for b, sk in by_model[model].items():
+                    if b in merged:
+                        merged[b].merge(sk)
+                    else:
+                        merged[b] = sk.copy()
+        for b in BOUNDARIES:
+            sk_b = merged.get(b)
+            out[f"p99.{b}"] = sk_b.quantile(0.99) if sk_b is not None else None
+        inf, tot = merged.get("inference_ms"), merged.get("gateway_total_ms")
+        out["queue_compute_ratio"] = inf.sum / tot.sum if inf and tot and tot.sum > 0 else None
+
+        page = ticket = exhausted = False
+        for st in budgets:
+            if not self._covers(st.slo, model):
+                continue
+            page = page or any(a.severity == "page" for a in st.alerts)
+            ticket = ticket or any(a.severity == "ticket" for a in st.alerts)
+            exhausted = exhausted or (
+                st.remaining_fraction is not None and st.remaining_fraction <= 0
+            )
+            if self.book is not None:
+                c = self.book.tracker(st.slo, st.scope).counts(now_ms - FIVE_MIN_MS, now_ms)
+                out[f"compliance_5m.{st.slo}"] = 1 - c.bad / c.total if c.total else None
+        out["burn.page"] = page
+        out["burn.ticket"] = ticket
+        out["budget_exhausted"] = exhausted
+
+        lo_stats = now_ms - self.config.stats_window_ms
+        window: list[StatsSample] = []
+        latest: list[StatsSample] = []  # each engine's newest sample at or before now
+        for xs in self._stats.values():
+            seen = [x for x in xs if lo_stats <= x.ts_ms <= now_ms and x.model == model]
+            if seen:
+                window.extend(seen)
+                latest.append(seen[-1])
+        cap = self.config.capacity(model)
+        out["queue_saturation"] = max((x.num_waiting / cap for x in latest), default=None)
+        gpu = [x.gpu_memory_used_fraction for x in latest if x.gpu_memory_used_fraction is not None]
+        out["gpu_memory_fraction"] = max(gpu, default=None)
+        hits = [x.prefix_cache_hit_rate for x in window if x.prefix_cache_hit_rate is not None]
+        out["kv_cache_hit_rate"] = sum(hits) / len(hits) if hits else None
+        return out
+
+    def evaluate(self, now_ms: int) -> ControlStep:
+        self._prune(now_ms)
+        budgets = self.book.evaluate(now_ms) if self.book is not None else []
+        events = [e for st in budgets for e in st.events]
+        decisions = []
+        signals: dict[str, Signals] = {}
+        for model in sorted(self.models):
+            sig = self.signals(model, now_ms, budgets)
+            signals[model] = sig
+            decisions.append(self.policy.evaluate(model, now_ms, sig))
+        return ControlStep(now_ms, decisions, budgets, events, signals)

@@ -1,0 +1,762 @@
+"""Signed degradation directives (L0-L3) on the compacted topic ``tailguard.control``.
+
+Pure: the standard library (``hmac``, ``hashlib``, ``base64``), orjson and
+pydantic; PyYAML only when a key file is YAML. No Kafka, Faust or ClickHouse.
+
+The stream worker decides a level per *scope* (a model name, or ``"*"`` for
+all traffic) and publishes a :class:`ControlSignal`; the serving layer
+(:mod:`producers.control_client`) verifies it and sheds load accordingly.
+
+Wire format (contract v1)
+-------------------------
+Kafka message: key = ``utf8(scope)`` (the topic is compacted, so the log keeps
+the latest signal per scope), value = one JSON object::
+
+    {"actions":{"admit_fraction":null,"cap_context_tokens":8192,
+                "fallback_model":"llama-8b","reject_new_sessions":true,
+                "rate_limit_rps":null,"retry_after_s":30,
+                "shed_priorities_at_or_above":2},
+     "budget_exhausted":false,"expires_at_unix_ms":1700000030000,
+     "figures":{"p99_ms":412.5,"violation_rate":0.31},
+     "issued_at_unix_ms":1700000000000,"kid":"k1","level":1,
+     "notify_customer":true,"phase":"degraded",
+     "reason":"p99 > 300 ms for 5 min","scope":"llama-70b","seq":42,
+     "sig":"<base64 of 32 bytes>","v":1}
+
+(:func:`encode` writes exactly the canonical form below plus ``sig``, so the
+value is itself sorted and compact; the line breaks above are for reading.)
+Every field is always present (``null`` where unset). Readers ignore fields
+they do not know, but such fields are covered by the signature.
+
+Canonical bytes (what is signed)
+--------------------------------
+``sig = base64(HMAC-SHA256(secret[kid], canonical))`` (standard alphabet, with
+``=`` padding, 44 characters), where ``canonical`` is the signal object
+**without the ``sig`` member** (``kid`` is included, so a signature cannot be
+moved to another key), serialised as orjson does with ``OPT_SORT_KEYS``:
+
+* UTF-8, no whitespace anywhere (``{"a":1,"b":[1,2]}``);
+* object members sorted by key, ascending by Unicode code point (= by UTF-8
+  bytes), at every nesting level (``actions`` and ``figures`` too);
+* strings: only ``"``, ``\\`` and control characters U+0000-U+001F escaped
+  (``\\n``, ``\\t``, ``\\r``, ``\\b``, ``\\f``, others ``\\u00XX``); ``/`` and
+  non-ASCII characters are written raw (UTF-8), never as ``\\uXXXX``;
+* integers in plain decimal; ``true``/``false``/``null``;
+* floats (finite only: NaN and infinities are rejected) as the shortest
+  decimal that round-trips to the same IEEE-754 double (Python ``repr``),
+  integral values keep ``.0`` (``1.0``), and magnitudes below 1e-4 or from
+  1e16 up use exponent form with no exponent padding (``1e-7``,
+  ``1.5e+20``, ``1e+16``).
+
+A verifier in another language parses the value, deletes ``sig``, serialises
+the rest by these rules and compares HMACs in constant time. The golden vector
+in ``tests/unit/test_control_signal.py`` (fixed key and signal -> exact
+canonical bytes and ``sig``) is the conformance test to port. This module
+verifies over the bytes it re-serialises from the *parsed JSON* (not from the
+validated model), so a field added later by a newer issuer still verifies.
+
+Validity, expiry and the fail-open rule
+---------------------------------------
+``expires_at_unix_ms = issued_at_unix_ms + ttl_ms``; by default the issuer
+re-sends the current directive of every scope every ``heartbeat_ms`` = 10 s
+(:meth:`SignalIssuer.due_heartbeats`, with a fresh ``seq`` and expiry) and
+``ttl_ms`` = 3 x heartbeat = 30 s, so two lost heartbeats are tolerated. A
+signal is rejected as ``expired`` when ``now >= expires_at_unix_ms`` and as
+``not_yet_valid`` when ``issued_at_unix_ms > now + max_skew_ms`` (default 5 s).
+Both clocks are wall clocks of different hosts: they must be NTP-synchronised
+to well under ``max_skew_ms``.
+
+When the current directive of a scope expires without a newer valid signal,
+the serving side **fails open to level 0** (normal service) and counts it.
+Why: shedding turns paying traffic away; only a live controller that still
+sees the overload may keep doing that. A dead, partitioned or misconfigured
+controller (a key rotated away, a topic ACL broken) is not evidence of
+overload, and fail-closed ("keep the last directive until told otherwise")
+would let any such fault keep customers degraded forever, with nobody
+noticing because shedding *looks* like protection. The serving engines keep
+their own local protection (queue caps and queue timeouts -> 503), so failing
+open degrades to "no global coordination", not to "no protection". The
+alternative -- keeping the last level, or decaying one level per TTL -- suits
+setups where an overload outlives its controller (e.g. the same fault kills
+both); it could be added as a serving-side policy without changing this wire
+format. Heartbeats are what let the serving side tell "still L1" from
+"controller dead".
+
+Sequence numbers and restarts
+-----------------------------
+``seq`` (>= 1) strictly increases per scope. The serving side's
+:class:`SequenceGuard` rejects a ``seq`` at or below the last one accepted for
+that scope (``replayed`` when equal, ``stale`` when lower), so a captured
+signal cannot be re-played to re-impose or lift a directive. Consequently the
+issuer's counters must survive a worker restart: at start-up the worker reads
+the compacted topic from the beginning, feeds the values to
+:func:`resume_seqs` (which verifies signatures, so a forged huge ``seq``
+cannot poison the counters) and passes the result as ``initial_seqs`` to
+:class:`SignalIssuer`. Should the counters be lost anyway, the serving side
+recovers by itself once its last accepted signal for a scope has expired: a
+signal with a lower ``seq`` but a *later* ``issued_at_unix_ms`` is then
+accepted (see :class:`SequenceGuard`); until then the new signals are counted
+as ``stale``.
+
+Keys and rotation
+-----------------
+:class:`Keyring` maps key ids (``kid``) to secrets (>= 32 bytes) and names the
+active kid used for signing. Rotation: (1) add the new kid to every verifier,
+(2) make it active on the issuer, (3) keep the old kid on the verifiers until
+every signal signed with it has expired (ttl; heartbeats re-sign with the new
+key within one heartbeat), (4) retire it by removing it. Secrets never appear
+in ``repr``/``str``, logs or error messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import hmac
+import math
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, Self
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+SIGNAL_VERSION: Final = 1
+DEFAULT_HEARTBEAT_MS: Final = 10_000
+DEFAULT_TTL_MS: Final = 3 * DEFAULT_HEARTBEAT_MS
+DEFAULT_MAX_SKEW_MS: Final = 5_000
+MAX_SIGNAL_BYTES: Final = 65_536
+MIN_SECRET_BYTES: Final = 32
+ALL_SCOPES: Final = "*"
+
+KID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_KID_RE: Final = re.compile(KID_PATTERN)
+_SIG_LEN: Final = 44  # base64 of a 32-byte HMAC-SHA256, padded
+
+ENV_KEYS: Final = "TAILGUARD_CONTROL_KEYS"
+ENV_ACTIVE_KID: Final = "TAILGUARD_CONTROL_ACTIVE_KID"
+ENV_KEYS_FILE: Final = "TAILGUARD_CONTROL_KEYS_FILE"
+
+Level = Annotated[int, Field(ge=0, le=3)]
+Phase = Literal["normal", "degraded", "half_open"]
+FigureKey = Annotated[str, Field(min_length=1, max_length=128)]
+Figure = Annotated[float, Field(allow_inf_nan=False)] | bool | None
+
+
+# --------------------------------------------------------------------------- model
+
+
+class _Frozen(BaseModel):
+    # extra="ignore": fields added by a newer issuer are skipped by older readers
+    # (they are still covered by the signature, see the module docstring).
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+
+class Actions(_Frozen):
+    """What the serving layer does at this directive (all off by default)."""
+
+    shed_priorities_at_or_above: Level | None = Field(
+        default=None,
+        description="Reject (503) requests whose priority >= this (0 = highest ... 3).",
+    )
+    cap_context_tokens: int | None = Field(
+        default=None, ge=1, description="Pass a max-context cap upstream."
+    )
+    fallback_model: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Route to this (smaller) model."
+    )
+    reject_new_sessions: bool = Field(default=False, description="503 requests of new sessions.")
+    retry_after_s: int = Field(
+        default=5, ge=0, le=86_400, description="Retry-After on a 503 caused by this directive."
+    )
+    rate_limit_rps: float | None = Field(
+        default=None, gt=0.0, allow_inf_nan=False, description="Advisory token-bucket rate."
+    )
+    admit_fraction: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Half-open only: fraction of otherwise rejected requests admitted.",
+    )
+
+
+class Decision(_Frozen):
+    """What the controller decided for a scope: a signal minus its envelope.
+
+    Invariants: ``phase == "normal"`` exactly when ``level == 0``; ``admit_fraction``
+    only in ``half_open``.
+    """
+
+    level: Level
+    phase: Phase
+    actions: Actions = Field(default_factory=Actions)
+    reason: str = Field(default="", max_length=1024)
+    figures: dict[FigureKey, Figure] = Field(default_factory=dict, max_length=64)
+    notify_customer: bool = False
+    budget_exhausted: bool = False
+
+    @field_validator("figures", mode="before")
+    @classmethod
+    def _finite_figures(cls, v: object) -> object:
+        # Figures are informational; JSON has no NaN/infinity: write them as null.
+        if isinstance(v, Mapping):
+            return {
+                k: None if isinstance(x, float) and not math.isfinite(x) else x
+                for k, x in v.items()
+            }
+        return v
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, Any], *, ignore_unknown: bool = False) -> Decision:
+        """A decision from a mapping (e.g. a policy engine's JSON, whose extra keys
+        such as ``scope`` or ``since_ms`` need ``ignore_unknown=True``); lax types."""
+        unknown = set(fields) - set(Decision.model_fields)
+        if unknown and not ignore_unknown:
+            raise ValueError(f"unknown decision fields: {sorted(unknown)}")
+        return Decision.model_validate(
+            {k: v for k, v in fields.items() if k in Decision.model_fields}, strict=False
+        )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.level == 0) != (self.phase == "normal"):
+            raise ValueError("phase must be 'normal' exactly when level is 0")
+        if self.actions.admit_fraction is not None and self.phase != "half_open":
+            raise ValueError("actions.admit_fraction is only valid in phase 'half_open'")
+        return self
+
+
+class UnsignedSignal(Decision):
+    """A decision with its envelope (scope, sequence, validity), not yet signed."""
+
+    v: Literal[1] = SIGNAL_VERSION
+    scope: str = Field(min_length=1, max_length=256)
+    seq: int = Field(ge=1)
+    issued_at_unix_ms: int = Field(ge=0)
+    expires_at_unix_ms: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _validity(self) -> Self:
+        if self.expires_at_unix_ms <= self.issued_at_unix_ms:
+            raise ValueError("expires_at_unix_ms must be after issued_at_unix_ms")
+        return self
+
+
+class ControlSignal(UnsignedSignal):
+    """The value of one ``tailguard.control`` message (key = ``scope``)."""
+
+    kid: str = Field(pattern=KID_PATTERN)
+    sig: str = Field(min_length=_SIG_LEN, max_length=_SIG_LEN)
+
+    def decision(self) -> Decision:
+        return Decision.from_mapping(self.model_dump(), ignore_unknown=True)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+class KeyConfigError(ValueError):
+    """Unusable key configuration (a start-up error). Never contains a secret."""
+
+
+class Keyring:
+    """``kid -> secret`` plus the active kid used for signing. Immutable.
+
+    ``repr``/``str`` show the key ids only. Rotation helpers return new keyrings:
+    :meth:`with_key` (add, optionally activate), :meth:`activate`, :meth:`retire`.
+    """
+
+    __slots__ = ("_active", "_keys")
+
+    def __init__(self, keys: Mapping[str, bytes], active: str) -> None:
+        if not keys:
+            raise KeyConfigError("control keyring: no keys")
+        checked: dict[str, bytes] = {}
+        for kid, secret in keys.items():
+            if not isinstance(kid, str) or not _KID_RE.match(kid):
+                raise KeyConfigError(f"control keyring: key id {kid!r} must match {KID_PATTERN}")
+            if not isinstance(secret, bytes | bytearray):
+                raise KeyConfigError(f"control keyring: key {kid!r}: secret must be bytes")
+            if len(secret) < MIN_SECRET_BYTES:
+                raise KeyConfigError(
+                    f"control keyring: key {kid!r}: secret has {len(secret)} bytes, "
+                    f"needs >= {MIN_SECRET_BYTES}"
+                )
+            checked[kid] = bytes(secret)
+        if active not in checked:
+            raise KeyConfigError(
+                f"control keyring: active key id {active!r} is not among {sorted(checked)}"
+            )
+        self._keys: Final[dict[str, bytes]] = checked
+        self._active: Final[str] = active
+
+    # -- reading
+    @property
+    def active_kid(self) -> str:
+        return self._active
+
+    @property
+    def kids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._keys))
+
+    def secret(self, kid: str) -> bytes | None:
+        return self._keys.get(kid)
+
+    def __contains__(self, kid: object) -> bool:
+        return kid in self._keys
+
+    def __repr__(self) -> str:
+        return f"Keyring(active={self._active!r}, kids={list(self.kids)!r})"
+
+    __str__ = __repr__
+
+    # -- rotation
+    def with_key(self, kid: str, secret: bytes, *, activate: bool = False) -> Keyring:
+        if kid in self._keys:
+            raise KeyConfigError(f"control keyring: key id {kid!r} already present")
+        return Keyring({**self._keys, kid: secret}, kid if activate else self._active)
+
+    def activate(self, kid: str) -> Keyring:
+        return Keyring(self._keys, kid)
+
+    def retire(self, kid: str) -> Keyring:
+        if kid == self._active:
+            raise KeyConfigError(f"control keyring: cannot retire the active key {kid!r}")
+        if kid not in self._keys:
+            raise KeyConfigError(f"control keyring: no key {kid!r} to retire")
+        return Keyring({k: s for k, s in self._keys.items() if k != kid}, self._active)
+
+    # -- loading
+    @classmethod
+    def from_base64(cls, keys: Mapping[str, str], active: str) -> Keyring:
+        """``{kid: base64(secret)}`` (standard alphabet, padded) and the active kid."""
+        return cls({kid: _b64_secret(kid, value) for kid, value in keys.items()}, active)
+
+    @classmethod
+    def from_env_string(cls, spec: str, active: str) -> Keyring:
+        """``"k1:<base64>,k2:<base64>"`` (whitespace around items ignored)."""
+        keys: dict[str, str] = {}
+        for n, item in enumerate(x.strip() for x in spec.split(",")):
+            if not item:
+                continue
+            kid, sep, value = item.partition(":")
+            kid = kid.strip()
+            if not sep:
+                raise KeyConfigError(f"control keys: item {n} is not 'kid:base64'")
+            if kid in keys:
+                raise KeyConfigError(f"control keys: key id {kid!r} appears twice")
+            keys[kid] = value.strip()
+        return cls.from_base64(keys, active.strip())
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        """JSON or YAML ``{active: k2, keys: {k1: <base64>, k2: <base64>}}``.
+
+        ``.json`` is read as JSON, ``.yaml``/``.yml`` as YAML, anything else as
+        JSON and then YAML.
+        """
+        p = Path(path)
+        try:
+            text = p.read_bytes()
+        except OSError as e:
+            raise KeyConfigError(f"control key file {p}: {e.strerror or e}") from None
+        doc = _parse_key_doc(p, text)
+        if not isinstance(doc, dict):
+            raise KeyConfigError(f"control key file {p}: expected a mapping with 'active', 'keys'")
+        unknown = set(doc) - {"active", "keys"}
+        if unknown:
+            raise KeyConfigError(
+                f"control key file {p}: unknown fields {sorted(map(str, unknown))}"
+            )
+        active, keys = doc.get("active"), doc.get("keys")
+        if not isinstance(active, str):
+            raise KeyConfigError(f"control key file {p}: 'active' must be a key id string")
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in keys.items()
+        ):
+            raise KeyConfigError(f"control key file {p}: 'keys' must map key ids to base64 strings")
+        return cls.from_base64(keys, active)
+
+
+def _b64_secret(kid: str, value: str) -> bytes:
+    try:
+        return base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise KeyConfigError(f"control keyring: key {kid!r}: secret is not valid base64") from None
+
+
+def _parse_key_doc(p: Path, text: bytes) -> object:
+    suffix = p.suffix.lower()
+    if suffix not in {".yaml", ".yml"}:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            if suffix == ".json":
+                raise KeyConfigError(f"control key file {p}: not valid JSON") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise KeyConfigError(f"control key file {p}: not valid YAML") from None
+
+
+def keyring_from_environ(environ: Mapping[str, str] | None = None) -> Keyring:
+    """The keyring from ``TAILGUARD_CONTROL_KEYS_FILE``, or from
+    ``TAILGUARD_CONTROL_KEYS`` (``k1:<b64>,k2:<b64>``) + ``TAILGUARD_CONTROL_ACTIVE_KID``.
+    """
+    env = os.environ if environ is None else environ
+    path, spec = env.get(ENV_KEYS_FILE), env.get(ENV_KEYS)
+    if path and spec:
+        raise KeyConfigError(f"set either {ENV_KEYS_FILE} or {ENV_KEYS}, not both")
+    if path:
+        return Keyring.from_file(path)
+    if spec:
+        active = env.get(ENV_ACTIVE_KID)
+        if not active:
+            raise KeyConfigError(f"{ENV_KEYS} is set but {ENV_ACTIVE_KID} is not")
+        return Keyring.from_env_string(spec, active)
+    raise KeyConfigError(f"no control keys: set {ENV_KEYS_FILE} or {ENV_KEYS}")
+
+
+def generate_secret_b64(n_bytes: int = 32) -> str:
+    """A fresh random secret, base64 (for key files and ``TAILGUARD_CONTROL_KEYS``)."""
+    return base64.b64encode(os.urandom(max(n_bytes, MIN_SECRET_BYTES))).decode("ascii")
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def _canonical_from_obj(obj: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in obj.items() if k != "sig"}
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+def canonical_bytes(signal: UnsignedSignal) -> bytes:
+    """The bytes the HMAC covers: the signal without ``sig``, sorted and compact."""
+    return _canonical_from_obj(signal.model_dump(mode="json"))
+
+
+def _mac(secret: bytes, canonical: bytes) -> bytes:
+    return hmac.new(secret, canonical, hashlib.sha256).digest()
+
+
+def sign(signal: UnsignedSignal, keyring: Keyring) -> ControlSignal:
+    """Sign with the keyring's active key (sets ``kid`` and ``sig``).
+
+    A :class:`ControlSignal` may be passed: its old ``kid``/``sig`` are replaced.
+    """
+    body = signal.model_dump(mode="json", exclude={"kid", "sig"})
+    body["kid"] = keyring.active_kid
+    secret = keyring.secret(keyring.active_kid)
+    assert secret is not None  # the active kid is always in the keyring
+    sig = base64.b64encode(_mac(secret, _canonical_from_obj(body))).decode("ascii")
+    return ControlSignal.model_validate({**body, "sig": sig})
+
+
+def encode(signal: ControlSignal) -> bytes:
+    """Message value: the canonical bytes including ``sig`` (sorted, compact)."""
+    return orjson.dumps(signal.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+
+def message_key(signal: UnsignedSignal) -> bytes:
+    """Kafka key of a signal: its scope (the topic is compacted per scope)."""
+    return signal.scope.encode("utf-8")
+
+
+class RejectReason(enum.StrEnum):
+    MALFORMED = "malformed"
+    UNKNOWN_KID = "unknown_kid"
+    BAD_SIGNATURE = "bad_signature"
+    EXPIRED = "expired"
+    NOT_YET_VALID = "not_yet_valid"
+    REPLAYED = "replayed"  # SequenceGuard: same seq as the last accepted one
+    STALE = "stale"  # SequenceGuard: lower seq than the last accepted one
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedSignal:
+    signal: ControlSignal
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: RejectReason
+    detail: str = ""
+    scope: str | None = None
+    seq: int | None = None
+
+
+def _verify(raw: bytes, keyring: Keyring) -> VerifiedSignal | Rejection:
+    """Parse, check the signature, validate. No time checks."""
+    if len(raw) > MAX_SIGNAL_BYTES:
+        return Rejection(RejectReason.MALFORMED, f"{len(raw)} bytes > {MAX_SIGNAL_BYTES}")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return Rejection(RejectReason.MALFORMED, f"invalid JSON: {e}")
+    if not isinstance(obj, dict):
+        return Rejection(RejectReason.MALFORMED, "not a JSON object")
+    if obj.get("v") != SIGNAL_VERSION or isinstance(obj.get("v"), bool):
+        return Rejection(RejectReason.MALFORMED, f"unsupported version {obj.get('v')!r}")
+    kid, sig = obj.get("kid"), obj.get("sig")
+    scope = obj.get("scope") if isinstance(obj.get("scope"), str) else None
+    seq = obj.get("seq") if type(obj.get("seq")) is int else None
+    if not isinstance(kid, str) or not isinstance(sig, str):
+        return Rejection(RejectReason.MALFORMED, "kid and sig must be strings", scope, seq)
+    try:
+        mac = base64.b64decode(sig, validate=True)
+    except (binascii.Error, ValueError):
+        mac = b""
+    if len(mac) != hashlib.sha256().digest_size:
+        return Rejection(RejectReason.MALFORMED, "sig is not base64 of 32 bytes", scope, seq)
+    secret = keyring.secret(kid)
+    if secret is None:
+        return Rejection(RejectReason.UNKNOWN_KID, f"kid {kid[:64]!r}", scope, seq)
+    if not hmac.compare_digest(mac, _mac(secret, _canonical_from_obj(obj))):
+        return Rejection(RejectReason.BAD_SIGNATURE, f"kid {kid!r}", scope, seq)
+    try:
+        signal = ControlSignal.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "<root>"
+        return Rejection(RejectReason.MALFORMED, f"{loc}: {first['msg']}", scope, seq)
+    return VerifiedSignal(signal)
+
+
+def decode_and_verify(
+    raw: bytes,
+    keyring: Keyring,
+    now_ms: int,
+    *,
+    max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
+) -> VerifiedSignal | Rejection:
+    """Bytes -> verified signal, or the first reason to reject it. Never raises.
+
+    Checks, in order: size, JSON object, ``v == 1``, ``kid``/``sig`` present
+    (``malformed``); ``kid`` known (``unknown_kid``); HMAC (``bad_signature``);
+    schema (``malformed``); ``now >= expires_at`` (``expired``);
+    ``issued_at > now + max_skew_ms`` (``not_yet_valid``). Sequence rules are
+    :class:`SequenceGuard`'s.
+    """
+    try:
+        out = _verify(bytes(raw), keyring)
+    except Exception as e:  # defensive: bad input must never raise
+        return Rejection(RejectReason.MALFORMED, f"{type(e).__name__}")
+    if isinstance(out, Rejection):
+        return out
+    s = out.signal
+    if now_ms >= s.expires_at_unix_ms:
+        return Rejection(
+            RejectReason.EXPIRED, f"expired at {s.expires_at_unix_ms}, now {now_ms}", s.scope, s.seq
+        )
+    if s.issued_at_unix_ms > now_ms + max_skew_ms:
+        return Rejection(
+            RejectReason.NOT_YET_VALID,
+            f"issued at {s.issued_at_unix_ms} > now {now_ms} + skew {max_skew_ms}",
+            s.scope,
+            s.seq,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- replay guard
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    seq: int
+    issued_at_unix_ms: int
+    expires_at_unix_ms: int
+
+
+class SequenceGuard:
+    """Per scope, the last accepted ``seq``: only strictly newer signals pass.
+
+    :meth:`admit` rejects ``seq == last`` as ``replayed`` and ``seq < last`` as
+    ``stale``, except (``allow_reset_after_expiry``, default on) when the last
+    accepted signal of the scope has expired *and* the candidate was issued
+    later than it: an issuer that lost its counters then recovers after one TTL
+    instead of being locked out until every serving process restarts. A replay
+    cannot use this door: a replayed signal was issued no later than the last
+    accepted one.
+
+    Bounded: at most ``max_scopes`` scopes, least recently updated evicted
+    first (only signed signals reach the guard, so scopes are the issuer's;
+    the bound is a safety net).
+    """
+
+    def __init__(self, max_scopes: int = 10_000, *, allow_reset_after_expiry: bool = True) -> None:
+        if max_scopes < 1:
+            raise ValueError("max_scopes must be >= 1")
+        self.max_scopes = max_scopes
+        self.allow_reset_after_expiry = allow_reset_after_expiry
+        self._last: OrderedDict[str, _Last] = OrderedDict()
+        self.resets = 0
+        self.evicted = 0
+
+    def last_seq(self, scope: str) -> int | None:
+        last = self._last.get(scope)
+        return None if last is None else last.seq
+
+    def check(self, signal: UnsignedSignal, now_ms: int) -> RejectReason | None:
+        last = self._last.get(signal.scope)
+        if last is None or signal.seq > last.seq:
+            return None
+        if (
+            self.allow_reset_after_expiry
+            and now_ms >= last.expires_at_unix_ms
+            and signal.issued_at_unix_ms > last.issued_at_unix_ms
+        ):
+            return None
+        return RejectReason.REPLAYED if signal.seq == last.seq else RejectReason.STALE
+
+    def admit(self, signal: UnsignedSignal, now_ms: int) -> RejectReason | None:
+        """Check and, when it passes, record the signal as the scope's last."""
+        verdict = self.check(signal, now_ms)
+        if verdict is not None:
+            return verdict
+        last = self._last.get(signal.scope)
+        if last is not None and signal.seq <= last.seq:
+            self.resets += 1
+        self._last[signal.scope] = _Last(
+            signal.seq, signal.issued_at_unix_ms, signal.expires_at_unix_ms
+        )
+        self._last.move_to_end(signal.scope)
+        while len(self._last) > self.max_scopes:
+            self._last.popitem(last=False)
+            self.evicted += 1
+        return None
+
+
+# --------------------------------------------------------------------------- issuer
+
+
+@dataclass(frozen=True, slots=True)
+class _Current:
+    decision: Decision
+    issued_at_ms: int
+
+
+class SignalIssuer:
+    """Pure publisher core: per-scope ``seq`` counters, signing, heartbeats.
+
+    ``issue`` signs a new directive for a scope (``seq + 1``, expiry
+    ``now + ttl_ms``); ``due_heartbeats`` re-signs the current directive of
+    every scope whose last signal is ``heartbeat_ms`` old or older (fresh
+    ``seq`` and expiry, same decision), so the serving side can tell "still L1"
+    from "controller dead". ``initial_seqs`` (from :func:`resume_seqs` over the
+    compacted topic) make the counters survive a restart; :meth:`observe_seq`
+    raises a counter later. The caller publishes with key :func:`message_key`
+    and value :func:`encode`. Not thread-safe (one owner).
+    """
+
+    def __init__(
+        self,
+        keyring: Keyring,
+        ttl_ms: int | None = None,
+        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+        initial_seqs: Mapping[str, int] | None = None,
+    ) -> None:
+        if heartbeat_ms < 1:
+            raise ValueError("heartbeat_ms must be >= 1")
+        ttl = 3 * heartbeat_ms if ttl_ms is None else ttl_ms
+        if ttl <= heartbeat_ms:
+            raise ValueError(
+                f"ttl_ms ({ttl}) must exceed heartbeat_ms ({heartbeat_ms}), "
+                "or directives expire between heartbeats"
+            )
+        self.keyring = keyring
+        self.ttl_ms = ttl
+        self.heartbeat_ms = heartbeat_ms
+        self._seq: dict[str, int] = {}
+        self._current: dict[str, _Current] = {}
+        for scope, seq in (initial_seqs or {}).items():
+            self.observe_seq(scope, seq)
+
+    def observe_seq(self, scope: str, seq: int) -> None:
+        """Never issue ``seq`` or lower for ``scope`` again."""
+        if seq < 0:
+            raise ValueError(f"initial seq for {scope!r} must be >= 0")
+        self._seq[scope] = max(self._seq.get(scope, 0), seq)
+
+    def last_seq(self, scope: str) -> int:
+        return self._seq.get(scope, 0)
+
+    def current(self, scope: str) -> Decision | None:
+        cur = self._current.get(scope)
+        return None if cur is None else cur.decision
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return tuple(self._current)
+
+    def issue(
+        self, scope: str, decision: Decision | Mapping[str, Any], now_ms: int
+    ) -> ControlSignal:
+        d = decision if isinstance(decision, Decision) else Decision.from_mapping(decision)
+        seq = self._seq.get(scope, 0) + 1
+        signal = sign(
+            UnsignedSignal.model_validate(
+                {
+                    **d.model_dump(),
+                    "scope": scope,
+                    "seq": seq,
+                    "issued_at_unix_ms": now_ms,
+                    "expires_at_unix_ms": now_ms + self.ttl_ms,
+                }
+            ),
+            self.keyring,
+        )
+        self._seq[scope] = seq
+        self._current[scope] = _Current(d, now_ms)
+        return signal
+
+    def due_heartbeats(self, now_ms: int) -> list[ControlSignal]:
+        return [
+            self.issue(scope, cur.decision, now_ms)
+            for scope, cur in list(self._current.items())
+            if now_ms - cur.issued_at_ms >= self.heartbeat_ms
+        ]
+
+    def __repr__(self) -> str:
+        return (
+            f"SignalIssuer(keyring={self.keyring!r}, ttl_ms={self.ttl_ms}, "
+            f"heartbeat_ms={self.heartbeat_ms}, scopes={len(self._seq)})"
+        )
+
+
+def resume_seqs(raws: Iterable[bytes | None], keyring: Keyring) -> dict[str, int]:
+    """Highest verified ``seq`` per scope among message values (tombstones skipped).
+
+    Feed it the compacted control topic read from the beginning; expiry is not
+    checked (an expired signal's ``seq`` still counts). Signals that do not
+    verify (forged, unknown kid) are ignored, so pass a keyring with every kid
+    the serving side may still accept.
+    """
+    out: dict[str, int] = {}
+    for raw in raws:
+        if raw is None:
+            continue
+        try:
+            res = _verify(bytes(raw), keyring)
+        except Exception:  # noqa: S112 - bad input is skipped, never raised
+            continue
+        if isinstance(res, VerifiedSignal):
+            s = res.signal
+            out[s.scope] = max(out.get(s.scope, 0), s.seq)
+    return out

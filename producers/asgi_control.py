@@ -1,0 +1,235 @@
+"""Pure ASGI middleware that enforces control directives (no framework needed).
+
+``ControlMiddleware(app, directives)`` wraps any ASGI 3 app. Per HTTP request
+it looks up the effective :class:`~producers.control_client.Directive` for the
+request's model (``directives(model or "*")``, e.g. ``ControlClient.directive``)
+and, in this order:
+
+1. level 0 -> the request passes **untouched** (same scope object);
+2. ``shed_priorities_at_or_above = p`` and the request's priority >= p ->
+   ``503`` with ``Retry-After: retry_after_s`` and a small JSON body;
+3. ``reject_new_sessions`` and the request starts a new session -> the same 503;
+4. otherwise the request passes, with ``x-tailguard-max-context-tokens: N``
+   (``cap_context_tokens``) and ``x-tailguard-fallback-model: name``
+   (``fallback_model``) added to the headers the app sees (client-sent copies
+   of those two headers are replaced).
+
+Half-open (``phase == "half_open"``): of the requests that 2 or 3 would
+reject, a deterministic ``admit_fraction`` is admitted instead: with an
+``x-request-id`` header, those whose ``blake2b(request id)`` falls below the
+fraction (the same id always gets the same answer); without one, an exact
+running spread (request *k* is admitted when ``floor(k*f)`` increases).
+
+Request attributes (injectable callables; defaults read headers only, never
+the body): model from ``x-tailguard-model`` (absent -> only ``"*"`` applies);
+priority from ``x-vllm-priority`` (0 highest ... 3; absent or not an integer
+-> 0); a request **without** ``x-tailguard-session`` is a new session.
+
+``actions.rate_limit_rps`` is advisory and not enforced here.
+
+The control machinery never fails a request: any exception while deciding is
+counted (``counters["errors"]``) and the request passes through untouched.
+Exceptions of the wrapped app propagate as they would without the middleware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from pipeline.core.control_signal import ALL_SCOPES
+from producers.control_client import Directive
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MODEL_HEADER: Final = b"x-tailguard-model"
+PRIORITY_HEADER: Final = b"x-vllm-priority"
+SESSION_HEADER: Final = b"x-tailguard-session"
+REQUEST_ID_HEADER: Final = b"x-request-id"
+MAX_CONTEXT_HEADER: Final = b"x-tailguard-max-context-tokens"
+FALLBACK_MODEL_HEADER: Final = b"x-tailguard-fallback-model"
+_INJECTED: Final = frozenset({MAX_CONTEXT_HEADER, FALLBACK_MODEL_HEADER})
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """First value of a request header (ASGI names are lower-case bytes)."""
+    for k, v in scope.get("headers") or ():
+        if bytes(k).lower() == name:
+            return bytes(v).decode("latin-1")
+    return None
+
+
+def default_model_of(scope: Scope) -> str | None:
+    value = header(scope, MODEL_HEADER)
+    if value is None:
+        return None
+    return value.strip() or None
+
+
+def default_priority_of(scope: Scope) -> int:
+    value = header(scope, PRIORITY_HEADER)
+    if value is None:
+        return 0
+    try:
+        return int(value.strip())
+    except ValueError:
+        return 0
+
+
+def default_is_new_session(scope: Scope) -> bool:
+    return header(scope, SESSION_HEADER) is None
+
+
+def default_request_key(scope: Scope) -> str | None:
+    return header(scope, REQUEST_ID_HEADER)
+
+
+def hash_admits(key: str, fraction: float) -> bool:
+    """Deterministic: is ``key`` in the admitted ``fraction`` of the key space?"""
+    h = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+    return h < fraction * 2.0**64
+
+
+def spread_admits(k: int, fraction: float) -> bool:
+    """Deterministic without keys: admit the ``k``-th candidate (0-based) when
+    ``floor((k+1)*f) > floor(k*f)`` -- exactly ``floor(n*f)`` of ``n`` admitted."""
+    return math.floor((k + 1) * fraction) > math.floor(k * fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    reject: str | None = None  # "shed_priority" | "new_session" when rejected
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    half_open_admitted: bool = False
+
+
+PASS: Final = Verdict()
+
+
+class ControlMiddleware:
+    """See the module docstring. ``counters``: passed, shed_priority, new_session,
+    half_open_admitted, headers_injected, errors."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        directives: Callable[[str], Directive],
+        model_of: Callable[[Scope], str | None] = default_model_of,
+        *,
+        priority_of: Callable[[Scope], int] = default_priority_of,
+        is_new_session: Callable[[Scope], bool] = default_is_new_session,
+        request_key: Callable[[Scope], str | None] = default_request_key,
+    ) -> None:
+        self.app = app
+        self.directives = directives
+        self.model_of = model_of
+        self.priority_of = priority_of
+        self.is_new_session = is_new_session
+        self.request_key = request_key
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "passed",
+                "shed_priority",
+                "new_session",
+                "half_open_admitted",
+                "headers_injected",
+                "errors",
+            ),
+            0,
+        )
+        self._spread_k = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            directive, verdict = self.decide(scope)
+            response = _rejection(directive, verdict.reject) if verdict.reject else None
+            downstream = _with_headers(scope, verdict.headers) if verdict.headers else scope
+        except Exception:
+            self.counters["errors"] += 1
+            log.exception("control middleware failed; passing the request through")
+            await self.app(scope, receive, send)
+            return
+        if response is not None and verdict.reject is not None:
+            self.counters[verdict.reject] += 1
+            body, headers = response
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        self.counters["passed"] += 1
+        await self.app(downstream, receive, send)
+
+    def decide(self, scope: Scope) -> tuple[Directive, Verdict]:
+        """The directive that applies to this request and what to do (may raise)."""
+        model = self.model_of(scope)
+        d = self.directives(model or ALL_SCOPES)
+        if d.level <= 0:
+            return d, PASS
+        a = d.actions
+        reject: str | None = None
+        if a.shed_priorities_at_or_above is not None and (
+            self.priority_of(scope) >= a.shed_priorities_at_or_above
+        ):
+            reject = "shed_priority"
+        elif a.reject_new_sessions and self.is_new_session(scope):
+            reject = "new_session"
+        admitted = False
+        if reject is not None and d.phase == "half_open" and a.admit_fraction:
+            key = self.request_key(scope)
+            if key is not None:
+                admitted = hash_admits(key, a.admit_fraction)
+            else:
+                admitted = spread_admits(self._spread_k, a.admit_fraction)
+                self._spread_k += 1
+            if admitted:
+                self.counters["half_open_admitted"] += 1
+                reject = None
+        if reject is not None:
+            return d, Verdict(reject=reject)
+        extra: list[tuple[bytes, bytes]] = []
+        if a.cap_context_tokens is not None:
+            extra.append((MAX_CONTEXT_HEADER, str(a.cap_context_tokens).encode("ascii")))
+        if a.fallback_model is not None:
+            extra.append((FALLBACK_MODEL_HEADER, a.fallback_model.encode("utf-8")))
+        if extra:
+            self.counters["headers_injected"] += 1
+        return d, Verdict(headers=tuple(extra), half_open_admitted=admitted)
+
+
+def _with_headers(scope: Scope, extra: tuple[tuple[bytes, bytes], ...]) -> Scope:
+    kept = [
+        (bytes(k), bytes(v))
+        for k, v in scope.get("headers") or ()
+        if bytes(k).lower() not in _INJECTED
+    ]
+    new = dict(scope)
+    new["headers"] = kept + list(extra)
+    return new
+
+
+def _rejection(d: Directive, why: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    retry = max(0, int(d.actions.retry_after_s))
+    body = orjson.dumps(
+        {"error": "overloaded", "reason": why, "level": d.level, "retry_after_s": retry}
+    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"retry-after", str(retry).encode("ascii")),
+        (b"x-tailguard-level", str(d.level).encode("ascii")),
+    ]
+    return body, headers

@@ -1,0 +1,508 @@
+"""Serving side of the control topic: verified directives, ready for request handlers.
+
+* :class:`DirectiveStore` (pure, thread-safe): raw message values in, the
+  effective :class:`Directive` per model out. Verification and the wire format
+  are :mod:`pipeline.core.control_signal`'s.
+* :class:`ControlClient`: a confluent-kafka consumer in a background thread
+  that feeds the store from ``tailguard.control``. The only module part that
+  touches Kafka (imported lazily in :meth:`ControlClient.start`).
+
+Effective directive of a model (documented rule)
+------------------------------------------------
+A request for model ``m`` is governed by the live directive of scope ``m`` and
+the live directive of scope ``"*"`` (all traffic): the **stricter wins**, i.e.
+the one with the higher level; on equal levels the model's own (more specific)
+directive wins. Directives are never merged field by field (a merge would be a
+directive nobody issued). So a fleet-wide L2 cannot be relaxed by a
+model-specific L0, and a model-specific L3 applies under a fleet-wide L1.
+
+Expiry fails open
+-----------------
+A directive whose ``expires_at_unix_ms`` has passed without a newer valid
+signal for its scope is dropped: the scope falls back to level 0 (normal
+service) -- see the rationale in :mod:`pipeline.core.control_signal`. Each
+such expiry is counted once, as ``expired`` and, when the directive was
+level >= 1 (so service was actually relaxed), as ``failed_open`` too.
+
+Counters
+--------
+``accepted``; rejections: ``forged`` (= ``unknown_kid`` + ``bad_signature``,
+both also counted separately), ``replayed``, ``stale``, ``expired`` (signals
+that arrived already expired *plus* directives that expired in place),
+``not_yet_valid``, ``malformed``; ``failed_open`` (level >= 1 directives that
+expired in place); ``seq_resets`` (see :class:`~pipeline.core.control_signal.SequenceGuard`);
+``errors`` (internal exceptions, never raised to callers). The client adds
+``messages``, ``tombstones``, ``consumer_errors``, ``metadata_errors``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pipeline.contract.events import CONTROL_TOPIC
+from pipeline.core.control_signal import (
+    ALL_SCOPES,
+    DEFAULT_MAX_SKEW_MS,
+    Actions,
+    ControlSignal,
+    Keyring,
+    Phase,
+    Rejection,
+    RejectReason,
+    SequenceGuard,
+    VerifiedSignal,
+    decode_and_verify,
+)
+
+log = logging.getLogger(__name__)
+
+NO_ACTIONS: Final = Actions()
+
+COUNTER_NAMES: Final = (
+    "accepted",
+    "forged",
+    "unknown_kid",
+    "bad_signature",
+    "replayed",
+    "stale",
+    "expired",
+    "not_yet_valid",
+    "malformed",
+    "failed_open",
+    "seq_resets",
+    "errors",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """What the serving layer enforces for a request. The default is level 0."""
+
+    level: int = 0
+    phase: Phase = "normal"
+    actions: Actions = NO_ACTIONS
+    scope: str | None = None  # scope of the signal it came from; None = default (no signal)
+    seq: int | None = None
+    issued_at_unix_ms: int | None = None
+    expires_at_unix_ms: int | None = None
+    reason: str = ""
+    notify_customer: bool = False
+    budget_exhausted: bool = False
+
+    @classmethod
+    def from_signal(cls, s: ControlSignal) -> Directive:
+        return cls(
+            level=s.level,
+            phase=s.phase,
+            actions=s.actions,
+            scope=s.scope,
+            seq=s.seq,
+            issued_at_unix_ms=s.issued_at_unix_ms,
+            expires_at_unix_ms=s.expires_at_unix_ms,
+            reason=s.reason,
+            notify_customer=s.notify_customer,
+            budget_exhausted=s.budget_exhausted,
+        )
+
+
+NORMAL: Final = Directive()
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    signal: ControlSignal
+    directive: Directive
+
+
+Rejected = Rejection  # ``reason`` (RejectReason), ``detail``, ``scope``, ``seq``
+
+
+class DirectiveStore:
+    """Verified directives per scope. ``apply`` from one thread, ``current`` from any.
+
+    ``keyring`` may be swapped at run time (:meth:`set_keyring`) for rotation.
+    """
+
+    def __init__(
+        self,
+        keyring: Keyring,
+        *,
+        max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
+        max_scopes: int = 10_000,
+        allow_seq_reset_after_expiry: bool = True,
+    ) -> None:
+        self._keyring = keyring
+        self.max_skew_ms = max_skew_ms
+        self._guard = SequenceGuard(
+            max_scopes, allow_reset_after_expiry=allow_seq_reset_after_expiry
+        )
+        self._max_scopes = max_scopes
+        self._directives: dict[str, Directive] = {}
+        self._counts: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+        self._lock = threading.Lock()
+
+    @property
+    def keyring(self) -> Keyring:
+        return self._keyring
+
+    def set_keyring(self, keyring: Keyring) -> None:
+        self._keyring = keyring
+
+    # -- writing
+    def apply(self, raw: bytes | None, now_ms: int) -> Accepted | Rejected:
+        """Verify one message value; accept it as its scope's directive or count why not."""
+        try:
+            if raw is None:
+                return self._reject(Rejection(RejectReason.MALFORMED, "empty value"))
+            res = decode_and_verify(raw, self._keyring, now_ms, max_skew_ms=self.max_skew_ms)
+            if not isinstance(res, VerifiedSignal):
+                return self._reject(res)
+            s = res.signal
+            with self._lock:
+                verdict = self._guard.admit(s, now_ms)
+                if verdict is not None:
+                    return self._reject_locked(
+                        Rejection(
+                            verdict, f"last seq {self._guard.last_seq(s.scope)}", s.scope, s.seq
+                        )
+                    )
+                self._counts["seq_resets"] = self._guard.resets
+                old = self._directives.get(s.scope)
+                if old is not None:
+                    self._expire_if_due_locked(s.scope, old, now_ms)
+                d = Directive.from_signal(s)
+                self._directives[s.scope] = d
+                if len(self._directives) > self._max_scopes:
+                    # Bounded like the guard: drop the directive expiring first.
+                    victim = min(self._directives.items(), key=_expiry_of)[0]
+                    self._directives.pop(victim, None)
+                self._counts["accepted"] += 1
+            return Accepted(s, d)
+        except Exception as e:  # never raise into the consumer loop or a handler
+            log.exception("control: apply failed")
+            with self._lock:
+                self._counts["errors"] += 1
+            return Rejection(RejectReason.MALFORMED, f"internal error: {type(e).__name__}")
+
+    def _reject(self, r: Rejection) -> Rejection:
+        with self._lock:
+            return self._reject_locked(r)
+
+    def _reject_locked(self, r: Rejection) -> Rejection:
+        c = self._counts
+        if r.reason in (RejectReason.UNKNOWN_KID, RejectReason.BAD_SIGNATURE):
+            c["forged"] += 1
+        c[r.reason.value] += 1
+        return r
+
+    # -- reading
+    def _live_locked(self, scope: str, now_ms: int) -> Directive | None:
+        d = self._directives.get(scope)
+        if d is None or self._expire_if_due_locked(scope, d, now_ms):
+            return None
+        return d
+
+    def _expire_if_due_locked(self, scope: str, d: Directive, now_ms: int) -> bool:
+        if d.expires_at_unix_ms is None or now_ms < d.expires_at_unix_ms:
+            return False
+        if self._directives.get(scope) is d:
+            del self._directives[scope]
+            self._counts["expired"] += 1
+            if d.level >= 1:
+                self._counts["failed_open"] += 1
+                log.warning(
+                    "control: directive L%d for %r (seq %s) expired without a newer signal; "
+                    "failing open to L0",
+                    d.level,
+                    scope,
+                    d.seq,
+                )
+        return True
+
+    def current(self, scope: str, now_ms: int) -> Directive:
+        """Effective directive for ``scope`` (a model, or ``"*"``). Never raises."""
+        try:
+            with self._lock:
+                own = self._live_locked(scope, now_ms)
+                star = self._live_locked(ALL_SCOPES, now_ms) if scope != ALL_SCOPES else None
+        except Exception:
+            log.exception("control: current() failed; serving normally")
+            with self._lock:
+                self._counts["errors"] += 1
+            return NORMAL
+        if own is None:
+            return star or NORMAL
+        if star is None or own.level >= star.level:
+            return own
+        return star
+
+    def sweep(self, now_ms: int) -> int:
+        """Expire (and count) every directive past its expiry; returns how many."""
+        with self._lock:
+            return sum(
+                self._expire_if_due_locked(scope, d, now_ms)
+                for scope, d in list(self._directives.items())
+            )
+
+    def snapshot(self, now_ms: int) -> dict[str, Directive]:
+        """Live directives per scope (for health/debug endpoints)."""
+        self.sweep(now_ms)
+        with self._lock:
+            return dict(self._directives)
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def _metadata_problem(tmd: Any) -> object | None:
+    if tmd is None:
+        return "topic absent"
+    if tmd.error is not None:
+        return str(tmd.error)
+    if not tmd.partitions:
+        return "no partitions"
+    return None
+
+
+def _expiry_of(item: tuple[str, Directive]) -> int:
+    return item[1].expires_at_unix_ms or 0
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@dataclass
+class _ClientCounts:
+    messages: int = 0
+    tombstones: int = 0
+    consumer_errors: int = 0
+    metadata_errors: int = 0
+    errors: int = 0
+    last_log: dict[str, float] = field(default_factory=dict)
+
+
+class ControlClient:
+    """Consumes ``topic`` into a :class:`DirectiveStore` on a background thread.
+
+    ``consumer_config`` is a confluent-kafka (librdkafka) config: bootstrap
+    servers, security settings, anything else. The client sets, unless given:
+    a random ``group.id`` (never joined: partitions are *assigned*, not
+    subscribed), ``enable.auto.commit``/``enable.auto.offset.store`` false (no
+    commits: every start reads the compacted topic from the beginning, i.e.
+    the latest signal per scope), ``enable.partition.eof`` true (to tell when
+    it has caught up) and ``auto.offset.reset`` earliest. All partitions of the
+    topic are assigned at ``OFFSET_BEGINNING``; partitions added later are
+    picked up within ``metadata_refresh_s``. Reconnects are librdkafka's job;
+    nothing here raises into a request handler: :meth:`directive` returns
+    level 0 on any internal error.
+
+    ``consumer_factory`` (default: ``confluent_kafka.Consumer``) lets tests
+    drive the loop with a fake consumer. Tombstones (``null`` values) are
+    counted and ignored: they cannot be signed, so they cannot lift a directive.
+    """
+
+    def __init__(
+        self,
+        consumer_config: Mapping[str, Any],
+        topic: str = CONTROL_TOPIC,
+        keyring: Keyring | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        store: DirectiveStore | None = None,
+        poll_timeout_s: float = 0.5,
+        metadata_refresh_s: float = 30.0,
+        consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        if store is None:
+            if keyring is None:
+                raise ValueError("ControlClient needs a keyring (or a store)")
+            store = DirectiveStore(keyring)
+        self.store = store
+        self.topic = topic
+        self._clock = clock
+        self._conf = dict(consumer_config)
+        self._conf.setdefault("group.id", f"tailguard-control-{uuid.uuid4().hex}")
+        self._conf.setdefault("enable.auto.commit", False)
+        self._conf.setdefault("enable.auto.offset.store", False)
+        self._conf.setdefault("enable.partition.eof", True)
+        self._conf.setdefault("auto.offset.reset", "earliest")
+        self._poll_timeout_s = poll_timeout_s
+        self._metadata_refresh_s = metadata_refresh_s
+        self._factory = consumer_factory
+        self._c = _ClientCounts()
+        self._count_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._assigned: set[int] = set()
+        self._eof: set[int] = set()
+
+    # -- request path
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def directive(self, scope: str) -> Directive:
+        """Effective directive for a model (or ``"*"``). Never raises."""
+        try:
+            return self.store.current(scope, self.now_ms())
+        except Exception:
+            with self._count_lock:
+                self._c.errors += 1
+            return NORMAL
+
+    def counters(self) -> dict[str, int]:
+        out = self.store.counters()
+        c = self._c
+        out["messages"] = c.messages
+        out["tombstones"] = c.tombstones
+        out["consumer_errors"] = c.consumer_errors
+        out["metadata_errors"] = c.metadata_errors
+        out["errors"] += c.errors
+        return out
+
+    def apply_raw(self, raw: bytes | None) -> Accepted | Rejected:
+        """Apply one message value as if consumed (tests, or another transport)."""
+        return self.store.apply(raw, self.now_ms())
+
+    # -- lifecycle
+    @property
+    def caught_up(self) -> bool:
+        """True once every assigned partition has been read to its end once."""
+        return self._caught_up.is_set()
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        return self._caught_up.wait(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Create the consumer (a bad config raises here, at start-up) and start the thread."""
+        if self._thread is not None:
+            raise RuntimeError("ControlClient already started")
+        factory = self._factory
+        if factory is None:
+            from confluent_kafka import Consumer  # adapter-only import
+
+            factory = Consumer
+        self._consumer = factory(dict(self._conf))
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"tailguard-control[{self.topic}]", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+        self._thread = None
+
+    def __enter__(self) -> ControlClient:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # -- consumer thread
+    def _run(self) -> None:
+        consumer = self._consumer
+        next_refresh = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    mono = time.monotonic()
+                    if not self._assigned or mono >= next_refresh:
+                        ok = self._refresh_assignment(consumer)
+                        next_refresh = mono + (self._metadata_refresh_s if ok else 1.0)
+                        if not self._assigned:
+                            self._stop.wait(1.0)
+                            continue
+                    msg = consumer.poll(self._poll_timeout_s)
+                    if msg is not None:
+                        self._handle(msg)
+                    self.store.sweep(self.now_ms())
+                except Exception:
+                    self._c.errors += 1
+                    self._log_limited("loop", "control: consumer loop error", exc=True)
+                    self._stop.wait(1.0)
+        finally:
+            try:
+                consumer.close()
+            except Exception:
+                log.debug("control: consumer close failed", exc_info=True)
+
+    def _refresh_assignment(self, consumer: Any) -> bool:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        try:
+            md = consumer.list_topics(self.topic, timeout=5.0)
+            tmd = md.topics.get(self.topic)
+            problem = _metadata_problem(tmd)
+        except Exception as e:
+            problem = e
+        if problem is not None:
+            self._c.metadata_errors += 1
+            self._log_limited("metadata", "control: no metadata for %s: %s", self.topic, problem)
+            return False
+        new = sorted(set(tmd.partitions) - self._assigned)
+        if new:
+            consumer.incremental_assign(
+                [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new]
+            )
+            self._assigned.update(new)
+            if not self._assigned <= self._eof:
+                self._caught_up.clear()
+            log.info("control: assigned %s partitions %s from the beginning", self.topic, new)
+        return True
+
+    def _handle(self, msg: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                self._eof.add(msg.partition())
+                if self._assigned <= self._eof:
+                    self._caught_up.set()
+                return
+            self._c.consumer_errors += 1
+            self._log_limited("consumer", "control: consumer error: %s", err)
+            return
+        self._c.messages += 1
+        value = msg.value()
+        if value is None:
+            self._c.tombstones += 1
+            return
+        res = self.store.apply(value, self.now_ms())
+        if isinstance(res, Rejection) and res.reason in (
+            RejectReason.UNKNOWN_KID,
+            RejectReason.BAD_SIGNATURE,
+            RejectReason.MALFORMED,
+        ):
+            self._log_limited(
+                res.reason.value,
+                "control: rejected %s[%s]@%s: %s %s",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                res.reason.value,
+                res.detail,
+            )
+
+    def _log_limited(self, kind: str, fmt: str, *args: Any, exc: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._c.last_log.get(kind, -1e9) >= 60.0:
+            self._c.last_log[kind] = now
+            log.warning(fmt, *args, exc_info=exc)
