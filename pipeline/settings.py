@@ -136,6 +136,12 @@ class Settings(BaseSettings):
     queue_capacity: int = Field(
         64, ge=1, description="TAILGUARD_QUEUE_CAPACITY: num_waiting of a full engine queue."
     )
+    control_enabled: bool = Field(
+        False,
+        description="TAILGUARD_CONTROL_ENABLED: run the controller and publish signed directives "
+        "(needs control keys: TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS + "
+        "TAILGUARD_CONTROL_ACTIVE_KID).",
+    )
     control_keys_file: Path | None = Field(
         None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
     )

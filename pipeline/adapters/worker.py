@@ -31,6 +31,7 @@ import faust
 from confluent_kafka import Producer
 from faust.types import TP
 
+from pipeline.adapters.controller import ControllerShell, write_audit
 from pipeline.adapters.store import (
     ClickHouseStore,
     migrate,
@@ -149,6 +150,8 @@ class WorkerShell:
             lag=self._lag,
             pending=self.processor.pending,
         )
+        # A bad policy, spec, rule file or key config fails here, at start-up.
+        self.control = ControllerShell(settings) if settings.control_enabled else None
         self.store: ClickHouseStore | None = None
         self.dlq: DeadLetterSink | None = None
         self.summaries: SummaryPublisher | None = None
@@ -170,6 +173,8 @@ class WorkerShell:
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         self.dlq = DeadLetterSink(self.settings)
         self.summaries = SummaryPublisher(self.settings)
+        if self.control is not None:
+            self.control.start()
         log.info(
             "worker started: %s",
             {k: v for k, v in self.settings.redacted().items() if "password" not in k},
@@ -359,6 +364,35 @@ class WorkerShell:
                 self.dlq.send(decoded.dead)
                 self.telemetry.dead_letters.add(len(decoded.dead))
 
+    async def on_summaries(self, raws: list[bytes]) -> None:
+        """The controller's input (this worker owns the summaries partition)."""
+        if self.control is None:
+            return
+        control_rows, event_rows = self.control.on_summaries(raws)
+        await self._audit(control_rows, event_rows)
+
+    async def on_heartbeat(self) -> None:
+        if self.control is not None:
+            await self._audit(self.control.heartbeats(), [])
+
+    async def _audit(
+        self, control_rows: list[tuple[Any, ...]], event_rows: list[tuple[Any, ...]]
+    ) -> None:
+        if not control_rows and not event_rows:
+            return
+        assert self.control is not None
+        assert self.store is not None
+        control, store = self.control, self.store
+
+        def write() -> int:
+            control.flush()
+            return with_retry(
+                lambda: write_audit(store, control_rows, event_rows), "write of the control audit"
+            )
+
+        retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
+        self.telemetry.write_retries.add(retries)
+
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
         # Write what is complete (idempotent), then forget the handed-away state.
@@ -440,6 +474,21 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
             await shell.on_stats(
                 [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
             )
+
+    if settings.control_enabled:
+        summaries_topic = app.topic(
+            settings.summaries_topic, value_type=bytes, value_serializer="raw"
+        )
+
+        @app.agent(summaries_topic, name="tailguard-controller")
+        async def controller(stream: faust.StreamT[bytes]) -> None:
+            take = stream.take_events  # type: ignore[attr-defined]
+            async for events in take(1000, within=0.2):
+                await shell.on_summaries([ev.message.value for ev in events])
+
+        @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
+        async def heartbeat() -> None:
+            await shell.on_heartbeat()
 
     @app.timer(interval=settings.flush_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def flush() -> None:

@@ -1,0 +1,234 @@
+"""The controller shell: summaries topic -> :class:`pipeline.core.control.Controller` ->
+signed directives on the compacted control topic, with an audit trail in ClickHouse.
+
+Runs inside the worker that owns the single partition of the summaries topic.
+Decisions are made in event time (one evaluation per base window, one window
+behind the newest summary so that every partition has reported); signals are
+stamped and expire in wall time, and are re-issued every heartbeat so that the
+serving side can tell "still degraded" from "controller gone" (see
+:mod:`pipeline.core.control_signal` for the expiry contract: it fails open).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from pipeline.adapters.store import ClickHouseStore, _insert
+from pipeline.core.budget import BudgetEvent, load_burn_rules_file
+from pipeline.core.control import Controller, ControllerConfig
+from pipeline.core.control_signal import (
+    ControlSignal,
+    Keyring,
+    SignalIssuer,
+    encode,
+    keyring_from_environ,
+    message_key,
+    resume_seqs,
+)
+from pipeline.core.control_signal import (
+    Decision as SignalDecision,
+)
+from pipeline.core.policy import Decision, load_policy_file
+from pipeline.core.slo import load_spec_file
+from pipeline.core.summary import StatsSample, WindowSummary, decode_summary
+from pipeline.settings import Settings
+
+log = logging.getLogger("tailguard.controller")
+
+CONTROL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("scope", "LowCardinality(String)"),
+    ("seq", "UInt64"),
+    ("level", "UInt8"),
+    ("phase", "LowCardinality(String)"),
+    ("issued_at", "DateTime64(3, 'UTC')"),
+    ("expires_at", "DateTime64(3, 'UTC')"),
+    ("event_time", "DateTime64(3, 'UTC')"),
+    ("reason", "String"),
+    ("figures", "String"),
+    ("actions", "String"),
+    ("notify_customer", "Bool"),
+    ("budget_exhausted", "Bool"),
+    ("heartbeat", "Bool"),
+    ("kid", "LowCardinality(String)"),
+    ("signal", "String"),
+)
+BUDGET_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("slo", "LowCardinality(String)"),
+    ("event", "LowCardinality(String)"),
+    ("event_time", "DateTime64(3, 'UTC')"),
+    ("details", "String"),
+)
+
+
+def _dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def load_keyring(settings: Settings) -> Keyring:
+    if settings.control_keys_file is not None:
+        return Keyring.from_file(settings.control_keys_file)
+    return keyring_from_environ()
+
+
+def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:
+    """Every message value of a (compacted) topic, from the beginning to its end now."""
+    c = Consumer(
+        settings.kafka_config()
+        | {
+            "group.id": f"tailguard-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        md = c.list_topics(topic, timeout=timeout_s).topics[topic]
+        tps = []
+        for p in md.partitions:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            if hi > lo:
+                tps.append(TopicPartition(topic, p, lo))
+        if not tps:
+            return []
+        c.assign(tps)
+        pending = {tp.partition for tp in tps}
+        out: list[bytes | None] = []
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                continue
+            out.append(msg.value())
+        return out
+    finally:
+        c.close()
+
+
+class ControllerShell:
+    def __init__(self, settings: Settings) -> None:
+        if settings.policy_file is None:
+            raise ValueError("control is enabled but TAILGUARD_POLICY_FILE is unset")
+        self.settings = settings
+        # Bad policy, rules, spec or keys fail here, at start-up.
+        self.policy = load_policy_file(settings.policy_file)
+        self.rules = load_burn_rules_file(settings.burn_rules_file)
+        self.spec = load_spec_file(settings.slo_spec) if settings.slo_spec else None
+        self.keyring = load_keyring(settings)
+        self.controller = Controller(
+            self.policy,
+            self.spec,
+            self.rules,
+            ControllerConfig(queue_capacity=settings.queue_capacity),
+        )
+        self.issuer: SignalIssuer | None = None
+        self.producer: Producer | None = None
+        self.next_eval_ms: int | None = None
+        self.max_end_ms = 0
+        self.published = 0
+
+    def start(self) -> None:
+        """Resume per-scope sequence numbers from the compacted control topic."""
+        seqs = resume_seqs(read_topic(self.settings, self.settings.control_topic), self.keyring)
+        self.issuer = SignalIssuer(
+            self.keyring, heartbeat_ms=self.settings.control_heartbeat_ms, initial_seqs=seqs
+        )
+        conf = self.settings.kafka_config() | {"linger.ms": 5, "enable.idempotence": True}
+        self.producer = Producer(conf)
+        log.info("controller started; resumed sequence numbers for %d scopes", len(seqs))
+
+    def on_summaries(
+        self, raws: list[bytes]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """Feed summaries; returns (control_signals rows, budget_events rows) to store."""
+        size = self.settings.window_size_ms
+        for raw in raws:
+            try:
+                s = decode_summary(raw)
+            except (ValueError, KeyError, TypeError):
+                log.exception("bad summary message dropped")
+                continue
+            if isinstance(s, StatsSample):
+                self.controller.add_stats(s)
+            elif isinstance(s, WindowSummary):
+                self.controller.add_window(s)
+                self.max_end_ms = max(self.max_end_ms, s.start_ms + s.size_ms)
+        control_rows: list[tuple[Any, ...]] = []
+        event_rows: list[tuple[Any, ...]] = []
+        if not self.max_end_ms:
+            return control_rows, event_rows
+        # One window behind the newest: every partition has reported that one.
+        target = self.max_end_ms - size
+        if self.next_eval_ms is None:
+            self.next_eval_ms = target
+        while self.next_eval_ms <= target:
+            step = self.controller.evaluate(self.next_eval_ms)
+            for d in step.decisions:
+                if d.changed or (self.issuer is not None and self.issuer.current(d.scope) is None):
+                    control_rows.append(self.publish(d))
+            event_rows.extend(self._event_row(e) for e in step.events)
+            self.next_eval_ms += size
+        return control_rows, event_rows
+
+    def publish(self, d: Decision, *, heartbeat: bool = False) -> tuple[Any, ...]:
+        assert self.issuer is not None
+        assert self.producer is not None
+        now = int(time.time() * 1000)
+        sd = SignalDecision.from_mapping(d.to_json(), ignore_unknown=True)
+        signal = self.issuer.issue(d.scope, sd, now)
+        return self._send(signal, d.now_ms, heartbeat=heartbeat)
+
+    def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> tuple[Any, ...]:
+        assert self.producer is not None
+        value = encode(signal)
+        self.producer.produce(self.settings.control_topic, value, key=message_key(signal))
+        self.producer.poll(0)
+        self.published += 1
+        if not heartbeat:
+            log.info(
+                "control %s: level %d %s (seq %d): %s",
+                signal.scope, signal.level, signal.phase, signal.seq, signal.reason,
+            )  # fmt: skip
+        return (
+            signal.scope, signal.seq, signal.level, signal.phase,
+            _dt(signal.issued_at_unix_ms), _dt(signal.expires_at_unix_ms), _dt(event_ms),
+            signal.reason, orjson.dumps(signal.figures).decode(),
+            orjson.dumps(signal.actions.model_dump()).decode(),
+            signal.notify_customer, signal.budget_exhausted, heartbeat, signal.kid,
+            value.decode(),
+        )  # fmt: skip
+
+    def heartbeats(self) -> list[tuple[Any, ...]]:
+        if self.issuer is None:
+            return []
+        now = int(time.time() * 1000)
+        return [
+            self._send(sig, self.next_eval_ms or 0, heartbeat=True)
+            for sig in self.issuer.due_heartbeats(now)
+        ]
+
+    def flush(self) -> None:
+        if self.producer is not None:
+            while self.producer.flush(5.0) > 0:
+                log.warning("waiting for the control producer to deliver")
+
+    @staticmethod
+    def _event_row(e: BudgetEvent) -> tuple[Any, ...]:
+        return (e.slo, e.kind, _dt(e.at_ms), orjson.dumps(e.to_json()).decode())
+
+
+def write_audit(
+    store: ClickHouseStore, control_rows: list[tuple[Any, ...]], event_rows: list[tuple[Any, ...]]
+) -> None:
+    _insert(store, "control_signals", CONTROL_COLUMNS, control_rows)
+    _insert(store, "budget_events", BUDGET_EVENT_COLUMNS, event_rows)

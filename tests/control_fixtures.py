@@ -1,0 +1,66 @@
+"""A policy tuned to the simulator (its LLM latencies are seconds, not the
+source documents' 300 ms), and a simulated ×3 overload episode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from pipeline.cli import DEFAULT_TRACE
+from pipeline.contract.codec import event_to_dict
+from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
+from producers.simulator.trace import read_trace
+from tests.measurement_fixtures import START_NS
+
+OVERLOAD_START_S = 600
+OVERLOAD_END_S = 1200  # arrival rate x3 for 10 simulated minutes
+TRACE_LIMIT = 13_000  # about 40 simulated minutes of the shared trace
+
+TEST_POLICY = """
+apiVersion: tailguard/v1
+kind: ControlPolicy
+levels:
+  - level: 1
+    enter: [{signal: p99.queue_ms, op: ">", value: 5000, for: 1m}]
+    exit: [{signal: p99.queue_ms, op: "<", value: 2000, for: 1m}]
+    max_duration: 2h
+    notify_customer: true
+    actions: {shed_priorities_at_or_above: 3, cap_context_tokens: 8192, fallback_model: null,
+              reject_new_sessions: false, retry_after_s: 30, rate_limit_rps: null}
+  - level: 2
+    enter: [{signal: queue_saturation, op: ">", value: 50, for: 5m}]
+    exit: [{signal: queue_saturation, op: "<", value: 40, for: 5m}]
+    max_duration: 2h
+    notify_customer: true
+    actions: {shed_priorities_at_or_above: 2, cap_context_tokens: 4096, fallback_model: null,
+              reject_new_sessions: true, retry_after_s: 60, rate_limit_rps: null}
+  - level: 3
+    enter: [{signal: gpu_memory_fraction, op: ">", value: 0.999, for: 1m}]
+    exit: [{signal: gpu_memory_fraction, op: "<", value: 0.99, for: 1m}]
+    max_duration: 2h
+    notify_customer: false
+    actions: {shed_priorities_at_or_above: 1, cap_context_tokens: 4096, fallback_model: null,
+              reject_new_sessions: true, retry_after_s: 120, rate_limit_rps: null}
+dynamics:
+  min_dwell: 2m
+  step_down: one
+  half_open: {duration: 1m, admit_fraction: 0.25}
+"""
+
+
+def overload_simulator() -> Simulator:
+    return Simulator(
+        read_trace(DEFAULT_TRACE)[:TRACE_LIMIT],
+        SimConfig(
+            start_unix_ns=START_NS,
+            seed=21,
+            overload=OverloadEpisode(OVERLOAD_START_S, OVERLOAD_END_S, factor=3.0),
+        ),
+    )
+
+
+def write_overload_jsonl(path: Path) -> None:
+    with path.open("wb") as fh:
+        for ev in overload_simulator().events():
+            fh.write(orjson.dumps(event_to_dict(ev)) + b"\n")

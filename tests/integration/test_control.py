@@ -1,0 +1,137 @@
+"""Overload -> signed L1 on the real control topic -> hysteresis, half-open -> L0; the
+serving-side client applies it, lifts it, and rejects forged, replayed and expired signals."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.adapters.controller import read_topic
+from pipeline.adapters.store import open_store
+from pipeline.core.control_signal import Keyring, RejectReason
+from pipeline.core.policy import load_policy
+from pipeline.demo import kafka_sink
+from pipeline.replay import replay_file
+from producers.control_client import Accepted, ControlClient, DirectiveStore
+from tests.control_fixtures import (
+    OVERLOAD_START_S,
+    TEST_POLICY,
+    overload_simulator,
+    write_overload_jsonl,
+)
+from tests.integration.harness import WorkerProcess, make_settings
+from tests.measurement_fixtures import START_NS
+
+pytestmark = pytest.mark.integration
+START_MS = START_NS // 1_000_000
+
+
+def _phases(raws: list[bytes], scope: str) -> list[tuple[int, str]]:
+    """The distinct (level, phase) sequence of a scope (heartbeats collapse)."""
+    out: list[tuple[int, str]] = []
+    for raw in raws:
+        s = orjson.loads(raw)
+        if s["scope"] == scope and (not out or out[-1] != (s["level"], s["phase"])):
+            out.append((s["level"], s["phase"]))
+    return out
+
+
+def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(
+        orjson.dumps(
+            {"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}
+        ).decode()
+    )
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(TEST_POLICY)
+    s = make_settings(
+        kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
+        policy_file=policy_file, control_heartbeat_ms=1000,
+    )  # fmt: skip
+    keyring = Keyring.from_file(keys)
+
+    # The same events through the pure core (replay) say what must happen.
+    events = tmp_path / "events.jsonl"
+    write_overload_jsonl(events)
+    expected = replay_file(events, policy=load_policy(TEST_POLICY)).summary()["control"]
+    scopes = sorted({t["scope"] for t in expected})
+    assert len(scopes) == 2
+    want = [(0, "normal"), (1, "degraded"), (1, "half_open"), (0, "normal")]
+
+    sink = kafka_sink(s)
+    for ev in overload_simulator().events():
+        sink.emit(ev)
+    sink.flush()
+
+    worker = WorkerProcess(s, tmp_path / "worker.log")
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert worker.alive(), worker.log_tail()
+            raws = [r for r in read_topic(s, s.control_topic) if r is not None]
+            if all(_phases(raws, sc) == want for sc in scopes):
+                break
+            assert time.monotonic() < deadline, {sc: _phases(raws, sc) for sc in scopes}
+            time.sleep(1)
+    finally:
+        worker.stop()
+
+    # The audit log: the same transitions, at the same event times as the replay.
+    store = open_store(s)
+    try:
+        rows = store.query_rows(
+            "SELECT scope, level, phase, toUnixTimestamp64Milli(event_time) FROM "
+            f"{s.database}.control_signals WHERE NOT heartbeat ORDER BY scope, seq"
+        )
+    finally:
+        store.close()
+    for sc in scopes:
+        got = [(lvl, ph, t) for scope, lvl, ph, t in rows if scope == sc][1:]  # [0]: initial L0
+        exp = [
+            (t["level"], t["phase"], t["ts_unix_ns"] // 1_000_000)
+            for t in expected
+            if t["scope"] == sc
+        ]
+        assert got == exp, sc
+        first_l1 = exp[0][2] - START_MS
+        # The condition needs 1 min of evaluations; the controller runs one window behind.
+        assert OVERLOAD_START_S * 1000 + 60_000 <= first_l1 <= OVERLOAD_START_S * 1000 + 180_000
+
+    # The serving side, message by message: applies L1, then lifts it.
+    store = DirectiveStore(keyring)
+    levels: dict[str, list[int]] = {sc: [] for sc in scopes}
+    for raw in raws:
+        sig = orjson.loads(raw)
+        assert isinstance(store.apply(raw, sig["issued_at_unix_ms"]), Accepted)
+        levels[sig["scope"]].append(store.current(sig["scope"], sig["issued_at_unix_ms"]).level)
+    for sc in scopes:
+        assert max(levels[sc]) == 1
+        assert levels[sc][-1] == 0
+    # Forged, replayed and expired signals are rejected and counted.
+    last = raws[-1]
+    now = orjson.loads(last)["issued_at_unix_ms"]
+    forged = last.replace(b'"level":0', b'"level":3')
+    assert store.apply(forged, now).reason is RejectReason.BAD_SIGNATURE  # type: ignore[union-attr]
+    assert store.apply(last, now).reason is RejectReason.REPLAYED  # type: ignore[union-attr]
+    assert store.apply(raws[0], now).reason in (RejectReason.STALE, RejectReason.EXPIRED)  # type: ignore[union-attr]
+    assert store.apply(last, now + 10**9).reason is RejectReason.EXPIRED  # type: ignore[union-attr]
+    counts = store.counters()
+    assert counts["forged"] >= 1
+    assert counts["replayed"] >= 1
+
+    # And the real client on the real broker ends lifted (level 0) for both models.
+    client = ControlClient({"bootstrap.servers": s.bootstrap_servers}, s.control_topic, keyring)
+    client.start()
+    try:
+        assert client.wait_caught_up(20)
+        for sc in scopes:
+            assert client.directive(sc).level == 0
+        assert client.counters().get("forged", 0) == 0
+    finally:
+        client.stop()
