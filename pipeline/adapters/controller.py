@@ -37,7 +37,7 @@ from pipeline.core.control_signal import (
 )
 from pipeline.core.policy import Decision, load_policy_file
 from pipeline.core.slo import load_spec_file
-from pipeline.core.summary import StatsSample, WindowSummary, decode_summary
+from pipeline.core.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.settings import Settings
 
 log = logging.getLogger("tailguard.controller")
@@ -134,11 +134,17 @@ class ControllerShell:
         self.issuer: SignalIssuer | None = None
         self.producer: Producer | None = None
         self.next_eval_ms: int | None = None
-        self.max_end_ms = 0
+        self.horizons: dict[int, int] = {}  # lifecycle partition -> close horizon
+        self.first_end_ms: int | None = None  # end of the earliest window summarized
+        self.partitions = 0  # of the lifecycle topic, read at start
         self.published = 0
 
     def start(self) -> None:
         """Resume per-scope sequence numbers from the compacted control topic."""
+        from pipeline.adapters.kafka_admin import wait_partitions
+
+        lc = self.settings.lifecycle_topic
+        self.partitions = wait_partitions(self.settings, [lc])[lc]
         seqs = resume_seqs(read_topic(self.settings, self.settings.control_topic), self.keyring)
         self.issuer = SignalIssuer(
             self.keyring, heartbeat_ms=self.settings.control_heartbeat_ms, initial_seqs=seqs
@@ -162,15 +168,23 @@ class ControllerShell:
                 self.controller.add_stats(s)
             elif isinstance(s, WindowSummary):
                 self.controller.add_window(s)
-                self.max_end_ms = max(self.max_end_ms, s.start_ms + s.size_ms)
+                end = s.start_ms + s.size_ms
+                if self.first_end_ms is None or end < self.first_end_ms:
+                    self.first_end_ms = end
+            elif isinstance(s, Progress):
+                self.horizons[s.partition] = max(self.horizons.get(s.partition, 0), s.horizon_ms)
         control_rows: list[tuple[Any, ...]] = []
         event_rows: list[tuple[Any, ...]] = []
-        if not self.max_end_ms:
+        # Evaluate a time only once every partition has summarized the windows before it.
+        if len(self.horizons) < self.partitions or not self.horizons:
             return control_rows, event_rows
-        # One window behind the newest: every partition has reported that one.
-        target = self.max_end_ms - size
+        target = min(self.horizons.values())
+        target -= target % size
         if self.next_eval_ms is None:
-            self.next_eval_ms = target
+            if self.first_end_ms is None:
+                return control_rows, event_rows
+            # From the first window on, as a replay would: "for" clocks need every step.
+            self.next_eval_ms = self.first_end_ms
         while self.next_eval_ms <= target:
             step = self.controller.evaluate(self.next_eval_ms)
             for d in step.decisions:

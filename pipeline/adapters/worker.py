@@ -49,7 +49,7 @@ from pipeline.contract.events import EngineStats
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
-from pipeline.core.summary import StatsSample, encode_summary, summarize
+from pipeline.core.summary import Progress, StatsSample, encode_summary, summarize
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
@@ -161,6 +161,7 @@ class WorkerShell:
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
+        self._progress_sent: dict[int, int] = {}
         self._timeouts_seen = (0, 0)
         self._late_seen = 0
         self.write_retries = 0
@@ -271,6 +272,10 @@ class WorkerShell:
         assert self.summaries is not None
         for win in windows:
             self.summaries.send(encode_summary(summarize(win, s.window_config().relative_accuracy)))
+        for p, horizon, _off, _late in checkpoints:
+            if self._progress_sent.get(p) != horizon:
+                self.summaries.send(encode_summary(Progress(p, horizon)))
+                self._progress_sent[p] = horizon
         self.summaries.flush()
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += with_retry(

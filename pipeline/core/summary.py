@@ -71,6 +71,14 @@ class StatsSample:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A partition's close horizon: every window of it ending at or before is summarized."""
+
+    partition: int
+    horizon_ms: int
+
+
 def summarize(win: ClosedWindow, relative_accuracy: float = 0.01) -> WindowSummary:
     """Merge a closed window's keys by model (priority and ctx bucket folded)."""
     merged: dict[str, dict[str, QuantileSketch]] = {}
@@ -119,7 +127,16 @@ def _cols_of(v: list[Any]) -> SketchColumns:
     )  # fmt: skip
 
 
-def encode_summary(s: WindowSummary | StatsSample) -> bytes:
+def encode_summary(s: WindowSummary | StatsSample | Progress) -> bytes:
+    if isinstance(s, Progress):
+        return orjson.dumps(
+            {
+                "v": SUMMARY_VERSION,
+                "type": "progress",
+                "partition": s.partition,
+                "horizon_ms": s.horizon_ms,
+            }
+        )
     if isinstance(s, StatsSample):
         return orjson.dumps(
             {
@@ -149,14 +166,16 @@ def encode_summary(s: WindowSummary | StatsSample) -> bytes:
     )
 
 
-SummaryType = Literal["window", "stats"]
+SummaryType = Literal["window", "stats", "progress"]
 
 
-def decode_summary(raw: bytes) -> WindowSummary | StatsSample:
+def decode_summary(raw: bytes) -> WindowSummary | StatsSample | Progress:
     """Raises ValueError/KeyError/TypeError on a malformed summary (an internal topic)."""
     d = orjson.loads(raw)
     if d.get("v") != SUMMARY_VERSION:
         raise ValueError(f"unsupported summary version {d.get('v')!r}")
+    if d["type"] == "progress":
+        return Progress(int(d["partition"]), int(d["horizon_ms"]))
     if d["type"] == "stats":
         return StatsSample(
             str(d["host"]), str(d["model"]), int(d["ts_ms"]), int(d["num_running"]),
