@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
+from pipeline.core.control_signal import generate_secret_b64
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink
 from producers.simulator.model import OverloadEpisode, SimConfig
@@ -170,7 +171,12 @@ def run_demo(
             bootstrap = kafka.bootstrap_servers
         else:
             topic_suffix = f".demo-{run_id}"  # never mix with data already on a shared cluster
+        keys = workdir / "control-keys.json"  # a throwaway key for this demo's signals
+        keys.write_bytes(orjson.dumps({"active": "demo", "keys": {"demo": generate_secret_b64()}}))
+        keys.chmod(0o600)
         settings = Settings(
+            control_enabled=True,
+            control_keys_file=keys,
             bootstrap_servers=bootstrap,
             store_dir=store_dir,
             topic_partitions=partitions,

@@ -31,6 +31,7 @@ class Report:
     by_outcome: dict[str, int]
     boundaries: dict[str, BoundaryStats]
     slos: dict[str, dict[str, Any]]  # from the stream's windows (slo_1h)
+    control: list[dict[str, Any]]  # directives issued (not heartbeats), from control_signals
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,7 +88,15 @@ def read_report(store: Store) -> Report:
             "compliance": compliance,
             "met": None if compliance is None else compliance >= objective,
         }
-    return Report(int(row[0]), by_source, by_outcome, boundaries, slos)
+    control = [
+        {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
+         "event_time": str(t), "reason": reason}
+        for scope, seq, level, phase, t, reason in store.query_rows(
+            "SELECT scope, seq, level, phase, event_time, reason "
+            f"FROM {db}.control_signals FINAL WHERE NOT heartbeat ORDER BY event_time, scope, seq"
+        )
+    ]  # fmt: skip
+    return Report(int(row[0]), by_source, by_outcome, boundaries, slos, control)
 
 
 def render(report: Report) -> Any:
@@ -124,4 +133,9 @@ def render(report: Report) -> Any:
         comp = "-" if slo["compliance"] is None else f"{slo['compliance']:.4f}"
         met = "-" if slo["met"] is None else ("yes" if slo["met"] else "NO")
         c.add_row(name, f"{slo['objective']:g}", str(slo["total"]), str(slo["good"]), comp, met)
-    return Group(t, c, s, o)
+    ctl = Table(title="control directives (event time)")
+    for col in ("event time", "scope", "level", "phase", "reason"):
+        ctl.add_column(col)
+    for d in report.control:
+        ctl.add_row(d["event_time"], d["scope"], f"L{d['level']}", d["phase"], d["reason"])
+    return Group(t, c, ctl, s, o)
