@@ -156,7 +156,14 @@ from pydantic import (
 )
 
 from pipeline.core.record import BOUNDARIES
-from pipeline.core.slo import SpecError, SpecIssue
+from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
+    SpecError,
+    SpecIssue,
+    _line,
+    _message,
+    _path,
+    _SpecLoader,
+)
 
 API_VERSION: Final = "tailguard/v1"
 KIND: Final = "ControlPolicy"
@@ -612,80 +619,13 @@ def _cross_issues(data: object) -> list[SpecIssue]:
 # --------------------------------------------------------------------------- #
 
 
-class _PolicyLoader(yaml.SafeLoader):
-    """Safe YAML that rejects duplicate keys (silently last-wins otherwise)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, list | dict):
-                continue  # unhashable; SafeLoader reports it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "[key]":
-            continue
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _line(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
-    """1-based line of the deepest YAML node on ``loc`` (best effort)."""
-    if node is None:
-        return None
-    line = node.start_mark.line + 1
-    for part in loc:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.value == part:
-                    child = v
-                    break
-        elif (
-            isinstance(node, yaml.SequenceNode)
-            and isinstance(part, int)
-            and 0 <= part < len(node.value)
-        ):
-            child = node.value[part]
-        if child is None:
-            break
-        node = child
-        line = node.start_mark.line + 1
-    return line
-
-
-def _message(err: Mapping[str, Any]) -> str:
-    if err["type"] == "value_error":
-        return str(err["ctx"]["error"])
-    if err["type"] == "extra_forbidden":
-        return "unknown field (not part of tailguard/v1; a typo?)"
-    return str(err["msg"])
-
-
 def _loc_of(path: str) -> tuple[int | str, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
 
 
 def load_policy(text: str, source: str = "<policy>") -> ControlPolicy:
     """Parse and validate a policy; raises :class:`SpecError` listing every problem."""
-    loader = _PolicyLoader(text)
+    loader = _SpecLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
