@@ -56,23 +56,54 @@ from pipeline.settings import Settings
 log = logging.getLogger("tailguard.worker")
 
 
-class DeadLetterSink:
-    """Sends rejected input to the DLQ topic: the raw bytes as the value, the
-    reason and source coordinates as headers."""
+class ReliableProducer:
+    """One topic, idempotent producer; ``send`` waits for room, ``flush`` for the broker.
 
-    def __init__(self, settings: Settings) -> None:
+    Used for what the worker must not lose before it commits offsets: dead
+    letters and the controller's summaries. (The request path's producers,
+    in ``producers/``, drop instead of waiting.)
+    """
+
+    def __init__(self, settings: Settings, topic: str, what: str) -> None:
         conf = settings.kafka_config()
         conf.update({"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True})
         self._producer = Producer(conf)
-        self._topic = settings.dlq_topic
+        self._topic = topic
+        self._what = what
         self.failed = 0
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         if err is not None:
             self.failed += 1
-            log.error("DLQ delivery failed: %s", err)
+            log.error("%s delivery failed: %s", self._what, err)
 
-    def send(self, dead: list[DeadLetter]) -> None:
+    def send(
+        self, value: bytes, headers: list[tuple[str, str | bytes | None]] | None = None
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    self._topic, value, headers=headers, on_delivery=self._on_delivery
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        """Block until everything sent is acknowledged by the broker."""
+        while self._producer.flush(5.0) > 0:
+            log.warning("waiting for the %s producer to deliver", self._what)
+
+
+class DeadLetterSink(ReliableProducer):
+    """Rejected input to the DLQ topic: the raw bytes as the value, the reason
+    and source coordinates as headers."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, settings.dlq_topic, "DLQ")
+
+    def send_dead(self, dead: list[DeadLetter]) -> None:
         for d in dead:
             headers: list[tuple[str, str | bytes | None]] = [
                 ("tailguard.reason", d.reason.encode()),
@@ -82,49 +113,7 @@ class DeadLetterSink:
             ]
             if d.index is not None:
                 headers.append(("tailguard.source.index", str(d.index).encode()))
-            while True:
-                try:
-                    self._producer.produce(
-                        self._topic, d.raw, headers=headers, on_delivery=self._on_delivery
-                    )
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
-        self._producer.poll(0)
-
-    def flush(self) -> None:
-        """Block until every dead letter is acknowledged by the broker."""
-        while self._producer.flush(5.0) > 0:
-            log.warning("waiting for the DLQ producer to deliver")
-
-
-class SummaryPublisher:
-    """Window summaries and forwarded engine stats, to the controller's topic."""
-
-    def __init__(self, settings: Settings) -> None:
-        conf = settings.kafka_config()
-        conf.update({"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True})
-        self._producer = Producer(conf)
-        self._topic = settings.summaries_topic
-        self.failed = 0
-
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self.failed += 1
-            log.error("summary delivery failed: %s", err)
-
-    def send(self, payload: bytes) -> None:
-        while True:
-            try:
-                self._producer.produce(self._topic, payload, on_delivery=self._on_delivery)
-                break
-            except BufferError:
-                self._producer.poll(0.1)
-        self._producer.poll(0)
-
-    def flush(self) -> None:
-        while self._producer.flush(5.0) > 0:
-            log.warning("waiting for the summaries producer to deliver")
+            self.send(d.raw, headers)
 
 
 class WorkerShell:
@@ -154,7 +143,7 @@ class WorkerShell:
         self.control = ControllerShell(settings) if settings.control_enabled else None
         self.store: ClickHouseStore | None = None
         self.dlq: DeadLetterSink | None = None
-        self.summaries: SummaryPublisher | None = None
+        self.summaries: ReliableProducer | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
@@ -173,7 +162,7 @@ class WorkerShell:
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         self.dlq = DeadLetterSink(self.settings)
-        self.summaries = SummaryPublisher(self.settings)
+        self.summaries = ReliableProducer(self.settings, self.settings.summaries_topic, "summaries")
         if self.control is not None:
             self.control.start()
         log.info(
@@ -228,7 +217,7 @@ class WorkerShell:
                 )  # fmt: skip
         if out.dead:
             assert self.dlq is not None
-            self.dlq.send(out.dead)
+            self.dlq.send_dead(out.dead)
             self.telemetry.dead_letters.add(len(out.dead))
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
@@ -366,7 +355,7 @@ class WorkerShell:
                     self.summaries.send(encode_summary(StatsSample.of(ev)))
             if decoded.dead:
                 assert self.dlq is not None
-                self.dlq.send(decoded.dead)
+                self.dlq.send_dead(decoded.dead)
                 self.telemetry.dead_letters.add(len(decoded.dead))
 
     async def on_summaries(self, raws: list[bytes]) -> None:
