@@ -139,6 +139,54 @@ class ControllerShell:
         self.partitions = 0  # of the lifecycle topic, read at start
         self.published = 0
 
+    def load_history(self, store: ClickHouseStore) -> int:
+        """Rebuild the error budgets from ClickHouse after a (re)start; returns windows loaded.
+
+        The last 2 h 10 min come as base windows, per partition (and are marked
+        seen, so summaries replayed from the topic are not counted twice); up to a
+        day as 1-minute rollups, and the rest of the longest SLO window as hourly
+        rollups: the resolutions of :class:`pipeline.core.budget.BudgetTracker`.
+        """
+        if self.controller.book is None or self.spec is None:
+            return 0
+        db = store.database
+        ref = store.query_rows(
+            f"SELECT toUnixTimestamp64Milli(max(window_start)) FROM {db}.slo_windows"
+        )
+        if not ref or not ref[0][0]:
+            return 0
+        ref_ms = int(ref[0][0])
+        fine_from, minute_from = ref_ms - 130 * 60_000, ref_ms - 26 * 3_600_000
+        oldest = ref_ms - 32 * 86_400_000
+        n = 0
+        for slo, start, size, part, total, good, objective in store.query_rows(
+            "SELECT slo, toUnixTimestamp64Milli(window_start), window_ms, partition, total, good, "
+            f"objective FROM {db}.slo_windows FINAL WHERE kind = 'slo' AND "
+            "toUnixTimestamp64Milli(window_start) >= {lo:Int64}",
+            {"lo": fine_from},
+        ):
+            self.controller.mark_seen(int(part), int(start))
+            self.controller.book.add_window(
+                slo, int(start), int(size), int(total), int(good), objective=objective
+            )
+            n += 1
+        for table, size, lo, hi in (
+            ("slo_1m", 60_000, minute_from, fine_from),
+            ("slo_1h", 3_600_000, oldest, minute_from),
+        ):
+            for slo, start, total, good, objective in store.query_rows(
+                "SELECT slo, toUnixTimestamp(window_start) * 1000 AS s, sum(total), sum(good), "
+                f"any(objective) FROM {db}.{table} WHERE kind = 'slo' "
+                "AND s >= {lo:Int64} AND s < {hi:Int64} GROUP BY slo, s",
+                {"lo": lo, "hi": hi - hi % size},
+            ):
+                self.controller.book.add_window(
+                    slo, int(start), size, int(total), int(good), objective=objective
+                )
+                n += 1
+        log.info("budgets rebuilt from %d stored windows", n)
+        return n
+
     def start(self) -> None:
         """Resume per-scope sequence numbers from the compacted control topic."""
         from pipeline.adapters.kafka_admin import wait_partitions

@@ -164,6 +164,7 @@ class WorkerShell:
         self.dlq = DeadLetterSink(self.settings)
         self.summaries = ReliableProducer(self.settings, self.settings.summaries_topic, "summaries")
         if self.control is not None:
+            self.control.load_history(self.store)
             self.control.start()
         log.info(
             "worker started: %s",

@@ -95,6 +95,10 @@ class Controller:
 
     # -- input ------------------------------------------------------------------
 
+    def mark_seen(self, partition: int, start_ms: int) -> None:
+        """A window already counted (e.g. loaded from storage): ignore its summary."""
+        self._seen[(partition, start_ms)] = None
+
     def add_window(self, s: WindowSummary) -> bool:
         """Add one partition's window; a repeat (at-least-once delivery) is ignored."""
         wid = (s.partition, s.start_ms)
