@@ -177,6 +177,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             window_config=settings.window_config(),
             policy=policy,
             burn_rules=rules,
+            queue_capacity=settings.queue_capacity,
             dlq_out=dlq,
         )
     summary = result.summary()

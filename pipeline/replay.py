@@ -17,7 +17,7 @@ import orjson
 
 from pipeline.contract.codec import dead_letter_record
 from pipeline.core.budget import BurnRules
-from pipeline.core.control import Controller, ControlStep
+from pipeline.core.control import Controller, ControllerConfig, ControlStep
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy
 from pipeline.core.processor import Output, StreamProcessor
@@ -77,6 +77,8 @@ class ReplayResult:
     spec: SLOSpec | None
     relative_accuracy: float
     control: _ControlRun | None = None
+    queue_capacity: int = 64
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> serving figures
     records: dict[str, RequestRecord] = field(default_factory=dict)  # final version per request
     emitted: list[RequestRecord] = field(default_factory=list)  # every record, in emission order
     windows: list[ClosedWindow] = field(default_factory=list)
@@ -91,6 +93,22 @@ class ReplayResult:
                 self.records[r.request_id] = r
         self.windows.extend(out.windows)
         self.dead_letters += len(out.dead)
+        for st in out.stats:
+            e = self.engines.setdefault(
+                st.host,
+                {"model": st.model, "samples": 0, "max_queue_saturation": 0.0,
+                 "hit_sum": 0.0, "hit_n": 0, "max_gpu_memory_fraction": None},
+            )  # fmt: skip
+            e["samples"] += 1
+            e["max_queue_saturation"] = max(
+                e["max_queue_saturation"], st.num_waiting / self.queue_capacity
+            )
+            if st.prefix_cache_hit_rate is not None:
+                e["hit_sum"] += st.prefix_cache_hit_rate
+                e["hit_n"] += 1
+            if st.gpu_memory_used_fraction is not None:
+                g = e["max_gpu_memory_fraction"]
+                e["max_gpu_memory_fraction"] = max(g or 0.0, st.gpu_memory_used_fraction)
 
     def summary(self) -> dict[str, Any]:
         sketches = {b: QuantileSketch(self.relative_accuracy) for b in BOUNDARIES}
@@ -140,6 +158,7 @@ class ReplayResult:
             "late_records": self.counters.get("late_records", 0),
         }
         out["clock_skew"] = skew.report()
+        out["serving"] = self._serving()
         if self.control is not None:
             out["control"] = self.control.transitions
             out["budget_events"] = self.control.events
@@ -162,6 +181,31 @@ class ReplayResult:
         out["join"] = self.counters.get("join", {})
         return out
 
+    def _serving(self) -> dict[str, Any]:
+        """Per model: queue/compute ratio (Σ inference / Σ gateway total; < 0.3 means
+        queueing dominates); per engine: queue saturation, KV-cache hit rate, GPU memory."""
+        sums: dict[str, list[float]] = {}
+        for r in self.records.values():
+            if r.inference_ms is not None and r.gateway_total_ms is not None:
+                acc = sums.setdefault(r.model, [0.0, 0.0])
+                acc[0] += r.inference_ms
+                acc[1] += r.gateway_total_ms
+        models = {
+            m: {"queue_compute_ratio": inf / tot if tot else None}
+            for m, (inf, tot) in sorted(sums.items())
+        }
+        engines = {
+            host: {
+                "model": e["model"],
+                "samples": e["samples"],
+                "max_queue_saturation": e["max_queue_saturation"],
+                "mean_kv_cache_hit_rate": e["hit_sum"] / e["hit_n"] if e["hit_n"] else None,
+                "max_gpu_memory_fraction": e["max_gpu_memory_fraction"],
+            }
+            for host, e in sorted(self.engines.items())
+        }
+        return {"queue_capacity": self.queue_capacity, "models": models, "engines": engines}
+
 
 def _lines(fh: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
     for lineno, line in enumerate(fh, start=1):
@@ -178,6 +222,7 @@ def replay_file(
     window_config: WindowConfig | None = None,
     policy: ControlPolicy | None = None,
     burn_rules: BurnRules | None = None,
+    queue_capacity: int = 64,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
 ) -> ReplayResult:
@@ -188,9 +233,12 @@ def replay_file(
         window_config=wc,
         slo_factory=(lambda: WindowSLOCounts(spec)) if spec is not None else None,
     )
-    result = ReplayResult(spec, wc.relative_accuracy)
+    result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
-        result.control = _ControlRun(Controller(policy, spec, burn_rules), wc.relative_accuracy)
+        controller = Controller(
+            policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
+        )
+        result.control = _ControlRun(controller, wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):

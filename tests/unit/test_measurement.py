@@ -158,3 +158,17 @@ def test_clock_skew_is_estimated_per_host_pair(sim) -> None:
         engine = pair.split("->")[1]
         # The simulated gateway spends U(1, 4) ms before and after the engine (symmetric).
         assert est["offset_p50_ms"] == pytest.approx(skews[engine], abs=1.0), pair
+
+
+def test_replay_reports_serving_signals_per_model_and_engine(sim) -> None:
+    path, _ = sim
+    serving = replay_file(path, queue_capacity=8).summary()["serving"]
+    assert serving["queue_capacity"] == 8
+    assert set(serving["models"]) == {"llama-3-8b", "llama-3-70b"}
+    for m in serving["models"].values():
+        assert 0 < m["queue_compute_ratio"] <= 1
+    assert len(serving["engines"]) == 4
+    for e in serving["engines"].values():
+        assert e["samples"] > 1000
+        assert 0 < e["mean_kv_cache_hit_rate"] <= 1
+        assert e["max_queue_saturation"] >= 0
