@@ -120,7 +120,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, NamedTuple, Protocol
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -140,8 +139,8 @@ from pipeline.core.slo import (
     _line,
     _message,
     _path,
-    _SpecLoader,
     parse_duration_ms,
+    parse_yaml_mapping,
 )
 
 API_VERSION: Final = "tailguard/v1"
@@ -422,22 +421,7 @@ def _rule_message(err: Mapping[str, Any]) -> str:
 
 def load_burn_rules(text: str, source: str = "<burn-rules>") -> BurnRules:
     """Parse and validate a rules file; raises :class:`SpecError` listing every problem."""
-    loader = _SpecLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        what = ": ".join(p for p in (e.context, e.problem) if p)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise SpecError(source, [SpecIssue("", f"YAML error: {what}", line, column)]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(source, [SpecIssue("", f"YAML error: {e}")]) from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict):
-        kind = "empty" if data is None else f"a {type(data).__name__}"
-        raise SpecError(source, [SpecIssue("", f"a rules file must be a YAML mapping, got {kind}")])
+    data, node = parse_yaml_mapping(text, source, "a rules file")
     issues: list[SpecIssue] = []
     rules: BurnRules | None = None
     try:

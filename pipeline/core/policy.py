@@ -142,7 +142,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
-import yaml
 from annotated_types import MinLen
 from pydantic import (
     AfterValidator,
@@ -162,7 +161,7 @@ from pipeline.core.slo import (  # the spec YAML loader and error paths are shar
     _line,
     _message,
     _path,
-    _SpecLoader,
+    parse_yaml_mapping,
 )
 
 API_VERSION: Final = "tailguard/v1"
@@ -625,22 +624,7 @@ def _loc_of(path: str) -> tuple[int | str, ...]:
 
 def load_policy(text: str, source: str = "<policy>") -> ControlPolicy:
     """Parse and validate a policy; raises :class:`SpecError` listing every problem."""
-    loader = _SpecLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        what = ": ".join(p for p in (e.context, e.problem) if p)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise SpecError(source, [SpecIssue("", f"YAML error: {what}", line, column)]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(source, [SpecIssue("", f"YAML error: {e}")]) from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict):
-        kind = "empty" if data is None else f"a {type(data).__name__}"
-        raise SpecError(source, [SpecIssue("", f"a policy must be a YAML mapping, got {kind}")])
+    data, node = parse_yaml_mapping(text, source, "a policy")
     issues: list[SpecIssue] = []
     policy: ControlPolicy | None = None
     try:

@@ -799,24 +799,33 @@ def _message(err: Mapping[str, Any]) -> str:
     return str(err["msg"])
 
 
-def load_spec(text: str, source: str = "<spec>") -> SLOSpec:
-    """Parse and validate a spec; raises :class:`SpecError` listing every problem."""
+def parse_yaml_mapping(text: str, source: str, what: str) -> tuple[dict[str, Any], yaml.Node]:
+    """YAML text -> (mapping, node tree for error line numbers); problems raise SpecError.
+
+    Shared by every tailguard/v1 file (SLO specs, control policies, burn rules).
+    """
     loader = _SpecLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        what = ": ".join(p for p in (e.context, e.problem) if p)
+        problem = ": ".join(p for p in (e.context, e.problem) if p)
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise SpecError(source, [SpecIssue("", f"YAML error: {what}", line, column)]) from None
+        raise SpecError(source, [SpecIssue("", f"YAML error: {problem}", line, column)]) from None
     except yaml.YAMLError as e:
         raise SpecError(source, [SpecIssue("", f"YAML error: {e}")]) from None
     finally:
         loader.dispose()
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or node is None:
         kind = "empty" if data is None else f"a {type(data).__name__}"
-        raise SpecError(source, [SpecIssue("", f"a spec must be a YAML mapping, got {kind}")])
+        raise SpecError(source, [SpecIssue("", f"{what} must be a YAML mapping, got {kind}")])
+    return data, node
+
+
+def load_spec(text: str, source: str = "<spec>") -> SLOSpec:
+    """Parse and validate a spec; raises :class:`SpecError` listing every problem."""
+    data, node = parse_yaml_mapping(text, source, "a spec")
     issues: list[SpecIssue] = []
     spec: SLOSpec | None = None
     try:
