@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.core.record import RequestRecord
 from pipeline.settings import Settings
 
@@ -330,15 +331,7 @@ WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("boundary", "LowCardinality(String)"),
     ("relative_accuracy", "Float64"),
     ("records", "UInt64"),
-    ("count", "UInt64"),
-    ("sum", "Float64"),
-    ("min", "Float64"),
-    ("max", "Float64"),
-    ("zero_count", "UInt64"),
-    ("pos_keys", "Array(Int32)"),
-    ("pos_counts", "Array(UInt64)"),
-    ("neg_keys", "Array(Int32)"),
-    ("neg_counts", "Array(UInt64)"),
+    *SKETCH_COLUMNS,  # the sketch's own columns, in their order
     (
         "slo_counts",
         "Map(String, Tuple(kind String, boundary String, threshold_ms Float64, objective Float64, "
