@@ -131,6 +131,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core.durations import parse_duration_ms
 from pipeline.core.slo import (
     SLOSpec,
     SpecError,
@@ -139,7 +140,6 @@ from pipeline.core.slo import (
     _line,
     _message,
     _path,
-    parse_duration_ms,
     parse_yaml_mapping,
 )
 

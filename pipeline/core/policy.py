@@ -154,6 +154,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core.durations import format_ms, parse_duration_ms
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
     SpecError,
@@ -191,47 +192,12 @@ _OPS: Final[dict[str, Callable[[float, float], bool]]] = {
 }
 _HIGH_IS_BAD: Final = frozenset({">", ">="})
 
-_DURATION_RE: Final = re.compile(r"^(-?)([0-9]+)(ms|s|m|h|d|w)$")
-_UNIT_MS: Final = {
-    "ms": 1,
-    "s": 1_000,
-    "m": 60_000,
-    "h": 3_600_000,
-    "d": 86_400_000,
-    "w": 7 * 86_400_000,
-}
 _DEFER_CROSS_CHECKS: Final = "tailguard.policy.defer_cross_checks"
 
 
 # --------------------------------------------------------------------------- #
 # Field types
 # --------------------------------------------------------------------------- #
-
-
-def parse_duration_ms(text: str, *, allow_zero: bool = False) -> int:
-    """``"5m"`` -> 300000. Units ms, s, m, h, d, w; negative durations are errors."""
-    m = _DURATION_RE.match(text)
-    if m is None:
-        raise ValueError(
-            f"invalid duration {text!r}: use an integer and a unit (ms, s, m, h, d, w), "
-            "e.g. 30s, 5m, 1h"
-        )
-    if m.group(1):
-        raise ValueError(f"negative duration {text!r}: durations are >= 0")
-    ms = int(m.group(2)) * _UNIT_MS[m.group(3)]
-    if ms == 0 and not allow_zero:
-        raise ValueError(f"duration {text!r} must be positive")
-    return ms
-
-
-def format_ms(ms: int) -> str:
-    """300000 -> ``"5m"``; the largest unit that divides evenly."""
-    if ms == 0:
-        return "0s"
-    for unit in ("w", "d", "h", "m", "s"):
-        if ms % _UNIT_MS[unit] == 0:
-            return f"{ms // _UNIT_MS[unit]}{unit}"
-    return f"{ms}ms"
 
 
 def _unit_required(v: object) -> object:

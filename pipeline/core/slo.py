@@ -79,6 +79,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import BOUNDARIES, CTX_BUCKETS, RequestRecord
 
 API_VERSION: Final = "tailguard/v1"
@@ -97,32 +98,12 @@ _BOTH_BOUNDARIES: Final = frozenset({"gateway_overhead_ms"})
 _LOWER_BOUND: Final = {"gateway_ttfb_ms": "gateway_total_ms"}
 
 _NAME_RE: Final = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-_DURATION_RE: Final = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w)$")
-_UNIT_MS: Final = {
-    "ms": 1,
-    "s": 1_000,
-    "m": 60_000,
-    "h": 3_600_000,
-    "d": 86_400_000,
-    "w": 7 * 86_400_000,
-}
 _DEFER_CROSS_CHECKS: Final = "tailguard.slo.defer_cross_checks"
 
 
 # --------------------------------------------------------------------------- #
 # Field types
 # --------------------------------------------------------------------------- #
-
-
-def parse_duration_ms(text: str) -> int:
-    """``"30d"`` -> milliseconds. Units: ms, s, m, h, d, w; a positive integer count."""
-    m = _DURATION_RE.match(text)
-    if m is None:
-        raise ValueError(
-            f"invalid duration {text!r}: use a positive integer and a unit "
-            "(ms, s, m, h, d, w), e.g. 30d, 7d, 1h"
-        )
-    return int(m.group(1)) * _UNIT_MS[m.group(2)]
 
 
 def _check_duration(v: str) -> str:
