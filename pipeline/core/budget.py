@@ -131,7 +131,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.durations import parse_duration_ms
+from pipeline.core.durations import parse_duration_ms, unit_required
 from pipeline.core.slo import (
     SLOSpec,
     SpecError,
@@ -191,12 +191,6 @@ def window_label(ms: int) -> str:
 # --------------------------------------------------------------------------- #
 
 
-def _unit_required(v: object) -> object:
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        raise ValueError(f"duration {v} has no unit: write e.g. {v}m, {v}h or {v}d")  # noqa: TRY004
-    return v
-
-
 def _check_window(v: str) -> str:
     ms = parse_duration_ms(v)
     if ms > _MAX_RULE_WINDOW_MS:
@@ -213,7 +207,7 @@ def _check_rule_name(v: str) -> str:
     return v
 
 
-Duration = Annotated[str, BeforeValidator(_unit_required), AfterValidator(_check_window)]
+Duration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_window)]
 RuleName = Annotated[str, AfterValidator(_check_rule_name)]
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 

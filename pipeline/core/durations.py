@@ -41,3 +41,11 @@ def format_ms(ms: int) -> str:
         if ms % UNIT_MS[unit] == 0:
             return f"{ms // UNIT_MS[unit]}{unit}"
     return f"{ms}ms"
+
+
+def unit_required(v: object) -> object:
+    """Pydantic before-validator: a bare number is not a duration (``30`` what?)."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        # ValueError, not TypeError: pydantic turns only ValueError into a field error
+        raise ValueError(f"duration {v} has no unit: write e.g. {v}s, {v}m, {v}h or {v}d")  # noqa: TRY004
+    return v

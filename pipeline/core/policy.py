@@ -154,7 +154,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.durations import format_ms, parse_duration_ms
+from pipeline.core.durations import format_ms, parse_duration_ms, unit_required
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
     SpecError,
@@ -198,13 +198,6 @@ _DEFER_CROSS_CHECKS: Final = "tailguard.policy.defer_cross_checks"
 # --------------------------------------------------------------------------- #
 # Field types
 # --------------------------------------------------------------------------- #
-
-
-def _unit_required(v: object) -> object:
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        # ValueError, not TypeError: pydantic turns only ValueError into a field error
-        raise ValueError(f"duration {v} has no unit: write e.g. {v}s or {v}m")  # noqa: TRY004
-    return v
 
 
 def _check_positive_duration(v: str) -> str:
@@ -259,8 +252,8 @@ def _check_fraction(v: float) -> float:
     return v
 
 
-Duration = Annotated[str, BeforeValidator(_unit_required), AfterValidator(_check_positive_duration)]
-HoldDuration = Annotated[str, BeforeValidator(_unit_required), AfterValidator(_check_hold_duration)]
+Duration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_positive_duration)]
+HoldDuration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_hold_duration)]
 
 
 class _Model(BaseModel):

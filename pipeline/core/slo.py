@@ -79,7 +79,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.durations import parse_duration_ms
+from pipeline.core.durations import parse_duration_ms, unit_required
 from pipeline.core.record import BOUNDARIES, CTX_BUCKETS, RequestRecord
 
 API_VERSION: Final = "tailguard/v1"
@@ -108,13 +108,6 @@ _DEFER_CROSS_CHECKS: Final = "tailguard.slo.defer_cross_checks"
 
 def _check_duration(v: str) -> str:
     parse_duration_ms(v)
-    return v
-
-
-def _unit_required(v: object) -> object:
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        # ValueError, not TypeError: pydantic turns only ValueError into a field error
-        raise ValueError(f"duration {v} has no unit: write e.g. {v}d, {v}h or {v}ms")  # noqa: TRY004
     return v
 
 
@@ -176,7 +169,7 @@ class Window(_Model):
     """Either ``{rolling: 30d}`` or ``{calendar: month}`` (or ``week``; UTC, weeks start Monday)."""
 
     rolling: (
-        Annotated[str, BeforeValidator(_unit_required), AfterValidator(_check_duration)] | None
+        Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_duration)] | None
     ) = None
     calendar: Literal["month", "week"] | None = None
 
