@@ -22,7 +22,7 @@ from rich.console import Console
 
 from pipeline.core.control_signal import generate_secret_b64
 from pipeline.settings import Settings
-from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink
+from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
 from producers.simulator.model import OverloadEpisode, SimConfig
 
 DEMO_JOIN_TIMEOUT_MS = 5_000
@@ -73,15 +73,15 @@ class _Tee:
 
 
 def kafka_sink(settings: Settings) -> KafkaSink:
+    """The simulator's sink: waits for the topics, then applies back pressure (never drops)."""
     from pipeline.adapters.kafka_admin import wait_partitions
 
     topics = [settings.lifecycle_topic, settings.engine_stats_topic]
-    partitions = wait_partitions(settings, topics)
-    lifecycle, stats = settings.lifecycle_topic, settings.engine_stats_topic
-    return KafkaSink(
-        settings.kafka_config(),
-        topic_for=lambda e: stats if e.kind == "engine.stats" else lifecycle,
-        partitions=partitions,
+    return open_kafka_sink(
+        settings,
+        service="simulator",
+        on_full="block",
+        partitions=wait_partitions(settings, topics),
         policy=BatchPolicy(),
     )
 

@@ -4,10 +4,13 @@
 partition hash — into messages of at most ``max_events`` events or
 ``max_delay_ms`` of age. Sinks deliver the messages:
 
-* :class:`KafkaSink` — confluent-kafka, never blocks the caller: ``produce``
-  + ``poll(0)`` into a bounded local queue; a full queue or an unreachable
-  broker drops the message and counts the events dropped.
+* :class:`KafkaSink` — confluent-kafka; the caller only appends to a bounded
+  buffer, a background thread batches and calls ``produce`` + ``poll(0)``; a
+  full buffer drops (and counts) the event, it never blocks a request path.
 * :class:`JsonlSink` — one JSON array per line (the replay format).
+
+:func:`open_kafka_sink` builds the Kafka sink from :class:`Settings` and
+exposes its counters as OpenTelemetry metrics (:func:`instrument_sink`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
@@ -26,7 +30,16 @@ from pipeline.contract.codec import event_to_dict
 from pipeline.contract.events import Event
 from pipeline.contract.partitioning import partition_for
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from opentelemetry.metrics import CallbackOptions, MeterProvider
+
+    from pipeline.settings import Settings
+
 log = logging.getLogger(__name__)
+
+OnFull = Literal["drop", "block"]
 
 
 class EventSink(Protocol):
@@ -138,81 +151,327 @@ class JsonlSink:
 
 
 class KafkaSink:
-    """Non-blocking batched producer on confluent-kafka.
+    """The non-blocking, batched Kafka producer every emitter shares (confluent-kafka).
 
-    ``topic_for`` maps an event to its topic (lifecycle vs engine stats). The
-    partition count of each topic is read once at start-up from metadata; a
-    topic that does not exist yet is a configuration error.
+    The caller's thread only appends the event to a bounded in-memory buffer
+    (``emit`` takes a lock for a few microseconds; it never does I/O, never
+    serialises, never raises). A background thread owns the librdkafka
+    producer: it batches events per partition (:class:`Batcher`, the contract's
+    murmur2 partition hash), calls ``produce`` + ``poll(0)``, and learns each
+    topic's partition count from the broker's metadata.
+
+    When Kafka is unreachable nothing in the caller's path changes: events wait
+    in the buffer (while the partition counts are unknown) or in librdkafka's
+    bounded queue (``queue.buffering.max.kbytes``; librdkafka reconnects by
+    itself); when the buffer is full a new event is dropped and counted
+    (``on_full="drop"``, for request paths) — or the caller waits
+    (``on_full="block"``, for the simulator and batch loaders, where back
+    pressure is wanted). A message not delivered within ``message.timeout.ms``
+    is counted in ``events_failed``.
+
+    ``topic_for`` maps an event to its topic (lifecycle vs engine stats).
+    ``partitions`` may be given (then no metadata is needed); otherwise it is
+    read, and retried every ``metadata_retry_ms``, in the background thread.
     """
 
     def __init__(
         self,
         config: Mapping[str, Any],
         topic_for: Callable[[Event], str],
-        partitions: Mapping[str, int],
+        *,
+        topics: Sequence[str],
+        partitions: Mapping[str, int] | None = None,
         policy: BatchPolicy | None = None,
-        queue_max_messages: int = 100_000,
+        buffer_max_events: int = 100_000,
+        on_full: OnFull = "drop",
+        metadata_retry_ms: int = 1000,
+        name: str = "tailguard-producer",
     ) -> None:
         from confluent_kafka import Producer  # adapter-only import
 
+        if buffer_max_events < 1:
+            raise ValueError("buffer_max_events must be >= 1")
+        if on_full not in ("drop", "block"):
+            raise ValueError("on_full must be 'drop' or 'block'")
         conf = dict(config)
-        conf.setdefault("queue.buffering.max.messages", queue_max_messages)
         conf.setdefault("linger.ms", 5)
         conf.setdefault("compression.type", "lz4")
         conf.setdefault("message.timeout.ms", 30_000)
+        conf.setdefault("queue.buffering.max.messages", 20_000)
+        conf.setdefault("queue.buffering.max.kbytes", 65_536)  # 64 MiB of batched messages
+        conf.setdefault("reconnect.backoff.max.ms", 2_000)
+        conf.setdefault("error_cb", self._on_error)
+        conf.setdefault("logger", log)  # librdkafka logs through Python logging
         self._producer = Producer(conf)
         self._topic_for = topic_for
-        pol = policy or BatchPolicy()
-        self._batchers = {t: Batcher(n, pol) for t, n in partitions.items()}
+        self._topics = list(topics)
+        self._policy = policy or BatchPolicy()
+        self._batchers: dict[str, Batcher] = {}
+        if partitions is not None:
+            self._set_partitions(partitions)
+        self._buffer_max = buffer_max_events
+        self._on_full = on_full
+        self._metadata_retry_s = metadata_retry_ms / 1000
+        self._buf: deque[Event] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._flush_waiters: list[threading.Event] = []
+        self._inflight_events = 0  # produced, no delivery report yet (background thread only)
+        self._batched_events = 0  # in open batches (background thread only)
+        self._last_error_log = 0.0
         self.counters = SinkCounters()
-        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # --- caller side -------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        with self._cond:
+            if self._closing:
+                self.counters.events_dropped += 1
+                return
+            if len(self._buf) >= self._buffer_max:
+                if self._on_full == "drop":
+                    self.counters.events_dropped += 1
+                    return
+                while len(self._buf) >= self._buffer_max and not self._closing:
+                    self._cond.wait(0.1)
+                if self._closing:
+                    self.counters.events_dropped += 1
+                    return
+            self._buf.append(event)
+            if len(self._buf) >= self._policy.max_events:
+                self._cond.notify_all()
+
+    @property
+    def buffered(self) -> int:
+        """Events not yet handed to librdkafka (buffer and open batches)."""
+        return len(self._buf) + self._batched_events
+
+    @property
+    def partitions_known(self) -> bool:
+        return len(self._batchers) == len(self._topics)
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        """Hand everything buffered to Kafka and wait for delivery reports.
+
+        Returns the number of events still undelivered after ``timeout_s``.
+        """
+        done = threading.Event()
+        with self._cond:
+            if self._closed:
+                return 0
+            self._flush_waiters.append(done)
+            self._cond.notify_all()
+        done.wait(timeout_s)
+        return self.buffered + self._inflight_events
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush (up to ``timeout_s``), stop the thread; what is left is counted as dropped."""
+        if self._closed:
+            return
+        self.flush(timeout_s)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        lost = self.buffered + self._inflight_events
+        if lost:
+            log.warning("producer closed with %d events undelivered (counted as dropped)", lost)
+            self.counters.events_dropped += lost
+        self._closed = True
+
+    # --- background thread -------------------------------------------------------------------
+
+    def _set_partitions(self, partitions: Mapping[str, int]) -> None:
+        missing = [t for t in self._topics if t not in partitions]
+        if missing:
+            raise ValueError(f"no partition count for topics {missing}")
+        self._batchers = {t: Batcher(partitions[t], self._policy) for t in self._topics}
+
+    def _discover(self) -> None:
+        try:
+            md = self._producer.list_topics(timeout=1.0).topics
+        except Exception as exc:  # broker unreachable: keep buffering, retry later
+            self._log_error("metadata unavailable (%s); buffering", exc)
+            return
+        counts = {t: len(md[t].partitions) for t in self._topics if t in md and md[t].partitions}
+        if len(counts) == len(self._topics):
+            self._batchers = {t: Batcher(counts[t], self._policy) for t in self._topics}
+            log.info("producer: partitions %s", counts)
+        else:
+            missing = sorted(set(self._topics) - set(counts))
+            self._log_error("topics %s do not exist yet; buffering", missing)
+
+    def _log_error(self, fmt: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log >= 30.0:
+            self._last_error_log = now
+            log.warning(fmt, *args)
+
+    def _on_error(self, err: Any) -> None:
+        self._log_error("kafka: %s", err)
 
     def _on_delivery(self, n: int) -> Callable[[Any, Any], None]:
         def cb(err: Any, _msg: Any) -> None:
+            self._inflight_events -= n
             if err is not None:
                 self.counters.events_failed += n
+                self._log_error("delivery failed (%s); %d events lost", err, n)
             else:
                 self.counters.events_sent += n
                 self.counters.messages_sent += 1
 
         return cb
 
-    def _send(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
+    def _produce(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
         for p, payload, n in items:
+            self._batched_events -= n
             try:
                 self._producer.produce(
                     topic, payload, partition=p, on_delivery=self._on_delivery(n)
                 )
-            except BufferError:
+                self._inflight_events += n
+            except BufferError:  # librdkafka's queue is full (e.g. broker down for long)
                 self.counters.events_dropped += n
-            except Exception:  # never raise into the request path
-                log.exception("produce failed; dropping %d events", n)
+                self._log_error("producer queue full; dropping")
+            except Exception as exc:
                 self.counters.events_dropped += n
-        self._producer.poll(0)
+                self._log_error("produce failed (%s); dropping %d events", exc, n)
 
-    def emit(self, event: Event) -> None:
-        topic = self._topic_for(event)
-        now = time.monotonic() * 1000
-        with self._lock:
-            batcher = self._batchers[topic]
-            self._send(topic, batcher.add(event, now))
-            for t, b in self._batchers.items():
-                if t != topic:
-                    self._send(t, b.due(now))
+    def _run(self) -> None:
+        wait_s = max(self._policy.max_delay_ms / 2000, 0.005)
+        next_discover = 0.0
+        while True:
+            try:
+                with self._cond:
+                    if (
+                        len(self._buf) < self._policy.max_events
+                        and not self._flush_waiters
+                        and not self._closing
+                    ):
+                        self._cond.wait(wait_s)
+                    known = self.partitions_known
+                    take: list[Event] = []
+                    if known:
+                        take = list(self._buf)
+                        self._buf.clear()
+                        self._cond.notify_all()  # room again for blocked emitters
+                    waiters, self._flush_waiters = self._flush_waiters, []
+                    closing = self._closing
+                if not known and time.monotonic() >= next_discover:
+                    self._discover()
+                    next_discover = time.monotonic() + self._metadata_retry_s
+                    if self.partitions_known:
+                        continue
+                now = time.monotonic() * 1000
+                for event in take:
+                    topic = self._topic_for(event)
+                    self._batched_events += 1
+                    self._produce(topic, self._batchers[topic].add(event, now))
+                for topic, b in self._batchers.items():
+                    self._produce(topic, b.drain() if waiters or closing else b.due(now))
+                self._producer.poll(0)
+                if waiters:
+                    deadline = time.monotonic() + 10.0
+                    while self._inflight_events and time.monotonic() < deadline:
+                        self._producer.poll(0.05)
+                        with self._cond:
+                            if self._closing or any(w.is_set() for w in waiters):
+                                break
+                    for w in waiters:
+                        w.set()
+                if closing:
+                    return
+            except Exception:  # the thread must survive anything
+                log.exception("producer thread error")
+                time.sleep(0.1)
 
-    def tick(self) -> None:
-        """Send batches that reached their age limit (call periodically when idle)."""
-        now = time.monotonic() * 1000
-        with self._lock:
-            for t, b in self._batchers.items():
-                self._send(t, b.due(now))
 
-    def flush(self, timeout_s: float = 10.0) -> int:
-        with self._lock:
-            for t, b in self._batchers.items():
-                self._send(t, b.drain())
-        remaining_msgs: int = self._producer.flush(timeout_s)
-        return remaining_msgs
+# --- construction from settings, and the producer's own telemetry ----------------------------
 
-    def close(self) -> None:
-        self.flush()
+
+def open_kafka_sink(
+    settings: Settings,
+    *,
+    service: str,
+    on_full: OnFull = "drop",
+    buffer_max_events: int = 100_000,
+    partitions: Mapping[str, int] | None = None,
+    policy: BatchPolicy | None = None,
+    meter_provider: MeterProvider | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> KafkaSink:
+    """The Kafka sink for an emitter (gateway, vLLM plugin, Envoy ingester, simulator).
+
+    Lifecycle events go to ``settings.lifecycle_topic``, ``engine.stats`` to
+    ``settings.engine_stats_topic``. Never contacts the broker in the caller's
+    thread: a broker that is down at start-up only delays delivery. The
+    counters are registered as OpenTelemetry metrics on ``meter_provider``
+    (default: the process's global provider, so a host application's exporter
+    picks them up) with the attribute ``service``.
+    """
+    lifecycle, stats = settings.lifecycle_topic, settings.engine_stats_topic
+    conf = {**settings.kafka_config(), "client.id": f"tailguard-{service}", **(extra_config or {})}
+    sink = KafkaSink(
+        conf,
+        topic_for=lambda e: stats if e.kind == "engine.stats" else lifecycle,
+        topics=[lifecycle, stats],
+        partitions=partitions,
+        policy=policy,
+        buffer_max_events=buffer_max_events,
+        on_full=on_full,
+        name=f"tailguard-{service}-producer",
+    )
+    instrument_sink(sink, service=service, meter_provider=meter_provider)
+    return sink
+
+
+def instrument_sink(
+    sink: KafkaSink | JsonlSink,
+    *,
+    service: str,
+    meter_provider: MeterProvider | None = None,
+) -> None:
+    """Register the sink's counters as observable OpenTelemetry instruments.
+
+    Meter ``tailguard.producer``; attribute ``service``:
+
+    * ``tailguard.producer.events.sent`` — delivered (acknowledged by Kafka)
+    * ``tailguard.producer.events.dropped`` — buffer full / queue full / closed
+    * ``tailguard.producer.events.failed`` — not delivered within ``message.timeout.ms``
+    * ``tailguard.producer.messages.sent``
+    * ``tailguard.producer.buffered`` (gauge) — waiting in the local buffer
+
+    Observable instruments read the counters at collection time: no per-event cost.
+    """
+    from opentelemetry import metrics
+    from opentelemetry.metrics import Observation
+
+    meter = (meter_provider or metrics.get_meter_provider()).get_meter("tailguard.producer")
+    attrs = {"service": service}
+    c = sink.counters
+
+    def reader(get: Callable[[], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def cb(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(get(), attrs)]
+
+        return cb
+
+    meter.create_observable_counter(
+        "tailguard.producer.events.sent", [reader(lambda: c.events_sent)], unit="{event}"
+    )
+    meter.create_observable_counter(
+        "tailguard.producer.events.dropped", [reader(lambda: c.events_dropped)], unit="{event}"
+    )
+    meter.create_observable_counter(
+        "tailguard.producer.events.failed", [reader(lambda: c.events_failed)], unit="{event}"
+    )
+    meter.create_observable_counter(
+        "tailguard.producer.messages.sent", [reader(lambda: c.messages_sent)], unit="{message}"
+    )
+    if isinstance(sink, KafkaSink):
+        meter.create_observable_gauge(
+            "tailguard.producer.buffered", [reader(lambda: sink.buffered)], unit="{event}"
+        )
