@@ -213,12 +213,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pipeline.adapters.store import open_store
+    from pipeline.adapters.query_server import open_reader
     from pipeline.report import read_report, render
 
-    store = open_store(_settings(args))
+    store = open_reader(_settings(args))  # through a live worker's port if one owns it
     try:
         report = read_report(store)
+        if args.html is not None:
+            from pipeline.report_html import read_html_data, render_html
+
+            args.html.write_text(render_html(report, read_html_data(store)), encoding="utf-8")
+            print(f"HTML report: {args.html}", file=sys.stderr)
     finally:
         store.close()
     if args.json:
@@ -242,6 +247,115 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tee_jsonl=args.tee,
         json_out=args.json,
     )
+
+
+def _meter_provider(settings: Settings, service: str) -> Any:
+    from pipeline.adapters.telemetry import meter_provider
+
+    provider, _reader = meter_provider(
+        service, settings.metrics_exporter, settings.metrics_interval_ms, settings.metrics_file
+    )
+    return provider
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise SystemExit(f"--listen must look like HOST:PORT, got {value!r}") from None
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from producers.emit import open_kafka_sink
+    from producers.gateway_proxy import build_gateway, serve_gateway
+
+    settings = _settings(args)
+    host, port = _listen(args.listen)
+    if not args.upstream.startswith(("http://", "https://")):
+        raise SystemExit(f"--upstream must be an http(s):// URL, got {args.upstream!r}")
+    log = logging.getLogger("tailguard.gateway")
+    sink = open_kafka_sink(
+        settings,
+        service="gateway",
+        buffer_max_events=args.buffer_events,
+        meter_provider=_meter_provider(settings, "tailguard-gateway"),
+    )
+    app, _proxy, _mw = build_gateway(
+        args.upstream,
+        sink,
+        host=args.name,
+        default_model=args.default_model,
+        tenant_header=args.tenant_header.lower().encode(),
+    )
+    log.info(
+        "gateway on http://%s:%d -> %s (events to %s)",
+        host,
+        port,
+        args.upstream,
+        settings.bootstrap_servers,
+    )
+    try:
+        serve_gateway(app, host, port)
+    finally:
+        sink.close(timeout_s=5.0)
+        c = sink.counters
+        log.info(
+            "producer: sent=%d dropped=%d failed=%d",
+            c.events_sent,
+            c.events_dropped,
+            c.events_failed,
+        )
+    return 0
+
+
+def cmd_envoy(args: argparse.Namespace) -> int:
+    from producers.emit import JsonlSink, open_kafka_sink
+    from producers.envoy import ingest
+
+    settings = _settings(args)
+    sink: Any
+    if args.out is not None:
+        sink = JsonlSink(args.out)
+    else:
+        sink = open_kafka_sink(
+            settings,
+            service="envoy-ingest",
+            on_full="block",
+            meter_provider=_meter_provider(settings, "tailguard-envoy-ingest"),
+        )
+    dlq = None if args.out is not None else _dlq_sender(settings)
+    source = "stdin" if str(args.file) == "-" else str(args.file)
+
+    def dead(raw: bytes, reason: str, line_no: int) -> None:
+        if dlq is None:
+            logging.getLogger("tailguard.envoy").warning("line %d: %s", line_no, reason)
+            return
+        dlq.send(
+            raw,
+            [
+                ("tailguard.reason", reason.encode()),
+                ("tailguard.source", f"envoy:{source}:{line_no}".encode()),
+            ],
+        )
+
+    src = sys.stdin.buffer if str(args.file) == "-" else args.file.open("rb")
+    try:
+        stats = ingest(src, sink, host=args.name, default_model=args.default_model, dead=dead)
+    finally:
+        if src is not sys.stdin.buffer:
+            src.close()
+        sink.close()
+        if dlq is not None:
+            dlq.flush()
+    print(orjson.dumps(stats.to_json()).decode())
+    return 0 if stats.lines else 1
+
+
+def _dlq_sender(settings: Settings) -> Any:
+    from pipeline.adapters.worker import ReliableProducer
+
+    return ReliableProducer(settings, settings.dlq_topic, "envoy dead letters")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,7 +407,36 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="print the SLO report from the store")
     _add_store(s)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
     s.set_defaults(func=cmd_report)
+
+    from pipeline.tools.commands import register as register_tools
+
+    register_tools(sub, _add_store)  # explain, capacity, sql
+
+    s = sub.add_parser(
+        "gateway", help="OpenAI-compatible pass-through proxy that emits gateway.* events"
+    )
+    _add_kafka(s)
+    s.add_argument(
+        "--upstream", required=True, help="upstream base URL, e.g. http://127.0.0.1:8000"
+    )
+    s.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on")
+    s.add_argument("--name", help="host name in events (default gateway/<hostname>)")
+    s.add_argument("--default-model", default="unknown", help="model when the body names none")
+    s.add_argument(
+        "--tenant-header", default="x-tenant-id", help="request header naming the tenant"
+    )
+    s.add_argument("--buffer-events", type=int, default=100_000, help="local buffer bound")
+    s.set_defaults(func=cmd_gateway)
+
+    s = sub.add_parser("envoy", help="turn Envoy JSON access logs into gateway.* events")
+    _add_kafka(s)
+    s.add_argument("file", type=Path, help="access log file (JSON lines), or - for stdin")
+    s.add_argument("--name", default="envoy", help="host name in events")
+    s.add_argument("--default-model", default="unknown", help="model when the log line has none")
+    s.add_argument("--out", type=Path, help="write JSON Lines here instead of Kafka")
+    s.set_defaults(func=cmd_envoy)
 
     s = sub.add_parser("demo", help="local Kafka + simulator + worker + report, end to end")
     _add_sim(s)

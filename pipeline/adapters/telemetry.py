@@ -63,6 +63,20 @@ def _reader(
     raise ConfigError(f"unknown metrics_exporter {exporter!r} (none, console, otlp)")
 
 
+def meter_provider(
+    service_name: str,
+    exporter: str,
+    interval_ms: int = 10_000,
+    metrics_file: Path | None = None,
+) -> tuple[MeterProvider, MetricReader]:
+    """A meter provider for one of tailguard's own processes (gateway, Envoy ingester)."""
+    reader, _fh = _reader(exporter, interval_ms, metrics_file)
+    provider = MeterProvider(
+        metric_readers=[reader], resource=Resource.create({"service.name": service_name})
+    )
+    return provider, reader
+
+
 class WorkerTelemetry:
     def __init__(
         self,

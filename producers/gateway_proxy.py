@@ -1,0 +1,264 @@
+"""``tailguard gateway``: a reference OpenAI-compatible pass-through proxy with lifecycle events.
+
+:class:`UpstreamProxy` is a plain ASGI app that forwards every HTTP request to one
+upstream base URL (vLLM's OpenAI-compatible server, or any other) with ``httpx``:
+method, path, query, body and headers go upstream unchanged except the hop-by-hop
+headers and ``Host``; the response status, headers and body come back unchanged,
+streamed chunk by chunk as the upstream sends them (server-sent events for
+``"stream": true``). When the client disconnects mid-stream the upstream request is
+closed at once (vLLM then aborts the request) and nothing more is sent.
+Upstream unreachable -> ``502``; upstream timeout -> ``504``.
+
+:func:`build_gateway` puts :class:`~producers.gateway.LifecycleMiddleware` around it
+(and, optionally, the control middleware between the two, so shed requests are
+recorded as ``rejected``); ``GET /tailguard/health`` answers with the producer's
+counters and is not recorded. :func:`serve_gateway` runs it under uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from producers.asgi_control import ASGIApp, Receive, Scope, Send
+from producers.emit import EventSink, KafkaSink
+from producers.gateway import LifecycleMiddleware
+
+log = logging.getLogger(__name__)
+
+HEALTH_PATH: Final = "/tailguard/health"
+# RFC 9110 §7.6.1 connection-specific fields, plus Host (httpx sets it for the upstream).
+HOP_BY_HOP: Final = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+
+
+def _forwardable(headers: Any) -> list[tuple[bytes, bytes]]:
+    return [(bytes(k), bytes(v)) for k, v in headers if bytes(k).lower() not in HOP_BY_HOP]
+
+
+class UpstreamProxy:
+    """ASGI pass-through to ``upstream`` (e.g. ``http://127.0.0.1:8000``)."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 1000,
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._client: httpx.AsyncClient | None = None
+
+    def _get_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self._timeout, limits=self._limits, follow_redirects=False
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        chunks: list[bytes] = []
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        path = scope.get("raw_path") or scope["path"].encode()
+        url = self.upstream + bytes(path).decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + bytes(scope["query_string"]).decode("latin-1")
+        client = self._get_client()
+        request = client.build_request(
+            scope["method"], url, headers=_forwardable(scope["headers"]), content=b"".join(chunks)
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            await _error(send, 504, f"upstream timeout: {type(exc).__name__}")
+            return
+        except httpx.HTTPError as exc:
+            await _error(send, 502, f"upstream unreachable: {type(exc).__name__}")
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": _forwardable(response.headers.raw),
+                }
+            )
+            gone = await _stream(response.aiter_raw(), receive, send)
+            if not gone:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except httpx.HTTPError as exc:  # upstream broke mid-response: end it (truncated)
+            log.warning("upstream failed mid-response: %s", exc)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _stream(body: AsyncIterator[bytes], receive: Receive, send: Send) -> bool:
+    """Relay ``body`` to the client; return True when the client went away first."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        it = body.__aiter__()
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():  # the client is gone: stop reading upstream
+                nxt.cancel()
+                with suppress(asyncio.CancelledError, StopAsyncIteration, httpx.HTTPError):
+                    await nxt
+                return True
+            try:
+                chunk = nxt.result()
+            except StopAsyncIteration:
+                return False
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if watcher.done():
+                return True
+    finally:
+        watcher.cancel()
+        with suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _error(send: Send, status: int, why: str) -> None:
+    body = orjson.dumps({"error": {"message": why, "type": "tailguard_gateway_error"}})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+@dataclass
+class Health:
+    """``GET /tailguard/health``: the gateway's own counters, outside the recorded traffic."""
+
+    app: ASGIApp
+    sink: EventSink
+    middleware: LifecycleMiddleware
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") == "http" and scope.get("path") == HEALTH_PATH:
+            counters: dict[str, Any] = dict(vars(getattr(self.sink, "counters", {})) or {})
+            if isinstance(self.sink, KafkaSink):
+                counters["buffered"] = self.sink.buffered
+                counters["partitions_known"] = self.sink.partitions_known
+            doc = {"status": "ok", "producer": counters, "middleware": self.middleware.counters}
+            body = orjson.dumps(doc)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await self.app(scope, receive, send)
+
+
+def build_gateway(
+    upstream: str,
+    sink: EventSink,
+    *,
+    host: str | None = None,
+    control: Any | None = None,
+    **middleware_options: Any,
+) -> tuple[ASGIApp, UpstreamProxy, LifecycleMiddleware]:
+    """The gateway app: health -> lifecycle events -> [control] -> proxy."""
+    proxy = UpstreamProxy(upstream)
+    inner: ASGIApp = proxy
+    if control is not None:
+        from producers.asgi_control import ControlMiddleware
+
+        inner = ControlMiddleware(inner, control)
+    mw = LifecycleMiddleware(
+        inner,
+        sink,
+        host=host or f"gateway/{socket.gethostname()}",
+        skip_paths=frozenset({HEALTH_PATH}),
+        **middleware_options,
+    )
+    return Health(mw, sink, mw), proxy, mw
+
+
+def serve_gateway(
+    app: ASGIApp, listen_host: str, port: int, *, sock: socket.socket | None = None
+) -> None:
+    """Run ``app`` under uvicorn until SIGINT/SIGTERM (blocking)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=listen_host,
+        port=port,
+        lifespan="on",
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock] if sock is not None else None)

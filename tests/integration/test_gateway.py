@@ -1,0 +1,146 @@
+"""The reference gateway proxy end to end on loopback: a client -> `build_gateway` (uvicorn)
+-> a small OpenAI-compatible upstream (uvicorn). Events go to an in-memory sink here; the
+Kafka side is in test_gateway_kafka.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from producers.gateway_proxy import HEALTH_PATH, build_gateway
+from tests.gateway_fixtures import FakeOpenAI, MemorySink, serve, wait_for
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def completed(sink: MemorySink, rid: str) -> dict[str, Any]:
+    """The request's events once the middleware emitted the last one (after the app returned;
+    the client may have read the last byte a moment earlier)."""
+    wait_for(lambda: "gateway.completed" in sink.of(rid), what=f"gateway.completed of {rid}")
+    return sink.of(rid)
+
+
+@pytest.fixture()
+def stack() -> Iterator[tuple[str, FakeOpenAI, MemorySink]]:
+    upstream = FakeOpenAI()
+    sink = MemorySink()
+    with serve(upstream) as upstream_url:
+        app, _proxy, _mw = build_gateway(upstream_url, sink, host="gw-test")
+        with serve(app) as gateway_url:
+            yield gateway_url, upstream, sink
+
+
+def test_non_streaming_request_passes_through_with_both_events(
+    stack: tuple[str, FakeOpenAI, MemorySink],
+) -> None:
+    url, upstream, sink = stack
+    body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}
+    r = httpx.post(
+        f"{url}/v1/chat/completions?x=1",
+        json=body,
+        headers={"X-Vllm-Priority": "2", "X-Tenant-Id": "acme", "traceparent": TRACEPARENT},
+    )
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 7
+    rid = r.headers["x-request-id"]
+    assert len(rid) == 32  # created by the gateway
+    seen = upstream.seen[rid]
+    assert seen["body"] == body and seen["path"] == "/v1/chat/completions"
+    assert seen["headers"]["x-vllm-priority"] == "2"
+    assert seen["headers"]["traceparent"].split("-")[1] == TRACE_ID  # same trace continues
+    ev = completed(sink, rid)
+    assert set(ev) == {"gateway.received", "gateway.completed"}
+    rec, done = ev["gateway.received"], ev["gateway.completed"]
+    assert (rec.model, rec.priority, rec.tenant, rec.stream, rec.host) == (
+        "llama-3-8b",
+        2,
+        "acme",
+        False,
+        "gw-test",
+    )
+    assert (done.http_status, done.outcome, done.model) == (200, "ok", "llama-3-8b")
+    assert done.ttfb_ms is not None and 0 <= done.ttfb_ms <= done.total_ms
+    assert done.ts_unix_ns >= rec.ts_unix_ns
+
+
+def test_client_request_id_is_kept(stack: tuple[str, FakeOpenAI, MemorySink]) -> None:
+    url, upstream, sink = stack
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "m", "prompt": "p"},
+        headers={"X-Request-Id": "client-chosen-42"},
+    )
+    assert r.headers["x-request-id"] == "client-chosen-42"
+    assert "client-chosen-42" in upstream.seen
+    assert set(completed(sink, "client-chosen-42")) == {"gateway.received", "gateway.completed"}
+
+
+def test_streaming_relays_every_chunk_and_measures_ttfb(
+    stack: tuple[str, FakeOpenAI, MemorySink],
+) -> None:
+    url, upstream, sink = stack
+    body = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 6}
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json=body, headers={"x-test-chunk-delay-ms": "30"}
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        rid = r.headers["x-request-id"]
+        text = b"".join(r.iter_raw()).decode()
+    events = [line for line in text.split("\n\n") if line]
+    assert len(events) == 7 and events[-1] == "data: [DONE]"
+    assert orjson.loads(events[0][len("data: ") :])["id"] == f"chatcmpl-{rid}"
+    done = completed(sink, rid)["gateway.completed"]
+    assert sink.of(rid)["gateway.received"].stream is True
+    assert done.outcome == "ok" and done.http_status == 200
+    # first chunk at once, then 5 gaps of 30 ms before the last byte
+    assert done.ttfb_ms is not None and done.ttfb_ms < done.total_ms
+    assert done.total_ms - done.ttfb_ms >= 5 * 30 * 0.9
+    assert rid in upstream.finished
+
+
+def test_client_disconnect_mid_stream_is_a_client_abort(
+    stack: tuple[str, FakeOpenAI, MemorySink],
+) -> None:
+    url, upstream, sink = stack
+    body = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 1000}
+    with httpx.Client() as client:
+        with client.stream(
+            "POST", f"{url}/v1/completions", json=body, headers={"x-test-chunk-delay-ms": "20"}
+        ) as r:
+            rid = r.headers["x-request-id"]
+            first = next(r.iter_raw())
+            assert first.startswith(b"data: ")
+        # leaving the block closes the connection before the response is complete
+    done = completed(sink, rid)["gateway.completed"]
+    assert (done.outcome, done.http_status) == ("client_abort", 0)
+    assert done.ttfb_ms is not None and done.total_ms >= done.ttfb_ms
+    # the proxy closed its upstream request too (vLLM would abort the generation)
+    wait_for(lambda: rid in upstream.abandoned, what="upstream to see the disconnect")
+    assert rid not in upstream.finished
+
+
+def test_upstream_down_is_502_and_an_error(tmp_path: object) -> None:
+    sink = MemorySink()
+    app, _proxy, _mw = build_gateway("http://127.0.0.1:9", sink, host="gw")  # discard port
+    with serve(app) as url:
+        r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"})
+        assert r.status_code == 502
+        rid = r.headers["x-request-id"]
+        done = completed(sink, rid)["gateway.completed"]
+    assert (done.outcome, done.http_status, done.model) == ("error", 502, "m")
+
+
+def test_health_endpoint_is_not_recorded(stack: tuple[str, FakeOpenAI, MemorySink]) -> None:
+    url, _upstream, sink = stack
+    r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"})
+    completed(sink, r.headers["x-request-id"])
+    r = httpx.get(f"{url}{HEALTH_PATH}")
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["producer"]["events_sent"] == 2 and doc["middleware"]["requests"] == 1
+    assert len(sink.events) == 2
