@@ -109,6 +109,13 @@ class Settings(BaseSettings):
         le=65535,
         description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset).",
     )
+    query_port: int = Field(
+        0,
+        ge=-1,
+        le=65535,
+        description="TAILGUARD_QUERY_PORT: the worker's read-only query port on 127.0.0.1 for "
+        "tools reading its embedded store (0 = an ephemeral port, -1 = off).",
+    )
     session_timeout_ms: int = Field(
         10_000,
         ge=6000,

@@ -96,6 +96,11 @@ class ClickHouseStore:
                 settings=settings,
             )
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held for every call; another user of this process's chDB engine takes it too."""
+        return self._lock
+
     def close(self) -> None:
         with self._lock:
             self._client.close()

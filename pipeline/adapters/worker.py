@@ -32,6 +32,7 @@ from confluent_kafka import Producer
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.store import (
     ClickHouseStore,
     migrate,
@@ -142,6 +143,7 @@ class WorkerShell:
         # A bad policy, spec, rule file or key config fails here, at start-up.
         self.control = ControllerShell(settings) if settings.control_enabled else None
         self.store: ClickHouseStore | None = None
+        self.query_server: QueryServer | None = None
         self.dlq: DeadLetterSink | None = None
         self.summaries: ReliableProducer | None = None
         self._records: list[RequestRecord] = []
@@ -161,6 +163,8 @@ class WorkerShell:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
+        # Tools read the embedded store through this port while the worker owns it.
+        self.query_server = start_query_server(self.settings, self.store)
         self.dlq = DeadLetterSink(self.settings)
         self.summaries = ReliableProducer(self.settings, self.settings.summaries_topic, "summaries")
         if self.control is not None:
@@ -406,6 +410,8 @@ class WorkerShell:
                 self.rows_written += len(batch)
         finally:
             self._executor.shutdown(wait=True)
+            if self.query_server is not None:
+                self.query_server.stop()
             if self.store is not None:
                 self.store.close()
             self._maybe_log(force=True)

@@ -1,0 +1,531 @@
+"""The worker's read-only query port for its embedded store.
+
+chDB allows one process per data directory, and a running worker owns it. So
+that ``tailguard report|explain|capacity|sql`` work while a worker runs, the
+worker answers read-only queries on ``127.0.0.1`` and speaks enough of
+ClickHouse's HTTP interface that clickhouse-connect's ordinary HTTP client
+works against it: the tools use the same :class:`~pipeline.adapters.store.Store`
+API whether they open the directory themselves or go through the worker.
+
+* **Discovery.** While it serves, the worker keeps ``tailguard-query.json``
+  (``{"port", "pid", "store"}``) in the store directory and removes it on
+  stop. :func:`open_reader` uses the port when that file names a live process
+  that answers for this directory, and opens the directory directly otherwise.
+* **Read-only, by ClickHouse's own rules.** Queries run on a dedicated chDB
+  connection of the worker's engine with the session setting ``readonly = 1``:
+  the engine refuses INSERT, DROP, ALTER, CREATE, TRUNCATE, OPTIMIZE, table
+  functions and setting changes. chDB's ``readonly = 1`` still lets through a
+  few statements that are not reads (``SYSTEM STOP MERGES``, ``KILL QUERY``,
+  ``SELECT ... INTO OUTFILE``, several statements in one request), so each
+  request is first parsed by ClickHouse (``formatQuerySingleLine``, which
+  refuses multi-statements) and only the query kinds that read are accepted:
+  ``SELECT``, ``WITH``, ``SHOW``, ``DESCRIBE``, ``EXPLAIN``, ``EXISTS``,
+  never with ``INTO OUTFILE``.
+* **Serialised with the worker's writes.** chDB must not be used from two
+  threads at once, so every query holds the store's lock (the one the
+  worker's writer thread takes for each insert). Queries run on the server's
+  own threads, never on the Faust event loop; ``max_execution_time`` bounds
+  how long one query can hold the lock (default 30 s).
+* **Idle cost:** one thread blocked in ``select`` (woken twice a second to
+  check for shutdown); nothing runs per Kafka message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+log = logging.getLogger("tailguard.query_server")
+
+DISCOVERY_FILE = "tailguard-query.json"
+HOST = "127.0.0.1"
+READ_KINDS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "EXPLAIN", "EXISTS")
+
+# HTTP parameters that are transport, not query settings (clickhouse-connect
+# sends some of them with every request). Any other parameter would be a
+# setting change, which the read-only session refuses.
+_TRANSPORT_PARAMS = frozenset(
+    {
+        "query",
+        "database",
+        "default_format",
+        "wait_end_of_query",
+        "query_id",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "quota_key",
+        "compress",
+        "decompress",
+        "client_protocol_version",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+        "enable_http_compression",
+        "buffer_size",
+        "role",
+        "user",
+        "password",
+    }
+)
+_TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
+_CODE_RE = re.compile(r"Code: (\d+)")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+READONLY = 164  # ClickHouse error codes
+SYNTAX_ERROR = 62
+UNKNOWN_SETTING = 115
+
+
+class QueryRefusedError(Exception):
+    """A request the read-only port does not run (ClickHouse error code and text)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def sql_string(text: str) -> str:
+    """A ClickHouse string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    body: bytes
+    fmt: str
+    rows_read: int
+    bytes_read: int
+    elapsed_s: float
+
+
+class ReadOnlySession:
+    """A chDB connection of this process's engine, in ``readonly = 1`` mode.
+
+    ``lock`` is the lock the process's other chDB user (the worker's store)
+    holds for each call: a query here never overlaps a write there.
+    """
+
+    def __init__(
+        self, store_dir: Path, lock: threading.Lock, *, max_execution_time_s: int = 30
+    ) -> None:
+        import chdb  # adapter-only import
+
+        self.path = os.path.realpath(store_dir)
+        self._lock = lock
+        with self._lock:
+            # The same path string as clickhouse-connect's: chDB compares them literally.
+            self._conn: Any = chdb.connect(self.path)  # type: ignore[no-untyped-call]
+            self._conn.query(f"SET max_execution_time = {int(max_execution_time_s)}", "TSV")
+            self._conn.query("SET readonly = 1", "TSV")
+            self.timezone = self._conn.query("SELECT timezone()", "TSV").bytes().decode().strip()
+        self._closed = False
+
+    def check(self, sql: str) -> str:
+        """ClickHouse's parse of ``sql`` (one statement); refuses what does not read."""
+        try:
+            with self._lock:
+                text = self._conn.query(
+                    f"SELECT formatQuerySingleLine({sql_string(sql)})", "TSV"
+                ).bytes()
+        except Exception as exc:
+            raise QueryRefusedError(
+                _code_of(str(exc), SYNTAX_ERROR), _message_of(str(exc))
+            ) from None
+        normalized = str(text.decode(errors="replace")).strip()
+        first = normalized.split(" ", 1)[0].upper()
+        if first not in READ_KINDS:
+            raise QueryRefusedError(
+                READONLY, f"the query port runs reads only ({', '.join(READ_KINDS)}), not {first}"
+            )
+        if "INTO OUTFILE" in normalized.upper():
+            raise QueryRefusedError(READONLY, "the query port does not write files (INTO OUTFILE)")
+        return normalized
+
+    def execute(
+        self,
+        sql: str,
+        *,
+        default_format: str = "TabSeparated",
+        database: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> QueryResult:
+        """Check, then run one read-only query (an error is a :class:`QueryRefusedError`)."""
+        self.check(sql)
+        match = _TRAILING_FORMAT_RE.search(sql)
+        fmt = match.group(1) if match else default_format
+        if database is not None and not _IDENT_RE.match(database):
+            raise QueryRefusedError(SYNTAX_ERROR, f"invalid database name {database!r}")
+        t0 = time.perf_counter()
+        try:
+            with self._lock:
+                if self._closed:
+                    return self._closing()
+                if database:
+                    self._conn.query(f"USE {database}", "TSV")
+                result = self._conn.query(sql, fmt, params=dict(params or {}))
+                body = result.bytes() or b""
+        except QueryRefusedError:
+            raise
+        except Exception as exc:
+            raise QueryRefusedError(_code_of(str(exc), 1000), _message_of(str(exc))) from None
+        rows_read = bytes_read = 0
+        with contextlib.suppress(Exception):
+            rows_read, bytes_read = int(result.rows_read()), int(result.bytes_read())
+        return QueryResult(body, fmt, rows_read, bytes_read, time.perf_counter() - t0)
+
+    @staticmethod
+    def _closing() -> QueryResult:
+        raise QueryRefusedError(210, "the query port is shutting down")
+
+    def execute_unchecked(self, sql: str) -> bytes:
+        """Run ``sql`` on the read-only session without :meth:`check` (tests use it
+        to show that the engine itself refuses writes)."""
+        try:
+            with self._lock:
+                return bytes(self._conn.query(sql, "TSV").bytes() or b"")
+        except Exception as exc:
+            raise QueryRefusedError(_code_of(str(exc), 1000), _message_of(str(exc))) from None
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+
+def _code_of(message: str, default: int) -> int:
+    m = _CODE_RE.search(message)
+    return int(m.group(1)) if m else default
+
+
+def _message_of(message: str) -> str:
+    i = message.find("Code: ")
+    return (message[i:] if i >= 0 else message).strip()
+
+
+def _http_status(code: int) -> int:
+    """ClickHouse's own mapping for the codes this port produces."""
+    if code == READONLY:
+        return 403
+    if code in (SYNTAX_ERROR, UNKNOWN_SETTING, 457):
+        return 400
+    if code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
+        return 404
+    return 500
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("query port: " + format, *args)
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, code: int, message: str) -> None:
+        body = f"Code: {code}. DB::Exception: {message}\n".encode()
+        self._send(
+            _http_status(code),
+            body,
+            {"X-ClickHouse-Exception-Code": str(code), "Content-Type": "text/plain"},
+        )
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/ping":
+            self._send(200, b"Ok.\n", {"Content-Type": "text/plain"})
+        elif path == "/tailguard":
+            info = {"pid": os.getpid(), "store": self.server.session.path}
+            self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
+        elif path == "/":
+            self._query(b"")
+        else:
+            self._error(1000, f"no such path {path}")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self._query(self.rfile.read(length) if length else b"")
+
+    def _query(self, body: bytes) -> None:
+        url = urlsplit(self.path)
+        if url.path != "/":
+            self._error(1000, f"no such path {url.path}")
+            return
+        args = dict(parse_qsl(url.query, keep_blank_values=True))
+        parts = [args.get("query", ""), body.decode(errors="replace")]
+        sql = "\n".join(p for p in parts if p).strip()
+        if not sql:
+            self._error(SYNTAX_ERROR, "empty query")
+            return
+        params = {k[6:]: v for k, v in args.items() if k.startswith("param_")}
+        settings = [k for k in args if k not in _TRANSPORT_PARAMS and not k.startswith("param_")]
+        if settings:
+            self._error(
+                READONLY,
+                f"Cannot modify {', '.join(sorted(settings))}: the query port is read-only",
+            )
+            return
+        try:
+            result = self.server.session.execute(
+                sql,
+                default_format=args.get("default_format", "TabSeparated"),
+                database=args.get("database") or None,
+                params=params,
+            )
+        except QueryRefusedError as exc:
+            self._error(exc.code, str(exc))
+            return
+        summary = {
+            "read_rows": str(result.rows_read),
+            "read_bytes": str(result.bytes_read),
+            "elapsed_ns": str(int(result.elapsed_s * 1e9)),
+        }
+        self.server.queries += 1
+        self._send(
+            200,
+            result.body,
+            {
+                "X-ClickHouse-Format": result.fmt,
+                "X-ClickHouse-Timezone": self.server.session.timezone,
+                "X-ClickHouse-Summary": json.dumps(summary),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, session: ReadOnlySession) -> None:
+        super().__init__((HOST, port), _Handler)
+        self.session = session
+        self.queries = 0
+
+
+class QueryServer:
+    """The read-only port: a thread serving :class:`ReadOnlySession` over HTTP."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        lock: threading.Lock,
+        *,
+        port: int = 0,
+        max_execution_time_s: int = 30,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.session = ReadOnlySession(
+            self.store_dir, lock, max_execution_time_s=max_execution_time_s
+        )
+        try:
+            self._server = _Server(port, self.session)
+        except Exception:
+            self.session.close()
+            raise
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="tailguard-query-port", daemon=True
+        )
+        self.discovery = self.store_dir / DISCOVERY_FILE
+
+    @property
+    def queries(self) -> int:
+        return self._server.queries
+
+    def start(self, *, publish: bool = True) -> QueryServer:
+        """Serve; ``publish``: write the discovery file (the worker does, a tool does not)."""
+        self._thread.start()
+        if not publish:
+            return self
+        tmp = self.discovery.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(
+            json.dumps({"port": self.port, "pid": os.getpid(), "store": self.session.path})
+        )
+        tmp.replace(self.discovery)
+        log.info("read-only query port on %s:%d (%s)", HOST, self.port, self.discovery)
+        return self
+
+    def stop(self) -> None:
+        """Remove the discovery file (if ours), stop serving, close the session."""
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(self.discovery.read_text()).get("pid") == os.getpid():
+                self.discovery.unlink()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self.session.close()
+
+
+def start_query_server(settings: Any, store: Any) -> QueryServer | None:
+    """The worker's port, or None (a ClickHouse server needs none; port -1 = off)."""
+    if settings.clickhouse_url or settings.query_port < 0:
+        return None
+    return QueryServer(settings.store_dir, store.lock, port=settings.query_port).start()
+
+
+# --- the tools' side -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    port: int
+    pid: int
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_live_worker(store_dir: Path, timeout_s: float = 2.0) -> LiveWorker | None:
+    """The worker serving ``store_dir``'s query port, if its discovery file
+    names a live process that answers for this directory."""
+    import urllib.request
+
+    path = Path(store_dir) / DISCOVERY_FILE
+    try:
+        info = json.loads(path.read_text())
+        port, pid = int(info["port"]), int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/tailguard", timeout=timeout_s) as resp:
+            served = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    if served.get("pid") != pid or served.get("store") != os.path.realpath(store_dir):
+        return None  # a stale file and a port reused by someone else
+    return LiveWorker(port, pid)
+
+
+def _http_client(port: int) -> Any:
+    import clickhouse_connect
+
+    return clickhouse_connect.get_client(host=HOST, port=port, interface="http", compress=False)
+
+
+def _http_store(port: int, database: str) -> Any:
+    from pipeline.adapters.store import ClickHouseStore
+
+    return ClickHouseStore(_http_client(port), database)
+
+
+def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
+    """(store, through_port): the live worker's port, else the directory itself."""
+    from pipeline.adapters.store import StoreError, open_store
+
+    if not Path(settings.store_dir).is_dir():
+        raise StoreError(f"no store at {settings.store_dir} (run a worker or `replay` first)")
+    deadline = time.monotonic() + wait_s
+    while True:
+        live = find_live_worker(settings.store_dir)
+        if live is not None:
+            log.debug(
+                "reading %s through worker %d's port %d", settings.store_dir, live.pid, live.port
+            )
+            return _http_store(live.port, settings.database), True
+        try:
+            return open_store(settings), False
+        except StoreError:
+            # Locked by a process that has not published its port yet (a worker starting)?
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def open_reader(settings: Any, *, wait_s: float = 10.0) -> Any:
+    """A :class:`~pipeline.adapters.store.ClickHouseStore` for the tools' own queries.
+
+    A ClickHouse server when ``clickhouse_url`` is set; else the live worker's
+    query port for ``store_dir``; else the directory itself. If the directory
+    is locked by a process that has not published its port yet, wait up to
+    ``wait_s`` for the port.
+    """
+    from pipeline.adapters.store import open_store
+
+    if settings.clickhouse_url:
+        return open_store(settings)
+    return _open_embedded_or_port(settings, wait_s)[0]
+
+
+@contextlib.contextmanager
+def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
+    """A clickhouse-connect client on which only reads run (``tailguard sql``).
+
+    A ClickHouse server: the session setting ``readonly = 1``. A live worker:
+    its port. Otherwise this process opens the directory and serves itself the
+    same read-only port (unpublished), so the rules are the same either way.
+    """
+    import clickhouse_connect
+
+    from pipeline.adapters.store import StoreError, open_store
+
+    if settings.clickhouse_url:
+        client = clickhouse_connect.get_client(
+            dsn=settings.clickhouse_url,
+            username=settings.clickhouse_user,
+            password=settings.clickhouse_password.get_secret_value(),
+            settings={"readonly": 1},
+        )
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if not Path(settings.store_dir).is_dir():
+        raise StoreError(f"no store at {settings.store_dir} (run a worker or `replay` first)")
+    deadline = time.monotonic() + wait_s
+    while True:
+        live = find_live_worker(settings.store_dir)
+        if live is not None:
+            client = _http_client(live.port)
+            try:
+                yield client
+            finally:
+                client.close()
+            return
+        try:
+            owner = open_store(settings)
+            break
+        except StoreError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        server = QueryServer(settings.store_dir, owner.lock).start(publish=False)
+        try:
+            client = _http_client(server.port)
+            try:
+                yield client
+            finally:
+                client.close()
+        finally:
+            server.stop()
+    finally:
+        owner.close()

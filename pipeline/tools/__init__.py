@@ -1,0 +1,1 @@
+"""Operator tools over the store: explain, capacity, sql, the HTML report."""

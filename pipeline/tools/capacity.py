@@ -1,0 +1,145 @@
+"""``tailguard capacity``: the store's side of :mod:`pipeline.core.capacity`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.adapters.store import Store
+from pipeline.core.capacity import UTILISATION, ModelCapacity, Sample, fit
+from pipeline.core.record import BOUNDARIES
+
+
+def read_samples(store: Store, boundary: str, model: str | None = None) -> list[Sample]:
+    """Finished requests the engine measured (joined or engine-only)."""
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"unknown boundary {boundary!r}: one of {', '.join(BOUNDARIES)}")
+    where = (
+        "engine_e2e_ms IS NOT NULL AND inference_ms IS NOT NULL "
+        f"AND engine_arrival_unix_ns IS NOT NULL AND {boundary} IS NOT NULL"
+    )
+    params: dict[str, Any] = {}
+    if model is not None:
+        where += " AND model = {m:String}"
+        params["m"] = model
+    rows = store.query_rows(
+        "SELECT model, engine_host, engine_arrival_unix_ns / 1e6, engine_e2e_ms, inference_ms, "
+        f"{boundary} FROM {store.database}.requests FINAL WHERE {where}",
+        params,
+    )
+    return [
+        Sample(str(m), str(h), float(a), float(e), float(c), float(v)) for m, h, a, e, c, v in rows
+    ]
+
+
+def capacity(
+    store: Store,
+    *,
+    target_p99_ms: float,
+    boundary: str,
+    target_qps: Sequence[float] = (),
+    bucket_ms: float = 10_000.0,
+    min_requests: int = 100,
+    utilisation: float = UTILISATION,
+    model: str | None = None,
+) -> list[ModelCapacity]:
+    return fit(
+        read_samples(store, boundary, model),
+        target_p99_ms,
+        bucket_ms=bucket_ms,
+        min_requests=min_requests,
+        target_qps=target_qps,
+        utilisation=utilisation,
+    )
+
+
+def to_json(models: Sequence[ModelCapacity], boundary: str) -> dict[str, Any]:
+    return {
+        "boundary": boundary,
+        "models": [
+            {
+                "model": m.model,
+                "instances_observed": m.instances_observed,
+                "target_p99_ms": m.target_p99_ms,
+                "utilisation": m.utilisation,
+                "peak_qps": m.peak_qps,
+                "chosen_concurrency": None if m.chosen is None else m.chosen.concurrency,
+                "per_instance_rps": m.per_instance_rps,
+                "instances_needed": [
+                    {"qps": q, "instances": n} for q, n in m.instances_needed.items()
+                ],
+                "levels": [
+                    {
+                        "concurrency": lv.concurrency,
+                        "mean_concurrency": lv.mean_concurrency,
+                        "buckets": lv.buckets,
+                        "requests": lv.requests,
+                        "p99_ms": lv.p99_ms,
+                        "p99_compute_ms": lv.p99_compute_ms,
+                        "mean_compute_ms": lv.mean_compute_ms,
+                        "throughput_rps": lv.throughput_rps,
+                        "littles_law_rps": lv.littles_law_rps,
+                        "holds_target": lv.holds_target,
+                    }
+                    for lv in m.levels
+                ],
+            }
+            for m in models
+        ],
+    }
+
+
+def render(models: Sequence[ModelCapacity], boundary: str) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    if not models:
+        parts.append(Text("no engine-measured requests in the store"))
+    for m in models:
+        t = Table(
+            title=f"{m.model}: {m.instances_observed} instances observed, "
+            f"target P99 {boundary} <= {m.target_p99_ms:g} ms"
+        )
+        for col in (
+            "concurrency", "mean", "requests", f"P99 {boundary}", "P99 compute",
+            "mean compute", "req/s per instance", "Little's law req/s", "holds",
+        ):  # fmt: skip
+            t.add_column(col, justify="right")
+        for lv in m.levels:
+            chosen = m.chosen is not None and lv.concurrency == m.chosen.concurrency
+            t.add_row(
+                str(lv.concurrency),
+                f"{lv.mean_concurrency:.1f}",
+                str(lv.requests),
+                f"{lv.p99_ms:.0f} ms",
+                f"{lv.p99_compute_ms:.0f} ms",
+                f"{lv.mean_compute_ms:.0f} ms",
+                f"{lv.throughput_rps:.2f}",
+                f"{lv.littles_law_rps:.2f}",
+                ("yes" if lv.holds_target else "no") + (" <- chosen" if chosen else ""),
+                style="bold" if chosen else None,
+            )
+        parts.append(t)
+        if m.chosen is None:
+            parts.append(
+                Text(
+                    f"no concurrency level with at least the minimum requests holds "
+                    f"P99 <= {m.target_p99_ms:g} ms: no sizing",
+                    style="bold red",
+                )
+            )
+            continue
+        lines = [
+            f"per instance: {m.chosen.throughput_rps:.2f} req/s at concurrency "
+            f"{m.chosen.concurrency} (P99 {m.chosen.p99_ms:.0f} ms); observed peak "
+            f"{m.peak_qps:.2f} req/s"
+        ]
+        for q, n in m.instances_needed.items():
+            lines.append(
+                f"{q:g} req/s at <= {100 * m.utilisation:.0f}% utilisation: {n} instances "
+                f"(= ceil({q:g} / ({m.chosen.throughput_rps:.2f} x {m.utilisation:g})))"
+            )
+        parts.append(Text("\n".join(lines)))
+    return Group(*parts)

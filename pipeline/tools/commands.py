@@ -1,0 +1,159 @@
+"""CLI commands of the operator tools (registered by :func:`pipeline.cli.build_parser`).
+
+Each reads the store named by ``--store DIR`` (or ``TAILGUARD_STORE_DIR``, or
+the server of ``TAILGUARD_CLICKHOUSE_URL``); with the embedded store and a
+live worker owning the directory, through the worker's read-only query port
+(:mod:`pipeline.adapters.query_server`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from pipeline import cli
+
+    return cli._settings(args)
+
+
+def _fail(message: str) -> int:
+    print(f"tailguard: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pipeline.adapters.query_server import open_reader
+    from pipeline.adapters.store import StoreError
+    from pipeline.core.slo import SpecError, load_spec_file
+    from pipeline.tools.explain import NotFoundError, explain_request, render, to_json
+
+    settings = _settings(args)
+    spec_path = args.slo or settings.slo_spec
+    if spec_path is None:
+        return _fail("no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
+    try:
+        spec = load_spec_file(spec_path)
+    except SpecError as exc:
+        return _fail(f"invalid SLO spec:\n{exc}")
+    try:
+        store = open_reader(settings)
+    except StoreError as exc:
+        return _fail(str(exc))
+    try:
+        explanation, events = explain_request(store, args.request_id, spec)
+    except NotFoundError:
+        return _fail(f"no request {args.request_id!r} in the store")
+    finally:
+        store.close()
+    if args.json:
+        print(orjson.dumps(to_json(explanation, events)).decode())
+    else:
+        Console().print(render(explanation, events))
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pipeline.adapters.query_server import open_reader
+    from pipeline.adapters.store import StoreError
+    from pipeline.tools.capacity import capacity, render, to_json
+
+    settings = _settings(args)
+    try:
+        store = open_reader(settings)
+    except StoreError as exc:
+        return _fail(str(exc))
+    try:
+        models = capacity(
+            store,
+            target_p99_ms=args.p99_ms,
+            boundary=args.boundary,
+            target_qps=args.qps or (),
+            bucket_ms=args.bucket_s * 1000,
+            min_requests=args.min_requests,
+            utilisation=args.utilisation,
+            model=args.model,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    finally:
+        store.close()
+    if args.json:
+        print(orjson.dumps(to_json(models, args.boundary)).decode())
+    else:
+        Console().print(render(models, args.boundary))
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pipeline.adapters.query_server import read_only_client
+    from pipeline.adapters.store import StoreError
+    from pipeline.tools.sql import render, run, to_json, to_tsv
+
+    settings = _settings(args)
+    try:
+        with read_only_client(settings) as client:
+            names, rows = run(client, args.query)
+    except StoreError as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # the engine's refusal or error, as ClickHouse words it
+        return _fail(str(exc).strip())
+    if args.format == "json":
+        print(orjson.dumps(to_json(names, rows)).decode())
+    elif args.format == "tsv":
+        sys.stdout.write(to_tsv(names, rows))
+    else:
+        Console().print(render(names, rows))
+    return 0
+
+
+def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
+    s = sub.add_parser(
+        "explain", help="one request: timeline, breakdown, SLO verdicts, control level"
+    )
+    s.add_argument("request_id")
+    add_store(s)
+    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser(
+        "capacity",
+        help="throughput per instance at the concurrency that holds a P99, instances needed",
+    )
+    add_store(s)
+    s.add_argument(
+        "--p99-ms", type=float, default=300.0, help="P99 target (default 300, the documents')"
+    )
+    s.add_argument(
+        "--boundary",
+        default="ttft_engine_ms",
+        help="boundary of the target (default ttft_engine_ms: queue + prefill)",
+    )
+    s.add_argument(
+        "--qps", type=float, action="append", help="target QPS (repeatable; default: peak seen)"
+    )
+    s.add_argument("--utilisation", type=float, default=0.7, help="load ceiling (default 0.7)")
+    s.add_argument("--bucket-s", type=float, default=10.0, help="measurement bucket (seconds)")
+    s.add_argument("--min-requests", type=int, default=100, help="per level, to be chosen")
+    s.add_argument("--model", help="only this model")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_capacity)
+
+    s = sub.add_parser("sql", help="read-only SQL against the store")
+    s.add_argument("query")
+    add_store(s)
+    s.add_argument("--format", choices=("table", "tsv", "json"), default="table")
+    s.set_defaults(func=cmd_sql)

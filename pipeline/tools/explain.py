@@ -1,0 +1,175 @@
+"""``tailguard explain REQUEST_ID``: the store's side of :mod:`pipeline.core.explain`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pipeline.adapters.store import REQUEST_COLUMNS, Store
+from pipeline.core.explain import Directive, Explanation, explain
+from pipeline.core.record import RequestRecord
+from pipeline.core.slo import SLOSpec
+
+_EMPTY_IS_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
+_NAMES = [n for n, _ in REQUEST_COLUMNS]
+
+
+class NotFoundError(LookupError):
+    """No stored request with that id."""
+
+
+def read_record(store: Store, request_id: str) -> RequestRecord:
+    rows = store.query_rows(
+        f"SELECT {', '.join(_NAMES)} FROM {store.database}.requests FINAL "
+        "WHERE request_id = {rid:String}",
+        {"rid": request_id},
+    )
+    if not rows:
+        raise NotFoundError(request_id)
+    values = dict(zip(_NAMES, rows[0], strict=True))
+    for k in _EMPTY_IS_NONE:
+        if values[k] == "":
+            values[k] = None
+    return RequestRecord(**values)
+
+
+def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[Directive]:
+    """The latest directives of ``scope`` up to ``until_unix_ms`` (event time)."""
+    rows = store.query_rows(
+        "SELECT scope, seq, level, phase, toUnixTimestamp64Milli(event_time), reason "
+        f"FROM {store.database}.control_signals FINAL "
+        "WHERE scope = {s:String} AND toUnixTimestamp64Milli(event_time) <= {t:Int64} "
+        "ORDER BY event_time DESC, seq DESC LIMIT 5",
+        {"s": scope, "t": until_unix_ms},
+    )
+    return [
+        Directive(str(s), int(q), int(lv), str(p), int(t), str(r)) for s, q, lv, p, t, r in rows
+    ]
+
+
+def read_events(store: Store, request_id: str) -> list[dict[str, Any]]:
+    """The raw lifecycle events kept for the request (may be gone: TTL, or not stored)."""
+    rows = store.query_rows(
+        "SELECT kind, host, ts_unix_ns FROM "
+        f"{store.database}.lifecycle_events FINAL WHERE request_id = {{rid:String}} "
+        "ORDER BY ts_unix_ns, kind",
+        {"rid": request_id},
+    )
+    return [{"kind": k, "host": h, "ts_unix_ns": int(t)} for k, h, t in rows]
+
+
+def explain_request(
+    store: Store, request_id: str, spec: SLOSpec
+) -> tuple[Explanation, list[dict[str, Any]]]:
+    record = read_record(store, request_id)
+    directives = read_directives(store, record.model, record.end_unix_ns // 1_000_000)
+    return explain(record, spec, directives), read_events(store, request_id)
+
+
+def _iso(unix_ms: float | None) -> str | None:
+    if unix_ms is None:
+        return None
+    return dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:
+    r = e.record
+    c = e.control
+    return {
+        "request_id": r.request_id,
+        "model": r.model,
+        "source": r.source,
+        "outcome": r.outcome,
+        "priority": r.priority,
+        "tenant": r.tenant,
+        "ctx_bucket": r.ctx_bucket,
+        "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens,
+        "end": _iso(r.end_unix_ns / 1e6),
+        "timeline": [
+            {"clock": i.clock, "name": i.name, "offset_ms": i.offset_ms, "at": _iso(i.unix_ms)}
+            for i in e.timeline
+        ],
+        "breakdown": [{"segment": s.name, "ms": s.ms, "share": s.share} for s in e.breakdown],
+        "slos": [
+            {
+                "slo": v.slo,
+                "boundary": v.boundary,
+                "threshold_ms": v.threshold_ms,
+                "value_ms": v.value_ms,
+                "verdict": v.verdict,
+                "reason": v.reason,
+            }
+            for v in e.verdicts
+        ],
+        "tiers": [{"tier": t.tier, "credit": t.credit, "reason": t.reason} for t in e.tiers],
+        "control": None
+        if c is None
+        else {
+            "scope": c.scope,
+            "level": c.level,
+            "phase": c.phase,
+            "seq": c.seq,
+            "since": _iso(c.event_time_unix_ms),
+            "reason": c.reason,
+        },
+        "events": [dict(ev, at=_iso(ev["ts_unix_ns"] / 1e6)) for ev in events],
+    }
+
+
+def render(e: Explanation, events: list[dict[str, Any]]) -> Any:
+    """A rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    r = e.record
+    head = Text.assemble(
+        (f"request {r.request_id}", "bold"),
+        f"  model {r.model}  priority {r.priority}  {r.source}  outcome {r.outcome}  "
+        f"ctx {r.ctx_bucket} ({r.prompt_tokens} prompt / {r.output_tokens} output tokens)  "
+        f"ended {_iso(r.end_unix_ns / 1e6)}",
+    )
+    tl = Table(title="timeline (each host's own clock; the two are never subtracted)")
+    for col in ("clock", "instant", "offset ms", "wall clock (that host)"):
+        tl.add_column(col, justify="right" if col == "offset ms" else "left")
+    for i in e.timeline:
+        tl.add_row(i.clock, i.name, f"{i.offset_ms:.1f}", _iso(i.unix_ms) or "-")
+    bd = Table(title="breakdown")
+    for col in ("segment", "ms", "share"):
+        bd.add_column(col, justify="left" if col == "segment" else "right")
+    for s in e.breakdown:
+        share = "-" if s.share is None else f"{100 * s.share:.0f}%"
+        bd.add_row(s.name, f"{s.ms:.1f}", share)
+    sl = Table(title="SLOs")
+    for col in ("slo", "boundary", "value ms", "threshold ms", "verdict", "why"):
+        sl.add_column(col, justify="right" if "ms" in col else "left")
+    style = {"good": "green", "bad": "bold red", "skip": "dim"}
+    for v in e.verdicts:
+        sl.add_row(
+            v.slo,
+            v.boundary,
+            "-" if v.value_ms is None else f"{v.value_ms:.1f}",
+            f"{v.threshold_ms:g}",
+            Text(v.verdict.upper() if v.verdict == "bad" else v.verdict, style=style[v.verdict]),
+            v.reason,
+        )
+    for t in e.tiers:
+        credit = "-" if t.credit is None else f"{t.credit:g}"
+        sl.add_row(f"tier {t.tier}", f"{t.primary} / {t.secondary}", "", "", credit, t.reason)
+    c = e.control
+    ctl = Text(
+        f"control for {r.model} when it ended: level 0 (no directive issued before it)"
+        if c is None
+        else f"control for {c.scope} when it ended: L{c.level} {c.phase} "
+        f"(since {_iso(c.event_time_unix_ms)}, seq {c.seq}): {c.reason}"
+    )
+    parts: list[Any] = [head, tl, bd, sl, ctl]
+    if events:
+        ev = Table(title="raw lifecycle events")
+        for col in ("kind", "host", "wall clock (that host)"):
+            ev.add_column(col)
+        for x in events:
+            ev.add_row(x["kind"], x["host"], _iso(x["ts_unix_ns"] / 1e6) or "-")
+        parts.append(ev)
+    return Group(*parts)
