@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 import orjson
@@ -92,6 +93,18 @@ def _text(doc: dict[str, Any], key: str) -> str | None:
     return value.strip()[:256] or None
 
 
+def _unix_ns(doc: dict[str, Any], key: str) -> int | None:
+    """Epoch seconds with a fraction (``"1700000000.250000"``) -> exact integer ns."""
+    value = _present(doc, key)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        ns = int(Decimal(str(value)) * 1_000_000_000)
+    except (InvalidOperation, ValueError):
+        raise LineError(f"{key}: not a timestamp: {str(value)[:40]!r}") from None
+    return ns if ns > 0 else None
+
+
 def _event_id(request_id: str, start: str, suffix: str) -> str:
     digest = hashlib.blake2b(f"{request_id}\0{start}".encode(), digest_size=12).hexdigest()
     return f"envoy-{digest}-{suffix}"
@@ -110,8 +123,8 @@ def parse_line(
     request_id = usable_request_id(_text(doc, "request_id"))
     if request_id is None:
         raise LineError("request_id: missing or unusable (log %REQ(X-REQUEST-ID)%)")
-    start_s = _number(doc, "start_time")
-    if start_s is None or start_s <= 0:
+    start_ns = _unix_ns(doc, "start_time")
+    if start_ns is None:
         raise LineError("start_time: missing (log %START_TIME(%s.%6f)%)")
     total_us = _number(doc, "total_us")
     total_ms = total_us / 1000 if total_us is not None else _number(doc, "duration_ms")
@@ -134,7 +147,6 @@ def parse_line(
     priority_raw = _number(doc, "priority")
     priority = 0 if priority_raw is None else min(3, max(0, int(priority_raw)))
     model = _text(doc, "model") or default_model
-    start_ns = round(start_s * 1e9)
     start_key = str(doc.get("start_time"))
     try:
         received = GatewayReceived(

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,10 +111,8 @@ class FakeOpenAI:
         try:
             for i in range(n):
                 if i and delay_s:
-                    try:
+                    with suppress(TimeoutError):
                         await asyncio.wait_for(gone.wait(), delay_s)
-                    except TimeoutError:
-                        pass
                 if gone.is_set():
                     self.abandoned.add(rid)
                     return

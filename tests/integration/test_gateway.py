@@ -25,7 +25,7 @@ def completed(sink: MemorySink, rid: str) -> dict[str, Any]:
     return sink.of(rid)
 
 
-@pytest.fixture()
+@pytest.fixture
 def stack() -> Iterator[tuple[str, FakeOpenAI, MemorySink]]:
     upstream = FakeOpenAI()
     sink = MemorySink()
@@ -50,7 +50,8 @@ def test_non_streaming_request_passes_through_with_both_events(
     rid = r.headers["x-request-id"]
     assert len(rid) == 32  # created by the gateway
     seen = upstream.seen[rid]
-    assert seen["body"] == body and seen["path"] == "/v1/chat/completions"
+    assert seen["body"] == body
+    assert seen["path"] == "/v1/chat/completions"
     assert seen["headers"]["x-vllm-priority"] == "2"
     assert seen["headers"]["traceparent"].split("-")[1] == TRACE_ID  # same trace continues
     ev = completed(sink, rid)
@@ -64,7 +65,8 @@ def test_non_streaming_request_passes_through_with_both_events(
         "gw-test",
     )
     assert (done.http_status, done.outcome, done.model) == (200, "ok", "llama-3-8b")
-    assert done.ttfb_ms is not None and 0 <= done.ttfb_ms <= done.total_ms
+    assert done.ttfb_ms is not None
+    assert 0 <= done.ttfb_ms <= done.total_ms
     assert done.ts_unix_ns >= rec.ts_unix_ns
 
 
@@ -92,13 +94,16 @@ def test_streaming_relays_every_chunk_and_measures_ttfb(
         rid = r.headers["x-request-id"]
         text = b"".join(r.iter_raw()).decode()
     events = [line for line in text.split("\n\n") if line]
-    assert len(events) == 7 and events[-1] == "data: [DONE]"
+    assert len(events) == 7
+    assert events[-1] == "data: [DONE]"
     assert orjson.loads(events[0][len("data: ") :])["id"] == f"chatcmpl-{rid}"
     done = completed(sink, rid)["gateway.completed"]
     assert sink.of(rid)["gateway.received"].stream is True
-    assert done.outcome == "ok" and done.http_status == 200
+    assert done.outcome == "ok"
+    assert done.http_status == 200
     # first chunk at once, then 5 gaps of 30 ms before the last byte
-    assert done.ttfb_ms is not None and done.ttfb_ms < done.total_ms
+    assert done.ttfb_ms is not None
+    assert done.ttfb_ms < done.total_ms
     assert done.total_ms - done.ttfb_ms >= 5 * 30 * 0.9
     assert rid in upstream.finished
 
@@ -108,17 +113,20 @@ def test_client_disconnect_mid_stream_is_a_client_abort(
 ) -> None:
     url, upstream, sink = stack
     body = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 1000}
-    with httpx.Client() as client:
-        with client.stream(
+    with (
+        httpx.Client() as client,
+        client.stream(
             "POST", f"{url}/v1/completions", json=body, headers={"x-test-chunk-delay-ms": "20"}
-        ) as r:
-            rid = r.headers["x-request-id"]
-            first = next(r.iter_raw())
-            assert first.startswith(b"data: ")
+        ) as r,
+    ):
+        rid = r.headers["x-request-id"]
+        first = next(r.iter_raw())
+        assert first.startswith(b"data: ")
         # leaving the block closes the connection before the response is complete
     done = completed(sink, rid)["gateway.completed"]
     assert (done.outcome, done.http_status) == ("client_abort", 0)
-    assert done.ttfb_ms is not None and done.total_ms >= done.ttfb_ms
+    assert done.ttfb_ms is not None
+    assert done.total_ms >= done.ttfb_ms
     # the proxy closed its upstream request too (vLLM would abort the generation)
     wait_for(lambda: rid in upstream.abandoned, what="upstream to see the disconnect")
     assert rid not in upstream.finished
@@ -142,5 +150,6 @@ def test_health_endpoint_is_not_recorded(stack: tuple[str, FakeOpenAI, MemorySin
     r = httpx.get(f"{url}{HEALTH_PATH}")
     assert r.status_code == 200
     doc = r.json()
-    assert doc["producer"]["events_sent"] == 2 and doc["middleware"]["requests"] == 1
+    assert doc["producer"]["events_sent"] == 2
+    assert doc["middleware"]["requests"] == 1
     assert len(sink.events) == 2

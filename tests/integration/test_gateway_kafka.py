@@ -46,7 +46,7 @@ def metric_values(reader: InMemoryMetricReader) -> dict[str, float]:
     return out
 
 
-@pytest.fixture()
+@pytest.fixture
 def gateway(
     kafka: KafkaUnderTest, tmp_path: Path
 ) -> Iterator[tuple[str, Settings, KafkaSink, InMemoryMetricReader]]:
@@ -119,7 +119,8 @@ def test_unreachable_broker_from_start_drops_and_counts_never_blocks(tmp_path: P
             with serve(app) as url, httpx.Client() as client:
                 ids, _ = _requests(client, url, 20)  # 40 events into a 10-event buffer
         assert len(set(ids)) == 20
-        assert sink.buffered == 10 and not sink.partitions_known
+        assert sink.buffered == 10
+        assert not sink.partitions_known
         assert sink.counters.events_dropped == 30
         m = metric_values(reader)
         assert m["tailguard.producer.events.dropped"] == 30
