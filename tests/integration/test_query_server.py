@@ -1,0 +1,226 @@
+"""The worker's read-only query port, in process, on the real embedded engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import clickhouse_connect
+import pytest
+
+from pipeline.adapters.query_server import (
+    DISCOVERY_FILE,
+    QueryRefusedError,
+    QueryServer,
+    find_live_worker,
+    open_reader,
+)
+from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_requests
+from pipeline.core.record import build_record
+from pipeline.settings import Settings
+from tests.factories import completed, finished, received
+
+pytestmark = pytest.mark.integration
+
+
+def _records(start: int, n: int) -> list:
+    return [
+        build_record(
+            f"q-{i}",
+            received(f"q-{i}", i),
+            completed(f"q-{i}", i + 100),
+            finished(f"q-{i}", i + 98),
+        )
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    settings = Settings(store_dir=tmp_path / "store")
+    store = open_store(settings)
+    migrate(store)
+    write_requests(store, _records(0, 10))
+    server = QueryServer(settings.store_dir, store.lock).start()
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=server.port, compress=False)
+    try:
+        yield settings, store, server, client
+    finally:
+        client.close()
+        server.stop()
+        store.close()
+
+
+def _count(store: ClickHouseStore) -> int:
+    return int(store.query_rows("SELECT count() FROM tailguard.requests FINAL")[0][0])
+
+
+def test_clickhouse_connect_reads_through_the_port(served) -> None:
+    _settings, store, server, client = served
+    reader = ClickHouseStore(client, "tailguard")
+    assert _count(reader) == _count(store) == 10
+    rows = reader.query_rows(
+        "SELECT request_id, gateway_total_ms, toDateTime64(ts_unix_ns / 1e9, 3, 'UTC') "
+        "FROM tailguard.requests FINAL WHERE request_id = {rid:String}",
+        {"rid": "q-3"},
+    )
+    assert rows == store.query_rows(
+        "SELECT request_id, gateway_total_ms, toDateTime64(ts_unix_ns / 1e9, 3, 'UTC') "
+        "FROM tailguard.requests FINAL WHERE request_id = {rid:String}",
+        {"rid": "q-3"},
+    )
+    assert rows[0][0] == "q-3"
+    names = [r[0] for r in reader.query_rows("SHOW TABLES FROM tailguard")]
+    assert "requests" in names
+    assert server.queries >= 3
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO tailguard.requests (request_id) VALUES ('evil')",
+        "DROP TABLE tailguard.requests",
+        "ALTER TABLE tailguard.requests DELETE WHERE 1",
+        "TRUNCATE TABLE tailguard.requests",
+        "CREATE TABLE tailguard.x (a UInt8) ENGINE = Memory",
+    ],
+)
+def test_the_engine_itself_refuses_writes_on_the_read_only_session(served, sql: str) -> None:
+    """readonly = 1 (ClickHouse's own setting) is what stops writes; chDB honours it."""
+    _settings, store, server, _client = served
+    with pytest.raises(QueryRefusedError) as exc:
+        server.session.execute_unchecked(sql)
+    assert exc.value.code == 164
+    assert "readonly" in str(exc.value).lower()
+    assert _count(store) == 10
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO tailguard.requests (request_id) VALUES ('evil')",
+        "DROP TABLE tailguard.requests",
+        "ALTER TABLE tailguard.requests DELETE WHERE 1",
+        # what chDB's readonly = 1 lets through: refused by kind (ClickHouse's own parse)
+        "SYSTEM STOP MERGES",
+        "KILL QUERY WHERE 1",
+        "SELECT 1; DROP TABLE tailguard.requests",
+        "SELECT 1 INTO OUTFILE '{out}'",
+        "SELECT * FROM file('/etc/hostname', 'LineAsString')",
+    ],
+)
+def test_the_port_refuses_everything_but_reads(served, sql: str, tmp_path: Path) -> None:
+    _settings, store, _server, client = served
+    out = tmp_path / "outfile.txt"
+    with pytest.raises(Exception, match=r"(?i)code: (164|62)") as exc:
+        client.query(sql.replace("{out}", str(out)))
+    assert getattr(exc.value, "code", None) in (164, 62)
+    assert _count(store) == 10
+    assert not out.exists()
+    assert "requests" in [r[0] for r in store.query_rows("SHOW TABLES FROM tailguard")]
+
+
+def test_setting_changes_are_refused(served) -> None:
+    _settings, _store, server, client = served
+    # clickhouse-connect already knows (system.settings says readonly) ...
+    with pytest.raises(Exception, match=r"(?i)read-?only"):
+        client.query("SELECT 1", settings={"max_threads": 1})
+    # ... and a plain HTTP client is refused by the port and by the engine
+    url = f"http://127.0.0.1:{server.port}/?max_threads=1"
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"SELECT 1"), timeout=10)
+    assert exc.value.code == 403
+    assert exc.value.headers["X-ClickHouse-Exception-Code"] == "164"
+    with pytest.raises(Exception, match=r"(?i)readonly"):
+        client.query("SELECT 1 SETTINGS readonly = 0")
+
+
+def test_queries_interleave_with_writes_of_the_owning_process(served) -> None:
+    """The writer thread inserts while the port answers: each query sees a whole
+    number of batches (the store lock serialises them), and nothing is lost."""
+    _settings, store, _server, client = served
+    reader = ClickHouseStore(client, "tailguard")
+    batches, size = 20, 50
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for b in range(batches):
+                write_requests(store, _records(1000 + b * size, size))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen = []
+    while writer.is_alive():
+        seen.append(_count(reader))
+    writer.join()
+    assert not errors
+    seen.append(_count(reader))
+    assert seen == sorted(seen)
+    assert all((n - 10) % size == 0 for n in seen)
+    assert seen[-1] == 10 + batches * size
+    assert len(set(seen)) > 1  # some queries ran between writes
+
+
+def test_discovery_file_and_live_worker_lookup(served, tmp_path: Path) -> None:
+    settings, _store, server, _client = served
+    info = json.loads((settings.store_dir / DISCOVERY_FILE).read_text())
+    assert info == {
+        "port": server.port,
+        "pid": os.getpid(),
+        "store": os.path.realpath(settings.store_dir),
+    }
+    live = find_live_worker(settings.store_dir)
+    assert live is not None
+    assert (live.port, live.pid) == (server.port, os.getpid())
+    # open_reader goes through the port (the directory is this process's anyway)
+    reader = open_reader(settings)
+    try:
+        assert reader._client.__class__.__name__ == "HttpClient"
+        assert _count(reader) == 10
+    finally:
+        reader.close()
+    # the same file copied next to another directory does not answer for it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / DISCOVERY_FILE).write_text(json.dumps(info))
+    assert find_live_worker(other) is None
+    # a dead pid is stale
+    (other / DISCOVERY_FILE).write_text(json.dumps(dict(info, pid=2**22 + 12345)))
+    assert find_live_worker(other) is None
+
+
+def test_stop_removes_the_discovery_file(tmp_path: Path) -> None:
+    settings = Settings(store_dir=tmp_path / "store")
+    store = open_store(settings)
+    migrate(store)
+    server = QueryServer(settings.store_dir, store.lock).start()
+    path = settings.store_dir / DISCOVERY_FILE
+    assert path.exists()
+    server.stop()
+    assert not path.exists()
+    assert find_live_worker(settings.store_dir) is None
+    store.close()
+
+
+def test_idle_port_costs_next_to_nothing(served) -> None:
+    """CPU time of the serving thread while idle (it polls for shutdown twice a second)."""
+    _settings, _store, server, _client = served
+    tid = server._thread.native_id
+
+    def cpu_s() -> float:
+        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before, t0 = cpu_s(), time.monotonic()
+    time.sleep(3.0)  # the measurement itself: idle for 3 s
+    used = cpu_s() - before
+    print(f"idle query port: {used * 1000:.0f} ms CPU in {time.monotonic() - t0:.1f} s")
+    assert used < 0.05
