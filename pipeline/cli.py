@@ -202,6 +202,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             new = [w for w in result.windows if w.start_ms + w.size_ms > horizon]
             write_windows(store, new, topic, acc, f"replay/{uuid.uuid4().hex}")
             summary["windows"]["written"] = len(new)
+            if result.control is not None:  # the control audit, as a worker writes it
+                from pipeline.adapters.controller import replay_audit_rows, write_audit
+
+                write_audit(
+                    store, *replay_audit_rows(result.control.decisions, result.control.events)
+                )
         finally:
             store.close()
         summary["store"] = str(settings.store_dir)
@@ -281,10 +287,26 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         buffer_max_events=args.buffer_events,
         meter_provider=_meter_provider(settings, "tailguard-gateway"),
     )
+    closed: list[bool] = []
+
+    def close_sink() -> None:  # at lifespan shutdown: uvicorn re-raises SIGTERM afterwards
+        if closed:
+            return
+        closed.append(True)
+        sink.close(timeout_s=5.0)
+        c = sink.counters
+        log.info(
+            "producer closed: sent=%d dropped=%d failed=%d",
+            c.events_sent,
+            c.events_dropped,
+            c.events_failed,
+        )
+
     app, _proxy, _mw = build_gateway(
         args.upstream,
         sink,
         host=args.name,
+        on_shutdown=[close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
     )
@@ -298,14 +320,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     try:
         serve_gateway(app, host, port)
     finally:
-        sink.close(timeout_s=5.0)
-        c = sink.counters
-        log.info(
-            "producer: sent=%d dropped=%d failed=%d",
-            c.events_sent,
-            c.events_dropped,
-            c.events_failed,
-        )
+        close_sink()
     return 0
 
 

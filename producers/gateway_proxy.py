@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Final
@@ -67,8 +67,10 @@ class UpstreamProxy:
         timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
         max_connections: int = 1000,
+        on_shutdown: list[Callable[[], None]] | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.on_shutdown = list(on_shutdown or [])
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
@@ -141,6 +143,8 @@ class UpstreamProxy:
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.aclose()
+                for fn in self.on_shutdown:  # e.g. flush the producer before the process exits
+                    await asyncio.to_thread(fn)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -226,10 +230,15 @@ def build_gateway(
     *,
     host: str | None = None,
     control: Any | None = None,
+    on_shutdown: list[Callable[[], None]] | None = None,
     **middleware_options: Any,
 ) -> tuple[ASGIApp, UpstreamProxy, LifecycleMiddleware]:
-    """The gateway app: health -> lifecycle events -> [control] -> proxy."""
-    proxy = UpstreamProxy(upstream)
+    """The gateway app: health -> lifecycle events -> [control] -> proxy.
+
+    ``on_shutdown`` runs (in a thread) at the ASGI lifespan shutdown, after the last
+    request: close the sink there, so its buffer is flushed however the server stops.
+    """
+    proxy = UpstreamProxy(upstream, on_shutdown=on_shutdown)
     inner: ASGIApp = proxy
     if control is not None:
         from producers.asgi_control import ControlMiddleware
