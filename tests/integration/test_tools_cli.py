@@ -1,0 +1,221 @@
+"""report --html (in headless Chromium), explain, sql and capacity on a store no worker owns.
+
+The store is built the way an operator would: simulate a trace with an
+overload episode to JSON Lines, ``tailguard replay`` it into the store, and
+add the controller's audit rows (control_signals, budget_events) for the
+transitions and budget events the replay decided (a worker's controller
+writes them in production).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.adapters.controller import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS
+from pipeline.adapters.store import _insert, open_store
+from pipeline.settings import Settings
+from tests.integration.harness import REPO
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHARTS = ("latency", "breakdown", "budget", "burn", "control")
+
+
+def tg(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        check=False,
+        cwd=REPO,
+        env=dict(os.environ, COLUMNS="200"),  # rich's width when not on a terminal
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check:
+        assert p.returncode == 0, f"tailguard {' '.join(args)}: {p.returncode}\n{p.stderr[-3000:]}"
+    return p
+
+
+def add_audit(store_dir: Path, replay: dict[str, Any]) -> None:
+    """The control audit of the replay's decisions, unless replay wrote it already."""
+    store = open_store(Settings(store_dir=store_dir))
+    try:
+        if store.query_rows("SELECT count() FROM tailguard.control_signals")[0][0]:
+            return
+        seq: dict[str, int] = {}
+        rows = []
+        for c in replay["control"]:
+            t = datetime.fromtimestamp(c["ts_unix_ns"] / 1e9, tz=UTC)
+            seq[c["scope"]] = seq.get(c["scope"], 0) + 1
+            rows.append(
+                (c["scope"], seq[c["scope"]], c["level"], c["phase"], t, t, t, c["reason"],
+                 "{}", "[]", False, False, False, "k1", "{}")
+            )  # fmt: skip
+        events = [
+            (e["slo"], e["kind"], datetime.fromtimestamp(e["at_ms"] / 1000, tz=UTC), json.dumps(e))
+            for e in replay["budget_events"]
+        ]
+        _insert(store, "control_signals", CONTROL_COLUMNS, rows)
+        _insert(store, "budget_events", BUDGET_EVENT_COLUMNS, events)
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("tools")
+    events = tmp / "events.jsonl"
+    tg("simulate", "--out", str(events), "--limit", "6000", "--overload", "300:600:3")
+    store = tmp / "store"
+    replay = json.loads(tg("replay", str(events), "--store", str(store), "--json").stdout)
+    assert replay["control"], "the overload episode should have moved the control level"
+    assert replay["budget_events"]
+    add_audit(store, replay)
+    return store, replay
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM.exists(), (
+        "Debian's chromium is needed for the HTML report test: apt-get install -y chromium "
+        "(./tg test installs it when run as root)"
+    )
+    return subprocess.run(
+        [
+            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", f"--user-data-dir={profile}", "--window-size=1100,3400", *args,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_html_report_renders_in_headless_chromium_with_every_chart_drawn(
+    built: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    store, replay = built
+    page = tmp_path / "report.html"
+    tg("report", "--store", str(store), "--html", str(page))
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["']?https?:""", text), "the report must be self-contained"
+    url = page.resolve().as_uri()
+    dom = chromium("--virtual-time-budget=5000", "--dump-dom", url, profile=tmp_path / "p1")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # what the browser laid out: marks with a non-empty box, per chart (the page's own check)
+    check = re.search(r'<pre id="render-check">([^<]*)</pre>', dom.stdout)
+    assert check is not None
+    drawn = json.loads(check.group(1))
+    print("marks drawn per chart:", drawn)
+    assert set(drawn) == set(CHARTS)
+    for chart in CHARTS:
+        assert drawn[chart] > 0, f"chart {chart} has nothing drawn"
+    assert drawn["control"] >= len(replay["control"])  # a point per directive (plus lines)
+    # and in the DOM the browser parsed: SVG marks per chart
+    for chart in CHARTS:
+        svg = re.search(rf'<svg class="chart" data-chart="{chart}".*?</svg>', dom.stdout, re.S)
+        assert svg is not None
+        assert len(re.findall(r'<(path|rect|circle) class="mark"', svg.group(0))) > 0
+    shot = tmp_path / "report.png"
+    res = chromium(f"--screenshot={shot}", url, profile=tmp_path / "p2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert shot.stat().st_size > 20_000
+    print(f"screenshot: {shot}")
+
+
+def test_explain_without_a_worker(built: tuple[Path, dict[str, Any]]) -> None:
+    store, replay = built
+    # a request that broke tier1 at the gateway, chosen by SQL
+    rid = json.loads(
+        tg(
+            "sql", "SELECT request_id FROM tailguard.requests FINAL WHERE source = 'joined' "
+            "AND gateway_total_ms > 400 AND outcome = 'ok' ORDER BY end_unix_ns DESC LIMIT 1",
+            "--store", str(store), "--format", "json",
+        ).stdout
+    )[0]["request_id"]  # fmt: skip
+    out = json.loads(tg("explain", rid, "--store", str(store), "--json").stdout)
+    assert out["request_id"] == rid
+    slos = {s["slo"]: s for s in out["slos"]}
+    assert slos["tier1-gateway"]["verdict"] == "bad"
+    assert slos["tier1-gateway"]["value_ms"] > 400
+    parts = {b["segment"]: b["ms"] for b in out["breakdown"]}
+    assert set(parts) >= {"queue", "prefill", "decode", "gateway_overhead"}
+    total = next(i for i in out["timeline"] if i["clock"] == "gateway" and i["name"] == "completed")
+    assert sum(parts.values()) == pytest.approx(total["offset_ms"], rel=1e-6)
+    # control level: the replay's last transition for the model at or before the request's end
+    end_ns = datetime.fromisoformat(out["end"]).timestamp() * 1e9
+    before = [
+        c for c in replay["control"] if c["scope"] == out["model"] and c["ts_unix_ns"] <= end_ns
+    ]
+    if before:
+        assert out["control"]["level"] == before[-1]["level"]
+    else:
+        assert out["control"] is None
+    # the terminal rendering works too
+    text = tg("explain", rid, "--store", str(store)).stdout
+    assert "tier1-gateway" in text
+    assert "BAD" in text
+    missing = tg("explain", "no-such-request", "--store", str(store), check=False)
+    assert missing.returncode == 1
+    assert "no request" in missing.stderr
+
+
+def test_sql_without_a_worker_is_read_only(built: tuple[Path, dict[str, Any]]) -> None:
+    store, replay = built
+    rows = json.loads(
+        tg("sql", "SELECT count() AS n FROM tailguard.requests FINAL", "--store", str(store),
+           "--format", "json").stdout
+    )  # fmt: skip
+    assert rows == [{"n": replay["requests"]}]
+    tsv = tg("sql", "SELECT 1 AS a, 'x' AS b", "--store", str(store), "--format", "tsv").stdout
+    assert tsv == "a\tb\n1\tx\n"
+    for sql in (
+        "DROP TABLE tailguard.requests",
+        "INSERT INTO tailguard.requests (request_id) VALUES ('x')",
+        "ALTER TABLE tailguard.requests DELETE WHERE 1",
+    ):
+        p = tg("sql", sql, "--store", str(store), check=False)
+        assert p.returncode == 1
+        assert "164" in p.stderr
+    rows = json.loads(
+        tg("sql", "SELECT count() AS n FROM tailguard.requests FINAL", "--store", str(store),
+           "--format", "json").stdout
+    )  # fmt: skip
+    assert rows == [{"n": replay["requests"]}]
+
+
+def test_capacity_without_a_worker(built: tuple[Path, dict[str, Any]]) -> None:
+    store, _ = built
+    out = json.loads(
+        tg("capacity", "--store", str(store), "--p99-ms", "600", "--qps", "50", "--json").stdout
+    )
+    assert out["boundary"] == "ttft_engine_ms"
+    assert out["models"]
+    sized = [m for m in out["models"] if m["per_instance_rps"]]
+    assert sized, out
+    for m in sized:
+        chosen = next(lv for lv in m["levels"] if lv["concurrency"] == m["chosen_concurrency"])
+        assert chosen["holds_target"]
+        assert chosen["p99_ms"] <= 600
+        assert chosen["requests"] >= 100
+        # nothing eligible has a higher throughput
+        assert all(
+            lv["throughput_rps"] <= chosen["throughput_rps"]
+            for lv in m["levels"]
+            if lv["holds_target"] and lv["requests"] >= 100
+        )
+        ((need,),) = [[x["instances"]] for x in m["instances_needed"]]
+        assert need == -(-50 // (m["per_instance_rps"] * 0.7))
+    text = tg("capacity", "--store", str(store), "--p99-ms", "600").stdout
+    assert "instances" in text
