@@ -1,0 +1,109 @@
+"""explain, sql and report while a real worker owns the embedded store (real broker),
+then the same commands once it stopped (the store opened directly)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from pipeline.adapters.query_server import DISCOVERY_FILE
+from pipeline.contract.codec import encode_event
+from pipeline.demo import kafka_sink
+from tests.factories import completed, finished, received
+from tests.integration.harness import REPO, WorkerProcess, make_settings
+
+pytestmark = pytest.mark.integration
+
+N = 200
+
+
+def tg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        check=False,
+        cwd=REPO,
+        env=dict(os.environ, COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def count(store: Path) -> int:
+    p = tg("sql", "SELECT count() AS n FROM tailguard.requests FINAL", "--store", str(store),
+           "--format", "json")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    return int(json.loads(p.stdout)[0]["n"])
+
+
+def test_tools_work_with_and_without_a_running_worker(kafka, tmp_path: Path) -> None:
+    s = make_settings(kafka.bootstrap_servers, tmp_path)
+    store = s.store_dir
+    worker = WorkerProcess(s, tmp_path / "worker.log")
+    try:
+        sink = kafka_sink(s)
+        single = Producer(s.kafka_config() | {"partitioner": "murmur2_random", "linger.ms": 5})
+        for i in range(N):
+            rid = f"req-{i}"
+            single.produce(s.lifecycle_topic, encode_event(received(rid, i)), key=rid)
+            # every 10th request waits 500 ms in the engine queue: tier1 (400 ms) broken
+            q = 500.0 if i % 10 == 0 else 5.0
+            sink.emit(finished(rid, i + 98 + q, queue_ms=q))
+            single.produce(
+                s.lifecycle_topic,
+                encode_event(completed(rid, i + 100 + q, total_ms=100.0 + q)),
+                key=rid,
+            )
+        sink.flush()
+        assert single.flush(30) == 0
+        worker.wait_caught_up()
+        # the worker publishes its port in the store directory
+        info = json.loads((store / DISCOVERY_FILE).read_text())
+        assert info["pid"] == worker.proc.pid
+        assert info["port"] > 0
+
+        t0 = time.perf_counter()
+        assert count(store) == N  # through the worker's port: it owns the directory
+        print(f"sql through the live worker's port: {time.perf_counter() - t0:.2f} s (process)")
+
+        p = tg("explain", "req-10", "--store", str(store), "--json")
+        assert p.returncode == 0, p.stderr[-2000:]
+        out = json.loads(p.stdout)
+        slos = {x["slo"]: x for x in out["slos"]}
+        assert slos["tier1-gateway"]["verdict"] == "bad"
+        assert slos["tier1-gateway"]["value_ms"] == pytest.approx(600.0)
+        assert slos["queue-95"]["verdict"] == "bad"
+        assert slos["tier2-compute"]["verdict"] == "good"
+        assert {b["segment"]: b["ms"] for b in out["breakdown"]}["queue"] == pytest.approx(500.0)
+        # (no raw events shown: the factories' 2023 timestamps are past the 7-day TTL)
+        p = tg("explain", "req-11", "--store", str(store), "--json")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert {x["slo"]: x["verdict"] for x in json.loads(p.stdout)["slos"]}["tier1-gateway"] == (
+            "good"
+        )
+
+        p = tg("report", "--store", str(store), "--json")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert json.loads(p.stdout)["requests"] == N
+
+        p = tg("sql", "DROP TABLE tailguard.requests", "--store", str(store))
+        assert p.returncode == 1
+        assert "164" in p.stderr
+        assert worker.alive()
+        assert count(store) == N
+    finally:
+        rc = worker.stop()
+    assert rc == 0, worker.log_tail()
+    assert not (store / DISCOVERY_FILE).exists()
+    # without a worker: the tools open the directory themselves
+    assert count(store) == N
+    p = tg("explain", "req-10", "--store", str(store), "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert {x["slo"]: x["verdict"] for x in json.loads(p.stdout)["slos"]}["tier1-gateway"] == "bad"
