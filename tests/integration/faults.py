@@ -1,0 +1,210 @@
+"""Shared pieces of the fault tests: fast preloading, the exactly-once check, process RSS."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from pipeline.adapters.kafka_admin import wait_partitions
+from pipeline.adapters.store import open_store
+from pipeline.cli import DEFAULT_TRACE
+from pipeline.contract.codec import encode_batch
+from pipeline.contract.events import Event
+from pipeline.contract.partitioning import partition_for
+from pipeline.settings import Settings
+from producers.simulator.model import SimConfig, Simulator
+from producers.simulator.trace import read_trace
+from tests.measurement_fixtures import START_NS
+
+EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
+
+
+def lifecycle_events(requests: int, *, seed: int, prefix: str = "req-") -> list[Event]:
+    """Lifecycle events (no engine.stats) of ``requests`` simulated requests, in time order.
+
+    Beyond the shipped trace's length, further independent simulations of the same trace
+    (own seed, own request-id prefix: as many gateway/engine fleets feeding one pipeline)
+    are merged in by time, so the event-time span (and with it the number of windows to
+    write) stays that of one trace. No client aborts (no patience limit, no stream stopped
+    midway): every request has its three events and joins, so no partial record can come
+    out late and every request is in exactly one window.
+    """
+    trace = read_trace(DEFAULT_TRACE)
+    runs = -(-requests // len(trace))
+    share = -(-requests // runs)
+    streams = []
+    total = 0
+    for k in range(runs):
+        n = min(share, requests - total)
+        total += n
+        sim = Simulator(
+            trace[:n],
+            SimConfig(
+                start_unix_ns=START_NS,
+                seed=seed + k,
+                patience_median_ms=None,
+                stream_stop_fraction=0.0,
+                request_id_prefix=f"{prefix}{k}-",
+            ),
+        )
+        streams.append([ev for ev in sim.events() if ev.kind != "engine.stats"])
+        assert sim.summary.requests == n
+    return list(heapq.merge(*streams, key=lambda ev: ev.ts_unix_ns))
+
+
+@dataclass
+class Preload:
+    """What :func:`produce_batches` put on the topic, per partition, in offset order."""
+
+    messages: int = 0
+    events: int = 0
+    # partition -> event count of each message sent to it (in order)
+    per_message: dict[int, list[int]] = field(default_factory=dict)
+
+    def events_below(self, partition: int, offset_from: int, offset_to: int) -> int:
+        """Events carried by this preload's messages in [offset_from, offset_to) of a partition
+        (offsets relative to the first message this preload sent to it)."""
+        return sum(self.per_message.get(partition, [])[offset_from:offset_to])
+
+
+def batches(
+    events: Sequence[Event], partitions: int, per_message: int = EVENTS_PER_MESSAGE
+) -> Iterator[tuple[int, list[Event]]]:
+    """Group events the way the producers do: per request partition, in order, chunked."""
+    open_: dict[int, list[Event]] = {}
+    for ev in events:
+        p = partition_for(ev.request_id, partitions)
+        buf = open_.setdefault(p, [])
+        buf.append(ev)
+        if len(buf) >= per_message:
+            yield p, buf
+            open_[p] = []
+    for p, buf in open_.items():
+        if buf:
+            yield p, buf
+
+
+def producer(settings: Settings) -> Producer:
+    return Producer(
+        settings.kafka_config()
+        | {
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+            "queue.buffering.max.kbytes": 262_144,
+        }
+    )
+
+
+def send(prod: Producer, topic: str, partition: int, value: bytes) -> None:
+    """Produce, waiting for room (never drops)."""
+    while True:
+        try:
+            prod.produce(topic, value, partition=partition)
+            break
+        except BufferError:
+            prod.poll(0.05)
+    prod.poll(0)
+
+
+def flush(prod: Producer, timeout_s: float = 120.0) -> None:
+    left = prod.flush(timeout_s)
+    assert left == 0, f"{left} messages not delivered"
+
+
+def produce_batches(
+    settings: Settings,
+    events: Sequence[Event],
+    *,
+    per_message: int = EVENTS_PER_MESSAGE,
+    prod: Producer | None = None,
+) -> Preload:
+    """Batched JSON-array messages straight to the lifecycle topic's partitions (fastest
+    preload: one ``encode_batch`` and one ``produce`` per message), then flush."""
+    topic = settings.lifecycle_topic
+    n = wait_partitions(settings, [topic])[topic]
+    own = prod is None
+    prod = prod or producer(settings)
+    pre = Preload()
+    for p, chunk in batches(events, n, per_message):
+        send(prod, topic, p, encode_batch(chunk))
+        pre.messages += 1
+        pre.events += len(chunk)
+        pre.per_message.setdefault(p, []).append(len(chunk))
+    if own:
+        flush(prod)
+    return pre
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def wait_for(pred, what: str, timeout_s: float, interval_s: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(interval_s)
+
+
+def assert_exactly_once(settings: Settings, request_ids: set[str]) -> None:
+    """Every request exactly once in ``requests`` and in the window totals of the store.
+
+    Window totals: the ``__slo__`` rows (one per emitted window and partition) sum to the
+    request count with no window written twice, and the materialized views (fed per insert,
+    never deduplicated afterwards) agree.
+    """
+    n_req = len(request_ids)
+    store = open_store(settings)
+    try:
+        db = settings.database
+        rows = store.query_rows(f"SELECT request_id, count() FROM {db}.requests FINAL GROUP BY 1")
+        got: dict[str, int] = dict(rows)  # type: ignore[arg-type]
+        missing = request_ids - got.keys()
+        extra = got.keys() - request_ids
+        twice = {rid for rid, c in got.items() if c != 1}
+        assert not missing, f"{len(missing)} requests lost, e.g. {sorted(missing)[:5]}"
+        assert not extra, f"{len(extra)} unexpected requests, e.g. {sorted(extra)[:5]}"
+        assert not twice, f"{len(twice)} requests twice, e.g. {sorted(twice)[:5]}"
+        total, windows, distinct = store.query_rows(
+            "SELECT sum(records), count(), uniqExact(partition, window_start) "
+            f"FROM {db}.window_sketches WHERE boundary = '__slo__'"
+        )[0]
+        assert windows == distinct, "a window was written twice"
+        assert total == n_req, f"window totals {total} != {n_req} requests"
+        mv_total = store.query_rows(
+            f"SELECT sum(records) FROM {db}.latency_1m "
+            "WHERE model = '*' AND boundary = 'gateway_total_ms'"
+        )[0][0]
+        assert mv_total == n_req, f"latency_1m total {mv_total} != {n_req}"
+        slo_total = store.query_rows(
+            f"SELECT sum(total) FROM {db}.slo_1m WHERE slo = 'tier1-gateway'"
+        )[0][0]
+        assert slo_total == n_req, f"slo_1m total {slo_total} != {n_req}"
+    finally:
+        store.close()
+
+
+def committed_offsets(settings: Settings) -> dict[int, int]:
+    """Per partition of the lifecycle topic, the worker group's committed offset (0: none)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = settings.lifecycle_topic
+    c = Consumer(
+        settings.kafka_config() | {"group.id": settings.group_id, "enable.auto.commit": False}
+    )
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = [TopicPartition(topic, p) for p in parts]
+        return {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}
+    finally:
+        c.close()
