@@ -171,6 +171,21 @@ class Settings(BaseSettings):
         10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
     )
 
+    # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
+    engine_host: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); "
+        "the plugin appends /engine<index>.",
+    )
+    engine_stats_interval_ms: int = Field(
+        1000,
+        ge=0,
+        description="TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per "
+        "engine (0 = never).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.security_protocol.startswith("SASL") and not (
