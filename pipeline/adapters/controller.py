@@ -135,6 +135,7 @@ class ControllerShell:
         self.producer: Producer | None = None
         self.next_eval_ms: int | None = None
         self.horizons: dict[int, int] = {}  # lifecycle partition -> close horizon
+        self.clocks: dict[int, int] = {}  # lifecycle partition -> event-time clock (provisional)
         self.first_end_ms: int | None = None  # end of the earliest window summarized
         self.partitions = 0  # of the lifecycle topic, read at start
         self.published = 0
@@ -221,12 +222,20 @@ class ControllerShell:
                     self.first_end_ms = end
             elif isinstance(s, Progress):
                 self.horizons[s.partition] = max(self.horizons.get(s.partition, 0), s.horizon_ms)
+                if s.clock_ms is not None:
+                    self.clocks[s.partition] = max(self.clocks.get(s.partition, 0), s.clock_ms)
         control_rows: list[tuple[Any, ...]] = []
         event_rows: list[tuple[Any, ...]] = []
         # Evaluate a time only once every partition has summarized the windows before it.
         if len(self.horizons) < self.partitions or not self.horizons:
             return control_rows, event_rows
         target = min(self.horizons.values())
+        if len(self.clocks) >= self.partitions:
+            # Workers send snapshots of ended windows: decide without waiting for the
+            # grace period, a short delay after every partition's clock passed the
+            # boundary (records completing just before it are still being joined).
+            delay = self.settings.control_decision_delay_ms
+            target = max(target, min(self.clocks.values()) - delay)
         target -= target % size
         if self.next_eval_ms is None:
             if self.first_end_ms is None:

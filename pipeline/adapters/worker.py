@@ -363,6 +363,28 @@ class WorkerShell:
                 self.dlq.send_dead(decoded.dead)
                 self.telemetry.dead_letters.add(len(decoded.dead))
 
+    async def send_provisional(self) -> None:
+        """Snapshots of ended, still-open windows + each partition's clock, to the controller.
+
+        Lets it decide a few hundred ms after a window ends instead of after the grace
+        period (``control_provisional_ms``). A partition's clock is capped at the start
+        of its earliest window that is closed but not yet written (its final summary
+        follows the write), so the controller never decides past a window it lacks.
+        """
+        if self.summaries is None:
+            return
+        acc = self.settings.window_config().relative_accuracy
+        lagging = self._lagging(self.processor.next_offsets())
+        snaps, clocks = self.processor.provisional(int(time.time() * 1000), lagging)
+        for win in snaps:
+            self.summaries.send(encode_summary(summarize(win, acc, final=False)))
+        unwritten: dict[int, int] = {}
+        for win in self._windows:
+            unwritten[win.partition] = min(unwritten.get(win.partition, win.start_ms), win.start_ms)
+        for p, clock in clocks.items():
+            capped = min(clock, unwritten.get(p, clock))
+            self.summaries.send(encode_summary(Progress(p, self._progress_sent.get(p, 0), capped)))
+
     async def on_summaries(self, raws: list[bytes]) -> None:
         """The controller's input (this worker owns the summaries partition)."""
         if self.control is None:
@@ -490,6 +512,12 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
             await shell.on_heartbeat()
+
+    if settings.control_enabled and settings.control_provisional_ms > 0:
+        # Every worker snapshots its own partitions' ended windows for the controller.
+        @app.timer(interval=settings.control_provisional_ms / 1000)  # type: ignore[untyped-decorator]
+        async def provisional() -> None:
+            await shell.send_provisional()
 
     @app.timer(interval=settings.flush_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def flush() -> None:

@@ -84,8 +84,8 @@ class Controller:
         self.book = (
             BudgetBook(spec, burn_rules or load_burn_rules_file()) if spec is not None else None
         )
-        # start_ms -> model -> boundary -> merged sketch (all partitions so far)
-        self._latency: dict[int, dict[str, dict[str, QuantileSketch]]] = {}
+        # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
+        self._latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}
         self._seen: dict[tuple[int, int], None] = {}
         # Per engine host, its samples of the last stats window (in time order).
         # Stats arrive ahead of closed windows; signals at T use samples <= T only.
@@ -100,26 +100,29 @@ class Controller:
         self._seen[(partition, start_ms)] = None
 
     def add_window(self, s: WindowSummary) -> bool:
-        """Add one partition's window; a repeat (at-least-once delivery) is ignored."""
+        """Add one partition's window; returns False when it is ignored.
+
+        A final summary is counted once (a repeat, from at-least-once delivery, is
+        ignored) and supersedes the provisional snapshots of its window; a provisional
+        one replaces the previous snapshot of that window and feeds latency signals
+        only (budgets count final windows).
+        """
         wid = (s.partition, s.start_ms)
         if wid in self._seen:
-            self.duplicates += 1
+            if s.final:
+                self.duplicates += 1
             return False
-        self._seen[wid] = None
-        if len(self._seen) > self.config.max_windows:
-            del self._seen[next(iter(self._seen))]
-        by_model = self._latency.setdefault(s.start_ms, {})
+        if s.final:
+            self._seen[wid] = None
+            if len(self._seen) > self.config.max_windows:
+                del self._seen[next(iter(self._seen))]
+        by_model: dict[str, dict[str, QuantileSketch]] = {}
         for model, mw in s.models.items():
             if model != ALL_MODELS:
                 self.models.add(model)
-            by_b = by_model.setdefault(model, {})
-            for b, cols in mw.boundaries.items():
-                sk = QuantileSketch.from_columns(cols)
-                if b in by_b:
-                    by_b[b].merge(sk)
-                else:
-                    by_b[b] = sk
-        if self.book is not None:
+            by_model[model] = {b: QuantileSketch.from_columns(c) for b, c in mw.boundaries.items()}
+        self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
+        if s.final and self.book is not None:
             for name, c in s.slos.items():
                 self.book.add_window(
                     name, s.start_ms, s.size_ms, c.total, c.good, objective=c.objective
@@ -157,9 +160,11 @@ class Controller:
         out: Signals = {}
         lo = now_ms - self.config.latency_window_ms
         merged: dict[str, QuantileSketch] = {}
-        for start, by_model in self._latency.items():
-            if lo <= start < now_ms and model in by_model:
-                for b, sk in by_model[model].items():
+        for start, by_part in self._latency.items():
+            if not lo <= start < now_ms:
+                continue
+            for by_model in by_part.values():
+                for b, sk in by_model.get(model, {}).items():
                     if b in merged:
                         merged[b].merge(sk)
                     else:

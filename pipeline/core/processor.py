@@ -162,6 +162,30 @@ class StreamProcessor:
         self.counters.records += len(out.records)
         return out
 
+    def provisional(
+        self, wall_ms: int, lagging: frozenset[int] = frozenset()
+    ) -> tuple[list[ClosedWindow], dict[int, int]]:
+        """Snapshots of ended-but-open windows, and each partition's event-time clock.
+
+        For the controller, which decides on windows as soon as they end instead of
+        after the grace period (see :meth:`WindowAggregator.provisional`). The clock
+        of a partition is where its windows have ended: every window ending at or
+        before it is either closed (and summarized) or in the returned snapshots
+        (or unchanged since its last snapshot). Reading it has no side effect.
+        """
+        snaps: list[ClosedWindow] = []
+        clocks: dict[int, int] = {}
+        for p, st in self._parts.items():
+            c = st.clock
+            if c.watermark_ms == 0:
+                continue
+            now = c.watermark_ms
+            if p not in lagging:
+                now += max(0, wall_ms - c.wall_at_advance_ms)
+            snaps.extend(st.windows.provisional(now))
+            clocks[p] = now
+        return snaps, clocks
+
     def drain(self) -> Output:
         """End of input: resolve everything still pending and close every window."""
         out = Output()

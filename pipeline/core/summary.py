@@ -44,6 +44,9 @@ class WindowSummary:
     size_ms: int
     models: dict[str, ModelWindow]  # "*" = all traffic
     slos: dict[str, SLOWindowCounts]
+    # False: a snapshot of a window that has ended but is still in its grace period
+    # (latency only; superseded by later snapshots and by the final summary).
+    final: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +76,25 @@ class StatsSample:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A partition's close horizon: every window of it ending at or before is summarized."""
+    """A partition's close horizon: every window of it ending at or before is summarized.
+
+    ``clock_ms`` (when the worker sends provisional snapshots): the partition's event-time
+    clock; every window ending at or before it is summarized, finally or provisionally.
+    """
 
     partition: int
     horizon_ms: int
+    clock_ms: int | None = None
 
 
-def summarize(win: ClosedWindow, relative_accuracy: float = 0.01) -> WindowSummary:
-    """Merge a closed window's keys by model (priority and ctx bucket folded)."""
+def summarize(
+    win: ClosedWindow, relative_accuracy: float = 0.01, *, final: bool = True
+) -> WindowSummary:
+    """Merge a window's keys by model (priority and ctx bucket folded).
+
+    A provisional summary (``final=False``) carries no SLO counts: budgets count
+    closed windows only, once.
+    """
     merged: dict[str, dict[str, QuantileSketch]] = {}
     records: dict[str, int] = {}
     for (model, prio, ctx), n in win.records.items():
@@ -106,11 +120,11 @@ def summarize(win: ClosedWindow, relative_accuracy: float = 0.01) -> WindowSumma
         for name, sks in merged.items()
     }
     slos: dict[str, SLOWindowCounts] = {}
-    if win.slos is not None:
+    if final and win.slos is not None:
         for r in win.slos.rows():
             if r.kind == "slo":
                 slos[r.slo] = SLOWindowCounts(r.total, r.good, r.objective)
-    return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos)
+    return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos, final)
 
 
 def _cols_json(c: SketchColumns) -> list[Any]:
@@ -135,6 +149,7 @@ def encode_summary(s: WindowSummary | StatsSample | Progress) -> bytes:
                 "type": "progress",
                 "partition": s.partition,
                 "horizon_ms": s.horizon_ms,
+                **({"clock_ms": s.clock_ms} if s.clock_ms is not None else {}),
             }
         )
     if isinstance(s, StatsSample):
@@ -162,6 +177,7 @@ def encode_summary(s: WindowSummary | StatsSample | Progress) -> bytes:
                 for m, mw in s.models.items()
             },
             "slos": {n: [c.total, c.good, c.objective] for n, c in s.slos.items()},
+            **({} if s.final else {"final": False}),
         }
     )
 
@@ -175,7 +191,10 @@ def decode_summary(raw: bytes) -> WindowSummary | StatsSample | Progress:
     if d.get("v") != SUMMARY_VERSION:
         raise ValueError(f"unsupported summary version {d.get('v')!r}")
     if d["type"] == "progress":
-        return Progress(int(d["partition"]), int(d["horizon_ms"]))
+        clock = d.get("clock_ms")
+        return Progress(
+            int(d["partition"]), int(d["horizon_ms"]), None if clock is None else int(clock)
+        )
     if d["type"] == "stats":
         return StatsSample(
             str(d["host"]), str(d["model"]), int(d["ts_ms"]), int(d["num_running"]),
@@ -189,4 +208,7 @@ def decode_summary(raw: bytes) -> WindowSummary | StatsSample | Progress:
         for m, v in d["models"].items()
     }
     slos = {n: SLOWindowCounts(int(t), int(g), float(o)) for n, (t, g, o) in d["slos"].items()}
-    return WindowSummary(int(d["partition"]), int(d["start_ms"]), int(d["size_ms"]), models, slos)
+    return WindowSummary(
+        int(d["partition"]), int(d["start_ms"]), int(d["size_ms"]), models, slos,
+        final=bool(d.get("final", True)),
+    )  # fmt: skip

@@ -100,6 +100,7 @@ class _Window:
     records: dict[WindowKey, int] = field(default_factory=dict)
     cells: dict[tuple[WindowKey, str], _Cell] = field(default_factory=dict)
     slos: WindowSLOs | None = None
+    dirty: bool = True  # changed since its last provisional snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,7 @@ class WindowAggregator:
                     cell.flush()
         if win.slos is not None:
             win.slos.add(rec)
+        win.dirty = True
         return True
 
     def add_many(self, records: Iterable[RequestRecord], lower_offset: int) -> None:
@@ -200,6 +202,23 @@ class WindowAggregator:
         due = sorted(s for s in self._open if s + size <= horizon)
         return [self._emit(self._open.pop(s)) for s in due]
 
+    def provisional(self, watermark_ms: int) -> list[ClosedWindow]:
+        """Snapshots of the open windows that have *ended* at ``watermark_ms`` (still in
+        their grace period) and changed since their last snapshot; nothing is closed.
+
+        For decisions that cannot wait for the grace period (the controller): a late
+        record still goes into the window, and the final, closed window supersedes
+        every snapshot of it.
+        """
+        size = self.config.size_ms
+        out = []
+        for start in sorted(self._open):
+            win = self._open[start]
+            if start + size <= watermark_ms and win.dirty:
+                win.dirty = False
+                out.append(self._snapshot(win))
+        return out
+
     def drain(self) -> list[ClosedWindow]:
         """End of input: close everything."""
         out = [self._emit(self._open.pop(s)) for s in sorted(self._open)]
@@ -209,12 +228,15 @@ class WindowAggregator:
 
     def _emit(self, win: _Window) -> ClosedWindow:
         self.counters.windows_closed += 1
+        return self._snapshot(win)
+
+    def _snapshot(self, win: _Window) -> ClosedWindow:
         sketches = {}
         for ck, cell in win.cells.items():
             cell.flush()
             sketches[ck] = cell.sketch.to_columns()
         return ClosedWindow(
-            self.partition, win.start_ms, self.config.size_ms, win.records, sketches, win.slos
+            self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches, win.slos
         )
 
     def min_open_offset(self) -> int | None:
