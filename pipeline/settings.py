@@ -152,6 +152,19 @@ class Settings(BaseSettings):
     control_keys_file: Path | None = Field(
         None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
     )
+    control_provisional_ms: int = Field(
+        250,
+        ge=0,
+        description="TAILGUARD_CONTROL_PROVISIONAL_MS: period of the snapshots of ended windows "
+        "sent to the controller, so it decides without waiting for the grace period "
+        "(0: decide on closed windows only, window + grace later).",
+    )
+    control_decision_delay_ms: int = Field(
+        250,
+        ge=0,
+        description="TAILGUARD_CONTROL_DECISION_DELAY_MS: with snapshots, decide on a window "
+        "this long after every partition's clock passed its end.",
+    )
     control_heartbeat_ms: int = Field(
         10_000, ge=100, description="TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives."
     )
