@@ -1,0 +1,305 @@
+"""Every dashboard panel's SQL, expanded the way the ClickHouse plugin expands it, runs
+against a store filled by ``tailguard replay`` (with a control policy, so the control
+audit tables have rows) and returns rows with the expected columns; key figures equal
+the replay's own."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.adapters.store import ClickHouseStore, open_store
+from pipeline.cli import main
+from pipeline.core.sketch import QuantileSketch
+from pipeline.devtools.dashboards import (
+    BURN_WINDOWS,
+    CTX_BUCKETS,
+    HEATMAP_BOUNDS_MS,
+    PRIORITIES,
+    dashboards,
+)
+from pipeline.devtools.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
+from pipeline.replay import replay_file
+from pipeline.settings import Settings
+from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
+
+pytestmark = pytest.mark.integration
+
+# The columns each panel must return, by title (a new panel needs an entry here).
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "P50 / P99 including queue": ("time", "series", "latency_ms"),
+    "P50 / P99 excluding queue": ("time", "series", "latency_ms"),
+    "Mean latency breakdown: queue / prefill / decode / gateway overhead": (
+        "time", "component", "mean_ms",
+    ),
+    "Queue / compute ratio (inference / gateway total)": ("time", "queue_compute_ratio"),
+    "Latency heatmap: ${boundary}": (
+        "time", *(str(b) for b in HEATMAP_BOUNDS_MS), "+Inf",
+    ),
+    "Top slow requests with their breakdown": (
+        "time", "request_id", "model", "priority", "tenant", "ctx_bucket", "outcome", "source",
+        "gateway_total_ms", "engine_e2e_ms", "queue_ms", "prefill_ms", "decode_ms",
+        "gateway_overhead_ms", "queue_share", "prompt_tokens", "output_tokens",
+    ),
+    "Latency per tenant (exact, from requests)": (
+        "tenant", "requests", "p50_gateway_total_ms", "p99_gateway_total_ms", "p99_queue_ms",
+        "p99_inference_ms", "not_ok_share",
+    ),
+    "Blended compliance": ("slo", "compliance", "objective"),
+    "Compliance per SLO and tier": (
+        "slo", "kind", "boundary", "threshold_ms", "objective", "total", "good", "compliance",
+        "met",
+    ),
+    "Compliance per SLO over time": ("time", "slo", "compliance"),
+    "Error budget remaining (rolling ${budget_window})": ("time", "slo", "budget_remaining"),
+    "Burn rate per window: ${slo}": ("time", "burn_window", "burn_rate"),
+    "Burn rates and budget at the end of the range": (
+        "slo", "objective", *(name for name, _ in BURN_WINDOWS), "budget_remaining",
+    ),
+    "Control level per scope": ("time", "scope", "level"),
+    "Control transitions with reasons": (
+        "time", "scope", "level", "phase", "reason", "notify_customer", "budget_exhausted",
+        "actions", "figures",
+    ),
+    "Budget events": ("time", "slo", "event", "consumed_fraction", "details"),
+}  # fmt: skip
+
+
+@dataclass
+class Replayed:
+    store: ClickHouseStore
+    summary: dict[str, Any]
+    events: Path
+    from_ms: int
+    to_ms: int
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
+    """One replayed store for the module (chDB opens one directory per process)."""
+    d = tmp_path_factory.mktemp("dashboards")
+    events = d / "events.jsonl"
+    write_overload_jsonl(events)  # ~40 simulated minutes, x3 overload for 10 of them
+    policy = d / "policy.yaml"
+    policy.write_text(TEST_POLICY)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["replay", str(events), "--store", str(d / "store"), "--policy", str(policy),
+                   "--json"])  # fmt: skip
+    assert rc == 0
+    summary = orjson.loads(out.getvalue())
+    assert summary["control"], "the overload must change the control level"
+    store = open_store(Settings(store_dir=d / "store"))
+    try:
+        lo, hi = store.query_rows(
+            "SELECT toUnixTimestamp64Milli(min(window_start)), "
+            "toUnixTimestamp64Milli(max(window_start) + toIntervalMillisecond(any(window_ms))) "
+            f"FROM {store.database}.window_sketches"
+        )[0]
+        yield Replayed(store, summary, events, int(lo), int(hi))
+    finally:
+        store.close()
+
+
+def _variables(
+    model: dict[str, Any],
+    picks: dict[str, str | list[str]],
+    listed: dict[str, list[str]] | None = None,
+) -> dict[str, Variable]:
+    """The variables' current values; a single-value query variable saved without a value
+    takes its first option, as Grafana does on load."""
+    out = {}
+    for v in model["templating"]["list"]:
+        options = (listed or {}).get(v["name"]) or [
+            o["value"] for o in v.get("options", []) if o["value"] != ALL_VALUE
+        ]
+        current = picks.get(v["name"], v["current"]["value"])
+        if current == "" and options:
+            current = options[0]
+        out[v["name"]] = Variable(v["name"], current, options)
+    return out
+
+
+def _run(store: ClickHouseStore, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    result = store._client.query(sql)
+    return list(result.column_names), [tuple(r) for r in result.result_rows]
+
+
+def _variable_values(r: Replayed, model: dict[str, Any]) -> dict[str, list[str]]:
+    """Run the dashboard's query variables; their options as Grafana would list them."""
+    base = _variables(model, {})
+    ctx = QueryContext(r.from_ms, r.to_ms, 60_000, base)
+    values = {}
+    for v in model["templating"]["list"]:
+        if v["type"] == "query":
+            cols, rows = _run(r.store, interpolate(v["query"]["rawSql"], ctx))
+            assert len(cols) == 1, v["name"]
+            values[v["name"]] = [str(row[0]) for row in rows]
+    return values
+
+
+def test_variable_queries_list_what_the_store_holds(replayed: Replayed) -> None:
+    latency = _variable_values(replayed, dashboards()["tailguard-latency.json"])
+    records = replay_file(replayed.events)
+    assert latency["model"] == sorted({rec.model for rec in records.records.values()})
+    assert latency["tenant"] == sorted({rec.tenant or "" for rec in records.records.values()})
+    slo = _variable_values(replayed, dashboards()["tailguard-slo.json"])
+    assert slo["slo"] == sorted(replayed.summary["slos"])
+
+
+SELECTIONS = ("all", "picked")
+
+
+@pytest.mark.parametrize("interval_ms", [60_000, 3_600_000])
+@pytest.mark.parametrize("selection", SELECTIONS)
+@pytest.mark.parametrize("name", sorted(dashboards()))
+def test_every_panel_returns_rows_with_the_expected_columns(
+    replayed: Replayed, name: str, selection: str, interval_ms: int
+) -> None:
+    model = dashboards()[name]
+    listed = _variable_values(replayed, model)
+    picks: dict[str, str | list[str]] = {}
+    if selection == "picked":
+        picks = {"priority": ["0", "2"], "ctx_bucket": ["<512", "512-4k"]}
+        if "model" in listed:
+            picks["model"] = listed["model"][:1]
+            picks["tenant"] = listed["tenant"][:2]
+            picks["boundary"] = "queue_ms"
+        if "slo" in listed:
+            picks["slo"] = listed["slo"][-1]
+            picks["budget_window"] = "86400"
+    variables = _variables(model, picks, listed)
+    ctx = QueryContext(replayed.from_ms, replayed.to_ms, interval_ms, variables)
+    titles = {p["title"] for p in model["panels"]}
+    assert titles <= set(EXPECTED), titles - set(EXPECTED)
+    for panel in model["panels"]:
+        (target,) = panel["targets"]
+        sql = interpolate(target["rawSql"], ctx)
+        cols, rows = _run(replayed.store, sql)
+        where = f"{name}: {panel['title']} ({selection}, {interval_ms} ms)"
+        assert cols == list(EXPECTED[panel["title"]]), where
+        assert rows, f"{where}: no rows\n{sql}"
+        if target["format"] == 0:  # time series: a time column first, ascending
+            times = [row[0] for row in rows]
+            assert all(isinstance(t, datetime) for t in times), where
+            assert times == sorted(times), where
+
+
+def test_selections_filter(replayed: Replayed) -> None:
+    """A narrower selection gives fewer requests; All equals every option selected."""
+    model = dashboards()["tailguard-latency.json"]
+    panel = next(p for p in model["panels"] if p["title"].startswith("Latency per tenant"))
+    listed = _variable_values(replayed, model)
+
+    def total(picks: dict[str, str | list[str]]) -> int:
+        variables = _variables(model, picks, listed)
+        ctx = QueryContext(replayed.from_ms, replayed.to_ms, 60_000, variables)
+        _, rows = _run(replayed.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+        return sum(int(r[1]) for r in rows)
+
+    everything = total({})
+    assert everything == replayed.summary["requests"]
+    assert total({"model": listed["model"], "priority": list(PRIORITIES),
+                  "ctx_bucket": list(CTX_BUCKETS), "tenant": listed["tenant"]}) == everything  # fmt: skip  # noqa: E501
+    assert 0 < total({"model": listed["model"][:1]}) < everything
+    assert 0 < total({"tenant": listed["tenant"][:1], "priority": ["0"]}) < everything
+    # The rollup panels filter by window key: one model's breakdown is not everyone's.
+    title = "Mean latency breakdown: queue / prefill / decode / gateway overhead"
+    _, every = _panel_rows(replayed, "tailguard-latency.json", title)
+    _, one = _panel_rows(replayed, "tailguard-latency.json", title,
+                         picks={"model": listed["model"][:1]})  # fmt: skip
+    assert every
+    assert one
+    assert one != every
+
+
+def _panel_rows(
+    r: Replayed, dashboard: str, title: str, *, from_ms: int | None = None,
+    interval_ms: int = 60_000, picks: dict[str, str | list[str]] | None = None,
+) -> tuple[list[str], list[tuple[Any, ...]]]:  # fmt: skip
+    model = dashboards()[dashboard]
+    panel = next(p for p in model["panels"] if p["title"] == title)
+    ctx = QueryContext(
+        r.from_ms if from_ms is None else from_ms, r.to_ms, interval_ms,
+        _variables(model, picks or {}, _variable_values(r, model)),
+    )  # fmt: skip
+    return _run(r.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+
+
+def test_p99_over_the_range_equals_the_merged_stream_sketches(replayed: Replayed) -> None:
+    """One hourly bucket covers the replay: its P99 is the merge of every window's sketch."""
+    stream = replay_file(replayed.events)
+    merged = {b: QuantileSketch() for b in ("gateway_total_ms", "inference_ms")}
+    for w in stream.windows:
+        for (key, boundary), cols in w.sketches.items():
+            if key == ("*", "*", "*") and boundary in merged:
+                merged[boundary].merge(QuantileSketch.from_columns(cols))
+    hours = {
+        int(row[0].timestamp()) // 3600
+        for row in _panel_rows(replayed, "tailguard-latency.json", "P50 / P99 including queue",
+                               interval_ms=3_600_000)[1]
+    }  # fmt: skip
+    assert len(hours) == 1, "the replay spans one clock hour"
+    for title, boundary in (("P50 / P99 including queue", "gateway_total_ms"),
+                            ("P50 / P99 excluding queue", "inference_ms")):  # fmt: skip
+        _, rows = _panel_rows(replayed, "tailguard-latency.json", title, interval_ms=3_600_000)
+        got = {series: value for _, series, value in rows}
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            want = merged[boundary].quantile(q)
+            assert got[f"{boundary} {name}"] == pytest.approx(want, rel=1e-12), (boundary, q)
+
+
+def test_budget_and_long_burn_rates_equal_the_controllers(replayed: Replayed) -> None:
+    cols, rows = _panel_rows(
+        replayed, "tailguard-slo.json", "Burn rates and budget at the end of the range"
+    )
+    table = {row[0]: dict(zip(cols, row, strict=True)) for row in rows}
+    budgets = replayed.summary["budgets"]
+    assert set(table) == set(budgets)
+    for slo, b in budgets.items():
+        # Windows of 1 h and more cover the whole replay: same counts, same figure.
+        for name, _ in BURN_WINDOWS[2:]:
+            assert table[slo][name] == pytest.approx(b["burn_rates"][name], rel=1e-9), (slo, name)
+        if b["window"].startswith("rolling"):
+            assert table[slo]["budget_remaining"] == pytest.approx(
+                b["remaining_fraction"], rel=1e-9
+            ), slo
+
+
+def test_control_and_budget_tables_match_the_replay(replayed: Replayed) -> None:
+    want = [(t["scope"], t["level"], t["phase"], t["reason"]) for t in replayed.summary["control"]]
+    cols, rows = _panel_rows(replayed, "tailguard-slo.json", "Control transitions with reasons")
+    assert cols[:5] == ["time", "scope", "level", "phase", "reason"]
+    assert sorted((r[1], r[2], r[3], r[4]) for r in rows) == sorted(want)
+    _, events = _panel_rows(replayed, "tailguard-slo.json", "Budget events")
+    assert sorted((r[1], r[2]) for r in events) == sorted(
+        (e["slo"], e["kind"]) for e in replayed.summary["budget_events"]
+    )
+    for row in events:
+        assert json.loads(row[4])["consumed_fraction"] == pytest.approx(row[3])
+
+
+def test_control_timeline_carries_the_level_into_the_range(replayed: Replayed) -> None:
+    """A range that starts while a scope is degraded still shows it degraded from the start."""
+    first_l1 = min(
+        t["ts_unix_ns"] // 1_000_000 for t in replayed.summary["control"] if t["level"] >= 1
+    )
+    start = first_l1 + 60_000
+    _, rows = _panel_rows(replayed, "tailguard-slo.json", "Control level per scope", from_ms=start)
+    at_start = {scope: level for t, scope, level in rows if int(t.timestamp() * 1000) == start}
+    assert at_start, rows[:5]
+    levels_then: dict[str, int] = {}
+    for t in replayed.summary["control"]:
+        if t["ts_unix_ns"] // 1_000_000 < start:
+            levels_then[t["scope"]] = t["level"]
+    assert at_start == levels_then
+    assert max(at_start.values()) >= 1
