@@ -1,10 +1,14 @@
-# tailguard image: the same CLI as the README (`tailguard ...`).
+# tailguard image: the same CLI as the README (`tailguard ...`), used by docker-compose.yml.
+# Installed in place (editable) so that sql/, specs/ and data/ resolve next to the code,
+# as they do in a checkout.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY pipeline ./pipeline
 COPY producers ./producers
 COPY sql ./sql
+COPY specs ./specs
 COPY data ./data
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt -e .
 ENTRYPOINT ["tailguard"]
+CMD ["--help"]

@@ -19,7 +19,7 @@ from pipeline.contract.codec import dead_letter_record
 from pipeline.core.budget import BurnRules
 from pipeline.core.control import Controller, ControllerConfig, ControlStep
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy
+from pipeline.core.policy import ControlPolicy, Decision
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch
@@ -41,6 +41,7 @@ class _ControlRun:
     next_eval_ms: int | None = None
     transitions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # the changed ones, in order
     last: ControlStep | None = None
 
     def feed(self, out: Output) -> None:
@@ -60,6 +61,7 @@ class _ControlRun:
         self.last = step
         for d in step.decisions:
             if d.changed:
+                self.decisions.append(d)
                 self.transitions.append(
                     {
                         "ts_unix_ns": now_ms * 1_000_000,

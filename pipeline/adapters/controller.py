@@ -303,3 +303,29 @@ def write_audit(
 ) -> None:
     _insert(store, "control_signals", CONTROL_COLUMNS, control_rows)
     _insert(store, "budget_events", BUDGET_EVENT_COLUMNS, event_rows)
+
+
+def replay_audit_rows(
+    decisions: list[Decision], events: list[dict[str, Any]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Audit rows for what a replay decided (``tailguard replay --store``), so the
+    dashboards show a replayed store like a worker's.
+
+    A replay publishes nothing, so its rows are marked: ``kid`` ``"replay"``, no
+    signature, issued and expiring at the event time it was decided at, and
+    ``seq`` = that event time in ms (it never collides with a controller's counters,
+    and a second replay of the same file replaces its own rows).
+    """
+    control_rows: list[tuple[Any, ...]] = []
+    for d in decisions:
+        at = _dt(d.now_ms)
+        figures = orjson.dumps(dict(d.figures)).decode()
+        actions = orjson.dumps(d.actions.to_json()).decode()
+        control_rows.append(
+            (d.scope, d.now_ms, d.level, d.phase, at, at, at, d.reason, figures, actions,
+             d.notify_customer, d.budget_exhausted, False, "replay", "")
+        )  # fmt: skip
+    event_rows = [
+        (e["slo"], e["kind"], _dt(int(e["at_ms"])), orjson.dumps(e).decode()) for e in events
+    ]
+    return control_rows, event_rows
