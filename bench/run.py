@@ -1,0 +1,280 @@
+"""Run every benchmark and write the results file.
+
+    ./tg bench                 # full mode: writes bench/RESULTS.md (~25 min)
+    ./tg bench --quick         # small sizes, no 10-minute RSS run: var/bench/RESULTS.quick.md
+    ./tg bench --only accuracy --only memory
+
+Everything is measured here, in one run, on this machine; the figures in the
+file are written by this script only. Each benchmark module registers itself
+(:mod:`bench.results`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.results import BENCH_MODULES, PLACEHOLDERS, REGISTRY, Section, render_section
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = (
+    "faust-streaming",
+    "confluent-kafka",
+    "aiokafka",
+    "orjson",
+    "pydantic",
+    "pydantic-core",
+    "chdb",
+    "clickhouse-connect",
+    "numpy",
+    "ddsketch",
+    "pyinstrument",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """What each mode measures."""
+
+    batched_instances: int  # request instances of the batched workload (~58k events each)
+    single_instances: int  # ... of the one-event-per-message workload
+    profile_s: float  # profiled worker run (pyinstrument), seconds after its first batch
+    accuracy_instances: int
+    inflight_requests: int  # join state measured with this many open requests
+    rss_s: float  # constant-load RSS run
+    rss_rate_ev_s: float
+
+
+QUICK = Sizes(5, 2, 15, 3, 50_000, 60, 10_000)
+FULL = Sizes(52, 10, 40, 12, 200_000, 600, 20_000)
+
+
+@dataclass(slots=True)
+class Context:
+    mode: str
+    sizes: Sizes
+    workdir: Path
+    shared: dict[str, Any] = field(default_factory=dict)  # results sections reuse
+    _kafka: Any = None
+
+    def bootstrap(self) -> str:
+        if self._kafka is None:
+            from pipeline.devtools.kafka_local import LocalKafka
+
+            # Production brokers wait 3 s before the first rebalance of a new group
+            # (the local default for tests is 0): two workers started together then
+            # share the first generation.
+            self._kafka = LocalKafka(
+                self.workdir / "kafka",
+                heap="2g",
+                extra_config={"group.initial.rebalance.delay.ms": "3000"},
+            ).start()
+        return str(self._kafka.bootstrap_servers)
+
+    def close(self) -> None:
+        if self._kafka is not None:
+            self._kafka.stop()
+            self._kafka = None
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    versions = []
+    for p in PACKAGES:
+        try:
+            versions.append(f"{p} {metadata.version(p)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{p} (not installed)")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+    return [
+        ("CPU", f"{_cpu_model()} — {os.cpu_count()} logical cores"),
+        ("memory", f"{_mem_total_gib():.1f} GiB"),
+        ("OS", platform.platform()),
+        ("Python", sys.version.split()[0]),
+        (
+            "Java (broker)",
+            (java.stderr or java.stdout).splitlines()[0] if java.stderr or java.stdout else "?",
+        ),
+        ("packages", ", ".join(versions)),
+        (
+            "git commit",
+            _git("rev-parse", "HEAD")
+            + (" (working tree has uncommitted changes)" if dirty else ""),
+        ),
+    ]
+
+
+def loadavg() -> str:
+    try:
+        return " / ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def render(
+    ctx: Context,
+    sections: list[Section],
+    *,
+    argv: list[str],
+    started: datetime,
+    load_before: str,
+    load_after: str,
+    wall_s: float,
+) -> str:
+    out = [
+        "# tailguard benchmarks",
+        "",
+        "_Generated by `bench/run.py`; do not edit by hand — rerun it._",
+        "",
+        f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')}"
+        f" ({ctx.mode} mode, {wall_s / 60:.1f} min)",
+        f"- command: `{' '.join(shlex.quote(a) for a in argv)}`",
+        f"- load average (1/5/15 min) before: {load_before}; after: {load_after}"
+        " — the machine was shared with other engineers' test runs; wall-clock rates"
+        " are what this run got, worker CPU rates (events per CPU-second) are less"
+        " sensitive to that",
+    ]
+    out += [f"- {k}: {v}" for k, v in machine_facts()]
+    out.append("")
+    misses = [(s.title, f) for s in sections for f in s.misses()]
+    out += ["## Summary", ""]
+    out += ["| section | figure | value | target | status |", "|---|---|---:|---|---|"]
+    for s in sections:
+        for f in s.figures:
+            if f.ok is not None:
+                out.append(
+                    f"| {s.title} | {f.name} | {f.formatted()} | {f.target} | {f.status()} |"
+                )
+    out.append("")
+    if misses:
+        out.append(
+            f"{len(misses)} target(s) missed: "
+            + "; ".join(f"{f.name} ({f.formatted()}, target {f.target})" for _, f in misses)
+            + ". Where the time goes is in the profiles below."
+        )
+        out.append("")
+    for s in sections:
+        out.append(render_section(s))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(
+        prog="tg bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes; no 10-minute RSS run")
+    ap.add_argument("--only", action="append", default=[], help="run only these sections (keys)")
+    ap.add_argument("--out", type=Path, default=None, help="results file")
+    ap.add_argument("--workdir", type=Path, default=REPO / "var" / "bench")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    out = args.out or (
+        REPO / "bench" / "RESULTS.md"
+        if mode == "full"
+        else REPO / "var" / "bench" / "RESULTS.quick.md"
+    )
+    started = datetime.now(UTC)
+    workdir = args.workdir / f"run-{started.strftime('%Y%m%d-%H%M%S')}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(mode, QUICK if args.quick else FULL, workdir)
+    for name in BENCH_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    load_before = loadavg()
+    t0 = time.monotonic()
+    sections: list[Section] = []
+    try:
+        for bench in sorted(REGISTRY.values(), key=lambda b: b.order):
+            if args.only and bench.key not in args.only:
+                continue
+            print(f"[bench] {bench.key}: {bench.title}", file=sys.stderr, flush=True)
+            t = time.monotonic()
+            try:
+                section = bench.run(ctx)
+            except Exception:
+                section = Section(bench.key, bench.title)
+                section.text.append(
+                    "**The benchmark failed:**\n\n```\n" + traceback.format_exc() + "```"
+                )
+                traceback.print_exc()
+            section.seconds = time.monotonic() - t
+            sections.append(section)
+            for f in section.figures:
+                print(
+                    f"[bench]   {f.name}: {f.formatted()} {f.target} {f.status()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        ctx.close()
+    registered = {b.title for b in REGISTRY.values()}
+    for name, title in PLACEHOLDERS.items():
+        if title not in registered and not args.only:
+            s = Section(name.rsplit(".", 1)[-1], title)
+            s.text.append(
+                f"Not measured yet: reserved for `{name.replace('.', '/')}.py`, which registers "
+                "its section with `bench.results.register` and is picked up by this script."
+            )
+            sections.append(s)
+    text = render(
+        ctx,
+        sections,
+        argv=["./tg", "bench", *argv],
+        started=started,
+        load_before=load_before,
+        load_after=loadavg(),
+        wall_s=time.monotonic() - t0,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"[bench] wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
