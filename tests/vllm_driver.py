@@ -149,6 +149,7 @@ class VllmDriver:
         self.processor = OutputProcessor(tokenizer=None, log_stats=True)
         self._lock = threading.Lock()
         self._seq = 0
+        self.arrival_wall_s: dict[str, float] = {}  # vLLM external id -> arrival_time given
 
     @property
     def plugin(self) -> vllm_plugin.TailguardStatLogger:
@@ -184,6 +185,7 @@ class VllmDriver:
             internal = f"{r.vllm_request_id}-{self._seq:08x}"  # vLLM appends a random suffix
             # Requests end "now": arrival and engine instants are placed before it.
             arrival = wall0 - r.e2e_s
+            self.arrival_wall_s[r.vllm_request_id] = arrival
             t_queued = mono0 - span + r.frontend_s
             self.processor.add_request(
                 EngineCoreRequest(
