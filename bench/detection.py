@@ -1,0 +1,350 @@
+"""Detection latency: overload -> signed L1 readable on the control topic, at a live input rate.
+
+A generator process produces live lifecycle events (gateway.received, engine.finished,
+gateway.completed per request; event time = the wall clock when produced) at
+``rate`` events/s onto the real broker; ``workers`` real ``tailguard worker`` processes
+(controller enabled, signed directives) consume them. At ``t_over`` every new request
+starts to wait 10 s in the engine queue; the benchmark policy enters L1 when the
+1-minute P99 of ``queue_ms`` exceeds 5 s (``for: 0s``), so the policy requires no more
+than the base window holding the first overloaded requests: its decision is due at the
+end of that window, ``B0`` (event time = wall time here). Measured:
+
+* ``beyond_window_ms`` = wall time the L1 directive was read from the control topic − B0
+  (the target: <= 1,000 ms);
+* ``from_first_event_ms`` = the same − produce time of the first overloaded event
+  (includes the up-to-one-window wait the policy itself imposes);
+* the input rate achieved and the workers' consumer lag at the decision.
+
+Run alone: ``python -m bench.detection [--quick]`` (prints JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_MS = 1000.0
+WINDOW_MS = 10_000
+POLICY = """
+apiVersion: tailguard/v1
+kind: ControlPolicy
+levels:
+  - level: 1
+    enter: [{signal: p99.queue_ms, op: ">", value: 5000, for: 0s}]
+    exit: [{signal: p99.queue_ms, op: "<", value: 1000, for: 1m}]
+    max_duration: 2h
+    notify_customer: false
+    actions: {shed_priorities_at_or_above: 3, cap_context_tokens: null, fallback_model: null,
+              reject_new_sessions: false, retry_after_s: 30, rate_limit_rps: null}
+  - level: 2
+    enter: [{signal: queue_saturation, op: ">", value: 50, for: 5m}]
+    exit: [{signal: queue_saturation, op: "<", value: 40, for: 5m}]
+    max_duration: 2h
+    notify_customer: true
+    actions: {shed_priorities_at_or_above: 2, cap_context_tokens: 4096, fallback_model: null,
+              reject_new_sessions: true, retry_after_s: 60, rate_limit_rps: null}
+  - level: 3
+    enter: [{signal: gpu_memory_fraction, op: ">", value: 0.999, for: 1m}]
+    exit: [{signal: gpu_memory_fraction, op: "<", value: 0.99, for: 1m}]
+    max_duration: 2h
+    notify_customer: false
+    actions: {shed_priorities_at_or_above: 1, cap_context_tokens: 4096, fallback_model: null,
+              reject_new_sessions: true, retry_after_s: 120, rate_limit_rps: null}
+dynamics:
+  min_dwell: 2m
+  step_down: one
+  half_open: {duration: 1m, admit_fraction: 0.25}
+"""
+
+
+def _generate(cfg: dict[str, Any], stop_at: Any, produced: Any) -> None:
+    """Produce ~``rate`` events/s until ``duration_s``; requests from ``over_at`` are slow."""
+    bootstrap, topic, partitions = cfg["bootstrap"], cfg["topic"], cfg["partitions"]
+    rate, duration_s, over_at = cfg["rate"], cfg["duration_s"], cfg["over_at"]
+    from confluent_kafka import Producer
+
+    from pipeline.contract.partitioning import partition_for
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "queue.buffering.max.kbytes": 512_000,
+            "batch.size": 1_000_000,
+        }
+    )
+    per_msg = 150  # events per batched message (3 per request)
+    open_: dict[int, list[bytes]] = {}
+    t_start = last_flush = time.time()
+    sent = 0
+    i = 0
+    dumps = orjson.dumps
+    while True:
+        now = time.time()
+        if now - t_start >= duration_s or stop_at.value:  # type: ignore[attr-defined]
+            break
+        due = int((now - t_start) * rate)
+        while sent < due:
+            rid = f"d{i}"
+            i += 1
+            end_ns = time.time_ns()
+            slow = end_ns / 1e9 >= over_at
+            queue_ms = 10_000.0 if slow else 10.0 + (i % 7)
+            infer_ms = 200.0
+            e2e = queue_ms + infer_ms
+            common = {"v": 1, "model": "bench-model", "request_id": rid}
+            evs = (
+                {
+                    **common,
+                    "kind": "gateway.received",
+                    "event_id": f"{rid}r",
+                    "host": "gw",
+                    "ts_unix_ns": end_ns - int((e2e + 5) * 1e6),
+                    "priority": 1,
+                },
+                {
+                    **common,
+                    "kind": "engine.finished",
+                    "event_id": f"{rid}f",
+                    "host": "eng",
+                    "ts_unix_ns": end_ns,
+                    "arrival_unix_ns": end_ns - int(e2e * 1e6),
+                    "queue_ms": queue_ms,
+                    "prefill_ms": 50.0,
+                    "decode_ms": 150.0,
+                    "inference_ms": infer_ms,
+                    "e2e_ms": e2e,
+                    "prompt_tokens": 100,
+                    "output_tokens": 20,
+                    "finish_reason": "stop",
+                },
+                {
+                    **common,
+                    "kind": "gateway.completed",
+                    "event_id": f"{rid}c",
+                    "host": "gw",
+                    "ts_unix_ns": end_ns,
+                    "total_ms": e2e + 5,
+                    "ttfb_ms": queue_ms + 55,
+                    "http_status": 200,
+                    "outcome": "ok",
+                },
+            )
+            part = partition_for(rid, partitions)
+            buf = open_.setdefault(part, [])
+            buf.extend(dumps(e) for e in evs)
+            sent += 3
+            if len(buf) >= per_msg:
+                _send(p, topic, part, buf)
+                open_[part] = []
+        if now - last_flush >= 0.05:  # the producers' max_delay_ms
+            last_flush = now
+            for part, buf in list(open_.items()):
+                if buf:
+                    _send(p, topic, part, buf)
+                    open_[part] = []
+        produced.value = sent  # type: ignore[attr-defined]
+        p.poll(0)
+        time.sleep(0.002)
+    p.flush(30)
+    produced.value = sent  # type: ignore[attr-defined]
+
+
+def _send(p: Any, topic: str, part: int, buf: list[bytes]) -> None:
+    value = b"[" + b",".join(buf) + b"]"
+    while True:
+        try:
+            p.produce(topic, value, partition=part)
+        except BufferError:
+            p.poll(0.01)
+        else:
+            return
+
+
+def run(
+    quick: bool = False, rate: float = 50_000.0, workers: int = 1, workdir: Path | None = None
+) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pipeline.adapters.kafka_admin import ensure_topics
+    from pipeline.core.control_signal import Keyring, VerifiedSignal, decode_and_verify
+    from pipeline.devtools.kafka_local import LocalKafka
+    from pipeline.settings import Settings
+
+    if quick:
+        rate = min(rate, 20_000.0)
+    warmup_s = 25.0 if quick else 45.0
+    tmp = Path(tempfile.mkdtemp(prefix="tg-bench-detect-", dir=workdir))
+    broker = LocalKafka(tmp / "kafka")
+    broker.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    gen: mp.Process | None = None
+    stop = mp.Value("b", 0)
+    produced = mp.Value("q", 0)
+    try:
+        keys = tmp / "keys.json"
+        keys.write_text(
+            json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}})
+        )
+        policy = tmp / "policy.yaml"
+        policy.write_text(POLICY)
+        run_id = uuid.uuid4().hex[:6]
+        s = Settings(
+            bootstrap_servers=broker.bootstrap_servers,
+            store_dir=tmp / "store",
+            group_id=f"detect-{run_id}",
+            lifecycle_topic=f"detect.lc.{run_id}",
+            engine_stats_topic=f"detect.stats.{run_id}",
+            dlq_topic=f"detect.dlq.{run_id}",
+            summaries_topic=f"detect.sum.{run_id}",
+            control_topic=f"detect.ctl.{run_id}",
+            topic_partitions=8,
+            control_enabled=True,
+            control_keys_file=keys,
+            policy_file=policy,
+            store_raw_events=False,
+            join_timeout_ms=2000,
+        )
+        ensure_topics(s)
+        keyring = Keyring.from_file(keys)
+        env = dict(os.environ) | s.to_env()
+        for w in range(workers):
+            wenv = env | {
+                "TAILGUARD_STORE_DIR": str(tmp / f"store-{w}"),
+                "TAILGUARD_QUERY_PORT": "-1",
+            }
+            log = (tmp / f"worker-{w}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "pipeline.cli", "worker"],
+                    cwd=REPO,
+                    env=wenv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        # Control topic reader from its current end.
+        c = Consumer(
+            s.kafka_config() | {"group.id": f"detect-reader-{run_id}", "enable.auto.commit": False}
+        )
+        c.assign([TopicPartition(s.control_topic, 0, 0)])
+        time.sleep(3.0)  # workers join the group (measured from the overload, not from here)
+        t0 = time.time()
+        # The overload starts mid-window, after the warm-up.
+        over_at = t0 + warmup_s
+        over_at += (WINDOW_MS / 1000) / 2 - (over_at % (WINDOW_MS / 1000))
+        if over_at < t0 + warmup_s:
+            over_at += WINDOW_MS / 1000
+        b0 = (over_at - over_at % (WINDOW_MS / 1000)) + WINDOW_MS / 1000
+        duration = (b0 - t0) + 30.0
+        gen = mp.Process(
+            target=_generate,
+            args=(
+                {
+                    "bootstrap": broker.bootstrap_servers,
+                    "topic": s.lifecycle_topic,
+                    "partitions": 8,
+                    "rate": rate,
+                    "duration_s": duration,
+                    "over_at": over_at,
+                },
+                stop,
+                produced,
+            ),
+            daemon=True,
+        )
+        gen.start()
+        seen_l1: float | None = None
+        signal_info: dict[str, Any] = {}
+        deadline = b0 + 60.0
+        while time.time() < deadline:
+            for w, proc in enumerate(procs):
+                if proc.poll() is not None:
+                    tail = (tmp / f"worker-{w}.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"worker {w} exited with {proc.returncode}:\n{tail}")
+            msg = c.poll(0.05)
+            if msg is None or msg.error() or msg.value() is None:
+                continue
+            now = time.time()
+            out = decode_and_verify(msg.value(), keyring, int(now * 1000))
+            if not isinstance(out, VerifiedSignal):
+                continue
+            if out.signal.level >= 1:
+                seen_l1 = now
+                signal_info = {
+                    "level": out.signal.level,
+                    "reason": out.signal.reason,
+                    # when the controller signed it, relative to B0 (the rest is delivery)
+                    "issued_beyond_window_ms": round(out.signal.issued_at_unix_ms - b0 * 1000, 1),
+                }
+                break
+        stop.value = 1  # type: ignore[attr-defined]
+        gen.join(60)
+        elapsed = time.time() - t0
+        result: dict[str, Any] = {
+            "rate_target_events_per_s": rate,
+            "workers": workers,
+            "events_produced": produced.value,  # type: ignore[attr-defined]
+            "rate_achieved_events_per_s": round(
+                produced.value / max(1e-9, min(elapsed, duration)), 1
+            ),  # type: ignore[attr-defined]
+            "overload_at_offset_s": round(over_at - t0, 3),
+            "decision_due_b0_offset_s": round(b0 - t0, 3),
+            "target_ms": TARGET_MS,
+        }
+        if seen_l1 is None:
+            result.update({"detected": False, "pass": False})
+        else:
+            result.update(
+                {
+                    "detected": True,
+                    "beyond_window_ms": round((seen_l1 - b0) * 1000, 1),
+                    "from_first_event_ms": round((seen_l1 - over_at) * 1000, 1),
+                    "signal": signal_info,
+                    "pass": (seen_l1 - b0) * 1000 <= TARGET_MS,
+                }
+            )
+        c.close()
+        return result
+    finally:
+        stop.value = 1  # type: ignore[attr-defined]
+        if gen is not None and gen.is_alive():
+            gen.terminate()
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        broker.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rate", type=float, default=50_000.0)
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args()
+    out = run(args.quick, args.rate, args.workers)
+    print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()
