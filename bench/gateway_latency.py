@@ -18,6 +18,7 @@ Run alone: ``python -m bench.gateway_latency [--quick]`` (prints JSON).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -105,21 +106,40 @@ def run(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
         }
         env = dict(os.environ) | env_base
         subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "topics"], cwd=REPO, env=env, check=True,
+            [sys.executable, "-m", "pipeline.cli", "topics"],
+            cwd=REPO,
+            env=env,
+            check=True,
             capture_output=True,
-        )  # fmt: skip
+        )
         log = (tmp / "procs.log").open("wb")
         upstream = subprocess.Popen(
             [sys.executable, "-m", "pipeline.devtools.fake_openai", "--port", str(up_port)],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         procs.append(upstream)
         up_url = f"http://127.0.0.1:{up_port}"
         gw = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "gateway", "--upstream", up_url,
-             "--listen", f"127.0.0.1:{gw_port}", "--name", "bench-gw"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "gateway",
+                "--upstream",
+                up_url,
+                "--listen",
+                f"127.0.0.1:{gw_port}",
+                "--name",
+                "bench-gw",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         procs.append(gw)
         gw_url = f"http://127.0.0.1:{gw_port}"
         _wait_http(up_url + "/health", upstream)
@@ -178,3 +198,39 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# --- the results-file section ------------------------------------------------------------
+
+try:
+    from bench.results import Figure, Section, at_most, register
+except ImportError:  # pragma: no cover
+    register = None  # type: ignore[assignment]
+
+if register is not None:
+
+    @register("gateway", "Gateway latency: Kafka up vs down", order=60)
+    def gateway_section(ctx: Any) -> Section:
+        sec = Section("gateway", "Gateway latency: Kafka up vs down")
+        r = run(quick=ctx.mode == "quick", workdir=ctx.workdir)
+        up, down = r["broker_up"], r["broker_down"]
+        sec.figures += [
+            at_most("p50 broker down − broker up", r["delta_p50_ms"], "ms", TARGET_DELTA_MS),
+            at_most("p99 broker down − broker up", r["delta_p99_ms"], "ms", TARGET_DELTA_MS),
+            Figure("p50 direct (no gateway)", r["direct"]["p50_ms"], "ms"),
+            Figure("p50 / p99 broker up", up["p50_ms"], "ms", note=f"p99 {up['p99_ms']} ms"),
+            Figure("p50 / p99 broker down", down["p50_ms"], "ms", note=f"p99 {down['p99_ms']} ms"),
+            Figure("events delivered after recovery", r["producer_final"]["events_sent"], "",
+                   note=f"of {r['events_expected']}; dropped "
+                   f"{r['producer_final']['events_dropped']}, failed "
+                   f"{r['producer_final']['events_failed']}"),
+        ]  # fmt: skip
+        sec.text.append(
+            f"{r['requests_per_phase']} sequential non-streaming chat completions per phase "
+            f"(after {r['warmup_per_phase']} unmeasured), one keep-alive connection: client -> "
+            "`tailguard gateway` (a process) -> the fake OpenAI upstream (a process), with the "
+            "real broker up, then stopped, then started again."
+        )
+        sec.text.append("Raw result:\n\n```json\n" + json.dumps(r, indent=2) + "\n```")
+        sec.commands.append("python -m bench.gateway_latency")
+        return sec

@@ -28,10 +28,9 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.accuracy",
     "bench.memory",
     "bench.detection",
+    "bench.gateway_latency",
 )
-PLACEHOLDERS: dict[str, str] = {
-    "bench.detection": "Detection latency at 50k events/s",
-}
+PLACEHOLDERS: dict[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
