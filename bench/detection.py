@@ -39,36 +39,19 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 1000.0
 WINDOW_MS = 10_000
-POLICY = """
-apiVersion: tailguard/v1
-kind: ControlPolicy
-levels:
-  - level: 1
-    enter: [{signal: p99.queue_ms, op: ">", value: 5000, for: 0s}]
-    exit: [{signal: p99.queue_ms, op: "<", value: 1000, for: 1m}]
-    max_duration: 2h
-    notify_customer: false
-    actions: {shed_priorities_at_or_above: 3, cap_context_tokens: null, fallback_model: null,
-              reject_new_sessions: false, retry_after_s: 30, rate_limit_rps: null}
-  - level: 2
-    enter: [{signal: queue_saturation, op: ">", value: 50, for: 5m}]
-    exit: [{signal: queue_saturation, op: "<", value: 40, for: 5m}]
-    max_duration: 2h
-    notify_customer: true
-    actions: {shed_priorities_at_or_above: 2, cap_context_tokens: 4096, fallback_model: null,
-              reject_new_sessions: true, retry_after_s: 60, rate_limit_rps: null}
-  - level: 3
-    enter: [{signal: gpu_memory_fraction, op: ">", value: 0.999, for: 1m}]
-    exit: [{signal: gpu_memory_fraction, op: "<", value: 0.99, for: 1m}]
-    max_duration: 2h
-    notify_customer: false
-    actions: {shed_priorities_at_or_above: 1, cap_context_tokens: 4096, fallback_model: null,
-              reject_new_sessions: true, retry_after_s: 120, rate_limit_rps: null}
-dynamics:
-  min_dwell: 2m
-  step_down: one
-  half_open: {duration: 1m, admit_fraction: 0.25}
-"""
+
+def _policy() -> str:
+    """The integration tests' policy (tuned to the simulator), with L1 entered at once.
+
+    L1: 1-minute P99 of ``queue_ms`` > 5 s, ``for: 0s`` (instead of ``1m``): the policy
+    then waits for nothing but the base window itself.
+    """
+    from tests.control_fixtures import TEST_POLICY
+
+    old = 'enter: [{signal: p99.queue_ms, op: ">", value: 5000, for: 1m}]'
+    assert old in TEST_POLICY
+    return TEST_POLICY.replace(old, old.replace("for: 1m", "for: 0s"))
+
 
 
 def _generate(cfg: dict[str, Any], stop_at: Any, produced: Any) -> None:
@@ -202,7 +185,7 @@ def run(
             json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}})
         )
         policy = tmp / "policy.yaml"
-        policy.write_text(POLICY)
+        policy.write_text(_policy())
         run_id = uuid.uuid4().hex[:6]
         s = Settings(
             bootstrap_servers=broker.bootstrap_servers,
