@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     take_max_messages: int = Field(
         1000, ge=1, description="TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."
     )
+    fault_store_outage_file: Path | None = Field(
+        None,
+        description="TAILGUARD_FAULT_STORE_OUTAGE_FILE: fault injection, for tests only: while "
+        "this file exists, ClickHouse rejects the worker's inserts (see "
+        "pipeline.adapters.store.OutageInjectingStore). Never set in production.",
+    )
     worker_web_port: int | None = Field(
         None,
         ge=1,

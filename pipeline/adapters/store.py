@@ -124,7 +124,61 @@ def open_store(settings: Settings) -> ClickHouseStore:
                 f"cannot open embedded store {settings.store_dir}: {exc} "
                 "(chDB allows one process per data directory: is a worker running on it?)"
             ) from exc
+    if settings.fault_store_outage_file is not None:
+        return OutageInjectingStore(client, settings.database, settings.fault_store_outage_file)
     return ClickHouseStore(client, settings.database)
+
+
+class OutageInjectingStore(ClickHouseStore):
+    """Fault injection, for tests only (``TAILGUARD_FAULT_STORE_OUTAGE_FILE``).
+
+    While the flag file exists, ClickHouse itself rejects every insert: before an
+    insert into a table, a ``CHECK 0`` constraint is added to it (the engine then
+    fails the insert with ``VIOLATED_CONSTRAINT``, through the real driver, with no
+    row, no materialized-view row and no deduplication token recorded). Once the
+    file is gone, the next insert drops the constraints again. Queries are not
+    affected. A constraint left behind by a killed process is dropped at the first
+    insert into its table after the file is gone.
+    """
+
+    CONSTRAINT = "tailguard_injected_outage"
+
+    def __init__(self, client: Any, database: str, flag: Path) -> None:
+        super().__init__(client, database)
+        self._flag = flag
+        self._blocked: set[str] = set()
+        self._cleared: set[str] = set()  # tables known to carry no injected constraint
+
+    def _sync(self, table: str) -> None:
+        """Add or drop the injected constraint to match the flag file (under the lock)."""
+        name = f"{self.database}.{table}"
+        if self._flag.exists():
+            if table not in self._blocked:
+                self._client.command(f"ALTER TABLE {name} ADD CONSTRAINT {self.CONSTRAINT} CHECK 0")
+                self._blocked.add(table)
+                self._cleared.discard(table)
+                log.warning("injected outage: inserts into %s now fail", name)
+            return
+        for t in sorted(self._blocked | ({table} - self._cleared)):
+            self._client.command(
+                f"ALTER TABLE {self.database}.{t} DROP CONSTRAINT IF EXISTS {self.CONSTRAINT}"
+            )
+            self._cleared.add(t)
+            if t in self._blocked:
+                log.warning("injected outage over: inserts into %s.%s work again", self.database, t)
+        self._blocked.clear()
+
+    def insert_columns(
+        self,
+        table: str,
+        columns: Sequence[Sequence[Any]],
+        names: Sequence[str],
+        types: Sequence[str],
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        with self._lock:
+            self._sync(table)
+        super().insert_columns(table, columns, names, types, settings)
 
 
 # --- migrations ------------------------------------------------------------
@@ -281,11 +335,13 @@ def with_retry(
     base_delay_s: float = 0.2,
     max_delay_s: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
+    on_failure: Callable[[Exception], None] | None = None,
 ) -> int:
     """Run ``fn``, retrying with exponential backoff (forever when ``attempts`` is None).
 
     Returns the number of retries. Every write tailguard retries is idempotent
-    (rows keyed by request, windows deduplicated by token).
+    (rows keyed by request, windows deduplicated by token). ``on_failure`` hears
+    of every failed attempt before its backoff (the worker pauses its input).
     """
     retries = 0
     delay = base_delay_s
@@ -294,6 +350,8 @@ def with_retry(
             fn()
         except Exception as exc:
             retries += 1
+            if on_failure is not None:
+                on_failure(exc)
             if attempts is not None and retries >= attempts:
                 raise StoreError(f"{what} failed {retries} times: {exc}") from exc
             log.warning("ClickHouse %s failed (%s); retry %d in %.1fs", what, exc, retries, delay)
@@ -311,6 +369,7 @@ def write_with_retry(
     base_delay_s: float = 0.2,
     max_delay_s: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
+    on_failure: Callable[[Exception], None] | None = None,
 ) -> int:
     """Write request records with :func:`with_retry`."""
     return with_retry(
@@ -320,6 +379,7 @@ def write_with_retry(
         base_delay_s=base_delay_s,
         max_delay_s=max_delay_s,
         sleep=sleep,
+        on_failure=on_failure,
     )
 
 

@@ -158,6 +158,11 @@ class WorkerShell:
         self.write_retries = 0
         self.rows_written = 0
         self._last_log = time.monotonic()
+        # Back pressure: set while ClickHouse takes writes; while it fails, the
+        # lifecycle partitions are paused and no new batch is processed.
+        self._store_up = asyncio.Event()
+        self._store_up.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
@@ -226,6 +231,7 @@ class WorkerShell:
             self.telemetry.dead_letters.add(len(out.dead))
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
+        await self._store_up.wait()  # back pressure: hold this batch while the store is down
         new = {p for p, _, _ in messages if not self.processor.has_partition(p)}
         if new:
             await self._init_partitions(new)
@@ -252,15 +258,20 @@ class WorkerShell:
         store, s = self.store, self.settings
         retries = 0
         if records:
-            retries += write_with_retry(store, records)
+            retries += write_with_retry(store, records, on_failure=self._on_write_failure)
         if events:
-            retries += with_retry(lambda: write_events(store, events), "write of raw events")
+            retries += with_retry(
+                lambda: write_events(store, events),
+                "write of raw events",
+                on_failure=self._on_write_failure,
+            )
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
             retries += with_retry(
                 lambda: write_windows(store, windows, s.lifecycle_topic, acc, token),
                 f"write of {len(windows)} windows",
+                on_failure=self._on_write_failure,
             )
         # The controller hears of a window once it is stored (at least once: it dedups).
         assert self.summaries is not None
@@ -275,6 +286,7 @@ class WorkerShell:
         retries += with_retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
             "write of checkpoints",
+            on_failure=self._on_write_failure,
         )
         return retries
 
@@ -291,12 +303,13 @@ class WorkerShell:
             records, self._records = self._records, []
             windows, self._windows = self._windows, []
             events, self._events = self._events, []
-            loop = asyncio.get_running_loop()
+            loop = self._loop = asyncio.get_running_loop()
             if records or windows or events or checkpoints:
                 t0 = time.perf_counter()
                 retries = await loop.run_in_executor(
                     self._executor, self._write, records, windows, events, checkpoints
                 )
+                self._resume_input()
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
                 self.telemetry.write_retries.add(retries)
                 self.telemetry.records.add(len(records))
@@ -315,6 +328,31 @@ class WorkerShell:
                 self._committed.update(changed)
             self._count_timeouts()
             self._maybe_log()
+
+    def _on_write_failure(self, _exc: Exception) -> None:
+        """A write failed (on the writer thread; it retries with backoff): pause the input."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._pause_input)
+
+    def _lifecycle_tps(self) -> set[TP]:
+        topic = self.settings.lifecycle_topic
+        return {tp for tp in self.app.consumer.assignment() if tp.topic == topic}
+
+    def _pause_input(self) -> None:
+        """Store down: stop fetching the lifecycle partitions and hold new batches, so that
+        memory stays at what was in flight; the offsets stay at what was written."""
+        if not self._store_up.is_set():
+            return
+        self._store_up.clear()
+        self.app.consumer.pause_partitions(self._lifecycle_tps())
+        log.warning("ClickHouse writes failing: lifecycle input paused until a write succeeds")
+
+    def _resume_input(self) -> None:
+        if self._store_up.is_set():
+            return
+        self.app.consumer.resume_partitions(self._lifecycle_tps())
+        self._store_up.set()
+        log.warning("ClickHouse writes succeed again: lifecycle input resumed")
 
     def _count_timeouts(self) -> None:
         j = self.processor.join_counters()

@@ -24,7 +24,9 @@ from tests.measurement_fixtures import START_NS
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
 
 
-def lifecycle_events(requests: int, *, seed: int, prefix: str = "req-") -> list[Event]:
+def lifecycle_events(
+    requests: int, *, seed: int, prefix: str = "req-", start_ns: int = START_NS
+) -> list[Event]:
     """Lifecycle events (no engine.stats) of ``requests`` simulated requests, in time order.
 
     Beyond the shipped trace's length, further independent simulations of the same trace
@@ -45,7 +47,7 @@ def lifecycle_events(requests: int, *, seed: int, prefix: str = "req-") -> list[
         sim = Simulator(
             trace[:n],
             SimConfig(
-                start_unix_ns=START_NS,
+                start_unix_ns=start_ns,
                 seed=seed + k,
                 patience_median_ms=None,
                 stream_stop_fraction=0.0,
@@ -63,6 +65,7 @@ class Preload:
 
     messages: int = 0
     events: int = 0
+    bytes: int = 0  # message values, uncompressed
     # partition -> event count of each message sent to it (in order)
     per_message: dict[int, list[int]] = field(default_factory=dict)
 
@@ -132,13 +135,21 @@ def produce_batches(
     prod = prod or producer(settings)
     pre = Preload()
     for p, chunk in batches(events, n, per_message):
-        send(prod, topic, p, encode_batch(chunk))
+        value = encode_batch(chunk)
+        send(prod, topic, p, value)
+        pre.bytes += len(value)
         pre.messages += 1
         pre.events += len(chunk)
         pre.per_message.setdefault(p, []).append(len(chunk))
     if own:
         flush(prod)
     return pre
+
+
+def after(events: Sequence[Event], gap_s: float = 120.0) -> int:
+    """A start time (ns) ``gap_s`` after the last of ``events``: a later stream that shares
+    no window and no pending join with them."""
+    return max(ev.ts_unix_ns for ev in events) + int(gap_s * 1e9)
 
 
 def rss_bytes(pid: int) -> int:
