@@ -10,9 +10,9 @@ taken on different hosts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
-from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
+from pipeline.contract.events import EngineFinished, GatewayCompleted
 
 Source = Literal["joined", "gateway_only", "engine_only"]
 
@@ -53,6 +53,28 @@ _FINISH_TO_OUTCOME: Final = {
     "abort": "client_abort",
     "error": "error",
 }
+
+
+class ReceivedFields(Protocol):
+    """What a record takes from ``gateway.received``: the event itself, or the join's
+    compact copy of it (``pipeline.core.join``)."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def ts_unix_ns(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def stream(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +123,7 @@ class RequestRecord:
 
 def build_record(
     request_id: str,
-    received: GatewayReceived | None,
+    received: ReceivedFields | None,
     completed: GatewayCompleted | None,
     finished: EngineFinished | None,
 ) -> RequestRecord:
