@@ -9,6 +9,6 @@ COPY producers ./producers
 COPY sql ./sql
 COPY specs ./specs
 COPY data ./data
-RUN pip install --no-cache-dir -c constraints.txt -e .
+RUN pip install --no-cache-dir -c constraints.txt -e '.[worker]'
 ENTRYPOINT ["tailguard"]
 CMD ["--help"]

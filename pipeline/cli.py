@@ -368,7 +368,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
 
 
 def _dlq_sender(settings: Settings) -> Any:
-    from pipeline.adapters.worker import ReliableProducer
+    from pipeline.adapters.reliable import ReliableProducer
 
     return ReliableProducer(settings, settings.dlq_topic, "envoy dead letters")
 

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,39 @@ def test_validate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["validate", str(broken)]) == 1
     err = capsys.readouterr().err
     assert "slos[0].threshold_ms" in err
+
+
+WORKER_ONLY = ("faust", "chdb", "clickhouse_connect", "aiokafka")
+
+
+def test_emitters_import_nothing_of_the_worker() -> None:
+    """A vLLM host or a gateway installs the base package: no Faust, no ClickHouse engine."""
+    code = (
+        "import sys\n"
+        "import producers.emit, producers.gateway, producers.gateway_proxy, producers.envoy\n"
+        "import producers.vllm_stats, producers.asgi_control, producers.control_client\n"
+        "import pipeline.cli, pipeline.adapters.reliable, pipeline.adapters.telemetry\n"
+        "pipeline.cli.build_parser()\n"
+        f"print(sorted(m for m in {WORKER_ONLY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_worker_dependencies_are_an_extra_not_the_base_install() -> None:
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+        "project"
+    ]
+    base = " ".join(meta["dependencies"])
+    worker = " ".join(meta["optional-dependencies"]["worker"])
+    for dist in ("faust-streaming", "chdb", "clickhouse-connect", "aiokafka"):
+        assert dist not in base
+        assert dist in worker
