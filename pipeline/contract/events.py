@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 CONTRACT_VERSION: Final = 1
 
@@ -47,6 +47,14 @@ class _Event(BaseModel):
     ts_unix_ns: int = Field(gt=0, description="Wall clock of the emitting host, ns since epoch.")
     host: str = Field(min_length=1, max_length=256, description="Emitting host (or host/engine).")
     model: str = Field(min_length=1, max_length=256, description="Served model name.")
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _v_is_the_integer_1(cls, value: object) -> object:
+        # Literal[1] accepts True and 1.0 (equal to 1): the version is the JSON integer 1.
+        if type(value) is not int:
+            raise ValueError("v must be the integer 1")
+        return value
 
 
 class _RequestEvent(_Event):

@@ -33,9 +33,9 @@ TEMPLATES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 # Values that are wrong for a field whatever its type (strict validation: no coercion).
 _WRONG = {
-    # Not True and not 1.0: pydantic's Literal[1] takes both, even in strict mode (JSON
-    # true is a contract-validation gap, reported; 1.0 is the number 1).
-    "v": [0, 2, "1", None, [1], {"v": 1}],
+    # True and 1.0 too: the contract takes only the JSON integer 1 (Literal[1] alone let both
+    # through; a validator closes that).
+    "v": [0, 2, "1", None, [1], {"v": 1}, True, 1.0],
     "event_id": ["", 7, None, ["e"], "x" * 129],
     "ts_unix_ns": [0, -5, "1", 1.5, None, True],
     "host": ["", 1, None, "h" * 257],

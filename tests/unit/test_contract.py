@@ -145,3 +145,12 @@ def test_json_schema_names_every_kind() -> None:
     text = orjson.dumps(json_schema()).decode()
     for kind in ("gateway.received", "gateway.completed", "engine.finished", "engine.stats"):
         assert kind in text
+
+
+@pytest.mark.parametrize("v", [True, 1.0, 2, "1"])
+def test_version_must_be_the_json_integer_1(v: object) -> None:
+    doc = orjson.loads(orjson.dumps(completed("r").model_dump()))
+    doc["v"] = v
+    out = decode_message(orjson.dumps(doc), SourceRef("t", 0, 0))
+    assert out.events == []
+    assert len(out.dead) == 1
