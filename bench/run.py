@@ -58,7 +58,7 @@ class Sizes:
 
 
 QUICK = Sizes(5, 2, 15, 3, 50_000, 60, 10_000)
-FULL = Sizes(52, 10, 40, 12, 200_000, 600, 20_000)
+FULL = Sizes(52, 6, 40, 12, 200_000, 600, 10_000)
 
 
 @dataclass(slots=True)

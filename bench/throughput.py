@@ -187,8 +187,8 @@ def scaling(ctx: Context) -> Section:
         "each with its own embedded store. This machine has "
         f"{_cores()} cores shared by the two workers, the broker and the bench process, so "
         "two workers cannot approach 2×; the figure shows what a second process buys here."
-        " Requests stored can exceed the expected count when a rebalance hands a partition "
-        "over mid-run (at-least-once; the store keeps one row per request)."
+        " Requests stored counts distinct request ids over both stores (a rebalance may "
+        "hand a partition over mid-run and its new owner rewrite some rows: at-least-once)."
     )
     return sec
 
