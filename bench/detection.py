@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 1000.0
 WINDOW_MS = 10_000
 
+
 def _policy() -> str:
     """The integration tests' policy (tuned to the simulator), with L1 entered at once.
 
@@ -51,7 +52,6 @@ def _policy() -> str:
     old = 'enter: [{signal: p99.queue_ms, op: ">", value: 5000, for: 1m}]'
     assert old in TEST_POLICY
     return TEST_POLICY.replace(old, old.replace("for: 1m", "for: 0s"))
-
 
 
 def _generate(cfg: dict[str, Any], stop_at: Any, produced: Any) -> None:
@@ -200,7 +200,6 @@ def run(
             control_enabled=True,
             control_keys_file=keys,
             policy_file=policy,
-            store_raw_events=False,
             join_timeout_ms=2000,
         )
         ensure_topics(s)
@@ -346,27 +345,33 @@ if register is not None:
     def detection_section(ctx: Any) -> Section:
         sec = Section("detection", "Detection latency at 50k events/s")
         quick = ctx.mode == "quick"
-        rate = 20_000.0 if quick else 50_000.0
-        r = run(quick=quick, rate=rate, workers=1, workdir=ctx.workdir)
-        beyond = r.get("beyond_window_ms")
-        name = "L1 readable on the control topic, beyond the policy's window"
-        note = f"input {r['rate_achieved_events_per_s']:,.0f} events/s, 1 worker"
-        sec.figures.append(
-            at_most(name, beyond, "ms", TARGET_MS, note=note)
-            if beyond is not None
-            else Figure(name, None, "ms", f"≤ {TARGET_MS:,g} ms", False, "no L1 within 60 s")
-        )
-        if beyond is not None:
-            sec.figures += [
-                Figure("... of which until the controller signed it",
-                       r["signal"]["issued_beyond_window_ms"], "ms"),
-                Figure("from the first overloaded event's produce time", r["from_first_event_ms"],
-                       "ms", note="includes the base window the policy waits for"),
-            ]  # fmt: skip
-        sec.figures.append(
-            Figure("input rate achieved", r["rate_achieved_events_per_s"], "events/s",
-                   note=f"target {rate:,.0f}")
-        )  # fmt: skip
+        # The target rate, and (for context) a rate one worker sustains on this machine.
+        rates = (20_000.0,) if quick else (50_000.0, 15_000.0)
+        results = []
+        for i, rate in enumerate(rates):
+            r = run(quick=quick, rate=rate, workers=1, workdir=ctx.workdir)
+            results.append(r)
+            beyond = r.get("beyond_window_ms")
+            at = f"at {r['rate_achieved_events_per_s']:,.0f} events/s"
+            name = f"L1 readable on the control topic, beyond the policy's window ({at})"
+            if i == 0:
+                sec.figures.append(
+                    at_most(name, beyond, "ms", TARGET_MS, note="1 worker")
+                    if beyond is not None
+                    else Figure(name, None, "ms", f"≤ {TARGET_MS:,g} ms", False,
+                                "no L1 within 60 s")
+                )  # fmt: skip
+            else:
+                sec.figures.append(Figure(name, beyond, "ms", note="context: 1 worker keeps up"))
+            if beyond is not None:
+                sec.figures += [
+                    Figure(f"... of which until the controller signed it ({at})",
+                           r["signal"]["issued_beyond_window_ms"], "ms"),
+                    Figure(f"from the first overloaded event's produce time ({at})",
+                           r["from_first_event_ms"], "ms",
+                           note="includes the base window the policy waits for"),
+                ]  # fmt: skip
+            sec.commands.append(f"python -m bench.detection --rate {rate:.0f} --workers 1")
         sec.text.append(
             "Live input: a generator process produces gateway.received, engine.finished and "
             "gateway.completed per request (event time = produce time, batched like the "
@@ -376,9 +381,14 @@ if register is not None:
             "P99 of `queue_ms` exceeds 5 s (`for: 0s`), so its decision is due at the end of "
             "the window holding the first slow requests (B0). Figure = wall time the signed "
             "L1 was read from the control topic − B0. The worker decides on snapshots of "
-            "ended windows (`TAILGUARD_CONTROL_PROVISIONAL_MS` = 250, "
-            "`TAILGUARD_CONTROL_DECISION_DELAY_MS` = 250), not after the 30 s grace period."
+            "ended windows (`TAILGUARD_CONTROL_PROVISIONAL_MS` = 100, "
+            "`TAILGUARD_CONTROL_DECISION_DELAY_MS` = 100), not after the 30 s grace period."
         )
-        sec.text.append("Raw result:\n\n```json\n" + json.dumps(r, indent=2) + "\n```")
-        sec.commands.append(f"python -m bench.detection --rate {rate:.0f} --workers 1")
+        sec.text.append(
+            "The worker's throughput (see the first section) is below 50,000 events/s: at that "
+            "input it falls behind, and its event-time clock, which decisions wait for, with "
+            "it. The second run shows the same path where one worker keeps up."
+        )
+        for r in results:
+            sec.text.append("Raw result:\n\n```json\n" + json.dumps(r, indent=2) + "\n```")
         return sec

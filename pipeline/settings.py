@@ -159,14 +159,14 @@ class Settings(BaseSettings):
         None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
     )
     control_provisional_ms: int = Field(
-        250,
+        100,
         ge=0,
         description="TAILGUARD_CONTROL_PROVISIONAL_MS: period of the snapshots of ended windows "
         "sent to the controller, so it decides without waiting for the grace period "
         "(0: decide on closed windows only, window + grace later).",
     )
     control_decision_delay_ms: int = Field(
-        250,
+        100,
         ge=0,
         description="TAILGUARD_CONTROL_DECISION_DELAY_MS: with snapshots, decide on a window "
         "this long after every partition's clock passed its end.",

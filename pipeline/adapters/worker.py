@@ -485,7 +485,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         @app.agent(summaries_topic, name="tailguard-controller")
         async def controller(stream: faust.StreamT[bytes]) -> None:
             take = stream.take_events  # type: ignore[attr-defined]
-            async for events in take(1000, within=0.2):
+            async for events in take(1000, within=0.05):  # decisions wait for this
                 await shell.on_summaries([ev.message.value for ev in events])
 
         @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
