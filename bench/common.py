@@ -274,15 +274,21 @@ class Worker:
         return self.log_path.read_text(errors="replace")[-n:]
 
     def stop(self, timeout_s: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        rc = stop_process(self.proc, timeout_s)
         self._log.close()
-        return self.proc.returncode
+        return rc
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
+    """SIGTERM by PID, then SIGKILL after ``timeout_s``; returns the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class CommitWatcher:

@@ -25,7 +25,6 @@ import base64
 import json
 import multiprocessing as mp
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from bench.common import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 1000.0
@@ -308,13 +309,7 @@ def run(
         if gen is not None and gen.is_alive():
             gen.terminate()
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p)
         broker.stop()
 
 

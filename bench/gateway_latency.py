@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.common import stop_process
 from pipeline.devtools.kafka_local import LocalKafka
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,13 +179,7 @@ def run(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
         return result
     finally:
         for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p, 20)
         broker.stop()
 
 
