@@ -33,7 +33,6 @@ without losing any state that lives only in memory.
 from __future__ import annotations
 
 import heapq
-import sys
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,10 +42,38 @@ from pipeline.contract.events import (
     GatewayReceived,
     LifecycleEvent,
 )
-from pipeline.core.record import ReceivedFields, RequestRecord, build_record
+from pipeline.core.record import RequestRecord, build_record
 
 _NS_PER_MS: Final = 1_000_000
 _COMPACT_SLACK: Final = 1024
+
+# A request in flight (gateway.received only: the bulk of the join state) is held as
+# one int packing what a record takes from the event, low bits first: stream (1),
+# priority (4), host, model and tenant as indices into the joiner's string table
+# (12 each, tenant 0 = None), prompt_tokens + 1 (24, 0 = None), wall_ms + 1 (44,
+# 0 = None), a 64-bit hash of the event id (duplicates are told from conflicts by
+# it), ts_unix_ns (64) and, above, the source offset. Values that do not fit fall
+# back to a _Pending holding a _Received.
+_PRIO_SHIFT: Final = 1
+_HOST_SHIFT: Final = 5
+_MODEL_SHIFT: Final = 17
+_TENANT_SHIFT: Final = 29
+_PROMPT_SHIFT: Final = 41
+_WALL_SHIFT: Final = 65
+_HASH_SHIFT: Final = 109
+_TS_SHIFT: Final = 173
+_OFF_SHIFT: Final = 237
+_M64: Final = (1 << 64) - 1
+_MAX_STRINGS: Final = 1 << 12
+_MAX_PROMPT: Final = (1 << 24) - 2
+_MAX_WALL: Final = (1 << 44) - 2
+# In-flight deadlines wait in buckets of 2**_BUCKET_BITS ms (one list slot per request)
+# and move to the deadline heap when event time reaches their bucket.
+_BUCKET_BITS: Final = 14
+
+
+def _id_hash(event_id: str) -> int:
+    return hash(event_id) & _M64
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,22 +124,39 @@ class JoinCounters:
 
 
 class _Received:
-    """What the join keeps of a ``gateway.received`` (a fraction of the event object's
-    memory: requests in flight are the bulk of the join state). Host, model and tenant
-    are interned: a few distinct values shared by every request."""
+    """What the join keeps of a ``gateway.received`` once a terminal event joined it
+    (or when it does not fit the packed in-flight int): the fields a record takes, and
+    a 64-bit hash of the event id (duplicates are told from conflicts by it)."""
 
-    __slots__ = ("event_id", "host", "model", "priority", "prompt_tokens", "stream", "tenant",
+    __slots__ = ("host", "id_hash", "model", "priority", "prompt_tokens", "stream", "tenant",
                  "ts_unix_ns")  # fmt: skip
 
-    def __init__(self, ev: GatewayReceived) -> None:
-        self.event_id = ev.event_id
-        self.ts_unix_ns = ev.ts_unix_ns
-        self.host = sys.intern(ev.host)
-        self.model = sys.intern(ev.model)
-        self.priority = ev.priority
-        self.tenant = None if ev.tenant is None else sys.intern(ev.tenant)
-        self.prompt_tokens = ev.prompt_tokens
-        self.stream = ev.stream
+    def __init__(
+        self,
+        *,
+        id_hash: int,
+        ts_unix_ns: int,
+        host: str,
+        model: str,
+        priority: int,
+        tenant: str | None,
+        prompt_tokens: int | None,
+        stream: bool,
+    ) -> None:
+        self.id_hash = id_hash
+        self.ts_unix_ns = ts_unix_ns
+        self.host = host
+        self.model = model
+        self.priority = priority
+        self.tenant = tenant
+        self.prompt_tokens = prompt_tokens
+        self.stream = stream
+
+
+def _same_id(slot: _Received | LifecycleEvent, event: LifecycleEvent) -> bool:
+    if isinstance(slot, _Received):
+        return slot.id_hash == _id_hash(event.event_id)
+    return slot.event_id == event.event_id
 
 
 class _Pending:
@@ -140,7 +184,7 @@ class _Pending:
 class _Resolved:
     expires_ms: int
     # Kept only for partial records, so that a late partner can upgrade them.
-    received: ReceivedFields | None = None
+    received: _Received | GatewayReceived | None = None
     completed: GatewayCompleted | None = None
     finished: EngineFinished | None = None
     partial: bool = False
@@ -182,7 +226,8 @@ class EventClock:
 class Joiner:
     config: JoinConfig = field(default_factory=JoinConfig)
     counters: JoinCounters = field(default_factory=JoinCounters)
-    _pending: dict[str, _Pending] = field(default_factory=dict)
+    # A request in flight is a packed int (see _TS_SHIFT), any other a _Pending.
+    _pending: dict[str, _Pending | int] = field(default_factory=dict)
     # A fully joined request is remembered by its expiry alone (an int: ~3x smaller
     # than a _Resolved); requests whose events are kept hold a _Resolved.
     _resolved: dict[str, _Resolved | int] = field(default_factory=dict)
@@ -190,6 +235,142 @@ class Joiner:
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _terminals: list[tuple[int, str]] = field(default_factory=list)
     _evicted: list[Emitted] = field(default_factory=list)
+    # In-flight deadlines by bucket (deadline_ms >> _BUCKET_BITS): request ids, checked
+    # against the live state when their bucket moves to _deadlines.
+    _buckets: dict[int, list[str]] = field(default_factory=dict)
+    _bucket_keys: list[int] = field(default_factory=list)
+    _bucket_items: int = 0
+    _frontier: int = -1  # buckets up to here have moved to _deadlines
+    _string_ids: dict[str, int] = field(default_factory=dict)
+    _strings: list[str] = field(default_factory=lambda: [""])  # index 0: tenant None
+
+    def _string_id(self, s: str) -> int:
+        i = self._string_ids.get(s)
+        if i is None:
+            i = len(self._strings)
+            if i >= _MAX_STRINGS:
+                return -1
+            self._string_ids[s] = i
+            self._strings.append(s)
+        return i
+
+    def _pack(self, ev: GatewayReceived, offset: int, wall_ms: int | None) -> int | None:
+        """The in-flight int of a ``gateway.received`` (None: a value does not fit)."""
+        host = self._string_id(ev.host)
+        model = self._string_id(ev.model)
+        tenant = 0 if ev.tenant is None else self._string_id(ev.tenant)
+        prompt = ev.prompt_tokens
+        ts = ev.ts_unix_ns
+        prio = ev.priority
+        if (
+            host < 0
+            or model < 0
+            or tenant < 0
+            or not 0 <= prio <= 15
+            or not 0 <= ts <= _M64
+            or offset < 0
+            or (prompt is not None and not 0 <= prompt <= _MAX_PROMPT)
+            or (wall_ms is not None and not 0 <= wall_ms <= _MAX_WALL)
+        ):
+            return None
+        return (
+            (offset << _OFF_SHIFT)
+            | (ts << _TS_SHIFT)
+            | (_id_hash(ev.event_id) << _HASH_SHIFT)
+            | ((0 if wall_ms is None else wall_ms + 1) << _WALL_SHIFT)
+            | ((0 if prompt is None else prompt + 1) << _PROMPT_SHIFT)
+            | (tenant << _TENANT_SHIFT)
+            | (model << _MODEL_SHIFT)
+            | (host << _HOST_SHIFT)
+            | (prio << _PRIO_SHIFT)
+            | (1 if ev.stream else 0)
+        )
+
+    def _unpack(self, v: int) -> _Pending:
+        strings = self._strings
+        prompt = (v >> _PROMPT_SHIFT) & 0xFFFFFF
+        tenant = (v >> _TENANT_SHIFT) & 0xFFF
+        entry = _Pending(v >> _OFF_SHIFT)
+        entry.received = _Received(
+            id_hash=(v >> _HASH_SHIFT) & _M64,
+            ts_unix_ns=(v >> _TS_SHIFT) & _M64,
+            host=strings[(v >> _HOST_SHIFT) & 0xFFF],
+            model=strings[(v >> _MODEL_SHIFT) & 0xFFF],
+            priority=(v >> _PRIO_SHIFT) & 0xF,
+            tenant=strings[tenant] if tenant else None,
+            prompt_tokens=prompt - 1 if prompt else None,
+            stream=bool(v & 1),
+        )
+        entry.deadline_ms = self._deadline(v)
+        entry.wall_deadline_ms = self._wall_deadline(v)
+        return entry
+
+    def _deadline(self, entry: _Pending | int) -> int:
+        if isinstance(entry, int):
+            return ((entry >> _TS_SHIFT) & _M64) // _NS_PER_MS + self.config.inflight_ttl_ms
+        return entry.deadline_ms
+
+    def _wall_deadline(self, entry: _Pending | int) -> int:
+        if isinstance(entry, int):
+            wall = (entry >> _WALL_SHIFT) & 0xFFFFFFFFFFF
+            return wall - 1 + self.config.inflight_ttl_ms if wall else 0
+        return entry.wall_deadline_ms
+
+    def _arm_inflight(self, rid: str, deadline_ms: int) -> None:
+        key = deadline_ms >> _BUCKET_BITS
+        if key <= self._frontier:
+            heapq.heappush(self._deadlines, (deadline_ms, rid))
+            if len(self._deadlines) > 2 * len(self._pending) + _COMPACT_SLACK:
+                self._compact()
+            return
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = []
+            heapq.heappush(self._bucket_keys, key)
+        bucket.append(rid)
+        self._bucket_items += 1
+        if self._bucket_items > 2 * len(self._pending) + _COMPACT_SLACK:
+            self._compact_buckets()
+
+    def _compact_buckets(self) -> None:
+        """Drop bucket items of requests no longer in flight (see :meth:`_compact`)."""
+        pending = self._pending
+        n = 0
+        for key, bucket in list(self._buckets.items()):
+            live = [
+                rid
+                for rid in bucket
+                if isinstance(e := pending.get(rid), int)
+                and self._deadline(e) >> _BUCKET_BITS == key
+            ]
+            if live:
+                self._buckets[key] = live
+                n += len(live)
+            else:
+                del self._buckets[key]
+        self._bucket_keys = list(self._buckets)
+        heapq.heapify(self._bucket_keys)
+        self._bucket_items = n
+
+    def _move_buckets(self, now_ms: int) -> None:
+        """Move the in-flight deadlines of buckets event time reached to the heap."""
+        frontier = now_ms >> _BUCKET_BITS
+        if frontier <= self._frontier:
+            return
+        self._frontier = frontier
+        keys = self._bucket_keys
+        pending = self._pending
+        heap = self._deadlines
+        while keys and keys[0] <= frontier:
+            key = heapq.heappop(keys)
+            bucket = self._buckets.pop(key)
+            self._bucket_items -= len(bucket)
+            for rid in bucket:
+                e = pending.get(rid)
+                if isinstance(e, int):
+                    d = self._deadline(e)
+                    if d >> _BUCKET_BITS == key:
+                        heapq.heappush(heap, (d, rid))
 
     @property
     def pending_count(self) -> int:
@@ -222,7 +403,23 @@ class Joiner:
         if entry is None:
             if len(self._pending) >= self.config.max_pending:
                 self._evict_oldest()
+            if isinstance(event, GatewayReceived):
+                packed = self._pack(event, offset, wall_ms)
+                if packed is not None:
+                    self._pending[rid] = packed
+                    self._arm_inflight(
+                        rid, event.ts_unix_ns // _NS_PER_MS + self.config.inflight_ttl_ms
+                    )
+                    return None
             entry = self._pending[rid] = _Pending(offset)
+        elif isinstance(entry, int):
+            if isinstance(event, GatewayReceived):
+                if (entry >> _HASH_SHIFT) & _M64 == _id_hash(event.event_id):
+                    self.counters.duplicates += 1
+                else:
+                    self.counters.conflicts += 1
+                return None
+            entry = self._pending[rid] = self._unpack(entry)
         if not self._store(entry, event):
             return None
         if entry.completed is not None and entry.finished is not None:
@@ -269,21 +466,30 @@ class Joiner:
         self._deadlines = [
             (d, rid)
             for d, rid in self._deadlines
-            if (e := pending.get(rid)) is not None and e.deadline_ms == d
+            if (e := pending.get(rid)) is not None and self._deadline(e) == d
         ]
         heapq.heapify(self._deadlines)
         self._terminals = [
             (t, rid)
             for t, rid in self._terminals
-            if (e := pending.get(rid)) is not None and e.terminal_ms == t
+            if isinstance(e := pending.get(rid), _Pending) and e.terminal_ms == t
         ]
         heapq.heapify(self._terminals)
 
     def _store(self, entry: _Pending, event: LifecycleEvent) -> bool:
         if isinstance(event, GatewayReceived):
-            slot: ReceivedFields | LifecycleEvent | None = entry.received
+            slot: _Received | LifecycleEvent | None = entry.received
             if slot is None:
-                entry.received = _Received(event)
+                entry.received = _Received(
+                    id_hash=_id_hash(event.event_id),
+                    ts_unix_ns=event.ts_unix_ns,
+                    host=event.host,
+                    model=event.model,
+                    priority=event.priority,
+                    tenant=event.tenant,
+                    prompt_tokens=event.prompt_tokens,
+                    stream=event.stream,
+                )
                 return True
         elif isinstance(event, GatewayCompleted):
             slot = entry.completed
@@ -295,7 +501,7 @@ class Joiner:
             if slot is None:
                 entry.finished = event
                 return True
-        if slot.event_id == event.event_id:
+        if _same_id(slot, event):
             self.counters.duplicates += 1
         else:
             self.counters.conflicts += 1
@@ -339,10 +545,8 @@ class Joiner:
             build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
         )
 
-    def _count_repeat(
-        self, event: LifecycleEvent, slot: ReceivedFields | LifecycleEvent | None
-    ) -> None:
-        if slot is None or slot.event_id == event.event_id:
+    def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
+        if slot is None or _same_id(slot, event):
             # Fully joined requests keep no events: any repeat of them is a duplicate.
             self.counters.duplicates += 1
         else:
@@ -361,9 +565,9 @@ class Joiner:
         if len(self._resolved) > self.config.max_resolved:
             del self._resolved[next(iter(self._resolved))]
 
-    def _resolve_partial(self, rid: str, entry: _Pending, now_ms: int) -> Emitted | None:
+    def _resolve_partial(self, rid: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
         del self._pending[rid]
-        if entry.completed is None and entry.finished is None:
+        if isinstance(entry, int) or (entry.completed is None and entry.finished is None):
             self.counters.orphaned_received += 1
             return None
         self._remember(rid, now_ms, entry)
@@ -379,7 +583,7 @@ class Joiner:
         rid = next(iter(self._pending))
         entry = self._pending[rid]
         self.counters.evicted += 1
-        rec = self._resolve_partial(rid, entry, entry.deadline_ms)
+        rec = self._resolve_partial(rid, entry, self._deadline(entry))
         if rec is not None:
             self._evicted.append(rec)
 
@@ -398,15 +602,16 @@ class Joiner:
         """
         out = self._evicted
         self._evicted = []
+        self._move_buckets(now_ms)
         heap = self._deadlines
         waits = self._wall_waits
         while heap and heap[0][0] <= now_ms:
             deadline, rid = heapq.heappop(heap)
             entry = self._pending.get(rid)
-            if entry is None or entry.deadline_ms != deadline:
+            if entry is None or self._deadline(entry) != deadline:
                 continue  # stale heap item: resolved already, or deadline moved
-            if wall_ms is not None and entry.wall_deadline_ms > wall_ms:
-                heapq.heappush(waits, (entry.wall_deadline_ms, deadline, rid))
+            if wall_ms is not None and (wall_deadline := self._wall_deadline(entry)) > wall_ms:
+                heapq.heappush(waits, (wall_deadline, deadline, rid))
                 continue
             rec = self._resolve_partial(rid, entry, now_ms)
             if rec is not None:
@@ -414,7 +619,7 @@ class Joiner:
         while waits and (wall_ms is None or waits[0][0] <= wall_ms):
             _, deadline, rid = heapq.heappop(waits)
             entry = self._pending.get(rid)
-            if entry is None or entry.deadline_ms != deadline:
+            if entry is None or self._deadline(entry) != deadline:
                 continue
             rec = self._resolve_partial(rid, entry, now_ms)
             if rec is not None:
@@ -437,12 +642,15 @@ class Joiner:
         out = self._evicted
         self._evicted = []
         for rid, entry in list(self._pending.items()):
-            rec = self._resolve_partial(rid, entry, entry.deadline_ms)
+            rec = self._resolve_partial(rid, entry, self._deadline(entry))
             if rec is not None:
                 out.append(rec)
         self._deadlines.clear()
         self._wall_waits.clear()
         self._terminals.clear()
+        self._buckets.clear()
+        self._bucket_keys.clear()
+        self._bucket_items = 0
         return out
 
     def oldest_terminal_ms(self) -> int | None:
@@ -455,7 +663,7 @@ class Joiner:
         while heap:
             ts, rid = heap[0]
             entry = self._pending.get(rid)
-            if entry is not None and entry.terminal_ms == ts:
+            if isinstance(entry, _Pending) and entry.terminal_ms == ts:
                 return ts
             heapq.heappop(heap)
         return None
@@ -463,5 +671,6 @@ class Joiner:
     def safe_offset(self, next_offset: int) -> int:
         """Smallest offset whose events may still be needed (commit up to here)."""
         for entry in self._pending.values():
-            return min(entry.first_offset, next_offset)
+            first = entry >> _OFF_SHIFT if isinstance(entry, int) else entry.first_offset
+            return min(first, next_offset)
         return next_offset
