@@ -233,3 +233,25 @@ def test_backlog_does_not_time_out_before_processing_time_passes() -> None:
     assert j.advance(_now(60_000), wall_ms=51_699) == []
     (rec,) = j.advance(_now(60_000), wall_ms=51_700)
     assert rec.source == "engine_only"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=60))
+def test_resolved_requests_expire_in_order_and_the_order_index_stays_in_step(
+    ids: list[int],
+) -> None:
+    """Resolved requests are forgotten oldest first after ``resolved_ttl_ms``; the FIFO
+    index used to expire them in O(1) always names exactly the remembered requests."""
+    cfg = JoinConfig(timeout_ms=1000)
+    j = Joiner(cfg)
+    t = 0.0
+    for i in ids:
+        rid = f"r{i}"
+        t += 100.0
+        for ev in (received(rid, t), completed(rid, t + 10), finished(rid, t + 5)):
+            j.add_emitted(ev, 0, None)
+        j.advance_emitted(_now(t + 20), None)
+        assert list(j._resolved_order) == list(j._resolved)
+    j.advance_emitted(_now(t + 20) + cfg.resolved_ttl_ms + 1, None)
+    assert not j._resolved
+    assert not j._resolved_order
