@@ -353,8 +353,7 @@ class WorkerShell:
         if self.summaries is None:
             return
         acc = self.settings.window_config().relative_accuracy
-        lagging = self._lagging(self.processor.next_offsets())
-        snaps, clocks = self.processor.provisional(int(time.time() * 1000), lagging)
+        snaps, clocks = self.processor.provisional()
         for win in snaps:
             self.summaries.send(encode_summary(summarize(win, acc, final=False)))
         unwritten: dict[int, int] = {}

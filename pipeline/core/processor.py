@@ -162,28 +162,27 @@ class StreamProcessor:
         self.counters.records += len(out.records)
         return out
 
-    def provisional(
-        self, wall_ms: int, lagging: frozenset[int] = frozenset()
-    ) -> tuple[list[ClosedWindow], dict[int, int]]:
-        """Snapshots of ended-but-open windows, and each partition's event-time clock.
+    def provisional(self) -> tuple[list[ClosedWindow], dict[int, int]]:
+        """Snapshots of ended-but-open windows, and each partition's watermark.
 
         For the controller, which decides on windows as soon as they end instead of
         after the grace period (see :meth:`WindowAggregator.provisional`). The clock
-        of a partition is where its windows have ended: every window ending at or
-        before it is either closed (and summarized) or in the returned snapshots
-        (or unchanged since its last snapshot). Reading it has no side effect.
+        reported is the partition's event-time watermark (the newest event time it
+        has processed), never the wall-clock extension the close horizon uses: a
+        partition whose input is late or slow (a loaded machine, a producer still
+        flushing) then holds decisions back instead of letting them run ahead of its
+        data; a quiet partition falls back to the close horizon (window + grace).
+        Every window ending at or before the watermark is closed (and summarized) or
+        in the returned snapshots (or unchanged since its last snapshot).
         """
         snaps: list[ClosedWindow] = []
         clocks: dict[int, int] = {}
         for p, st in self._parts.items():
-            c = st.clock
-            if c.watermark_ms == 0:
+            watermark = st.clock.watermark_ms
+            if watermark == 0:
                 continue
-            now = c.watermark_ms
-            if p not in lagging:
-                now += max(0, wall_ms - c.wall_at_advance_ms)
-            snaps.extend(st.windows.provisional(now))
-            clocks[p] = now
+            snaps.extend(st.windows.provisional(watermark))
+            clocks[p] = watermark
         return snaps, clocks
 
     def drain(self) -> Output:

@@ -116,3 +116,19 @@ def test_partitions_merge_into_one_sketch() -> None:
     c.add_window(_summary(0, 5000.0, 3, final=False, part=1))  # replaces partition 1's snapshot
     assert c.signals("m", SIZE, [])["p99.queue_ms"] == pytest.approx(5000, rel=0.01)
     _ = ModelWindow  # the summary's per-model shape is what the controller merges
+
+
+def test_processor_reports_each_partitions_watermark_not_a_wall_clock_extension() -> None:
+    from pipeline.contract.codec import encode_event
+    from pipeline.core.processor import StreamProcessor
+    from tests.factories import T0_NS
+
+    proc = StreamProcessor("t", window_config=WindowConfig(size_ms=SIZE, grace_ms=30_000))
+    msgs = [(0, i, encode_event(e)) for i, e in enumerate(
+        [received("r1", 0), finished("r1", 15_000), completed("r1", 15_010)]
+    )]  # fmt: skip
+    # Processing time far ahead of event time: the close horizon may run on wall time,
+    # the decision clock must not.
+    proc.process(msgs, wall_ms=T0_NS // 1_000_000 + 3_600_000)
+    _snaps, clocks = proc.provisional()
+    assert clocks == {0: (T0_NS // 1_000_000) + 15_010}
