@@ -17,7 +17,8 @@ import orjson
 
 from pipeline.contract.codec import dead_letter_record
 from pipeline.core.budget import BurnRules
-from pipeline.core.control import Controller, ControllerConfig, ControlStep
+from pipeline.core.control import Controller, ControllerConfig, ControlStep, skip_gap
+from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy, Decision
 from pipeline.core.processor import Output, StreamProcessor
@@ -44,14 +45,23 @@ class _ControlRun:
     decisions: list[Decision] = field(default_factory=list)  # the changed ones, in order
     last: ControlStep | None = None
 
+    corrections: int = 0
+
     def feed(self, out: Output) -> None:
         for st in out.stats:
             self.controller.add_stats(StatsSample.of(st))
         for w in out.windows:
+            if w.correction:
+                # Budgets count it; no evaluation is due (the window was decided on).
+                self.corrections += 1
+                cid = f"replay-{self.corrections}"
+                self.controller.add_window(summarize(w, self.relative_accuracy, correction_id=cid))
+                continue
             self.controller.add_window(summarize(w, self.relative_accuracy))
             end = w.start_ms + w.size_ms
             if self.next_eval_ms is None:
                 self.next_eval_ms = end
+            self.next_eval_ms = skip_gap(self.next_eval_ms, end, w.size_ms)
             while self.next_eval_ms <= end:
                 self._step(self.next_eval_ms)
                 self.next_eval_ms += w.size_ms
@@ -156,8 +166,9 @@ class ReplayResult:
             out["blended"] = {"compliance": blended["compliance"] if blended else None}
             out["slo_details"] = slo_json
         out["windows"] = {
-            "closed": len(self.windows),
-            "late_records": self.counters.get("late_records", 0),
+            "closed": sum(1 for w in self.windows if not w.correction),
+            "corrections": sum(1 for w in self.windows if w.correction),
+            **self.counters.get("windows", {}),
         }
         out["clock_skew"] = skew.report()
         out["serving"] = self._serving()
@@ -227,14 +238,20 @@ def replay_file(
     queue_capacity: int = 64,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
+    clock_config: ClockConfig | None = None,
+    ledger: dict[str, int] | None = None,
 ) -> ReplayResult:
+    """Replay a file; ``chunk`` lines are processed at a time (the results do not depend
+    on it). ``ledger``: requests already counted by the store (a file replayed before)."""
     wc = window_config or WindowConfig()
     proc = StreamProcessor(
         str(path),
         join_config,
         window_config=wc,
+        clock_config=clock_config,
         slo_factory=(lambda: WindowSLOCounts(spec)) if spec is not None else None,
     )
+    proc.init_partition(0, ledger)
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
         controller = Controller(
@@ -254,9 +271,15 @@ def replay_file(
     if result.control is not None:
         result.control.feed(drained)
     j = proc.join_counters()
+    w, c = proc.window_counters(), proc.counters
     result.counters = {
         "join": {name: getattr(j, name) for name in j.__slots__},
-        "late_records": proc.window_counters().late,
+        "windows": {
+            "corrected_records": w.corrected,
+            "retracted_records": w.retracted,
+            "quarantined_events": c.quarantined,
+            "replayed_records": c.replayed,
+        },
     }
     return result
 

@@ -21,6 +21,7 @@ from pipeline.contract.events import (
     LIFECYCLE_TOPIC,
     SUMMARIES_TOPIC,
 )
+from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
 
@@ -133,6 +134,12 @@ class Settings(BaseSettings):
     window_grace_ms: int = Field(
         30_000, ge=0, description="TAILGUARD_WINDOW_GRACE_MS: lateness accepted before closing."
     )
+    max_event_ahead_ms: int = Field(
+        300_000,
+        gt=0,
+        description="TAILGUARD_MAX_EVENT_AHEAD_MS: an event stamped further ahead of its "
+        "partition's clock is quarantined to the DLQ (ts_out_of_range).",
+    )
     max_window_keys: int = Field(
         1000, ge=1, description="TAILGUARD_MAX_WINDOW_KEYS: keys per window, then __other__."
     )
@@ -221,6 +228,9 @@ class Settings(BaseSettings):
             grace_ms=self.window_grace_ms,
             max_keys=self.max_window_keys,
         )
+
+    def clock_config(self) -> ClockConfig:
+        return ClockConfig(max_ahead_ms=self.max_event_ahead_ms)
 
     def join_config(self) -> JoinConfig:
         return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from pipeline.adapters.store import ClickHouseStore, _insert
 from pipeline.core.budget import BudgetEvent, load_burn_rules_file
-from pipeline.core.control import Controller, ControllerConfig
+from pipeline.core.control import Controller, ControllerConfig, skip_gap
 from pipeline.core.control_signal import (
     ControlSignal,
     Keyring,
@@ -161,11 +161,12 @@ class ControllerShell:
         oldest = ref_ms - 32 * 86_400_000
         n = 0
         for slo, start, size, part, total, good, objective in store.query_rows(
-            "SELECT slo, toUnixTimestamp64Milli(window_start), window_ms, partition, total, good, "
-            f"objective FROM {db}.slo_windows FINAL WHERE kind = 'slo' AND "
-            "toUnixTimestamp64Milli(window_start) >= {lo:Int64}",
+            "SELECT slo, toUnixTimestamp64Milli(window_start) AS s, any(window_ms), partition, "
+            f"sum(total), sum(good), any(objective) FROM {db}.slo_windows WHERE kind = 'slo' "
+            "AND s >= {lo:Int64} GROUP BY slo, s, partition",
             {"lo": fine_from},
         ):
+            # window and corrections together; a repeat of its final summary is ignored
             self.controller.mark_seen(int(part), int(start))
             self.controller.book.add_window(
                 slo, int(start), int(size), int(total), int(good), objective=objective
@@ -217,6 +218,8 @@ class ControllerShell:
                 self.controller.add_stats(s)
             elif isinstance(s, WindowSummary):
                 self.controller.add_window(s)
+                if s.correction_id is not None:
+                    continue  # budgets only: it drives no evaluation
                 end = s.start_ms + s.size_ms
                 if self.first_end_ms is None or end < self.first_end_ms:
                     self.first_end_ms = end
@@ -242,6 +245,7 @@ class ControllerShell:
                 return control_rows, event_rows
             # From the first window on, as a replay would: "for" clocks need every step.
             self.next_eval_ms = self.first_end_ms
+        self.next_eval_ms = skip_gap(self.next_eval_ms, target, size)
         while self.next_eval_ms <= target:
             step = self.controller.evaluate(self.next_eval_ms)
             for d in step.decisions:

@@ -7,7 +7,11 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.dead_letters`` (counter): rejected events/messages sent to the DLQ
 * ``tailguard.records`` (counter): request records written
 * ``tailguard.join.timeouts`` (counter, attribute ``side``): partial records
-* ``tailguard.windows.late_records`` (counter): records for already closed windows
+* ``tailguard.windows.lateness`` (counter, attribute ``kind``): ``corrected`` (records
+  that arrived after their window closed, written as corrections), ``retracted``
+  (partials taken back when upgraded), ``quarantined`` (events out of range of the
+  partition clock, dead-lettered), ``replayed`` (records a worker taking a partition
+  over found already counted)
 * ``tailguard.windows.closed`` (counter)
 * ``tailguard.clickhouse.write.duration`` (histogram, ms): one flush's writes
 * ``tailguard.clickhouse.write.retries`` (counter)
@@ -99,7 +103,7 @@ class WorkerTelemetry:
         self.dead_letters = m.create_counter("tailguard.dead_letters", unit="{event}")
         self.records = m.create_counter("tailguard.records", unit="{record}")
         self.join_timeouts = m.create_counter("tailguard.join.timeouts", unit="{record}")
-        self.late_records = m.create_counter("tailguard.windows.late_records", unit="{record}")
+        self.lateness = m.create_counter("tailguard.windows.lateness", unit="{record}")
         self.windows_closed = m.create_counter("tailguard.windows.closed", unit="{window}")
         self.write_duration = m.create_histogram("tailguard.clickhouse.write.duration", unit="ms")
         self.write_retries = m.create_counter("tailguard.clickhouse.write.retries", unit="{retry}")

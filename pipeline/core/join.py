@@ -4,7 +4,7 @@ One :class:`Joiner` holds the state of one source partition (every event of a
 request lands on the same partition, so partitions join independently and a
 rebalance moves whole states). Time is passed in: ``advance(now_ms)`` takes
 the partition's event-time clock, which the adapter derives from event
-timestamps (see :class:`EventClock`).
+timestamps (see :class:`pipeline.core.eventtime.PartitionClock`).
 
 Rules
 -----
@@ -43,7 +43,7 @@ from pipeline.contract.events import (
     GatewayReceived,
     LifecycleEvent,
 )
-from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.record import ReceivedFields, RequestRecord, build_record
 
 _NS_PER_MS: Final = 1_000_000
 _COMPACT_SLACK: Final = 1024
@@ -97,6 +97,9 @@ class JoinConfig:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
 
+Parts = tuple["ReceivedFields | None", GatewayCompleted | None, EngineFinished | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Emitted:
     """A record with what the windows need to know about it."""
@@ -104,6 +107,29 @@ class Emitted:
     record: RequestRecord
     first_offset: int  # smallest source offset of the events it was built from (-1: unknown)
     upgrade: bool = False  # a late partner completed a partial record already emitted
+    # The record this one replaces (emitted, hence windowed, before): windows take it back.
+    previous: RequestRecord | None = None
+    parts: Parts | None = None  # the events it was built from (see version)
+
+    def version(self, revision: int, engine_only: bool) -> RequestRecord | None:
+        """The record this request had at ``revision`` (a partial: from which side), built
+        from the same events; None if these events cannot make it. For a restarted worker
+        that learns from the store which version of a replayed request it windowed."""
+        if self.parts is None:
+            return None
+        received, completed, finished = self.parts
+        if revision & 1 and received is None:
+            return None
+        rcv = received if revision & 1 else None
+        if revision >= 2:
+            cpl, fin = completed, finished
+        elif engine_only:
+            cpl, fin = None, finished
+        else:
+            cpl, fin = completed, None
+        if (revision >= 2 and (cpl is None or fin is None)) or (cpl is None and fin is None):
+            return None
+        return build_record(self.record.request_id, rcv, cpl, fin)
 
 
 @dataclass(slots=True)
@@ -189,38 +215,6 @@ class _Resolved:
     completed: GatewayCompleted | None = None
     finished: EngineFinished | None = None
     partial: bool = False
-
-
-@dataclass(slots=True)
-class EventClock:
-    """Event-time clock of one partition that keeps moving while input is idle.
-
-    ``now = watermark + (wall - wall at last watermark advance)``: driven by
-    event timestamps while events flow (so a replay at any speed-up times out
-    in event time), and by the wall clock when a partition goes quiet (so the
-    last requests of a burst still resolve and the last windows close). A
-    partition that is merely behind (consumer lag: more input is waiting) is
-    not quiet: ``caught_up=False`` holds the clock at the watermark, else a
-    catch-up would close windows before their records arrive. Wall time is
-    passed in.
-    """
-
-    watermark_ms: int = 0
-    wall_at_advance_ms: int = 0
-
-    def observe(self, ts_ms: int, wall_ms: int) -> None:
-        if ts_ms > self.watermark_ms:
-            self.watermark_ms = ts_ms
-            self.wall_at_advance_ms = wall_ms
-
-    def now(self, wall_ms: int, caught_up: bool = True) -> int:
-        if self.watermark_ms == 0:
-            return 0
-        if not caught_up:
-            # Quiet time only counts from the last moment input was known to be waiting.
-            self.wall_at_advance_ms = max(self.wall_at_advance_ms, wall_ms)
-            return self.watermark_ms
-        return self.watermark_ms + max(0, wall_ms - self.wall_at_advance_ms)
 
 
 @dataclass(slots=True)
@@ -436,10 +430,8 @@ class Joiner:
             else:
                 self._remember(rid, ts, None)
             self.counters.joined += 1
-            return Emitted(
-                build_record(rid, entry.received, entry.completed, entry.finished),
-                entry.first_offset,
-            )
+            parts = (entry.received, entry.completed, entry.finished)
+            return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
         ts_ms = event.ts_unix_ns // _NS_PER_MS
         if isinstance(event, GatewayReceived):
             if entry.completed is not None or entry.finished is not None:
@@ -515,11 +507,10 @@ class Joiner:
         if not done.partial:
             if isinstance(event, GatewayReceived) and done.completed is not None:
                 if done.received is None:
+                    previous = build_record(rid, None, done.completed, done.finished)
                     done.received = event
                     self.counters.upgraded += 1
-                    return Emitted(
-                        build_record(rid, event, done.completed, done.finished), -1, upgrade=True
-                    )
+                    return self._upgrade(rid, done, previous)
                 self._count_repeat(event, done.received)
                 return None
             self._count_repeat(event, None)
@@ -532,22 +523,23 @@ class Joiner:
         if slot is not None:
             self._count_repeat(event, slot)
             return None
+        previous = build_record(rid, done.received, done.completed, done.finished)
         if isinstance(event, GatewayReceived):
             # The partial record gains priority, tenant and start time (still partial).
             done.received = event
-            self.counters.upgraded += 1
-            return Emitted(
-                build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
-            )
-        if isinstance(event, GatewayCompleted):
+        elif isinstance(event, GatewayCompleted):
             done.completed = event
+            done.partial = False
         else:
             done.finished = event
-        done.partial = False
+            done.partial = False
         self.counters.upgraded += 1
-        return Emitted(
-            build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
-        )
+        return self._upgrade(rid, done, previous)
+
+    @staticmethod
+    def _upgrade(rid: str, done: _Resolved, previous: RequestRecord) -> Emitted:
+        parts = (done.received, done.completed, done.finished)
+        return Emitted(build_record(rid, *parts), -1, upgrade=True, previous=previous, parts=parts)
 
     def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
         if slot is None or _same_id(slot, event):
@@ -581,9 +573,8 @@ class Joiner:
             self.counters.gateway_only += 1
         else:
             self.counters.engine_only += 1
-        return Emitted(
-            build_record(rid, entry.received, entry.completed, entry.finished), entry.first_offset
-        )
+        parts = (entry.received, entry.completed, entry.finished)
+        return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
 
     def _evict_oldest(self) -> None:
         rid = next(iter(self._pending))
