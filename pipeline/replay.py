@@ -46,6 +46,7 @@ class _ControlRun:
     last: ControlStep | None = None
 
     corrections: int = 0
+    evaluations: int = 0
 
     def feed(self, out: Output) -> None:
         for st in out.stats:
@@ -67,6 +68,7 @@ class _ControlRun:
                 self.next_eval_ms += w.size_ms
 
     def _step(self, now_ms: int) -> None:
+        self.evaluations += 1
         step = self.controller.evaluate(now_ms)
         self.last = step
         for d in step.decisions:

@@ -539,8 +539,17 @@ def write_checkpoints(store: Store, group: str, topic: str, rows: Sequence[Check
         "worker_checkpoints",
         CHECKPOINT_COLUMNS,
         [
-            (group, topic, c.partition, c.close_horizon_ms, c.watermark_ms, c.committed_offset,
-             c.corrected_records, c.quarantined_events, c.replayed_records)
+            (
+                group,
+                topic,
+                c.partition,
+                c.close_horizon_ms,
+                c.watermark_ms,
+                c.committed_offset,
+                c.corrected_records,
+                c.quarantined_events,
+                c.replayed_records,
+            )
             for c in rows
         ],  # fmt: skip
     )

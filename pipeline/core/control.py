@@ -62,6 +62,7 @@ def skip_gap(next_eval_ms: int, target_ms: int, size_ms: int) -> int:
     skip_to = target_ms - MAX_IDLE_EVALUATION_MS
     return skip_to - (skip_to - next_eval_ms) % size_ms
 
+
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     latency_window_ms: int = 60_000

@@ -11,10 +11,13 @@ that an outlier cannot move it for everyone (pure; time passed in):
   of the marks of the hosts that are active (a mark no more than ``host_idle_ms``
   behind the watermark): one host whose clock runs ahead (or behind) cannot move it
   while other hosts report. The watermark never goes back.
-* **Out of range.** An event more than ``max_ahead_ms`` ahead of the watermark is not
-  trusted at all: the processor quarantines it (dead letter ``ts_out_of_range``)
-  before it reaches the join, so it cannot hold a window or a commit open. Events
-  *behind* the watermark are ordinary late data: they are corrected, not dropped.
+* **Out of range.** An event more than ``max_ahead_ms`` ahead of the clock is not
+  trusted: the processor holds it aside (it reaches neither the join nor the windows).
+  If ``quorum`` such events from at least two hosts agree on a later time, the data
+  jumped (a gap in traffic, or a replay of another day): the clock :meth:`jump`s there
+  and the held events are processed. Otherwise, after ``hold_events`` more events in
+  range, they are quarantined (dead letter ``ts_out_of_range``). Events *behind* the
+  clock are ordinary late data: they are corrected, not dropped.
 * **Bootstrap.** A partition's first ``quorum`` events are held (:meth:`bootstrapping`)
   until the clock has a median to judge them by, so a poison event that happens to be
   the first one read (after a restart, say) is judged like any other.
@@ -38,6 +41,7 @@ class ClockConfig:
     max_ahead_ms: int = 300_000
     quorum: int = 5
     host_idle_ms: int = 60_000
+    hold_events: int = 1_000
 
     def __post_init__(self) -> None:
         if self.max_ahead_ms <= 0:
@@ -46,6 +50,8 @@ class ClockConfig:
             raise ValueError(f"clock.quorum must be >= 1, got {self.quorum}")
         if self.host_idle_ms <= 0:
             raise ValueError(f"clock.host_idle_ms must be > 0, got {self.host_idle_ms}")
+        if self.hold_events < 1:
+            raise ValueError(f"clock.hold_events must be >= 1, got {self.hold_events}")
 
 
 @dataclass(slots=True)
@@ -64,9 +70,17 @@ class PartitionClock:
         """True until the partition has seen ``quorum`` events (see :meth:`establish`)."""
         return self.events < self.config.quorum and self.watermark_ms == 0
 
-    def in_range(self, ts_ms: int) -> bool:
-        """False for an event too far ahead of the watermark to be trusted."""
-        return self.watermark_ms == 0 or ts_ms <= self.watermark_ms + self.config.max_ahead_ms
+    def in_range(self, ts_ms: int, now_ms: int = 0) -> bool:
+        """False for an event too far ahead of the clock to be trusted (``now_ms``: the
+        clock with idle wall time, see :meth:`now`, when larger than the watermark)."""
+        ref = max(self.watermark_ms, now_ms)
+        return self.watermark_ms == 0 or ts_ms <= ref + self.config.max_ahead_ms
+
+    def jump(self, to_ms: int, wall_ms: int = 0) -> None:
+        """Move the watermark forward across a gap that several hosts agree on."""
+        if to_ms > self.watermark_ms:
+            self.watermark_ms = to_ms
+            self.wall_at_advance_ms = wall_ms
 
     def observe(self, host: str, ts_ms: int, wall_ms: int = 0) -> None:
         """Count one in-range event of ``host``; may advance the watermark."""

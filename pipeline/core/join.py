@@ -81,7 +81,7 @@ def _id_hash(event_id: str) -> int:
 class JoinConfig:
     timeout_ms: int = 15_000
     inflight_ttl_ms: int = 600_000
-    resolved_ttl_ms: int = 120_000
+    resolved_ttl_ms: int = 600_000
     max_pending: int = 1_000_000
     max_resolved: int = 2_000_000
 
@@ -382,12 +382,14 @@ class Joiner:
         return out.record if out is not None else None
 
     def add_emitted(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None, now_ms: int = 0
     ) -> Emitted | None:
         """Feed one event; returns a record when this event completes a request.
 
         ``wall_ms`` (processing time) arms the second timeout condition; None
-        (a replay of a file) times out on event time alone.
+        (a replay of a file) times out on event time alone. ``now_ms``: the partition's
+        clock; a partner's timeout runs from the later of it and the event's own time,
+        so an event from a host whose clock is behind still waits the full timeout.
         """
         self.counters.events += 1
         rid = event.request_id
@@ -420,9 +422,10 @@ class Joiner:
             entry = self._pending[rid] = self._unpack(entry)
         if not self._store(entry, event):
             return None
+        ts_ms = max(event.ts_unix_ns // _NS_PER_MS, now_ms)
         if entry.completed is not None and entry.finished is not None:
             del self._pending[rid]
-            ts = event.ts_unix_ns // _NS_PER_MS
+            ts = ts_ms
             if entry.received is None:
                 # Joined before its gateway.received (producers reordered): keep the
                 # two events so that a late received can still add priority/tenant.
@@ -432,7 +435,6 @@ class Joiner:
             self.counters.joined += 1
             parts = (entry.received, entry.completed, entry.finished)
             return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
-        ts_ms = event.ts_unix_ns // _NS_PER_MS
         if isinstance(event, GatewayReceived):
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running

@@ -53,6 +53,10 @@ class _PartitionState:
     ledger: dict[str, int] = field(default_factory=dict)
     # events held while the clock bootstraps (offset, event)
     boot: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    # events out of range of the clock, held until a quorum confirms a jump (offset, event)
+    ahead: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    since_ahead: int = 0  # events in range processed since the first held one
+    now_ms: int = 0  # the clock at the last advance (with idle wall time)
     advanced_at_ms: int = -1  # watermark at the last per-event advance
 
 
@@ -161,11 +165,16 @@ class StreamProcessor:
     ) -> None:  # fmt: skip
         clock = st.clock
         ts_ms = ev.ts_unix_ns // 1_000_000
-        if not clock.in_range(ts_ms):
-            self._quarantine(partition, offset, ev, out)
+        if not clock.in_range(ts_ms, st.now_ms):
+            st.ahead.append((offset, ev))
+            self._check_jump(partition, st, wall_ms, out)
             return
+        if st.ahead:
+            st.since_ahead += 1
+            if st.since_ahead >= self.clock_config.hold_events:
+                self._quarantine_ahead(partition, st, out)
         clock.observe(ev.host, ts_ms, wall_ms or 0)
-        emitted = st.joiner.add_emitted(ev, offset, wall_ms)
+        emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
         if emitted is not None:
             self._window(st, emitted, out)
         wm = clock.watermark_ms
@@ -174,6 +183,44 @@ class StreamProcessor:
             st.advanced_at_ms = wm
             self._advance_to(st, wm, wall_ms, out)
 
+    def _check_jump(
+        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
+    ) -> None:
+        """Held events ahead of the clock: the traffic jumped (a gap, another day) when
+        ``quorum`` of them from three hosts or more fall within ``max_ahead_ms`` of each
+        other, or when ``hold_events`` are held with nothing in range between them. Then
+        the clock moves there and they are processed; a stray request (two hosts) or one
+        host's wrong clock never moves it."""
+        held = st.ahead
+        cfg = self.clock_config
+        if len(held) < cfg.quorum:
+            return
+        times = sorted((ev.ts_unix_ns // 1_000_000, ev.host) for _, ev in held)
+        target = None
+        if len(held) >= cfg.hold_events:
+            target = times[(len(times) - 1) // 2][0]
+        else:
+            lo = 0
+            for hi in range(len(times)):
+                while times[hi][0] - times[lo][0] > cfg.max_ahead_ms:
+                    lo += 1
+                span = times[lo : hi + 1]
+                if len(span) >= cfg.quorum and len({h for _, h in span}) >= 3:
+                    target = span[0][0]
+                    break
+        if target is None:
+            return
+        st.clock.jump(target, wall_ms or 0)
+        st.ahead, st.since_ahead = [], 0
+        for offset, ev in held:
+            self._event(partition, st, offset, ev, wall_ms, out)
+
+    def _quarantine_ahead(self, partition: int, st: _PartitionState, out: Output) -> None:
+        """Nothing confirmed the held events' time: they go to the DLQ."""
+        for offset, ev in st.ahead:
+            self._quarantine(partition, offset, ev, out)
+        st.ahead, st.since_ahead = [], 0
+
     def _release_boot(
         self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
     ) -> None:
@@ -181,10 +228,11 @@ class StreamProcessor:
         held, st.boot = st.boot, []
         clock = st.clock
         for offset, ev in held:
-            if not clock.in_range(ev.ts_unix_ns // 1_000_000):
-                self._quarantine(partition, offset, ev, out)
+            if not clock.in_range(ev.ts_unix_ns // 1_000_000, st.now_ms):
+                st.ahead.append((offset, ev))
+                self._check_jump(partition, st, wall_ms, out)
                 continue
-            emitted = st.joiner.add_emitted(ev, offset, wall_ms)
+            emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
             if emitted is not None:
                 self._window(st, emitted, out)
         st.advanced_at_ms = clock.watermark_ms
@@ -236,9 +284,7 @@ class StreamProcessor:
         counters.records += len(out.records)
         return out
 
-    def _advance_to(
-        self, st: _PartitionState, now: int, wall_ms: int | None, out: Output
-    ) -> None:
+    def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
         for emitted in st.joiner.advance_emitted(now, wall_ms):
             self._window(st, emitted, out)
         out.windows.extend(st.windows.close(now, st.joiner.oldest_terminal_ms()))
@@ -252,6 +298,7 @@ class StreamProcessor:
             st.clock.establish(wall_ms)
             self._release_boot(partition, st, wall_ms, out)
         now = st.clock.now(wall_ms, caught_up)
+        st.now_ms = max(st.now_ms, now)
         self._advance_to(st, now, wall_ms, out)
         out.windows.extend(st.windows.take_corrections())
 
@@ -293,6 +340,8 @@ class StreamProcessor:
             if st.boot:
                 st.clock.establish()
                 self._release_boot(p, st, None, out)
+            if st.ahead:
+                self._quarantine_ahead(p, st, out)
             for emitted in st.joiner.drain_emitted():
                 self._window(st, emitted, out)
             out.windows.extend(st.windows.drain())
@@ -311,8 +360,9 @@ class StreamProcessor:
             win = st.windows.min_open_offset()
             if win is not None:
                 safe = min(safe, win)
-            if st.boot:
-                safe = min(safe, st.boot[0][0])
+            for held in (st.boot, st.ahead):
+                if held:
+                    safe = min(safe, held[0][0])
             out[p] = safe
         return out
 

@@ -473,7 +473,9 @@ class QuantileSketch:
                 raise ValueError(f"{name}_counts must be positive")
             stores.append(store)
         zero, count = int(cols.zero_count), int(cols.count)
-        if (zero < 0 and not delta) or count != zero + sum(stores[0].values()) + sum(stores[1].values()):
+        if (zero < 0 and not delta) or count != zero + sum(stores[0].values()) + sum(
+            stores[1].values()
+        ):
             raise ValueError("count must equal zero_count + sum(pos_counts) + sum(neg_counts)")
         sketch._pos, sketch._neg = stores
         sketch._zero = zero
