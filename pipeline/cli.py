@@ -200,7 +200,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             write_requests(store, result.emitted)
             acc = settings.window_config().relative_accuracy
-            write_windows(store, result.windows, topic, acc, f"replay/{uuid.uuid4().hex}", {0: 1})
+            token = f"replay/{uuid.uuid4().hex}"
+            write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})
             summary["windows"]["written"] = len(result.windows)
             if result.control is not None:  # the control audit, as a worker writes it
                 from pipeline.adapters.controller import replay_audit_rows, write_audit

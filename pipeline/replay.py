@@ -253,7 +253,7 @@ def replay_file(
         clock_config=clock_config,
         slo_factory=(lambda: WindowSLOCounts(spec)) if spec is not None else None,
     )
-    proc.init_partition(0, ledger)
+    proc.init_partition(0, ledger, seed_join=False)
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
         controller = Controller(

@@ -18,6 +18,7 @@ from pipeline.contract.events import (
     CONTROL_TOPIC,
     DLQ_TOPIC,
     ENGINE_STATS_TOPIC,
+    LEDGER_TOPIC,
     LIFECYCLE_TOPIC,
     SUMMARIES_TOPIC,
 )
@@ -51,6 +52,11 @@ class Settings(BaseSettings):
     engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
     dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
     summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
+    ledger_topic: str = Field(
+        LEDGER_TOPIC,
+        description="TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers "
+        "that take a partition over (shared by workers with separate stores).",
+    )
     control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
     topic_partitions: int = Field(
         8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."

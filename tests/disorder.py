@@ -174,3 +174,36 @@ def slo_totals(store: Store) -> dict[str, tuple[int, int]]:
             "WHERE kind = 'slo' GROUP BY slo"
         )
     }
+
+
+def merge_stores(settings: list[Any], into: Path) -> None:
+    """The union of several workers' embedded stores in one store (``into``): every
+    request row and every window row, as if they had written to one server."""
+    from pipeline.adapters.store import WINDOW_COLUMNS, migrate, open_store
+    from pipeline.settings import Settings
+
+    tables = {
+        "requests": [n for n, _ in REQUEST_COLUMNS],
+        "window_sketches": [n for n, _ in WINDOW_COLUMNS],
+    }
+    types = {
+        "requests": [t for _, t in REQUEST_COLUMNS],
+        "window_sketches": [t for _, t in WINDOW_COLUMNS],
+    }
+    rows: dict[str, list[tuple[Any, ...]]] = {t: [] for t in tables}
+    for s in settings:
+        store = open_store(s)
+        try:
+            for t, cols in tables.items():
+                rows[t] += store.query_rows(f"SELECT {', '.join(cols)} FROM {s.database}.{t}")
+        finally:
+            store.close()
+    target = open_store(Settings(store_dir=into))
+    try:
+        migrate(target)
+        for t, cols in tables.items():
+            if rows[t]:
+                columns = [list(c) for c in zip(*rows[t], strict=True)]
+                target.insert_columns(t, columns, cols, types[t])
+    finally:
+        target.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
+from pipeline.core.ledger import pack
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
@@ -489,6 +490,7 @@ def write_windows(
     topic: str,
     relative_accuracy: float,
     token: str,
+    *,
     through_offsets: dict[int, int] | None = None,
 ) -> None:
     """Windows and corrections as one insert (atomic: sketches, SLO counts and the
@@ -551,28 +553,32 @@ def write_checkpoints(store: Store, group: str, topic: str, rows: Sequence[Check
                 c.replayed_records,
             )
             for c in rows
-        ],  # fmt: skip
+        ],
     )
 
 
-def read_ledger(store: Store, topic: str, partition: int, from_offset: int) -> dict[str, int]:
-    """Requests of ``partition`` the store already counts in windows written past
-    ``from_offset`` (the offset a worker resumes from): request id -> ledger version
-    (the highest revision wins; see ``pipeline.core.windows.ledger_code``).
-
-    A worker that takes the partition over, from a crash, a restart or a rebalance,
-    re-reads its input from ``from_offset``; every request it rebuilds from there that
-    the store counted already is in this ledger, so nothing is counted twice.
+def read_ledger(
+    store: Store, topic: str, partition: int, from_offset: int, memory_ms: int = 0
+) -> dict[str, int]:
+    """Requests of ``partition`` the store's windows count that a worker taking the
+    partition over must know of: those written past ``from_offset`` (the offset it resumes
+    from: it re-reads them), and those counted within ``memory_ms`` of the newest window
+    (a duplicate of them may still come). Request id -> ledger code packed with the end of
+    the window that counted it (``pipeline.core.ledger.pack``); the highest revision wins.
     """
     rows = store.query_rows(
-        "SELECT id, argMax(v, bitAnd(v, 3)) FROM ("
-        "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v "
+        "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
+        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
+        "SELECT id, argMax(v, bitAnd(v, 3)), max(end_ms) FROM ("
+        "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v, "
+        "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
         f"FROM {store.database}.window_sketches "
         "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
-        "AND through_offset > {o:Int64}) GROUP BY id",
-        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset},
+        "AND (through_offset > {o:Int64} OR end_ms >= newest - {m:Int64})) GROUP BY id",
+        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset, "m": memory_ms},
     )
-    return {str(i): int(v) for i, v in rows}
+    return {str(i): pack(int(v), int(e)) for i, v, e in rows}
 
 
 def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:

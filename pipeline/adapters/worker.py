@@ -32,6 +32,7 @@ import faust
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer
 from pipeline.adapters.store import (
@@ -49,6 +50,7 @@ from pipeline.adapters.store import (
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import SourceRef, decode_message, encode_event
 from pipeline.contract.events import EngineStats
+from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
@@ -89,6 +91,7 @@ class WorkerShell:
         self.query_server: QueryServer | None = None
         self.dlq: DeadLetterSink | None = None
         self.summaries: ReliableProducer | None = None
+        self.ledger: LedgerPublisher | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
@@ -115,6 +118,7 @@ class WorkerShell:
         self.query_server = start_query_server(self.settings, self.store)
         self.dlq = DeadLetterSink(self.settings)
         self.summaries = ReliableProducer(self.settings, self.settings.summaries_topic, "summaries")
+        self.ledger = LedgerPublisher(self.settings)
         if self.control is not None:
             self.control.load_history(self.store)
             self.control.start()
@@ -149,15 +153,17 @@ class WorkerShell:
         the offset each resumes at (its first message here: the committed offset)."""
         assert self.store is not None
         loop = asyncio.get_running_loop()
+        store, s = self.store, self.settings
+
+        def counted(p: int, first: int) -> dict[str, int]:
+            # this store's ledger, and the topic's (written by every worker of the group)
+            memory = s.join_config().resolved_ttl_ms
+            ledger = read_ledger(store, s.lifecycle_topic, p, first, memory)
+            merge_versions(ledger, read_topic_ledger(s, p, first, memory))
+            return ledger
+
         for p, first in first_offsets.items():
-            ledger = await loop.run_in_executor(
-                self._executor,
-                read_ledger,
-                self.store,
-                self.settings.lifecycle_topic,
-                p,
-                first,
-            )
+            ledger = await loop.run_in_executor(self._executor, counted, p, first)
             self.processor.init_partition(p, ledger)
             log.info(
                 "partition %d: resuming at offset %d, %d requests already counted",
@@ -222,10 +228,17 @@ class WorkerShell:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
             retries += with_retry(
-                lambda: write_windows(store, windows, s.lifecycle_topic, acc, token, through),
+                lambda: write_windows(
+                    store, windows, s.lifecycle_topic, acc, token, through_offsets=through
+                ),
                 f"write of {len(windows)} windows",
                 on_failure=self._on_write_failure,
             )
+        if windows:
+            # Workers with their own stores learn from the topic what this one counted.
+            assert self.ledger is not None
+            self.ledger.publish(windows, through)
+            self.ledger.flush()
         # The controller hears of a window once it is stored (at least once: it dedups).
         assert self.summaries is not None
         for win in windows:
@@ -350,7 +363,7 @@ class WorkerShell:
             w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
             self.write_retries,
         )  # fmt: skip
-        skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 5_000}
+        skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 60_000}
         if skew:
             log.warning("hosts whose clocks stand apart from their partitions (ms): %s", skew)
 

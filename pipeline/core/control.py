@@ -148,7 +148,9 @@ class Controller:
         for model, mw in s.models.items():
             if model != ALL_MODELS:
                 self.models.add(model)
-            by_model[model] = {b: QuantileSketch.from_columns(c) for b, c in mw.boundaries.items()}
+            by_model[model] = {
+                b: QuantileSketch.from_columns(c, delta=True) for b, c in mw.boundaries.items()
+            }
         self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
         if s.final and self.book is not None:
             for name, c in s.slos.items():

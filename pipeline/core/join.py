@@ -550,6 +550,13 @@ class Joiner:
         else:
             self.counters.conflicts += 1
 
+    def seed_resolved(self, rid: str, expires_ms: int) -> None:
+        """Remember a request another worker (or an earlier run) counted complete: any
+        event of it is then a duplicate. Call in order of expiry, before any event."""
+        if rid not in self._resolved:
+            self._resolved_order.append(rid)
+            self._resolved[rid] = expires_ms
+
     def _remember(
         self, rid: str, now_ms: int, entry: _Pending | None, *, partial: bool = True
     ) -> None:

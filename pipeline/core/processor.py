@@ -41,6 +41,7 @@ class ProcessorCounters:
     records: int = 0
     replayed: int = 0  # records a worker taking a partition over found counted already
     replay_conflicts: int = 0  # replayed partials that disagree with the counted one
+    replayed_events: int = 0  # gateway.received of requests counted complete, re-read
 
 
 @dataclass(slots=True)
@@ -99,15 +100,28 @@ class StreamProcessor:
     def has_partition(self, partition: int) -> bool:
         return partition in self._parts
 
-    def init_partition(self, partition: int, ledger: dict[str, int] | None = None) -> None:
-        """Start a partition's state. ``ledger``: request id -> ledger code of the requests
-        the store already counts from the offsets this worker is about to re-read (see
-        ``pipeline.adapters.store.read_ledger``); they are not counted again."""
+    def init_partition(
+        self, partition: int, ledger: dict[str, int] | None = None, *, seed_join: bool = True
+    ) -> None:
+        """Start a partition's state. ``ledger``: request id -> ledger code (packed with
+        the end of its window, ``pipeline.core.ledger.pack``) of the requests the store
+        already counts that this worker may meet again: re-read from the offset it resumes
+        at, or repeated (duplicates) within the join's memory. They are not counted again:
+        complete ones are remembered by the join as resolved (a repeat is a duplicate),
+        partial ones are checked when their record comes out (see ``_window``).
+        ``seed_join=False`` (a replay of a whole file, which re-reads every event): all are
+        checked when their record comes out, so the replay still reports them."""
+        joiner = Joiner(self.join_config)
+        ttl = self.join_config.resolved_ttl_ms
+        led = dict(ledger or {})
+        for rid, packed in sorted(led.items(), key=lambda kv: kv[1] >> 3):
+            if packed & 2 and seed_join:
+                joiner.seed_resolved(rid, (packed >> 3) + ttl)
         self._parts[partition] = _PartitionState(
-            Joiner(self.join_config),
+            joiner,
             WindowAggregator(partition, self.window_config, self.slo_factory),
             PartitionClock(self.clock_config),
-            ledger=dict(ledger or {}),
+            ledger={rid: packed & 7 for rid, packed in led.items()},
         )
 
     def _part(self, partition: int) -> _PartitionState:
@@ -121,7 +135,7 @@ class StreamProcessor:
         rec = emitted.record
         previous = emitted.previous
         if st.ledger:
-            code = st.ledger.pop(rec.request_id, None)
+            code = st.ledger.get(rec.request_id)
             if code is not None:
                 if rec.revision <= code & 3:
                     # Counted before this worker took the partition (a replayed input).
@@ -138,6 +152,7 @@ class StreamProcessor:
                 if previous is None:
                     self.counters.replay_conflicts += 1
                     return
+                st.ledger[rec.request_id] = ledger_code(rec)
         out.records.append(rec)
         if previous is not None:
             st.windows.add(previous, -1, sign=-1)
@@ -159,7 +174,7 @@ class StreamProcessor:
         self.counters.quarantined += 1
         self.counters.dead_letters += 1
 
-    def _event(
+    def _event(  # noqa: PLR0917  (the hot path: one call per event)
         self, partition: int, st: _PartitionState, offset: int, ev: LifecycleEvent,
         wall_ms: int | None, out: Output,
     ) -> None:  # fmt: skip
@@ -174,6 +189,13 @@ class StreamProcessor:
             if st.since_ahead >= self.clock_config.hold_events:
                 self._quarantine_ahead(partition, st, out)
         clock.observe(ev.host, ts_ms, wall_ms or 0)
+        if st.ledger and ev.kind == "gateway.received":
+            code = st.ledger.get(ev.request_id)
+            if code is not None and code & 3 == 3:
+                # Re-read after a takeover, of a request counted complete: a lone received
+                # here would only wait out the in-flight TTL (holding the commit back).
+                self.counters.replayed_events += 1
+                return
         emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
         if emitted is not None:
             self._window(st, emitted, out)
@@ -297,6 +319,10 @@ class StreamProcessor:
             # A quiet partition in a live worker: establish the clock with what it has.
             st.clock.establish(wall_ms)
             self._release_boot(partition, st, wall_ms, out)
+        if st.ahead and wall_ms is not None and caught_up:
+            # A live partition that has caught up: its clock runs on wall time too, so
+            # events still ahead of it at the end of what was sent are not a jump.
+            self._quarantine_ahead(partition, st, out)
         now = st.clock.now(wall_ms, caught_up)
         st.now_ms = max(st.now_ms, now)
         self._advance_to(st, now, wall_ms, out)

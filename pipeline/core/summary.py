@@ -125,7 +125,7 @@ def summarize(
             continue
         else:
             name = model
-        sk = QuantileSketch.from_columns(cols, relative_accuracy)
+        sk = QuantileSketch.from_columns(cols, relative_accuracy, delta=True)
         by_b = merged.setdefault(name, {})
         if boundary in by_b:
             by_b[boundary].merge(sk)

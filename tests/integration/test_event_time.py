@@ -100,7 +100,8 @@ def test_layout_and_chunking_do_not_change_what_is_late(
             results.append((r["windows"], r["slos"], r["requests"]))
     first = results[0]
     for r in results[1:]:
-        assert r[1] == first[1] and r[2] == first[2]
+        assert r[1] == first[1]
+        assert r[2] == first[2]
         for k in ("corrected_records", "retracted_records", "quarantined_events"):
             assert r[0][k] == first[0][k], k
 

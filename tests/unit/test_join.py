@@ -94,7 +94,8 @@ def test_late_partner_upgrades_a_partial_record() -> None:
     assert out is not None
     rec = out.record
     assert (rec.source, rec.revision) == ("joined", 2)
-    assert out.upgrade and out.previous == partial  # the windows take the partial back
+    assert out.upgrade
+    assert out.previous == partial  # the windows take the partial back
     assert j.counters.upgraded == 1
     assert j.add(finished("r", 6000), 2) is None  # and a repeat of it is a duplicate
     assert j.counters.duplicates == 1
