@@ -47,7 +47,7 @@ def test_0006_keeps_what_0003_stored(tmp_path: Path) -> None:
                 [[], []],
                 [[], []],
                 [{}, slo],
-            ],  # fmt: skip
+            ],
             [
                 "window_start",
                 "window_ms",
@@ -69,7 +69,7 @@ def test_0006_keeps_what_0003_stored(tmp_path: Path) -> None:
                 "neg_keys",
                 "neg_counts",
                 "slo_counts",
-            ],  # fmt: skip
+            ],
             [
                 "DateTime64(3, 'UTC')",
                 "UInt32",
@@ -92,7 +92,7 @@ def test_0006_keeps_what_0003_stored(tmp_path: Path) -> None:
                 "Array(UInt64)",
                 "Map(String, Tuple(String, String, Float64, Float64, UInt64, UInt64, UInt64, "
                 "Float64))",
-            ],  # fmt: skip
+            ],
         )
         assert migrate(store) == ["0006_signed_windows"]
         db = store.database
