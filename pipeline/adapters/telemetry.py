@@ -17,6 +17,8 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.clickhouse.write.retries`` (counter)
 * ``tailguard.consumer.lag`` (gauge): messages behind the high watermark
 * ``tailguard.join.pending`` (gauge): requests waiting for their partner
+* ``tailguard.clock.host_offset`` (gauge, ms, attribute ``host``): how far each host's
+  clock mark stands from its partition's watermark (a skewed host shows here)
 
 Exporters: ``none`` (an in-memory reader, readable by tests), ``console``
 (JSON to a file, every ``metrics_interval_ms``), or ``otlp`` (needs the
@@ -91,6 +93,7 @@ class WorkerTelemetry:
         metrics_file: Path | None = None,
         lag: Callable[[], int] | None = None,
         pending: Callable[[], int] | None = None,
+        host_offsets: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.reader, self._fh = _reader(exporter, interval_ms, metrics_file)
         self.provider = MeterProvider(
@@ -118,6 +121,13 @@ class WorkerTelemetry:
 
         m.create_observable_gauge("tailguard.consumer.lag", [gauge(lag)], unit="{message}")
         m.create_observable_gauge("tailguard.join.pending", [gauge(pending)], unit="{request}")
+
+        def offsets(_options: CallbackOptions) -> Iterable[Observation]:
+            if host_offsets is None:
+                return []
+            return [Observation(v, {"host": h}) for h, v in sorted(host_offsets().items())]
+
+        m.create_observable_gauge("tailguard.clock.host_offset", [offsets], unit="ms")
 
     def snapshot(self) -> dict[str, Any]:
         """Current values by instrument name (summed over attributes); in-memory reader only."""

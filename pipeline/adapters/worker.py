@@ -84,6 +84,7 @@ class WorkerShell:
             metrics_file=settings.metrics_file,
             lag=self._lag,
             pending=self.processor.pending,
+            host_offsets=self.processor.host_skew_ms,
         )
         # A bad policy, spec, rule file or key config fails here, at start-up.
         self.control = ControllerShell(settings) if settings.control_enabled else None
@@ -268,8 +269,10 @@ class WorkerShell:
             through = self.processor.next_offsets()
             horizons = self.processor.horizons()
             marks = self.processor.watermarks()
+            late = self.processor.lateness_by_partition()
             checkpoints = [
-                Checkpoint(p, horizons[p], marks.get(p, 0), o) for p, o in offsets.items()
+                Checkpoint(p, horizons[p], marks.get(p, 0), o, *late.get(p, (0, 0, 0)))
+                for p, o in offsets.items()
             ]
             records, self._records = self._records, []
             windows, self._windows = self._windows, []

@@ -58,6 +58,8 @@ class _PartitionState:
     ahead: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
     since_ahead: int = 0  # events in range processed since the first held one
     now_ms: int = 0  # the clock at the last advance (with idle wall time)
+    quarantined: int = 0
+    replayed: int = 0
     advanced_at_ms: int = -1  # watermark at the last per-event advance
 
 
@@ -145,6 +147,7 @@ class StreamProcessor:
                         self.counters.replay_conflicts += 1
                     else:
                         self.counters.replayed += 1
+                        st.replayed += 1
                         out.records.append(rec)  # the same row again (or an older one)
                     return
                 # An upgrade of what was counted: take that version back.
@@ -173,6 +176,7 @@ class StreamProcessor:
         )
         self.counters.quarantined += 1
         self.counters.dead_letters += 1
+        st.quarantined += 1
 
     def _event(  # noqa: PLR0917  (the hot path: one call per event)
         self, partition: int, st: _PartitionState, offset: int, ev: LifecycleEvent,
@@ -401,6 +405,13 @@ class StreamProcessor:
 
     def watermarks(self) -> dict[int, int]:
         return {p: st.clock.watermark_ms for p, st in self._parts.items()}
+
+    def lateness_by_partition(self) -> dict[int, tuple[int, int, int]]:
+        """Per partition: (corrected records, quarantined events, replayed records)."""
+        return {
+            p: (st.windows.counters.corrected, st.quarantined, st.replayed)
+            for p, st in self._parts.items()
+        }
 
     def host_skew_ms(self) -> dict[str, int]:
         """Per host, how far its robust mark is ahead (+) of its partition's watermark,
