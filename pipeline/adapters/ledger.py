@@ -47,43 +47,48 @@ class LedgerPublisher:
         self._producer.flush()
 
 
-def read_topic_ledger(
-    settings: Settings, partition: int, from_offset: int, memory_ms: int
-) -> dict[str, int]:
-    """What the ledger topic says is counted in ``partition`` (see
-    :func:`pipeline.core.ledger.counted_since`).
+def read_topic_ledgers(
+    settings: Settings, first_offsets: dict[int, int], memory_ms: int
+) -> dict[int, dict[str, int]]:
+    """Per lifecycle partition, what the ledger topic says is counted (see
+    :func:`pipeline.core.ledger.counted_since`), with one consumer for all of them.
 
-    Reads backwards from the end in steps until a step holds only entries at or below
-    ``from_offset`` and older than ``memory_ms`` before the newest (entries of a partition
-    are written in offset order, whichever worker wrote them), so the cost is what was
-    written since the commit and within the memory.
+    Reads each ledger partition backwards from the end in steps until a step holds only
+    entries at or below the resume offset and older than ``memory_ms`` before the newest
+    (entries of a partition are written in offset order, whichever worker wrote them),
+    so the cost is what was written since the commit and within the memory.
     """
     topic = settings.ledger_topic
     n = wait_partitions(settings, [topic])[topic]
-    tp = partition % n
     c = Consumer(
         settings.kafka_config()
         | {"group.id": f"tailguard-ledger-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
     )
+    out: dict[int, dict[str, int]] = {}
     try:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp), timeout=10)
-        entries: list[LedgerEntry] = []
-        end = hi
-        while end > lo:
-            start = max(lo, end - _SCAN_STEP)
-            step = _read_range(c, topic, tp, start, end)
-            entries.extend(step)
-            mine = [e for e in step if e.partition == partition and
-                    e.topic == settings.lifecycle_topic]  # fmt: skip
-            newest = max((e.end_ms for e in entries if e.partition == partition), default=0)
-            if (
-                mine
-                and max(e.through for e in mine) <= from_offset
-                and max(e.end_ms for e in mine) < newest - memory_ms
-            ):
-                break
-            end = start
-        return counted_since(entries, settings.lifecycle_topic, partition, from_offset, memory_ms)
+        for partition, from_offset in first_offsets.items():
+            tp = partition % n
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp), timeout=10)
+            entries: list[LedgerEntry] = []
+            end = hi
+            while end > lo:
+                start = max(lo, end - _SCAN_STEP)
+                step = _read_range(c, topic, tp, start, end)
+                entries.extend(step)
+                mine = [e for e in step if e.partition == partition and
+                        e.topic == settings.lifecycle_topic]  # fmt: skip
+                newest = max((e.end_ms for e in entries if e.partition == partition), default=0)
+                if (
+                    mine
+                    and max(e.through for e in mine) <= from_offset
+                    and max(e.end_ms for e in mine) < newest - memory_ms
+                ):
+                    break
+                end = start
+            out[partition] = counted_since(
+                entries, settings.lifecycle_topic, partition, from_offset, memory_ms
+            )
+        return out
     finally:
         c.close()
 

@@ -32,7 +32,7 @@ import faust
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
-from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledger
+from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer
 from pipeline.adapters.store import (
@@ -156,15 +156,19 @@ class WorkerShell:
         loop = asyncio.get_running_loop()
         store, s = self.store, self.settings
 
-        def counted(p: int, first: int) -> dict[str, int]:
+        def counted() -> dict[int, dict[str, int]]:
             # this store's ledger, and the topic's (written by every worker of the group)
             memory = s.join_config().resolved_ttl_ms
-            ledger = read_ledger(store, s.lifecycle_topic, p, first, memory)
-            merge_versions(ledger, read_topic_ledger(s, p, first, memory))
-            return ledger
+            shared = read_topic_ledgers(s, first_offsets, memory)
+            out = {}
+            for p, first in first_offsets.items():
+                out[p] = read_ledger(store, s.lifecycle_topic, p, first, memory)
+                merge_versions(out[p], shared.get(p, {}))
+            return out
 
+        ledgers = await loop.run_in_executor(self._executor, counted)
         for p, first in first_offsets.items():
-            ledger = await loop.run_in_executor(self._executor, counted, p, first)
+            ledger = ledgers[p]
             self.processor.init_partition(p, ledger)
             log.info(
                 "partition %d: resuming at offset %d, %d requests already counted",

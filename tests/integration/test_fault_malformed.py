@@ -88,22 +88,26 @@ def _produce(s: Settings, plan: list[tuple[int, bytes, Any, int]]) -> list[tuple
 
 
 def _results(s: Settings) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """All request rows, and all window rows but their source topic, in a stable order."""
+    """All request rows, and what the windows hold per (partition, window, key, boundary)
+    and per SLO: every count, sum, extreme and sketch bin (rows of a window and of its
+    corrections added up; where a live worker cut its inserts may differ between runs)."""
     store = open_store(s)
     try:
         db = s.database
         requests = store.query_rows(f"SELECT * FROM {db}.requests FINAL ORDER BY request_id")
-        cols = [
-            c
-            for (c,) in store.query_rows(
-                "SELECT name FROM system.columns WHERE database = {d:String} "
-                "AND table = 'window_sketches' AND name != 'source_topic' ORDER BY position",
-                {"d": db},
-            )
-        ]
         windows = store.query_rows(
-            f"SELECT {', '.join(cols)} FROM {db}.window_sketches "
+            "SELECT partition, window_start, model, priority, ctx_bucket, boundary, "
+            "sum(records), sum(count), round(sum(sum), 6), min(min), max(max), "
+            "sum(zero_count), sumMap(pos_keys, pos_counts), sumMap(neg_keys, neg_counts) "
+            f"FROM {db}.window_sketches "
+            "GROUP BY partition, window_start, model, priority, ctx_bucket, boundary "
             "ORDER BY partition, window_start, model, priority, ctx_bucket, boundary"
+        )
+        windows += store.query_rows(
+            "SELECT partition, window_start, slo, kind, sum(total), sum(good), "
+            f"sum(good_secondary_only) FROM {db}.slo_windows "
+            "GROUP BY partition, window_start, slo, kind "
+            "ORDER BY partition, window_start, slo, kind"
         )
         return requests, windows
     finally:
