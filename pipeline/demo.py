@@ -31,7 +31,7 @@ DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input
 
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
     overload = None
-    if getattr(args, "overload", None):
+    if getattr(args, "overload", None) and args.overload.lower() not in ("none", "off"):
         try:
             start_s, end_s, factor = (float(x) for x in args.overload.split(":"))
         except ValueError:

@@ -982,3 +982,13 @@ def test_random_flapping_around_l1_stays_within_the_documented_hourly_bound(
 def test_fast_policy_is_valid_and_tighter() -> None:
     assert _FAST.transition_bound(H) == 2 * math.ceil(H / (20 * S)) + 4
     assert copy.deepcopy(_FAST) == _FAST
+
+
+def test_shipped_default_validates_and_watches_first_token_latency() -> None:
+    ok, message = validate_policy_file(DEFAULT_POLICY_PATH)
+    assert ok, message
+    shipped = load_policy_file(DEFAULT_POLICY_PATH)
+    assert [c.signal for c in shipped.level(1).enter] == ["p99.ttft_engine_ms", "burn.page"]
+    assert all(
+        c.signal not in ("burn.page", "burn.ticket") for lv in shipped.levels for c in lv.exit
+    )
