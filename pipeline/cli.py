@@ -279,6 +279,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         limit=args.limit,
         tee_jsonl=args.tee,
         json_out=args.json,
+        closed_loop=not args.open_loop,
     )
 
 
@@ -499,7 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workdir", type=Path, default=Path("var/demo"))
     s.add_argument("--tee", type=Path, help="also write the simulated events to this JSONL file")
     s.add_argument("--json", type=Path, help="also write the report as JSON to this file")
-    s.set_defaults(func=cmd_demo)
+    s.add_argument(
+        "--open-loop", action="store_true", help="gateways ignore the directives (default: apply)"
+    )
+    s.set_defaults(func=cmd_demo, overload=DEFAULT_OVERLOAD)
     return p
 
 

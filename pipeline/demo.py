@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ def simulate_to(
     speedup: float | None = None,
     limit: int | None = None,
     progress: bool = True,
+    gate: Any = None,
 ) -> dict[str, Any]:
     from producers.simulator.run import run_simulation
 
@@ -109,7 +111,13 @@ def simulate_to(
     sink = _Tee(*sinks)
     try:
         summary = run_simulation(
-            trace, config, sink, speedup=speedup or None, progress=progress, limit=limit
+            trace,
+            config,
+            sink,
+            speedup=speedup or None,
+            progress=progress,
+            limit=limit,
+            gate=gate,
         )
     finally:
         sink.close()
@@ -146,6 +154,7 @@ def run_demo(
     tee_jsonl: Path | None = None,
     json_out: Path | None = None,
     wait_timeout_s: float = 600.0,
+    closed_loop: bool = True,
 ) -> int:
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
@@ -205,11 +214,40 @@ def run_demo(
         stack.callback(_stop_process, worker)
         console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
 
+        gate = None
+        if closed_loop:
+            # The simulated gateways read the control topic through the serving layer's
+            # own client (signatures, sequence numbers and expiry checked) and apply it.
+            from pipeline.core.control_signal import Keyring
+            from producers.control_client import ControlClient
+            from producers.simulator.gate import ControlClientGate
+
+            client = ControlClient(
+                settings.kafka_config(),
+                topic=settings.control_topic,
+                keyring=Keyring.from_file(keys),
+            )
+            client.start()
+            stack.callback(client.stop)
+            gate = ControlClientGate(client)
         label = "as fast as possible" if not speedup else f"at {speedup:g}x"
-        console.print(f"simulating {trace} {label}")
+        loop = "closed loop: gateways apply directives" if closed_loop else "open loop"
+        console.print(f"simulating {trace} {label} ({loop})")
         summary = simulate_to(
-            trace, sim_config, settings=settings, tee_jsonl=tee_jsonl, speedup=speedup, limit=limit
+            trace,
+            sim_config,
+            settings=settings,
+            tee_jsonl=tee_jsonl,
+            speedup=speedup,
+            limit=limit,
+            gate=gate,
         )
+        if gate is not None:
+            summary["gateways"] = {
+                "rejected_429_by_priority": gate.shed_by_priority(),
+                "context_capped_by_priority": dict(sorted(gate.capped.items())),
+                "half_open_admitted": gate.half_open_admitted,
+            }
         console.print(f"simulator: {summary}")
 
         deadline = time.monotonic() + wait_timeout_s
@@ -238,6 +276,32 @@ def run_demo(
     finally:
         store.close()
     Console().print(render(report))
+    print(story(report.to_json(), summary, sim_config))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
     return 0
+
+
+def story(report: dict[str, Any], summary: dict[str, Any], config: SimConfig) -> str:
+    """The control loop in a few lines: episode, levels, what the gateways did."""
+    lines = ["", "what happened:"]
+    ep = config.overload
+    if ep is not None:
+        span = f"{ep.start_offset_s:.0f}-{ep.end_offset_s:.0f}"
+        lines.append(f"  t={span} s: overload, arrivals x{ep.factor:g}")
+    for c in report.get("control", []):
+        at = datetime.fromisoformat(str(c["event_time"]))
+        at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+        t_s = at.timestamp() - config.start_unix_ns / 1e9
+        lines.append(
+            f"  t={t_s:.0f} s: {c['scope']} -> L{c['level']} {c['phase']}: {c['reason'][:140]}"
+        )
+    g = summary.get("gateways")
+    if g is not None:
+        lines.append(
+            f"  gateways: 429 per priority {g['rejected_429_by_priority']}, context capped "
+            f"{g['context_capped_by_priority']}, half-open admitted {g['half_open_admitted']}"
+        )
+    if len(lines) == 2:
+        lines.append("  no degradation: every level stayed at L0")
+    return "\n".join(lines)

@@ -314,10 +314,13 @@ class ControlLoop:
     serving side see why a level is held without a directive every tick.
     """
 
+    HELD_EVERY_MS: Final = 60_000  # at most one "held because" update per scope per minute
+
     def __init__(self, controller: Controller, clock: DecisionClock) -> None:
         self.controller = controller
         self.clock = clock
-        self._announced: dict[str, tuple[int, str, tuple[str, ...]]] = {}
+        # scope -> (level, phase, held key or None right after a change, event time)
+        self._announced: dict[str, tuple[int, str, tuple[str, ...] | None, int]] = {}
 
     def add(self, s: WindowSummary | StatsSample) -> None:
         if isinstance(s, StatsSample):
@@ -332,8 +335,15 @@ class ControlLoop:
     def announce(self, step: ControlStep) -> list[Decision]:
         out = []
         for d in step.decisions:
-            key = (d.level, d.phase, held_key(d))
-            if d.changed or self._announced.get(d.scope) != key:
-                self._announced[d.scope] = key
+            last = self._announced.get(d.scope)
+            key = held_key(d)
+            if d.changed or last is None or last[:2] != (d.level, d.phase):
+                # a change (its reason says why); the next evaluation's key is absorbed
+                self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)
+                out.append(d)
+            elif last[2] is None:
+                self._announced[d.scope] = (d.level, d.phase, key, last[3])
+            elif key != last[2] and d.now_ms - last[3] >= self.HELD_EVERY_MS:
+                self._announced[d.scope] = (d.level, d.phase, key, d.now_ms)
                 out.append(d)
         return out

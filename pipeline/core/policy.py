@@ -1059,10 +1059,7 @@ class PolicyEngine:
                     body = f"L{lv} entry holds: {_texts(figs, signals)}"
                 elif not exit_ok:
                     figs = failing
-                    body = (
-                        f"L{lv} held, waiting for exit: {'; '.join(held_because)} "
-                        f"({', '.join(c.text for c in figs)})"
-                    )
+                    body = f"L{lv} held, waiting for exit: {'; '.join(held_because)}"
                 else:
                     figs = exits
                     body = (

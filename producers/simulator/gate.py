@@ -98,6 +98,7 @@ class GatewayGate:
     fallbacks: int = 0
 
     def set(self, scope: str, actions: GateActions) -> None:
+        """Apply a directive to ``scope`` (in-process: a backtest's control loop)."""
         self.scopes[scope] = actions
 
     def from_directive(self, scope: str, directive: Any) -> None:
@@ -171,3 +172,29 @@ class GatewayGate:
         for (prio, _why), n in self.rejected.items():
             out[prio] = out.get(prio, 0) + n
         return dict(sorted(out.items()))
+
+
+class ControlClientGate(GatewayGate):
+    """A gate that reads the directives through a real
+    :class:`producers.control_client.ControlClient` (signed, sequenced, expiring:
+    the serving layer's own path), looked up per request like the ASGI middleware:
+    the model's directive, else the ``"*"`` one."""
+
+    def __init__(self, client: Any, new_session_fraction: float = 0.3) -> None:
+        super().__init__(new_session_fraction=new_session_fraction)
+        self.client = client
+        self._cache: dict[tuple[Any, ...], GateActions] = {}
+
+    def actions(self, model: str) -> GateActions:
+        d = self.client.directive(model)
+        if d.level <= 0:
+            d = self.client.directive(ALL_SCOPES)
+        if d.level <= 0:
+            return NORMAL
+        key = (d.scope, d.seq, d.phase)
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) > 1024:
+                self._cache.clear()
+            got = self._cache[key] = GateActions.of(d.level, d.phase, d.actions)
+        return got

@@ -66,3 +66,31 @@ def test_held_key_drops_running_values_and_times() -> None:
     assert held_key(d2) == a == (f"entry {p99} > 300", f"{p99} >= 250")
     cooling = engine.evaluate("m", 9 * 60_000 + SIZE, {p99: 200.0})
     assert held_key(cooling) == (f"{p99} < 250",)
+
+
+def test_announce_changes_and_what_holds_a_level_at_most_once_a_minute() -> None:
+    from pipeline.core.control import Controller, ControlLoop, ControlStep
+
+    policy = load_policy_file(EXAMPLE_POLICY_PATH)
+    loop = ControlLoop(Controller(policy), DecisionClock(SIZE))
+    engine = PolicyEngine(policy)
+    p99 = "p99.gateway_total_ms"
+    announced = []
+    for t in range(0, 30 * 60_000, SIZE):
+        v = (
+            412.0
+            if t < 10 * 60_000
+            else (260.0 if t % 20_000 else 240.0)
+            if t < 12 * 60_000
+            else 200.0
+        )
+        d = engine.evaluate("m", t, {p99: v})
+        for a in loop.announce(ControlStep(t, [d], [], [], {})):
+            announced.append((a.now_ms // 1000, a.level, a.phase, a.changed))
+    assert announced[0] == (0, 0, "normal", False)  # a scope never announced
+    changes = [a[:3] for a in announced if a[3]]
+    assert changes == [(300, 1, "degraded"), (1020, 1, "half_open"), (1320, 0, "normal")]
+    held = [a[0] for a in announced[1:] if not a[3]]
+    # "entry holds" -> "waiting for exit" at 10 min; the exit flapping from 10 to 12 min
+    # (every 10 s) is announced at most once a minute, not every tick
+    assert held == [600, 670, 730]
