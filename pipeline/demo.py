@@ -28,6 +28,8 @@ from producers.simulator.model import OverloadEpisode, SimConfig
 
 DEMO_JOIN_TIMEOUT_MS = 5_000
 DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input ends
+# Commit often: the closed loop paces the simulator by the worker's committed lag.
+DEMO_FLUSH_INTERVAL_MS = 250
 
 
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -98,6 +100,7 @@ def simulate_to(
     limit: int | None = None,
     progress: bool = True,
     gate: Any = None,
+    pace: Any = None,
 ) -> dict[str, Any]:
     from producers.simulator.run import run_simulation
 
@@ -118,6 +121,7 @@ def simulate_to(
             progress=progress,
             limit=limit,
             gate=gate,
+            pace=pace,
         )
     finally:
         sink.close()
@@ -129,6 +133,40 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
     raise TypeError(type(obj).__name__)
+
+
+class _Pacer:
+    """Closed loop: the simulator waits while the worker is more than ``max_lag``
+    messages behind, so that directives reach the simulated gateways while the
+    traffic they are about is still arriving (on a busy machine a worker at 60x
+    can fall minutes of event time behind). Checks at most every ``every_s``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker: subprocess.Popen[bytes],
+        max_lag: int = 150,
+        every_s: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.max_lag = max_lag
+        self.every_s = every_s
+        self.next_check = 0.0
+        self.waited_s = 0.0
+
+    def __call__(self) -> None:
+        from pipeline.adapters.kafka_admin import group_progress
+
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        while self.worker.poll() is None:
+            if group_progress(self.settings, self.settings.lifecycle_topic).lag <= self.max_lag:
+                break
+            time.sleep(0.2)
+        self.waited_s += time.monotonic() - now
+        self.next_check = time.monotonic() + self.every_s
 
 
 def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
@@ -197,6 +235,7 @@ def run_demo(
             control_topic=f"tailguard.control{topic_suffix}",
             join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
             window_grace_ms=DEMO_WINDOW_GRACE_MS,
+            flush_interval_ms=DEMO_FLUSH_INTERVAL_MS,
         )
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
@@ -215,6 +254,7 @@ def run_demo(
         console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
 
         gate = None
+        pace = None
         if closed_loop:
             # The simulated gateways read the control topic through the serving layer's
             # own client (signatures, sequence numbers and expiry checked) and apply it.
@@ -230,6 +270,7 @@ def run_demo(
             client.start()
             stack.callback(client.stop)
             gate = ControlClientGate(client)
+            pace = _Pacer(settings, worker)
         label = "as fast as possible" if not speedup else f"at {speedup:g}x"
         loop = "closed loop: gateways apply directives" if closed_loop else "open loop"
         console.print(f"simulating {trace} {label} ({loop})")
@@ -241,12 +282,14 @@ def run_demo(
             speedup=speedup,
             limit=limit,
             gate=gate,
+            pace=pace,
         )
         if gate is not None:
             summary["gateways"] = {
                 "rejected_429_by_priority": gate.shed_by_priority(),
                 "context_capped_by_priority": dict(sorted(gate.capped.items())),
                 "half_open_admitted": gate.half_open_admitted,
+                "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
             }
         console.print(f"simulator: {summary}")
 

@@ -111,3 +111,23 @@ def test_simulator_applies_cap_and_retries_with_backoff() -> None:
     ]
     # waits max(Retry-After 2 s, 1 s * 2^attempt): 2, 2, 4 s (+ the gateway's own ms)
     assert [round(g) for g in gaps] == [2, 2, 4]
+
+
+def test_shipped_defaults_are_quiet_on_the_shared_trace_at_normal_load() -> None:
+    """Every default SLO meets its objective over the hour and the default policy
+    stays at L0 throughout (the issue: the old defaults cried wolf)."""
+    from pipeline.backtest import run_loop
+
+    spec = load_spec_file(DEFAULT_SLO_SPEC)
+    run = run_loop(
+        read_trace(DEFAULT_TRACE),
+        SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=1),
+        spec,
+        load_policy_file(DEFAULT_POLICY_PATH),
+        closed=False,
+    )
+    assert run["requests"] == 19_366
+    for slo in spec.slos:
+        assert run["slos"][slo.name]["compliance"] >= slo.objective, slo.name
+    assert run["control"] == []
+    assert run["time_at_level_s"]["1"] == run["time_at_level_s"]["2"] == 0
