@@ -494,7 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="local Kafka + simulator + worker + report, end to end")
     _add_sim(s)
-    s.add_argument("--speedup", type=float, default=60.0, help="event time / wall time (0 = max)")
+    s.add_argument(
+        "--speedup",
+        type=float,
+        default=20.0,
+        help="event time / wall time (0 = max); closed loop: the worker must keep up",
+    )
     s.add_argument("--partitions", type=int)
     s.add_argument("--bootstrap", help="use this Kafka instead of starting a local one")
     s.add_argument("--workdir", type=Path, default=Path("var/demo"))

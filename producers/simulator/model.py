@@ -55,6 +55,7 @@ give the same events.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import random
@@ -434,6 +435,11 @@ class _Engine:
         self.last_change_ms = now_ms
 
 
+def _unit_hash(key: str) -> float:
+    """A deterministic number in [0, 1) from a string."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
 def _r(ms: float) -> float:
     """Round a duration for the wire and clamp float noise below zero."""
     return max(0.0, round(ms, _ROUND_MS))
@@ -715,8 +721,11 @@ class Simulator:
         )
         if req.attempt >= cfg.client_max_retries:
             return
-        wait = max(retry_after_s * 1000.0, cfg.client_backoff_ms * 2.0**req.attempt)
         session = req.session or req.request_id
+        # Full backoff plus up to 50 % jitter (deterministic per request id: no draw
+        # from the run's RNG), so that the clients shed together do not come back together.
+        jitter = 1.0 + 0.5 * _unit_hash(req.request_id)
+        wait = max(retry_after_s * 1000.0, cfg.client_backoff_ms * 2.0**req.attempt) * jitter
         retry = _Req(
             request_id=f"{session}-r{req.attempt + 1}",
             t_gateway_ms=t_done + wait,
