@@ -32,9 +32,6 @@ from pipeline.core.control_signal import (
     message_key,
     resume_seqs,
 )
-from pipeline.core.control_signal import (
-    Decision as SignalDecision,
-)
 from pipeline.core.policy import Decision, load_policy_file
 from pipeline.core.slo import load_spec_file
 from pipeline.core.summary import Progress, StatsSample, WindowSummary, decode_summary
@@ -233,8 +230,7 @@ class ControllerShell:
         assert self.issuer is not None
         assert self.producer is not None
         now = int(time.time() * 1000)
-        sd = SignalDecision.from_mapping(d.to_json(), ignore_unknown=True)
-        signal = self.issuer.issue(d.scope, sd, now)
+        signal = self.issuer.issue(d.scope, d.to_signal(), now)
         return self._send(signal, d.now_ms, heartbeat=heartbeat)
 
     def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> tuple[Any, ...]:

@@ -154,6 +154,8 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core.control_signal import Actions
+from pipeline.core.control_signal import Decision as SignalDecision
 from pipeline.core.durations import format_ms, parse_duration_ms, unit_required
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
@@ -165,6 +167,8 @@ from pipeline.core.slo import (  # the spec YAML loader and error paths are shar
     parse_yaml_mapping,
 )
 
+DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
+REASON_MAX_CHARS: Final = 1024  # a signal's reason is bounded (control_signal.Decision)
 API_VERSION: Final = "tailguard/v1"
 KIND: Final = "ControlPolicy"
 DEFAULT_POLICY_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "policy-default.yaml"
@@ -368,18 +372,20 @@ class ActionsSpec(_Model):
     cap_context_tokens: Annotated[int, Field(gt=0)] | None = None
     fallback_model: Annotated[str, MinLen(1)] | None = None
     reject_new_sessions: bool = False
-    retry_after_s: Annotated[int, Field(ge=0)] = 0
+    # The same default as the wire's Actions (one Actions type: control_signal.Actions).
+    retry_after_s: Annotated[int, Field(ge=0)] = DEFAULT_RETRY_AFTER_S
     rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
+        """The directive's actions (the one type the wire signs and the serving side reads)."""
         return Actions(
-            self.shed_priorities_at_or_above,
-            self.cap_context_tokens,
-            self.fallback_model,
-            self.reject_new_sessions,
-            self.retry_after_s,
-            self.rate_limit_rps,
-            admit_fraction,
+            shed_priorities_at_or_above=self.shed_priorities_at_or_above,
+            cap_context_tokens=self.cap_context_tokens,
+            fallback_model=self.fallback_model,
+            reject_new_sessions=self.reject_new_sessions,
+            retry_after_s=self.retry_after_s,
+            rate_limit_rps=self.rate_limit_rps,
+            admit_fraction=admit_fraction,
         )
 
 
@@ -698,30 +704,6 @@ def validate_policy_file(path: str | Path) -> tuple[bool, str]:
 # --------------------------------------------------------------------------- #
 
 
-@dataclass(frozen=True, slots=True)
-class Actions:
-    """Actions in force (level 0: none). ``admit_fraction`` is set only in half-open."""
-
-    shed_priorities_at_or_above: int | None = None
-    cap_context_tokens: int | None = None
-    fallback_model: str | None = None
-    reject_new_sessions: bool = False
-    retry_after_s: int = 0
-    rate_limit_rps: float | None = None
-    admit_fraction: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shed_priorities_at_or_above": self.shed_priorities_at_or_above,
-            "cap_context_tokens": self.cap_context_tokens,
-            "fallback_model": self.fallback_model,
-            "reject_new_sessions": self.reject_new_sessions,
-            "retry_after_s": self.retry_after_s,
-            "rate_limit_rps": self.rate_limit_rps,
-            "admit_fraction": self.admit_fraction,
-        }
-
-
 NO_ACTIONS: Final = Actions()
 
 
@@ -767,6 +749,19 @@ class Decision:
             "previous_phase": self.previous_phase,
             "held_because": list(self.held_because),
         }
+
+    def to_signal(self) -> SignalDecision:
+        """The part of this decision a control signal carries (the wire's Decision; its
+        ``actions`` are this decision's own ``Actions`` object)."""
+        return SignalDecision(
+            level=self.level,
+            phase=self.phase,
+            actions=self.actions,
+            reason=self.reason[:REASON_MAX_CHARS],
+            figures=dict(self.figures),
+            notify_customer=self.notify_customer,
+            budget_exhausted=self.budget_exhausted,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -992,3 +992,17 @@ def test_shipped_default_validates_and_watches_first_token_latency() -> None:
     assert all(
         c.signal not in ("burn.page", "burn.ticket") for lv in shipped.levels for c in lv.exit
     )
+
+
+def test_one_actions_type_and_the_signal_decision() -> None:
+    """The policy's Actions are the wire's Actions (one type, one retry_after_s default)."""
+    from pipeline.core.control_signal import Actions as WireActions
+
+    d = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
+    assert isinstance(d.actions, WireActions)
+    assert NO_ACTIONS == WireActions()
+    sd = d.to_signal()
+    assert (sd.level, sd.phase, sd.actions) == (1, "degraded", d.actions)
+    assert sd.figures == {"burn.page": True}
+    long = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
+    assert len(long.to_signal().reason) <= 1024
