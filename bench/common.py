@@ -206,7 +206,7 @@ def raw_limit(settings: Settings, pre: Preloaded) -> RawResult:
 # --- worker processes --------------------------------------------------------------
 
 _LOG_TS = re.compile(rb"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-FIRST_BATCH_MARK = b"window horizon"  # logged when a partition's first batch arrives
+FIRST_BATCH_MARK = b"resuming at offset"  # logged when a partition's first batch arrives
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -257,7 +257,7 @@ class Worker:
         return self.proc.poll() is None
 
     def first_batch_time(self) -> float | None:
-        """Wall time (epoch s) of the first 'partition N: window horizon' line."""
+        """Wall time (epoch s) of the first 'partition N: resuming at offset' line."""
         try:
             with self.log_path.open("rb") as fh:
                 for line in fh:

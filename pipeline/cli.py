@@ -196,39 +196,40 @@ def cmd_replay(args: argparse.Namespace) -> int:
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
+    topic = f"replay:{args.events.name}"
+    ledger: dict[str, int] = {}
+    store = None
+    if not args.no_store:
+        from pipeline.adapters.store import migrate, open_store, read_ledger
+
+        store = open_store(settings)
+        migrate(store, settings.cluster)
+        # A second replay of the same file into this store counts nothing twice.
+        ledger = read_ledger(store, topic, 0, -1)
     with dlq_path.open("wb") as dlq:
         result = replay_file(
             args.events,
             settings.join_config(),
             spec=spec,
             window_config=settings.window_config(),
+            clock_config=settings.clock_config(),
             policy=policy,
             burn_rules=rules,
             queue_capacity=settings.queue_capacity,
             dlq_out=dlq,
+            ledger=ledger,
         )
     summary = result.summary()
     summary["dlq_file"] = str(dlq_path)
-    if not args.no_store:
-        from pipeline.adapters.store import (
-            migrate,
-            open_store,
-            read_horizons,
-            write_requests,
-            write_windows,
-        )
+    if store is not None:
+        from pipeline.adapters.store import write_requests, write_windows
 
-        store = open_store(settings)
         try:
-            migrate(store, settings.cluster)
             write_requests(store, result.emitted)
-            topic = f"replay:{args.events.name}"
             acc = settings.window_config().relative_accuracy
-            # A second replay of the same file writes no window twice.
-            horizon = read_horizons(store, topic).get(0, 0)
-            new = [w for w in result.windows if w.start_ms + w.size_ms > horizon]
-            write_windows(store, new, topic, acc, f"replay/{uuid.uuid4().hex}")
-            summary["windows"]["written"] = len(new)
+            token = f"replay/{uuid.uuid4().hex}"
+            write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})
+            summary["windows"]["written"] = len(result.windows)
             if result.control is not None:  # the control audit, as a worker writes it
                 from pipeline.adapters.controller import replay_audit_rows, write_audit
 

@@ -18,9 +18,11 @@ from pipeline.contract.events import (
     CONTROL_TOPIC,
     DLQ_TOPIC,
     ENGINE_STATS_TOPIC,
+    LEDGER_TOPIC,
     LIFECYCLE_TOPIC,
     SUMMARIES_TOPIC,
 )
+from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
 
@@ -52,6 +54,11 @@ class Settings(BaseSettings):
     engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
     dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
     summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
+    ledger_topic: str = Field(
+        LEDGER_TOPIC,
+        description="TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers "
+        "that take a partition over (shared by workers with separate stores).",
+    )
     control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
     topic_partitions: int = Field(
         8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."
@@ -134,6 +141,12 @@ class Settings(BaseSettings):
     )
     window_grace_ms: int = Field(
         30_000, ge=0, description="TAILGUARD_WINDOW_GRACE_MS: lateness accepted before closing."
+    )
+    max_event_ahead_ms: int = Field(
+        300_000,
+        gt=0,
+        description="TAILGUARD_MAX_EVENT_AHEAD_MS: an event stamped further ahead of its "
+        "partition's clock is quarantined to the DLQ (ts_out_of_range).",
     )
     max_window_keys: int = Field(
         1000, ge=1, description="TAILGUARD_MAX_WINDOW_KEYS: keys per window, then __other__."
@@ -223,6 +236,9 @@ class Settings(BaseSettings):
             grace_ms=self.window_grace_ms,
             max_keys=self.max_window_keys,
         )
+
+    def clock_config(self) -> ClockConfig:
+        return ClockConfig(max_ahead_ms=self.max_event_ahead_ms)
 
     def join_config(self) -> JoinConfig:
         return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)

@@ -163,11 +163,12 @@ class ControllerShell:
         oldest = ref_ms - 32 * 86_400_000
         n = 0
         for slo, start, size, part, total, good, objective in store.query_rows(
-            "SELECT slo, toUnixTimestamp64Milli(window_start), window_ms, partition, total, good, "
-            f"objective FROM {db}.slo_windows FINAL WHERE kind = 'slo' AND "
-            "toUnixTimestamp64Milli(window_start) >= {lo:Int64}",
+            "SELECT slo, toUnixTimestamp64Milli(window_start) AS s, any(window_ms), partition, "
+            f"sum(total), sum(good), any(objective) FROM {db}.slo_windows WHERE kind = 'slo' "
+            "AND s >= {lo:Int64} GROUP BY slo, s, partition",
             {"lo": fine_from},
         ):
+            # window and corrections together; a repeat of its final summary is ignored
             self.controller.mark_seen(int(part), int(start))
             self.controller.book.add_window(
                 slo, int(start), int(size), int(total), int(good), objective=objective

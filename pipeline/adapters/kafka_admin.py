@@ -62,6 +62,12 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]
                 "segment.ms": str(3600 * 1000),
             },
         ),
+        settings.ledger_topic: NewTopic(
+            settings.ledger_topic,
+            settings.topic_partitions,  # partition = the lifecycle partition it describes
+            settings.replication_factor,
+            config={"retention.ms": str(24 * 3600 * 1000), "compression.type": "producer"},
+        ),
         settings.dlq_topic: NewTopic(
             settings.dlq_topic,
             1,

@@ -40,13 +40,25 @@ class ReliableProducer:
             log.error("%s delivery failed: %s", self._what, err)
 
     def send(
-        self, value: bytes, headers: list[tuple[str, str | bytes | None]] | None = None
+        self,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+        partition: int | None = None,
     ) -> None:
         while True:
             try:
-                self._producer.produce(
-                    self._topic, value, headers=headers, on_delivery=self._on_delivery
-                )
+                if partition is None:
+                    self._producer.produce(
+                        self._topic, value, headers=headers, on_delivery=self._on_delivery
+                    )
+                else:
+                    self._producer.produce(
+                        self._topic,
+                        value,
+                        headers=headers,
+                        on_delivery=self._on_delivery,
+                        partition=partition,
+                    )
                 break
             except BufferError:
                 self._producer.poll(0.1)

@@ -50,15 +50,15 @@ from pipeline.core.sketch import DEFAULT_RELATIVE_ACCURACY, SketchColumns, mappi
 # Only zero_count and the four arrays are needed for quantiles; count/sum/min/max
 # serve means, totals and extremes (sum(count), sum(sum), min(min), max(max)).
 SKETCH_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
-    ("count", "UInt64"),
+    ("count", "Int64"),
     ("sum", "Float64"),
     ("min", "Float64"),
     ("max", "Float64"),
-    ("zero_count", "UInt64"),
+    ("zero_count", "Int64"),
     ("pos_keys", "Array(Int32)"),
-    ("pos_counts", "Array(UInt64)"),
+    ("pos_counts", "Array(Int64)"),
     ("neg_keys", "Array(Int32)"),
-    ("neg_counts", "Array(UInt64)"),
+    ("neg_counts", "Array(Int64)"),
 )
 
 SKETCH_TABLE_DDL_EXAMPLE: Final = """\

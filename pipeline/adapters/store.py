@@ -9,6 +9,7 @@ asks the server for the table's columns.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import string
 import threading
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
+from pipeline.core.ledger import pack
 from pipeline.core.record import RequestRecord
+from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -390,18 +393,22 @@ WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("window_ms", "UInt32"),
     ("source_topic", "LowCardinality(String)"),
     ("partition", "UInt16"),
+    ("correction", "UInt8"),
     ("model", "LowCardinality(String)"),
     ("priority", "LowCardinality(String)"),
     ("ctx_bucket", "LowCardinality(String)"),
     ("boundary", "LowCardinality(String)"),
     ("relative_accuracy", "Float64"),
-    ("records", "UInt64"),
+    ("records", "Int64"),
     *SKETCH_COLUMNS,  # the sketch's own columns, in their order
     (
         "slo_counts",
         "Map(String, Tuple(kind String, boundary String, threshold_ms Float64, objective Float64, "
-        "total UInt64, good UInt64, good_secondary_only UInt64, secondary_weight Float64))",
+        "total Int64, good Int64, good_secondary_only Int64, secondary_weight Float64))",
     ),
+    ("through_offset", "Int64"),
+    ("ledger_ids", "Array(String)"),
+    ("ledger_versions", "Array(UInt8)"),
 )
 SLO_ROW_BOUNDARY = "__slo__"
 
@@ -435,24 +442,27 @@ def _insert(
     store.insert_columns(table, columns, [n for n, _ in spec], [t for _, t in spec], settings)
 
 
-def window_rows(win: Any, topic: str, relative_accuracy: float) -> list[tuple[Any, ...]]:
-    """Rows of one closed window: one per (key, boundary), plus its ``__slo__`` row.
-
-    The ``__slo__`` row is written for every window, with or without SLOs: it
-    marks the window as emitted (see :func:`read_horizons`).
-    """
+def window_rows(
+    win: ClosedWindow, topic: str, relative_accuracy: float, through_offset: int = 0
+) -> list[tuple[Any, ...]]:
+    """Rows of one window or correction: one per (key, boundary), plus its ``__slo__``
+    row (SLO counts, and the ledger of the requests counted, with ``through_offset``:
+    the partition's input below it is accounted for by this insert and earlier ones)."""
     from datetime import UTC, datetime
 
     start = datetime.fromtimestamp(win.start_ms / 1000, tz=UTC)
+    corr = 1 if win.correction else 0
     rows: list[tuple[Any, ...]] = []
     for (key, boundary), c in sorted(win.sketches.items()):
+        if not (c.count or c.pos_keys or c.neg_keys or c.zero_count):
+            continue  # a cell whose additions and retractions cancelled out
         model, priority, ctx = key
         rows.append(
             (
-                start, win.size_ms, topic, win.partition, model, priority, ctx, boundary,
+                start, win.size_ms, topic, win.partition, corr, model, priority, ctx, boundary,
                 relative_accuracy, win.records.get(key, 0), c.count, c.sum,
-                c.min if c.count else 0.0, c.max if c.count else 0.0, c.zero_count,
-                c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts, {},
+                c.min, c.max, c.zero_count,
+                c.pos_keys, c.pos_counts, c.neg_keys, c.neg_counts, {}, 0, [], [],
             )
         )  # fmt: skip
     slo: dict[str, tuple[Any, ...]] = {}
@@ -462,25 +472,40 @@ def window_rows(win: Any, topic: str, relative_accuracy: float) -> list[tuple[An
                 r.kind, r.boundary, r.threshold_ms, r.objective, r.total, r.good,
                 r.good_secondary_only, r.secondary_weight,
             )  # fmt: skip
-    all_records = sum(n for k, n in win.records.items() if k == ("*", "*", "*"))
+    all_records = win.records.get(("*", "*", "*"), 0)
+    ids = list(win.ledger)
     rows.append(
         (
-            start, win.size_ms, topic, win.partition, "*", "*", "*", SLO_ROW_BOUNDARY,
-            relative_accuracy, all_records, 0, 0.0, 0.0, 0.0, 0, [], [], [], [], slo,
+            start, win.size_ms, topic, win.partition, corr, "*", "*", "*", SLO_ROW_BOUNDARY,
+            relative_accuracy, all_records, 0, 0.0, math.inf, -math.inf, 0, [], [], [], [], slo,
+            through_offset, ids, [win.ledger[i] for i in ids],
         )
     )  # fmt: skip
     return rows
 
 
 def write_windows(
-    store: Store, windows: Sequence[Any], topic: str, relative_accuracy: float, token: str
+    store: Store,
+    windows: Sequence[ClosedWindow],
+    topic: str,
+    relative_accuracy: float,
+    token: str,
+    *,
+    through_offsets: dict[int, int] | None = None,
 ) -> None:
-    """Closed windows as one insert (atomic: sketches and SLO counts together).
+    """Windows and corrections as one insert (atomic: sketches, SLO counts and the
+    ledger together). ``through_offsets``: per partition, the next input offset at
+    the time the batch was cut (see :func:`read_ledger`).
 
     ``token`` makes a retry of the same batch a no-op (insert deduplication,
     also for the materialized views fed by this table).
     """
-    rows = [r for w in windows for r in window_rows(w, topic, relative_accuracy)]
+    through = through_offsets or {}
+    rows = [
+        r
+        for w in windows
+        for r in window_rows(w, topic, relative_accuracy, through.get(w.partition, 0))
+    ]
     _insert(store, "window_sketches", WINDOW_COLUMNS, rows, token)
 
 
@@ -489,37 +514,71 @@ CHECKPOINT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("source_topic", "String"),
     ("partition", "UInt16"),
     ("close_horizon_ms", "Int64"),
+    ("watermark_ms", "Int64"),
     ("committed_offset", "Int64"),
-    ("late_records", "UInt64"),
+    ("corrected_records", "UInt64"),
+    ("quarantined_events", "UInt64"),
+    ("replayed_records", "UInt64"),
 )
 
 
-def write_checkpoints(
-    store: Store, group: str, topic: str, rows: Sequence[tuple[int, int, int, int]]
-) -> None:
-    """``rows``: (partition, close_horizon_ms, committed_offset, late_records)."""
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One ``worker_checkpoints`` row (informational, for operators)."""
+
+    partition: int
+    close_horizon_ms: int
+    watermark_ms: int
+    committed_offset: int
+    corrected_records: int = 0
+    quarantined_events: int = 0
+    replayed_records: int = 0
+
+
+def write_checkpoints(store: Store, group: str, topic: str, rows: Sequence[Checkpoint]) -> None:
     _insert(
         store,
         "worker_checkpoints",
         CHECKPOINT_COLUMNS,
-        [(group, topic, p, h, o, late) for p, h, o, late in rows],
+        [
+            (
+                group,
+                topic,
+                c.partition,
+                c.close_horizon_ms,
+                c.watermark_ms,
+                c.committed_offset,
+                c.corrected_records,
+                c.quarantined_events,
+                c.replayed_records,
+            )
+            for c in rows
+        ],
     )
 
 
-def read_horizons(store: Store, topic: str) -> dict[int, int]:
-    """Per partition, the end of the last window written for ``topic``.
-
-    A worker taking a partition never emits a window ending at or before it,
-    so no window is written twice, whatever happened between this write and
-    the offset commit.
+def read_ledger(
+    store: Store, topic: str, partition: int, from_offset: int, memory_ms: int = 0
+) -> dict[str, int]:
+    """Requests of ``partition`` the store's windows count that a worker taking the
+    partition over must know of: those written past ``from_offset`` (the offset it resumes
+    from: it re-reads them), and those counted within ``memory_ms`` of the newest window
+    (a duplicate of them may still come). Request id -> ledger code packed with the end of
+    the window that counted it (``pipeline.core.ledger.pack``); the highest revision wins.
     """
     rows = store.query_rows(
-        "SELECT partition, max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
+        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
+        "SELECT id, argMax(v, bitAnd(v, 3)), max(end_ms) FROM ("
+        "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v, "
+        "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
         f"FROM {store.database}.window_sketches "
-        "WHERE source_topic = {t:String} AND boundary = {b:String} GROUP BY partition",
-        {"t": topic, "b": SLO_ROW_BOUNDARY},
+        "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
+        "AND (through_offset > {o:Int64} OR end_ms >= newest - {m:Int64})) GROUP BY id",
+        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset, "m": memory_ms},
     )
-    return {int(p): int(h) for p, h in rows}
+    return {str(i): pack(int(v), int(e)) for i, v, e in rows}
 
 
 def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:

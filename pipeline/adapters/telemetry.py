@@ -7,12 +7,18 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.dead_letters`` (counter): rejected events/messages sent to the DLQ
 * ``tailguard.records`` (counter): request records written
 * ``tailguard.join.timeouts`` (counter, attribute ``side``): partial records
-* ``tailguard.windows.late_records`` (counter): records for already closed windows
+* ``tailguard.windows.lateness`` (counter, attribute ``kind``): ``corrected`` (records
+  that arrived after their window closed, written as corrections), ``retracted``
+  (partials taken back when upgraded), ``quarantined`` (events out of range of the
+  partition clock, dead-lettered), ``replayed`` (records a worker taking a partition
+  over found already counted)
 * ``tailguard.windows.closed`` (counter)
 * ``tailguard.clickhouse.write.duration`` (histogram, ms): one flush's writes
 * ``tailguard.clickhouse.write.retries`` (counter)
 * ``tailguard.consumer.lag`` (gauge): messages behind the high watermark
 * ``tailguard.join.pending`` (gauge): requests waiting for their partner
+* ``tailguard.clock.host_offset`` (gauge, ms, attribute ``host``): how far each host's
+  clock mark stands from its partition's watermark (a skewed host shows here)
 
 Exporters: ``none`` (an in-memory reader, readable by tests), ``console``
 (JSON to a file, every ``metrics_interval_ms``), or ``otlp`` (needs the
@@ -87,6 +93,7 @@ class WorkerTelemetry:
         metrics_file: Path | None = None,
         lag: Callable[[], int] | None = None,
         pending: Callable[[], int] | None = None,
+        host_offsets: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.reader, self._fh = _reader(exporter, interval_ms, metrics_file)
         self.provider = MeterProvider(
@@ -99,7 +106,7 @@ class WorkerTelemetry:
         self.dead_letters = m.create_counter("tailguard.dead_letters", unit="{event}")
         self.records = m.create_counter("tailguard.records", unit="{record}")
         self.join_timeouts = m.create_counter("tailguard.join.timeouts", unit="{record}")
-        self.late_records = m.create_counter("tailguard.windows.late_records", unit="{record}")
+        self.lateness = m.create_counter("tailguard.windows.lateness", unit="{record}")
         self.windows_closed = m.create_counter("tailguard.windows.closed", unit="{window}")
         self.write_duration = m.create_histogram("tailguard.clickhouse.write.duration", unit="ms")
         self.write_retries = m.create_counter("tailguard.clickhouse.write.retries", unit="{retry}")
@@ -114,6 +121,13 @@ class WorkerTelemetry:
 
         m.create_observable_gauge("tailguard.consumer.lag", [gauge(lag)], unit="{message}")
         m.create_observable_gauge("tailguard.join.pending", [gauge(pending)], unit="{request}")
+
+        def offsets(_options: CallbackOptions) -> Iterable[Observation]:
+            if host_offsets is None:
+                return []
+            return [Observation(v, {"host": h}) for h, v in sorted(host_offsets().items())]
+
+        m.create_observable_gauge("tailguard.clock.host_offset", [offsets], unit="ms")
 
     def snapshot(self) -> dict[str, Any]:
         """Current values by instrument name (summed over attributes); in-memory reader only."""

@@ -32,13 +32,15 @@ import faust
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer
 from pipeline.adapters.store import (
+    Checkpoint,
     ClickHouseStore,
     migrate,
     open_store,
-    read_horizons,
+    read_ledger,
     with_retry,
     write_checkpoints,
     write_events,
@@ -48,6 +50,7 @@ from pipeline.adapters.store import (
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import SourceRef, decode_message, encode_event
 from pipeline.contract.events import EngineStats
+from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
@@ -70,6 +73,7 @@ class WorkerShell:
             settings.join_config(),
             max_message_bytes=settings.max_message_bytes,
             window_config=settings.window_config(),
+            clock_config=settings.clock_config(),
             slo_factory=self.slo_factory,
             keep_events=settings.store_raw_events,
         )
@@ -80,6 +84,7 @@ class WorkerShell:
             metrics_file=settings.metrics_file,
             lag=self._lag,
             pending=self.processor.pending,
+            host_offsets=self.processor.host_skew_ms,
         )
         # A bad policy, spec, rule file or key config fails here, at start-up.
         self.control = ControllerShell(settings) if settings.control_enabled else None
@@ -87,6 +92,7 @@ class WorkerShell:
         self.query_server: QueryServer | None = None
         self.dlq: DeadLetterSink | None = None
         self.summaries: ReliableProducer | None = None
+        self.ledger: LedgerPublisher | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
@@ -95,7 +101,7 @@ class WorkerShell:
         self._committed: dict[int, int] = {}
         self._progress_sent: dict[int, int] = {}
         self._timeouts_seen = (0, 0)
-        self._late_seen = 0
+        self._seen_counts: dict[str, int] = {}
         self.write_retries = 0
         self.rows_written = 0
         self._last_log = time.monotonic()
@@ -113,6 +119,7 @@ class WorkerShell:
         self.query_server = start_query_server(self.settings, self.store)
         self.dlq = DeadLetterSink(self.settings)
         self.summaries = ReliableProducer(self.settings, self.settings.summaries_topic, "summaries")
+        self.ledger = LedgerPublisher(self.settings)
         if self.control is not None:
             self.control.load_history(self.store)
             self.control.start()
@@ -142,19 +149,27 @@ class WorkerShell:
         """Partitions with input still waiting (or not known to be caught up)."""
         return frozenset(p for p, lag in self._lags(next_offsets).items() if lag is None or lag > 0)
 
-    async def _init_partitions(self, partitions: set[int]) -> None:
-        """Start new partitions from their checkpointed window horizon."""
+    async def _init_partitions(self, first_offsets: dict[int, int]) -> None:
+        """Start new partitions with the ledger of what the store already counts from
+        the offset each resumes at (its first message here: the committed offset)."""
         assert self.store is not None
         loop = asyncio.get_running_loop()
-        horizons = await loop.run_in_executor(
-            self._executor,
-            read_horizons,
-            self.store,
-            self.settings.lifecycle_topic,
-        )
-        for p in partitions:
-            self.processor.init_partition(p, horizons.get(p, 0))
-            log.info("partition %d: window horizon %d ms", p, horizons.get(p, 0))
+        store, s = self.store, self.settings
+
+        def counted(p: int, first: int) -> dict[str, int]:
+            # this store's ledger, and the topic's (written by every worker of the group)
+            memory = s.join_config().resolved_ttl_ms
+            ledger = read_ledger(store, s.lifecycle_topic, p, first, memory)
+            merge_versions(ledger, read_topic_ledger(s, p, first, memory))
+            return ledger
+
+        for p, first in first_offsets.items():
+            ledger = await loop.run_in_executor(self._executor, counted, p, first)
+            self.processor.init_partition(p, ledger)
+            log.info(
+                "partition %d: resuming at offset %d, %d requests already counted",
+                p, first, len(ledger),
+            )  # fmt: skip
 
     def _collect(self, out: Output) -> None:
         self._records.extend(out.records)
@@ -173,7 +188,10 @@ class WorkerShell:
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
         await self._store_up.wait()  # back pressure: hold this batch while the store is down
-        new = {p for p, _, _ in messages if not self.processor.has_partition(p)}
+        new: dict[int, int] = {}
+        for p, off, _ in messages:
+            if not self.processor.has_partition(p) and p not in new:
+                new[p] = off
         if new:
             await self._init_partitions(new)
         before = self.processor.counters.events
@@ -192,7 +210,8 @@ class WorkerShell:
         records: list[RequestRecord],
         windows: list[ClosedWindow],
         events: list[tuple[Any, ...]],
-        checkpoints: list[tuple[int, int, int, int]],
+        checkpoints: list[Checkpoint],
+        through: dict[int, int],
     ) -> int:
         """All writes of one flush, in order; runs on the writer thread."""
         assert self.store is not None
@@ -210,18 +229,27 @@ class WorkerShell:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
             retries += with_retry(
-                lambda: write_windows(store, windows, s.lifecycle_topic, acc, token),
+                lambda: write_windows(
+                    store, windows, s.lifecycle_topic, acc, token, through_offsets=through
+                ),
                 f"write of {len(windows)} windows",
                 on_failure=self._on_write_failure,
             )
+        if windows:
+            # Workers with their own stores learn from the topic what this one counted.
+            assert self.ledger is not None
+            self.ledger.publish(windows, through)
+            self.ledger.flush()
         # The controller hears of a window once it is stored (at least once: it dedups).
         assert self.summaries is not None
         for win in windows:
-            self.summaries.send(encode_summary(summarize(win, s.window_config().relative_accuracy)))
-        for p, horizon, _off, _late in checkpoints:
-            if self._progress_sent.get(p) != horizon:
-                self.summaries.send(encode_summary(Progress(p, horizon)))
-                self._progress_sent[p] = horizon
+            cid = uuid.uuid4().hex[:16] if win.correction else None
+            summary = summarize(win, s.window_config().relative_accuracy, correction_id=cid)
+            self.summaries.send(encode_summary(summary))
+        for c in checkpoints:
+            if self._progress_sent.get(c.partition) != c.close_horizon_ms:
+                self.summaries.send(encode_summary(Progress(c.partition, c.close_horizon_ms)))
+                self._progress_sent[c.partition] = c.close_horizon_ms
         self.summaries.flush()
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += with_retry(
@@ -238,9 +266,14 @@ class WorkerShell:
             # Snapshot offsets, horizons and buffers together: nothing processed
             # after this point is covered by the commit below.
             offsets = self.processor.safe_offsets()
+            through = self.processor.next_offsets()
             horizons = self.processor.horizons()
-            late = self.processor.late_by_partition()
-            checkpoints = [(p, horizons[p], o, late.get(p, 0)) for p, o in offsets.items()]
+            marks = self.processor.watermarks()
+            late = self.processor.lateness_by_partition()
+            checkpoints = [
+                Checkpoint(p, horizons[p], marks.get(p, 0), o, *late.get(p, (0, 0, 0)))
+                for p, o in offsets.items()
+            ]
             records, self._records = self._records, []
             windows, self._windows = self._windows, []
             events, self._events = self._events, []
@@ -248,7 +281,7 @@ class WorkerShell:
             if records or windows or events or checkpoints:
                 t0 = time.perf_counter()
                 retries = await loop.run_in_executor(
-                    self._executor, self._write, records, windows, events, checkpoints
+                    self._executor, self._write, records, windows, events, checkpoints, through
                 )
                 self._resume_input()
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
@@ -303,10 +336,18 @@ class WorkerShell:
         if j.engine_only > en:
             self.telemetry.join_timeouts.add(j.engine_only - en, {"side": "engine_only"})
         self._timeouts_seen = (j.gateway_only, j.engine_only)
-        late = self.processor.window_counters().late
-        if late > self._late_seen:
-            self.telemetry.late_records.add(late - self._late_seen)
-            self._late_seen = late
+        w = self.processor.window_counters()
+        c = self.processor.counters
+        for name, value in (
+            ("corrected", w.corrected),
+            ("retracted", w.retracted),
+            ("quarantined", c.quarantined),
+            ("replayed", c.replayed),
+        ):
+            seen = self._seen_counts.get(name, 0)
+            if value > seen:
+                self.telemetry.lateness.add(value - seen, {"kind": name})
+                self._seen_counts[name] = value
 
     def _maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -319,11 +360,15 @@ class WorkerShell:
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
             "joined=%d gateway_only=%d engine_only=%d duplicates=%d windows_closed=%d "
-            "late_records=%d write_retries=%d",
+            "corrected=%d retracted=%d quarantined=%d replayed=%d write_retries=%d",
             c.messages, c.events, c.records, self.rows_written, c.dead_letters,
             self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
-            w.windows_closed, w.late, self.write_retries,
+            w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
+            self.write_retries,
         )  # fmt: skip
+        skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 60_000}
+        if skew:
+            log.warning("hosts whose clocks stand apart from their partitions (ms): %s", skew)
 
     async def on_stats(self, messages: list[tuple[int, int, bytes]]) -> None:
         """Forward engine.stats to the controller (one topic for all it needs)."""

@@ -25,6 +25,7 @@ LIFECYCLE_TOPIC: Final = "tailguard.lifecycle"
 ENGINE_STATS_TOPIC: Final = "tailguard.engine-stats"
 DLQ_TOPIC: Final = "tailguard.dlq"
 SUMMARIES_TOPIC: Final = "tailguard.summaries"  # internal: workers -> the controller
+LEDGER_TOPIC: Final = "tailguard.ledger"  # internal: requests counted, per partition
 CONTROL_TOPIC: Final = "tailguard.control"  # compacted, key = scope: signed directives
 
 NonNegMs = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]

@@ -866,19 +866,23 @@ class BudgetTracker:
         total: int,
         good: float,
         objective: float | None = None,
+        *,
+        delta: bool = False,
     ) -> bool:
         """Add one closed window (or one partition's part of it); False if too old to keep.
 
-        ``good`` may be fractional (a blended tier's weighted good count).
+        ``good`` may be fractional (a blended tier's weighted good count). ``delta``: a
+        correction of a window added before (late records, or a partial taken back when
+        its upgrade landed elsewhere): counts may be negative, they add up.
         """
         if size_ms <= 0:
             raise ValueError(f"size_ms must be > 0, got {size_ms}")
-        if total < 0 or not (0 <= good <= total):
+        if not delta and (total < 0 or not (0 <= good <= total)):
             raise ValueError(f"need 0 <= good <= total, got good={good} total={total}")
         obj = self.objective if objective is None else _check_objective(objective)
         if self._first_start is None or start_ms < self._first_start:
             self._first_start = start_ms
-        if total == 0:
+        if total == 0 and good == 0:
             return True
         kept = self._buckets.add(start_ms, total, total - good, _budget_share(obj) * total)
         if not kept:
@@ -1113,8 +1117,11 @@ class BudgetBook:
         *,
         objective: float | None = None,
         scope: str = "*",
+        delta: bool = False,
     ) -> bool:
-        return self.tracker(slo, scope).add_window(start_ms, size_ms, total, good, objective)
+        return self.tracker(slo, scope).add_window(
+            start_ms, size_ms, total, good, objective, delta=delta
+        )
 
     def add_rows(
         self, start_ms: int, size_ms: int, rows: Iterable[WindowRow], *, scope: str = "*"

@@ -49,6 +49,20 @@ FIVE_MIN_MS: Final = 300_000
 Signals = dict[str, float | bool | None]
 
 
+# Within a gap in the data, only its last 2 hours are evaluated window by window, so
+# that the cost of a gap does not grow with its size (every level's timers are shorter).
+MAX_IDLE_EVALUATION_MS: Final = 2 * 3_600_000
+
+
+def skip_gap(next_eval_ms: int, target_ms: int, size_ms: int) -> int:
+    """Where evaluation resumes before ``target_ms``: ``next_eval_ms``, or (across a
+    longer gap) the same grid point ``MAX_IDLE_EVALUATION_MS`` before the target."""
+    if target_ms - next_eval_ms <= MAX_IDLE_EVALUATION_MS:
+        return next_eval_ms
+    skip_to = target_ms - MAX_IDLE_EVALUATION_MS
+    return skip_to - (skip_to - next_eval_ms) % size_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     latency_window_ms: int = 60_000
@@ -86,7 +100,7 @@ class Controller:
         )
         # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
         self._latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}
-        self._seen: dict[tuple[int, int], None] = {}
+        self._seen: dict[tuple[int, int] | tuple[int, int, str], None] = {}
         # Per engine host, its samples of the last stats window (in time order).
         # Stats arrive ahead of closed windows; signals at T use samples <= T only.
         self._stats: dict[str, list[StatsSample]] = {}
@@ -107,6 +121,20 @@ class Controller:
         one replaces the previous snapshot of that window and feeds latency signals
         only (budgets count final windows).
         """
+        if s.correction_id is not None:
+            # A correction: SLO counts only, added to the budgets once.
+            cid = (s.partition, s.start_ms, s.correction_id)
+            if cid in self._seen:
+                self.duplicates += 1
+                return False
+            self._seen[cid] = None
+            if self.book is not None:
+                for name, c in s.slos.items():
+                    self.book.add_window(
+                        name, s.start_ms, s.size_ms, c.total, c.good,
+                        objective=c.objective, delta=True,
+                    )  # fmt: skip
+            return True
         wid = (s.partition, s.start_ms)
         if wid in self._seen:
             if s.final:
@@ -120,7 +148,9 @@ class Controller:
         for model, mw in s.models.items():
             if model != ALL_MODELS:
                 self.models.add(model)
-            by_model[model] = {b: QuantileSketch.from_columns(c) for b, c in mw.boundaries.items()}
+            by_model[model] = {
+                b: QuantileSketch.from_columns(c, delta=True) for b, c in mw.boundaries.items()
+            }
         self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
         if s.final and self.book is not None:
             for name, c in s.slos.items():
@@ -298,6 +328,8 @@ class DecisionClock:
                 return []
             # From the first window on: "for" clocks need every step.
             self.next_eval_ms = self.first_end_ms
+        # Across a long gap only its last hours are evaluated (the cost of a gap is bounded).
+        self.next_eval_ms = skip_gap(self.next_eval_ms, target, self.size_ms)
         out = []
         while self.next_eval_ms <= target:
             out.append(self.next_eval_ms)
@@ -327,7 +359,8 @@ class ControlLoop:
             self.controller.add_stats(s)
         else:
             self.controller.add_window(s)
-            self.clock.window(s.start_ms, s.size_ms)
+            if s.correction_id is None:  # a correction: budgets only, no evaluation
+                self.clock.window(s.start_ms, s.size_ms)
 
     def step(self) -> list[ControlStep]:
         return [self.controller.evaluate(t) for t in self.clock.due()]

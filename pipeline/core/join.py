@@ -4,7 +4,7 @@ One :class:`Joiner` holds the state of one source partition (every event of a
 request lands on the same partition, so partitions join independently and a
 rebalance moves whole states). Time is passed in: ``advance(now_ms)`` takes
 the partition's event-time clock, which the adapter derives from event
-timestamps (see :class:`EventClock`).
+timestamps (see :class:`pipeline.core.eventtime.PartitionClock`).
 
 Rules
 -----
@@ -43,7 +43,7 @@ from pipeline.contract.events import (
     GatewayReceived,
     LifecycleEvent,
 )
-from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.record import ReceivedFields, RequestRecord, build_record
 
 _NS_PER_MS: Final = 1_000_000
 _COMPACT_SLACK: Final = 1024
@@ -81,7 +81,7 @@ def _id_hash(event_id: str) -> int:
 class JoinConfig:
     timeout_ms: int = 15_000
     inflight_ttl_ms: int = 600_000
-    resolved_ttl_ms: int = 120_000
+    resolved_ttl_ms: int = 600_000
     max_pending: int = 1_000_000
     max_resolved: int = 2_000_000
 
@@ -97,6 +97,9 @@ class JoinConfig:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
 
+Parts = tuple["ReceivedFields | None", GatewayCompleted | None, EngineFinished | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Emitted:
     """A record with what the windows need to know about it."""
@@ -104,6 +107,29 @@ class Emitted:
     record: RequestRecord
     first_offset: int  # smallest source offset of the events it was built from (-1: unknown)
     upgrade: bool = False  # a late partner completed a partial record already emitted
+    # The record this one replaces (emitted, hence windowed, before): windows take it back.
+    previous: RequestRecord | None = None
+    parts: Parts | None = None  # the events it was built from (see version)
+
+    def version(self, revision: int, engine_only: bool) -> RequestRecord | None:
+        """The record this request had at ``revision`` (a partial: from which side), built
+        from the same events; None if these events cannot make it. For a restarted worker
+        that learns from the store which version of a replayed request it windowed."""
+        if self.parts is None:
+            return None
+        received, completed, finished = self.parts
+        if revision & 1 and received is None:
+            return None
+        rcv = received if revision & 1 else None
+        if revision >= 2:
+            cpl, fin = completed, finished
+        elif engine_only:
+            cpl, fin = None, finished
+        else:
+            cpl, fin = completed, None
+        if (revision >= 2 and (cpl is None or fin is None)) or (cpl is None and fin is None):
+            return None
+        return build_record(self.record.request_id, rcv, cpl, fin)
 
 
 @dataclass(slots=True)
@@ -189,38 +215,6 @@ class _Resolved:
     completed: GatewayCompleted | None = None
     finished: EngineFinished | None = None
     partial: bool = False
-
-
-@dataclass(slots=True)
-class EventClock:
-    """Event-time clock of one partition that keeps moving while input is idle.
-
-    ``now = watermark + (wall - wall at last watermark advance)``: driven by
-    event timestamps while events flow (so a replay at any speed-up times out
-    in event time), and by the wall clock when a partition goes quiet (so the
-    last requests of a burst still resolve and the last windows close). A
-    partition that is merely behind (consumer lag: more input is waiting) is
-    not quiet: ``caught_up=False`` holds the clock at the watermark, else a
-    catch-up would close windows before their records arrive. Wall time is
-    passed in.
-    """
-
-    watermark_ms: int = 0
-    wall_at_advance_ms: int = 0
-
-    def observe(self, ts_ms: int, wall_ms: int) -> None:
-        if ts_ms > self.watermark_ms:
-            self.watermark_ms = ts_ms
-            self.wall_at_advance_ms = wall_ms
-
-    def now(self, wall_ms: int, caught_up: bool = True) -> int:
-        if self.watermark_ms == 0:
-            return 0
-        if not caught_up:
-            # Quiet time only counts from the last moment input was known to be waiting.
-            self.wall_at_advance_ms = max(self.wall_at_advance_ms, wall_ms)
-            return self.watermark_ms
-        return self.watermark_ms + max(0, wall_ms - self.wall_at_advance_ms)
 
 
 @dataclass(slots=True)
@@ -388,12 +382,14 @@ class Joiner:
         return out.record if out is not None else None
 
     def add_emitted(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None, now_ms: int = 0
     ) -> Emitted | None:
         """Feed one event; returns a record when this event completes a request.
 
         ``wall_ms`` (processing time) arms the second timeout condition; None
-        (a replay of a file) times out on event time alone.
+        (a replay of a file) times out on event time alone. ``now_ms``: the partition's
+        clock; a partner's timeout runs from the later of it and the event's own time,
+        so an event from a host whose clock is behind still waits the full timeout.
         """
         self.counters.events += 1
         rid = event.request_id
@@ -426,9 +422,10 @@ class Joiner:
             entry = self._pending[rid] = self._unpack(entry)
         if not self._store(entry, event):
             return None
+        ts_ms = max(event.ts_unix_ns // _NS_PER_MS, now_ms)
         if entry.completed is not None and entry.finished is not None:
             del self._pending[rid]
-            ts = event.ts_unix_ns // _NS_PER_MS
+            ts = ts_ms
             if entry.received is None:
                 # Joined before its gateway.received (producers reordered): keep the
                 # two events so that a late received can still add priority/tenant.
@@ -436,11 +433,8 @@ class Joiner:
             else:
                 self._remember(rid, ts, None)
             self.counters.joined += 1
-            return Emitted(
-                build_record(rid, entry.received, entry.completed, entry.finished),
-                entry.first_offset,
-            )
-        ts_ms = event.ts_unix_ns // _NS_PER_MS
+            parts = (entry.received, entry.completed, entry.finished)
+            return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
         if isinstance(event, GatewayReceived):
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
@@ -515,11 +509,10 @@ class Joiner:
         if not done.partial:
             if isinstance(event, GatewayReceived) and done.completed is not None:
                 if done.received is None:
+                    previous = build_record(rid, None, done.completed, done.finished)
                     done.received = event
                     self.counters.upgraded += 1
-                    return Emitted(
-                        build_record(rid, event, done.completed, done.finished), -1, upgrade=True
-                    )
+                    return self._upgrade(rid, done, previous)
                 self._count_repeat(event, done.received)
                 return None
             self._count_repeat(event, None)
@@ -532,22 +525,23 @@ class Joiner:
         if slot is not None:
             self._count_repeat(event, slot)
             return None
+        previous = build_record(rid, done.received, done.completed, done.finished)
         if isinstance(event, GatewayReceived):
             # The partial record gains priority, tenant and start time (still partial).
             done.received = event
-            self.counters.upgraded += 1
-            return Emitted(
-                build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
-            )
-        if isinstance(event, GatewayCompleted):
+        elif isinstance(event, GatewayCompleted):
             done.completed = event
+            done.partial = False
         else:
             done.finished = event
-        done.partial = False
+            done.partial = False
         self.counters.upgraded += 1
-        return Emitted(
-            build_record(rid, done.received, done.completed, done.finished), -1, upgrade=True
-        )
+        return self._upgrade(rid, done, previous)
+
+    @staticmethod
+    def _upgrade(rid: str, done: _Resolved, previous: RequestRecord) -> Emitted:
+        parts = (done.received, done.completed, done.finished)
+        return Emitted(build_record(rid, *parts), -1, upgrade=True, previous=previous, parts=parts)
 
     def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
         if slot is None or _same_id(slot, event):
@@ -555,6 +549,13 @@ class Joiner:
             self.counters.duplicates += 1
         else:
             self.counters.conflicts += 1
+
+    def seed_resolved(self, rid: str, expires_ms: int) -> None:
+        """Remember a request another worker (or an earlier run) counted complete: any
+        event of it is then a duplicate. Call in order of expiry, before any event."""
+        if rid not in self._resolved:
+            self._resolved_order.append(rid)
+            self._resolved[rid] = expires_ms
 
     def _remember(
         self, rid: str, now_ms: int, entry: _Pending | None, *, partial: bool = True
@@ -581,9 +582,8 @@ class Joiner:
             self.counters.gateway_only += 1
         else:
             self.counters.engine_only += 1
-        return Emitted(
-            build_record(rid, entry.received, entry.completed, entry.finished), entry.first_offset
-        )
+        parts = (entry.received, entry.completed, entry.finished)
+        return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
 
     def _evict_oldest(self) -> None:
         rid = next(iter(self._pending))

@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef, decode_message
-from pipeline.contract.events import EngineStats, Event
-from pipeline.core.join import Emitted, EventClock, JoinConfig, JoinCounters, Joiner
+from pipeline.contract.codec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DeadLetter,
+    SourceRef,
+    decode_message,
+    encode_event,
+)
+from pipeline.contract.events import EngineStats, Event, LifecycleEvent
+from pipeline.core.eventtime import ClockConfig, PartitionClock
+from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
     ClosedWindow,
@@ -20,6 +27,7 @@ from pipeline.core.windows import (
     WindowConfig,
     WindowCounters,
     WindowSLOs,
+    ledger_code,
 )
 
 
@@ -27,25 +35,39 @@ from pipeline.core.windows import (
 class ProcessorCounters:
     messages: int = 0
     events: int = 0
-    dead_letters: int = 0
+    dead_letters: int = 0  # every dead letter (bad input and quarantined events)
+    quarantined: int = 0  # events out of range of the partition's clock (ts_out_of_range)
     stats_events: int = 0
     records: int = 0
-    upgrades_not_windowed: int = 0
+    replayed: int = 0  # records a worker taking a partition over found counted already
+    replay_conflicts: int = 0  # replayed partials that disagree with the counted one
+    replayed_events: int = 0  # gateway.received of requests counted complete, re-read
 
 
 @dataclass(slots=True)
 class _PartitionState:
     joiner: Joiner
     windows: WindowAggregator
-    clock: EventClock = field(default_factory=EventClock)
+    clock: PartitionClock
     next_offset: int = 0
+    # request_id -> ledger code of requests counted before this worker took the partition
+    ledger: dict[str, int] = field(default_factory=dict)
+    # events held while the clock bootstraps (offset, event)
+    boot: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    # events out of range of the clock, held until a quorum confirms a jump (offset, event)
+    ahead: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    since_ahead: int = 0  # events in range processed since the first held one
+    now_ms: int = 0  # the clock at the last advance (with idle wall time)
+    quarantined: int = 0
+    replayed: int = 0
+    advanced_at_ms: int = -1  # watermark at the last per-event advance
 
 
 @dataclass(slots=True)
 class Output:
     records: list[RequestRecord] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
-    windows: list[ClosedWindow] = field(default_factory=list)
+    windows: list[ClosedWindow] = field(default_factory=list)  # closed ones and corrections
     # (partition, offset, event) of every valid event, when keep_events is on
     events: list[tuple[int, int, Event]] = field(default_factory=list)
     stats: list[EngineStats] = field(default_factory=list)  # engine.stats events seen
@@ -61,6 +83,7 @@ class StreamProcessor:
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         window_config: WindowConfig | None = None,
+        clock_config: ClockConfig | None = None,
         slo_factory: Callable[[], WindowSLOs] | None = None,
         keep_events: bool = False,
     ) -> None:
@@ -68,6 +91,7 @@ class StreamProcessor:
         self.keep_events = keep_events
         self.join_config = join_config or JoinConfig()
         self.window_config = window_config or WindowConfig()
+        self.clock_config = clock_config or ClockConfig()
         self.slo_factory = slo_factory
         self.max_message_bytes = max_message_bytes
         self.counters = ProcessorCounters()
@@ -78,11 +102,28 @@ class StreamProcessor:
     def has_partition(self, partition: int) -> bool:
         return partition in self._parts
 
-    def init_partition(self, partition: int, horizon_ms: int = 0) -> None:
-        """Start a partition's state; ``horizon_ms`` is its checkpointed close horizon."""
+    def init_partition(
+        self, partition: int, ledger: dict[str, int] | None = None, *, seed_join: bool = True
+    ) -> None:
+        """Start a partition's state. ``ledger``: request id -> ledger code (packed with
+        the end of its window, ``pipeline.core.ledger.pack``) of the requests the store
+        already counts that this worker may meet again: re-read from the offset it resumes
+        at, or repeated (duplicates) within the join's memory. They are not counted again:
+        complete ones are remembered by the join as resolved (a repeat is a duplicate),
+        partial ones are checked when their record comes out (see ``_window``).
+        ``seed_join=False`` (a replay of a whole file, which re-reads every event): all are
+        checked when their record comes out, so the replay still reports them."""
+        joiner = Joiner(self.join_config)
+        ttl = self.join_config.resolved_ttl_ms
+        led = dict(ledger or {})
+        for rid, packed in sorted(led.items(), key=lambda kv: kv[1] >> 3):
+            if packed & 2 and seed_join:
+                joiner.seed_resolved(rid, (packed >> 3) + ttl)
         self._parts[partition] = _PartitionState(
-            Joiner(self.join_config),
-            WindowAggregator(partition, self.window_config, self.slo_factory, horizon_ms),
+            joiner,
+            WindowAggregator(partition, self.window_config, self.slo_factory),
+            PartitionClock(self.clock_config),
+            ledger={rid: packed & 7 for rid, packed in led.items()},
         )
 
     def _part(self, partition: int) -> _PartitionState:
@@ -93,13 +134,135 @@ class StreamProcessor:
         return st
 
     def _window(self, st: _PartitionState, emitted: Emitted, out: Output) -> None:
-        out.records.append(emitted.record)
-        if emitted.upgrade:
-            # Windows take a request once, at its first emission (a sketch cannot
-            # take a value back); the requests table gets the upgrade.
-            self.counters.upgrades_not_windowed += 1
+        rec = emitted.record
+        previous = emitted.previous
+        if st.ledger:
+            code = st.ledger.get(rec.request_id)
+            if code is not None:
+                if rec.revision <= code & 3:
+                    # Counted before this worker took the partition (a replayed input).
+                    if rec.revision == code & 3 and ledger_code(rec) != code:
+                        # The other side's partial: the store holds this request's first
+                        # side, which this worker never saw; keep the stored row.
+                        self.counters.replay_conflicts += 1
+                    else:
+                        self.counters.replayed += 1
+                        st.replayed += 1
+                        out.records.append(rec)  # the same row again (or an older one)
+                    return
+                # An upgrade of what was counted: take that version back.
+                previous = emitted.version(code & 3, bool(code & 4))
+                if previous is None:
+                    self.counters.replay_conflicts += 1
+                    return
+                st.ledger[rec.request_id] = ledger_code(rec)
+        out.records.append(rec)
+        if previous is not None:
+            st.windows.add(previous, -1, sign=-1)
+        st.windows.add(rec, emitted.first_offset)
+
+    def _quarantine(self, partition: int, offset: int, ev: LifecycleEvent, out: Output) -> None:
+        st = self._parts[partition]
+        wm = st.clock.watermark_ms
+        ts_ms = ev.ts_unix_ns // 1_000_000
+        out.dead.append(
+            DeadLetter(
+                encode_event(ev),
+                f"ts_out_of_range: {ev.host} stamped {ev.kind} {ts_ms - wm} ms ahead of the "
+                f"partition clock {wm} (max {self.clock_config.max_ahead_ms})",
+                SourceRef(self.topic, partition, offset),
+                None,
+            )
+        )
+        self.counters.quarantined += 1
+        self.counters.dead_letters += 1
+        st.quarantined += 1
+
+    def _event(  # noqa: PLR0917  (the hot path: one call per event)
+        self, partition: int, st: _PartitionState, offset: int, ev: LifecycleEvent,
+        wall_ms: int | None, out: Output,
+    ) -> None:  # fmt: skip
+        clock = st.clock
+        ts_ms = ev.ts_unix_ns // 1_000_000
+        if not clock.in_range(ts_ms, st.now_ms):
+            st.ahead.append((offset, ev))
+            self._check_jump(partition, st, wall_ms, out)
             return
-        st.windows.add(emitted.record, emitted.first_offset)
+        if st.ahead:
+            st.since_ahead += 1
+            if st.since_ahead >= self.clock_config.hold_events:
+                self._quarantine_ahead(partition, st, out)
+        clock.observe(ev.host, ts_ms, wall_ms or 0)
+        if st.ledger and ev.kind == "gateway.received":
+            code = st.ledger.get(ev.request_id)
+            if code is not None and code & 3 == 3:
+                # Re-read after a takeover, of a request counted complete: a lone received
+                # here would only wait out the in-flight TTL (holding the commit back).
+                self.counters.replayed_events += 1
+                return
+        emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
+        if emitted is not None:
+            self._window(st, emitted, out)
+        wm = clock.watermark_ms
+        if wm != st.advanced_at_ms:
+            # Per event, so that what is late depends on the order of events only.
+            st.advanced_at_ms = wm
+            self._advance_to(st, wm, wall_ms, out)
+
+    def _check_jump(
+        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
+    ) -> None:
+        """Held events ahead of the clock: the traffic jumped (a gap, another day) when
+        ``quorum`` of them from three hosts or more fall within ``max_ahead_ms`` of each
+        other, or when ``hold_events`` are held with nothing in range between them. Then
+        the clock moves there and they are processed; a stray request (two hosts) or one
+        host's wrong clock never moves it."""
+        held = st.ahead
+        cfg = self.clock_config
+        if len(held) < cfg.quorum:
+            return
+        times = sorted((ev.ts_unix_ns // 1_000_000, ev.host) for _, ev in held)
+        target = None
+        if len(held) >= cfg.hold_events:
+            target = times[(len(times) - 1) // 2][0]
+        else:
+            lo = 0
+            for hi in range(len(times)):
+                while times[hi][0] - times[lo][0] > cfg.max_ahead_ms:
+                    lo += 1
+                span = times[lo : hi + 1]
+                if len(span) >= cfg.quorum and len({h for _, h in span}) >= 3:
+                    target = span[0][0]
+                    break
+        if target is None:
+            return
+        st.clock.jump(target, wall_ms or 0)
+        st.ahead, st.since_ahead = [], 0
+        for offset, ev in held:
+            self._event(partition, st, offset, ev, wall_ms, out)
+
+    def _quarantine_ahead(self, partition: int, st: _PartitionState, out: Output) -> None:
+        """Nothing confirmed the held events' time: they go to the DLQ."""
+        for offset, ev in st.ahead:
+            self._quarantine(partition, offset, ev, out)
+        st.ahead, st.since_ahead = [], 0
+
+    def _release_boot(
+        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
+    ) -> None:
+        """The clock is established: process the events held while it bootstrapped."""
+        held, st.boot = st.boot, []
+        clock = st.clock
+        for offset, ev in held:
+            if not clock.in_range(ev.ts_unix_ns // 1_000_000, st.now_ms):
+                st.ahead.append((offset, ev))
+                self._check_jump(partition, st, wall_ms, out)
+                continue
+            emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
+            if emitted is not None:
+                self._window(st, emitted, out)
+        st.advanced_at_ms = clock.watermark_ms
+        self._advance_to(st, clock.watermark_ms, wall_ms, out)
 
     def process(
         self,
@@ -111,7 +274,7 @@ class StreamProcessor:
 
         ``wall_ms`` is the processing time (None for a replay: event time only);
         ``lagging`` names partitions with more input waiting (their clocks do not
-        advance on wall time, see :class:`EventClock`).
+        advance on wall time, see :class:`PartitionClock`).
         """
         out = Output()
         touched: set[int] = set()
@@ -125,8 +288,6 @@ class StreamProcessor:
             if decoded.dead:
                 out.dead.extend(decoded.dead)
                 counters.dead_letters += len(decoded.dead)
-            joiner = st.joiner
-            clock = st.clock
             if self.keep_events:
                 out.events.extend((partition, offset, ev) for ev in decoded.events)
             for ev in decoded.events:
@@ -135,30 +296,47 @@ class StreamProcessor:
                     counters.stats_events += 1
                     out.stats.append(ev)
                     continue
-                clock.observe(ev.ts_unix_ns // 1_000_000, wall_ms or 0)
-                emitted = joiner.add_emitted(ev, offset, wall_ms)
-                if emitted is not None:
-                    self._window(st, emitted, out)
+                if st.clock.bootstrapping:
+                    st.boot.append((offset, ev))
+                    st.clock.observe(ev.host, ev.ts_unix_ns // 1_000_000, wall_ms or 0)
+                    if not st.clock.bootstrapping:
+                        self._release_boot(partition, st, wall_ms, out)
+                    continue
+                self._event(partition, st, offset, ev, wall_ms, out)
             st.next_offset = offset + 1
             touched.add(partition)
         for p in touched:
-            self._advance(self._parts[p], wall_ms, out, p not in lagging)
+            self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
 
-    def _advance(
-        self, st: _PartitionState, wall_ms: int | None, out: Output, caught_up: bool = True
-    ) -> None:
-        now = st.clock.now(wall_ms or 0, caught_up)
+    def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
         for emitted in st.joiner.advance_emitted(now, wall_ms):
             self._window(st, emitted, out)
         out.windows.extend(st.windows.close(now, st.joiner.oldest_terminal_ms()))
+
+    def _advance(
+        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output,
+        caught_up: bool = True,
+    ) -> None:  # fmt: skip
+        if st.boot and wall_ms is not None and caught_up:
+            # A quiet partition in a live worker: establish the clock with what it has.
+            st.clock.establish(wall_ms)
+            self._release_boot(partition, st, wall_ms, out)
+        if st.ahead and wall_ms is not None and caught_up:
+            # A live partition that has caught up: its clock runs on wall time too, so
+            # events still ahead of it at the end of what was sent are not a jump.
+            self._quarantine_ahead(partition, st, out)
+        now = st.clock.now(wall_ms, caught_up)
+        st.now_ms = max(st.now_ms, now)
+        self._advance_to(st, now, wall_ms, out)
+        out.windows.extend(st.windows.take_corrections())
 
     def tick(self, wall_ms: int, lagging: frozenset[int] = frozenset()) -> Output:
         """Advance every partition's clock (resolves timeouts, closes windows while idle)."""
         out = Output()
         for p, st in self._parts.items():
-            self._advance(st, wall_ms, out, p not in lagging)
+            self._advance(p, st, wall_ms, out, p not in lagging)
         self.counters.records += len(out.records)
         return out
 
@@ -188,7 +366,12 @@ class StreamProcessor:
     def drain(self) -> Output:
         """End of input: resolve everything still pending and close every window."""
         out = Output()
-        for st in self._parts.values():
+        for p, st in self._parts.items():
+            if st.boot:
+                st.clock.establish()
+                self._release_boot(p, st, None, out)
+            if st.ahead:
+                self._quarantine_ahead(p, st, out)
             for emitted in st.joiner.drain_emitted():
                 self._window(st, emitted, out)
             out.windows.extend(st.windows.drain())
@@ -197,25 +380,54 @@ class StreamProcessor:
 
     def safe_offsets(self) -> dict[int, int]:
         """Per partition, the offset that may be committed with nothing lost:
-        the oldest event of an open join or of a record in an open window."""
+        the oldest event of an open join, of a record in an open window, or held
+        while the partition's clock bootstraps."""
         out = {}
         for p, st in self._parts.items():
             if not st.next_offset:
                 continue
             safe = st.joiner.safe_offset(st.next_offset)
             win = st.windows.min_open_offset()
-            out[p] = safe if win is None else min(safe, win)
+            if win is not None:
+                safe = min(safe, win)
+            for held in (st.boot, st.ahead):
+                if held:
+                    safe = min(safe, held[0][0])
+            out[p] = safe
         return out
 
     def next_offsets(self) -> dict[int, int]:
         return {p: st.next_offset for p, st in self._parts.items()}
 
-    def late_by_partition(self) -> dict[int, int]:
-        return {p: st.windows.counters.late for p, st in self._parts.items()}
-
     def horizons(self) -> dict[int, int]:
-        """Per partition, the close horizon of its windows (checkpointed with the offsets)."""
+        """Per partition, the close horizon of its windows (telemetry)."""
         return {p: st.windows.horizon_ms for p, st in self._parts.items()}
+
+    def watermarks(self) -> dict[int, int]:
+        return {p: st.clock.watermark_ms for p, st in self._parts.items()}
+
+    def lateness_by_partition(self) -> dict[int, tuple[int, int, int]]:
+        """Per partition: (corrected records, quarantined events, replayed records)."""
+        return {
+            p: (st.windows.counters.corrected, st.quarantined, st.replayed)
+            for p, st in self._parts.items()
+        }
+
+    def host_skew_ms(self) -> dict[str, int]:
+        """Per host, how far its robust mark is ahead (+) of its partition's watermark,
+        worst over partitions (a host whose clock is off shows here)."""
+        out: dict[str, int] = {}
+        for st in self._parts.values():
+            wm = st.clock.watermark_ms
+            if not wm:
+                continue
+            for host, mark in st.clock.host_marks().items():
+                d = mark - wm
+                if abs(d) > abs(out.get(host, 0)):
+                    out[host] = d
+                else:
+                    out.setdefault(host, d)
+        return out
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget partitions handed to another worker (it rebuilds from the committed offset)."""

@@ -75,13 +75,19 @@ class ReceivedFields(Protocol):
     def stream(self) -> bool: ...
 
 
+def record_revision(source: Source, has_received: bool) -> int:
+    """How much of a request a record holds, as the store's version (higher replaces):
+    0 partial, 1 partial with ``gateway.received``, 2 joined, 3 joined with it."""
+    return (2 if source == "joined" else 0) + (1 if has_received else 0)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     request_id: str
     source: Source
-    revision: int  # 0 = partial (one side timed out), 1 = both sides joined
+    revision: int  # see record_revision: 0/1 partial (one side timed out), 2/3 joined
     ts_unix_ns: int  # request start on the first side's own clock (gateway if present)
-    end_unix_ns: int  # request end on the same side's clock: windows are assigned by it
+    end_unix_ns: int  # request end, engine clock if known else gateway: the window time
     model: str
     priority: int | None
     tenant: str | None
@@ -156,11 +162,9 @@ def build_record(
         assert finished is not None
         outcome = _FINISH_TO_OUTCOME[finished.finish_reason]
 
-    if completed is not None:
-        end_unix_ns = completed.ts_unix_ns
-    else:
-        assert finished is not None
-        end_unix_ns = finished.ts_unix_ns
+    # Window time: the engine's clock when the engine side is known, else the gateway's.
+    # A request is then placed by one clock whichever gateway (or gateway clock) served it.
+    end_unix_ns = finished.ts_unix_ns if finished is not None else completed.ts_unix_ns  # type: ignore[union-attr]
     if received is not None:
         ts_unix_ns = received.ts_unix_ns
     elif completed is not None:
@@ -182,7 +186,7 @@ def build_record(
     return RequestRecord(
         request_id=request_id,
         source=source,
-        revision=1 if source == "joined" else 0,
+        revision=record_revision(source, received is not None),
         ts_unix_ns=ts_unix_ns,
         end_unix_ns=end_unix_ns,
         model=model,

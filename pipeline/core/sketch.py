@@ -302,6 +302,35 @@ class QuantileSketch:
         self._min = min(self._min, lo)
         self._max = max(self._max, hi)
 
+    def remove_many(self, values: Sequence[float] | FloatArray) -> None:
+        """Take back values added before (a retraction: a partial record replaced by its
+        upgrade). Bins, zero count, count and sum decrease; a bin that reaches 0 is
+        dropped. On a *delta* sketch (a correction) counts may go negative: such a
+        sketch is only ever merged into the one holding the values, never read alone.
+        ``min``/``max`` cannot be taken back: they stay bounds of what was added.
+        """
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        if arr.size == 0:
+            return
+        m = self._mapping
+        mags = np.abs(arr)
+        if not bool((mags <= m.max_possible).all()):
+            bad = arr[~(mags <= m.max_possible)][0]
+            raise ValueError(f"cannot remove {bad!r} from a sketch: not finite")
+        pos = arr > m.min_possible
+        neg = arr < -m.min_possible
+        n_pos, n_neg = int(np.count_nonzero(pos)), int(np.count_nonzero(neg))
+        if n_pos:
+            _bump(self._pos, self._keys(arr[pos]), -1)
+        if n_neg:
+            _bump(self._neg, self._keys(mags[neg]), -1)
+        self._zero -= arr.size - n_pos - n_neg
+        self._count -= int(arr.size)
+        acc = np.empty(arr.size + 1, dtype=np.float64)
+        acc[0] = self._sum
+        acc[1:] = -arr
+        self._sum = float(np.add.accumulate(acc)[-1])
+
     def _keys(self, mags: FloatArray) -> IntArray:
         """``mapping.key`` of each (positive, indexable) magnitude, vectorised.
 
@@ -331,12 +360,16 @@ class QuantileSketch:
                 "cannot merge sketches with different relative accuracy: "
                 f"{self.relative_accuracy!r} and {other.relative_accuracy!r}"
             )
-        if other._count == 0:
+        if other._count == 0 and not (other._pos or other._neg or other._zero):
             return
         for store, theirs in ((self._pos, other._pos), (self._neg, other._neg)):
             get = store.get
             for k, c in theirs.items():
-                store[k] = get(k, 0) + c
+                n = get(k, 0) + c
+                if n:
+                    store[k] = n
+                else:
+                    store.pop(k, None)
         self._zero += other._zero
         self._count += other._count
         self._sum += other._sum
@@ -409,9 +442,16 @@ class QuantileSketch:
 
     @classmethod
     def from_columns(
-        cls, cols: SketchColumns, relative_accuracy: float = DEFAULT_RELATIVE_ACCURACY
+        cls,
+        cols: SketchColumns,
+        relative_accuracy: float = DEFAULT_RELATIVE_ACCURACY,
+        *,
+        delta: bool = False,
     ) -> Self:
-        """Rebuild a sketch; :class:`ValueError` if the columns are inconsistent."""
+        """Rebuild a sketch; :class:`ValueError` if the columns are inconsistent.
+
+        ``delta``: the columns of a correction, whose counts may be negative (not 0).
+        """
         sketch = cls(relative_accuracy)
         consts = mapping_constants(relative_accuracy)
         lo, hi = consts.min_key, consts.max_key
@@ -427,11 +467,15 @@ class QuantileSketch:
                 raise ValueError(f"duplicate {name}_keys")
             if store and (min(store) < lo or max(store) > hi):
                 raise ValueError(f"{name}_keys outside [{lo}, {hi}]")
-            if any(c <= 0 for c in store.values()):
+            if any(c <= 0 for c in store.values()) and not (
+                delta and all(c != 0 for c in store.values())
+            ):
                 raise ValueError(f"{name}_counts must be positive")
             stores.append(store)
         zero, count = int(cols.zero_count), int(cols.count)
-        if zero < 0 or count != zero + sum(stores[0].values()) + sum(stores[1].values()):
+        if (zero < 0 and not delta) or count != zero + sum(stores[0].values()) + sum(
+            stores[1].values()
+        ):
             raise ValueError("count must equal zero_count + sum(pos_counts) + sum(neg_counts)")
         sketch._pos, sketch._neg = stores
         sketch._zero = zero
@@ -497,8 +541,9 @@ class QuantileSketch:
         return cls.from_columns(cols, rel_acc)
 
 
-def _bump(store: dict[int, int], keys: IntArray) -> None:
-    """Count each key of ``keys`` into ``store``."""
+def _bump(store: dict[int, int], keys: IntArray, sign: int = 1) -> None:
+    """Count each key of ``keys`` into ``store`` (``sign`` -1: take them out; a bin
+    that reaches 0 is dropped)."""
     lo, hi = int(keys.min()), int(keys.max())
     if hi - lo <= 4 * keys.size + 4096:
         counts = np.bincount(keys - lo)
@@ -509,7 +554,11 @@ def _bump(store: dict[int, int], keys: IntArray) -> None:
         uniq, cnts = u.tolist(), c.tolist()
     get = store.get
     for k, c in zip(uniq, cnts, strict=True):
-        store[k] = get(k, 0) + c
+        n = get(k, 0) + sign * c
+        if n:
+            store[k] = n
+        else:
+            store.pop(k, None)
 
 
 def _key_at_rank(store: dict[int, int], rank: float, *, lower: bool) -> int:

@@ -567,25 +567,27 @@ class SLOEvaluator:
             name: _TierAcc(index[t.primary], index[t.secondary]) for name, t in spec.tiers.items()
         }
 
-    def add(self, record: RequestRecord) -> None:
-        self.records += 1
+    def add(self, record: RequestRecord, sign: int = 1) -> None:
+        """Count one record; ``sign`` -1 takes back a record counted before (a partial
+        replaced by its upgrade), so counts of a correction may be negative."""
+        self.records += sign
         verdicts, total, good = self._verdicts, self._total, self._good
         for i, classify in enumerate(self._classifiers):
             v = classify(record)
             verdicts[i] = v
             if v != "skip":
-                total[i] += 1
+                total[i] += sign
                 if v == "good":
-                    good[i] += 1
+                    good[i] += sign
         for acc in self._tiers.values():
             pv = verdicts[acc.primary]
             if pv == "skip":
                 continue
-            acc.total += 1
+            acc.total += sign
             if pv == "good":
-                acc.good_primary += 1
+                acc.good_primary += sign
             elif verdicts[acc.secondary] == "good":
-                acc.good_secondary_only += 1
+                acc.good_secondary_only += sign
 
     def add_many(self, records: Iterable[RequestRecord]) -> None:
         add = self.add
@@ -605,6 +607,16 @@ class SLOEvaluator:
             acc.total += o.total
             acc.good_primary += o.good_primary
             acc.good_secondary_only += o.good_secondary_only
+
+    def delta_counts(self) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int, int]]]:
+        """Raw counts, which may be negative for a correction (see :meth:`add`):
+        per SLO ``(total, good)``, per tier ``(total, good_primary, good_secondary_only)``."""
+        slos = {s.name: (self._total[i], self._good[i]) for i, s in enumerate(self.spec.slos)}
+        tiers = {
+            name: (acc.total, acc.good_primary, acc.good_secondary_only)
+            for name, acc in self._tiers.items()
+        }
+        return slos, tiers
 
     def counts(self) -> dict[str, SLOCounts]:
         return {

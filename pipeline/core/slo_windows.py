@@ -24,32 +24,36 @@ class SLOWindowRow:
 
 
 class WindowSLOCounts:
-    """Per-window accumulator (satisfies ``pipeline.core.windows.WindowSLOs``)."""
+    """Per-window accumulator (satisfies ``pipeline.core.windows.WindowSLOs``).
+
+    Counts may be negative in a correction (a partial record taken back when its
+    upgrade lands in another window); they add up exactly with the window's rows.
+    """
 
     __slots__ = ("evaluator",)
 
     def __init__(self, spec: SLOSpec) -> None:
         self.evaluator = SLOEvaluator(spec)
 
-    def add(self, record: RequestRecord) -> None:
-        self.evaluator.add(record)
+    def add(self, record: RequestRecord, sign: int = 1) -> None:
+        self.evaluator.add(record, sign)
 
     def rows(self) -> list[SLOWindowRow]:
         spec = self.evaluator.spec
-        counts = self.evaluator.counts()
+        slos, tiers = self.evaluator.delta_counts()
         out = [
             SLOWindowRow(
                 s.name, "slo", s.boundary, s.threshold_ms, s.objective,
-                counts[s.name].total, counts[s.name].good, 0, 0.0,
+                slos[s.name][0], slos[s.name][1], 0, 0.0,
             )
             for s in spec.slos
         ]  # fmt: skip
-        for name, b in self.evaluator.blended_counts().items():
+        for name, (total, good, good2) in tiers.items():
             tier = spec.tiers[name]
             out.append(
                 SLOWindowRow(
                     name, "blended", "", 0.0, tier.objective,
-                    b.total, b.good_primary, b.good_secondary_only, tier.secondary_weight,
+                    total, good, good2, tier.secondary_weight,
                 )
             )  # fmt: skip
         return out

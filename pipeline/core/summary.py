@@ -47,6 +47,9 @@ class WindowSummary:
     # False: a snapshot of a window that has ended but is still in its grace period
     # (latency only; superseded by later snapshots and by the final summary).
     final: bool = True
+    # A correction of a closed window (late records, partials taken back): SLO counts
+    # only, which add to the window's (may be negative); unique per correction.
+    correction_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +91,26 @@ class Progress:
 
 
 def summarize(
-    win: ClosedWindow, relative_accuracy: float = 0.01, *, final: bool = True
+    win: ClosedWindow,
+    relative_accuracy: float = 0.01,
+    *,
+    final: bool = True,
+    correction_id: str | None = None,
 ) -> WindowSummary:
     """Merge a window's keys by model (priority and ctx bucket folded).
 
     A provisional summary (``final=False``) carries no SLO counts: budgets count
-    closed windows only, once.
+    closed windows only, once. A correction (``win.correction``; ``correction_id``
+    names it, so a repeat is recognised) carries its SLO counts only.
     """
+    if win.correction:
+        slos_c: dict[str, SLOWindowCounts] = {}
+        if win.slos is not None:
+            for r in win.slos.rows():
+                if r.kind == "slo" and (r.total or r.good):
+                    slos_c[r.slo] = SLOWindowCounts(r.total, r.good, r.objective)
+        cid = correction_id or f"{win.partition}/{win.start_ms}/{sorted(win.ledger)[:1]}"
+        return WindowSummary(win.partition, win.start_ms, win.size_ms, {}, slos_c, True, cid)
     merged: dict[str, dict[str, QuantileSketch]] = {}
     records: dict[str, int] = {}
     for (model, prio, ctx), n in win.records.items():
@@ -109,7 +125,7 @@ def summarize(
             continue
         else:
             name = model
-        sk = QuantileSketch.from_columns(cols, relative_accuracy)
+        sk = QuantileSketch.from_columns(cols, relative_accuracy, delta=True)
         by_b = merged.setdefault(name, {})
         if boundary in by_b:
             by_b[boundary].merge(sk)
@@ -178,6 +194,7 @@ def encode_summary(s: WindowSummary | StatsSample | Progress) -> bytes:
             },
             "slos": {n: [c.total, c.good, c.objective] for n, c in s.slos.items()},
             **({} if s.final else {"final": False}),
+            **({} if s.correction_id is None else {"correction_id": s.correction_id}),
         }
     )
 
@@ -211,4 +228,5 @@ def decode_summary(raw: bytes) -> WindowSummary | StatsSample | Progress:
     return WindowSummary(
         int(d["partition"]), int(d["start_ms"]), int(d["size_ms"]), models, slos,
         final=bool(d.get("final", True)),
+        correction_id=None if d.get("correction_id") is None else str(d["correction_id"]),
     )  # fmt: skip

@@ -4,14 +4,20 @@ Pure window maths on integer milliseconds (time passed in), in the manner of
 quix-streams' ``get_window_ranges``:
 
 * A record belongs to the window ``[start, start + size_ms)`` that holds its
-  end time (``end_unix_ns``: when the measurement became complete).
-* A window closes, and is emitted exactly once, when the partition's
-  event-time watermark reaches ``start + size_ms + grace_ms``. A record for a
-  closed window is *late*: it is counted (never silently dropped; its row is
-  in the requests table all the same) but does not change the emitted window.
-* The close horizon (``window end <= horizon`` means closed) is monotone and
-  is checkpointed with the committed offset, so that a restarted worker,
-  which replays from that offset, never re-opens a window it already emitted.
+  window time (``end_unix_ns``: the request's end on the engine's clock when the
+  engine side is known, else on the gateway's).
+* A record enters window state once, in final form (joined, or partial after its
+  partner's timeout). When a partial is later upgraded, the partial is taken back
+  (``sign`` -1) and the upgrade added: counts and sketch bins subtract exactly.
+* A window closes, and is emitted once, when the partition's clock
+  (:mod:`pipeline.core.eventtime`) reaches ``start + size_ms + grace_ms``. A record
+  for a closed window is *late*: it goes into a **correction** of that window,
+  emitted at the next flush; correction rows add to the window's rows (sketches
+  merge, counts add), so what is stored always equals an exact count over the
+  records. Whether a record is late depends on the order of events only.
+* Every window and correction carries the ledger of the requests it counted
+  (request id -> version): a worker that takes a partition over reads it back and
+  never counts a request twice (see ``pipeline.core.processor``).
 * Keys: ``(model, priority, ctx_bucket)`` plus the all-traffic key
   ``("*", "*", "*")``. At most ``max_keys`` distinct keys per window; further
   keys fold into ``("__other__", "*", "*")`` (counted).
@@ -75,22 +81,27 @@ def record_key(rec: RequestRecord) -> WindowKey:
 class WindowSLOs(Protocol):
     """Per-window SLO accumulator (see :mod:`pipeline.core.slo_windows`)."""
 
-    def add(self, record: RequestRecord) -> None: ...
+    def add(self, record: RequestRecord, sign: int = 1) -> None: ...
 
     def rows(self) -> list[Any]: ...
 
 
 @dataclass(slots=True)
 class _Cell:
-    """One (key, boundary) of one window: a sketch plus values not yet added to it."""
+    """One (key, boundary) of one window: a sketch plus values not yet added to it
+    (and values to take back: a partial record replaced by its upgrade)."""
 
     sketch: QuantileSketch
     pending: list[float] = field(default_factory=list)
+    removed: list[float] = field(default_factory=list)
 
     def flush(self) -> None:
         if self.pending:
             self.sketch.add_many(self.pending)
             self.pending = []
+        if self.removed:
+            self.sketch.remove_many(self.removed)
+            self.removed = []
 
 
 @dataclass(slots=True)
@@ -101,11 +112,24 @@ class _Window:
     cells: dict[tuple[WindowKey, str], _Cell] = field(default_factory=dict)
     slos: WindowSLOs | None = None
     dirty: bool = True  # changed since its last provisional snapshot
+    # request_id -> ledger code (see ledger_code) of each record added: what a restarted
+    # worker reads back so that it never counts a request twice
+    ledger: dict[str, int] = field(default_factory=dict)
+
+
+def ledger_code(rec: RequestRecord) -> int:
+    """The version of a request that a window counted: its revision, plus 4 for an
+    engine-only partial (a gateway-only one is 0/1): see ``Emitted.version``."""
+    return rec.revision + (4 if rec.source == "engine_only" else 0)
 
 
 @dataclass(frozen=True, slots=True)
 class ClosedWindow:
-    """What a closed window emits (one partition's share of it)."""
+    """What a window emits (one partition's share of it).
+
+    ``correction``: records that arrived after the window closed (and records taken
+    back: counts and sketch bins may be negative); its rows add to the window's.
+    """
 
     partition: int
     start_ms: int
@@ -113,18 +137,22 @@ class ClosedWindow:
     records: dict[WindowKey, int]
     sketches: dict[tuple[WindowKey, str], SketchColumns]
     slos: WindowSLOs | None
+    correction: bool = False
+    ledger: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class WindowCounters:
-    records: int = 0
-    late: int = 0
+    records: int = 0  # records counted in a window before it closed
+    corrected: int = 0  # records counted by a correction (they arrived after the close)
+    retracted: int = 0  # records taken back (a partial replaced by its upgrade)
     folded_keys: int = 0
     windows_closed: int = 0
+    corrections: int = 0  # correction windows emitted
 
 
 class WindowAggregator:
-    """Tumbling windows of one partition."""
+    """Tumbling windows of one partition, plus corrections of closed ones."""
 
     def __init__(
         self,
@@ -139,31 +167,43 @@ class WindowAggregator:
         self.horizon_ms = horizon_ms  # windows ending at or before it are closed
         self.counters = WindowCounters()
         self._open: dict[int, _Window] = {}
+        self._corrections: dict[int, _Window] = {}
+        self._next_due = 0  # no open window ends before this (close guard; 0 = unknown)
 
-    def add(self, rec: RequestRecord, lower_offset: int) -> bool:
-        """Add one record; ``lower_offset`` bounds the offsets its events came from.
+    def add(self, rec: RequestRecord, lower_offset: int, sign: int = 1) -> bool:
+        """Add one record (``sign`` -1: take back one added before); ``lower_offset``
+        bounds the offsets its events came from.
 
-        Returns False (and counts it) when the record's window is already closed.
+        Returns False when the record's window is already closed: it then goes to a
+        correction of that window (emitted by :meth:`take_corrections`).
         """
         size = self.config.size_ms
         start = window_start(rec.end_unix_ns // 1_000_000, size)
-        if start + size <= self.horizon_ms:
-            self.counters.late += 1
-            return False
-        self.counters.records += 1
-        win = self._open.get(start)
-        if win is None:
-            win = self._open[start] = _Window(start, lower_offset)
-            if self.slo_factory is not None:
-                win.slos = self.slo_factory()
-        elif lower_offset < win.min_offset:
-            win.min_offset = lower_offset
+        late = start + size <= self.horizon_ms
+        if late:
+            win = self._corrections.get(start)
+            if win is None:
+                win = self._corrections[start] = self._new_window(start, lower_offset)
+            if sign > 0:
+                self.counters.corrected += 1
+        else:
+            win = self._open.get(start)
+            if win is None:
+                win = self._open[start] = self._new_window(start, lower_offset)
+                if start + size < self._next_due or not self._next_due:
+                    self._next_due = start + size
+            elif lower_offset >= 0 and lower_offset < win.min_offset:
+                win.min_offset = lower_offset
+            if sign > 0:
+                self.counters.records += 1
+        if sign < 0:
+            self.counters.retracted += 1
         key = record_key(rec)
         if key not in win.records and len(win.records) >= self.config.max_keys + 1:
             self.counters.folded_keys += 1
             key = OTHER_KEY
         for k in (key, ALL_KEY):
-            win.records[k] = win.records.get(k, 0) + 1
+            win.records[k] = win.records.get(k, 0) + sign
         cells = win.cells
         acc = self.config.relative_accuracy
         for name in BOUNDARIES:
@@ -174,13 +214,24 @@ class WindowAggregator:
                 cell = cells.get((k, name))
                 if cell is None:
                     cell = cells[(k, name)] = _Cell(QuantileSketch(acc))
-                cell.pending.append(value)
-                if len(cell.pending) >= _FLUSH_VALUES:
-                    cell.flush()
+                if sign > 0:
+                    cell.pending.append(value)
+                    if len(cell.pending) >= _FLUSH_VALUES:
+                        cell.flush()
+                else:
+                    cell.removed.append(value)
         if win.slos is not None:
-            win.slos.add(rec)
+            win.slos.add(rec, sign)
+        if sign > 0:
+            win.ledger[rec.request_id] = ledger_code(rec)
         win.dirty = True
-        return True
+        return not late
+
+    def _new_window(self, start: int, lower_offset: int) -> _Window:
+        win = _Window(start, lower_offset if lower_offset >= 0 else 1 << 62)
+        if self.slo_factory is not None:
+            win.slos = self.slo_factory()
+        return win
 
     def add_many(self, records: Iterable[RequestRecord], lower_offset: int) -> None:
         for rec in records:
@@ -191,16 +242,35 @@ class WindowAggregator:
 
         ``hold_ms``: an event time a pending record may still end at (the oldest
         unresolved join); its window and later ones stay open whatever the watermark.
+        Cheap when nothing is due (called after every event).
         """
         horizon = watermark_ms - self.config.grace_ms
-        if hold_ms is not None:
-            horizon = min(horizon, window_start(hold_ms, self.config.size_ms))
         if horizon <= self.horizon_ms:
             return []
+        if hold_ms is not None:
+            horizon = min(horizon, window_start(hold_ms, self.config.size_ms))
+            if horizon <= self.horizon_ms:
+                return []
         self.horizon_ms = horizon
+        if not self._open or horizon < self._next_due:
+            return []
         size = self.config.size_ms
         due = sorted(s for s in self._open if s + size <= horizon)
-        return [self._emit(self._open.pop(s)) for s in due]
+        out = [self._emit(self._open.pop(s)) for s in due]
+        self._next_due = min((s + size for s in self._open), default=0)
+        return out
+
+    def take_corrections(self) -> list[ClosedWindow]:
+        """Corrections gathered since the last call (one per window start)."""
+        if not self._corrections:
+            return []
+        out = []
+        for s in sorted(self._corrections):
+            win = self._corrections[s]
+            self.counters.corrections += 1
+            out.append(self._snapshot(win, correction=True))
+        self._corrections = {}
+        return out
 
     def provisional(self, watermark_ms: int) -> list[ClosedWindow]:
         """Snapshots of the open windows that have *ended* at ``watermark_ms`` (still in
@@ -216,34 +286,40 @@ class WindowAggregator:
             win = self._open[start]
             if start + size <= watermark_ms and win.dirty:
                 win.dirty = False
-                out.append(self._snapshot(win))
+                out.append(self._snapshot(win, with_ledger=False))
         return out
 
     def drain(self) -> list[ClosedWindow]:
-        """End of input: close everything."""
+        """End of input: close everything (and emit pending corrections)."""
         out = [self._emit(self._open.pop(s)) for s in sorted(self._open)]
         if out:
             self.horizon_ms = max(self.horizon_ms, out[-1].start_ms + self.config.size_ms)
-        return out
+        self._next_due = 0
+        return out + self.take_corrections()
 
     def _emit(self, win: _Window) -> ClosedWindow:
         self.counters.windows_closed += 1
         return self._snapshot(win)
 
-    def _snapshot(self, win: _Window) -> ClosedWindow:
+    def _snapshot(
+        self, win: _Window, *, correction: bool = False, with_ledger: bool = True
+    ) -> ClosedWindow:
         sketches = {}
         for ck, cell in win.cells.items():
             cell.flush()
             sketches[ck] = cell.sketch.to_columns()
         return ClosedWindow(
-            self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches, win.slos
-        )
+            self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches,
+            win.slos, correction, win.ledger if with_ledger else {},
+        )  # fmt: skip
 
     def min_open_offset(self) -> int | None:
-        """Smallest source offset that any open window still depends on."""
-        if not self._open:
+        """Smallest source offset that any open window (or pending correction) still
+        depends on."""
+        wins = [*self._open.values(), *self._corrections.values()]
+        if not wins:
             return None
-        return min(w.min_offset for w in self._open.values())
+        return min(w.min_offset for w in wins)
 
     @property
     def open_windows(self) -> int:

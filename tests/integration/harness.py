@@ -28,6 +28,7 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
         "engine_stats_topic": f"stats-{run}",
         "dlq_topic": f"dlq-{run}",
         "summaries_topic": f"summaries-{run}",
+        "ledger_topic": f"ledger-{run}",
         "control_topic": f"control-{run}",
         "topic_partitions": 4,
         "join_timeout_ms": 2000,

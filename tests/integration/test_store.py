@@ -35,7 +35,7 @@ def test_migrate_is_idempotent_and_rows_are_one_per_request(tmp_path: Path) -> N
             "SELECT request_id, source, revision, queue_ms "
             "FROM tailguard.requests FINAL ORDER BY request_id"
         )
-        assert rows == [("a", "joined", 1, 10.0), ("b", "engine_only", 0, 10.0)]
+        assert rows == [("a", "joined", 3, 10.0), ("b", "engine_only", 0, 10.0)]
     finally:
         store.close()
 

@@ -40,10 +40,12 @@ def test_a_killed_workers_partitions_move_and_nothing_is_lost(kafka, tmp_path: P
         sink.flush()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # both hold partitions once both logged a horizon
-            if "window horizon" in a.log_tail(100_000) and "window horizon" in b.log_tail(100_000):
+            if "resuming at offset" in a.log_tail(100_000) and "resuming at offset" in b.log_tail(
+                100_000
+            ):
                 break
             time.sleep(0.2)
-        assert "window horizon" in b.log_tail(100_000), "the second worker got no partition"
+        assert "resuming at offset" in b.log_tail(100_000), "the second worker got no partition"
         a.stop(sig=signal.SIGKILL)
         b.wait_caught_up(timeout_s=120)
         assert group_progress(s1, s1.lifecycle_topic).lag == 0

@@ -99,7 +99,7 @@ def test_shuffled_order_with_duplicates_gives_identical_results(
     # Displacement stays inside the grace period: windows are identical too.
     assert _window_totals(clean) == _window_totals(dirty)
     assert sum(_window_totals(dirty).values()) == a["requests"]
-    assert dirty.counters["late_records"] == 0
+    assert dirty.summary()["windows"]["corrected_records"] == 0
 
 
 SPEC = """

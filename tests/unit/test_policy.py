@@ -1000,7 +1000,7 @@ def test_one_actions_type_and_the_signal_decision() -> None:
 
     d = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
     assert isinstance(d.actions, WireActions)
-    assert NO_ACTIONS == WireActions()
+    assert WireActions() == NO_ACTIONS
     sd = d.to_signal()
     assert (sd.level, sd.phase, sd.actions) == (1, "degraded", d.actions)
     assert sd.figures == {"burn.page": True}

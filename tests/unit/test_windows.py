@@ -51,9 +51,50 @@ def test_close_once_after_grace_then_late() -> None:
     assert (win.start_ms, win.records[ALL_KEY]) == (0, 2)
     assert win.sketches[(ALL_KEY, "gateway_total_ms")].count == 2
     assert agg.close(99_000) == []  # emitted once
-    assert not agg.add(_rec(5_000), 9)  # window closed: late
-    assert agg.counters.late == 1
+    assert not agg.add(_rec(5_000), 9)  # window closed: late, so a correction of it
+    assert agg.counters.corrected == 1
+    assert agg.min_open_offset() == 9  # until the correction is taken (and written)
+    (corr,) = agg.take_corrections()
+    assert (corr.correction, corr.start_ms, corr.records[ALL_KEY]) == (True, 0, 1)
+    assert corr.sketches[(ALL_KEY, "gateway_total_ms")].count == 1
+    assert agg.take_corrections() == []
     assert agg.min_open_offset() is None
+
+
+@pytest.mark.parametrize(
+    ("partial_end_ms", "joined_end_ms", "close_before", "rows"),
+    [
+        # (window, correction?) -> records of ALL_KEY in the emitted windows/corrections
+        (1_000, 2_000, None, {(0, False): 1}),  # both in one open window: net one record
+        (1_000, 12_000, None, {(0, False): 0, (10_000, False): 1}),  # moved between open windows
+        (1_000, 2_000, 15_000, {(0, False): 1, (0, True): 0}),  # closed: retract + add correct
+        (1_000, 12_000, 15_000, {(0, False): 1, (0, True): -1, (10_000, False): 1}),
+    ],
+)
+def test_an_upgrade_takes_its_partial_back(
+    partial_end_ms: int, joined_end_ms: int, close_before: int | None,
+    rows: dict[tuple[int, bool], int],
+) -> None:  # fmt: skip
+    agg = WindowAggregator(0, WindowConfig(size_ms=10_000, grace_ms=5_000))
+    partial = _rec(partial_end_ms)
+    joined = dataclasses.replace(_rec(joined_end_ms), gateway_total_ms=250.0)
+    out = []
+    agg.add(partial, 1)
+    if close_before is not None:
+        out += agg.close(close_before)
+    agg.add(partial, -1, sign=-1)
+    agg.add(joined, 2)
+    out += agg.take_corrections() + agg.drain()
+    got = {(w.start_ms, w.correction): w.records.get(ALL_KEY, 0) for w in out}
+    assert got == rows
+    # Summed over everything emitted, exactly the joined record remains.
+    total = {}
+    for w in out:
+        for (key, b), c in w.sketches.items():
+            if key == ALL_KEY:
+                total[b] = total.get(b, 0) + c.count
+    assert total["gateway_total_ms"] == 1
+    assert agg.counters.retracted == 1
 
 
 def test_hold_keeps_windows_of_pending_joins_open() -> None:

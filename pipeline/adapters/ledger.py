@@ -1,0 +1,113 @@
+"""The ledger topic (``pipeline.core.ledger``): published after each window write, read
+by a worker taking a partition over."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline.adapters.kafka_admin import wait_partitions
+from pipeline.adapters.reliable import ReliableProducer
+from pipeline.core.ledger import LedgerEntry, counted_since, decode_ledger, encode_ledger
+from pipeline.core.windows import ClosedWindow
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+_SCAN_STEP = 64  # messages read per step, backwards from the end
+
+
+class LedgerPublisher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer = ReliableProducer(settings, settings.ledger_topic, "ledger")
+        self._partitions: int | None = None
+
+    def publish(self, windows: Sequence[ClosedWindow], through: dict[int, int]) -> None:
+        """Per source partition, the requests these (stored) windows counted."""
+        if self._partitions is None:
+            t = self.settings.ledger_topic
+            self._partitions = wait_partitions(self.settings, [t])[t]
+        per: dict[int, dict[str, int]] = {}
+        ends: dict[int, int] = {}
+        for w in windows:
+            if w.ledger:
+                per.setdefault(w.partition, {}).update(w.ledger)
+                ends[w.partition] = max(ends.get(w.partition, 0), w.start_ms + w.size_ms)
+        for p, versions in per.items():
+            entry = LedgerEntry(
+                self.settings.lifecycle_topic, p, through.get(p, 0), versions, ends[p]
+            )
+            for raw in encode_ledger(entry):
+                self._producer.send(raw, partition=p % self._partitions)
+
+    def flush(self) -> None:
+        self._producer.flush()
+
+
+def read_topic_ledger(
+    settings: Settings, partition: int, from_offset: int, memory_ms: int
+) -> dict[str, int]:
+    """What the ledger topic says is counted in ``partition`` (see
+    :func:`pipeline.core.ledger.counted_since`).
+
+    Reads backwards from the end in steps until a step holds only entries at or below
+    ``from_offset`` and older than ``memory_ms`` before the newest (entries of a partition
+    are written in offset order, whichever worker wrote them), so the cost is what was
+    written since the commit and within the memory.
+    """
+    topic = settings.ledger_topic
+    n = wait_partitions(settings, [topic])[topic]
+    tp = partition % n
+    c = Consumer(
+        settings.kafka_config()
+        | {"group.id": f"tailguard-ledger-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp), timeout=10)
+        entries: list[LedgerEntry] = []
+        end = hi
+        while end > lo:
+            start = max(lo, end - _SCAN_STEP)
+            step = _read_range(c, topic, tp, start, end)
+            entries.extend(step)
+            mine = [e for e in step if e.partition == partition and
+                    e.topic == settings.lifecycle_topic]  # fmt: skip
+            newest = max((e.end_ms for e in entries if e.partition == partition), default=0)
+            if (
+                mine
+                and max(e.through for e in mine) <= from_offset
+                and max(e.end_ms for e in mine) < newest - memory_ms
+            ):
+                break
+            end = start
+        return counted_since(entries, settings.lifecycle_topic, partition, from_offset, memory_ms)
+    finally:
+        c.close()
+
+
+def _read_range(c: Consumer, topic: str, tp: int, start: int, end: int) -> list[LedgerEntry]:
+    c.assign([TopicPartition(topic, tp, start)])
+    out: list[LedgerEntry] = []
+    misses = 0
+    while True:
+        msg = c.poll(1.0)
+        if msg is None:
+            misses += 1
+            if misses > 10:
+                raise TimeoutError(f"ledger {topic}[{tp}]: could not read {start}..{end}")
+            continue
+        if msg.error():
+            continue
+        offset = msg.offset() or 0
+        if offset >= end:
+            break
+        try:
+            out.append(decode_ledger(msg.value() or b""))
+        except (ValueError, KeyError, TypeError):
+            log.exception("bad ledger message at %s[%d]@%d dropped", topic, tp, msg.offset())
+        if offset + 1 >= end:
+            break
+    return out

@@ -1,0 +1,101 @@
+"""The ledger: which requests the store's windows count, by partition and offset.
+
+Every insert of windows (and corrections) carries, per source partition, the requests
+it counted (request id -> version, :func:`pipeline.core.windows.ledger_code`) and the
+offset ``through`` below which that partition's input is accounted for. A worker that
+takes a partition over resumes at the committed offset ``C`` and re-reads what follows;
+every request it rebuilds from there that some window already counts is in the entries
+with ``through > C``, so it is not counted again (``pipeline.core.processor``).
+
+The ledger lives in two places: on the ``__slo__`` row of each window insert (atomic with
+the counts: what one store needs) and on the ``tailguard.ledger`` topic (partition =
+source partition), which is what workers with separate stores share. This module holds
+the topic's wire format; pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+LEDGER_VERSION: Final = 1
+MAX_IDS_PER_MESSAGE: Final = 20_000  # ~0.5 MB of JSON: under the broker's 1 MB default
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One message of the ledger topic: ``{"v": 1, "topic", "partition", "through",
+    "ids": [...], "versions": [...]}`` (ids and versions side by side)."""
+
+    topic: str
+    partition: int
+    through: int
+    versions: Mapping[str, int]
+    end_ms: int = 0  # the latest window end these requests were counted in
+
+
+def encode_ledger(entry: LedgerEntry) -> Iterator[bytes]:
+    """The entry as one or more messages (at most ``MAX_IDS_PER_MESSAGE`` ids each)."""
+    ids = list(entry.versions)
+    for i in range(0, max(len(ids), 1), MAX_IDS_PER_MESSAGE):
+        chunk = ids[i : i + MAX_IDS_PER_MESSAGE]
+        yield orjson.dumps(
+            {
+                "v": LEDGER_VERSION,
+                "topic": entry.topic,
+                "partition": entry.partition,
+                "through": entry.through,
+                "end_ms": entry.end_ms,
+                "ids": chunk,
+                "versions": [entry.versions[k] for k in chunk],
+            }
+        )
+
+
+def decode_ledger(raw: bytes) -> LedgerEntry:
+    """Raises ValueError/KeyError/TypeError on a malformed message (an internal topic)."""
+    d = orjson.loads(raw)
+    if d.get("v") != LEDGER_VERSION:
+        raise ValueError(f"unsupported ledger version {d.get('v')!r}")
+    ids, versions = d["ids"], d["versions"]
+    if len(ids) != len(versions):
+        raise ValueError("ids and versions differ in length")
+    return LedgerEntry(
+        str(d["topic"]), int(d["partition"]), int(d["through"]),
+        {str(i): int(v) for i, v in zip(ids, versions, strict=True)}, int(d.get("end_ms", 0)),
+    )  # fmt: skip
+
+
+def pack(code: int, end_ms: int) -> int:
+    """A ledger code with the end of the window that counted it (what a worker seeds its
+    memory of resolved requests with: see ``StreamProcessor.init_partition``)."""
+    return code | (max(end_ms, 0) << 3)
+
+
+def merge_versions(into: dict[str, int], more: Mapping[str, int]) -> None:
+    """Keep, per request, the version with the highest revision (``code & 3``)."""
+    for rid, code in more.items():
+        have = into.get(rid)
+        if have is None or code & 3 > have & 3:
+            into[rid] = code
+
+
+def counted_since(
+    entries: Iterable[LedgerEntry], topic: str, partition: int, from_offset: int, memory_ms: int
+) -> dict[str, int]:
+    r"""What the entries say is counted for one partition: every request written past
+    ``from_offset`` (it may be re-read), and every request counted within ``memory_ms``
+    of the newest window (a duplicate of it may still come: the previous owner would
+    have remembered it). Values are :func:`pack`\ ed."""
+    mine = [e for e in entries if e.topic == topic and e.partition == partition]
+    if not mine:
+        return {}
+    since = max(e.end_ms for e in mine) - memory_ms
+    out: dict[str, int] = {}
+    for e in mine:
+        if e.through > from_offset or e.end_ms >= since:
+            merge_versions(out, {rid: pack(code, e.end_ms) for rid, code in e.versions.items()})
+    return out

@@ -1,0 +1,209 @@
+"""Traffic made messy on purpose, and an exact check of a store against its requests.
+
+Disorder (pure functions over event dicts, in stream order; seeded):
+skewed host clocks, requests stamped in the future, duplicates at random
+positions, partners far apart, producers that hold events back, and the file
+layouts a replay must not care about. :func:`store_mismatches` compares what a
+store's window tables hold with an exact computation over ``requests`` FINAL:
+per boundary, per (window, key, boundary), and per (window, SLO).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.adapters.store import REQUEST_COLUMNS, Store
+from pipeline.core.record import BOUNDARIES, RequestRecord
+from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.windows import record_key, window_start
+
+HOUR_NS = 3_600_000_000_000
+YEAR_NS = 365 * 24 * HOUR_NS
+MS_NS = 1_000_000
+
+Event = dict[str, Any]
+
+
+def _shift(e: Event, delta_ns: int) -> Event:
+    e = dict(e)
+    e["ts_unix_ns"] += delta_ns
+    if "arrival_unix_ns" in e:
+        e["arrival_unix_ns"] += delta_ns
+    return e
+
+
+def skew_host(events: list[Event], host: str, delta_ms: int) -> list[Event]:
+    """Every event of ``host`` stamped by a clock ``delta_ms`` off."""
+    return [_shift(e, delta_ms * MS_NS) if e["host"] == host else e for e in events]
+
+
+def stamp_request(events: list[Event], request_id: str, delta_ns: int) -> list[Event]:
+    """Every event of one request stamped ``delta_ns`` off (a host's clock jumped)."""
+    return [_shift(e, delta_ns) if e["request_id"] == request_id else e for e in events]
+
+
+def duplicate(events: list[Event], share: float, seed: int) -> list[Event]:
+    """Copies of ``share`` of the events inserted at random positions after the original."""
+    rng = random.Random(seed)
+    out = list(events)
+    n = len(events)
+    for i in sorted(rng.sample(range(n), int(n * share)), reverse=True):
+        j = rng.randint(i + 1, len(out))
+        out.insert(j, events[i])
+    return out
+
+
+def delay(events: list[Event], pick: Any, hold_ms: int) -> list[Event]:
+    """Events for which ``pick(e)`` is true reach the stream ``hold_ms`` of event time
+    later than they were made (a producer holding them, a partner far behind)."""
+    keyed = []
+    for i, e in enumerate(events):
+        at = e["ts_unix_ns"] + (hold_ms * MS_NS if pick(e) else 0)
+        keyed.append((at, i, e))
+    # stream order: by the moment each event reaches the broker
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [e for _, _, e in keyed]
+
+
+def write_layout(path: Path, events: list[Event], layout: str, seed: int = 0) -> None:
+    """``lines``: one event per line; ``arrays``: JSON arrays of 1-50 events;
+    ``stats``: one per line with every engine.stats line repeated 3 times around."""
+    rng = random.Random(seed)
+    with path.open("wb") as fh:
+        if layout == "lines":
+            for e in events:
+                fh.write(orjson.dumps(e) + b"\n")
+        elif layout == "arrays":
+            i = 0
+            while i < len(events):
+                k = rng.randint(1, 50)
+                fh.write(orjson.dumps(events[i : i + k]) + b"\n")
+                i += k
+        elif layout == "stats":
+            for e in events:
+                fh.write(orjson.dumps(e) + b"\n")
+                if e["kind"] == "engine.stats":
+                    for _ in range(2):
+                        fh.write(orjson.dumps(e) + b"\n")
+        else:
+            raise ValueError(layout)
+
+
+# --- the store against an exact count -----------------------------------------------
+
+
+def final_records(store: Store) -> list[RequestRecord]:
+    names = [n for n, _ in REQUEST_COLUMNS]
+    rows = store.query_rows(f"SELECT {', '.join(names)} FROM {store.database}.requests FINAL")
+    out = []
+    for row in rows:
+        d = dict(zip(names, row, strict=True))
+        for k in ("tenant", "gateway_host", "engine_host"):
+            d[k] = d[k] or None
+        out.append(RequestRecord(**d))
+    return out
+
+
+def store_mismatches(
+    store: Store, spec: SLOSpec | None, window_ms: int = 10_000, topic: str | None = None
+) -> list[str]:
+    """Every difference between the store's windows and an exact count over requests."""
+    db = store.database
+    where = "" if topic is None else f" AND source_topic = '{topic}'"
+    recs = final_records(store)
+    bad: list[str] = []
+    # per (window, key, boundary): values counted
+    exact: dict[tuple[int, str, str, str, str], int] = defaultdict(int)
+    for r in recs:
+        start = window_start(r.end_unix_ns // MS_NS, window_ms)
+        model, prio, ctx = record_key(r)
+        for b in BOUNDARIES:
+            if getattr(r, b) is not None:
+                exact[(start, model, prio, ctx, b)] += 1
+                exact[(start, "*", "*", "*", b)] += 1
+    stored = {
+        (int(s), m, p, c, b): int(n)
+        for s, m, p, c, b, n in store.query_rows(
+            "SELECT toUnixTimestamp64Milli(window_start) AS s, model, priority, ctx_bucket, "
+            f"boundary, sum(count) FROM {db}.window_sketches WHERE boundary != '__slo__'{where} "
+            "GROUP BY s, model, priority, ctx_bucket, boundary HAVING sum(count) != 0"
+        )
+    }
+    for k in sorted(set(exact) | set(stored)):
+        if exact.get(k, 0) != stored.get(k, 0):
+            bad.append(f"window/key/boundary {k}: store {stored.get(k, 0)} exact {exact.get(k, 0)}")
+    if spec is None:
+        return bad
+    per_window: dict[int, SLOEvaluator] = {}
+    for r in recs:
+        start = window_start(r.end_unix_ns // MS_NS, window_ms)
+        ev = per_window.get(start)
+        if ev is None:
+            ev = per_window[start] = SLOEvaluator(spec)
+        ev.add(r)
+    exact_slo: dict[tuple[int, str], tuple[int, int]] = {}
+    for start, ev in per_window.items():
+        for name, c in ev.counts().items():
+            if c.total:
+                exact_slo[(start, name)] = (c.total, c.good)
+    stored_slo = {
+        (int(s), slo): (int(t), int(g))
+        for s, slo, t, g in store.query_rows(
+            "SELECT toUnixTimestamp64Milli(window_start) AS s, slo, sum(total), sum(good) "
+            f"FROM {db}.slo_windows WHERE kind = 'slo'{where} GROUP BY s, slo "
+            "HAVING sum(total) != 0 OR sum(good) != 0"
+        )
+    }
+    for k in sorted(set(exact_slo) | set(stored_slo)):
+        if exact_slo.get(k) != stored_slo.get(k):
+            bad.append(f"window/slo {k}: store {stored_slo.get(k)} exact {exact_slo.get(k)}")
+    return bad
+
+
+def slo_totals(store: Store) -> dict[str, tuple[int, int]]:
+    """Per SLO over everything: (total, good) from the hourly rollup."""
+    return {
+        name: (int(t), int(g))
+        for name, t, g in store.query_rows(
+            f"SELECT slo, sum(total), sum(good) FROM {store.database}.slo_1h "
+            "WHERE kind = 'slo' GROUP BY slo"
+        )
+    }
+
+
+def merge_stores(settings: list[Any], into: Path) -> None:
+    """The union of several workers' embedded stores in one store (``into``): every
+    request row and every window row, as if they had written to one server."""
+    from pipeline.adapters.store import WINDOW_COLUMNS, migrate, open_store
+    from pipeline.settings import Settings
+
+    tables = {
+        "requests": [n for n, _ in REQUEST_COLUMNS],
+        "window_sketches": [n for n, _ in WINDOW_COLUMNS],
+    }
+    types = {
+        "requests": [t for _, t in REQUEST_COLUMNS],
+        "window_sketches": [t for _, t in WINDOW_COLUMNS],
+    }
+    rows: dict[str, list[tuple[Any, ...]]] = {t: [] for t in tables}
+    for s in settings:
+        store = open_store(s)
+        try:
+            for t, cols in tables.items():
+                rows[t] += store.query_rows(f"SELECT {', '.join(cols)} FROM {s.database}.{t}")
+        finally:
+            store.close()
+    target = open_store(Settings(store_dir=into))
+    try:
+        migrate(target)
+        for t, cols in tables.items():
+            if rows[t]:
+                columns = [list(c) for c in zip(*rows[t], strict=True)]
+                target.insert_columns(t, columns, cols, types[t])
+    finally:
+        target.close()
