@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import uuid
@@ -15,6 +16,10 @@ from pydantic import ValidationError
 from pipeline.settings import Settings
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023" / "conv.csv"
+# The demo's and the backtest's overload episode (`--overload none` for none): arrivals
+# x2 from minute 20 to 30 of the trace's hour.
+DEFAULT_OVERLOAD = "1200:1800:2"
+BACKTEST_START_UNIX_NS = 1_800_000_000_000_000_000  # fixed: same seed, same output
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -162,6 +167,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from pipeline.backtest import render_text, run_backtest
+    from pipeline.demo import sim_config_from_args
+    from producers.simulator.trace import read_trace
+
+    settings = _settings(args)
+    spec = _load_spec(args.slo or settings.slo_spec)
+    policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
+    if policy is None:
+        raise SystemExit("tailguard backtest: no policy (pass --policy)")
+    trace = read_trace(args.trace)
+    if args.limit is not None:
+        trace = trace[: args.limit]
+    config = dataclasses.replace(sim_config_from_args(args), start_unix_ns=BACKTEST_START_UNIX_NS)
+    bt = run_backtest(trace, config, spec, policy, rules)
+    if args.json:
+        print(orjson.dumps(bt.to_json()).decode())
+    else:
+        print(render_text(bt))
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.replay import replay_file
 
@@ -253,6 +280,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         limit=args.limit,
         tee_jsonl=args.tee,
         json_out=args.json,
+        closed_loop=not args.open_loop,
     )
 
 
@@ -454,15 +482,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, help="write JSON Lines here instead of Kafka")
     s.set_defaults(func=cmd_envoy)
 
+    s = sub.add_parser(
+        "backtest",
+        help="one trace through the simulator twice (open vs closed loop): would the policy help?",
+    )
+    _add_sim(s)
+    s.set_defaults(overload=DEFAULT_OVERLOAD)
+    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the default)")
+    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
+    s.add_argument("--json", action="store_true", help='one object {"open_loop", "closed_loop"}')
+    s.set_defaults(func=cmd_backtest)
+
     s = sub.add_parser("demo", help="local Kafka + simulator + worker + report, end to end")
     _add_sim(s)
-    s.add_argument("--speedup", type=float, default=60.0, help="event time / wall time (0 = max)")
+    s.add_argument(
+        "--speedup",
+        type=float,
+        default=20.0,
+        help="event time / wall time (0 = max); closed loop: the worker must keep up",
+    )
     s.add_argument("--partitions", type=int)
     s.add_argument("--bootstrap", help="use this Kafka instead of starting a local one")
     s.add_argument("--workdir", type=Path, default=Path("var/demo"))
     s.add_argument("--tee", type=Path, help="also write the simulated events to this JSONL file")
     s.add_argument("--json", type=Path, help="also write the report as JSON to this file")
-    s.set_defaults(func=cmd_demo)
+    s.add_argument(
+        "--open-loop", action="store_true", help="gateways ignore the directives (default: apply)"
+    )
+    s.set_defaults(func=cmd_demo, overload=DEFAULT_OVERLOAD)
     return p
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,13 @@ from producers.simulator.model import OverloadEpisode, SimConfig
 
 DEMO_JOIN_TIMEOUT_MS = 5_000
 DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input ends
+# Commit often: the closed loop paces the simulator by the worker's committed lag.
+DEMO_FLUSH_INTERVAL_MS = 250
 
 
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
     overload = None
-    if getattr(args, "overload", None):
+    if getattr(args, "overload", None) and args.overload.lower() not in ("none", "off"):
         try:
             start_s, end_s, factor = (float(x) for x in args.overload.split(":"))
         except ValueError:
@@ -96,6 +99,8 @@ def simulate_to(
     speedup: float | None = None,
     limit: int | None = None,
     progress: bool = True,
+    gate: Any = None,
+    pace: Any = None,
 ) -> dict[str, Any]:
     from producers.simulator.run import run_simulation
 
@@ -109,7 +114,14 @@ def simulate_to(
     sink = _Tee(*sinks)
     try:
         summary = run_simulation(
-            trace, config, sink, speedup=speedup or None, progress=progress, limit=limit
+            trace,
+            config,
+            sink,
+            speedup=speedup or None,
+            progress=progress,
+            limit=limit,
+            gate=gate,
+            pace=pace,
         )
     finally:
         sink.close()
@@ -121,6 +133,40 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
     raise TypeError(type(obj).__name__)
+
+
+class _Pacer:
+    """Closed loop: the simulator waits while the worker is more than ``max_lag``
+    messages behind, so that directives reach the simulated gateways while the
+    traffic they are about is still arriving (on a busy machine a worker at 60x
+    can fall minutes of event time behind). Checks at most every ``every_s``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker: subprocess.Popen[bytes],
+        max_lag: int = 150,
+        every_s: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.max_lag = max_lag
+        self.every_s = every_s
+        self.next_check = 0.0
+        self.waited_s = 0.0
+
+    def __call__(self) -> None:
+        from pipeline.adapters.kafka_admin import group_progress
+
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        while self.worker.poll() is None:
+            if group_progress(self.settings, self.settings.lifecycle_topic).lag <= self.max_lag:
+                break
+            time.sleep(0.2)
+        self.waited_s += time.monotonic() - now
+        self.next_check = time.monotonic() + self.every_s
 
 
 def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
@@ -146,6 +192,7 @@ def run_demo(
     tee_jsonl: Path | None = None,
     json_out: Path | None = None,
     wait_timeout_s: float = 600.0,
+    closed_loop: bool = True,
 ) -> int:
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
@@ -188,6 +235,7 @@ def run_demo(
             control_topic=f"tailguard.control{topic_suffix}",
             join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
             window_grace_ms=DEMO_WINDOW_GRACE_MS,
+            flush_interval_ms=DEMO_FLUSH_INTERVAL_MS,
         )
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
@@ -205,11 +253,44 @@ def run_demo(
         stack.callback(_stop_process, worker)
         console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
 
+        gate = None
+        pace = None
+        if closed_loop:
+            # The simulated gateways read the control topic through the serving layer's
+            # own client (signatures, sequence numbers and expiry checked) and apply it.
+            from pipeline.core.control_signal import Keyring
+            from producers.control_client import ControlClient
+            from producers.simulator.gate import ControlClientGate
+
+            client = ControlClient(
+                settings.kafka_config(),
+                topic=settings.control_topic,
+                keyring=Keyring.from_file(keys),
+            )
+            client.start()
+            stack.callback(client.stop)
+            gate = ControlClientGate(client)
+            pace = _Pacer(settings, worker)
         label = "as fast as possible" if not speedup else f"at {speedup:g}x"
-        console.print(f"simulating {trace} {label}")
+        loop = "closed loop: gateways apply directives" if closed_loop else "open loop"
+        console.print(f"simulating {trace} {label} ({loop})")
         summary = simulate_to(
-            trace, sim_config, settings=settings, tee_jsonl=tee_jsonl, speedup=speedup, limit=limit
+            trace,
+            sim_config,
+            settings=settings,
+            tee_jsonl=tee_jsonl,
+            speedup=speedup,
+            limit=limit,
+            gate=gate,
+            pace=pace,
         )
+        if gate is not None:
+            summary["gateways"] = {
+                "rejected_429_by_priority": gate.shed_by_priority(),
+                "context_capped_by_priority": dict(sorted(gate.capped.items())),
+                "half_open_admitted": gate.half_open_admitted,
+                "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
+            }
         console.print(f"simulator: {summary}")
 
         deadline = time.monotonic() + wait_timeout_s
@@ -238,6 +319,32 @@ def run_demo(
     finally:
         store.close()
     Console().print(render(report))
+    print(story(report.to_json(), summary, sim_config))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
     return 0
+
+
+def story(report: dict[str, Any], summary: dict[str, Any], config: SimConfig) -> str:
+    """The control loop in a few lines: episode, levels, what the gateways did."""
+    lines = ["", "what happened:"]
+    ep = config.overload
+    if ep is not None:
+        span = f"{ep.start_offset_s:.0f}-{ep.end_offset_s:.0f}"
+        lines.append(f"  t={span} s: overload, arrivals x{ep.factor:g}")
+    for c in report.get("control", []):
+        at = datetime.fromisoformat(str(c["event_time"]))
+        at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+        t_s = at.timestamp() - config.start_unix_ns / 1e9
+        lines.append(
+            f"  t={t_s:.0f} s: {c['scope']} -> L{c['level']} {c['phase']}: {c['reason'][:140]}"
+        )
+    g = summary.get("gateways")
+    if g is not None:
+        lines.append(
+            f"  gateways: 429 per priority {g['rejected_429_by_priority']}, context capped "
+            f"{g['context_capped_by_priority']}, half-open admitted {g['half_open_admitted']}"
+        )
+    if len(lines) == 2:
+        lines.append("  no degradation: every level stayed at L0")
+    return "\n".join(lines)

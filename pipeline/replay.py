@@ -17,7 +17,13 @@ import orjson
 
 from pipeline.contract.codec import dead_letter_record
 from pipeline.core.budget import BurnRules
-from pipeline.core.control import Controller, ControllerConfig, ControlStep, skip_gap
+from pipeline.core.control import (
+    Controller,
+    ControllerConfig,
+    ControlLoop,
+    ControlStep,
+    DecisionClock,
+)
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy, Decision
@@ -35,48 +41,48 @@ REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.
 
 @dataclass
 class _ControlRun:
-    """Drives the controller in event time: one evaluation per closed base window."""
+    """Drives the controller in event time through the core's one control path
+    (:class:`pipeline.core.control.ControlLoop`): one evaluation per closed base window."""
 
-    controller: Controller
+    loop: ControlLoop
     relative_accuracy: float
-    next_eval_ms: int | None = None
     transitions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)  # the changed ones, in order
+    # What a worker would issue, in order: changes, and changes of what holds a level.
+    decisions: list[Decision] = field(default_factory=list)
     last: ControlStep | None = None
 
     corrections: int = 0
     evaluations: int = 0
 
+    @property
+    def controller(self) -> Controller:
+        return self.loop.controller
+
     def feed(self, out: Output) -> None:
         for st in out.stats:
-            self.controller.add_stats(StatsSample.of(st))
+            self.loop.add(StatsSample.of(st))
         for w in out.windows:
             if w.correction:
                 # Budgets count it; no evaluation is due (the window was decided on).
                 self.corrections += 1
                 cid = f"replay-{self.corrections}"
-                self.controller.add_window(summarize(w, self.relative_accuracy, correction_id=cid))
+                self.loop.add(summarize(w, self.relative_accuracy, correction_id=cid))
                 continue
-            self.controller.add_window(summarize(w, self.relative_accuracy))
-            end = w.start_ms + w.size_ms
-            if self.next_eval_ms is None:
-                self.next_eval_ms = end
-            self.next_eval_ms = skip_gap(self.next_eval_ms, end, w.size_ms)
-            while self.next_eval_ms <= end:
-                self._step(self.next_eval_ms)
-                self.next_eval_ms += w.size_ms
+            self.loop.add(summarize(w, self.relative_accuracy))
+            self.loop.clock.closed(w.start_ms + w.size_ms)
+            for step in self.loop.step():
+                self._take(step)
 
-    def _step(self, now_ms: int) -> None:
+    def _take(self, step: ControlStep) -> None:
         self.evaluations += 1
-        step = self.controller.evaluate(now_ms)
         self.last = step
-        for d in step.decisions:
+        for d in self.loop.announce(step):
+            self.decisions.append(d)
             if d.changed:
-                self.decisions.append(d)
                 self.transitions.append(
                     {
-                        "ts_unix_ns": now_ms * 1_000_000,
+                        "ts_unix_ns": step.now_ms * 1_000_000,
                         "scope": d.scope,
                         "level": d.level,
                         "phase": d.phase,
@@ -259,7 +265,8 @@ def replay_file(
         controller = Controller(
             policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
         )
-        result.control = _ControlRun(controller, wc.relative_accuracy)
+        clock = DecisionClock(wc.size_ms)
+        result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):

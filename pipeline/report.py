@@ -42,6 +42,8 @@ class Report:
                 k: {"count": v.count, "p50": v.p50, "p99": v.p99}
                 for k, v in self.boundaries.items()
             },
+            "slos": self.slos,
+            "control": self.control,
         }
 
 

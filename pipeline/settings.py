@@ -27,7 +27,9 @@ from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-DEFAULT_SLO_SPEC = SPECS / "slo-example.yaml"
+DEFAULT_SLO_SPEC = SPECS / "slo-default.yaml"  # streaming LLM SLOs
+EXAMPLE_SLO_SPEC = SPECS / "slo-example.yaml"  # the source documents' contract tiers
+EXAMPLE_POLICY = SPECS / "policy-example.yaml"  # their circuit-breaker table as written
 DEFAULT_POLICY = SPECS / "policy-default.yaml"
 DEFAULT_BURN_RULES = SPECS / "burn-rules.yaml"
 
@@ -151,7 +153,7 @@ class Settings(BaseSettings):
     )
     slo_spec: Path | None = Field(
         DEFAULT_SLO_SPEC,
-        description="TAILGUARD_SLO_SPEC: SLO spec YAML (default: the shipped example).",
+        description="TAILGUARD_SLO_SPEC: SLO spec YAML (default: specs/slo-default.yaml).",
     )
     policy_file: Path | None = Field(
         DEFAULT_POLICY, description="TAILGUARD_POLICY_FILE: control policy (None: no control)."

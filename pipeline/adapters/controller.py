@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from pipeline.adapters.store import ClickHouseStore, _insert
 from pipeline.core.budget import BudgetEvent, load_burn_rules_file
-from pipeline.core.control import Controller, ControllerConfig, skip_gap
+from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
 from pipeline.core.control_signal import (
     ControlSignal,
     Keyring,
@@ -31,9 +31,6 @@ from pipeline.core.control_signal import (
     keyring_from_environ,
     message_key,
     resume_seqs,
-)
-from pipeline.core.control_signal import (
-    Decision as SignalDecision,
 )
 from pipeline.core.policy import Decision, load_policy_file
 from pipeline.core.slo import load_spec_file
@@ -133,11 +130,16 @@ class ControllerShell:
         )
         self.issuer: SignalIssuer | None = None
         self.producer: Producer | None = None
-        self.next_eval_ms: int | None = None
-        self.horizons: dict[int, int] = {}  # lifecycle partition -> close horizon
-        self.clocks: dict[int, int] = {}  # lifecycle partition -> event-time clock (provisional)
-        self.first_end_ms: int | None = None  # end of the earliest window summarized
-        self.partitions = 0  # of the lifecycle topic, read at start
+        # When to evaluate (per-partition horizons and clocks): the core's one decision
+        # clock, the same that drives `replay`.
+        self.loop = ControlLoop(
+            self.controller,
+            DecisionClock(
+                settings.window_size_ms,
+                partitions=0,  # of the lifecycle topic, read at start
+                decision_delay_ms=settings.control_decision_delay_ms,
+            ),
+        )
         self.published = 0
 
     def load_history(self, store: ClickHouseStore) -> int:
@@ -194,7 +196,7 @@ class ControllerShell:
         from pipeline.adapters.kafka_admin import wait_partitions
 
         lc = self.settings.lifecycle_topic
-        self.partitions = wait_partitions(self.settings, [lc])[lc]
+        self.loop.clock.partitions = wait_partitions(self.settings, [lc])[lc]
         seqs = resume_seqs(read_topic(self.settings, self.settings.control_topic), self.keyring)
         self.issuer = SignalIssuer(
             self.keyring, heartbeat_ms=self.settings.control_heartbeat_ms, initial_seqs=seqs
@@ -207,60 +209,29 @@ class ControllerShell:
         self, raws: list[bytes]
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Feed summaries; returns (control_signals rows, budget_events rows) to store."""
-        size = self.settings.window_size_ms
         for raw in raws:
             try:
                 s = decode_summary(raw)
             except (ValueError, KeyError, TypeError):
                 log.exception("bad summary message dropped")
                 continue
-            if isinstance(s, StatsSample):
-                self.controller.add_stats(s)
-            elif isinstance(s, WindowSummary):
-                self.controller.add_window(s)
-                if s.correction_id is not None:
-                    continue  # budgets only: it drives no evaluation
-                end = s.start_ms + s.size_ms
-                if self.first_end_ms is None or end < self.first_end_ms:
-                    self.first_end_ms = end
-            elif isinstance(s, Progress):
-                self.horizons[s.partition] = max(self.horizons.get(s.partition, 0), s.horizon_ms)
-                if s.clock_ms is not None:
-                    self.clocks[s.partition] = max(self.clocks.get(s.partition, 0), s.clock_ms)
+            if isinstance(s, Progress):
+                self.loop.clock.progress(s.partition, s.horizon_ms, s.clock_ms)
+            elif isinstance(s, StatsSample | WindowSummary):
+                self.loop.add(s)
         control_rows: list[tuple[Any, ...]] = []
         event_rows: list[tuple[Any, ...]] = []
-        # Evaluate a time only once every partition has summarized the windows before it.
-        if len(self.horizons) < self.partitions or not self.horizons:
-            return control_rows, event_rows
-        target = min(self.horizons.values())
-        if len(self.clocks) >= self.partitions:
-            # Workers send snapshots of ended windows: decide without waiting for the
-            # grace period, a short delay after every partition's clock passed the
-            # boundary (records completing just before it are still being joined).
-            delay = self.settings.control_decision_delay_ms
-            target = max(target, min(self.clocks.values()) - delay)
-        target -= target % size
-        if self.next_eval_ms is None:
-            if self.first_end_ms is None:
-                return control_rows, event_rows
-            # From the first window on, as a replay would: "for" clocks need every step.
-            self.next_eval_ms = self.first_end_ms
-        self.next_eval_ms = skip_gap(self.next_eval_ms, target, size)
-        while self.next_eval_ms <= target:
-            step = self.controller.evaluate(self.next_eval_ms)
-            for d in step.decisions:
-                if d.changed or (self.issuer is not None and self.issuer.current(d.scope) is None):
-                    control_rows.append(self.publish(d))
+        for step in self.loop.step():
+            for d in self.loop.announce(step):
+                control_rows.append(self.publish(d))
             event_rows.extend(self._event_row(e) for e in step.events)
-            self.next_eval_ms += size
         return control_rows, event_rows
 
     def publish(self, d: Decision, *, heartbeat: bool = False) -> tuple[Any, ...]:
         assert self.issuer is not None
         assert self.producer is not None
         now = int(time.time() * 1000)
-        sd = SignalDecision.from_mapping(d.to_json(), ignore_unknown=True)
-        signal = self.issuer.issue(d.scope, sd, now)
+        signal = self.issuer.issue(d.scope, d.to_signal(), now)
         return self._send(signal, d.now_ms, heartbeat=heartbeat)
 
     def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> tuple[Any, ...]:
@@ -288,7 +259,7 @@ class ControllerShell:
             return []
         now = int(time.time() * 1000)
         return [
-            self._send(sig, self.next_eval_ms or 0, heartbeat=True)
+            self._send(sig, self.loop.clock.next_eval_ms or 0, heartbeat=True)
             for sig in self.issuer.due_heartbeats(now)
         ]
 

@@ -221,6 +221,9 @@ class _Rule(_Model):
     severity: Severity
     description: str | None = None
     slos: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    # No alert from fewer requests than this in the rule's longest window (0: any):
+    # one slow request among the first dozen is a "burn rate" of 8x, not evidence.
+    min_requests: Annotated[int, Field(ge=0)] = 0
 
     def applies_to(self, slo: str, objective: float) -> bool:
         return self.slos is None or slo in self.slos
@@ -950,6 +953,8 @@ class BudgetTracker:
         if isinstance(rule, BurnRateRule):
             long = by_window[rule.long_ms].burn_rate
             short = by_window[rule.short_ms].burn_rate
+            if by_window[rule.long_ms].total < rule.min_requests:
+                return None
             if long is None or short is None or long <= rule.factor or short <= rule.factor:
                 return None
             return Alert(
@@ -964,7 +969,7 @@ class BudgetTracker:
         if isinstance(rule, BudgetFractionRule):
             within = by_window[rule.within_ms]
             of = by_window[rule.of_ms]
-            if within.total == 0 or of.allowed <= 0:
+            if within.total == 0 or of.allowed <= 0 or of.total < rule.min_requests:
                 return None
             assert self._first_start is not None  # there is traffic
             history = now_ms - self._first_start
@@ -987,6 +992,8 @@ class BudgetTracker:
                 },
             )
         compliance = by_window[rule.window_ms].compliance
+        if by_window[rule.window_ms].total < rule.min_requests:
+            compliance = None  # too few requests to judge: no evidence, resets the clock
         if compliance is None or compliance >= rule.below:
             self._below_since.pop(rule.name, None)
             return None

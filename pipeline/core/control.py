@@ -248,3 +248,135 @@ class Controller:
             signals[model] = sig
             decisions.append(self.policy.evaluate(model, now_ms, sig))
         return ControlStep(now_ms, decisions, budgets, events, signals)
+
+
+# --------------------------------------------------------------------------- #
+# The decision clock: when to evaluate (one control path for worker and replay)
+# --------------------------------------------------------------------------- #
+
+
+def held_key(d: Decision) -> tuple[str, ...]:
+    """What keeps a level, without the running times: ``"x 200 < 250 (3m of 5m)"`` ->
+    ``"x < 250"`` -- the directive is re-issued when this changes, not every tick."""
+    out = []
+    for h in d.held_because:
+        head = h.split(" (", 1)[0]
+        prefix = "entry " if head.startswith("entry ") else ""
+        parts = head.removeprefix(prefix).split(" ")
+        # "<signal> <value> <op> <threshold>" -> "<signal> <op> <threshold>"
+        kept = [parts[0], *parts[2:]] if len(parts) == 4 else parts
+        out.append(prefix + " ".join(kept))
+    return tuple(out)
+
+
+@dataclass
+class DecisionClock:
+    """Evaluation times in event time: one per base window end, from the first window
+    summarized on, up to what every partition has reported.
+
+    The controller shell feeds it each partition's close horizon and provisional
+    clock (:meth:`progress`); a replay, which sees every partition's windows in
+    one ordered stream, moves it by each closed window's end (:meth:`closed`).
+    Either way the same events give the same evaluation times whatever the
+    processing speed: wall time decides only how soon a decision is published.
+    """
+
+    size_ms: int
+    partitions: int = 1
+    decision_delay_ms: int = 0
+    next_eval_ms: int | None = None
+    first_end_ms: int | None = None
+    horizons: dict[int, int] = field(default_factory=dict)
+    clocks: dict[int, int] = field(default_factory=dict)
+    _closed_ms: int | None = None
+
+    def window(self, start_ms: int, size_ms: int) -> None:
+        """A window (final or provisional) was summarized."""
+        end = start_ms + size_ms
+        if self.first_end_ms is None or end < self.first_end_ms:
+            self.first_end_ms = end
+
+    def progress(self, partition: int, horizon_ms: int, clock_ms: int | None) -> None:
+        self.horizons[partition] = max(self.horizons.get(partition, 0), horizon_ms)
+        if clock_ms is not None:
+            self.clocks[partition] = max(self.clocks.get(partition, 0), clock_ms)
+
+    def closed(self, end_ms: int) -> None:
+        """Replay: every window up to ``end_ms`` is final, for every partition."""
+        self._closed_ms = end_ms if self._closed_ms is None else max(self._closed_ms, end_ms)
+
+    def target_ms(self) -> int | None:
+        """The latest evaluation time every partition has data for, or None."""
+        if self._closed_ms is not None:
+            return self._closed_ms
+        if not self.horizons or len(self.horizons) < self.partitions:
+            return None
+        target = min(self.horizons.values())
+        if len(self.clocks) >= self.partitions:
+            # Snapshots of ended windows: decide a short delay after every partition's
+            # clock passed the boundary, without waiting for the grace period.
+            target = max(target, min(self.clocks.values()) - self.decision_delay_ms)
+        return target - target % self.size_ms
+
+    def due(self) -> list[int]:
+        """Evaluation times now due, in order (each returned once)."""
+        target = self.target_ms()
+        if target is None:
+            return []
+        if self.next_eval_ms is None:
+            if self.first_end_ms is None:
+                return []
+            # From the first window on: "for" clocks need every step.
+            self.next_eval_ms = self.first_end_ms
+        # Across a long gap only its last hours are evaluated (the cost of a gap is bounded).
+        self.next_eval_ms = skip_gap(self.next_eval_ms, target, self.size_ms)
+        out = []
+        while self.next_eval_ms <= target:
+            out.append(self.next_eval_ms)
+            self.next_eval_ms += self.size_ms
+        return out
+
+
+class ControlLoop:
+    """Controller + decision clock + what to announce: the one control path.
+
+    :meth:`step` evaluates every due time and returns the steps; :meth:`announce`
+    picks the decisions to issue: a change of level/phase, a scope never issued,
+    or a change of what holds the level (``held_key``), so the audit and the
+    serving side see why a level is held without a directive every tick.
+    """
+
+    HELD_EVERY_MS: Final = 60_000  # at most one "held because" update per scope per minute
+
+    def __init__(self, controller: Controller, clock: DecisionClock) -> None:
+        self.controller = controller
+        self.clock = clock
+        # scope -> (level, phase, held key or None right after a change, event time)
+        self._announced: dict[str, tuple[int, str, tuple[str, ...] | None, int]] = {}
+
+    def add(self, s: WindowSummary | StatsSample) -> None:
+        if isinstance(s, StatsSample):
+            self.controller.add_stats(s)
+        else:
+            self.controller.add_window(s)
+            if s.correction_id is None:  # a correction: budgets only, no evaluation
+                self.clock.window(s.start_ms, s.size_ms)
+
+    def step(self) -> list[ControlStep]:
+        return [self.controller.evaluate(t) for t in self.clock.due()]
+
+    def announce(self, step: ControlStep) -> list[Decision]:
+        out = []
+        for d in step.decisions:
+            last = self._announced.get(d.scope)
+            key = held_key(d)
+            if d.changed or last is None or last[:2] != (d.level, d.phase):
+                # a change (its reason says why); the next evaluation's key is absorbed
+                self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)
+                out.append(d)
+            elif last[2] is None:
+                self._announced[d.scope] = (d.level, d.phase, key, last[3])
+            elif key != last[2] and d.now_ms - last[3] >= self.HELD_EVERY_MS:
+                self._announced[d.scope] = (d.level, d.phase, key, d.now_ms)
+                out.append(d)
+        return out

@@ -193,6 +193,10 @@ class Actions(_Frozen):
         description="Half-open only: fraction of otherwise rejected requests admitted.",
     )
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field (``null`` where unset), as signed on the wire."""
+        return self.model_dump()
+
 
 class Decision(_Frozen):
     """What the controller decided for a scope: a signal minus its envelope.

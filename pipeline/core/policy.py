@@ -154,6 +154,8 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.core.control_signal import Actions
+from pipeline.core.control_signal import Decision as SignalDecision
 from pipeline.core.durations import format_ms, parse_duration_ms, unit_required
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
@@ -165,9 +167,13 @@ from pipeline.core.slo import (  # the spec YAML loader and error paths are shar
     parse_yaml_mapping,
 )
 
+DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
+REASON_MAX_CHARS: Final = 1024  # a signal's reason is bounded (control_signal.Decision)
 API_VERSION: Final = "tailguard/v1"
 KIND: Final = "ControlPolicy"
 DEFAULT_POLICY_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "policy-default.yaml"
+# The source documents' circuit-breaker table as written (gateway P99 > 300 ms ...).
+EXAMPLE_POLICY_PATH: Final = DEFAULT_POLICY_PATH.with_name("policy-example.yaml")
 HOUR_MS: Final = 3_600_000
 LEVELS: Final = (1, 2, 3)
 
@@ -181,6 +187,59 @@ NUMERIC_SIGNALS: Final = frozenset(
     {"kv_cache_hit_rate", "queue_saturation", "gpu_memory_fraction", "queue_compute_ratio"}
     | {f"p99.{b}" for b in BOUNDARIES}
 )
+# Alert signals may open a level (``enter``) and notify; they never hold one: a
+# slow-burn alert stays true long after the latency recovered (the 6h/30m page
+# rule ~30 min), so it is not allowed in ``exit`` and does not keep a level.
+ALERT_SIGNALS: Final = frozenset({"burn.page", "burn.ticket"})
+
+
+@dataclass(frozen=True, slots=True)
+class SignalUnit:
+    """The unit and the range of a numeric signal (thresholds outside it are spec errors)."""
+
+    unit: str  # "ms", "fraction", "ratio"
+    lo: float
+    hi: float | None  # None: unbounded above
+    text: str
+
+    def check(self, name: str, value: float) -> str | None:
+        """A message when ``value`` cannot be a threshold of this signal, else None."""
+        if value < self.lo or (self.hi is not None and value > self.hi):
+            if self.unit == "fraction" and 2 <= value <= 100:
+                return (
+                    f"{_num(value)} looks like a percent; {name} is a fraction 0..1 "
+                    f"(write {_num(value / 100)})"
+                )
+            if self.unit == "ms" and value < 0:
+                return (
+                    f"{name} is a latency in ms: a negative threshold ({_num(value)}) is a mistake"
+                )
+            hi = "" if self.hi is None else f"..{_num(self.hi)}"
+            return f"{name} is {self.text}, {_num(self.lo)}{hi}; {_num(value)} is out of range"
+        return None
+
+
+_MS: Final = SignalUnit("ms", 0.0, None, "a latency in ms")
+_FRACTION: Final = SignalUnit("fraction", 0.0, 1.0, "a fraction")
+SIGNAL_UNITS: Final[dict[str, SignalUnit]] = {
+    "kv_cache_hit_rate": _FRACTION,
+    "gpu_memory_fraction": _FRACTION,
+    "queue_compute_ratio": _FRACTION,
+    "queue_saturation": SignalUnit("ratio", 0.0, None, "waiting / capacity, a ratio >= 0"),
+}
+
+
+def signal_unit(name: str) -> SignalUnit | None:
+    """Unit and range of a numeric signal (None for booleans and unknown names)."""
+    if name in SIGNAL_UNITS:
+        return SIGNAL_UNITS[name]
+    if name.startswith("p99."):
+        return _MS if name in NUMERIC_SIGNALS else None
+    if _COMPLIANCE_RE.match(name):
+        return _FRACTION
+    return None
+
+
 _COMPLIANCE_RE: Final = re.compile(r"^compliance_5m\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _BUDGET_SIGNAL: Final = "budget_exhausted"
 
@@ -287,6 +346,11 @@ class Condition(_Model):
             raise ValueError(
                 f"{self.signal} is a numeric signal: give op (>, >=, <, <=) and value (no is)"
             )
+        else:
+            unit = signal_unit(self.signal)
+            problem = unit.check(self.signal, self.value) if unit is not None else None
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     @property
@@ -308,18 +372,20 @@ class ActionsSpec(_Model):
     cap_context_tokens: Annotated[int, Field(gt=0)] | None = None
     fallback_model: Annotated[str, MinLen(1)] | None = None
     reject_new_sessions: bool = False
-    retry_after_s: Annotated[int, Field(ge=0)] = 0
+    # The same default as the wire's Actions (one Actions type: control_signal.Actions).
+    retry_after_s: Annotated[int, Field(ge=0)] = DEFAULT_RETRY_AFTER_S
     rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
+        """The directive's actions (the one type the wire signs and the serving side reads)."""
         return Actions(
-            self.shed_priorities_at_or_above,
-            self.cap_context_tokens,
-            self.fallback_model,
-            self.reject_new_sessions,
-            self.retry_after_s,
-            self.rate_limit_rps,
-            admit_fraction,
+            shed_priorities_at_or_above=self.shed_priorities_at_or_above,
+            cap_context_tokens=self.cap_context_tokens,
+            fallback_model=self.fallback_model,
+            reject_new_sessions=self.reject_new_sessions,
+            retry_after_s=self.retry_after_s,
+            rate_limit_rps=self.rate_limit_rps,
+            admit_fraction=admit_fraction,
         )
 
 
@@ -456,6 +522,11 @@ def _raw_conds(items: object) -> list[_RawCond]:
     return out
 
 
+def _out_of_range(c: _RawCond) -> bool:
+    unit = signal_unit(c.signal)
+    return unit is not None and c.value is not None and unit.check(c.signal, c.value) is not None
+
+
 def _hysteresis_issue(path: str, ex: _RawCond, en: _RawCond) -> SpecIssue | None:
     where = f"enter[{en.index}]: {en.text()}"
     if en.is_ is not None or ex.is_ is not None:
@@ -529,9 +600,19 @@ def _cross_issues(data: object) -> list[SpecIssue]:
                 all_numbered = False
             enter = _raw_conds(lv.get("enter"))
             for ex in _raw_conds(lv.get("exit")):
+                if ex.signal in ALERT_SIGNALS:
+                    issues.append(
+                        SpecIssue(
+                            f"levels[{i}].exit[{ex.index}].signal",
+                            f"{ex.signal} is a burn-rate alert: it may open a level (enter) "
+                            "and notify, but not hold one (a slow-burn alert stays true long "
+                            "after latency recovered); leave it out of exit",
+                        )
+                    )
+                    continue
                 for en in enter:
-                    if en.signal != ex.signal:
-                        continue
+                    if en.signal != ex.signal or _out_of_range(en) or _out_of_range(ex):
+                        continue  # a value out of range is reported by the field checks
                     issue = _hysteresis_issue(f"levels[{i}].exit[{ex.index}]", ex, en)
                     if issue is not None:
                         issues.append(issue)
@@ -623,30 +704,6 @@ def validate_policy_file(path: str | Path) -> tuple[bool, str]:
 # --------------------------------------------------------------------------- #
 
 
-@dataclass(frozen=True, slots=True)
-class Actions:
-    """Actions in force (level 0: none). ``admit_fraction`` is set only in half-open."""
-
-    shed_priorities_at_or_above: int | None = None
-    cap_context_tokens: int | None = None
-    fallback_model: str | None = None
-    reject_new_sessions: bool = False
-    retry_after_s: int = 0
-    rate_limit_rps: float | None = None
-    admit_fraction: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shed_priorities_at_or_above": self.shed_priorities_at_or_above,
-            "cap_context_tokens": self.cap_context_tokens,
-            "fallback_model": self.fallback_model,
-            "reject_new_sessions": self.reject_new_sessions,
-            "retry_after_s": self.retry_after_s,
-            "rate_limit_rps": self.rate_limit_rps,
-            "admit_fraction": self.admit_fraction,
-        }
-
-
 NO_ACTIONS: Final = Actions()
 
 
@@ -669,6 +726,9 @@ class Decision:
     overdue: bool  # L3 held past its max_duration (nowhere to escalate)
     previous_level: int
     previous_phase: Phase
+    # On an evaluation that keeps a degraded or half-open state: what keeps it, e.g.
+    # "p99.ttft_engine_ms 4120 >= 2500 (exit needs < 2500 for 3m)", "min_dwell (2m of 5m)".
+    held_because: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -687,7 +747,21 @@ class Decision:
             "overdue": self.overdue,
             "previous_level": self.previous_level,
             "previous_phase": self.previous_phase,
+            "held_because": list(self.held_because),
         }
+
+    def to_signal(self) -> SignalDecision:
+        """The part of this decision a control signal carries (the wire's Decision; its
+        ``actions`` are this decision's own ``Actions`` object)."""
+        return SignalDecision(
+            level=self.level,
+            phase=self.phase,
+            actions=self.actions,
+            reason=self.reason[:REASON_MAX_CHARS],
+            figures=dict(self.figures),
+            notify_customer=self.notify_customer,
+            budget_exhausted=self.budget_exhausted,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -739,6 +813,8 @@ class _Cond:
     for_ms: int
     text: str
     probe_text: str  # without `for`: what a half-open relapse checks
+    alert: bool = False  # a burn-rate alert: opens a level, never holds one
+    op: str = ""
 
     def observe(self, signals: Signals) -> bool | None:
         """Whether the comparison holds now; None when the signal is unknown."""
@@ -755,13 +831,14 @@ class _Cond:
 
 
 class _Scope:
-    __slots__ = ("clocks", "escalated", "last", "level", "phase", "since_ms")
+    __slots__ = ("clocks", "escalated", "last", "level", "phase", "recovered_ms", "since_ms")
 
     def __init__(self, n_conditions: int, now_ms: int) -> None:
         self.level = 0
         self.phase: Phase = "normal"
         self.since_ms = now_ms
         self.escalated = False
+        self.recovered_ms: int | None = None  # last step down (or half-open, or back to 0)
         self.clocks: list[int | None] = [None] * n_conditions
         self.last: Decision | None = None
 
@@ -803,6 +880,8 @@ class PolicyEngine:
             for_ms=c.for_ms,
             text=c.describe(),
             probe_text=c.describe(with_for=False),
+            alert=c.signal in ALERT_SIGNALS,
+            op=c.op or "",
         )
         self._conds.append(compiled)
         return compiled
@@ -860,25 +939,38 @@ class PolicyEngine:
                 holds[c.index] = now_ms - start >= c.for_ms
             else:
                 clocks[c.index] = None
-        entered = 0
+        # An alert opens a level only if it rose after the scope last stepped down: an
+        # alert still firing from before a recovery does not re-open what it opened.
+        opens = [
+            holds[c.index]
+            and (not c.alert or s.recovered_ms is None or (clocks[c.index] or 0) > s.recovered_ms)
+            for c in self._conds
+        ]
+        entered = 0  # highest level whose entry holds: may step up
+        justified = 0  # highest level whose entry holds on evidence other than alerts: keeps it
         for n in LEVELS:
-            if any(holds[c.index] for c in self._enter[n]):
+            if any(opens[c.index] for c in self._enter[n]):
                 entered = n
+            if any(holds[c.index] and not c.alert for c in self._enter[n]):
+                justified = n
 
         prev_level, prev_phase = s.level, s.phase
         held = now_ms - s.since_ms
         overdue = False
+        held_because: list[str] = []
         reason: str
         figs: list[_Cond]
 
         def move(level: int, phase: Phase, *, escalated: bool = False) -> None:
+            if level < s.level or phase == "half_open" or level == 0:
+                s.recovered_ms = now_ms  # a step down
             s.level, s.phase, s.since_ms, s.escalated = level, phase, now_ms, escalated
 
         if s.phase == "half_open":
-            probe = [c for c in self._enter[1] if observed[c.index]]
+            probe = [c for c in self._enter[1] if observed[c.index] and not c.alert]
             if entered >= 1 or probe:
                 target = max(1, entered)
-                figs = self._holding(target, holds) if entered >= 1 else probe
+                figs = self._holding(target, opens) if entered >= 1 else probe
                 move(target, "degraded")
                 texts = _texts(figs, signals, probe=entered == 0)
                 reason = f"relapse during half-open -> L{target}: {texts}"
@@ -888,21 +980,31 @@ class PolicyEngine:
                 reason = f"half-open {format_ms(self._ho_ms)} passed without relapse -> normal"
             else:
                 figs = []
+                held_because.append(f"half-open ({format_ms(held)} of {format_ms(self._ho_ms)})")
                 reason = (
                     f"half-open since {s.since_ms}: admitting {self._admit:.0%} of shed "
                     f"traffic until {s.since_ms + self._ho_ms}; relapse if "
-                    + " or ".join(c.probe_text for c in self._enter[1])
+                    + " or ".join(c.probe_text for c in self._enter[1] if not c.alert)
                 )
         elif entered > s.level:
-            figs = self._holding(entered, holds)
+            figs = self._holding(entered, opens)
             move(entered, "degraded")
             reason = f"L{entered} entry holds: {_texts(figs, signals)}"
         elif s.level > 0:
             lv = s.level
             exits = self._exit[lv]
             exit_ok = all(holds[c.index] for c in exits)
-            if entered < lv and exit_ok and held >= self._dwell_ms:
+            failing = [c for c in exits if not holds[c.index]]
+            if justified >= lv:
+                held_because.extend(
+                    f"entry {_held_text(c, signals, now_ms, clocks[c.index])}"
+                    for c in self._enter[lv]
+                    if holds[c.index] and not c.alert
+                )
+            held_because.extend(_held_text(c, signals, now_ms, clocks[c.index]) for c in failing)
+            if justified < lv and exit_ok and held >= self._dwell_ms:
                 figs = exits
+                held_because = []
                 if lv == 1:
                     move(1, "half_open")
                     reason = (
@@ -918,33 +1020,48 @@ class PolicyEngine:
                         f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} "
                         f"-> L{lv - 1}"
                     )
-            elif held >= self._max_ms[lv]:
-                figs = self._holding(lv, holds) or [c for c in exits if not holds[c.index]]
+            elif held >= self._max_ms[lv] and justified >= lv and lv < LEVELS[-1]:
+                # Its own entry still holds after max_duration: its actions are not enough.
+                figs = self._justifying(lv, holds)
                 limit = format_ms(self._max_ms[lv])
-                if lv < LEVELS[-1]:
-                    move(lv + 1, "degraded", escalated=True)
-                    reason = (
-                        f"L{lv} held {format_ms(held)} >= max_duration {limit} -> "
-                        f"escalated to L{lv + 1}, notify customer"
-                    )
-                else:
-                    overdue = True
-                    reason = (
-                        f"L{lv} held {format_ms(held)} past max_duration {limit}; no higher "
-                        "level: notify customer"
-                    )
-            elif entered == lv:
-                figs = self._holding(lv, holds)
-                reason = f"L{lv} entry holds: {_texts(figs, signals)}"
-            elif not exit_ok:
-                figs = [c for c in exits if not holds[c.index]]
-                reason = f"L{lv}: waiting for exit ({', '.join(c.text for c in figs)})"
-            else:
-                figs = exits
+                move(lv + 1, "degraded", escalated=True)
+                held_because = []
                 reason = (
-                    f"L{lv}: exit holds, min_dwell {format_ms(self._dwell_ms)} "
-                    f"until {s.since_ms + self._dwell_ms}"
+                    f"L{lv} held {format_ms(held)} >= max_duration {limit} and its entry "
+                    f"still holds ({_texts(figs, signals)}) -> escalated to L{lv + 1}, "
+                    "notify customer"
                 )
+            else:
+                if held < self._dwell_ms and not failing and justified < lv:
+                    held_because.append(
+                        f"min_dwell ({format_ms(held)} of {format_ms(self._dwell_ms)})"
+                    )
+                if held >= self._max_ms[lv]:
+                    # Past max_duration: notified; it escalates only while its entry holds
+                    # (L3 has nowhere to go) and otherwise steps down as usual.
+                    overdue = True
+                    limit = format_ms(self._max_ms[lv])
+                    tail = (
+                        "no higher level: notify customer"
+                        if justified >= lv
+                        else "entry no longer holds: not escalated, notify customer"
+                    )
+                    prefix = f"L{lv} held {format_ms(held)} past max_duration {limit}; {tail}"
+                else:
+                    prefix = ""
+                if justified >= lv:
+                    figs = self._justifying(lv, holds)
+                    body = f"L{lv} entry holds: {_texts(figs, signals)}"
+                elif not exit_ok:
+                    figs = failing
+                    body = f"L{lv} held, waiting for exit: {'; '.join(held_because)}"
+                else:
+                    figs = exits
+                    body = (
+                        f"L{lv}: exit holds, min_dwell {format_ms(self._dwell_ms)} "
+                        f"until {s.since_ms + self._dwell_ms}"
+                    )
+                reason = f"{prefix}: {body}" if prefix else body
         else:
             figs = []
             reason = "normal: no entry condition holds"
@@ -957,6 +1074,7 @@ class PolicyEngine:
         else:
             actions = self._actions[level]
         notify = level > 0 and (self._levels[level].notify_customer or s.escalated or overdue)
+        changed = (level, phase) != (prev_level, prev_phase)
         decision = Decision(
             scope=scope,
             now_ms=now_ms,
@@ -967,7 +1085,7 @@ class PolicyEngine:
             figures=MappingProxyType(
                 {c.signal: v for c in figs if (v := _value(c, signals)) is not None}
             ),
-            changed=(level, phase) != (prev_level, prev_phase),
+            changed=changed,
             since_ms=s.since_ms,
             notify_customer=notify,
             budget_exhausted=signals.get(_BUDGET_SIGNAL) is True,
@@ -975,12 +1093,16 @@ class PolicyEngine:
             overdue=overdue,
             previous_level=prev_level,
             previous_phase=prev_phase,
+            held_because=() if changed or level == 0 else tuple(held_because),
         )
         s.last = decision
         return decision
 
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]
+
+    def _justifying(self, level: int, holds: list[bool]) -> list[_Cond]:
+        return [c for c in self._enter[level] if holds[c.index] and not c.alert]
 
 
 def _value(c: _Cond, signals: Signals) -> float | bool | None:
@@ -992,6 +1114,27 @@ def _value(c: _Cond, signals: Signals) -> float | bool | None:
         return v
     assert isinstance(v, int | float)
     return float(v)
+
+
+_NEGATED: Final = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
+
+
+def _held_text(c: _Cond, signals: Signals, now_ms: int, since: int | None) -> str:
+    """Why a condition is where it is: ``"p99.x 412 >= 250 (exit needs < 250 for 5m)"``,
+    ``"p99.x 200 < 250 (3m of 5m)"``, ``"burn.page unknown (needs is false)"``."""
+    v = _value(c, signals)
+    if v is None:
+        return f"{c.signal} unknown (needs {c.text.removeprefix(c.signal + ' ')})"
+    shown = str(v).lower() if isinstance(v, bool) else _num(v)
+    if since is None:  # the comparison does not hold now
+        if c.boolean:
+            return f"{c.signal} is {shown} (needs {c.text.removeprefix(c.signal + ' ')})"
+        return (
+            f"{c.signal} {shown} {_NEGATED[c.op]} {_num(c.value)} "
+            f"(needs {c.text.removeprefix(c.signal + ' ')})"
+        )
+    cmp = f"is {shown}" if c.boolean else f"{shown} {c.op} {_num(c.value)}"
+    return f"{c.signal} {cmp} ({format_ms(now_ms - since)} of {format_ms(c.for_ms)})"
 
 
 def _texts(conds: Iterable[_Cond], signals: Signals, *, probe: bool = False) -> str:

@@ -55,6 +55,7 @@ give the same events.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import random
@@ -71,6 +72,7 @@ from pipeline.contract.events import (
     GatewayReceived,
     Outcome,
 )
+from producers.simulator.gate import GatewayGate
 from producers.simulator.trace import TraceRequest
 
 __all__ = [
@@ -231,6 +233,10 @@ class SimConfig:
     kv_block_tokens: int = 16  # cached tokens are whole blocks
     gpu_memory_static_fraction: float = 0.5  # weights + activations
     gpu_memory_kv_fraction: float = 0.42  # reached at full KV cache
+    # Closed loop (with a GatewayGate): a client answered 429 retries with exponential
+    # backoff, at most this many times, waiting max(Retry-After, backoff * 2^attempt).
+    client_max_retries: int = 3
+    client_backoff_ms: float = 1_000.0
     # Request ids are "<prefix><9-digit trace row>" (+ "-x<k>" for overload replicas) and
     # event ids derive from them: give each run sent into one pipeline its own prefix.
     request_id_prefix: str = "req-"
@@ -300,6 +306,10 @@ class SimConfig:
             raise ValueError(
                 "SimConfig.gpu_memory_static_fraction + gpu_memory_kv_fraction must be <= 1"
             )
+        if self.client_max_retries < 0:
+            raise ValueError("SimConfig.client_max_retries must be >= 0")
+        if not (math.isfinite(self.client_backoff_ms) and self.client_backoff_ms >= 0):
+            raise ValueError("SimConfig.client_backoff_ms must be finite and >= 0")
         if not self.request_id_prefix or len(self.request_id_prefix) > 200:
             raise ValueError("SimConfig.request_id_prefix must have 1..200 characters")
 
@@ -339,6 +349,7 @@ _K_WAKE: Final = 1  # engine iteration boundary
 _K_PATIENCE: Final = 2  # client patience deadline
 _K_QUEUE_TIMEOUT: Final = 3
 _K_STATS: Final = 4
+_K_RETRY: Final = 5  # a client retries a request the gateway rejected (closed loop)
 
 
 @dataclass(slots=True, eq=False)
@@ -363,6 +374,8 @@ class _Req:
     t_sched_ms: float = 0.0
     t_first_ms: float = -1.0
     admit_iter: int = 0
+    attempt: int = 0  # 0 = first try; k = k-th retry after a 429
+    session: str = ""  # the first try's request id ("" = this request's own)
 
 
 @dataclass(slots=True, eq=False)
@@ -422,6 +435,11 @@ class _Engine:
         self.last_change_ms = now_ms
 
 
+def _unit_hash(key: str) -> float:
+    """A deterministic number in [0, 1) from a string."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
 def _r(ms: float) -> float:
     """Round a duration for the wire and clamp float noise below zero."""
     return max(0.0, round(ms, _ROUND_MS))
@@ -430,8 +448,13 @@ def _r(ms: float) -> float:
 class Simulator:
     """One simulation run; iterate :meth:`events` once. :attr:`summary` is live."""
 
-    def __init__(self, trace: Sequence[TraceRequest], config: SimConfig) -> None:
+    def __init__(
+        self, trace: Sequence[TraceRequest], config: SimConfig, gate: GatewayGate | None = None
+    ) -> None:
         self._cfg = config
+        self._gate = gate  # closed loop: gateways apply control directives
+        self._model_idx = {m.name: i for i, m in enumerate(config.models)}
+        self.retries = 0
         self._rng = random.Random(config.seed)
         skew_rng = random.Random(f"tailguard-sim-skew:{config.seed}")
         overrides = dict(config.engine_skew_ms)
@@ -627,7 +650,9 @@ class Simulator:
                 self._on_wake(payload)
             return
         assert isinstance(payload, _Req)
-        if kind == _K_ARRIVE:
+        if kind == _K_RETRY:
+            self._on_gateway_arrival(payload)
+        elif kind == _K_ARRIVE:
             self._on_engine_arrival(payload)
         elif kind == _K_PATIENCE:
             self._on_patience(payload)
@@ -638,6 +663,21 @@ class Simulator:
 
     def _on_gateway_arrival(self, req: _Req) -> None:
         cfg = self._cfg
+        verdict = None
+        if self._gate is not None:
+            verdict = self._gate.decide(
+                model=cfg.models[req.model_idx].name,
+                priority=req.priority,
+                request_id=req.request_id,
+                session_id=req.session or req.request_id,
+                gateway=req.gateway,
+                prompt_tokens=req.prompt_tokens,
+                t_ms=req.t_gateway_ms,
+            )
+            if verdict.reject is None:
+                fb = self._model_idx.get(verdict.fallback_model or "")
+                if fb is not None:
+                    req.model_idx = fb
         self._emit(
             GatewayReceived(
                 v=1,
@@ -653,9 +693,60 @@ class Simulator:
                 stream=req.stream,
             )
         )
+        if verdict is not None and verdict.reject is not None:
+            self._reject_at_gateway(req, verdict.retry_after_s)
+            return
+        if verdict is not None and verdict.cap_context_tokens is not None:
+            cap = verdict.cap_context_tokens
+            req.prompt_tokens = min(req.prompt_tokens, cap)
+            block = cfg.kv_block_tokens
+            req.cached_tokens = min(req.cached_tokens, ((req.prompt_tokens - 1) // block) * block)
         self._push(req.t_gateway_ms + req.pre_ms, _K_ARRIVE, req)
         if req.patience_ms is not None:
             self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
+
+    def _reject_at_gateway(self, req: _Req, retry_after_s: int) -> None:
+        """429 + Retry-After after the gateway's own overhead; the client retries with
+        exponential backoff (at most ``client_max_retries``), as a new request."""
+        cfg = self._cfg
+        t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
+        req.state = _PENDING
+        self._complete(
+            req,
+            t_done,
+            outcome="rejected",
+            http_status=429,
+            ttfb_ms=t_done - req.t_gateway_ms,
+            output_tokens=0,
+        )
+        if req.attempt >= cfg.client_max_retries:
+            return
+        session = req.session or req.request_id
+        # Full backoff plus up to 50 % jitter (deterministic per request id: no draw
+        # from the run's RNG), so that the clients shed together do not come back together.
+        jitter = 1.0 + 0.5 * _unit_hash(req.request_id)
+        wait = max(retry_after_s * 1000.0, cfg.client_backoff_ms * 2.0**req.attempt) * jitter
+        retry = _Req(
+            request_id=f"{session}-r{req.attempt + 1}",
+            t_gateway_ms=t_done + wait,
+            model_idx=req.model_idx,
+            gateway=req.gateway,
+            prompt_tokens=req.prompt_tokens,
+            cached_tokens=req.cached_tokens,
+            gen_tokens=req.gen_tokens,
+            stop_after=req.stop_after,
+            priority=req.priority,
+            tenant=req.tenant,
+            stream=req.stream,
+            pre_ms=req.pre_ms,
+            post_ms=req.post_ms,
+            patience_ms=req.patience_ms,
+            attempt=req.attempt + 1,
+            session=session,
+        )
+        self._open_requests += 1
+        self.retries += 1
+        self._push(retry.t_gateway_ms, _K_RETRY, retry)
 
     def _complete(
         self,

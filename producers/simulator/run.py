@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from producers.emit import EventSink, JsonlSink
+from producers.simulator.gate import GatewayGate
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
 
@@ -66,6 +67,8 @@ def run_simulation(
     speedup: float | None = None,
     progress: bool = False,
     limit: int | None = None,
+    gate: GatewayGate | None = None,
+    pace: Callable[[], None] | None = None,
 ) -> RunSummary:
     """Simulate ``trace_path`` under ``config`` and send every event to ``sink``.
 
@@ -77,7 +80,7 @@ def run_simulation(
     trace = read_trace(trace_path)
     if limit is not None:
         trace = trace[:limit]
-    sim = Simulator(trace, config)
+    sim = Simulator(trace, config, gate)  # gate: the gateways apply control directives
     tick_attr = getattr(sink, "tick", None)
     tick: Callable[[], None] | None = tick_attr if callable(tick_attr) else None
     horizon_s = (trace[-1].arrival_offset_ms / config.rate_scale / 1000.0) if trace else 0.0
@@ -106,6 +109,8 @@ def run_simulation(
                 _wait_until(wall_start + (ts - first_ns) / 1e9 / speedup, tick)
             sink.emit(event)
             sent += 1
+            if pace is not None:
+                pace()  # closed loop: let the pipeline keep up (it rate-limits itself)
             last_ns = ts
             if progress and time.monotonic() >= next_update:
                 next_update = time.monotonic() + _PROGRESS_EVERY_S

@@ -13,7 +13,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.adapters.kafka_admin import ensure_topics, group_progress
-from pipeline.settings import Settings
+from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +34,8 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
         "join_timeout_ms": 2000,
         "window_grace_ms": 2000,
         "flush_interval_ms": 200,
+        # the integration tests' figures are written against the contract tiers
+        "slo_spec": EXAMPLE_SLO_SPEC,
     }
     base.update(over)
     s = Settings(**base)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from pipeline.adapters.store import open_store
 from pipeline.contract.codec import event_to_dict
 from pipeline.contract.partitioning import partition_for
 from pipeline.core.slo import load_spec_file
-from pipeline.settings import DEFAULT_SLO_SPEC, Settings
+from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.disorder import (
     HOUR_NS,
     YEAR_NS,
@@ -35,7 +35,7 @@ from tests.integration.harness import WorkerProcess, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
 pytestmark = pytest.mark.integration
-SPEC = load_spec_file(DEFAULT_SLO_SPEC)
+SPEC = load_spec_file(EXAMPLE_SLO_SPEC)  # the spec the harness's workers evaluate
 
 
 def _messy(n: int, seed: int, start_ns: int, prefix: str) -> tuple[list[dict], set[str]]:

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.adapters.controller import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS
 from pipeline.adapters.store import _insert, open_store
-from pipeline.settings import Settings
+from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.integration.harness import REPO
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,8 @@ def tg(*args: str, check: bool = True, timeout: float = 300) -> subprocess.Compl
         [sys.executable, "-m", "pipeline.cli", *args],
         check=False,
         cwd=REPO,
-        env=dict(os.environ, COLUMNS="200"),  # rich's width when not on a terminal
+        # COLUMNS: rich's width when not on a terminal; the figures assume the contract tiers
+        env=dict(os.environ, COLUMNS="200", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from pipeline.adapters.query_server import DISCOVERY_FILE
 from pipeline.contract.codec import encode_event
 from pipeline.demo import kafka_sink
+from pipeline.settings import EXAMPLE_SLO_SPEC
 from tests.factories import completed, finished, received
 from tests.integration.harness import REPO, WorkerProcess, make_settings
 
@@ -29,7 +30,7 @@ def tg(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pipeline.cli", *args],
         check=False,
         cwd=REPO,
-        env=dict(os.environ, COLUMNS="200"),
+        env=dict(os.environ, COLUMNS="200", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
         capture_output=True,
         text=True,
         timeout=120,

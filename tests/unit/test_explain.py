@@ -9,10 +9,10 @@ import pytest
 from pipeline.core.explain import Directive, breakdown, control_at, explain, timeline
 from pipeline.core.record import build_record
 from pipeline.core.slo import load_spec_file
-from pipeline.settings import DEFAULT_SLO_SPEC
+from pipeline.settings import EXAMPLE_SLO_SPEC
 from tests.factories import T0_NS, completed, finished, received
 
-SPEC = load_spec_file(DEFAULT_SLO_SPEC)
+SPEC = load_spec_file(EXAMPLE_SLO_SPEC)
 
 
 def _joined(total_ms: float = 500.0, queue_ms: float = 300.0, **kw: object):

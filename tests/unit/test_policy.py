@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from pipeline.core.policy import (
     DEFAULT_POLICY_PATH,
+    EXAMPLE_POLICY_PATH,
     NO_ACTIONS,
     ControlPolicy,
     Decision,
@@ -53,7 +54,7 @@ HEALTHY: dict[str, Any] = {
 
 
 def _doc() -> dict[str, Any]:
-    doc = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    doc = yaml.safe_load(EXAMPLE_POLICY_PATH.read_text())
     assert isinstance(doc, dict)
     return doc
 
@@ -65,7 +66,9 @@ def _policy(mutate: Callable[[dict[str, Any]], object] | None = None) -> Control
     return load_policy(yaml.safe_dump(doc, sort_keys=False), "test.yaml")
 
 
-DEFAULT = load_policy_file(DEFAULT_POLICY_PATH)
+# The state-machine tables run on the source documents' circuit-breaker table
+# (specs/policy-example.yaml: gateway P99 > 300 ms ...): round figures.
+DEFAULT = load_policy_file(EXAMPLE_POLICY_PATH)
 
 
 def _run(
@@ -151,9 +154,30 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], object], dict[str, str]]] = 
         {"levels[1].exit[0].value": "strictly above the entry threshold 0.8"},
     ),
     (
-        "exit-boolean-equals-entry",
-        _set("levels[0].exit[1].is", True),
-        {"levels[0].exit[1].is": "needs `is: false`"},
+        # a burn-rate alert may open a level, never hold one (it outlives the incident)
+        "exit-on-burn-alert",
+        lambda d: d["levels"][0]["exit"].append({"signal": "burn.page", "is": False}),
+        {"levels[0].exit[1].signal": "burn.page is a burn-rate alert: it may open a level"},
+    ),
+    (
+        "percent-for-a-fraction",
+        _set("levels[1].enter[0].value", 80),
+        {"levels[1].enter[0]": "80 looks like a percent; kv_cache_hit_rate is a fraction 0..1"},
+    ),
+    (
+        "gpu-memory-percent",
+        _set("levels[2].enter[0].value", 95),
+        {"levels[2].enter[0]": "95 looks like a percent; gpu_memory_fraction is a fraction"},
+    ),
+    (
+        "negative-latency",
+        _set("levels[0].enter[0].value", -300),
+        {"levels[0].enter[0]": "negative threshold (-300)"},
+    ),
+    (
+        "compliance-over-one",
+        _set("levels[0].enter[0]", {"signal": "compliance_5m.x", "op": "<", "value": 1.5}),
+        {"levels[0].enter[0]": "compliance_5m.x is a fraction, 0..1; 1.5 is out of range"},
     ),
     (
         "negative-for",
@@ -336,13 +360,14 @@ def test_hold_durations(text: str, ms: int) -> None:
     assert parse_duration_ms(text, allow_zero=True) == ms
 
 
-def test_default_policy_encodes_the_source_table() -> None:
-    ok, message = validate_policy_file(DEFAULT_POLICY_PATH)
+def test_example_policy_encodes_the_source_table() -> None:
+    ok, message = validate_policy_file(EXAMPLE_POLICY_PATH)
     assert ok, message
-    assert DEFAULT_POLICY_PATH == REPO / "specs" / "policy-default.yaml"
+    assert EXAMPLE_POLICY_PATH == REPO / "specs" / "policy-example.yaml"
     l1, l2, l3 = (DEFAULT.level(n) for n in (1, 2, 3))
     assert [c.describe() for c in l1.enter] == [f"{P99} > 300 for 5m", "burn.page is true"]
-    assert [c.describe() for c in l1.exit] == [f"{P99} < 250 for 5m", "burn.page is false"]
+    # burn alerts open a level but never hold one: not in exit
+    assert [c.describe() for c in l1.exit] == [f"{P99} < 250 for 5m"]
     assert [c.describe() for c in l2.enter] == [
         "kv_cache_hit_rate < 0.8 for 1m",
         "queue_saturation > 0.8 for 5m",
@@ -550,7 +575,7 @@ def test_half_open_then_normal() -> None:
     assert ho.actions == DEFAULT.level(1).actions.to_actions(admit_fraction=0.25)
     assert ho.actions.admit_fraction == 0.25
     assert ho.notify_customer
-    assert dict(ho.figures) == {P99: 200.0, "burn.page": False}
+    assert dict(ho.figures) == {P99: 200.0}
     still = _at(ds, 10 * M - TICK)
     assert (still.level, still.phase, still.changed, still.since_ms) == (
         1,
@@ -957,3 +982,27 @@ def test_random_flapping_around_l1_stays_within_the_documented_hourly_bound(
 def test_fast_policy_is_valid_and_tighter() -> None:
     assert _FAST.transition_bound(H) == 2 * math.ceil(H / (20 * S)) + 4
     assert copy.deepcopy(_FAST) == _FAST
+
+
+def test_shipped_default_validates_and_watches_first_token_latency() -> None:
+    ok, message = validate_policy_file(DEFAULT_POLICY_PATH)
+    assert ok, message
+    shipped = load_policy_file(DEFAULT_POLICY_PATH)
+    assert [c.signal for c in shipped.level(1).enter] == ["p99.ttft_engine_ms", "burn.page"]
+    assert all(
+        c.signal not in ("burn.page", "burn.ticket") for lv in shipped.levels for c in lv.exit
+    )
+
+
+def test_one_actions_type_and_the_signal_decision() -> None:
+    """The policy's Actions are the wire's Actions (one type, one retry_after_s default)."""
+    from pipeline.core.control_signal import Actions as WireActions
+
+    d = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
+    assert isinstance(d.actions, WireActions)
+    assert WireActions() == NO_ACTIONS
+    sd = d.to_signal()
+    assert (sd.level, sd.phase, sd.actions) == (1, "degraded", d.actions)
+    assert sd.figures == {"burn.page": True}
+    long = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
+    assert len(long.to_signal().reason) <= 1024

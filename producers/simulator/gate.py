@@ -1,0 +1,200 @@
+"""Simulated gateways applying control directives, as the ASGI middleware does.
+
+:class:`GatewayGate` holds the directive in force per scope (a model, or
+``"*"``) and decides, per request arriving at a simulated gateway:
+
+* ``shed_priorities_at_or_above = p`` and priority >= p -> **429** with
+  ``Retry-After`` (recorded ``outcome="rejected"``, ``http_status=429``);
+* ``reject_new_sessions`` and the request opens a new session -> the same 429
+  (a request is a new session when ``blake2b(request id)`` falls in
+  ``new_session_fraction``: deterministic, no draw from the simulator's RNG;
+  a client's retry continues its session);
+* half-open: of the requests either rule would reject, ``admit_fraction`` is
+  admitted (``hash_admits`` on the request id, as the middleware does);
+* ``rate_limit_rps``: a token bucket per gateway instance and scope (burst =
+  one second of tokens); an empty bucket -> 429;
+* admitted requests get ``cap_context_tokens`` (prompt truncated: shorter
+  prefill) and ``fallback_model`` (routed to that model's engines when the
+  simulation serves it).
+
+Directives come either from the real :class:`producers.control_client.ControlClient`
+(signatures checked; :meth:`GatewayGate.from_directive`) or, in a backtest, straight
+from the in-process control loop (:meth:`GatewayGate.set`). Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from producers.asgi_control import hash_admits
+
+ALL_SCOPES: Final = "*"
+
+Reject = Literal["shed_priority", "new_session", "rate_limit"]
+
+
+@dataclass(frozen=True, slots=True)
+class GateActions:
+    level: int = 0
+    phase: str = "normal"
+    shed_priorities_at_or_above: int | None = None
+    cap_context_tokens: int | None = None
+    fallback_model: str | None = None
+    reject_new_sessions: bool = False
+    retry_after_s: int = 0
+    rate_limit_rps: float | None = None
+    admit_fraction: float | None = None
+
+    @classmethod
+    def of(cls, level: int, phase: str, actions: Any) -> GateActions:
+        """From a policy ``Actions``, a signal's actions model or a mapping."""
+        a = actions if isinstance(actions, dict) else _fields(actions)
+        return cls(
+            level=level,
+            phase=phase,
+            shed_priorities_at_or_above=a.get("shed_priorities_at_or_above"),
+            cap_context_tokens=a.get("cap_context_tokens"),
+            fallback_model=a.get("fallback_model"),
+            reject_new_sessions=bool(a.get("reject_new_sessions")),
+            retry_after_s=int(a.get("retry_after_s") or 0),
+            rate_limit_rps=a.get("rate_limit_rps"),
+            admit_fraction=a.get("admit_fraction"),
+        )
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    if hasattr(obj, "to_json"):
+        return dict(obj.to_json())
+    if hasattr(obj, "model_dump"):
+        return dict(obj.model_dump())
+    raise TypeError(f"cannot read actions from {obj!r}")
+
+
+NORMAL: Final = GateActions()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    reject: Reject | None = None
+    retry_after_s: int = 0
+    cap_context_tokens: int | None = None
+    fallback_model: str | None = None
+
+
+ADMIT: Final = Verdict()
+
+
+@dataclass
+class GatewayGate:
+    new_session_fraction: float = 0.3
+    scopes: dict[str, GateActions] = field(default_factory=dict)
+    # (gateway, scope) -> (tokens, last refill ms)
+    _buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    rejected: Counter[tuple[int, str]] = field(default_factory=Counter)  # (priority, why)
+    capped: Counter[int] = field(default_factory=Counter)  # priority -> requests capped
+    half_open_admitted: int = 0
+    fallbacks: int = 0
+
+    def set(self, scope: str, actions: GateActions) -> None:
+        """Apply a directive to ``scope`` (in-process: a backtest's control loop)."""
+        self.scopes[scope] = actions
+
+    def from_directive(self, scope: str, directive: Any) -> None:
+        """Apply a :class:`producers.control_client.Directive` (verified signal)."""
+        self.set(scope, GateActions.of(directive.level, directive.phase, directive.actions))
+
+    def actions(self, model: str) -> GateActions:
+        return self.scopes.get(model) or self.scopes.get(ALL_SCOPES) or NORMAL
+
+    def decide(
+        self,
+        *,
+        model: str,
+        priority: int,
+        request_id: str,
+        session_id: str,
+        gateway: str,
+        prompt_tokens: int,
+        t_ms: float,
+    ) -> Verdict:
+        a = self.actions(model)
+        if a.level <= 0:
+            return ADMIT
+        reject: Reject | None = None
+        if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
+            reject = "shed_priority"
+        elif (
+            a.reject_new_sessions
+            and session_id == request_id
+            and hash_admits(f"session:{session_id}", self.new_session_fraction)
+        ):
+            reject = "new_session"
+        if (
+            reject is not None
+            and a.phase == "half_open"
+            and a.admit_fraction
+            and hash_admits(request_id, a.admit_fraction)
+        ):
+            self.half_open_admitted += 1
+            reject = None
+        if (
+            reject is None
+            and a.rate_limit_rps is not None
+            and not self._take_token(gateway, model, a.rate_limit_rps, t_ms)
+        ):
+            reject = "rate_limit"
+        if reject is not None:
+            self.rejected[(priority, reject)] += 1
+            return Verdict(reject=reject, retry_after_s=a.retry_after_s)
+        cap = a.cap_context_tokens
+        if cap is not None and prompt_tokens > cap:
+            self.capped[priority] += 1
+        else:
+            cap = None
+        if a.fallback_model is not None:
+            self.fallbacks += 1
+        return Verdict(cap_context_tokens=cap, fallback_model=a.fallback_model)
+
+    def _take_token(self, gateway: str, scope: str, rps: float, t_ms: float) -> bool:
+        key = (gateway, scope)
+        tokens, last = self._buckets.get(key, (rps, t_ms))
+        tokens = min(rps, tokens + (t_ms - last) / 1000.0 * rps)
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, t_ms)
+            return True
+        self._buckets[key] = (tokens, t_ms)
+        return False
+
+    def shed_by_priority(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (prio, _why), n in self.rejected.items():
+            out[prio] = out.get(prio, 0) + n
+        return dict(sorted(out.items()))
+
+
+class ControlClientGate(GatewayGate):
+    """A gate that reads the directives through a real
+    :class:`producers.control_client.ControlClient` (signed, sequenced, expiring:
+    the serving layer's own path), looked up per request like the ASGI middleware:
+    the model's directive, else the ``"*"`` one."""
+
+    def __init__(self, client: Any, new_session_fraction: float = 0.3) -> None:
+        super().__init__(new_session_fraction=new_session_fraction)
+        self.client = client
+        self._cache: dict[tuple[Any, ...], GateActions] = {}
+
+    def actions(self, model: str) -> GateActions:
+        d = self.client.directive(model)
+        if d.level <= 0:
+            d = self.client.directive(ALL_SCOPES)
+        if d.level <= 0:
+            return NORMAL
+        key = (d.scope, d.seq, d.phase)
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) > 1024:
+                self._cache.clear()
+            got = self._cache[key] = GateActions.of(d.level, d.phase, d.actions)
+        return got
