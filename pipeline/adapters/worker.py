@@ -20,33 +20,39 @@ Delivery guarantee: at-least-once with idempotent writes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import ssl
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
+import orjson
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
 from pipeline.adapters.query_server import QueryServer, start_query_server
-from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer
+from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
     ClickHouseStore,
+    StoreError,
+    is_data_error,
     migrate,
     open_store,
     read_horizons,
     with_retry,
     write_checkpoints,
     write_events,
+    write_isolating,
+    write_requests,
     write_windows,
-    write_with_retry,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
-from pipeline.contract.codec import SourceRef, decode_message, encode_event
+from pipeline.contract.codec import DeadLetter, SourceRef, decode_message, encode_event
 from pipeline.contract.events import EngineStats
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
@@ -97,6 +103,7 @@ class WorkerShell:
         self._timeouts_seen = (0, 0)
         self._late_seen = 0
         self.write_retries = 0
+        self.store_rejected = 0  # rows the store refused, sent to the DLQ
         self.rows_written = 0
         self._last_log = time.monotonic()
         # Back pressure: set while ClickHouse takes writes; while it fails, the
@@ -104,6 +111,9 @@ class WorkerShell:
         self._store_up = asyncio.Event()
         self._store_up.set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
+        # that is committed), so the worker stops within seconds in every state.
+        self.stopping = threading.Event()
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
@@ -199,20 +209,23 @@ class WorkerShell:
         store, s = self.store, self.settings
         retries = 0
         if records:
-            retries += write_with_retry(store, records, on_failure=self._on_write_failure)
+            retries += self._write_rows(
+                lambda rows: write_requests(store, rows), records, "write of records",
+                lambda rec, why: dataclasses.replace(
+                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
+                ),
+            )  # fmt: skip
         if events:
-            retries += with_retry(
-                lambda: write_events(store, events),
-                "write of raw events",
-                on_failure=self._on_write_failure,
-            )
+            retries += self._write_rows(
+                lambda rows: write_events(store, rows), events, "write of raw events",
+                _event_dead_letter,
+            )  # fmt: skip
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
-            retries += with_retry(
+            retries += self._retry(
                 lambda: write_windows(store, windows, s.lifecycle_topic, acc, token),
                 f"write of {len(windows)} windows",
-                on_failure=self._on_write_failure,
             )
         # The controller hears of a window once it is stored (at least once: it dedups).
         assert self.summaries is not None
@@ -222,13 +235,40 @@ class WorkerShell:
             if self._progress_sent.get(p) != horizon:
                 self.summaries.send(encode_summary(Progress(p, horizon)))
                 self._progress_sent[p] = horizon
-        self.summaries.flush()
+        self.summaries.flush(self.stopping)
         # Only after the windows: a horizon never runs ahead of what is stored.
-        retries += with_retry(
+        retries += self._retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
             "write of checkpoints",
-            on_failure=self._on_write_failure,
         )
+        return retries
+
+    # --- failures: outages retried, rejected rows dead-lettered, stop honoured ---------
+
+    def _sleep(self, delay_s: float) -> None:
+        """The retry backoff; gives up at once when the worker is stopping."""
+        if self.stopping.wait(delay_s):
+            raise ShuttingDownError("stopping during a write retry")
+
+    def _retry(self, fn: Any, what: str) -> int:
+        """One write, retried with backoff through an outage (input paused meanwhile);
+        a data error is raised at once (see :meth:`_write_rows`)."""
+        if self.stopping.is_set():
+            raise ShuttingDownError(f"stopping before the {what}")
+        return with_retry(
+            fn, what, on_failure=self._on_write_failure, sleep=self._sleep, fatal=is_data_error
+        )
+
+    def _write_rows(self, write: Any, rows: list[Any], what: str, to_dead: Any) -> int:
+        """Write rows; those the store rejects for their values are isolated (the batch is
+        split) and sent to the DLQ with the store's reason; the rest is written."""
+        retries, rejected = write_isolating(write, rows, what, retry=self._retry)
+        if rejected:
+            assert self.dlq is not None
+            dead = [to_dead(row, reason) for row, reason in rejected]
+            self.dlq.send_dead(dead)
+            self.telemetry.dead_letters.add(len(dead))
+            self.store_rejected += len(dead)
         return retries
 
     async def flush_and_commit(self) -> None:
@@ -258,7 +298,7 @@ class WorkerShell:
                 self.write_retries += retries
                 self.rows_written += len(records)
             assert self.dlq is not None
-            await loop.run_in_executor(self._executor, self.dlq.flush)
+            await loop.run_in_executor(self._executor, self.dlq.flush, self.stopping)
             changed = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
             if changed:
                 topic = self.settings.lifecycle_topic
@@ -386,7 +426,9 @@ class WorkerShell:
         def write() -> int:
             control.flush()
             return with_retry(
-                lambda: write_audit(store, control_rows, event_rows), "write of the control audit"
+                lambda: write_audit(store, control_rows, event_rows),
+                "write of the control audit",
+                sleep=self._sleep,
             )
 
         retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
@@ -403,11 +445,18 @@ class WorkerShell:
     async def stop(self) -> None:
         """Write buffered records (idempotent). No commit and no windows: the
         consumer is gone by now; the next owner replays from the committed offset."""
+        self.stopping.set()
         try:
             batch, self._records = self._records, []
             if batch and self.store is not None:
-                write_with_retry(self.store, batch, attempts=3)
+                store = self.store
+                write_isolating(
+                    lambda rows: write_requests(store, rows), batch, "final write of records",
+                    retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
+                )  # fmt: skip
                 self.rows_written += len(batch)
+        except (StoreError, ShuttingDownError) as exc:
+            log.warning("buffered records not written at stop (the next owner replays): %s", exc)
         finally:
             self._executor.shutdown(wait=True)
             if self.query_server is not None:
@@ -416,6 +465,18 @@ class WorkerShell:
                 self.store.close()
             self._maybe_log(force=True)
             self.telemetry.shutdown()
+
+
+def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
+    """A record the store refused, as a dead letter (the record as JSON; its events are
+    spread over several offsets, so the source names the topic only)."""
+    return DeadLetter(orjson.dumps(dataclasses.asdict(rec)), "", SourceRef(topic, -1, -1), None)
+
+
+def _event_dead_letter(row: tuple[Any, ...], reason: str) -> DeadLetter:
+    """A raw-event row the store refused (see ``WorkerShell._collect``), as a dead letter."""
+    _id, _kind, _rid, _ts, _host, _model, topic, partition, offset, payload = row
+    return DeadLetter(payload.encode(), reason, SourceRef(topic, partition, offset), None)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -499,11 +560,17 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
 
     @app.timer(interval=settings.flush_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def flush() -> None:
-        await shell.flush_and_commit()
+        try:
+            await shell.flush_and_commit()
+        except ShuttingDownError as exc:  # SIGTERM during a write: nothing committed
+            log.info("flush abandoned, nothing committed: %s", exc)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        await shell.on_revoked(revoked)
+        try:
+            await shell.on_revoked(revoked)
+        except ShuttingDownError as exc:
+            log.info("revocation flush abandoned, nothing committed: %s", exc)
 
     return app, shell
 
@@ -529,5 +596,26 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
         async def on_stop(self) -> None:  # runs after the app (and its consumer) stopped
             await shell.stop()
 
-    worker = faust.Worker(app, _Lifecycle(), loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = _Worker(
+        app, _Lifecycle(), loglevel=loglevel, quiet=True, redirect_stdouts=False, shell=shell
+    )
     worker.execute_from_commandline()
+
+
+class _Worker(faust.Worker):
+    """Faust's worker, told to stop waiting the moment a stop signal arrives: a write
+    retrying through a store outage or a DLQ flush waiting for the broker would
+    otherwise hold the shutdown until it succeeds."""
+
+    def __init__(self, *args: Any, shell: WorkerShell, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shell = shell
+
+    def _on_sigterm(self) -> None:
+        log.info("SIGTERM: stopping (writes in progress give up; nothing more is committed)")
+        self._shell.stopping.set()
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        self._shell.stopping.set()
+        super()._on_sigint()
