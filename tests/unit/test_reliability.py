@@ -58,7 +58,8 @@ def test_a_number_its_column_cannot_hold_is_a_dead_letter(
 ) -> None:
     d = decode_message(_with(_EVENTS[kind], **{field: value}), SRC)
     assert d.events == []
-    assert len(d.dead) == 1 and field in d.dead[0].reason, d.dead
+    assert len(d.dead) == 1, d.dead
+    assert field in d.dead[0].reason, d.dead
 
 
 @pytest.mark.parametrize(("kind", "field", "value"), OVER)
@@ -69,7 +70,8 @@ def test_the_largest_value_its_column_holds_is_accepted(
     if field == "ts_unix_ns" and value == 2**64:
         at_bound = INT64_MAX
     d = decode_message(_with(_EVENTS[kind], **{field: at_bound}), SRC)
-    assert d.dead == [] and len(d.events) == 1
+    assert d.dead == []
+    assert len(d.events) == 1
 
 
 # --- 2: null and empty messages --------------------------------------------------------
@@ -98,13 +100,16 @@ def test_one_non_finite_number_in_an_array_rejects_only_its_event(literal: str) 
     assert sorted(e.request_id for e in d.events) == ["r0", "r1", "r2"]
     assert len(d.dead) == 1
     assert d.dead[0].index == 1
-    assert "total_ms" in d.dead[0].reason and "finite" in d.dead[0].reason
+    assert "total_ms" in d.dead[0].reason
+    assert "finite" in d.dead[0].reason
     assert literal.encode() in d.dead[0].raw  # stored as received, not as null
 
 
 def test_an_array_that_is_not_json_is_still_one_dead_letter() -> None:
     d = decode_message(b'[{"v": 1}, NaN', SRC)
-    assert d.events == [] and len(d.dead) == 1 and d.dead[0].reason.startswith("invalid_json")
+    assert d.events == []
+    assert len(d.dead) == 1
+    assert d.dead[0].reason.startswith("invalid_json")
 
 
 # --- 1: the rows a store rejects are isolated ----------------------------------------------
@@ -207,12 +212,14 @@ def test_an_oversize_dead_letter_is_stored_truncated_with_its_size_and_reason() 
     value, headers = dead_letter_message(dead)
     value, headers = truncate_dead(value, headers, DLQ_MAX_VALUE_BYTES)
     h = dict(headers)
-    assert len(value) == DLQ_MAX_VALUE_BYTES and raw.startswith(value)
+    assert len(value) == DLQ_MAX_VALUE_BYTES
+    assert raw.startswith(value)
     assert h["tailguard.original.size"] == str(len(raw)).encode()
     assert h["tailguard.truncated"] == str(DLQ_MAX_VALUE_BYTES).encode()
     assert h["tailguard.reason"].startswith(b"oversize")
     # Truncated again (a DLQ with a smaller limit): the original size stays.
     value2, headers2 = truncate_dead(value, headers, 4096)
     h2 = dict(headers2)
-    assert len(value2) == 4096 and h2["tailguard.original.size"] == str(len(raw)).encode()
+    assert len(value2) == 4096
+    assert h2["tailguard.original.size"] == str(len(raw)).encode()
     assert [k for k, _ in headers2].count("tailguard.truncated") == 1
