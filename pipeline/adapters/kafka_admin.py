@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,42 @@ class KafkaAdminError(Exception):
 
 def admin(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka_config())
+
+
+def wait_for_broker(
+    settings: Settings,
+    stop: threading.Event,
+    *,
+    base_delay_s: float = 0.5,
+    max_delay_s: float = 10.0,
+    probe_timeout_s: float = 5.0,
+) -> bool:
+    """Block until the cluster answers a metadata request, retrying with exponential
+    backoff (``base_delay_s`` doubling, capped at ``max_delay_s``) and logging each miss;
+    False when ``stop`` is set first (a supervisor stopping a worker that never connected).
+    """
+    a = admin(settings)
+    delay = base_delay_s
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            md = a.list_topics(timeout=probe_timeout_s)
+            if md.brokers:
+                if attempt > 1:
+                    log.warning("Kafka broker reachable after %d attempts", attempt)
+                return True
+            why = "no broker in the metadata"
+        except KafkaException as exc:
+            why = str(exc.args[0])
+        log.warning(
+            "Kafka broker %s unreachable (%s): waiting, retry %d in %.1fs",
+            settings.bootstrap_servers, why, attempt, delay,
+        )  # fmt: skip
+        if stop.wait(delay):
+            break
+        delay = min(delay * 2, max_delay_s)
+    return False
 
 
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]:

@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import signal
 import ssl
 import threading
 import time
@@ -35,6 +36,7 @@ import orjson
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.kafka_admin import wait_for_broker
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
@@ -588,6 +590,8 @@ def tune_gc() -> None:
 
 def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """Run one worker until SIGTERM/SIGINT (blocking)."""
+    if not _wait_for_broker(settings):
+        return
     app, shell = build_app(settings)
     shell.open()  # fail fast on a bad store, before joining the group
     tune_gc()
@@ -600,6 +604,23 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
         app, _Lifecycle(), loglevel=loglevel, quiet=True, redirect_stdouts=False, shell=shell
     )
     worker.execute_from_commandline()
+
+
+def _wait_for_broker(settings: Settings) -> bool:
+    """Start-up before the broker: wait for it with backoff, as a service under a
+    supervisor should (SIGTERM/SIGINT meanwhile: False, exit cleanly)."""
+    stop = threading.Event()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in handlers:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        up = wait_for_broker(settings, stop)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if not up:
+        log.warning("stopped while waiting for the Kafka broker")
+    return up
 
 
 class _Worker(faust.Worker):
