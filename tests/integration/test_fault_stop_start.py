@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 
 from pipeline.adapters.kafka_admin import group_progress
 from pipeline.settings import Settings
@@ -43,6 +44,14 @@ def _sigterm(worker: WorkerProcess) -> float:
     return took
 
 
+def _committed(s: Settings) -> dict[int, int]:
+    """Committed offsets; none while the group coordinator is still loading (fresh broker)."""
+    try:
+        return committed_offsets(s)
+    except KafkaException:
+        return {}
+
+
 def _log_has(worker: WorkerProcess, text: str) -> bool:
     return text in worker.log_path.read_text(errors="replace")
 
@@ -58,29 +67,35 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
 
     # Busy: stopped while catching up on a backlog.
     w = WorkerProcess(s, tmp_path / "busy.log")
-    wait_for(lambda: any(committed_offsets(s).values()), "a first commit", 120, 0.05)
-    lag_at_stop = group_progress(s, s.lifecycle_topic).lag
-    took["busy"] = _sigterm(w)
+    try:
+        wait_for(lambda: any(_committed(s).values()), "a first commit", 120, 0.05)
+        lag_at_stop = group_progress(s, s.lifecycle_topic).lag
+    finally:
+        took["busy"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Idle: caught up, nothing to do.
     w = WorkerProcess(s, tmp_path / "idle.log")
-    w.wait_caught_up(timeout_s=180)
-    took["idle"] = _sigterm(w)
+    try:
+        w.wait_caught_up(timeout_s=180)
+    finally:
+        took["idle"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Store outage: every write retried with backoff, the input paused.
     w = WorkerProcess(s, tmp_path / "outage.log")
-    w.wait_caught_up(timeout_s=60)
-    produce_batches(s, b)
-    w.wait_caught_up(timeout_s=60)
-    flag.touch()
-    produce_batches(s, c)
-    wait_for(lambda: _log_has(w, "lifecycle input paused"), "the pause", 30)
-    committed = committed_offsets(s)
-    # Into the retry loop's longer delays (0.2 + 0.4 + ... + 3.2 s).
-    wait_for(lambda: _log_has(w, "; retry 6 in "), "the 6th retry", 30)
-    took["store outage"] = _sigterm(w)
+    try:
+        w.wait_caught_up(timeout_s=60)
+        produce_batches(s, b)
+        w.wait_caught_up(timeout_s=60)
+        flag.touch()
+        produce_batches(s, c)
+        wait_for(lambda: _log_has(w, "lifecycle input paused"), "the pause", 30)
+        committed = committed_offsets(s)
+        # Into the retry loop's longer delays (0.2 + 0.4 + ... + 3.2 s).
+        wait_for(lambda: _log_has(w, "; retry 6 in "), "the 6th retry", 30)
+    finally:
+        took["store outage"] = _sigterm(w)
     log_text = w.log_path.read_text(errors="replace")
     assert committed_offsets(s) == committed, "committed past what was written"
     assert "Traceback" not in log_text, log_text[-3000:]
@@ -105,9 +120,9 @@ def test_a_worker_started_before_the_broker_waits_and_retries(kafka, tmp_path: P
     produce_batches(s, events)
     retry = re.compile(r"Kafka broker \S+ unreachable .*: waiting, retry (\d+) in ([\d.]+)s")
     kafka.local.stop()
+    waiting = WorkerProcess(s, tmp_path / "waiting.log")
+    stopped = WorkerProcess(s, tmp_path / "stopped.log")
     try:
-        waiting = WorkerProcess(s, tmp_path / "waiting.log")
-        stopped = WorkerProcess(s, tmp_path / "stopped.log")
         wait_for(
             lambda: len(retry.findall(waiting.log_path.read_text(errors="replace"))) >= 4,
             "four retries",
@@ -118,7 +133,11 @@ def test_a_worker_started_before_the_broker_waits_and_retries(kafka, tmp_path: P
         took = _sigterm(stopped)  # SIGTERM while waiting for the broker
         assert stopped.proc.returncode == 0, stopped.log_tail()
         assert took < STOP_WITHIN_S, took
+    except BaseException:
+        waiting.stop(signal.SIGKILL)
+        raise
     finally:
+        stopped.stop(signal.SIGKILL)  # no-op when it exited
         kafka.local.start()
     try:
         waiting.wait_caught_up(timeout_s=120)
