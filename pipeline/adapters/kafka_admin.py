@@ -62,6 +62,21 @@ def wait_for_broker(
     return False
 
 
+def topic_id(a: AdminClient, topic: str, timeout_s: float = 5.0) -> str | None:
+    """The topic's id (it changes when a topic is deleted and created again under the same
+    name); None when the topic does not exist. Raises :class:`KafkaException` when the
+    cluster does not answer."""
+    from confluent_kafka import TopicCollection
+
+    fut = a.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+    try:
+        return str(fut.result(timeout=timeout_s).topic_id)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+
+
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]:
     """Create tailguard's topics if missing; return each topic's partition count.
 

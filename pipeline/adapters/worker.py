@@ -36,7 +36,7 @@ import orjson
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
-from pipeline.adapters.kafka_admin import wait_for_broker
+from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
@@ -116,6 +116,9 @@ class WorkerShell:
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
         # that is committed), so the worker stops within seconds in every state.
         self.stopping = threading.Event()
+        self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
+        self._topic_checked = False
+        self._admin: Any = None
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
@@ -436,6 +439,52 @@ class WorkerShell:
         retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
         self.telemetry.write_retries.add(retries)
 
+    async def check_topic(self) -> None:
+        """Notice the lifecycle topic being deleted, or deleted and created again (its id
+        changes): log an error, drop the state built from the old topic (its offsets mean
+        nothing in the new one) and make the consumer fetch metadata again, so that the
+        group rebalances onto the new topic and reads it from its first offset."""
+        topic = self.settings.lifecycle_topic
+        if self._admin is None:
+            self._admin = admin(self.settings)
+        try:
+            now = await asyncio.to_thread(topic_id, self._admin, topic)
+        except Exception:  # broker unreachable: nothing to conclude
+            return
+        before, self._topic_id = self._topic_id, now
+        first, self._topic_checked = not self._topic_checked, True
+        if first or before == now:
+            return
+        parts = sorted(self.processor.next_offsets())
+        if now is None:
+            log.error(
+                "lifecycle topic %s was deleted: dropped the state of partitions %s; "
+                "waiting for it to be created again",
+                topic, parts,
+            )  # fmt: skip
+        else:
+            log.error(
+                "lifecycle topic %s was created again (id %s -> %s): resubscribing, "
+                "reading it from its first offset",
+                topic, before, now,
+            )  # fmt: skip
+        # Records completed from the old topic are kept (written at the next flush);
+        # pending joins and open windows of it are dropped, and nothing is committed for
+        # partitions this worker no longer holds state for.
+        self.processor.revoke(parts)
+        for p in parts:
+            self._committed.pop(p, None)
+        self._refresh_metadata()
+
+    def _refresh_metadata(self) -> None:
+        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin)."""
+        try:
+            thread = self.app.consumer._thread  # type: ignore[attr-defined]  # faust's aiokafka driver
+            client = thread._ensure_consumer()._client
+            thread.thread_loop.call_soon_threadsafe(client.force_metadata_update)
+        except Exception as exc:  # a newer Faust: the metadata refresh period still applies
+            log.warning("could not refresh the consumer's metadata (%s)", exc)
+
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
         # Write what is complete (idempotent), then forget the handed-away state.
@@ -515,6 +564,8 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         broker_session_timeout=settings.session_timeout_ms / 1000,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         stream_buffer_maxsize=8192,
+        # A recreated topic is seen at the next metadata refresh (see check_topic).
+        consumer_metadata_max_age_ms=settings.topic_check_interval_ms * 5,
     )
     shell = WorkerShell(settings, app)
     topic = app.topic(
@@ -566,6 +617,10 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
             await shell.flush_and_commit()
         except ShuttingDownError as exc:  # SIGTERM during a write: nothing committed
             log.info("flush abandoned, nothing committed: %s", exc)
+
+    @app.timer(interval=settings.topic_check_interval_ms / 1000)  # type: ignore[untyped-decorator]
+    async def check_topic() -> None:
+        await shell.check_topic()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
