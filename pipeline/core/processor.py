@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef, decode_message
-from pipeline.contract.events import EngineStats, Event
+from pipeline.contract.events import EngineStats, Event, GatewayReceived
 from pipeline.core.join import Emitted, EventClock, JoinConfig, JoinCounters, Joiner
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
@@ -84,6 +84,17 @@ class StreamProcessor:
             Joiner(self.join_config),
             WindowAggregator(partition, self.window_config, self.slo_factory, horizon_ms),
         )
+
+    def restore_inflight(self, partition: int, received: Iterable[tuple[int, Event]]) -> int:
+        """Give back the lone ``gateway.received`` events of a partition from before its
+        committed offset (see :meth:`safe_offsets`); returns how many were taken."""
+        joiner = self._part(partition).joiner
+        n = 0
+        for offset, ev in received:
+            if isinstance(ev, GatewayReceived):
+                joiner.add_emitted(ev, offset, None)
+                n += 1
+        return n
 
     def _part(self, partition: int) -> _PartitionState:
         st = self._parts.get(partition)
@@ -202,7 +213,9 @@ class StreamProcessor:
         for p, st in self._parts.items():
             if not st.next_offset:
                 continue
-            safe = st.joiner.safe_offset(st.next_offset)
+            # Raw events are written before the commit (keep_events): a lone
+            # gateway.received is then durable and restored on a restart.
+            safe = st.joiner.safe_offset(st.next_offset, lone_received_durable=self.keep_events)
             win = st.windows.min_open_offset()
             out[p] = safe if win is None else min(safe, win)
         return out

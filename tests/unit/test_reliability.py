@@ -223,3 +223,47 @@ def test_an_oversize_dead_letter_is_stored_truncated_with_its_size_and_reason() 
     assert len(value2) == 4096
     assert h2["tailguard.original.size"] == str(len(raw)).encode()
     assert [k for k, _ in headers2].count("tailguard.truncated") == 1
+
+
+# --- 9: a lone gateway.received does not pin the commit ----------------------------------
+
+
+def test_a_lone_received_holds_the_commit_only_when_not_durable() -> None:
+    from pipeline.core.join import JoinConfig, Joiner
+
+    j = Joiner(JoinConfig())
+    j.add_emitted(received("r1"), 0, 1)
+    j.add_emitted(received("r2", tenant=None, prompt_tokens=None), 1, 1)
+    j.add_emitted(completed("r3"), 2, 1)  # a terminal event waiting for its partner
+    j.add_emitted(received("r4"), 3, 1)
+    assert j.safe_offset(4) == 0
+    assert j.safe_offset(4, lone_received_durable=True) == 2
+    j.add_emitted(completed("r1"), 4, 1)  # r1 is no longer lone: its received is needed
+    assert j.safe_offset(5, lone_received_durable=True) == 0
+
+
+def test_restored_received_events_join_with_partners_read_after_a_restart() -> None:
+    from pipeline.contract.codec import encode_batch
+    from pipeline.core.processor import StreamProcessor
+
+    proc = StreamProcessor("lc", keep_events=True)
+    proc.init_partition(0)
+    out = proc.process([(0, 0, encode_batch([received("a", priority=2)]))], 1000)
+    assert out.records == []
+    assert proc.safe_offsets() == {0: 1}  # durable in the raw events: not pinned
+    # A restart: a fresh processor gets the received back, then reads its partners.
+    fresh = StreamProcessor("lc", keep_events=True)
+    assert fresh.restore_inflight(0, [(0, received("a", priority=2))]) == 1
+    out = fresh.process([(0, 1, encode_batch([completed("a"), finished("a")]))], 1000)
+    [rec] = out.records
+    assert (rec.source, rec.priority, rec.tenant) == ("joined", 2, "t1")
+
+
+def test_without_raw_events_a_lone_received_still_pins_the_commit() -> None:
+    from pipeline.contract.codec import encode_batch
+    from pipeline.core.processor import StreamProcessor
+
+    proc = StreamProcessor("lc", keep_events=False)
+    proc.init_partition(0)
+    proc.process([(0, 0, encode_batch([received("a")])), (0, 1, encode_batch([received("b")]))], 1)
+    assert proc.safe_offsets() == {0: 0}
