@@ -597,3 +597,45 @@ def read_horizons(store: Store, topic: str) -> dict[int, int]:
 
 def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:
     _insert(store, "lifecycle_events", EVENT_COLUMNS, rows)
+
+
+def read_inflight(
+    store: Store, group: str, topic: str, partitions: Sequence[int], ttl_ms: int
+) -> tuple[dict[int, int], dict[int, list[tuple[int, str]]]]:
+    """What a worker taking partitions must hold again: per partition, the offset last
+    checkpointed as committed (the latest row: a recreated topic starts again at 0),
+    and the ``gateway.received`` events (offset, JSON) from before it (the commit does
+    not wait for a lone received, see ``StreamProcessor.safe_offsets``) within the
+    in-flight TTL of the partition's newest event. Requests already recorded are
+    included: after a crash their other events may be read again, and must find their
+    received."""
+    if not partitions:
+        return {}, {}
+    db = store.database
+    committed = {
+        int(p): int(o)
+        for p, o in store.query_rows(
+            f"SELECT partition, argMax(committed_offset, updated_at) FROM {db}.worker_checkpoints "
+            "WHERE group_id = {g:String} AND source_topic = {t:String} "
+            "AND partition IN {ps:Array(UInt16)} GROUP BY partition",
+            {"g": group, "t": topic, "ps": list(partitions)},
+        )
+    }
+    if not committed:
+        return {}, {}
+    rows = store.query_rows(
+        "WITH bounds AS (SELECT source_partition AS p, max(ts_unix_ns) AS hi "
+        f"FROM {db}.lifecycle_events WHERE source_topic = {{t:String}} "
+        "AND source_partition IN {ps:Array(UInt16)} GROUP BY p) "
+        "SELECT DISTINCT e.source_partition, e.source_offset, e.payload "
+        f"FROM {db}.lifecycle_events AS e INNER JOIN bounds AS b ON e.source_partition = b.p "
+        "WHERE e.source_topic = {t:String} AND e.kind = 'gateway.received' "
+        "AND e.ts_unix_ns >= b.hi - {ttl:Int64} "
+        "ORDER BY e.source_partition, e.source_offset",
+        {"t": topic, "ps": list(committed), "ttl": ttl_ms * 1_000_000},
+    )
+    out: dict[int, list[tuple[int, str]]] = {}
+    for p, off, payload in rows:
+        if int(off) < committed[int(p)]:
+            out.setdefault(int(p), []).append((int(off), payload))
+    return committed, out

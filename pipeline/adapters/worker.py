@@ -46,6 +46,7 @@ from pipeline.adapters.store import (
     migrate,
     open_store,
     read_horizons,
+    read_inflight,
     with_retry,
     write_checkpoints,
     write_events,
@@ -55,7 +56,7 @@ from pipeline.adapters.store import (
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message, encode_event
-from pipeline.contract.events import EngineStats
+from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
@@ -101,6 +102,7 @@ class WorkerShell:
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
+        self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
         self._progress_sent: dict[int, int] = {}
         self._timeouts_seen = (0, 0)
         self._late_seen = 0
@@ -170,6 +172,28 @@ class WorkerShell:
         for p in partitions:
             self.processor.init_partition(p, horizons.get(p, 0))
             log.info("partition %d: window horizon %d ms", p, horizons.get(p, 0))
+        if self.settings.store_raw_events:
+            await self._restore_inflight(partitions)
+
+    async def _restore_inflight(self, partitions: set[int]) -> None:
+        """Lone gateway.received events from before the committed offset (the commit does
+        not wait for them: they are in the raw events table), back into the join."""
+        store, s = self.store, self.settings
+        assert store is not None
+        committed, found = await asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            lambda: read_inflight(
+                store, s.group_id, s.lifecycle_topic, sorted(partitions), s.inflight_ttl_ms
+            ),
+        )
+        for p, rows in found.items():
+            events = [(off, EVENT_ADAPTER.validate_json(payload)) for off, payload in rows]
+            n = self.processor.restore_inflight(p, events)
+            log.info("partition %d: %d in-flight requests restored from the store", p, n)
+        for p, off in committed.items():
+            # A restored received that meets its partner would pull the commit back to
+            # its own offset: it is durable, so commits never go below the checkpoint.
+            self._commit_floor[p] = off
 
     def _collect(self, out: Output) -> None:
         self._records.extend(out.records)
@@ -282,7 +306,7 @@ class WorkerShell:
             self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
             # after this point is covered by the commit below.
-            offsets = self.processor.safe_offsets()
+            offsets = self._floored(self.processor.safe_offsets())
             horizons = self.processor.horizons()
             late = self.processor.late_by_partition()
             checkpoints = [(p, horizons[p], o, late.get(p, 0)) for p, o in offsets.items()]
@@ -314,6 +338,17 @@ class WorkerShell:
                 self._committed.update(changed)
             self._count_timeouts()
             self._maybe_log()
+
+    def _floored(self, offsets: dict[int, int]) -> dict[int, int]:
+        """Commits never move back: a request whose lone received was skipped by an earlier
+        commit (durable in the raw events, restored on a restart) and has now met its
+        partner must not pull the commit back to the received's offset."""
+        floor = self._commit_floor
+        for p, o in offsets.items():
+            f = max(floor.get(p, 0), self._committed.get(p, 0))
+            if o < f:
+                offsets[p] = f
+        return offsets
 
     def _on_write_failure(self, _exc: Exception) -> None:
         """A write failed (on the writer thread; it retries with backoff): pause the input."""
@@ -474,6 +509,7 @@ class WorkerShell:
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
+        self._commit_floor.clear()
         self._refresh_metadata()
 
     def _refresh_metadata(self) -> None:
@@ -492,6 +528,7 @@ class WorkerShell:
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
+            self._commit_floor.pop(p, None)
 
     async def stop(self) -> None:
         """Write buffered records (idempotent). No commit and no windows: the
