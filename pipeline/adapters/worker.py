@@ -81,6 +81,7 @@ class WorkerShell:
             window_config=settings.window_config(),
             slo_factory=self.slo_factory,
             keep_events=settings.store_raw_events,
+            max_pending=settings.max_pending,
         )
         self.telemetry = WorkerTelemetry(
             settings.group_id,

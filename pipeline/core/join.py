@@ -585,6 +585,12 @@ class Joiner:
             build_record(rid, entry.received, entry.completed, entry.finished), entry.first_offset
         )
 
+    def evict(self, n: int) -> None:
+        """Resolve the ``n`` oldest pending requests early (counted as evicted); their
+        partial records come out of the next :meth:`advance_emitted`."""
+        for _ in range(min(n, len(self._pending))):
+            self._evict_oldest()
+
     def _evict_oldest(self) -> None:
         rid = next(iter(self._pending))
         entry = self._pending[rid]

@@ -63,9 +63,12 @@ class StreamProcessor:
         window_config: WindowConfig | None = None,
         slo_factory: Callable[[], WindowSLOs] | None = None,
         keep_events: bool = False,
+        max_pending: int | None = None,
     ) -> None:
         self.topic = topic
         self.keep_events = keep_events
+        # Pending joins of all partitions together (the join's own bound is per partition).
+        self.max_pending = max_pending
         self.join_config = join_config or JoinConfig()
         self.window_config = window_config or WindowConfig()
         self.slo_factory = slo_factory
@@ -152,10 +155,23 @@ class StreamProcessor:
                     self._window(st, emitted, out)
             st.next_offset = offset + 1
             touched.add(partition)
+        if self.max_pending is not None:
+            self._bound_pending(self.max_pending)
         for p in touched:
             self._advance(self._parts[p], wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
+
+    def _bound_pending(self, limit: int) -> None:
+        """Over ``limit`` pending joins in all: evict the oldest of the fullest partitions
+        (each down to its share, then further) until the total is back at ``limit``."""
+        excess = self.pending() - limit
+        while excess > 0:
+            st = max(self._parts.values(), key=lambda st: st.joiner.pending_count)
+            share = limit // len(self._parts)
+            n = min(excess, max(1, st.joiner.pending_count - share))
+            st.joiner.evict(n)
+            excess -= n
 
     def _advance(
         self, st: _PartitionState, wall_ms: int | None, out: Output, caught_up: bool = True

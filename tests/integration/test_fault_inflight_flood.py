@@ -5,6 +5,7 @@ restored from the store, so partners arriving then still join with their receive
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -76,3 +77,25 @@ def test_lone_received_events_do_not_pin_the_commit_and_survive_a_crash(
         store.close()
     assert len(rows) == PARTNERED
     assert {(src, prio, tenant) for _, src, prio, tenant in rows} == {("joined", 3, "t1")}
+
+
+def test_pending_joins_are_bounded_per_worker(kafka, tmp_path: Path) -> None:
+    limit = 5_000
+    s = make_settings(kafka.bootstrap_servers, tmp_path, max_pending=limit)
+    now_ms = (time.time_ns() - T0_NS) / 1e6
+    produce_batches(s, [received(f"lone-{i}", now_ms + i * 0.05) for i in range(LONE)])
+    worker = WorkerProcess(s, tmp_path / "worker.log")
+    try:
+        worker.wait_caught_up(timeout_s=120)
+    finally:
+        rc = worker.stop()
+    log_text = worker.log_path.read_text(errors="replace")
+    assert rc == 0, log_text[-3000:]
+    pending = [int(m) for m in re.findall(r" pending=(\d+) ", log_text)]
+    print(
+        f"{LONE} lone received events over {s.topic_partitions} partitions, limit {limit}: "
+        f"pending at the status lines {pending}"
+    )
+    assert pending, log_text[-3000:]
+    assert max(pending) <= limit
+    assert pending[-1] == limit  # the final status line, at the stop

@@ -267,3 +267,23 @@ def test_without_raw_events_a_lone_received_still_pins_the_commit() -> None:
     proc.init_partition(0)
     proc.process([(0, 0, encode_batch([received("a")])), (0, 1, encode_batch([received("b")]))], 1)
     assert proc.safe_offsets() == {0: 0}
+
+
+@pytest.mark.parametrize(
+    ("limit", "partitions", "sent"), [(100, 4, 1000), (7, 3, 50), (1000, 8, 999)]
+)
+def test_pending_joins_are_bounded_per_worker_not_per_partition(
+    limit: int, partitions: int, sent: int
+) -> None:
+    from pipeline.contract.codec import encode_batch
+    from pipeline.core.processor import StreamProcessor
+
+    proc = StreamProcessor("lc", max_pending=limit)
+    msgs = [
+        (i % partitions, i // partitions, encode_batch([received(f"r{i}")])) for i in range(sent)
+    ]
+    for k in range(0, len(msgs), 10):
+        proc.process(msgs[k : k + 10], 1000)
+        assert proc.pending() <= limit
+    assert proc.pending() == min(limit, sent)
+    assert proc.join_counters().evicted == max(0, sent - limit)
