@@ -409,6 +409,7 @@ class WorkerShell:
     async def on_stats(self, messages: list[tuple[int, int, bytes]]) -> None:
         """Forward engine.stats to the controller (one topic for all it needs)."""
         assert self.summaries is not None
+        dead = False
         for p, off, raw in messages:
             decoded = decode_message(
                 raw,
@@ -422,6 +423,13 @@ class WorkerShell:
                 assert self.dlq is not None
                 self.dlq.send_dead(decoded.dead)
                 self.telemetry.dead_letters.add(len(decoded.dead))
+                dead = True
+        if dead:
+            # Faust commits this topic's offsets once the batch returns: the dead letters
+            # must be acknowledged by the DLQ first (not on the writer thread, which a
+            # store outage may hold).
+            assert self.dlq is not None
+            await asyncio.get_running_loop().run_in_executor(None, self.dlq.flush, self.stopping)
 
     async def send_provisional(self) -> None:
         """Snapshots of ended, still-open windows + each partition's clock, to the controller.
@@ -624,9 +632,13 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     async def engine_stats(stream: faust.StreamT[bytes]) -> None:
         take = stream.take_events  # type: ignore[attr-defined]
         async for events in take(settings.take_max_messages, within=0.2):
-            await shell.on_stats(
-                [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
-            )
+            try:
+                await shell.on_stats(
+                    [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
+                )
+            except ShuttingDownError:  # stopping before the DLQ acknowledged: re-read later
+                log.info("engine.stats batch abandoned at shutdown")
+                return
 
     if settings.control_enabled:
         summaries_topic = app.topic(

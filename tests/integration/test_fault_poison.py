@@ -121,6 +121,7 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
         send(prod, s.lifecycle_topic, 0, raw)
     send(prod, s.lifecycle_topic, 1, None)  # type: ignore[arg-type]  # a null value
     send(prod, s.lifecycle_topic, 2, b"")
+    send(prod, s.engine_stats_topic, 0, None)  # type: ignore[arg-type]  # the stats topic too
     nan_rid = None
     for p, evs in sorted(by_part.items()):
         items = [orjson.dumps(event_to_dict(ev)) for ev in evs]
@@ -149,14 +150,15 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
     for field, raw in sent_poison:
         [d] = [d for d in dlq if d["value"] == raw]
         assert field in d["tailguard.reason"], d
-    assert sum(r.startswith("empty_message") for r in reasons) == 2
+    assert sum(r.startswith("empty_message") for r in reasons) == 3
+    assert any(d["tailguard.source.topic"] == s.engine_stats_topic for d in dlq)
     [nan_letter] = [d for d in dlq if b"NaN" in d["value"]]
     assert "finite" in nan_letter["tailguard.reason"]
     assert "tailguard.source.index" in nan_letter
     [rejected] = [d for d in dlq if d["tailguard.reason"].startswith("store_rejected")]
     assert victim.request_id.encode() in rejected["value"]
     assert "strict" in rejected["tailguard.reason"]
-    assert len(dlq) == 3 + 2 + 1 + 1
+    assert len(dlq) == 3 + 3 + 1 + 1
 
     stored = _stored_requests(s)
     assert stored == valid - {victim.request_id}, (
