@@ -600,29 +600,17 @@ def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:
 
 
 def read_inflight(
-    store: Store, group: str, topic: str, partitions: Sequence[int], ttl_ms: int
-) -> tuple[dict[int, int], dict[int, list[tuple[int, str]]]]:
-    """What a worker taking partitions must hold again: per partition, the offset last
-    checkpointed as committed (the latest row: a recreated topic starts again at 0),
-    and the ``gateway.received`` events (offset, JSON) from before it (the commit does
-    not wait for a lone received, see ``StreamProcessor.safe_offsets``) within the
-    in-flight TTL of the partition's newest event. Requests already recorded are
-    included: after a crash their other events may be read again, and must find their
-    received."""
-    if not partitions:
-        return {}, {}
+    store: Store, topic: str, starts: dict[int, int], ttl_ms: int
+) -> dict[int, list[tuple[int, str]]]:
+    """Per partition, the ``gateway.received`` events (offset, JSON) a worker that starts
+    reading it at ``starts[partition]`` must hold again: those from before that offset
+    (the commit does not wait for a lone received, see ``StreamProcessor.safe_offsets``)
+    within the in-flight TTL of the partition's newest stored event. Requests already
+    recorded are included: after a crash their other events may be read again, and
+    must find their received."""
+    if not starts:
+        return {}
     db = store.database
-    committed = {
-        int(p): int(o)
-        for p, o in store.query_rows(
-            f"SELECT partition, argMax(committed_offset, updated_at) FROM {db}.worker_checkpoints "
-            "WHERE group_id = {g:String} AND source_topic = {t:String} "
-            "AND partition IN {ps:Array(UInt16)} GROUP BY partition",
-            {"g": group, "t": topic, "ps": list(partitions)},
-        )
-    }
-    if not committed:
-        return {}, {}
     rows = store.query_rows(
         "WITH bounds AS (SELECT source_partition AS p, max(ts_unix_ns) AS hi "
         f"FROM {db}.lifecycle_events WHERE source_topic = {{t:String}} "
@@ -632,10 +620,10 @@ def read_inflight(
         "WHERE e.source_topic = {t:String} AND e.kind = 'gateway.received' "
         "AND e.ts_unix_ns >= b.hi - {ttl:Int64} "
         "ORDER BY e.source_partition, e.source_offset",
-        {"t": topic, "ps": list(committed), "ttl": ttl_ms * 1_000_000},
+        {"t": topic, "ps": sorted(starts), "ttl": ttl_ms * 1_000_000},
     )
     out: dict[int, list[tuple[int, str]]] = {}
     for p, off, payload in rows:
-        if int(off) < committed[int(p)]:
+        if int(off) < starts[int(p)]:
             out.setdefault(int(p), []).append((int(off), payload))
-    return committed, out
+    return out

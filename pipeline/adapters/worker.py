@@ -173,27 +173,24 @@ class WorkerShell:
         for p in partitions:
             self.processor.init_partition(p, horizons.get(p, 0))
             log.info("partition %d: window horizon %d ms", p, horizons.get(p, 0))
-        if self.settings.store_raw_events:
-            await self._restore_inflight(partitions)
 
-    async def _restore_inflight(self, partitions: set[int]) -> None:
-        """Lone gateway.received events from before the committed offset (the commit does
-        not wait for them: they are in the raw events table), back into the join."""
+    async def _restore_inflight(self, starts: dict[int, int]) -> None:
+        """New partitions, each read from ``starts[p]`` on: the gateway.received events
+        from before that offset (the commit does not wait for a lone received: it is in
+        the raw events table), back into the join."""
         store, s = self.store, self.settings
         assert store is not None
-        committed, found = await asyncio.get_running_loop().run_in_executor(
+        found = await asyncio.get_running_loop().run_in_executor(
             self._executor,
-            lambda: read_inflight(
-                store, s.group_id, s.lifecycle_topic, sorted(partitions), s.inflight_ttl_ms
-            ),
+            lambda: read_inflight(store, s.lifecycle_topic, starts, s.inflight_ttl_ms),
         )
         for p, rows in found.items():
             events = [(off, EVENT_ADAPTER.validate_json(payload)) for off, payload in rows]
             n = self.processor.restore_inflight(p, events)
             log.info("partition %d: %d in-flight requests restored from the store", p, n)
-        for p, off in committed.items():
+        for p, off in starts.items():
             # A restored received that meets its partner would pull the commit back to
-            # its own offset: it is durable, so commits never go below the checkpoint.
+            # its own offset: it is durable, so commits never go below where reading began.
             self._commit_floor[p] = off
 
     def _collect(self, out: Output) -> None:
@@ -216,6 +213,12 @@ class WorkerShell:
         new = {p for p, _, _ in messages if not self.processor.has_partition(p)}
         if new:
             await self._init_partitions(new)
+            if self.settings.store_raw_events:
+                starts: dict[int, int] = {}
+                for p, off, _ in messages:
+                    if p in new:
+                        starts.setdefault(p, off)
+                await self._restore_inflight(starts)
         before = self.processor.counters.events
         last: dict[int, int] = {}
         for p, off, _ in messages:
