@@ -148,3 +148,24 @@ def test_a_worker_started_before_the_broker_waits_and_retries(kafka, tmp_path: P
     assert delays[:4] == [0.5, 1.0, 2.0, 4.0], delays
     assert _log_has(waiting, "Kafka broker reachable after")
     assert_exactly_once(s, {ev.request_id for ev in events})
+
+
+def test_sigterm_while_the_broker_is_down(kafka, tmp_path: Path) -> None:
+    if not kafka.can_restart:
+        pytest.skip("needs the local broker (stopped and started by the test)")
+    s: Settings = make_settings(kafka.bootstrap_servers, tmp_path)
+    produce_batches(s, lifecycle_events(2_000, seed=85))
+    w = WorkerProcess(s, tmp_path / "worker.log")
+    try:
+        w.wait_caught_up(timeout_s=120)
+        committed = committed_offsets(s)
+        kafka.local.stop()
+        try:
+            took = _sigterm(w)  # the broker is gone (stop() returned once it exited)
+        finally:
+            kafka.local.start()
+    finally:
+        w.stop(signal.SIGKILL)  # no-op once it exited
+    print(f"SIGTERM with the broker down: exit after {took:.2f}s")
+    assert took < STOP_WITHIN_S, took
+    assert committed_offsets(s) == committed
