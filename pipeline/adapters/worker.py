@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import ssl
 import threading
@@ -65,6 +66,8 @@ from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
 log = logging.getLogger("tailguard.worker")
+
+STOP_GRACE_S = 6.0  # a stop signal ends the process within this long, whatever Faust does
 
 
 class WorkerShell:
@@ -119,6 +122,8 @@ class WorkerShell:
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
         # that is committed), so the worker stops within seconds in every state.
         self.stopping = threading.Event()
+        self._close_lock = threading.Lock()
+        self._closed = False
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
@@ -558,13 +563,43 @@ class WorkerShell:
         except (StoreError, ShuttingDownError) as exc:
             log.warning("buffered records not written at stop (the next owner replays): %s", exc)
         finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Release everything (once: the stop watchdog may get here first)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
             self._executor.shutdown(wait=True)
+            for producer in (self.dlq, self.summaries):
+                if producer is not None:
+                    producer.abandon()
             if self.query_server is not None:
                 self.query_server.stop()
             if self.store is not None:
                 self.store.close()
             self._maybe_log(force=True)
             self.telemetry.shutdown()
+
+    def start_stop_watchdog(self, grace_s: float = STOP_GRACE_S) -> None:
+        """After a stop signal: if the process is still here ``grace_s`` later, close and
+        exit. Faust's consumer thread can die inside its own shutdown when the broker is
+        unreachable (aiokafka's fetcher cancelled while it retries), leaving the stop
+        waiting forever. Exiting is safe: with ``stopping`` set nothing more is committed."""
+
+        def watch() -> None:
+            time.sleep(grace_s)  # the grace period itself
+            log.warning(
+                "still stopping %.0fs after the signal (broker unreachable?): closing and "
+                "exiting now; nothing more was committed",
+                grace_s,
+            )
+            self._close()
+            logging.shutdown()
+            os._exit(0)
+
+        threading.Thread(target=watch, name="tailguard-stop-watchdog", daemon=True).start()
 
 
 def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
@@ -742,9 +777,14 @@ class _Worker(faust.Worker):
 
     def _on_sigterm(self) -> None:
         log.info("SIGTERM: stopping (writes in progress give up; nothing more is committed)")
-        self._shell.stopping.set()
+        self._stop_now()
         super()._on_sigterm()
 
     def _on_sigint(self) -> None:
-        self._shell.stopping.set()
+        self._stop_now()
         super()._on_sigint()
+
+    def _stop_now(self) -> None:
+        if not self._shell.stopping.is_set():
+            self._shell.stopping.set()
+            self._shell.start_stop_watchdog()
