@@ -88,12 +88,17 @@ class ReliableProducer:
         """Block until everything sent is acknowledged by the broker (failed deliveries are
         sent again; one refused as too large is shrunk first). Raises
         :class:`ShuttingDownError` when ``stop`` is set before that."""
+        waited = 0
         while True:
-            left = self._producer.flush(1.0)
+            left = self._producer.flush(1.0)  # short: a stop is noticed within a second
             if stop is not None and stop.is_set() and (left or self._resend):
                 raise ShuttingDownError(f"{self._what}: {left} messages not acknowledged")
             if left > 0:
-                log.warning("waiting for the %s producer to deliver (%d left)", self._what, left)
+                waited += 1
+                if waited % 10 == 5:
+                    log.warning(
+                        "waiting for the %s producer to deliver (%d left)", self._what, left
+                    )
                 continue
             with self._failed_lock:
                 again, self._resend = self._resend, []
