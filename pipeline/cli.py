@@ -222,10 +222,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = result.summary()
     summary["dlq_file"] = str(dlq_path)
     if store is not None:
-        from pipeline.adapters.store import write_requests, write_windows
+        from pipeline.adapters.store import (
+            is_data_error,
+            with_retry,
+            write_isolating,
+            write_requests,
+            write_windows,
+        )
 
         try:
-            write_requests(store, result.emitted)
+            # A record the store rejects is isolated and goes to the DLQ file, the rest
+            # is written (the store is local: no retries).
+            _, rejected = write_isolating(
+                lambda rows: write_requests(store, rows),
+                result.emitted,
+                "write of records",
+                retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
+            )
+            if rejected:
+                _append_rejected(dlq_path, rejected, args.events.name)
+                summary["store_rejected"] = len(rejected)
             acc = settings.window_config().relative_accuracy
             token = f"replay/{uuid.uuid4().hex}"
             write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})
@@ -242,6 +258,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     option = 0 if args.json else orjson.OPT_INDENT_2
     sys.stdout.write(orjson.dumps(summary, option=option).decode() + "\n")
     return 0
+
+
+def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: str) -> None:
+    """Records the store refused, as dead letters in the replay's DLQ file."""
+    import dataclasses
+
+    from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
+
+    with dlq_path.open("ab") as fh:
+        for rec, reason in rejected:
+            raw = orjson.dumps(dataclasses.asdict(rec))
+            dead = DeadLetter(raw, reason, SourceRef(source, 0, -1), None)
+            fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

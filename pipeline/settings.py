@@ -112,6 +112,18 @@ class Settings(BaseSettings):
     take_max_messages: int = Field(
         1000, ge=1, description="TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."
     )
+    max_pending: int = Field(
+        1_000_000,
+        ge=1,
+        description="TAILGUARD_MAX_PENDING: pending joins per worker (all its partitions); "
+        "beyond it the oldest are resolved early and counted as evicted.",
+    )
+    topic_check_interval_ms: int = Field(
+        2000,
+        ge=100,
+        description="TAILGUARD_TOPIC_CHECK_INTERVAL_MS: how often the worker checks that its "
+        "lifecycle topic was not deleted or recreated (and then resubscribes).",
+    )
     fault_store_outage_file: Path | None = Field(
         None,
         description="TAILGUARD_FAULT_STORE_OUTAGE_FILE: fault injection, for tests only: while "

@@ -166,8 +166,12 @@ class KafkaSink:
     itself); when the buffer is full a new event is dropped and counted
     (``on_full="drop"``, for request paths) — or the caller waits
     (``on_full="block"``, for the simulator and batch loaders, where back
-    pressure is wanted). A message not delivered within ``message.timeout.ms``
-    is counted in ``events_failed``.
+    pressure is wanted). Messages handed to librdkafka never expire
+    (``message.timeout.ms`` = 0): a broker outage of minutes loses nothing as long
+    as librdkafka's queue (``queue.buffering.max.kbytes``, 256 MiB) holds it; when
+    that queue is full the batch in hand is held back (not dropped) and new events
+    wait in the buffer, so the bounded buffer alone decides what is dropped, and
+    counts it. ``events_failed`` counts permanent delivery errors only.
 
     ``topic_for`` maps an event to its topic (lifecycle vs engine stats).
     ``partitions`` may be given (then no metadata is needed); otherwise it is
@@ -196,9 +200,12 @@ class KafkaSink:
         conf = dict(config)
         conf.setdefault("linger.ms", 5)
         conf.setdefault("compression.type", "lz4")
-        conf.setdefault("message.timeout.ms", 30_000)
-        conf.setdefault("queue.buffering.max.messages", 20_000)
-        conf.setdefault("queue.buffering.max.kbytes", 65_536)  # 64 MiB of batched messages
+        # Keep events through broker outages of minutes (issue 12): nothing expires in
+        # librdkafka's queue; its size (256 MiB of batched JSON, ~3 min at 1,000
+        # gateway requests/s uses about 1/3 of it, see the README) bounds the memory.
+        conf.setdefault("message.timeout.ms", 0)  # 0 = never
+        conf.setdefault("queue.buffering.max.messages", 1_000_000)
+        conf.setdefault("queue.buffering.max.kbytes", 262_144)
         conf.setdefault("reconnect.backoff.max.ms", 2_000)
         conf.setdefault("error_cb", self._on_error)
         conf.setdefault("logger", log)  # librdkafka logs through Python logging
@@ -218,6 +225,9 @@ class KafkaSink:
         self._closed = False
         self._flush_waiters: list[threading.Event] = []
         self._inflight_events = 0  # produced, no delivery report yet (background thread only)
+        # Batches librdkafka had no room for (its queue full): produced first, in order,
+        # before anything new is taken from the buffer (background thread only).
+        self._held: deque[tuple[str, int, bytes, int]] = deque()
         self._batched_events = 0  # in open batches (background thread only)
         self._last_error_log = 0.0
         self.counters = SinkCounters()
@@ -327,18 +337,39 @@ class KafkaSink:
 
     def _produce(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
         for p, payload, n in items:
+            if self._held:  # behind what already waits, in order
+                self._held.append((topic, p, payload, n))
+                continue
+            self._produce_one(topic, p, payload, n)
+
+    def _produce_one(self, topic: str, p: int, payload: bytes, n: int) -> bool:
+        """Hand one batch to librdkafka; False (and held) when its queue is full."""
+        try:
+            self._producer.produce(topic, payload, partition=p, on_delivery=self._on_delivery(n))
+        except BufferError:  # librdkafka's queue is full (broker down for long)
+            self._held.append((topic, p, payload, n))
+            self._log_error(
+                "producer queue full (broker down?): holding; new events wait in the "
+                "buffer (%d events at most, then dropped and counted)",
+                self._buffer_max,
+            )
+            return False
+        except Exception as exc:
             self._batched_events -= n
-            try:
-                self._producer.produce(
-                    topic, payload, partition=p, on_delivery=self._on_delivery(n)
-                )
-                self._inflight_events += n
-            except BufferError:  # librdkafka's queue is full (e.g. broker down for long)
-                self.counters.events_dropped += n
-                self._log_error("producer queue full; dropping")
-            except Exception as exc:
-                self.counters.events_dropped += n
-                self._log_error("produce failed (%s); dropping %d events", exc, n)
+            self.counters.events_dropped += n
+            self._log_error("produce failed (%s); dropping %d events", exc, n)
+            return True
+        self._batched_events -= n
+        self._inflight_events += n
+        return True
+
+    def _produce_held(self) -> None:
+        while self._held:
+            topic, p, payload, n = self._held.popleft()
+            if not self._produce_one(topic, p, payload, n):
+                # _produce_one appended it at the back: restore its place at the front
+                self._held.appendleft(self._held.pop())
+                return
 
     def _run(self) -> None:
         wait_s = max(self._policy.max_delay_ms / 2000, 0.005)
@@ -354,7 +385,7 @@ class KafkaSink:
                         self._cond.wait(wait_s)
                     known = self.partitions_known
                     take: list[Event] = []
-                    if known:
+                    if known and not self._held:
                         take = list(self._buf)
                         self._buf.clear()
                         self._cond.notify_all()  # room again for blocked emitters
@@ -365,6 +396,9 @@ class KafkaSink:
                     next_discover = time.monotonic() + self._metadata_retry_s
                     if self.partitions_known:
                         continue
+                if self._held:
+                    self._producer.poll(0.05)  # room in librdkafka's queue as it delivers
+                    self._produce_held()
                 now = time.monotonic() * 1000
                 for event in take:
                     topic = self._topic_for(event)

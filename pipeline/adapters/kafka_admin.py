@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,57 @@ class KafkaAdminError(Exception):
 
 def admin(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka_config())
+
+
+def wait_for_broker(
+    settings: Settings,
+    stop: threading.Event,
+    *,
+    base_delay_s: float = 0.5,
+    max_delay_s: float = 10.0,
+    probe_timeout_s: float = 5.0,
+) -> bool:
+    """Block until the cluster answers a metadata request, retrying with exponential
+    backoff (``base_delay_s`` doubling, capped at ``max_delay_s``) and logging each miss;
+    False when ``stop`` is set first (a supervisor stopping a worker that never connected).
+    """
+    a = admin(settings)
+    delay = base_delay_s
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            md = a.list_topics(timeout=probe_timeout_s)
+            if md.brokers:
+                if attempt > 1:
+                    log.warning("Kafka broker reachable after %d attempts", attempt)
+                return True
+            why = "no broker in the metadata"
+        except KafkaException as exc:
+            why = str(exc.args[0])
+        log.warning(
+            "Kafka broker %s unreachable (%s): waiting, retry %d in %.1fs",
+            settings.bootstrap_servers, why, attempt, delay,
+        )  # fmt: skip
+        if stop.wait(delay):
+            break
+        delay = min(delay * 2, max_delay_s)
+    return False
+
+
+def topic_id(a: AdminClient, topic: str, timeout_s: float = 5.0) -> str | None:
+    """The topic's id (it changes when a topic is deleted and created again under the same
+    name); None when the topic does not exist. Raises :class:`KafkaException` when the
+    cluster does not answer."""
+    from confluent_kafka import TopicCollection
+
+    fut = a.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+    try:
+        return str(fut.result(timeout=timeout_s).topic_id)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
 
 
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]:

@@ -8,14 +8,27 @@ Envoy ingester uses it without the worker's dependencies).
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from typing import Any, Final
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pipeline.contract.codec import DeadLetter
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, str | bytes | None]]
+
+# A dead letter's value is cut to this size, so that the DLQ takes it whatever its size
+# (Kafka's default limit is ~1 MB per message); its original size is in a header.
+DLQ_MAX_VALUE_BYTES: Final = 256 * 1024
+_MIN_VALUE_BYTES: Final = 1024  # shrinking stops here (headers alone must then fit)
+MAX_REASON_CHARS: Final = 2000
+
+
+class ShuttingDownError(Exception):
+    """The process is stopping: give up waiting (nothing after this point is committed)."""
 
 
 class ReliableProducer:
@@ -23,7 +36,10 @@ class ReliableProducer:
 
     Used for what the worker must not lose before it commits offsets: dead
     letters and the controller's summaries. (The request path's producers,
-    in ``producers/``, drop instead of waiting.)
+    in ``producers/``, drop instead of waiting.) A message whose delivery fails
+    (broker down past ``message.timeout.ms``, too large for the topic, ...) is
+    sent again by ``flush``, which returns only once every message sent has been
+    acknowledged by the broker: the caller commits its input offsets after that.
     """
 
     def __init__(self, settings: Settings, topic: str, what: str) -> None:
@@ -32,59 +48,129 @@ class ReliableProducer:
         self._producer = Producer(conf)
         self._topic = topic
         self._what = what
-        self.failed = 0
+        self._failed_lock = threading.Lock()
+        self._resend: list[tuple[bytes, Headers | None, KafkaError, int | None]] = []
+        self.failed = 0  # delivery failures (each one was sent again)
 
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self.failed += 1
-            log.error("%s delivery failed: %s", self._what, err)
+    def _callback(self, value: bytes, headers: Headers | None, partition: int | None) -> Any:
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is None:
+                return
+            with self._failed_lock:
+                self.failed += 1
+                self._resend.append((value, headers, err, partition))
+            log.error("%s delivery failed (%s): will send it again", self._what, err)
+
+        return on_delivery
+
+    def shrink(self, value: bytes, headers: Headers | None) -> tuple[bytes, Headers | None]:
+        """A smaller form of a message the broker refused as too large (subclasses)."""
+        raise KafkaException(
+            KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, f"{self._what}: {len(value)} bytes")
+        )
 
     def send(
-        self,
-        value: bytes,
-        headers: list[tuple[str, str | bytes | None]] | None = None,
-        partition: int | None = None,
+        self, value: bytes, headers: Headers | None = None, partition: int | None = None
     ) -> None:
+        """Produce one message (to ``partition``, else the default partitioner's choice)."""
         while True:
             try:
+                cb = self._callback(value, headers, partition)
                 if partition is None:
-                    self._producer.produce(
-                        self._topic, value, headers=headers, on_delivery=self._on_delivery
-                    )
+                    self._producer.produce(self._topic, value, headers=headers, on_delivery=cb)
                 else:
                     self._producer.produce(
-                        self._topic,
-                        value,
-                        headers=headers,
-                        on_delivery=self._on_delivery,
-                        partition=partition,
+                        self._topic, value, headers=headers, on_delivery=cb, partition=partition
                     )
                 break
             except BufferError:
                 self._producer.poll(0.1)
+            except KafkaException as exc:  # refused locally, before it reached the broker
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                value, headers = self.shrink(value, headers)
         self._producer.poll(0)
 
-    def flush(self) -> None:
-        """Block until everything sent is acknowledged by the broker."""
-        while self._producer.flush(5.0) > 0:
-            log.warning("waiting for the %s producer to deliver", self._what)
+    def flush(self, stop: threading.Event | None = None) -> None:
+        """Block until everything sent is acknowledged by the broker (failed deliveries are
+        sent again; one refused as too large is shrunk first). Raises
+        :class:`ShuttingDownError` when ``stop`` is set before that."""
+        waited = 0
+        while True:
+            left = self._producer.flush(1.0)  # short: a stop is noticed within a second
+            if stop is not None and stop.is_set() and (left or self._resend):
+                raise ShuttingDownError(f"{self._what}: {left} messages not acknowledged")
+            if left > 0:
+                waited += 1
+                if waited % 10 == 5:
+                    log.warning(
+                        "waiting for the %s producer to deliver (%d left)", self._what, left
+                    )
+                continue
+            with self._failed_lock:
+                again, self._resend = self._resend, []
+            if not again:
+                return
+            log.warning("sending %d %s messages again", len(again), self._what)
+            for value, headers, err, partition in again:
+                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    self.send(*self.shrink(value, headers), partition=partition)
+                else:
+                    self.send(value, headers, partition=partition)
+
+    def abandon(self) -> None:
+        """At shutdown, drop what the broker has not acknowledged (nothing was committed
+        past it: it is produced again after the restart). Without this, librdkafka's
+        destructor waits for those messages to time out (5 min) with the broker down."""
+        self._producer.purge()
+        self._producer.flush(0)
+        with self._failed_lock:
+            self._resend.clear()
 
 
 class DeadLetterSink(ReliableProducer):
     """Rejected input to the DLQ topic: the raw bytes as the value, the reason
-    and source coordinates as headers."""
+    and source coordinates as headers.
 
-    def __init__(self, settings: Settings) -> None:
+    A value larger than ``max_value_bytes`` is stored cut to that size, with headers
+    ``tailguard.original.size`` and ``tailguard.truncated``; a DLQ topic that still
+    refuses it as too large gets it cut in half again, so every dead letter lands.
+    """
+
+    def __init__(self, settings: Settings, max_value_bytes: int = DLQ_MAX_VALUE_BYTES) -> None:
         super().__init__(settings, settings.dlq_topic, "DLQ")
+        self.max_value_bytes = max_value_bytes
+
+    def shrink(self, value: bytes, headers: Headers | None) -> tuple[bytes, Headers | None]:
+        if len(value) <= _MIN_VALUE_BYTES:
+            return super().shrink(value, headers)
+        return truncate_dead(value, headers, len(value) // 2)
 
     def send_dead(self, dead: list[DeadLetter]) -> None:
         for d in dead:
-            headers: list[tuple[str, str | bytes | None]] = [
-                ("tailguard.reason", d.reason.encode()),
-                ("tailguard.source.topic", d.source.topic.encode()),
-                ("tailguard.source.partition", str(d.source.partition).encode()),
-                ("tailguard.source.offset", str(d.source.offset).encode()),
-            ]
-            if d.index is not None:
-                headers.append(("tailguard.source.index", str(d.index).encode()))
-            self.send(d.raw, headers)
+            value, headers = dead_letter_message(d)
+            if len(value) > self.max_value_bytes:
+                value, headers = truncate_dead(value, headers, self.max_value_bytes)
+            self.send(value, headers)
+
+
+def dead_letter_message(d: DeadLetter) -> tuple[bytes, Headers]:
+    """The DLQ message of a dead letter: its raw bytes, reason and source as headers."""
+    headers: Headers = [
+        ("tailguard.reason", d.reason[:MAX_REASON_CHARS].encode()),
+        ("tailguard.source.topic", d.source.topic.encode()),
+        ("tailguard.source.partition", str(d.source.partition).encode()),
+        ("tailguard.source.offset", str(d.source.offset).encode()),
+    ]
+    if d.index is not None:
+        headers.append(("tailguard.source.index", str(d.index).encode()))
+    return d.raw, headers
+
+
+def truncate_dead(value: bytes, headers: Headers | None, size: int) -> tuple[bytes, Headers]:
+    """The first ``size`` bytes of a dead letter, its original size kept in a header."""
+    out = [h for h in headers or [] if h[0] not in ("tailguard.truncated",)]
+    if not any(h[0] == "tailguard.original.size" for h in out):
+        out.append(("tailguard.original.size", str(len(value)).encode()))
+    out.append(("tailguard.truncated", str(size).encode()))
+    return value[:size], out

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.core.ledger import pack
@@ -339,12 +339,15 @@ def with_retry(
     max_delay_s: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
     on_failure: Callable[[Exception], None] | None = None,
+    fatal: Callable[[Exception], bool] | None = None,
 ) -> int:
     """Run ``fn``, retrying with exponential backoff (forever when ``attempts`` is None).
 
     Returns the number of retries. Every write tailguard retries is idempotent
     (rows keyed by request, windows deduplicated by token). ``on_failure`` hears
-    of every failed attempt before its backoff (the worker pauses its input).
+    of every failed attempt before its backoff (the worker pauses its input). An
+    exception ``fatal`` says retrying cannot cure (a rejected value) is raised at once.
+    ``sleep`` may raise to give up (the worker's stops on SIGTERM).
     """
     retries = 0
     delay = base_delay_s
@@ -352,6 +355,8 @@ def with_retry(
         try:
             fn()
         except Exception as exc:
+            if fatal is not None and fatal(exc):
+                raise
             retries += 1
             if on_failure is not None:
                 on_failure(exc)
@@ -384,6 +389,74 @@ def write_with_retry(
         sleep=sleep,
         on_failure=on_failure,
     )
+
+
+# --- rows the store rejects ---------------------------------------------------
+
+# ClickHouse error codes that name the data, not the server: the same rows fail again
+# whatever the retries (CANNOT_PARSE_TEXT, CANNOT_CONVERT_TYPE, TYPE_MISMATCH,
+# ARGUMENT_OUT_OF_BOUND, VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE, DECIMAL_OVERFLOW,
+# CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN, TOO_LARGE_STRING_SIZE, VIOLATED_CONSTRAINT, ...).
+# The one constraint that is no data error is the fault injection's own
+# (:class:`OutageInjectingStore`): it stands for an outage.
+_DATA_ERROR_CODES = frozenset({6, 27, 32, 38, 41, 53, 69, 70, 72, 131, 321, 349, 407, 469})
+_CODE_RE = re.compile(r"Code: (\d+)\.")
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """True when ``exc`` rejects the rows themselves (retrying cannot help): the driver
+    could not encode a value into its column type, or ClickHouse refused a value."""
+    try:
+        from clickhouse_connect.driver.exceptions import DataError
+    except ImportError:  # pragma: no cover - the worker always has the driver
+        DataError = ()  # type: ignore[assignment,misc]  # noqa: N806
+    if isinstance(exc, DataError | OverflowError):
+        return True
+    text = str(exc)
+    if OutageInjectingStore.CONSTRAINT in text:
+        return False
+    m = _CODE_RE.search(text)
+    return m is not None and int(m.group(1)) in _DATA_ERROR_CODES
+
+
+T = TypeVar("T")
+
+
+def write_isolating(
+    write: Callable[[Sequence[T]], None],
+    rows: Sequence[T],
+    what: str,
+    *,
+    retry: Callable[[Callable[[], None], str], int],
+) -> tuple[int, list[tuple[T, str]]]:
+    """Write ``rows``; a batch the store rejects for its data is split in halves until the
+    offending rows are isolated, and the rest is written.
+
+    ``retry(fn, what)`` runs one write with the caller's retry policy (e.g.
+    :func:`with_retry` with backoff, forever, for an outage); it must let a data error
+    through (``with_retry(..., fatal=is_data_error)``). Returns the retries and the
+    rejected rows with the store's reason. Every write here is idempotent, so a half
+    written twice is harmless.
+    """
+    rejected: list[tuple[T, str]] = []
+    retries = 0
+    stack = [list(rows)]
+    while stack:
+        part = stack.pop()
+        try:
+            retries += retry(lambda part=part: write(part), f"{what} ({len(part)} rows)")  # type: ignore[misc]
+        except Exception as exc:
+            if not is_data_error(exc):
+                raise
+            if len(part) == 1:
+                reason = f"store_rejected: {what}: {exc}"
+                log.warning("ClickHouse rejected one row of %s: %s", what, exc)
+                rejected.append((part[0], reason))
+                continue
+            mid = len(part) // 2
+            stack.append(part[mid:])
+            stack.append(part[:mid])
+    return retries, rejected
 
 
 # --- windows, SLO counts, checkpoints, raw events ------------------------------
@@ -583,3 +656,33 @@ def read_ledger(
 
 def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:
     _insert(store, "lifecycle_events", EVENT_COLUMNS, rows)
+
+
+def read_inflight(
+    store: Store, topic: str, starts: dict[int, int], ttl_ms: int
+) -> dict[int, list[tuple[int, str]]]:
+    """Per partition, the ``gateway.received`` events (offset, JSON) a worker that starts
+    reading it at ``starts[partition]`` must hold again: those from before that offset
+    (the commit does not wait for a lone received, see ``StreamProcessor.safe_offsets``)
+    within the in-flight TTL of the partition's newest stored event. Requests already
+    recorded are included: after a crash their other events may be read again, and
+    must find their received."""
+    if not starts:
+        return {}
+    db = store.database
+    rows = store.query_rows(
+        "WITH bounds AS (SELECT source_partition AS p, max(ts_unix_ns) AS hi "
+        f"FROM {db}.lifecycle_events WHERE source_topic = {{t:String}} "
+        "AND source_partition IN {ps:Array(UInt16)} GROUP BY p) "
+        "SELECT DISTINCT e.source_partition, e.source_offset, e.payload "
+        f"FROM {db}.lifecycle_events AS e INNER JOIN bounds AS b ON e.source_partition = b.p "
+        "WHERE e.source_topic = {t:String} AND e.kind = 'gateway.received' "
+        "AND e.ts_unix_ns >= b.hi - {ttl:Int64} "
+        "ORDER BY e.source_partition, e.source_offset",
+        {"t": topic, "ps": sorted(starts), "ttl": ttl_ms * 1_000_000},
+    )
+    out: dict[int, list[tuple[int, str]]] = {}
+    for p, off, payload in rows:
+        if int(off) < starts[int(p)]:
+            out.setdefault(int(p), []).append((int(off), payload))
+    return out

@@ -20,36 +20,46 @@ Delivery guarantee: at-least-once with idempotent writes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
+import os
+import signal
 import ssl
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
+import orjson
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
 from pipeline.adapters.query_server import QueryServer, start_query_server
-from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer
+from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
     Checkpoint,
     ClickHouseStore,
+    StoreError,
+    is_data_error,
     migrate,
     open_store,
+    read_inflight,
     read_ledger,
     with_retry,
     write_checkpoints,
     write_events,
+    write_isolating,
+    write_requests,
     write_windows,
-    write_with_retry,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
-from pipeline.contract.codec import SourceRef, decode_message, encode_event
-from pipeline.contract.events import EngineStats
+from pipeline.contract.codec import DeadLetter, SourceRef, decode_message, encode_event
+from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
@@ -59,6 +69,8 @@ from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
 log = logging.getLogger("tailguard.worker")
+
+STOP_GRACE_S = 6.0  # a stop signal ends the process within this long, whatever Faust does
 
 
 class WorkerShell:
@@ -76,6 +88,7 @@ class WorkerShell:
             clock_config=settings.clock_config(),
             slo_factory=self.slo_factory,
             keep_events=settings.store_raw_events,
+            max_pending=settings.max_pending,
         )
         self.telemetry = WorkerTelemetry(
             settings.group_id,
@@ -99,10 +112,12 @@ class WorkerShell:
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
+        self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
         self._progress_sent: dict[int, int] = {}
         self._timeouts_seen = (0, 0)
         self._seen_counts: dict[str, int] = {}
         self.write_retries = 0
+        self.store_rejected = 0  # rows the store refused, sent to the DLQ
         self.rows_written = 0
         self._last_log = time.monotonic()
         # Back pressure: set while ClickHouse takes writes; while it fails, the
@@ -110,6 +125,14 @@ class WorkerShell:
         self._store_up = asyncio.Event()
         self._store_up.set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
+        # that is committed), so the worker stops within seconds in every state.
+        self.stopping = threading.Event()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
+        self._topic_checked = False
+        self._admin: Any = None
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
@@ -175,6 +198,25 @@ class WorkerShell:
                 p, first, len(ledger),
             )  # fmt: skip
 
+    async def _restore_inflight(self, starts: dict[int, int]) -> None:
+        """New partitions, each read from ``starts[p]`` on: the gateway.received events
+        from before that offset (the commit does not wait for a lone received: it is in
+        the raw events table), back into the join."""
+        store, s = self.store, self.settings
+        assert store is not None
+        found = await asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            lambda: read_inflight(store, s.lifecycle_topic, starts, s.inflight_ttl_ms),
+        )
+        for p, rows in found.items():
+            events = [(off, EVENT_ADAPTER.validate_json(payload)) for off, payload in rows]
+            n = self.processor.restore_inflight(p, events)
+            log.info("partition %d: %d in-flight requests restored from the store", p, n)
+        for p, off in starts.items():
+            # A restored received that meets its partner would pull the commit back to
+            # its own offset: it is durable, so commits never go below where reading began.
+            self._commit_floor[p] = off
+
     def _collect(self, out: Output) -> None:
         self._records.extend(out.records)
         self._windows.extend(out.windows)
@@ -198,6 +240,12 @@ class WorkerShell:
                 new[p] = off
         if new:
             await self._init_partitions(new)
+            if self.settings.store_raw_events:
+                starts: dict[int, int] = {}
+                for p, off, _ in messages:
+                    if p in new:
+                        starts.setdefault(p, off)
+                await self._restore_inflight(starts)
         before = self.processor.counters.events
         last: dict[int, int] = {}
         for p, off, _ in messages:
@@ -222,22 +270,25 @@ class WorkerShell:
         store, s = self.store, self.settings
         retries = 0
         if records:
-            retries += write_with_retry(store, records, on_failure=self._on_write_failure)
+            retries += self._write_rows(
+                lambda rows: write_requests(store, rows), records, "write of records",
+                lambda rec, why: dataclasses.replace(
+                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
+                ),
+            )  # fmt: skip
         if events:
-            retries += with_retry(
-                lambda: write_events(store, events),
-                "write of raw events",
-                on_failure=self._on_write_failure,
-            )
+            retries += self._write_rows(
+                lambda rows: write_events(store, rows), events, "write of raw events",
+                _event_dead_letter,
+            )  # fmt: skip
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
-            retries += with_retry(
+            retries += self._retry(
                 lambda: write_windows(
                     store, windows, s.lifecycle_topic, acc, token, through_offsets=through
                 ),
                 f"write of {len(windows)} windows",
-                on_failure=self._on_write_failure,
             )
         if windows:
             # Workers with their own stores learn from the topic what this one counted.
@@ -254,13 +305,40 @@ class WorkerShell:
             if self._progress_sent.get(c.partition) != c.close_horizon_ms:
                 self.summaries.send(encode_summary(Progress(c.partition, c.close_horizon_ms)))
                 self._progress_sent[c.partition] = c.close_horizon_ms
-        self.summaries.flush()
+        self.summaries.flush(self.stopping)
         # Only after the windows: a horizon never runs ahead of what is stored.
-        retries += with_retry(
+        retries += self._retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
             "write of checkpoints",
-            on_failure=self._on_write_failure,
         )
+        return retries
+
+    # --- failures: outages retried, rejected rows dead-lettered, stop honoured ---------
+
+    def _sleep(self, delay_s: float) -> None:
+        """The retry backoff; gives up at once when the worker is stopping."""
+        if self.stopping.wait(delay_s):
+            raise ShuttingDownError("stopping during a write retry")
+
+    def _retry(self, fn: Any, what: str) -> int:
+        """One write, retried with backoff through an outage (input paused meanwhile);
+        a data error is raised at once (see :meth:`_write_rows`)."""
+        if self.stopping.is_set():
+            raise ShuttingDownError(f"stopping before the {what}")
+        return with_retry(
+            fn, what, on_failure=self._on_write_failure, sleep=self._sleep, fatal=is_data_error
+        )
+
+    def _write_rows(self, write: Any, rows: list[Any], what: str, to_dead: Any) -> int:
+        """Write rows; those the store rejects for their values are isolated (the batch is
+        split) and sent to the DLQ with the store's reason; the rest is written."""
+        retries, rejected = write_isolating(write, rows, what, retry=self._retry)
+        if rejected:
+            assert self.dlq is not None
+            dead = [to_dead(row, reason) for row, reason in rejected]
+            self.dlq.send_dead(dead)
+            self.telemetry.dead_letters.add(len(dead))
+            self.store_rejected += len(dead)
         return retries
 
     async def flush_and_commit(self) -> None:
@@ -269,7 +347,7 @@ class WorkerShell:
             self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
             # after this point is covered by the commit below.
-            offsets = self.processor.safe_offsets()
+            offsets = self._floored(self.processor.safe_offsets())
             through = self.processor.next_offsets()
             horizons = self.processor.horizons()
             marks = self.processor.watermarks()
@@ -295,7 +373,7 @@ class WorkerShell:
                 self.write_retries += retries
                 self.rows_written += len(records)
             assert self.dlq is not None
-            await loop.run_in_executor(self._executor, self.dlq.flush)
+            await loop.run_in_executor(self._executor, self.dlq.flush, self.stopping)
             changed = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
             if changed:
                 topic = self.settings.lifecycle_topic
@@ -306,6 +384,17 @@ class WorkerShell:
                 self._committed.update(changed)
             self._count_timeouts()
             self._maybe_log()
+
+    def _floored(self, offsets: dict[int, int]) -> dict[int, int]:
+        """Commits never move back: a request whose lone received was skipped by an earlier
+        commit (durable in the raw events, restored on a restart) and has now met its
+        partner must not pull the commit back to the received's offset."""
+        floor = self._commit_floor
+        for p, o in offsets.items():
+            f = max(floor.get(p, 0), self._committed.get(p, 0))
+            if o < f:
+                offsets[p] = f
+        return offsets
 
     def _on_write_failure(self, _exc: Exception) -> None:
         """A write failed (on the writer thread; it retries with backoff): pause the input."""
@@ -377,6 +466,7 @@ class WorkerShell:
     async def on_stats(self, messages: list[tuple[int, int, bytes]]) -> None:
         """Forward engine.stats to the controller (one topic for all it needs)."""
         assert self.summaries is not None
+        dead = False
         for p, off, raw in messages:
             decoded = decode_message(
                 raw,
@@ -390,6 +480,13 @@ class WorkerShell:
                 assert self.dlq is not None
                 self.dlq.send_dead(decoded.dead)
                 self.telemetry.dead_letters.add(len(decoded.dead))
+                dead = True
+        if dead:
+            # Faust commits this topic's offsets once the batch returns: the dead letters
+            # must be acknowledged by the DLQ first (not on the writer thread, which a
+            # store outage may hold).
+            assert self.dlq is not None
+            await asyncio.get_running_loop().run_in_executor(None, self.dlq.flush, self.stopping)
 
     async def send_provisional(self) -> None:
         """Snapshots of ended, still-open windows + each partition's clock, to the controller.
@@ -435,11 +532,60 @@ class WorkerShell:
         def write() -> int:
             control.flush()
             return with_retry(
-                lambda: write_audit(store, control_rows, event_rows), "write of the control audit"
+                lambda: write_audit(store, control_rows, event_rows),
+                "write of the control audit",
+                sleep=self._sleep,
             )
 
         retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
         self.telemetry.write_retries.add(retries)
+
+    async def check_topic(self) -> None:
+        """Notice the lifecycle topic being deleted, or deleted and created again (its id
+        changes): log an error, drop the state built from the old topic (its offsets mean
+        nothing in the new one) and make the consumer fetch metadata again, so that the
+        group rebalances onto the new topic and reads it from its first offset."""
+        topic = self.settings.lifecycle_topic
+        if self._admin is None:
+            self._admin = admin(self.settings)
+        try:
+            now = await asyncio.to_thread(topic_id, self._admin, topic)
+        except Exception:  # broker unreachable: nothing to conclude
+            return
+        before, self._topic_id = self._topic_id, now
+        first, self._topic_checked = not self._topic_checked, True
+        if first or before == now:
+            return
+        parts = sorted(self.processor.next_offsets())
+        if now is None:
+            log.error(
+                "lifecycle topic %s was deleted: dropped the state of partitions %s; "
+                "waiting for it to be created again",
+                topic, parts,
+            )  # fmt: skip
+        else:
+            log.error(
+                "lifecycle topic %s was created again (id %s -> %s): resubscribing, "
+                "reading it from its first offset",
+                topic, before, now,
+            )  # fmt: skip
+        # Records completed from the old topic are kept (written at the next flush);
+        # pending joins and open windows of it are dropped, and nothing is committed for
+        # partitions this worker no longer holds state for.
+        self.processor.revoke(parts)
+        for p in parts:
+            self._committed.pop(p, None)
+        self._commit_floor.clear()
+        self._refresh_metadata()
+
+    def _refresh_metadata(self) -> None:
+        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin)."""
+        try:
+            thread = self.app.consumer._thread  # type: ignore[attr-defined]  # faust's aiokafka driver
+            client = thread._ensure_consumer()._client
+            thread.thread_loop.call_soon_threadsafe(client.force_metadata_update)
+        except Exception as exc:  # a newer Faust: the metadata refresh period still applies
+            log.warning("could not refresh the consumer's metadata (%s)", exc)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
@@ -448,23 +594,73 @@ class WorkerShell:
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
+            self._commit_floor.pop(p, None)
 
     async def stop(self) -> None:
         """Write buffered records (idempotent). No commit and no windows: the
         consumer is gone by now; the next owner replays from the committed offset."""
+        self.stopping.set()
         try:
             batch, self._records = self._records, []
             if batch and self.store is not None:
-                write_with_retry(self.store, batch, attempts=3)
+                store = self.store
+                write_isolating(
+                    lambda rows: write_requests(store, rows), batch, "final write of records",
+                    retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
+                )  # fmt: skip
                 self.rows_written += len(batch)
+        except (StoreError, ShuttingDownError) as exc:
+            log.warning("buffered records not written at stop (the next owner replays): %s", exc)
         finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Release everything (once: the stop watchdog may get here first)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
             self._executor.shutdown(wait=True)
+            for producer in (self.dlq, self.summaries):
+                if producer is not None:
+                    producer.abandon()
             if self.query_server is not None:
                 self.query_server.stop()
             if self.store is not None:
                 self.store.close()
             self._maybe_log(force=True)
             self.telemetry.shutdown()
+
+    def start_stop_watchdog(self, grace_s: float = STOP_GRACE_S) -> None:
+        """After a stop signal: if the process is still here ``grace_s`` later, close and
+        exit. Faust's consumer thread can die inside its own shutdown when the broker is
+        unreachable (aiokafka's fetcher cancelled while it retries), leaving the stop
+        waiting forever. Exiting is safe: with ``stopping`` set nothing more is committed."""
+
+        def watch() -> None:
+            time.sleep(grace_s)  # the grace period itself
+            log.warning(
+                "still stopping %.0fs after the signal (broker unreachable?): closing and "
+                "exiting now; nothing more was committed",
+                grace_s,
+            )
+            self._close()
+            logging.shutdown()
+            os._exit(0)
+
+        threading.Thread(target=watch, name="tailguard-stop-watchdog", daemon=True).start()
+
+
+def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
+    """A record the store refused, as a dead letter (the record as JSON; its events are
+    spread over several offsets, so the source names the topic only)."""
+    return DeadLetter(orjson.dumps(dataclasses.asdict(rec)), "", SourceRef(topic, -1, -1), None)
+
+
+def _event_dead_letter(row: tuple[Any, ...], reason: str) -> DeadLetter:
+    """A raw-event row the store refused (see ``WorkerShell._collect``), as a dead letter."""
+    _id, _kind, _rid, _ts, _host, _model, topic, partition, offset, payload = row
+    return DeadLetter(payload.encode(), reason, SourceRef(topic, partition, offset), None)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -501,6 +697,8 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         broker_session_timeout=settings.session_timeout_ms / 1000,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         stream_buffer_maxsize=8192,
+        # A recreated topic is seen at the next metadata refresh (see check_topic).
+        consumer_metadata_max_age_ms=settings.topic_check_interval_ms * 5,
     )
     shell = WorkerShell(settings, app)
     topic = app.topic(
@@ -521,9 +719,13 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     async def engine_stats(stream: faust.StreamT[bytes]) -> None:
         take = stream.take_events  # type: ignore[attr-defined]
         async for events in take(settings.take_max_messages, within=0.2):
-            await shell.on_stats(
-                [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
-            )
+            try:
+                await shell.on_stats(
+                    [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
+                )
+            except ShuttingDownError:  # stopping before the DLQ acknowledged: re-read later
+                log.info("engine.stats batch abandoned at shutdown")
+                return
 
     if settings.control_enabled:
         summaries_topic = app.topic(
@@ -548,11 +750,21 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
 
     @app.timer(interval=settings.flush_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def flush() -> None:
-        await shell.flush_and_commit()
+        try:
+            await shell.flush_and_commit()
+        except ShuttingDownError as exc:  # SIGTERM during a write: nothing committed
+            log.info("flush abandoned, nothing committed: %s", exc)
+
+    @app.timer(interval=settings.topic_check_interval_ms / 1000)  # type: ignore[untyped-decorator]
+    async def check_topic() -> None:
+        await shell.check_topic()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        await shell.on_revoked(revoked)
+        try:
+            await shell.on_revoked(revoked)
+        except ShuttingDownError as exc:
+            log.info("revocation flush abandoned, nothing committed: %s", exc)
 
     return app, shell
 
@@ -570,6 +782,8 @@ def tune_gc() -> None:
 
 def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """Run one worker until SIGTERM/SIGINT (blocking)."""
+    if not _wait_for_broker(settings):
+        return
     app, shell = build_app(settings)
     shell.open()  # fail fast on a bad store, before joining the group
     tune_gc()
@@ -578,5 +792,48 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
         async def on_stop(self) -> None:  # runs after the app (and its consumer) stopped
             await shell.stop()
 
-    worker = faust.Worker(app, _Lifecycle(), loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = _Worker(
+        app, _Lifecycle(), loglevel=loglevel, quiet=True, redirect_stdouts=False, shell=shell
+    )
     worker.execute_from_commandline()
+
+
+def _wait_for_broker(settings: Settings) -> bool:
+    """Start-up before the broker: wait for it with backoff, as a service under a
+    supervisor should (SIGTERM/SIGINT meanwhile: False, exit cleanly)."""
+    stop = threading.Event()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in handlers:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        up = wait_for_broker(settings, stop)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if not up:
+        log.warning("stopped while waiting for the Kafka broker")
+    return up
+
+
+class _Worker(faust.Worker):
+    """Faust's worker, told to stop waiting the moment a stop signal arrives: a write
+    retrying through a store outage or a DLQ flush waiting for the broker would
+    otherwise hold the shutdown until it succeeds."""
+
+    def __init__(self, *args: Any, shell: WorkerShell, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shell = shell
+
+    def _on_sigterm(self) -> None:
+        log.info("SIGTERM: stopping (writes in progress give up; nothing more is committed)")
+        self._stop_now()
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        self._stop_now()
+        super()._on_sigint()
+
+    def _stop_now(self) -> None:
+        if not self._shell.stopping.is_set():
+            self._shell.stopping.set()
+            self._shell.start_stop_watchdog()

@@ -8,6 +8,7 @@ reason, and one bad event in a batch does not reject its valid neighbours.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -60,10 +61,47 @@ def _reason(err: ValidationError) -> str:
     return "invalid_event: " + "; ".join(parts)
 
 
+def _json_items(raw: bytes) -> tuple[list[object], bool] | None:
+    """The elements of a JSON array message and whether they hold a non-standard literal;
+    None when it is not valid JSON.
+
+    orjson rejects the non-standard literals ``NaN`` and ``Infinity`` outright, which
+    would dead-letter a whole batch for one bad number; the standard library parses
+    them, so that only the element carrying one is rejected (by the contract's
+    ``finite number`` rule) and its neighbours are kept.
+    """
+    try:
+        return orjson.loads(raw), False
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw), True
+    except (ValueError, RecursionError):
+        return None
+
+
+def _item_bytes(item: object, nonstandard: bool) -> bytes:
+    if nonstandard:  # keep NaN/Infinity as received (orjson would write null)
+        return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
+    return orjson.dumps(item)
+
+
 def decode_message(
-    raw: bytes, source: SourceRef, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    raw: bytes | None, source: SourceRef, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 ) -> Decoded:
-    """Decode one message value into events and dead letters. Never raises."""
+    """Decode one message value into events and dead letters. Never raises.
+
+    A null value (a Kafka tombstone) or an empty one is a dead letter like any
+    other bad input, never an exception.
+    """
+    if raw is None:
+        return Decoded([], [DeadLetter(b"", "empty_message: null value", source, None)])
+    if not isinstance(raw, bytes):
+        raw = bytes(raw)
+    if not raw.strip():
+        return Decoded(
+            [], [DeadLetter(raw, f"empty_message: {len(raw)} bytes, no JSON", source, None)]
+        )
     if len(raw) > max_bytes:
         return Decoded(
             [], [DeadLetter(raw, f"oversize: {len(raw)} > {max_bytes} bytes", source, None)]
@@ -74,14 +112,19 @@ def decode_message(
             return Decoded(_BATCH_ADAPTER.validate_json(raw), [])
         except ValidationError:
             pass
-        try:
-            items = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return Decoded([], [DeadLetter(raw, f"invalid_json: {exc}", source, None)])
+        parsed = _json_items(raw)
+        if parsed is None:
+            try:
+                orjson.loads(raw)
+                reason = "invalid_json"
+            except orjson.JSONDecodeError as exc:
+                reason = f"invalid_json: {exc}"
+            return Decoded([], [DeadLetter(raw, reason, source, None)])
+        items, nonstandard = parsed
         events: list[Event] = []
         dead: list[DeadLetter] = []
         for i, item in enumerate(items):
-            item_raw = orjson.dumps(item)
+            item_raw = _item_bytes(item, nonstandard)
             try:
                 events.append(EVENT_ADAPTER.validate_json(item_raw))
             except ValidationError as exc:

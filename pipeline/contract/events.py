@@ -28,8 +28,20 @@ SUMMARIES_TOPIC: Final = "tailguard.summaries"  # internal: workers -> the contr
 LEDGER_TOPIC: Final = "tailguard.ledger"  # internal: requests counted, per partition
 CONTROL_TOPIC: Final = "tailguard.control"  # compacted, key = scope: signed directives
 
-NonNegMs = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# Every number is bounded by the ClickHouse column that stores it (sql/0001, 0002), so an
+# event the contract accepts is one the store can hold: validation rejects the rest, and
+# no schema-valid value can fail an insert (a failed insert would stall its whole batch).
+INT64_MAX: Final = 2**63 - 1  # Int64: *_unix_ns
+UINT32_MAX: Final = 2**32 - 1  # UInt32: token counts, engine queue lengths
+UINT16_MAX: Final = 2**16 - 1  # UInt16: preemptions
+# Float64 holds any finite duration, but the record adds and subtracts them (ttft, gateway
+# overhead) and the sketch takes their logarithm: 2^53 ms (~285,000 years) keeps every
+# derived value finite and every whole millisecond exact.
+MAX_DURATION_MS: Final = float(2**53)
+
+NonNegMs = Annotated[float, Field(ge=0.0, le=MAX_DURATION_MS, allow_inf_nan=False)]
+NonNegInt = Annotated[int, Field(ge=0, le=UINT32_MAX)]  # UInt32 columns
+UnixNs = Annotated[int, Field(gt=0, le=INT64_MAX)]  # Int64 columns
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Priority = Annotated[int, Field(ge=0, le=3)]
 Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
@@ -45,7 +57,7 @@ class _Event(BaseModel):
     event_id: str = Field(
         min_length=1, max_length=128, description="Unique per event; a repeat is a duplicate."
     )
-    ts_unix_ns: int = Field(gt=0, description="Wall clock of the emitting host, ns since epoch.")
+    ts_unix_ns: UnixNs = Field(description="Wall clock of the emitting host, ns since epoch.")
     host: str = Field(min_length=1, max_length=256, description="Emitting host (or host/engine).")
     model: str = Field(min_length=1, max_length=256, description="Served model name.")
 
@@ -93,7 +105,7 @@ class EngineFinished(_RequestEvent):
     """The engine finished a request; durations from the engine's monotonic clock."""
 
     kind: Literal["engine.finished"]
-    arrival_unix_ns: int = Field(gt=0, description="Engine wall clock at arrival.")
+    arrival_unix_ns: UnixNs = Field(description="Engine wall clock at arrival.")
     queue_ms: NonNegMs = Field(description="Queued -> scheduled.")
     prefill_ms: NonNegMs = Field(description="Scheduled -> first token.")
     decode_ms: NonNegMs = Field(description="First token -> last token.")
@@ -103,7 +115,7 @@ class EngineFinished(_RequestEvent):
     output_tokens: NonNegInt
     cached_tokens: NonNegInt = 0
     finish_reason: FinishReason
-    preemptions: NonNegInt = 0
+    preemptions: Annotated[int, Field(ge=0, le=UINT16_MAX)] = 0  # UInt16 column
     priority: Priority | None = None
 
 

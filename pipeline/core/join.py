@@ -585,6 +585,12 @@ class Joiner:
         parts = (entry.received, entry.completed, entry.finished)
         return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
 
+    def evict(self, n: int) -> None:
+        """Resolve the ``n`` oldest pending requests early (counted as evicted); their
+        partial records come out of the next :meth:`advance_emitted`."""
+        for _ in range(min(n, len(self._pending))):
+            self._evict_oldest()
+
     def _evict_oldest(self) -> None:
         rid = next(iter(self._pending))
         entry = self._pending[rid]
@@ -675,9 +681,20 @@ class Joiner:
             heapq.heappop(heap)
         return None
 
-    def safe_offset(self, next_offset: int) -> int:
-        """Smallest offset whose events may still be needed (commit up to here)."""
-        for entry in self._pending.values():
-            first = entry >> _OFF_SHIFT if isinstance(entry, int) else entry.first_offset
-            return min(first, next_offset)
+    def safe_offset(self, next_offset: int, *, lone_received_durable: bool = False) -> int:
+        """Smallest offset whose events may still be needed (commit up to here).
+
+        ``lone_received_durable``: a request known only by its ``gateway.received`` does
+        not hold the commit back, because the caller keeps that event durably elsewhere
+        and gives it back with :meth:`add` after a restart (the worker: the raw events
+        table). Without it, a lone received pins the commit for ``inflight_ttl_ms``.
+        """
+        for entry in self._pending.values():  # insertion order = offset order
+            if isinstance(entry, int):
+                if lone_received_durable:
+                    continue
+                return min(entry >> _OFF_SHIFT, next_offset)
+            if lone_received_durable and entry.completed is None and entry.finished is None:
+                continue
+            return min(entry.first_offset, next_offset)
         return next_offset

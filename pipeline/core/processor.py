@@ -17,7 +17,7 @@ from pipeline.contract.codec import (
     decode_message,
     encode_event,
 )
-from pipeline.contract.events import EngineStats, Event, LifecycleEvent
+from pipeline.contract.events import EngineStats, Event, GatewayReceived, LifecycleEvent
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
 from pipeline.core.record import RequestRecord
@@ -86,9 +86,12 @@ class StreamProcessor:
         clock_config: ClockConfig | None = None,
         slo_factory: Callable[[], WindowSLOs] | None = None,
         keep_events: bool = False,
+        max_pending: int | None = None,
     ) -> None:
         self.topic = topic
         self.keep_events = keep_events
+        # Pending joins of all partitions together (the join's own bound is per partition).
+        self.max_pending = max_pending
         self.join_config = join_config or JoinConfig()
         self.window_config = window_config or WindowConfig()
         self.clock_config = clock_config or ClockConfig()
@@ -125,6 +128,17 @@ class StreamProcessor:
             PartitionClock(self.clock_config),
             ledger={rid: packed & 7 for rid, packed in led.items()},
         )
+
+    def restore_inflight(self, partition: int, received: Iterable[tuple[int, Event]]) -> int:
+        """Give back the lone ``gateway.received`` events of a partition from before its
+        committed offset (see :meth:`safe_offsets`); returns how many were taken."""
+        joiner = self._part(partition).joiner
+        n = 0
+        for offset, ev in received:
+            if isinstance(ev, GatewayReceived):
+                joiner.add_emitted(ev, offset, None)
+                n += 1
+        return n
 
     def _part(self, partition: int) -> _PartitionState:
         st = self._parts.get(partition)
@@ -305,10 +319,23 @@ class StreamProcessor:
                 self._event(partition, st, offset, ev, wall_ms, out)
             st.next_offset = offset + 1
             touched.add(partition)
+        if self.max_pending is not None:
+            self._bound_pending(self.max_pending)
         for p in touched:
             self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
+
+    def _bound_pending(self, limit: int) -> None:
+        """Over ``limit`` pending joins in all: evict the oldest of the fullest partitions
+        (each down to its share, then further) until the total is back at ``limit``."""
+        excess = self.pending() - limit
+        while excess > 0:
+            st = max(self._parts.values(), key=lambda st: st.joiner.pending_count)
+            share = limit // len(self._parts)
+            n = min(excess, max(1, st.joiner.pending_count - share))
+            st.joiner.evict(n)
+            excess -= n
 
     def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
         for emitted in st.joiner.advance_emitted(now, wall_ms):
@@ -386,7 +413,9 @@ class StreamProcessor:
         for p, st in self._parts.items():
             if not st.next_offset:
                 continue
-            safe = st.joiner.safe_offset(st.next_offset)
+            # Raw events are written before the commit (keep_events): a lone
+            # gateway.received is then durable and restored on a restart.
+            safe = st.joiner.safe_offset(st.next_offset, lone_received_durable=self.keep_events)
             win = st.windows.min_open_offset()
             if win is not None:
                 safe = min(safe, win)

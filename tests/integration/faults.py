@@ -209,7 +209,7 @@ def assert_exactly_once(settings: Settings, request_ids: set[str]) -> None:
 
 def committed_offsets(settings: Settings) -> dict[int, int]:
     """Per partition of the lifecycle topic, the worker group's committed offset (0: none)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     topic = settings.lifecycle_topic
     c = Consumer(
@@ -218,6 +218,20 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
-        return {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}
+            except KafkaException as exc:
+                # A fresh broker answers NOT_COORDINATOR while it loads the group's state.
+                err = exc.args[0]
+                loading = err.code() in (
+                    KafkaError.NOT_COORDINATOR,
+                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                    KafkaError.COORDINATOR_NOT_AVAILABLE,
+                )
+                if not (loading or err.retriable()) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
