@@ -323,6 +323,11 @@ class StreamProcessor:
             self._bound_pending(self.max_pending)
         for p in touched:
             self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
+        if self.max_pending is not None and self.pending() > self.max_pending:
+            # events held while a clock bootstrapped joined in the advance above
+            self._bound_pending(self.max_pending)
+            for p in touched:
+                self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
 
