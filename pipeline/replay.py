@@ -200,6 +200,7 @@ class ReplayResult:
                 else {}
             )
         out["join"] = self.counters.get("join", {})
+        out["flags"] = self.counters.get("flags", {})  # contradictory records, per flag
         return out
 
     def _serving(self) -> dict[str, Any]:
@@ -287,8 +288,10 @@ def replay_file(
             "corrected_records": w.corrected,
             "retracted_records": w.retracted,
             "quarantined_events": c.quarantined,
+            "flagged_records": c.flagged,
             "replayed_records": c.replayed,
         },
+        "flags": dict(sorted(c.by_flag.items())),
     }
     return result
 

@@ -105,6 +105,7 @@ def final_records(store: Store) -> list[RequestRecord]:
         d = dict(zip(names, row, strict=True))
         for k in ("tenant", "gateway_host", "engine_host"):
             d[k] = d[k] or None
+        d["flags"] = tuple(d["flags"])
         out.append(RequestRecord(**d))
     return out
 

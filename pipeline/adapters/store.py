@@ -303,6 +303,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ttft_engine_ms", "Nullable(Float64)"),
     ("tpot_ms", "Nullable(Float64)"),
     ("gateway_overhead_ms", "Nullable(Float64)"),
+    ("flags", "Array(LowCardinality(String))"),
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 
@@ -315,6 +316,8 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
             v = getattr(rec, name)
             if v is None and name in _EMPTY_IF_NONE:
                 v = ""
+            elif name == "flags":
+                v = list(v)
             cols[i].append(v)
     return cols
 

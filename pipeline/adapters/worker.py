@@ -453,10 +453,10 @@ class WorkerShell:
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
             "joined=%d gateway_only=%d engine_only=%d duplicates=%d windows_closed=%d "
-            "corrected=%d retracted=%d quarantined=%d replayed=%d write_retries=%d",
+            "corrected=%d retracted=%d quarantined=%d replayed=%d flagged=%d write_retries=%d",
             c.messages, c.events, c.records, self.rows_written, c.dead_letters,
             self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
-            w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
+            w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed, c.flagged,
             self.write_retries,
         )  # fmt: skip
         skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 60_000}

@@ -42,6 +42,8 @@ class ProcessorCounters:
     replayed: int = 0  # records a worker taking a partition over found counted already
     replay_conflicts: int = 0  # replayed partials that disagree with the counted one
     replayed_events: int = 0  # gateway.received of requests counted complete, re-read
+    flagged: int = 0  # records whose events contradict each other (RequestRecord.flags)
+    by_flag: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -171,9 +173,17 @@ class StreamProcessor:
                     return
                 st.ledger[rec.request_id] = ledger_code(rec)
         out.records.append(rec)
+        if rec.flags:
+            self._count_flags(rec)
         if previous is not None:
             st.windows.add(previous, -1, sign=-1)
         st.windows.add(rec, emitted.first_offset)
+
+    def _count_flags(self, rec: RequestRecord) -> None:
+        c = self.counters
+        c.flagged += 1
+        for f in rec.flags:
+            c.by_flag[f] = c.by_flag.get(f, 0) + 1
 
     def _quarantine(self, partition: int, offset: int, ev: LifecycleEvent, out: Output) -> None:
         st = self._parts[partition]

@@ -75,6 +75,34 @@ class ReceivedFields(Protocol):
     def stream(self) -> bool: ...
 
 
+# What a record's events may contradict each other on (each one host's own durations, so
+# a contradiction is a bug or a clock glitch at the source, not network time):
+FLAGS: Final = {
+    "ttfb_gt_total": "gateway first byte after the gateway's last byte",
+    "e2e_lt_inference": "engine end-to-end shorter than its own inference time",
+    "e2e_lt_queue": "engine end-to-end shorter than its own queue time",
+    "negative_gateway_overhead": "gateway total shorter than the engine's end-to-end",
+}
+_EPS_MS: Final = 1e-6
+
+
+def record_flags(
+    total: float | None, ttfb: float | None, e2e: float | None, inference: float | None,
+    queue: float | None,
+) -> tuple[str, ...]:  # fmt: skip
+    """The contradictions (names of :data:`FLAGS`) among one record's durations."""
+    out = []
+    if total is not None and ttfb is not None and ttfb > total + _EPS_MS:
+        out.append("ttfb_gt_total")
+    if e2e is not None and inference is not None and e2e + _EPS_MS < inference:
+        out.append("e2e_lt_inference")
+    if e2e is not None and queue is not None and e2e + _EPS_MS < queue:
+        out.append("e2e_lt_queue")
+    if total is not None and e2e is not None and total + _EPS_MS < e2e:
+        out.append("negative_gateway_overhead")
+    return tuple(out)
+
+
 def record_revision(source: Source, has_received: bool) -> int:
     """How much of a request a record holds, as the store's version (higher replaces):
     0 partial, 1 partial with ``gateway.received``, 2 joined, 3 joined with it."""
@@ -114,6 +142,8 @@ class RequestRecord:
     ttft_engine_ms: float | None
     tpot_ms: float | None
     gateway_overhead_ms: float | None
+    # Contradictions between the events (see FLAGS): the record is kept as reported
+    flags: tuple[str, ...] = ()
 
     @property
     def direct_traffic(self) -> bool:
@@ -215,4 +245,11 @@ def build_record(
         ttft_engine_ms=(queue + prefill) if queue is not None and prefill is not None else None,
         tpot_ms=tpot,
         gateway_overhead_ms=(total - e2e) if total is not None and e2e is not None else None,
+        flags=record_flags(
+            total,
+            completed.ttfb_ms if completed is not None else None,
+            e2e,
+            finished.inference_ms if finished is not None else None,
+            queue,
+        ),
     )
