@@ -8,7 +8,7 @@ measurement core.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.adapters.store import Store
@@ -32,6 +32,9 @@ class Report:
     boundaries: dict[str, BoundaryStats]
     slos: dict[str, dict[str, Any]]  # from the stream's windows (slo_1h)
     control: list[dict[str, Any]]  # directives issued (not heartbeats), from control_signals
+    # per gateway -> engine host pair: joined requests and the engine clock's offset from
+    # the gateway's (NTP-style estimate, pipeline/core/skew.py), P50 in ms
+    clock_skew: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +47,7 @@ class Report:
             },
             "slos": self.slos,
             "control": self.control,
+            "clock_skew": self.clock_skew,
         }
 
 
@@ -98,7 +102,20 @@ def read_report(store: Store) -> Report:
             f"FROM {db}.control_signals FINAL WHERE NOT heartbeat ORDER BY event_time, scope, seq"
         )
     ]  # fmt: skip
-    return Report(int(row[0]), by_source, by_outcome, boundaries, slos, control)
+    # The skew estimate of pipeline.core.skew over the stored joined requests (reported,
+    # never used to correct a measurement).
+    clock_skew = {
+        f"{g}->{e}": {"samples": int(n), "offset_p50_ms": float(p50)}
+        for g, e, n, p50 in store.query_rows(
+            "SELECT gateway_host, engine_host, count(), quantileExact(0.5)("
+            "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2) "
+            f"FROM {db}.requests FINAL WHERE source = 'joined' "
+            "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
+            "AND gateway_overhead_ms IS NOT NULL "
+            "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host"
+        )
+    }
+    return Report(int(row[0]), by_source, by_outcome, boundaries, slos, control, clock_skew)
 
 
 def render(report: Report) -> Any:
@@ -140,4 +157,9 @@ def render(report: Report) -> Any:
         ctl.add_column(col)
     for d in report.control:
         ctl.add_row(d["event_time"], d["scope"], f"L{d['level']}", d["phase"], d["reason"])
-    return Group(t, c, ctl, s, o)
+    skew = Table(title="clock skew, engine vs gateway (reported, never corrected)")
+    for col in ("gateway -> engine", "joined", "offset P50 ms"):
+        skew.add_column(col, justify="left" if col.startswith("gateway") else "right")
+    for pair, est in report.clock_skew.items():
+        skew.add_row(pair, str(est["samples"]), f"{est['offset_p50_ms']:+.1f}")
+    return Group(t, c, ctl, s, o, skew)

@@ -18,6 +18,7 @@ from pipeline.adapters.store import open_store
 from pipeline.cli import main
 from pipeline.core.slo import load_spec_file
 from pipeline.replay import replay_file
+from pipeline.report import read_report
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from tests.disorder import (
     HOUR_NS,
@@ -83,6 +84,13 @@ def test_messy_traffic_store_equals_exact_count(
             assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name
         n = store.query_rows("SELECT count() FROM tailguard.requests FINAL")[0][0]
         assert n == out["requests"] == 2998
+        # the report shows each engine's clock against each gateway's (never corrected):
+        # gateway-1 5 min slow (engines ahead of it), gateway-0 30 s fast (engines behind)
+        skew = read_report(store).clock_skew
+        assert len(skew) == 8
+        for pair, est in skew.items():
+            want = {"gateway-1": 300_000, "gateway-0": -30_000}[pair.split("->")[0]]
+            assert abs(est["offset_p50_ms"] - want) < 1_000, (pair, est)
     finally:
         store.close()
 
