@@ -182,6 +182,13 @@ class ReplayResult:
         out["serving"] = self._serving()
         if self.control is not None:
             out["control"] = self.control.transitions
+            # every directive a worker would issue and audit (changes, and changes of what
+            # holds a level): what the control_signals table and its dashboard panel hold
+            out["directives"] = [
+                {"ts_unix_ns": d.now_ms * 1_000_000, "scope": d.scope, "level": d.level,
+                 "phase": d.phase, "reason": d.reason}
+                for d in self.control.decisions
+            ]  # fmt: skip
             out["budget_events"] = self.control.events
             last = self.control.last
             out["budgets"] = (

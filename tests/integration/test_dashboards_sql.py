@@ -29,7 +29,7 @@ from pipeline.devtools.dashboards import (
 )
 from pipeline.devtools.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
 from pipeline.replay import replay_file
-from pipeline.settings import Settings
+from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,9 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
     policy.write_text(TEST_POLICY)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
+        # the contract-tier spec: it has a blended tier, which one dashboard panel shows
         rc = main(["replay", str(events), "--store", str(d / "store"), "--policy", str(policy),
-                   "--json"])  # fmt: skip
+                   "--slo", str(EXAMPLE_SLO_SPEC), "--json"])  # fmt: skip
     assert rc == 0
     summary = orjson.loads(out.getvalue())
     assert summary["control"], "the overload must change the control level"
@@ -276,7 +277,9 @@ def test_budget_and_long_burn_rates_equal_the_controllers(replayed: Replayed) ->
 
 
 def test_control_and_budget_tables_match_the_replay(replayed: Replayed) -> None:
-    want = [(t["scope"], t["level"], t["phase"], t["reason"]) for t in replayed.summary["control"]]
+    want = [
+        (t["scope"], t["level"], t["phase"], t["reason"]) for t in replayed.summary["directives"]
+    ]
     cols, rows = _panel_rows(replayed, "tailguard-slo.json", "Control transitions with reasons")
     assert cols[:5] == ["time", "scope", "level", "phase", "reason"]
     assert sorted((r[1], r[2], r[3], r[4]) for r in rows) == sorted(want)
