@@ -95,8 +95,7 @@ def test_messy_live_traffic_then_restart(kafka, tmp_path: Path) -> None:
         assert w.stop() == 0
     _check(s, 2000 - len(ahead1))
     dead = read_all(s, s.dlq_topic)
-    reasons = {m.value().decode()[:0] + dict(m.headers())["tailguard.reason"].decode()
-               for m in dead}  # fmt: skip
+    reasons = {dict(m.headers())["tailguard.reason"].decode() for m in dead}
     assert any(r.startswith("ts_out_of_range") for r in reasons), reasons
     assert len(dead) == 6  # the two requests stamped ahead, three events each
 
