@@ -11,7 +11,13 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.adapters.kafka_admin import wait_partitions
 from pipeline.adapters.reliable import ReliableProducer
-from pipeline.core.ledger import LedgerEntry, counted_since, decode_ledger, encode_ledger
+from pipeline.core.ledger import (
+    LedgerEntry,
+    counted_since,
+    decode_ledger,
+    encode_ledger,
+    ledger_entries,
+)
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
@@ -30,18 +36,9 @@ class LedgerPublisher:
         if self._partitions is None:
             t = self.settings.ledger_topic
             self._partitions = wait_partitions(self.settings, [t])[t]
-        per: dict[int, dict[str, int]] = {}
-        ends: dict[int, int] = {}
-        for w in windows:
-            if w.ledger:
-                per.setdefault(w.partition, {}).update(w.ledger)
-                ends[w.partition] = max(ends.get(w.partition, 0), w.start_ms + w.size_ms)
-        for p, versions in per.items():
-            entry = LedgerEntry(
-                self.settings.lifecycle_topic, p, through.get(p, 0), versions, ends[p]
-            )
+        for entry in ledger_entries(self.settings.lifecycle_topic, windows, through):
             for raw in encode_ledger(entry):
-                self._producer.send(raw, partition=p % self._partitions)
+                self._producer.send(raw, partition=entry.partition % self._partitions)
 
     def flush(self) -> None:
         self._producer.flush()

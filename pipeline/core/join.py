@@ -263,6 +263,10 @@ class _Resolved:
     partial: bool = False
     attempt: int = 1
     retried: bool = False
+    # smallest source offset of its events: an upgrade's window holds the commit back to
+    # it, so that a worker resuming before that window is written re-reads every event
+    # the upgraded record needs (-1: unknown)
+    first_offset: int = -1
 
 
 def _received_hash(received: _Received | GatewayReceived | None) -> int | None:
@@ -606,7 +610,7 @@ class Joiner:
             return None
         self.counters.superseded += 1
         after = _build(key, done.attempt, True, parts)
-        return Emitted(after, -1, upgrade=True, previous=before, parts=parts)
+        return Emitted(after, done.first_offset, upgrade=True, previous=before, parts=parts)
 
     def _route(self, rid: str, n: int, event: LifecycleEvent) -> tuple[str, int]:
         """The attempt a terminal event of a retried request belongs to: the oldest one
@@ -725,7 +729,7 @@ class Joiner:
         rec = _build(key, done.attempt, done.retried, parts)
         if rec.superseded and not previous.superseded:
             self.counters.superseded += 1
-        return Emitted(rec, -1, upgrade=True, previous=previous, parts=parts)
+        return Emitted(rec, done.first_offset, upgrade=True, previous=previous, parts=parts)
 
     def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
         if slot is None or _same_id(slot, event):
@@ -758,7 +762,7 @@ class Joiner:
         else:
             self._resolved[key] = _Resolved(
                 expires, entry.received, entry.completed, entry.finished, partial=partial,
-                attempt=entry.attempt, retried=entry.retried,
+                attempt=entry.attempt, retried=entry.retried, first_offset=entry.first_offset,
             )  # fmt: skip
         if len(self._resolved) > self.config.max_resolved:
             del self._resolved[self._resolved_order.popleft()]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
@@ -69,8 +69,11 @@ def decode_ledger(raw: bytes) -> LedgerEntry:
     )  # fmt: skip
 
 
-CODE_BITS: Final = 4  # a ledger code: see pipeline.core.windows.ledger_code
+CODE_BITS: Final = 5  # a ledger code: see pipeline.core.windows.ledger_code
 CODE_MASK: Final = (1 << CODE_BITS) - 1
+# Set on the code of a version a window took back (a partial replaced by its upgrade): the
+# store counts no version of that request until the replacing add is written.
+RETRACTED: Final = 16
 
 
 def pack(code: int, end_ms: int) -> int:
@@ -86,8 +89,8 @@ def unpack(packed: int) -> tuple[int, int]:
 
 def code_order(code: int) -> int:
     """How far a ledger code's version is (higher replaces): its revision, then
-    superseded (``pipeline.core.record.store_version``)."""
-    return 2 * (code & 3) + ((code >> 3) & 1)
+    superseded (``pipeline.core.record.store_version``), then taken back."""
+    return 4 * (code & 3) + 2 * ((code >> 3) & 1) + ((code >> 4) & 1)
 
 
 def merge_versions(into: dict[str, int], more: Mapping[str, int]) -> None:
@@ -96,6 +99,34 @@ def merge_versions(into: dict[str, int], more: Mapping[str, int]) -> None:
         have = into.get(rid)
         if have is None or code_order(code & CODE_MASK) > code_order(have & CODE_MASK):
             into[rid] = code
+
+
+class CountedWindow(Protocol):
+    """What :func:`ledger_entries` reads of a closed window."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def start_ms(self) -> int: ...
+    @property
+    def size_ms(self) -> int: ...
+    @property
+    def ledger(self) -> Mapping[str, int]: ...
+
+
+def ledger_entries(
+    topic: str, windows: Iterable[CountedWindow], through: Mapping[int, int]
+) -> list[LedgerEntry]:
+    """One entry per source partition for the windows of one store insert: the furthest
+    version of each request among them (:func:`merge_versions`: a window taking a
+    partial back may come after the one adding its upgrade)."""
+    per: dict[int, dict[str, int]] = {}
+    ends: dict[int, int] = {}
+    for w in windows:
+        if w.ledger:
+            merge_versions(per.setdefault(w.partition, {}), w.ledger)
+            ends[w.partition] = max(ends.get(w.partition, 0), w.start_ms + w.size_ms)
+    return [LedgerEntry(topic, p, through.get(p, 0), v, ends[p]) for p, v in per.items()]
 
 
 def counted_since(

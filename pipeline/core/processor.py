@@ -20,7 +20,7 @@ from pipeline.contract.codec import (
 from pipeline.contract.events import EngineStats, Event, GatewayReceived, LifecycleEvent
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
-from pipeline.core.ledger import code_order, unpack
+from pipeline.core.ledger import RETRACTED, code_order, unpack
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
     ClosedWindow,
@@ -170,11 +170,15 @@ class StreamProcessor:
                         st.replayed += 1
                         out.records.append(rec)  # the same row again (or an older one)
                     return
-                # An upgrade of what was counted: take that version back.
-                previous = emitted.version(code)
-                if previous is None:
-                    self.counters.replay_conflicts += 1
-                    return
+                # An upgrade of what was counted: take that version back, unless a
+                # window took it back already (and the replacing add was not written).
+                if code & RETRACTED:
+                    previous = None
+                else:
+                    previous = emitted.version(code)
+                    if previous is None:
+                        self.counters.replay_conflicts += 1
+                        return
                 st.ledger[key] = mine
         out.records.append(rec)
         if rec.flags:

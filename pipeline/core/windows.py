@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from pipeline.core.ledger import RETRACTED, code_order
 from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
 from pipeline.core.sketch import QuantileSketch, SketchColumns
 
@@ -228,8 +229,15 @@ class WindowAggregator:
                     cell.removed.append(value)
         if win.slos is not None:
             win.slos.add(rec, sign)
-        if sign > 0:
-            win.ledger[ledger_key(rec)] = ledger_code(rec)
+        # The ledger of this window: what the store counts of the request once it is
+        # written. A take-back is recorded too (its version, marked RETRACTED): the add
+        # that replaces it may land in another window, written later; a worker resuming
+        # in between must not take the old version back a second time.
+        lk = ledger_key(rec)
+        code = ledger_code(rec) if sign > 0 else ledger_code(rec) | RETRACTED
+        have = win.ledger.get(lk)
+        if have is None or code_order(code) > code_order(have):
+            win.ledger[lk] = code
         win.dirty = True
         return not late
 

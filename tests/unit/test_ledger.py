@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from pipeline.contract.codec import encode_event
+from pipeline.core.join import JoinConfig
 from pipeline.core.ledger import (
     MAX_IDS_PER_MESSAGE,
+    RETRACTED,
     LedgerEntry,
     counted_since,
     decode_ledger,
     encode_ledger,
+    ledger_entries,
     merge_versions,
     pack,
 )
@@ -40,6 +45,11 @@ def test_round_trip_and_chunks() -> None:
         (2, 3, 3),  # joined, then joined with gateway.received
         (4, 1, 1),  # engine-only partial (rev 0), then gateway partial with received (rev 1)
         (1, 4, 1),
+        (1, 1 | RETRACTED, 1 | RETRACTED),  # a partial, then its take-back
+        (1 | RETRACTED, 3, 3),  # taken back, then the joined record that replaced it
+        (3, 1 | RETRACTED, 3),
+        (3, 3 | 8, 3 | 8),  # joined, then superseded by a retry
+        (3 | 8, 3 | RETRACTED, 3 | 8),
     ],
 )
 def test_highest_revision_wins(have: int, more: int, want: int) -> None:
@@ -74,6 +84,10 @@ def _msgs(events: list) -> list[tuple[int, int, bytes]]:
         ({"r1": pack(3, 0)}, False, 1, {"r2"}, 1),
         # r1 counted as a gateway partial (with received): taken back, joined added
         ({"r1": pack(1, 0)}, True, 1, {"r1", "r2"}, 0),
+        # r1's partial counted and taken back already (the window holding the take-back
+        # was written, the one adding its joined record was not): joined added, no
+        # second take-back
+        ({"r1": pack(1 | RETRACTED, 0)}, True, 2, {"r1", "r2"}, 0),
     ],
 )
 def test_a_worker_taking_over_counts_nothing_twice(
@@ -90,3 +104,60 @@ def test_a_worker_taking_over_counts_nothing_twice(
     assert sum(w.records.get(ALL_KEY, 0) for w in windows) == want_net
     assert {rid for w in windows for rid in w.ledger} == want_ids
     assert proc.counters.replayed == want_replayed
+
+
+def test_a_take_back_written_before_its_replacement_is_not_repeated() -> None:
+    """Worker 1 writes the window that takes a partial back (a correction: the partial's
+    window closed long ago) but stops before the window adding the joined record closes;
+    worker 2 resumes at worker 1's safe offset with the ledger of what was written. The
+    union of what both wrote counts the request once."""
+    cfg = WindowConfig(size_ms=10_000, grace_ms=0)
+    events = [
+        received("r1", 0.0),
+        completed("r1", 95.0),  # the partial: gateway-only, window 0
+        *[received(f"f{i}", 30_000.0 + i) for i in range(6)],  # the clock moves on
+        *[completed(f"f{i}", 30_010.0 + i) for i in range(6)],
+        finished("r1", 31_000.0),  # the late partner: joined record in window 30 s
+    ]
+    first = StreamProcessor("t", JoinConfig(timeout_ms=1_000), window_config=cfg)
+    first.init_partition(0)
+    out = first.process(_msgs(events), wall_ms=None)
+    written = out.windows  # closed windows (and corrections) only: the open ones are lost
+    assert any(w.correction and w.records.get(ALL_KEY, 0) < 0 for w in written)
+    ledger: dict[str, int] = {}
+    for w in written:
+        merge_versions(ledger, {k: pack(code, w.start_ms + 10_000) for k, code in w.ledger.items()})
+    resume = first.safe_offsets()[0]
+    second = StreamProcessor("t", JoinConfig(timeout_ms=1_000), window_config=cfg)
+    second.init_partition(0, ledger)
+    rest = _msgs(events)[resume:]
+    out2 = second.process(rest, wall_ms=None)
+    windows = written + out2.windows + second.drain().windows
+    per_window: dict[int, int] = {}
+    for w in windows:
+        per_window[w.start_ms] = per_window.get(w.start_ms, 0) + w.records.get(ALL_KEY, 0)
+    first_window = min(per_window)
+    assert per_window[first_window] == 0, per_window  # the partial: added, taken back once
+    assert sum(per_window.values()) == 1 + 6 * 1  # r1 once (joined), f0-f5 partials
+
+
+@dataclass(frozen=True)
+class _Win:
+    partition: int
+    start_ms: int
+    ledger: dict[str, int]
+    size_ms: int = 10_000
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_one_insert_publishes_the_furthest_version_whatever_the_window_order(
+    order: tuple[int, ...],
+) -> None:
+    wins = [
+        _Win(0, 0, {"r": 1}),  # the partial added
+        _Win(0, 10_000, {"r": 1 | RETRACTED}),  # taken back (a correction)
+        _Win(0, 30_000, {"r": 3, "s": 2}),  # its joined record
+    ]
+    (entry,) = ledger_entries("lc", [wins[i] for i in order], {0: 42})
+    assert (entry.partition, entry.through, entry.end_ms) == (0, 42, 40_000)
+    assert dict(entry.versions) == {"r": 3, "s": 2}
