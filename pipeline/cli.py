@@ -360,6 +360,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             c.events_failed,
         )
 
+    from producers.gateway import INFERENCE_ROUTES, PriorityRules
+
+    try:
+        rules = PriorityRules(
+            default=args.default_priority,
+            llmd_header=args.llmd_priority_header.lower().encode(),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--default-priority: {exc}") from None
+    paths = args.record_path or sorted(INFERENCE_ROUTES)
     app, _proxy, _mw = build_gateway(
         args.upstream,
         sink,
@@ -367,6 +377,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         on_shutdown=[close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
+        priority=rules,
+        record_paths=None if "*" in paths else frozenset(p.rstrip("/") for p in paths),
     )
     log.info(
         "gateway on http://%s:%d -> %s (events to %s)",
@@ -376,7 +388,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         settings.bootstrap_servers,
     )
     try:
-        serve_gateway(app, host, port)
+        serve_gateway(app, host, port, verbose=args.verbose)  # -v: a log line per request
     finally:
         close_sink()
     return 0
@@ -501,6 +513,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenant-header", default="x-tenant-id", help="request header naming the tenant"
     )
     s.add_argument("--buffer-events", type=int, default=100_000, help="local buffer bound")
+    s.add_argument(
+        "--default-priority",
+        type=int,
+        default=2,
+        help="priority (0 highest .. 3) of a request that names none (default 2, a middle tier)",
+    )
+    s.add_argument(
+        "--llmd-priority-header",
+        default="x-llm-d-priority",
+        help="header with llm-d's signed priority (< 0 = sheddable -> 3)",
+    )
+    s.add_argument(
+        "--record-path",
+        action="append",
+        metavar="PATH",
+        help="record requests to PATH (repeatable; '*' = every path); default: "
+        "/v1/chat/completions /v1/completions /v1/embeddings /v1/responses",
+    )
     s.set_defaults(func=cmd_gateway)
 
     s = sub.add_parser("envoy", help="turn Envoy JSON access logs into gateway.* events")

@@ -306,8 +306,12 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tpot_ms", "Nullable(Float64)"),
     ("gateway_overhead_ms", "Nullable(Float64)"),
     ("flags", "Array(LowCardinality(String))"),
+    ("slo_ttft_ms", "Nullable(Float64)"),  # 0009: llm-d per-request objectives
+    ("slo_tpot_ms", "Nullable(Float64)"),
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
+# Columns whose record field may be absent (NULL then): added by 0009 ahead of the record.
+_OPTIONAL_FIELDS = frozenset({"slo_ttft_ms", "slo_tpot_ms"})
 
 
 def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
@@ -315,7 +319,7 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
     names = [n for n, _ in REQUEST_COLUMNS]
     for rec in records:
         for i, name in enumerate(names):
-            v = getattr(rec, name)
+            v = getattr(rec, name, None) if name in _OPTIONAL_FIELDS else getattr(rec, name)
             if v is None and name in _EMPTY_IF_NONE:
                 v = ""
             elif name == "flags":
