@@ -319,7 +319,7 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
     names = [n for n, _ in REQUEST_COLUMNS]
     for rec in records:
         for i, name in enumerate(names):
-            v = getattr(rec, name, None) if name in _OPTIONAL_FIELDS else getattr(rec, name)
+            v: Any = getattr(rec, name, None) if name in _OPTIONAL_FIELDS else getattr(rec, name)
             if v is None and name in _EMPTY_IF_NONE:
                 v = ""
             elif name == "flags":
