@@ -145,6 +145,51 @@ def _kind_of(path: Path) -> str:
     return str(doc.get("kind", "SLOSpec")) if isinstance(doc, dict) else "SLOSpec"
 
 
+def cmd_openslo(args: argparse.Namespace) -> int:
+    """OpenSLO v1 <-> tailguard/v1 (pipeline.core.openslo says what maps and how)."""
+    import yaml
+
+    from pipeline.core.budget import load_burn_rules_file
+    from pipeline.core.openslo import (
+        OpenSLOError,
+        export_openslo,
+        import_openslo,
+        rules_document,
+        spec_document,
+    )
+    from pipeline.core.slo import SpecError, load_spec_file
+
+    def write(path: Path | None, docs: list[Any]) -> None:
+        text = yaml.safe_dump_all(docs, sort_keys=False, allow_unicode=True)
+        if path is None:
+            sys.stdout.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+
+    try:
+        if args.direction == "export":
+            spec = load_spec_file(args.file)
+            rules = load_burn_rules_file(args.rules) if args.rules else None
+            write(args.out, export_openslo(spec, rules, service=args.service))
+            return 0
+        try:
+            docs = [d for d in yaml.safe_load_all(args.file.read_text(encoding="utf-8")) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
+        spec, rules = import_openslo(docs, str(args.file))
+    except (OpenSLOError, SpecError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    write(args.out, [spec_document(spec)])
+    if rules is not None:
+        if args.rules_out is None:
+            print("note: alert policies found; --rules-out FILE writes them", file=sys.stderr)
+        else:
+            write(args.rules_out, [rules_document(rules)])
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.core.slo import SpecError, validate_file
 
@@ -532,6 +577,17 @@ def build_parser() -> argparse.ArgumentParser:
         "/v1/chat/completions /v1/completions /v1/embeddings /v1/responses",
     )
     s.set_defaults(func=cmd_gateway)
+
+    s = sub.add_parser("openslo", help="convert OpenSLO v1 <-> tailguard/v1 specs")
+    s.add_argument("direction", choices=["import", "export"])
+    s.add_argument(
+        "file", type=Path, help="import: OpenSLO YAML (multi-document); export: a tailguard spec"
+    )
+    s.add_argument("-o", "--out", type=Path, help="write here (default stdout)")
+    s.add_argument("--rules", type=Path, help="export: burn rules to add as alert policies")
+    s.add_argument("--rules-out", type=Path, help="import: write the alert policies' rules here")
+    s.add_argument("--service", default="tailguard", help="export: OpenSLO service name")
+    s.set_defaults(func=cmd_openslo)
 
     s = sub.add_parser("envoy", help="turn Envoy JSON access logs into gateway.* events")
     _add_kafka(s)
