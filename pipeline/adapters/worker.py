@@ -390,6 +390,7 @@ class WorkerShell:
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
                 self.telemetry.write_retries.add(retries)
                 self.telemetry.records.add(len(records))
+                self.telemetry.record_latencies(records)
                 self.telemetry.windows_closed.add(len(windows))
                 self.write_retries += retries
                 self.rows_written += len(records)
