@@ -505,6 +505,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
                 stats = follow(
                     follower, sink, stop, host=args.name, default_model=args.default_model,
                     dead=dead, flush=flush_dlq, on_delivered=lambda p: save_position(pos_path, p),
+                    default_priority=args.default_priority,
                 )  # fmt: skip
             finally:
                 follower.close()
@@ -512,8 +513,9 @@ def cmd_envoy(args: argparse.Namespace) -> int:
             src = sys.stdin.buffer if stdin else args.file.open("rb")
             try:
                 stats = ingest(
-                    src, sink, host=args.name, default_model=args.default_model, dead=dead
-                )
+                    src, sink, host=args.name, default_model=args.default_model, dead=dead,
+                    default_priority=args.default_priority,
+                )  # fmt: skip
             finally:
                 if src is not sys.stdin.buffer:
                     src.close()
@@ -653,6 +655,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--position", type=Path, help="--follow: position file (default FILE.tailguard-pos)"
+    )
+    s.add_argument(
+        "--default-priority",
+        type=int,
+        choices=range(4),
+        default=2,
+        help="priority of a line without X-Vllm-Priority (default 2, a middle tier)",
     )
     s.set_defaults(func=cmd_envoy)
 

@@ -7,7 +7,8 @@ is ``producers/envoy-access-log.yaml``), then feed the file or a pipe to
 
 * ``gateway.received`` at ``start_time`` (Envoy's wall clock at the first downstream
   byte) with the model, priority and tenant taken from request headers (Envoy does
-  not read request bodies: clients or a filter set ``x-tailguard-model``);
+  not read request bodies: clients or a filter set ``x-tailguard-model``); a request
+  without ``X-Vllm-Priority`` gets the default tier (2, as in the gateway middleware);
 * ``gateway.completed`` with ``total_ms`` = first request byte -> last response byte
   sent downstream and ``ttfb_ms`` = first request byte -> first response byte sent
   downstream, both Envoy's own durations (``%COMMON_DURATION(...:us)%``, Envoy >= 1.29;
@@ -39,7 +40,7 @@ from pydantic import ValidationError
 
 from pipeline.contract.events import GatewayCompleted, GatewayReceived, Outcome
 from producers.emit import EventSink
-from producers.gateway import outcome_of, usable_request_id
+from producers.gateway import DEFAULT_PRIORITY, outcome_of, usable_request_id
 
 # The access log format to configure (``log_format: {json_format: ...}``).
 JSON_FORMAT: Final[dict[str, str]] = {
@@ -114,7 +115,7 @@ def _event_id(request_id: str, start: str, suffix: str) -> str:
 
 
 def parse_line(
-    raw: bytes, *, host: str, default_model: str
+    raw: bytes, *, host: str, default_model: str, default_priority: int = DEFAULT_PRIORITY
 ) -> tuple[GatewayReceived, GatewayCompleted]:
     """One access-log line -> its two events (pure; raises :class:`LineError`)."""
     try:
@@ -148,7 +149,8 @@ def parse_line(
     else:
         outcome = outcome_of(status)
     priority_raw = _number(doc, "priority")
-    priority = 0 if priority_raw is None else min(3, max(0, int(priority_raw)))
+    # no X-Vllm-Priority: the default tier (a middle one), as the gateway middleware does
+    priority = default_priority if priority_raw is None else min(3, max(0, int(priority_raw)))
     model = _text(doc, "model") or default_model
     start_key = str(doc.get("start_time"))
     try:
@@ -223,6 +225,7 @@ def ingest(
     default_model: str = "unknown",
     dead: DeadLetterFn | None = None,
     first_line: int = 1,
+    default_priority: int = DEFAULT_PRIORITY,
 ) -> IngestStats:
     """Access-log lines -> events on ``sink``; bad lines -> ``dead(raw, reason, line_no)``."""
     stats = IngestStats()
@@ -233,7 +236,9 @@ def ingest(
             continue
         stats.lines += 1
         try:
-            received, completed = parse_line(raw, host=host, default_model=default_model)
+            received, completed = parse_line(
+                raw, host=host, default_model=default_model, default_priority=default_priority
+            )
         except LineError as exc:
             reason = str(exc)
             stats.dead += 1
@@ -383,6 +388,7 @@ def follow(
     dead: DeadLetterFn | None = None,
     on_delivered: Callable[[Position], None] | None = None,
     flush: Callable[[], None] | None = None,
+    default_priority: int = DEFAULT_PRIORITY,
 ) -> IngestStats:
     """Follow the file until ``stop`` is set: each batch of new lines becomes events,
     the sink (and ``flush``, e.g. the DLQ) is flushed, then ``on_delivered(position)``
@@ -393,7 +399,7 @@ def follow(
         if lines:
             part = ingest(
                 lines, sink, host=host, default_model=default_model, dead=dead,
-                first_line=stats.lines + stats.blank + 1,
+                first_line=stats.lines + stats.blank + 1, default_priority=default_priority,
             )  # fmt: skip
             stats.add(part)
             sink.flush()
