@@ -145,6 +145,51 @@ def _kind_of(path: Path) -> str:
     return str(doc.get("kind", "SLOSpec")) if isinstance(doc, dict) else "SLOSpec"
 
 
+def cmd_openslo(args: argparse.Namespace) -> int:
+    """OpenSLO v1 <-> tailguard/v1 (pipeline.core.openslo says what maps and how)."""
+    import yaml
+
+    from pipeline.core.budget import load_burn_rules_file
+    from pipeline.core.openslo import (
+        OpenSLOError,
+        export_openslo,
+        import_openslo,
+        rules_document,
+        spec_document,
+    )
+    from pipeline.core.slo import SpecError, load_spec_file
+
+    def write(path: Path | None, docs: list[Any]) -> None:
+        text = yaml.safe_dump_all(docs, sort_keys=False, allow_unicode=True)
+        if path is None:
+            sys.stdout.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+
+    try:
+        if args.direction == "export":
+            spec = load_spec_file(args.file)
+            rules = load_burn_rules_file(args.rules) if args.rules else None
+            write(args.out, export_openslo(spec, rules, service=args.service))
+            return 0
+        try:
+            docs = [d for d in yaml.safe_load_all(args.file.read_text(encoding="utf-8")) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
+        spec, rules = import_openslo(docs, str(args.file))
+    except (OpenSLOError, SpecError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    write(args.out, [spec_document(spec)])
+    if rules is not None:
+        if args.rules_out is None:
+            print("note: alert policies found; --rules-out FILE writes them", file=sys.stderr)
+        else:
+            write(args.rules_out, [rules_document(rules)])
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.core.slo import SpecError, validate_file
 
@@ -360,6 +405,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             c.events_failed,
         )
 
+    from producers.gateway import INFERENCE_ROUTES, PriorityRules
+
+    try:
+        rules = PriorityRules(
+            default=args.default_priority,
+            llmd_header=args.llmd_priority_header.lower().encode(),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--default-priority: {exc}") from None
+    paths = args.record_path or sorted(INFERENCE_ROUTES)
     app, _proxy, _mw = build_gateway(
         args.upstream,
         sink,
@@ -367,6 +422,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         on_shutdown=[close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
+        priority=rules,
+        record_paths=None if "*" in paths else frozenset(p.rstrip("/") for p in paths),
     )
     log.info(
         "gateway on http://%s:%d -> %s (events to %s)",
@@ -376,20 +433,29 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         settings.bootstrap_servers,
     )
     try:
-        serve_gateway(app, host, port)
+        serve_gateway(app, host, port, verbose=args.verbose)  # -v: a log line per request
     finally:
         close_sink()
     return 0
 
 
 def cmd_envoy(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from producers.emit import JsonlSink, open_kafka_sink
-    from producers.envoy import ingest
+    from producers.envoy import Follower, follow, ingest, load_position, save_position
 
     settings = _settings(args)
+    stdin = str(args.file) == "-"
+    if args.follow and stdin:
+        raise SystemExit("--follow needs a file (it is re-opened when rotated), not -")
     sink: Any
+    out_fh = None
     if args.out is not None:
-        sink = JsonlSink(args.out)
+        # following: append (a restart resumes where the position file says)
+        out_fh = args.out.open("ab" if args.follow else "wb")
+        sink = JsonlSink(out_fh)
     else:
         sink = open_kafka_sink(
             settings,
@@ -398,31 +464,69 @@ def cmd_envoy(args: argparse.Namespace) -> int:
             meter_provider=_meter_provider(settings, "tailguard-envoy-ingest"),
         )
     dlq = None if args.out is not None else _dlq_sender(settings)
-    source = "stdin" if str(args.file) == "-" else str(args.file)
+    dlq_path = args.dlq or (
+        args.out.with_name(args.out.name + ".dlq.jsonl") if args.out is not None else None
+    )
+    dlq_fh = dlq_path.open("ab" if args.follow else "wb") if dlq_path is not None else None
+    source = "stdin" if stdin else str(args.file)
 
     def dead(raw: bytes, reason: str, line_no: int) -> None:
+        where = f"envoy:{source}:{line_no}"
+        if dlq_fh is not None:  # with --out: a dead-letter file, one JSON object a line
+            dlq_fh.write(
+                orjson.dumps(
+                    {"reason": reason, "source": where, "raw": raw.decode("utf-8", "replace")}
+                )
+                + b"\n"
+            )
+            return
         if dlq is None:
             logging.getLogger("tailguard.envoy").warning("line %d: %s", line_no, reason)
             return
-        dlq.send(
-            raw,
-            [
-                ("tailguard.reason", reason.encode()),
-                ("tailguard.source", f"envoy:{source}:{line_no}".encode()),
-            ],
-        )
+        dlq.send(raw, [("tailguard.reason", reason.encode()), ("tailguard.source", where.encode())])
 
-    src = sys.stdin.buffer if str(args.file) == "-" else args.file.open("rb")
-    try:
-        stats = ingest(src, sink, host=args.name, default_model=args.default_model, dead=dead)
-    finally:
-        if src is not sys.stdin.buffer:
-            src.close()
-        sink.close()
+    def flush_dlq() -> None:
+        if dlq_fh is not None:
+            dlq_fh.flush()
         if dlq is not None:
             dlq.flush()
+
+    try:
+        if args.follow:
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            pos_path = args.position or args.file.with_name(args.file.name + ".tailguard-pos")
+            follower = Follower(args.file, load_position(pos_path))
+            logging.getLogger("tailguard.envoy").info(
+                "following %s (position in %s)", args.file, pos_path
+            )
+            try:
+                stats = follow(
+                    follower, sink, stop, host=args.name, default_model=args.default_model,
+                    dead=dead, flush=flush_dlq, on_delivered=lambda p: save_position(pos_path, p),
+                    default_priority=args.default_priority,
+                )  # fmt: skip
+            finally:
+                follower.close()
+        else:
+            src = sys.stdin.buffer if stdin else args.file.open("rb")
+            try:
+                stats = ingest(
+                    src, sink, host=args.name, default_model=args.default_model, dead=dead,
+                    default_priority=args.default_priority,
+                )  # fmt: skip
+            finally:
+                if src is not sys.stdin.buffer:
+                    src.close()
+    finally:
+        sink.close()  # flush and go
+        flush_dlq()
+        for fh in (out_fh, dlq_fh):
+            if fh is not None:
+                fh.close()
     print(orjson.dumps(stats.to_json()).decode())
-    return 0 if stats.lines else 1
+    return 0 if stats.lines or args.follow else 1
 
 
 def _dlq_sender(settings: Settings) -> Any:
@@ -501,7 +605,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenant-header", default="x-tenant-id", help="request header naming the tenant"
     )
     s.add_argument("--buffer-events", type=int, default=100_000, help="local buffer bound")
+    s.add_argument(
+        "--default-priority",
+        type=int,
+        default=2,
+        help="priority (0 highest .. 3) of a request that names none (default 2, a middle tier)",
+    )
+    s.add_argument(
+        "--llmd-priority-header",
+        default="x-llm-d-priority",
+        help="header with llm-d's signed priority (< 0 = sheddable -> 3)",
+    )
+    s.add_argument(
+        "--record-path",
+        action="append",
+        metavar="PATH",
+        help="record requests to PATH (repeatable; '*' = every path); default: "
+        "/v1/chat/completions /v1/completions /v1/embeddings /v1/responses",
+    )
     s.set_defaults(func=cmd_gateway)
+
+    s = sub.add_parser("openslo", help="convert OpenSLO v1 <-> tailguard/v1 specs")
+    s.add_argument("direction", choices=["import", "export"])
+    s.add_argument(
+        "file", type=Path, help="import: OpenSLO YAML (multi-document); export: a tailguard spec"
+    )
+    s.add_argument("-o", "--out", type=Path, help="write here (default stdout)")
+    s.add_argument("--rules", type=Path, help="export: burn rules to add as alert policies")
+    s.add_argument("--rules-out", type=Path, help="import: write the alert policies' rules here")
+    s.add_argument("--service", default="tailguard", help="export: OpenSLO service name")
+    s.set_defaults(func=cmd_openslo)
 
     s = sub.add_parser("envoy", help="turn Envoy JSON access logs into gateway.* events")
     _add_kafka(s)
@@ -509,6 +642,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default="envoy", help="host name in events")
     s.add_argument("--default-model", default="unknown", help="model when the log line has none")
     s.add_argument("--out", type=Path, help="write JSON Lines here instead of Kafka")
+    s.add_argument(
+        "--dlq",
+        type=Path,
+        help="dead letters as JSON Lines here (default with --out: OUT.dlq.jsonl)",
+    )
+    s.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep reading as the file grows (tail -F: rotation and truncation handled) "
+        "until SIGTERM/SIGINT; the position is kept across restarts",
+    )
+    s.add_argument(
+        "--position", type=Path, help="--follow: position file (default FILE.tailguard-pos)"
+    )
+    s.add_argument(
+        "--default-priority",
+        type=int,
+        choices=range(4),
+        default=2,
+        help="priority of a line without X-Vllm-Priority (default 2, a middle tier)",
+    )
     s.set_defaults(func=cmd_envoy)
 
     s = sub.add_parser(

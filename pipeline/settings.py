@@ -217,6 +217,35 @@ class Settings(BaseSettings):
         10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
     )
 
+    # --- Prometheus / Alertmanager (the controller; issue 16) --------------
+    prometheus_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="TAILGUARD_PROMETHEUS_PORT: the controller's OpenMetrics /metrics "
+        "(off when unset; 0 = an ephemeral port).",
+    )
+    prometheus_host: str = Field(
+        "127.0.0.1",
+        description="TAILGUARD_PROMETHEUS_HOST: address /metrics listens on (loopback by "
+        "default; set 0.0.0.0 only behind a network policy).",
+    )
+    alertmanager_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="TAILGUARD_ALERTMANAGER_URL: Alertmanager base URL; burn-rate alerts are "
+        "posted to <url>/api/v2/alerts (off when unset).",
+    )
+    alert_webhook_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="TAILGUARD_ALERT_WEBHOOK_URL: generic webhook for the same alerts, signed "
+        "with TAILGUARD_ALERT_WEBHOOK_SECRET (off when unset).",
+    )
+    alert_webhook_secret: SecretStr | None = Field(
+        None, description="TAILGUARD_ALERT_WEBHOOK_SECRET: HMAC-SHA256 key (secret)."
+    )
+
     # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
     engine_host: str | None = Field(
         None,
@@ -240,6 +269,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
             )
+        if self.alert_webhook_url and not (
+            self.alert_webhook_secret and self.alert_webhook_secret.get_secret_value()
+        ):
+            raise ValueError("alert_webhook_url needs alert_webhook_secret (the signing key)")
         return self
 
     def window_config(self) -> WindowConfig:

@@ -395,6 +395,11 @@ class KafkaSink:
                     self._discover()
                     next_discover = time.monotonic() + self._metadata_retry_s
                     if self.partitions_known:
+                        # Served next round, with the buffer: a flush that came before
+                        # the partitions were known must not be dropped (it waited its
+                        # whole timeout: `tailguard envoy` exited ~10 s after its work).
+                        with self._cond:
+                            self._flush_waiters[:0] = waiters
                         continue
                 if self._held:
                     self._producer.poll(0.05)  # room in librdkafka's queue as it delivers

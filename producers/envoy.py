@@ -7,7 +7,8 @@ is ``producers/envoy-access-log.yaml``), then feed the file or a pipe to
 
 * ``gateway.received`` at ``start_time`` (Envoy's wall clock at the first downstream
   byte) with the model, priority and tenant taken from request headers (Envoy does
-  not read request bodies: clients or a filter set ``x-tailguard-model``);
+  not read request bodies: clients or a filter set ``x-tailguard-model``); a request
+  without ``X-Vllm-Priority`` gets the default tier (2, as in the gateway middleware);
 * ``gateway.completed`` with ``total_ms`` = first request byte -> last response byte
   sent downstream and ``ttfb_ms`` = first request byte -> first response byte sent
   downstream, both Envoy's own durations (``%COMMON_DURATION(...:us)%``, Envoy >= 1.29;
@@ -26,17 +27,20 @@ the same file twice produces the same events (the worker drops repeats).
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final
+from pathlib import Path
+from typing import IO, Any, Final
 
 import orjson
 from pydantic import ValidationError
 
 from pipeline.contract.events import GatewayCompleted, GatewayReceived, Outcome
 from producers.emit import EventSink
-from producers.gateway import outcome_of, usable_request_id
+from producers.gateway import DEFAULT_PRIORITY, outcome_of, usable_request_id
 
 # The access log format to configure (``log_format: {json_format: ...}``).
 JSON_FORMAT: Final[dict[str, str]] = {
@@ -111,7 +115,7 @@ def _event_id(request_id: str, start: str, suffix: str) -> str:
 
 
 def parse_line(
-    raw: bytes, *, host: str, default_model: str
+    raw: bytes, *, host: str, default_model: str, default_priority: int = DEFAULT_PRIORITY
 ) -> tuple[GatewayReceived, GatewayCompleted]:
     """One access-log line -> its two events (pure; raises :class:`LineError`)."""
     try:
@@ -145,7 +149,8 @@ def parse_line(
     else:
         outcome = outcome_of(status)
     priority_raw = _number(doc, "priority")
-    priority = 0 if priority_raw is None else min(3, max(0, int(priority_raw)))
+    # no X-Vllm-Priority: the default tier (a middle one), as the gateway middleware does
+    priority = default_priority if priority_raw is None else min(3, max(0, int(priority_raw)))
     model = _text(doc, "model") or default_model
     start_key = str(doc.get("start_time"))
     try:
@@ -188,6 +193,16 @@ class IngestStats:
     dead: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
+    blank: int = 0
+
+    def add(self, other: IngestStats) -> None:
+        self.lines += other.lines
+        self.requests += other.requests
+        self.dead += other.dead
+        self.blank += other.blank
+        for mine, theirs in ((self.reasons, other.reasons), (self.outcomes, other.outcomes)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -209,16 +224,21 @@ def ingest(
     host: str = "envoy",
     default_model: str = "unknown",
     dead: DeadLetterFn | None = None,
+    first_line: int = 1,
+    default_priority: int = DEFAULT_PRIORITY,
 ) -> IngestStats:
     """Access-log lines -> events on ``sink``; bad lines -> ``dead(raw, reason, line_no)``."""
     stats = IngestStats()
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, line in enumerate(lines, start=first_line):
         raw = line.strip()
         if not raw:
+            stats.blank += 1
             continue
         stats.lines += 1
         try:
-            received, completed = parse_line(raw, host=host, default_model=default_model)
+            received, completed = parse_line(
+                raw, host=host, default_model=default_model, default_priority=default_priority
+            )
         except LineError as exc:
             reason = str(exc)
             stats.dead += 1
@@ -232,3 +252,162 @@ def ingest(
         stats.requests += 1
         stats.outcomes[completed.outcome] = stats.outcomes.get(completed.outcome, 0) + 1
     return stats
+
+
+# --- follow mode (tail -F) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a followed file was read up to: its identity (device, inode) and byte offset."""
+
+    dev: int
+    ino: int
+    offset: int
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"dev": self.dev, "ino": self.ino, "offset": self.offset})
+
+
+def load_position(path: Path) -> Position | None:
+    try:
+        doc = orjson.loads(path.read_bytes())
+        return Position(int(doc["dev"]), int(doc["ino"]), int(doc["offset"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_position(path: Path, pos: Position) -> None:
+    """Atomically (write a temporary file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(pos.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Follower:
+    """``tail -F`` over one file: yields complete lines as they are appended, across
+    rotation (the path now names another file: the old one is read to its end first,
+    then the new one from its start) and truncation (the file got shorter than what was
+    read: read again from 0). A line without its newline yet is held back until it ends.
+
+    ``start``: where to resume (a saved :class:`Position`); used only if it names the
+    same file (device and inode) and is not past its end, else reading starts at 0.
+    :meth:`position` is the offset after the last line yielded: save it once what those
+    lines became is delivered, and a restart neither loses nor repeats a line.
+    """
+
+    def __init__(self, path: Path, start: Position | None = None, *, poll_s: float = 0.2) -> None:
+        self.path = path
+        self.poll_s = poll_s
+        self._fh: IO[bytes] | None = None
+        self._ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._partial = b""
+        self._start = start
+        self.rotations = 0
+        self.truncations = 0
+
+    def position(self) -> Position | None:
+        if self._ident is None:
+            return None
+        return Position(self._ident[0], self._ident[1], self._offset)
+
+    def _open(self, resume: Position | None) -> bool:
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:
+            return False
+        st = os.fstat(fh.fileno())
+        self._fh, self._ident, self._offset, self._partial = fh, (st.st_dev, st.st_ino), 0, b""
+        same = resume is not None and (resume.dev, resume.ino) == self._ident
+        if same and resume is not None and resume.offset <= st.st_size:
+            self._offset = resume.offset
+            fh.seek(resume.offset)
+        return True
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def read_available(self, max_lines: int = 10_000) -> list[bytes]:
+        """The complete lines appended since the last call (at most ``max_lines``);
+        handles rotation and truncation. Never blocks."""
+        if self._fh is None:
+            if not self._open(self._start):
+                return []
+            self._start = None
+        out: list[bytes] = []
+        while len(out) < max_lines:
+            assert self._fh is not None
+            chunk = self._fh.readline()
+            if chunk:
+                if not chunk.endswith(b"\n"):
+                    self._partial += chunk
+                    continue
+                line = self._partial + chunk
+                self._partial = b""
+                self._offset += len(line)
+                out.append(line)
+                continue
+            # at the end of what is there: rotated or truncated?
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                break  # rotated away, new file not there yet: keep the old one open
+            if (st.st_dev, st.st_ino) != self._ident:
+                # the old file was read to its end (a partial last line is kept as is)
+                if self._partial:
+                    self._offset += len(self._partial)
+                    out.append(self._partial)
+                    self._partial = b""
+                self.close()
+                self.rotations += 1
+                if not self._open(None):
+                    break
+                continue
+            if st.st_size < self._offset + len(self._partial):
+                self.truncations += 1
+                self._fh.seek(0)
+                self._offset, self._partial = 0, b""
+                continue
+            break
+        return out
+
+
+def follow(
+    follower: Follower,
+    sink: EventSink,
+    stop: threading.Event,
+    *,
+    host: str = "envoy",
+    default_model: str = "unknown",
+    dead: DeadLetterFn | None = None,
+    on_delivered: Callable[[Position], None] | None = None,
+    flush: Callable[[], None] | None = None,
+    default_priority: int = DEFAULT_PRIORITY,
+) -> IngestStats:
+    """Follow the file until ``stop`` is set: each batch of new lines becomes events,
+    the sink (and ``flush``, e.g. the DLQ) is flushed, then ``on_delivered(position)``
+    records how far it got. Returns the totals."""
+    stats = IngestStats()
+    while True:
+        lines = follower.read_available()
+        if lines:
+            part = ingest(
+                lines, sink, host=host, default_model=default_model, dead=dead,
+                first_line=stats.lines + stats.blank + 1, default_priority=default_priority,
+            )  # fmt: skip
+            stats.add(part)
+            sink.flush()
+            if flush is not None:
+                flush()
+            pos = follower.position()
+            if on_delivered is not None and pos is not None:
+                on_delivered(pos)
+            continue
+        if stop.wait(follower.poll_s):
+            return stats

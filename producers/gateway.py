@@ -6,12 +6,17 @@ reference proxy in :mod:`producers.gateway_proxy`). Per HTTP request:
 * **Request id.** ``X-Request-Id`` is kept when the client sent a usable one, otherwise
   created (32 hex chars); the app sees it in the request headers (so a proxy forwards it:
   vLLM adopts it as its request id) and the client sees it in the response headers.
+* **Which requests.** Only HTTP requests whose path is in ``record_paths`` (by default
+  the inference routes, :data:`INFERENCE_ROUTES`) are recorded; any other path (``GET
+  /v1/models``, health checks, metrics) passes through untouched and unrecorded.
 * **Arrival.** ``gateway.received`` with the wall clock at arrival, the model (the JSON
   body's ``model``, else the ``x-tailguard-model`` header, else ``default_model``),
-  priority (``X-Vllm-Priority``, 0 = highest ... 3, clamped; absent -> 0, as the control
-  middleware reads it), tenant (``tenant_header``), and ``stream``. To read the model the
-  middleware buffers a JSON request body of at most ``max_body_bytes`` before calling the
-  app, then replays it to the app unchanged.
+  priority (:class:`PriorityRules`: ``X-Vllm-Priority``, else llm-d's priority header,
+  else the body's OpenAI ``service_tier``, else the configured default, a middle tier),
+  tenant (``tenant_header``), and ``stream``. To read them the middleware buffers a JSON
+  request body of at most ``max_body_bytes`` before calling the app, then replays it to
+  the app unchanged. The resolved priority is left in ``scope["state"]`` under
+  :data:`PRIORITY_STATE_KEY` for the control middleware behind it.
 * **End.** ``gateway.completed`` with ``total_ms`` (arrival -> last body byte handed to the
   server) and ``ttfb_ms`` (arrival -> first non-empty body chunk), both from this host's
   monotonic clock, the HTTP status and the outcome: a client that disconnects before the
@@ -19,6 +24,16 @@ reference proxy in :mod:`producers.gateway_proxy`). Per HTTP request:
   408/504 -> ``timeout``; other >= 400 or an exception in the app -> ``error``; else ``ok``.
   A disconnect is seen when the app reads ``receive`` (Starlette's streaming responses and
   the reference proxy listen for it) or when ``send`` raises.
+* **Tokens.** ``prompt_tokens`` and ``output_tokens`` of ``gateway.completed`` come from
+  the response's OpenAI ``usage`` object: in a JSON body (``prompt_tokens`` /
+  ``completion_tokens``, or the Responses API's ``input_tokens`` / ``output_tokens``), or
+  in the last server-sent event that carries one (a stream with
+  ``stream_options.include_usage``; the Responses API's ``response.completed``). The
+  JSON body is buffered up to ``max_body_bytes``; of a stream only the last
+  :data:`SSE_TAIL_BYTES` are kept. A compressed or unparsable body gives no tokens.
+* **Per-request SLOs.** llm-d's ``x-llm-d-slo-ttft-ms`` and ``x-llm-d-slo-tpot-ms``
+  request headers (positive numbers) are recorded on ``gateway.completed`` as
+  ``slo_ttft_ms`` / ``slo_tpot_ms``.
 * **Tracing.** The W3C ``traceparent``/``tracestate`` of the request is extracted with
   OpenTelemetry's global propagator, a server span is started (a no-op unless the process
   configured a tracer provider: then the incoming context simply passes through), and the
@@ -33,10 +48,12 @@ as they would without the middleware.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
@@ -45,13 +62,13 @@ from opentelemetry import propagate, trace
 from pipeline.contract.events import GatewayCompleted, GatewayReceived, Outcome
 from producers.asgi_control import (
     MODEL_HEADER,
+    PRIORITY_HEADER,
     REQUEST_ID_HEADER,
     ASGIApp,
     Message,
     Receive,
     Scope,
     Send,
-    default_priority_of,
     header,
 )
 from producers.emit import EventSink
@@ -61,6 +78,139 @@ log = logging.getLogger(__name__)
 TENANT_HEADER: Final = b"x-tenant-id"
 MAX_REQUEST_ID_LEN: Final = 128
 _TRACE_HEADERS: Final = frozenset({b"traceparent", b"tracestate"})
+
+# The OpenAI-compatible inference routes: the only ones recorded by default.
+INFERENCE_ROUTES: Final = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
+)
+# llm-d's per-request latency objectives (milliseconds), recorded as the client sent them.
+SLO_TTFT_HEADER: Final = b"x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = b"x-llm-d-slo-tpot-ms"
+LLMD_PRIORITY_HEADER: Final = b"x-llm-d-priority"
+PRIORITY_STATE_KEY: Final = "tailguard.priority"
+SSE_TAIL_BYTES: Final = 64 * 1024
+LOWEST_PRIORITY: Final = 3
+DEFAULT_PRIORITY: Final = 2  # a middle tier: untagged traffic is neither gold nor first shed
+# OpenAI's ``service_tier`` request field -> tailguard priority (None: the default tier).
+SERVICE_TIERS: Final[Mapping[str, int | None]] = MappingProxyType(
+    {"priority": 0, "scale": 1, "default": None, "auto": None, "flex": 3}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityRules:
+    """How a request's priority (0 = highest ... 3) is read, first match wins:
+
+    1. ``vllm_header`` (``X-Vllm-Priority``): an integer, clamped to 0..3;
+    2. ``llmd_header``: llm-d's signed priority (an InferenceObjective's): ``< 0`` is
+       sheddable -> 3 (the lowest tier), ``0`` -> ``default``, ``> 0`` -> 1;
+    3. the JSON body's OpenAI ``service_tier`` (:data:`SERVICE_TIERS`; an unknown tier ->
+       ``default``);
+    4. ``default`` (a middle tier unless configured).
+
+    A value that is not an integer falls through to the next rule.
+    """
+
+    default: int = DEFAULT_PRIORITY
+    vllm_header: bytes = PRIORITY_HEADER
+    llmd_header: bytes = LLMD_PRIORITY_HEADER
+    service_tiers: Mapping[str, int | None] = field(default_factory=lambda: SERVICE_TIERS)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.default <= LOWEST_PRIORITY:
+            raise ValueError(f"default priority must be 0..3, got {self.default}")
+        for tier, p in self.service_tiers.items():
+            if p is not None and not 0 <= p <= LOWEST_PRIORITY:
+                raise ValueError(f"service_tier {tier!r} maps to {p}, not 0..3")
+
+    def resolve(self, scope: Scope, body: Mapping[str, Any] | None = None) -> int:
+        value = _int_header(scope, self.vllm_header)
+        if value is not None:
+            return min(LOWEST_PRIORITY, max(0, value))
+        value = _int_header(scope, self.llmd_header)
+        if value is not None:
+            return LOWEST_PRIORITY if value < 0 else (self.default if value == 0 else 1)
+        tier = body.get("service_tier") if body is not None else None
+        if isinstance(tier, str):
+            mapped = self.service_tiers.get(tier)
+            return self.default if mapped is None else mapped
+        return self.default
+
+
+def _int_header(scope: Scope, name: bytes) -> int | None:
+    value = header(scope, name)
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None
+
+
+def _positive_ms(scope: Scope, name: bytes) -> float | None:
+    value = header(scope, name)
+    if value is None:
+        return None
+    try:
+        ms = float(value.strip())
+    except ValueError:
+        return None
+    return ms if math.isfinite(ms) and 0 < ms <= 2.0**53 else None
+
+
+def priority_from_state(scope: Scope) -> int:
+    """The priority :class:`LifecycleMiddleware` resolved (for the control middleware);
+    for a request it did not see, the default :class:`PriorityRules` on its headers."""
+    state = scope.get("state")
+    if isinstance(state, dict):
+        value = state.get(PRIORITY_STATE_KEY)
+        if isinstance(value, int):
+            return value
+    return PriorityRules().resolve(scope)
+
+
+_UINT32_MAX: Final = 2**32 - 1
+
+
+def _count(value: object) -> int | None:
+    if type(value) is int and 0 <= value <= _UINT32_MAX:
+        return value
+    return None
+
+
+def usage_tokens(doc: object) -> tuple[int | None, int | None] | None:
+    """``(prompt_tokens, output_tokens)`` from an OpenAI response object's ``usage``
+    (chat/completions/embeddings names, or the Responses API's, also nested in
+    ``response``); None when it has none."""
+    if not isinstance(doc, dict):
+        return None
+    usage = doc.get("usage")
+    if not isinstance(usage, dict):
+        inner = doc.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    output = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    if prompt is None and output is None:
+        return None
+    return prompt, output
+
+
+def sse_usage(tail: bytes) -> tuple[int | None, int | None] | None:
+    """The usage of the last ``data:`` event in ``tail`` that has one."""
+    for raw in reversed(tail.split(b"\n")):
+        line = raw.strip()
+        if not line.startswith(b"data:") or b"usage" not in line:
+            continue
+        try:
+            doc = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            continue
+        found = usage_tokens(doc)
+        if found is not None:
+            return found
+    return None
 
 
 def outcome_of(status: int) -> Outcome:
@@ -96,6 +246,12 @@ class _Exchange:
     disconnected: bool = False
     model: str | None = None
     body_chunks: list[Message] = field(default_factory=list)
+    # the response, kept to read its usage: "json" (whole body), "sse" (a tail), or None
+    response_kind: str | None = None
+    response: bytearray = field(default_factory=bytearray)
+    response_overflow: bool = False
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
 
 def _is_json(scope: Scope) -> bool:
@@ -116,6 +272,8 @@ class LifecycleMiddleware:
         tenant_header: bytes = TENANT_HEADER,
         max_body_bytes: int = 1 << 20,
         skip_paths: frozenset[str] = frozenset(),
+        record_paths: frozenset[str] | None = INFERENCE_ROUTES,
+        priority: PriorityRules | None = None,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
         wall_ns: Callable[[], int] = time.time_ns,
         tracer: trace.Tracer | None = None,
@@ -127,13 +285,24 @@ class LifecycleMiddleware:
         self.tenant_header = tenant_header.lower()
         self.max_body_bytes = max_body_bytes
         self.skip_paths = skip_paths
+        self.record_paths = record_paths  # None: every path
+        self.priority = priority or PriorityRules()
         self._mono = monotonic_ns
         self._wall = wall_ns
         self._tracer = tracer or trace.get_tracer("tailguard.gateway")
-        self.counters: dict[str, int] = {"requests": 0, "events": 0, "errors": 0}
+        self.counters: dict[str, int] = {
+            "requests": 0, "events": 0, "errors": 0, "not_recorded": 0, "usage_read": 0,
+        }  # fmt: skip
+
+    def records(self, path: str) -> bool:
+        if path in self.skip_paths:
+            return False
+        return self.record_paths is None or path.rstrip("/") in self.record_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") in self.skip_paths:
+        if scope.get("type") != "http" or not self.records(str(scope.get("path", ""))):
+            if scope.get("type") == "http":
+                self.counters["not_recorded"] += 1
             await self.app(scope, receive, send)
             return
         x = _Exchange(t0_ns=self._mono())
@@ -164,7 +333,10 @@ class LifecycleMiddleware:
             downstream = _with_headers(
                 scope, [(REQUEST_ID_HEADER, request_id.encode()), *trace_headers]
             )
-            received = self._received(scope, request_id, ts0, body)
+            received = self._received(scope, request_id, ts0, body, x)
+            state = downstream.setdefault("state", {})
+            if isinstance(state, dict):  # for the control middleware behind this one
+                state[PRIORITY_STATE_KEY] = received.priority
             x.model = received.model
             self._emit(received)
         except Exception:
@@ -190,10 +362,14 @@ class LifecycleMiddleware:
                     for k, v in msg.get("headers") or ()
                     if bytes(k).lower() != REQUEST_ID_HEADER
                 ]
+                x.response_kind = _response_kind(headers)
                 msg = {**msg, "headers": [*headers, rid_header]}
             elif kind == "http.response.body":
-                if x.first_byte_ns is None and msg.get("body"):
+                chunk = msg.get("body", b"")
+                if x.first_byte_ns is None and chunk:
                     x.first_byte_ns = self._mono()
+                if chunk and x.response_kind is not None:
+                    self._keep(x, chunk)
                 if not msg.get("more_body", False):
                     x.done_ns = self._mono()
             try:
@@ -220,6 +396,32 @@ class LifecycleMiddleware:
                 self.counters["errors"] += 1
                 log.exception("gateway middleware: could not build gateway.completed")
 
+    def _keep(self, x: _Exchange, chunk: bytes) -> None:
+        if x.response_kind == "sse":
+            x.response += chunk
+            if len(x.response) > SSE_TAIL_BYTES:
+                del x.response[: len(x.response) - SSE_TAIL_BYTES]
+        elif not x.response_overflow:
+            if len(x.response) + len(chunk) > self.max_body_bytes:
+                x.response_overflow = True
+                x.response.clear()
+            else:
+                x.response += chunk
+
+    def _usage(self, x: _Exchange) -> tuple[int | None, int | None] | None:
+        if not x.response:
+            return None
+        if x.response_kind == "sse":
+            found = sse_usage(bytes(x.response))
+        else:
+            try:
+                found = usage_tokens(orjson.loads(x.response))
+            except orjson.JSONDecodeError:
+                found = None
+        if found is not None:
+            self.counters["usage_read"] += 1
+        return found
+
     def _emit(self, event: GatewayReceived | GatewayCompleted) -> None:
         self.sink.emit(event)
         self.counters["events"] += 1
@@ -244,9 +446,12 @@ class LifecycleMiddleware:
         propagate.inject(out, context=trace.set_span_in_context(span, parent))
         return span, [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out.items()]
 
-    def _received(self, scope: Scope, request_id: str, ts0: int, body: bytes) -> GatewayReceived:
+    def _received(
+        self, scope: Scope, request_id: str, ts0: int, body: bytes, x: _Exchange
+    ) -> GatewayReceived:
         model: str | None = None
         stream = False
+        doc: Any = None
         if body:
             try:
                 doc = orjson.loads(body)
@@ -256,6 +461,9 @@ class LifecycleMiddleware:
                 if isinstance(doc.get("model"), str) and doc["model"]:
                     model = doc["model"][:256]
                 stream = doc.get("stream") is True
+        priority = self.priority.resolve(scope, doc if isinstance(doc, dict) else None)
+        x.slo_ttft_ms = _positive_ms(scope, SLO_TTFT_HEADER)
+        x.slo_tpot_ms = _positive_ms(scope, SLO_TPOT_HEADER)
         if model is None:
             model = (header(scope, MODEL_HEADER) or "").strip()[:256] or self.default_model
         tenant = header(scope, self.tenant_header)
@@ -267,7 +475,7 @@ class LifecycleMiddleware:
             host=self.host,
             model=model,
             request_id=request_id,
-            priority=min(3, max(0, default_priority_of(scope))),
+            priority=priority,
             tenant=tenant[:256] if tenant else None,
             stream=stream,
         )
@@ -288,6 +496,8 @@ class LifecycleMiddleware:
             status, outcome = x.status, outcome_of(x.status)
         ttfb_ms = None if x.first_byte_ns is None else (x.first_byte_ns - x.t0_ns) / 1e6
         model = x.model or (header(scope, MODEL_HEADER) or "").strip()[:256] or self.default_model
+        usage = self._usage(x) if status and status < 400 else None
+        prompt_tokens, output_tokens = usage if usage is not None else (None, None)
         return GatewayCompleted(
             v=1,
             kind="gateway.completed",
@@ -300,7 +510,27 @@ class LifecycleMiddleware:
             ttfb_ms=None if ttfb_ms is None else max(0.0, ttfb_ms),
             http_status=status,
             outcome=outcome,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            slo_ttft_ms=x.slo_ttft_ms,
+            slo_tpot_ms=x.slo_tpot_ms,
         )
+
+
+def _response_kind(headers: list[tuple[Any, Any]]) -> str | None:
+    """Which response bodies are read for ``usage``: uncompressed JSON and SSE."""
+    ctype = ""
+    for k, v in headers:
+        name = bytes(k).lower()
+        if name == b"content-encoding" and bytes(v).strip().lower() not in (b"", b"identity"):
+            return None
+        if name == b"content-type":
+            ctype = bytes(v).decode("latin-1").lower()
+    if "text/event-stream" in ctype:
+        return "sse"
+    if "json" in ctype:
+        return "json"
+    return None
 
 
 def _with_headers(scope: Scope, replace: list[tuple[bytes, bytes]]) -> Scope:

@@ -20,9 +20,18 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from pipeline.adapters.alerting import AlertDelivery, Webhook
+from pipeline.adapters.prometheus import MetricsState
 from pipeline.adapters.store import ClickHouseStore, _insert
+from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetEvent, load_burn_rules_file
-from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
+from pipeline.core.control import (
+    Controller,
+    ControllerConfig,
+    ControlLoop,
+    ControlStep,
+    DecisionClock,
+)
 from pipeline.core.control_signal import (
     ControlSignal,
     Keyring,
@@ -141,6 +150,18 @@ class ControllerShell:
             ),
         )
         self.published = 0
+        # What /metrics shows (served by the worker when TAILGUARD_PROMETHEUS_PORT is set)
+        self.metrics = MetricsState()
+        self.alert_tracker = AlertTracker()
+        self.alerts: AlertDelivery | None = None
+        if settings.alertmanager_url or settings.alert_webhook_url:
+            secret = settings.alert_webhook_secret
+            self.alerts = AlertDelivery(
+                settings.alertmanager_url,
+                Webhook(settings.alert_webhook_url, secret.get_secret_value().encode())
+                if settings.alert_webhook_url and secret is not None
+                else None,
+            )
 
     def load_history(self, store: ClickHouseStore) -> int:
         """Rebuild the error budgets from ClickHouse after a (re)start; returns windows loaded.
@@ -225,7 +246,14 @@ class ControllerShell:
             for d in self.loop.announce(step):
                 control_rows.append(self.publish(d))
             event_rows.extend(self._event_row(e) for e in step.events)
+            self.observe(step)
         return control_rows, event_rows
+
+    def observe(self, step: ControlStep) -> None:
+        """After an evaluation: /metrics shows it, alerts that fire or resolved go out."""
+        self.metrics.publish(step.budgets, {d.scope: d.level for d in step.decisions}, step.signals)
+        if self.alerts is not None:
+            self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms))
 
     def publish(self, d: Decision, *, heartbeat: bool = False) -> tuple[Any, ...]:
         assert self.issuer is not None
@@ -262,6 +290,10 @@ class ControllerShell:
             self._send(sig, self.loop.clock.next_eval_ms or 0, heartbeat=True)
             for sig in self.issuer.due_heartbeats(now)
         ]
+
+    def close(self) -> None:
+        if self.alerts is not None:
+            self.alerts.close()
 
     def flush(self) -> None:
         if self.producer is not None:

@@ -20,6 +20,15 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.clock.host_offset`` (gauge, ms, attribute ``host``): how far each host's
   clock mark stands from its partition's watermark (a skewed host shows here)
 
+Request latency (``request_metrics=True``, on unless the exporter is ``none``), under
+OpenTelemetry's semantic-convention names and units (seconds), one histogram per
+boundary that has a metric convention (:data:`pipeline.core.otel_names.BOUNDARY_NAMES`,
+the README's table): ``gen_ai.server.request.duration`` (engine end-to-end),
+``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``, and
+``http.server.request.duration`` (the gateway's total), with ``gen_ai.request.model``
+and ``gen_ai.operation.name`` (plus ``http.request.method`` / ``http.response.status_code``
+on the HTTP one), and the conventions' advised bucket boundaries.
+
 Exporters: ``none`` (an in-memory reader, readable by tests), ``console``
 (JSON to a file, every ``metrics_interval_ms``), or ``otlp`` (needs the
 ``opentelemetry-exporter-otlp-proto-http`` package; endpoint from the usual
@@ -41,6 +50,31 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
+
+from pipeline.core.otel_names import (
+    BOUNDARY_NAMES,
+    DEFAULT_OPERATION,
+    MODEL_ATTRIBUTE,
+    OPERATION_ATTRIBUTE,
+)
+from pipeline.core.record import RequestRecord
+
+# Bucket boundaries (s) the GenAI / HTTP semantic conventions advise for each metric.
+_BUCKETS_S: dict[str, list[float]] = {
+    "gen_ai.server.request.duration": [
+        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    ],
+    "gen_ai.server.time_to_first_token": [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+        10.0,
+    ],
+    "gen_ai.server.time_per_output_token": [
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    ],
+    "http.server.request.duration": [
+        0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    ],
+}  # fmt: skip
 
 
 class ConfigError(Exception):
@@ -94,6 +128,7 @@ class WorkerTelemetry:
         lag: Callable[[], int] | None = None,
         pending: Callable[[], int] | None = None,
         host_offsets: Callable[[], dict[str, int]] | None = None,
+        request_metrics: bool | None = None,
     ) -> None:
         self.reader, self._fh = _reader(exporter, interval_ms, metrics_file)
         self.provider = MeterProvider(
@@ -128,6 +163,41 @@ class WorkerTelemetry:
             return [Observation(v, {"host": h}) for h, v in sorted(host_offsets().items())]
 
         m.create_observable_gauge("tailguard.clock.host_offset", [offsets], unit="ms")
+
+        if request_metrics is None:
+            request_metrics = exporter != "none"
+        self.latency: dict[str, Any] = {}
+        if request_metrics:
+            for boundary, otel in BOUNDARY_NAMES.items():
+                if otel.kind == "metric":
+                    self.latency[boundary] = m.create_histogram(
+                        otel.name,
+                        unit="s",
+                        description=otel.note,
+                        explicit_bucket_boundaries_advisory=_BUCKETS_S[otel.name],
+                    )
+
+    def record_latencies(self, records: Iterable[RequestRecord]) -> None:
+        """Each record's boundaries under their OTel names, in seconds (no-op when off)."""
+        if not self.latency:
+            return
+        hists = list(self.latency.items())
+        for r in records:
+            attrs: dict[str, str | int] = {
+                MODEL_ATTRIBUTE: r.model,
+                OPERATION_ATTRIBUTE: DEFAULT_OPERATION,
+            }
+            for boundary, hist in hists:
+                ms = getattr(r, boundary)
+                if ms is None:
+                    continue
+                if boundary == "gateway_total_ms":
+                    http = {**attrs, "http.request.method": "POST"}
+                    if r.http_status:
+                        http["http.response.status_code"] = r.http_status
+                    hist.record(ms / 1000.0, http)
+                else:
+                    hist.record(ms / 1000.0, attrs)
 
     def snapshot(self) -> dict[str, Any]:
         """Current values by instrument name (summed over attributes); in-memory reader only."""

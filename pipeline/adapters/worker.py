@@ -39,6 +39,7 @@ from faust.types import TP
 from pipeline.adapters.controller import ControllerShell, write_audit
 from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
+from pipeline.adapters.prometheus import MetricsServer, MetricsState
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
@@ -103,6 +104,7 @@ class WorkerShell:
         self.control = ControllerShell(settings) if settings.control_enabled else None
         self.store: ClickHouseStore | None = None
         self.query_server: QueryServer | None = None
+        self.metrics_server: MetricsServer | None = None
         self.dlq: DeadLetterSink | None = None
         self.summaries: ReliableProducer | None = None
         self.ledger: LedgerPublisher | None = None
@@ -146,6 +148,12 @@ class WorkerShell:
         if self.control is not None:
             self.control.load_history(self.store)
             self.control.start()
+        if self.settings.prometheus_port is not None:
+            state = self.control.metrics if self.control is not None else MetricsState()
+            state.health = self.health
+            self.metrics_server = MetricsServer(
+                state, self.settings.prometheus_host, self.settings.prometheus_port
+            )
         log.info(
             "worker started: %s",
             {k: v for k, v in self.settings.redacted().items() if "password" not in k},
@@ -167,6 +175,19 @@ class WorkerShell:
 
     def _lag(self) -> int:
         return sum(v or 0 for v in self._lags(self.processor.next_offsets()).values())
+
+    def health(self) -> dict[str, float]:
+        """The worker's own health for /metrics (``tailguard_worker_<name>``)."""
+        c = self.processor.counters
+        return {
+            "consumer_lag_messages": self._lag(),
+            "join_pending_requests": self.processor.pending(),
+            "events_consumed": c.events,
+            "rows_written": self.rows_written,
+            "store_write_retries": self.write_retries,
+            "store_rejected_rows": self.store_rejected,
+            "store_up": 1.0 if self._store_up.is_set() else 0.0,
+        }
 
     def _lagging(self, next_offsets: dict[int, int]) -> frozenset[int]:
         """Partitions with input still waiting (or not known to be caught up)."""
@@ -369,6 +390,7 @@ class WorkerShell:
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
                 self.telemetry.write_retries.add(retries)
                 self.telemetry.records.add(len(records))
+                self.telemetry.record_latencies(records)
                 self.telemetry.windows_closed.add(len(windows))
                 self.write_retries += retries
                 self.rows_written += len(records)
@@ -626,6 +648,10 @@ class WorkerShell:
                     producer.abandon()
             if self.query_server is not None:
                 self.query_server.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+            if self.control is not None:
+                self.control.close()
             if self.store is not None:
                 self.store.close()
             self._maybe_log(force=True)

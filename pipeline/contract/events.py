@@ -99,6 +99,16 @@ class GatewayCompleted(_RequestEvent):
     http_status: int = Field(ge=0, le=599, description="0 = client disconnected.")
     outcome: Outcome
     output_tokens: NonNegInt | None = None
+    # Added in v1 (optional): what a gateway with no engine plugin learns at the end.
+    prompt_tokens: NonNegInt | None = Field(
+        default=None, description="Prompt tokens from the response's usage (gateway-only)."
+    )
+    slo_ttft_ms: NonNegMs | None = Field(
+        default=None, description="The request's own TTFT objective (llm-d x-llm-d-slo-ttft-ms)."
+    )
+    slo_tpot_ms: NonNegMs | None = Field(
+        default=None, description="The request's own TPOT objective (llm-d x-llm-d-slo-tpot-ms)."
+    )
 
 
 class EngineFinished(_RequestEvent):

@@ -93,6 +93,11 @@ class FakeOpenAI:
                 chunk = {"id": f"chatcmpl-{rid}", "choices": [{"delta": {"content": "x"}}]}
                 data = b"data: " + orjson.dumps(chunk) + b"\n\n"
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+            if (doc.get("stream_options") or {}).get("include_usage") is True:
+                usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+                last = {"id": f"chatcmpl-{rid}", "choices": [], "usage": usage}
+                data = b"data: " + orjson.dumps(last) + b"\n\n"
+                await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
             self.finished.add(rid)
         finally:

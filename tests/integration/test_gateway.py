@@ -109,6 +109,35 @@ def test_streaming_relays_every_chunk_and_measures_ttfb(
     assert rid in upstream.finished
 
 
+def test_gateway_only_tokens_default_priority_and_routes(
+    stack: tuple[str, FakeOpenAI, MemorySink],
+) -> None:
+    """Issue 16: usage from the stream's last chunk; untagged traffic in the default tier;
+    GET /v1/models (404 upstream) passes through unrecorded."""
+    url, upstream, sink = stack
+    body = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 4,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+        rid = r.headers["x-request-id"]
+        text = b"".join(r.iter_raw()).decode()
+    assert '"usage"' in text
+    ev = completed(sink, rid)
+    assert ev["gateway.received"].priority == 2
+    assert (ev["gateway.completed"].prompt_tokens, ev["gateway.completed"].output_tokens) == (
+        3,
+        4,
+    )
+    before = len(sink.events)
+    r = httpx.get(f"{url}/v1/models", headers={"X-Request-Id": "models-1"})
+    assert r.status_code == 404
+    assert "models-1" in upstream.seen  # forwarded
+    # a recorded request after it: once its events are in, the 404's would be too
+    httpx.post(f"{url}/v1/completions", json={"model": "m"}, headers={"X-Request-Id": "after"})
+    completed(sink, "after")
+    assert sink.of("models-1") == {}  # not recorded
+    assert len(sink.events) == before + 2
+
+
 def test_client_disconnect_mid_stream_is_a_client_abort(
     stack: tuple[str, FakeOpenAI, MemorySink],
 ) -> None:

@@ -96,7 +96,7 @@ def test_missing_optional_headers_take_defaults() -> None:
     )
     assert (rec.model, rec.priority, rec.tenant, rec.stream, rec.host) == (
         "fallback-model",
-        0,
+        2,  # untagged: the default tier (issue 16), not 0 (gold)
         None,
         False,
         "envoy-x",
@@ -156,3 +156,10 @@ def test_shipped_envoy_config_logs_exactly_the_fields_we_parse() -> None:
     fmt = doc["access_log"][0]["typed_config"]["log_format"]["json_format"]
     assert fmt == JSON_FORMAT
     assert set(JSON_FORMAT) == set(BASE)
+
+
+def test_default_priority_is_configurable() -> None:
+    rec, _ = parse_line(line(priority=None), host="e", default_model="m", default_priority=3)
+    assert rec.priority == 3
+    rec, _ = parse_line(line(priority="0"), host="e", default_model="m", default_priority=3)
+    assert rec.priority == 0

@@ -1,0 +1,133 @@
+"""The controller's ``/metrics``: OpenMetrics over HTTP, on 127.0.0.1 unless told otherwise.
+
+:class:`MetricsState` holds the latest evaluation (budgets, control levels, P99s) that
+the controller shell publishes after each step, and reads the worker's health when
+scraped; :class:`MetricsServer` serves it (a thread; ``close`` stops it). The content
+is :mod:`pipeline.core.slo_exposition`'s families, rendered by ``prometheus_client``
+in the OpenMetrics text format (``application/openmetrics-text; version=1.0.0``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import (
+    ALLOWUTF8,
+    CONTENT_TYPE_LATEST,
+    generate_latest,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from pipeline.core.budget import BudgetStatus
+from pipeline.core.slo_exposition import Family, all_families
+
+log = logging.getLogger("tailguard.metrics")
+
+METRICS_PATH = "/metrics"
+
+
+class _Families(Collector):
+    def __init__(self, families: Sequence[Family]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for f in self.families:
+            names = [k for k, _ in f.samples[0].labels] if f.samples else []
+            g = GaugeMetricFamily(f.name, f.help, labels=names)
+            for s in f.samples:
+                g.add_metric([v for _, v in s.labels], s.value)
+            yield g
+
+
+def render(families: Sequence[Family]) -> bytes:
+    """OpenMetrics text of ``families`` (ends with ``# EOF``).
+
+    Every name is a legal classic Prometheus name (Sloth's have colons); ``allow-utf-8``
+    leaves them as they are, where the default escaping rewrites ``:`` in sample lines
+    (but not in ``# TYPE``) in prometheus_client 0.26."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    text: bytes = generate_latest(registry, escaping=ALLOWUTF8)  # type: ignore[no-untyped-call]
+    return text
+
+
+class MetricsState:
+    """The latest evaluation, published by the controller; read by scrapes (thread-safe)."""
+
+    def __init__(self, health: Callable[[], Mapping[str, float]] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._budgets: list[BudgetStatus] = []
+        self._levels: dict[str, int] = {}
+        self._p99: dict[str, Mapping[str, float | None]] = {}
+        self.health = health
+
+    def publish(
+        self,
+        budgets: Sequence[BudgetStatus],
+        levels: Mapping[str, int],
+        p99_ms: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        with self._lock:
+            self._budgets = list(budgets)
+            self._levels.update(levels)
+            self._p99 = {
+                m: {k: v for k, v in sig.items() if k.startswith("p99.")}
+                for m, sig in p99_ms.items()
+            }
+
+    def families(self) -> list[Family]:
+        with self._lock:
+            budgets, levels, p99 = list(self._budgets), dict(self._levels), dict(self._p99)
+        health: Mapping[str, float] = {}
+        if self.health is not None:
+            try:
+                health = self.health()
+            except Exception:  # a scrape never takes the worker down
+                log.exception("worker health for /metrics failed")
+        return all_families(budgets, levels, p99, health)
+
+
+class MetricsServer:
+    """``GET /metrics`` on ``host:port`` (port 0 picks a free one) in a daemon thread."""
+
+    def __init__(self, state: MetricsState, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.state = state
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?", 1)[0] != METRICS_PATH:
+                    self.send_error(404)
+                    return
+                body = render(state.families())
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # quiet: one line per scrape is noise
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        address = self._server.server_address
+        self.host, self.port = str(address[0]), int(address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="tailguard-metrics", daemon=True
+        )
+        self._thread.start()
+        log.info("metrics on http://%s:%d%s", self.host, self.port, METRICS_PATH)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{METRICS_PATH}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)

@@ -1,0 +1,111 @@
+"""Burn-rate alerts as Alertmanager alerts: which fire, which resolved (pure).
+
+Each evaluation's firing rules (:attr:`pipeline.core.budget.BudgetStatus.alerts`)
+become alerts keyed by (SLO, scope, rule). :class:`AlertTracker` remembers what fired
+last time, so that a rule that stops firing is sent once more as *resolved* (``endsAt``
+= the evaluation time), and a firing alert is re-sent every evaluation (Alertmanager
+resolves an alert it has not heard of for ``resolve_timeout``).
+
+Labels (the Alertmanager v2 contract): ``alertname`` (``TailguardSLOBurn``, or
+``TailguardSLOBudget`` / ``TailguardSLOCompliance`` for the other rule kinds), ``slo``,
+``scope``, ``severity`` (``page`` | ``ticket``), ``burnrate_tier`` (the rule's name, e.g.
+``page-fast-burn``), ``service`` = ``tailguard``. Annotations: ``summary`` and the
+rule's figures (``burn_1h`` ...). Times are RFC 3339 UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pipeline.core.budget import BudgetStatus
+
+SERVICE: Final = "tailguard"
+ALERTNAMES: Final = {
+    "burn": "TailguardSLOBurn",
+    "spent": "TailguardSLOBudget",
+    "below": "TailguardSLOCompliance",
+}
+
+AlertKey = tuple[str, str, str]  # slo, scope, rule
+
+
+def rfc3339(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _alertname(figures: Mapping[str, float]) -> str:
+    if "factor" in figures:
+        return ALERTNAMES["burn"]
+    if "fraction" in figures:
+        return ALERTNAMES["spent"]
+    return ALERTNAMES["below"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMessage:
+    """One alert for Alertmanager's ``POST /api/v2/alerts`` (and the webhook)."""
+
+    labels: tuple[tuple[str, str], ...]
+    annotations: tuple[tuple[str, str], ...]
+    starts_at_ms: int
+    ends_at_ms: int | None  # set: resolved at that time
+
+    @property
+    def resolved(self) -> bool:
+        return self.ends_at_ms is not None
+
+    def to_json(self, generator_url: str = "") -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "startsAt": rfc3339(self.starts_at_ms),
+        }
+        if self.ends_at_ms is not None:
+            doc["endsAt"] = rfc3339(self.ends_at_ms)
+        if generator_url:
+            doc["generatorURL"] = generator_url
+        return doc
+
+
+@dataclass
+class AlertTracker:
+    """What fired at the last evaluation; :meth:`step` returns what to send now."""
+
+    firing: dict[AlertKey, AlertMessage] = field(default_factory=dict)
+
+    def step(self, budgets: Iterable[BudgetStatus], now_ms: int) -> list[AlertMessage]:
+        now: dict[AlertKey, AlertMessage] = {}
+        for st in budgets:
+            for a in st.alerts:
+                key = (st.slo, st.scope, a.rule)
+                before = self.firing.get(key)
+                labels = (
+                    ("alertname", _alertname(a.figures)),
+                    ("slo", st.slo),
+                    ("scope", st.scope),
+                    ("severity", a.severity),
+                    ("burnrate_tier", a.rule),
+                    ("service", SERVICE),
+                )
+                figures = " ".join(f"{k}={v:.4g}" for k, v in sorted(a.figures.items()))
+                annotations = (
+                    ("summary", f"SLO {st.slo} ({st.scope}): {a.rule} ({a.severity})"),
+                    ("figures", figures),
+                    ("objective", f"{st.objective:g}"),
+                    (
+                        "budget_remaining",
+                        "" if st.remaining_fraction is None else f"{st.remaining_fraction:.4g}",
+                    ),
+                )
+                start = before.starts_at_ms if before is not None else now_ms
+                now[key] = AlertMessage(labels, annotations, start, None)
+        resolved = [
+            AlertMessage(m.labels, m.annotations, m.starts_at_ms, max(now_ms, m.starts_at_ms))
+            for key, m in sorted(self.firing.items())
+            if key not in now
+        ]
+        self.firing = now
+        return [*(now[k] for k in sorted(now)), *resolved]

@@ -1,0 +1,558 @@
+"""OpenSLO v1 <-> tailguard/v1 (``tailguard openslo import|export``). Pure: documents
+are plain mappings (YAML parsing and writing happen in the CLI).
+
+What maps
+---------
+=========================================  ==============================================
+OpenSLO v1                                 tailguard/v1
+=========================================  ==============================================
+``SLO`` ``metadata.name``                  ``slos[].name``
+``spec.description``                       ``description``
+``indicator`` / ``indicatorRef`` -> ``SLI``  ``boundary``: ``thresholdMetric.metricSource``
+  ``thresholdMetric``                      ``{type: tailguard, spec: {boundary, unit}}``
+                                           (``unit`` ``ms`` (default) or ``s``)
+``objectives: [{op: lte, value, target}]``  ``threshold_ms`` (``value``), ``objective``
+  (exactly one; ``targetPercent`` too)     (``target``)
+``budgetingMethod: Occurrences``           (the only method: a request is good or bad)
+``timeWindow: [{duration, isRolling}]``     ``window: {rolling: <duration>}``; calendar
+                                           ``1M`` -> ``{calendar: month}``, ``1w`` ->
+                                           ``{calendar: week}`` (UTC, from a Monday)
+``AlertPolicy`` + ``AlertCondition``       ``BurnRules``: a ``burn_rate`` rule per
+  ``condition.kind: burnrate``             condition: ``threshold`` = ``factor``,
+                                           ``lookbackWindow`` = ``long``, ``severity``
+                                           (``page`` | ``ticket``); ``slos`` = the SLOs
+                                           whose ``alertPolicies`` name the policy (all:
+                                           none listed)
+=========================================  ==============================================
+
+Extensions (``metadata.annotations``, strings; JSON where structured), for what OpenSLO
+has no field for; each is optional on import:
+
+* on an ``SLO``: ``x-tailguard/filter`` (JSON of ``filter``), ``x-tailguard/exclude``
+  (JSON of ``exclude``), ``x-tailguard/errors`` (``bad`` | ``exclude``),
+  ``x-tailguard/client-abort`` (``measure`` | ``exclude``), ``x-tailguard/boundary`` (when
+  the metric source is not tailguard's); on the first SLO also
+  ``x-tailguard/spec-description`` and ``x-tailguard/tiers`` (JSON of ``tiers``);
+* on an ``AlertCondition``: ``x-tailguard/short-window`` (the multiwindow rule's short
+  window; default ``lookbackWindow`` / 12, the SRE workbook's ratio) and
+  ``x-tailguard/min-requests``;
+* on an ``AlertPolicy``: ``x-tailguard/rules`` (JSON list of the rules OpenSLO cannot
+  express: ``budget_fraction``, ``compliance_below``), ``x-tailguard/budget-events``
+  (JSON), ``x-tailguard/rules-description``.
+
+Anything else that cannot be mapped is refused with the document's field path and the
+reason (:class:`OpenSLOError`): ratio or raw metrics, ``Timeslices`` budgeting, several
+objectives, ``op`` other than ``lte``, ``alertAfter``, a calendar other than a month or
+a week, rolling months/quarters/years, unknown kinds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from pipeline.core.budget import BurnRateRule, BurnRules
+from pipeline.core.durations import format_ms, parse_duration_ms
+from pipeline.core.slo import SLO, SLOSpec, SpecIssue
+
+API: Final = "openslo/v1"
+X: Final = "x-tailguard/"
+SOURCE_TYPE: Final = "tailguard"
+POLICY_NAME: Final = "tailguard-burn-rules"
+SEVERITIES: Final = ("page", "ticket")
+_OPENSLO_DURATION: Final = re.compile(r"^([1-9][0-9]*)([mhdwMQY])$")
+CALENDAR_START: Final = "2024-01-01 00:00:00"  # a Monday, 1st of a month: both calendars
+
+
+class OpenSLOError(ValueError):
+    """Documents that cannot be mapped; ``issues`` name each field path and why."""
+
+    def __init__(self, source: str, issues: list[SpecIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        super().__init__("\n".join(i.render(source) for i in issues))
+
+
+# --------------------------------------------------------------------------- #
+# export
+# --------------------------------------------------------------------------- #
+
+
+def _duration_out(text: str) -> str:
+    """A tailguard duration as OpenSLO's ``<n><m|h|d|w>``."""
+    if _OPENSLO_DURATION.match(text) and text[-1] in "mhdw":
+        return text
+    out = format_ms(parse_duration_ms(text))
+    if not _OPENSLO_DURATION.match(out):
+        raise ValueError(f"duration {text!r} is not a whole number of minutes")
+    return out
+
+
+def _window_out(slo: SLO) -> dict[str, Any]:
+    w = slo.window
+    if w.rolling is not None:
+        return {"duration": _duration_out(w.rolling), "isRolling": True}
+    return {
+        "duration": "1M" if w.calendar == "month" else "1w",
+        "isRolling": False,
+        "calendar": {"startTime": CALENDAR_START, "timeZone": "UTC"},
+    }
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def export_openslo(
+    spec: SLOSpec, rules: BurnRules | None = None, *, service: str = "tailguard"
+) -> list[dict[str, Any]]:
+    """The spec (and its burn rules) as OpenSLO v1 documents."""
+    docs: list[dict[str, Any]] = []
+    for i, s in enumerate(spec.slos):
+        ann: dict[str, str] = {}
+        if s.filter is not None:
+            ann[X + "filter"] = _json(s.filter.model_dump(exclude_none=True))
+        if s.exclude is not None:
+            ann[X + "exclude"] = _json(s.exclude.model_dump(exclude_none=True))
+        if s.errors != "bad":
+            ann[X + "errors"] = s.errors
+        if s.client_abort != "measure":
+            ann[X + "client-abort"] = s.client_abort
+        if i == 0:
+            if spec.description is not None:
+                ann[X + "spec-description"] = spec.description
+            if spec.tiers:
+                ann[X + "tiers"] = _json(
+                    {n: t.model_dump(exclude_none=True) for n, t in spec.tiers.items()}
+                )
+        body: dict[str, Any] = {
+            "service": service,
+            "indicator": {
+                "metadata": {"name": f"{s.name}-sli"},
+                "spec": {
+                    "thresholdMetric": {
+                        "metricSource": {
+                            "type": SOURCE_TYPE,
+                            "spec": {"boundary": s.boundary, "unit": "ms"},
+                        }
+                    }
+                },
+            },
+            "timeWindow": [_window_out(s)],
+            "budgetingMethod": "Occurrences",
+            "objectives": [{"op": "lte", "value": s.threshold_ms, "target": s.objective}],
+        }
+        if s.description is not None:
+            body = {"description": s.description, **body}
+        if rules is not None and rules.rules:
+            body["alertPolicies"] = [POLICY_NAME]
+        meta: dict[str, Any] = {"name": s.name}
+        if ann:
+            meta["annotations"] = ann
+        docs.append({"apiVersion": API, "kind": "SLO", "metadata": meta, "spec": body})
+    if rules is not None and rules.rules:
+        docs.extend(_export_rules(rules))
+    return docs
+
+
+def _export_rules(rules: BurnRules) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    conditions: list[dict[str, str]] = []
+    for r in rules.rules:
+        if not isinstance(r, BurnRateRule):
+            others.append(r.model_dump(by_alias=True, exclude_none=True))
+            continue
+        ann = {X + "short-window": r.short}
+        if r.min_requests:
+            ann[X + "min-requests"] = str(r.min_requests)
+        if r.slos is not None:
+            ann[X + "slos"] = _json(r.slos)
+        cond: dict[str, Any] = {
+            "severity": r.severity,
+            "condition": {
+                "kind": "burnrate",
+                "op": "gt",
+                "threshold": r.factor,
+                "lookbackWindow": _duration_out(r.long),
+            },
+        }
+        if r.description is not None:
+            cond = {"description": r.description, **cond}
+        docs.append(
+            {
+                "apiVersion": API,
+                "kind": "AlertCondition",
+                "metadata": {"name": r.name, "annotations": ann},
+                "spec": cond,
+            }
+        )
+        conditions.append({"conditionRef": r.name})
+    ann = {X + "budget-events": _json(rules.budget_events.model_dump())}
+    if others:
+        ann[X + "rules"] = _json(others)
+    if rules.description is not None:
+        ann[X + "rules-description"] = rules.description
+    policy = {
+        "apiVersion": API,
+        "kind": "AlertPolicy",
+        "metadata": {"name": POLICY_NAME, "annotations": ann},
+        "spec": {"alertWhenBreaching": True, "conditions": conditions},
+    }
+    return [policy, *docs]
+
+
+# --------------------------------------------------------------------------- #
+# import
+# --------------------------------------------------------------------------- #
+
+
+class _Issues:
+    def __init__(self) -> None:
+        self.items: list[SpecIssue] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(SpecIssue(path, message))
+
+
+def _get(doc: Any, key: str) -> Any:
+    return doc.get(key) if isinstance(doc, Mapping) else None
+
+
+def _annotations(doc: Any) -> dict[str, str]:
+    ann = _get(_get(doc, "metadata"), "annotations")
+    return {str(k): str(v) for k, v in ann.items()} if isinstance(ann, Mapping) else {}
+
+
+def _json_ann(ann: Mapping[str, str], key: str, path: str, issues: _Issues) -> Any:
+    if X + key not in ann:
+        return None
+    try:
+        return json.loads(ann[X + key])
+    except json.JSONDecodeError as e:
+        issues.add(f"{path}.metadata.annotations.{X}{key}", f"not JSON: {e}")
+        return None
+
+
+def _duration_in(text: Any, path: str, issues: _Issues) -> str | None:
+    m = _OPENSLO_DURATION.match(text) if isinstance(text, str) else None
+    if m is None:
+        issues.add(path, f"not an OpenSLO duration (e.g. 30d, 1h): {text!r}")
+        return None
+    if m.group(2) in "MQY":
+        issues.add(
+            path,
+            f"{text}: months, quarters and years have no fixed length in a "
+            "rolling window; use days (e.g. 30d) or a calendar window",
+        )
+        return None
+    return str(text)
+
+
+def _window_in(tw: Any, path: str, issues: _Issues) -> dict[str, str] | None:
+    if not isinstance(tw, list) or len(tw) != 1:
+        issues.add(path, "exactly one time window is needed")
+        return None
+    w, p = tw[0], f"{path}[0]"
+    duration = _get(w, "duration")
+    if _get(w, "isRolling") is True:
+        d = _duration_in(duration, f"{p}.duration", issues)
+        return None if d is None else {"rolling": d}
+    cal = _get(w, "calendar")
+    tz = _get(cal, "timeZone") or "UTC"
+    if tz not in ("UTC", "Etc/UTC"):
+        issues.add(f"{p}.calendar.timeZone", f"{tz}: tailguard's calendar windows are UTC")
+        return None
+    start = str(_get(cal, "startTime") or CALENDAR_START)
+    if duration == "1M":
+        if not re.match(r"^\d{4}-\d{2}-01[ T]00:00:00", start):
+            issues.add(f"{p}.calendar.startTime", "a month window must start on a 1st at 00:00")
+            return None
+        return {"calendar": "month"}
+    if duration in ("1w", "7d"):
+        try:
+            day = dt.date.fromisoformat(start[:10])
+        except ValueError:
+            issues.add(f"{p}.calendar.startTime", f"not a date: {start!r}")
+            return None
+        if day.weekday() != 0 or start[11:19] not in ("", "00:00:00"):
+            issues.add(f"{p}.calendar.startTime", "a week window must start on a Monday 00:00")
+            return None
+        return {"calendar": "week"}
+    issues.add(f"{p}.duration", f"calendar window {duration!r}: only 1M (month) and 1w (week)")
+    return None
+
+
+def _indicator(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> tuple[Any, str]:
+    spec = _get(doc, "spec")
+    inline = _get(spec, "indicator")
+    if inline is not None:
+        return inline, f"{path}.spec.indicator"
+    ref = _get(spec, "indicatorRef")
+    if isinstance(ref, str) and ref in slis:
+        return slis[ref][0], slis[ref][1]
+    issues.add(f"{path}.spec.indicatorRef", f"no SLI named {ref!r} in the documents")
+    return None, ""
+
+
+def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> dict[str, Any]:
+    ann = _annotations(doc)
+    spec = _get(doc, "spec")
+    out: dict[str, Any] = {"name": _get(_get(doc, "metadata"), "name")}
+    if _get(spec, "description") is not None:
+        out["description"] = _get(spec, "description")
+    method = _get(spec, "budgetingMethod")
+    if method != "Occurrences":
+        issues.add(
+            f"{path}.spec.budgetingMethod",
+            f"{method!r}: only Occurrences maps "
+            "(tailguard counts requests, good or bad; no time slices)",
+        )
+    sli, sli_path = _indicator(doc, path, slis, issues)
+    unit = "ms"
+    if sli is not None:
+        sli_spec = _get(sli, "spec")
+        threshold = _get(sli_spec, "thresholdMetric")
+        if threshold is None:
+            kind = next((k for k in ("ratioMetric", "rawMetric") if _get(sli_spec, k)), "?")
+            issues.add(
+                f"{sli_path}.spec.{kind}",
+                "only thresholdMetric (latency) SLIs map to a tailguard boundary",
+            )
+        else:
+            source = _get(threshold, "metricSource")
+            sp = f"{sli_path}.spec.thresholdMetric.metricSource"
+            boundary = ann.get(X + "boundary")
+            if _get(source, "type") == SOURCE_TYPE:
+                boundary = _get(_get(source, "spec"), "boundary") or boundary
+                unit = str(_get(_get(source, "spec"), "unit") or "ms")
+            if boundary is None:
+                issues.add(
+                    sp,
+                    f"no tailguard boundary: use type: {SOURCE_TYPE} with "
+                    f"spec.boundary, or annotation {X}boundary",
+                )
+            out["boundary"] = boundary
+            if unit not in ("ms", "s"):
+                issues.add(f"{sp}.spec.unit", f"{unit!r}: ms or s")
+    objectives = _get(spec, "objectives")
+    if not isinstance(objectives, list) or len(objectives) != 1:
+        issues.add(
+            f"{path}.spec.objectives",
+            "exactly one objective is needed (one threshold "
+            "per tailguard SLO: write one SLO per objective)",
+        )
+    else:
+        o, op_path = objectives[0], f"{path}.spec.objectives[0]"
+        if _get(o, "op") != "lte":
+            issues.add(
+                f"{op_path}.op",
+                f"{_get(o, 'op')!r}: only lte maps (a request is good "
+                "when its latency is <= the threshold)",
+            )
+        value = _get(o, "value")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out["threshold_ms"] = float(value) * (1000.0 if unit == "s" else 1.0)
+        else:
+            issues.add(f"{op_path}.value", "a number (the latency threshold) is needed")
+        target = _get(o, "target")
+        if target is None and _get(o, "targetPercent") is not None:
+            target = float(_get(o, "targetPercent")) / 100.0
+        out["objective"] = target
+        if _get(o, "timeSliceTarget") is not None:
+            issues.add(f"{op_path}.timeSliceTarget", "time slices do not map")
+    window = _window_in(_get(spec, "timeWindow"), f"{path}.spec.timeWindow", issues)
+    if window is not None:
+        out["window"] = window
+    for key, field in (("filter", "filter"), ("exclude", "exclude")):
+        value = _json_ann(ann, key, path, issues)
+        if value is not None:
+            out[field] = value
+    if X + "errors" in ann:
+        out["errors"] = ann[X + "errors"]
+    if X + "client-abort" in ann:
+        out["client_abort"] = ann[X + "client-abort"]
+    return out
+
+
+def _condition_in(doc: Any, path: str, issues: _Issues) -> dict[str, Any] | None:
+    ann = _annotations(doc)
+    spec = _get(doc, "spec")
+    cond = _get(spec, "condition")
+    cp = f"{path}.spec.condition"
+    if _get(cond, "kind") != "burnrate":
+        issues.add(f"{cp}.kind", f"{_get(cond, 'kind')!r}: only burnrate maps")
+        return None
+    if _get(cond, "op") not in ("gt", "gte"):
+        issues.add(f"{cp}.op", f"{_get(cond, 'op')!r}: a burn-rate alert fires above a rate")
+    if _get(cond, "alertAfter") not in (None, "0m", "0s"):
+        issues.add(
+            f"{cp}.alertAfter",
+            "does not map: a tailguard burn-rate rule fires when "
+            "both its windows exceed the factor (the short window is the debounce)",
+        )
+    severity = _get(spec, "severity")
+    if severity not in SEVERITIES:
+        issues.add(f"{path}.spec.severity", f"{severity!r}: page or ticket")
+    long = _duration_in(_get(cond, "lookbackWindow"), f"{cp}.lookbackWindow", issues)
+    rule: dict[str, Any] = {
+        "name": _get(_get(doc, "metadata"), "name"),
+        "kind": "burn_rate",
+        "severity": severity,
+        "factor": _get(cond, "threshold"),
+        "long": long,
+    }
+    if _get(spec, "description") is not None:
+        rule["description"] = _get(spec, "description")
+    short = ann.get(X + "short-window")
+    if short is None and long is not None:
+        short = format_ms(max(60_000, parse_duration_ms(long) // 12 // 60_000 * 60_000))
+    rule["short"] = short
+    if X + "min-requests" in ann:
+        try:
+            rule["min_requests"] = int(ann[X + "min-requests"])
+        except ValueError:
+            issues.add(f"{path}.metadata.annotations.{X}min-requests", "not an integer")
+    slos = _json_ann(ann, "slos", path, issues)
+    if slos is not None:
+        rule["slos"] = slos
+    return rule
+
+
+def import_openslo(
+    docs: Sequence[Any], source: str = "<openslo>"
+) -> tuple[SLOSpec, BurnRules | None]:
+    """OpenSLO v1 documents -> a tailguard spec (and burn rules when any alert policy is
+    given); raises :class:`OpenSLOError` naming every field that does not map."""
+    issues = _Issues()
+    slis: dict[str, tuple[Any, str]] = {}
+    slo_docs: list[tuple[Any, str]] = []
+    policies: dict[str, tuple[Any, str]] = {}
+    conditions: dict[str, tuple[Any, str]] = {}
+    for i, doc in enumerate(docs):
+        path = f"[{i}]"
+        if not isinstance(doc, Mapping):
+            issues.add(path, "not a mapping")
+            continue
+        if doc.get("apiVersion") != API:
+            issues.add(f"{path}.apiVersion", f"{doc.get('apiVersion')!r}: only {API}")
+            continue
+        kind, name = doc.get("kind"), _get(doc.get("metadata"), "name")
+        if kind == "SLO":
+            slo_docs.append((doc, path))
+        elif kind == "SLI":
+            slis[str(name)] = (doc, path)
+        elif kind == "AlertPolicy":
+            policies[str(name)] = (doc, path)
+        elif kind == "AlertCondition":
+            conditions[str(name)] = (doc, path)
+        elif kind in ("Service", "DataSource", "AlertNotificationTarget"):
+            continue  # nothing of tailguard's: notification targets are the receivers' config
+        else:
+            issues.add(f"{path}.kind", f"{kind!r}: SLO, SLI, AlertPolicy, AlertCondition map")
+    if not slo_docs:
+        issues.add("", "no SLO document")
+    slos = [_slo_in(doc, path, slis, issues) for doc, path in slo_docs]
+    spec_doc: dict[str, Any] = {"apiVersion": "tailguard/v1", "kind": "SLOSpec", "slos": slos}
+    if slo_docs:
+        ann = _annotations(slo_docs[0][0])
+        if X + "spec-description" in ann:
+            spec_doc["description"] = ann[X + "spec-description"]
+        tiers = _json_ann(ann, "tiers", slo_docs[0][1], issues)
+        if tiers is not None:
+            spec_doc["tiers"] = tiers
+    rules_doc = _rules_in(slo_docs, slos, policies, conditions, issues)
+    if issues.items:
+        raise OpenSLOError(source, issues.items)
+    spec = _validate(lambda: SLOSpec.model_validate(spec_doc), source, "slos")
+    rules = None
+    if rules_doc is not None:
+        rules = _validate(lambda: BurnRules.model_validate(rules_doc), source, "rules")
+    return spec, rules
+
+
+def _rules_in(
+    slo_docs: list[tuple[Any, str]],
+    slos: list[dict[str, Any]],
+    policies: Mapping[str, tuple[Any, str]],
+    conditions: Mapping[str, tuple[Any, str]],
+    issues: _Issues,
+) -> dict[str, Any] | None:
+    if not policies:
+        for doc, path in slo_docs:
+            for j, ref in enumerate(_get(_get(doc, "spec"), "alertPolicies") or []):
+                issues.add(f"{path}.spec.alertPolicies[{j}]", f"no AlertPolicy named {ref!r}")
+        return None
+    users: dict[str, list[str]] = {name: [] for name in policies}
+    for (doc, path), slo in zip(slo_docs, slos, strict=True):
+        for j, ref in enumerate(_get(_get(doc, "spec"), "alertPolicies") or []):
+            name = _get(_get(ref, "metadata"), "name") if isinstance(ref, Mapping) else ref
+            if name not in users:
+                issues.add(f"{path}.spec.alertPolicies[{j}]", f"no AlertPolicy named {name!r}")
+                continue
+            users[str(name)].append(str(slo.get("name")))
+    all_slos = [str(s.get("name")) for s in slos]
+    rules: list[dict[str, Any]] = []
+    doc_out: dict[str, Any] = {"apiVersion": "tailguard/v1", "kind": "BurnRules"}
+    for pname, (pdoc, ppath) in policies.items():
+        ann = _annotations(pdoc)
+        for j, c in enumerate(_get(_get(pdoc, "spec"), "conditions") or []):
+            cpath = f"{ppath}.spec.conditions[{j}]"
+            if isinstance(c, Mapping) and "conditionRef" in c:
+                ref = c["conditionRef"]
+                if ref not in conditions:
+                    issues.add(f"{cpath}.conditionRef", f"no AlertCondition named {ref!r}")
+                    continue
+                rule = _condition_in(conditions[ref][0], conditions[ref][1], issues)
+            else:
+                rule = _condition_in(c, cpath, issues)
+            if rule is None:
+                continue
+            used = users[pname]
+            if "slos" not in rule and used and sorted(set(used)) != sorted(all_slos):
+                rule["slos"] = used
+            rules.append(rule)
+        extra = _json_ann(ann, "rules", ppath, issues)
+        if isinstance(extra, list):
+            rules.extend(extra)
+        events = _json_ann(ann, "budget-events", ppath, issues)
+        if events is not None:
+            doc_out["budget_events"] = events
+        if X + "rules-description" in ann:
+            doc_out["description"] = ann[X + "rules-description"]
+    doc_out["rules"] = rules
+    return doc_out
+
+
+def _validate(fn: Any, source: str, root: str) -> Any:
+    try:
+        return fn()
+    except ValidationError as e:
+        raise OpenSLOError(
+            source,
+            [
+                SpecIssue(
+                    f"{root}." + ".".join(str(p) for p in err["loc"]),
+                    f"{err['msg']} (after mapping to tailguard/v1)",
+                )
+                for err in e.errors()
+            ],
+        ) from None
+
+
+def spec_document(spec: SLOSpec) -> dict[str, Any]:
+    """A spec as the plain document of its YAML file (loads back equal)."""
+    doc: dict[str, Any] = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if not doc.get("tiers"):
+        doc.pop("tiers", None)
+    return doc
+
+
+def rules_document(rules: BurnRules) -> dict[str, Any]:
+    doc: dict[str, Any] = rules.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return doc
