@@ -8,7 +8,6 @@ asks the server for the table's columns.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import re
@@ -311,9 +310,6 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("slo_tpot_ms", "Nullable(Float64)"),
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
-# Columns whose record field may be absent (NULL then): added by 0009 ahead of the record.
-_OPTIONAL_FIELDS = frozenset({"slo_ttft_ms", "slo_tpot_ms"})
-_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 
 def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
@@ -321,7 +317,7 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
     names = [n for n, _ in REQUEST_COLUMNS]
     for rec in records:
         for i, name in enumerate(names):
-            v: Any = getattr(rec, name, None) if name in _OPTIONAL_FIELDS else getattr(rec, name)
+            v: Any = getattr(rec, name)
             if v is None and name in _EMPTY_IF_NONE:
                 v = ""
             elif name == "flags":
@@ -335,8 +331,6 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
 def record_from_row(row: Sequence[Any]) -> RequestRecord:
     """A ``requests`` row (columns in :data:`REQUEST_COLUMNS` order) as its record."""
     d = dict(zip((n for n, _ in REQUEST_COLUMNS), row, strict=True))
-    for k in _OPTIONAL_FIELDS - _RECORD_FIELDS:  # columns ahead of the record's fields
-        del d[k]
     for k in _EMPTY_IF_NONE:
         d[k] = d[k] or None
     d["flags"] = tuple(d["flags"])

@@ -164,6 +164,9 @@ class RequestRecord:
     attempt: int = 1
     # A failed attempt the client retried: SLOs with ``attempts: last`` skip it
     superseded: bool = False
+    # The request's own objectives, as the client sent them (llm-d's x-llm-d-slo-*-ms)
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
     @property
     def version(self) -> int:
@@ -211,6 +214,8 @@ def build_record(
         if finished is not None
         else (received.prompt_tokens if received is not None else None)
     )
+    if prompt_tokens is None and completed is not None:  # a gateway that read `usage`
+        prompt_tokens = completed.prompt_tokens
     output_tokens = (
         finished.output_tokens
         if finished is not None
@@ -242,6 +247,18 @@ def build_record(
     tpot = None
     if finished is not None and finished.output_tokens >= 2:
         tpot = finished.decode_ms / (finished.output_tokens - 1)
+    elif (
+        finished is None
+        and completed is not None
+        and received is not None
+        and received.stream
+        and completed.ttfb_ms is not None
+        and (completed.output_tokens or 0) >= 2
+    ):
+        # Gateway only, streamed: first byte -> last byte over the tokens after the first,
+        # both on the gateway's monotonic clock (what the client saw, network included).
+        n = completed.output_tokens or 0
+        tpot = max(0.0, completed.total_ms - completed.ttfb_ms) / (n - 1)
 
     return RequestRecord(
         request_id=request_id,
@@ -284,4 +301,6 @@ def build_record(
         ),
         attempt=attempt,
         superseded=retried and outcome != "ok",
+        slo_ttft_ms=completed.slo_ttft_ms if completed is not None else None,
+        slo_tpot_ms=completed.slo_tpot_ms if completed is not None else None,
     )
