@@ -30,7 +30,13 @@ from typing import Any
 
 from pipeline.contract.codec import encode_event
 from pipeline.core.budget import BurnRules
-from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
+from pipeline.core.control import (
+    Controller,
+    ControllerConfig,
+    ControlLoop,
+    DecisionClock,
+    budget_lag_ms,
+)
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy
 from pipeline.core.processor import StreamProcessor
@@ -92,7 +98,13 @@ def run_loop(
     )
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     controller = Controller(
-        policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
+        policy,
+        spec,
+        burn_rules,
+        ControllerConfig(
+            queue_capacity=queue_capacity,
+            budget_lag_ms=budget_lag_ms(wc.size_ms, wc.grace_ms),
+        ),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     result.control = control

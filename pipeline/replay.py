@@ -23,10 +23,11 @@ from pipeline.core.control import (
     ControlLoop,
     ControlStep,
     DecisionClock,
+    budget_lag_ms,
 )
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy, Decision
+from pipeline.core.policy import ControlPolicy, Evaluation
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch
@@ -49,7 +50,7 @@ class _ControlRun:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     # What a worker would issue, in order: changes, and changes of what holds a level.
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[Evaluation] = field(default_factory=list)
     last: ControlStep | None = None
 
     corrections: int = 0
@@ -271,7 +272,13 @@ def replay_file(
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
         controller = Controller(
-            policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
+            policy,
+            spec,
+            burn_rules,
+            ControllerConfig(
+                queue_capacity=queue_capacity,
+                budget_lag_ms=budget_lag_ms(wc.size_ms, wc.grace_ms),
+            ),
         )
         clock = DecisionClock(wc.size_ms)
         result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)

@@ -82,9 +82,6 @@ def test_same_directives_at_60x_and_at_max_speed_and_in_replay(kafka, tmp_path: 
 
     assert core(from_replay), "the overload raised no level: nothing to compare"
     assert core(at_60x) == core(at_max), f"\n60x: {at_60x}\nmax: {at_max}"
-    if core(at_60x) != core(from_replay):
-        # Known gap (reported on issue 13, owned by issue 11's event-time work): the live
-        # controller decides on provisional snapshots while its error budgets count only
-        # final windows (grace later), so a burn alert that a replay sees at T can reach
-        # the live controller later; latency-driven transitions agree.
-        pytest.xfail(f"live vs replay differ on burn-driven entries:\n{at_60x}\n{from_replay}")
+    # Burn-driven entries too: the budget signals at T read only windows final in both
+    # paths (pipeline.core.control.budget_lag_ms), so a burn alert comes at the same T.
+    assert core(at_60x) == core(from_replay), f"\nlive: {at_60x}\nreplay: {from_replay}"
