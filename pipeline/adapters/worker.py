@@ -130,6 +130,11 @@ class WorkerShell:
         self.stopping = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
+        # Audit rows of published signals not yet written (control_signals, budget_events):
+        # they leave only once written, so a write cancelled at stop is made by stop().
+        self._audit_lock = threading.Lock()
+        self._audit_control: list[tuple[Any, ...]] = []
+        self._audit_events: list[tuple[Any, ...]] = []
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
@@ -526,19 +531,42 @@ class WorkerShell:
         if not control_rows and not event_rows:
             return
         assert self.control is not None
-        assert self.store is not None
-        control, store = self.control, self.store
+        control = self.control
+        with self._audit_lock:
+            self._audit_control.extend(control_rows)
+            self._audit_events.extend(event_rows)
 
         def write() -> int:
-            control.flush()
-            return with_retry(
-                lambda: write_audit(store, control_rows, event_rows),
-                "write of the control audit",
-                sleep=self._sleep,
-            )
+            control.flush()  # the audit says what was delivered
+            return self._write_audit()
 
         retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
         self.telemetry.write_retries.add(retries)
+
+    def _write_audit(self, attempts: int | None = None) -> int:
+        """Write the pending audit rows (every signal published so far whose rows are not
+        written). A write that fails, gives up at stop, or is cancelled before it ran
+        (the controller agent stopped while the write waited for the writer thread)
+        leaves its rows pending: :meth:`stop` writes them."""
+        assert self.store is not None
+        store = self.store
+        with self._audit_lock:
+            control_rows, event_rows = self._audit_control, self._audit_events
+            self._audit_control, self._audit_events = [], []
+        if not control_rows and not event_rows:
+            return 0
+        try:
+            return with_retry(
+                lambda: write_audit(store, control_rows, event_rows),
+                "write of the control audit",
+                attempts=attempts,
+                sleep=self._sleep,
+            )
+        except BaseException:
+            with self._audit_lock:
+                self._audit_control[:0] = control_rows
+                self._audit_events[:0] = event_rows
+            raise
 
     async def check_topic(self) -> None:
         """Notice the lifecycle topic being deleted, or deleted and created again (its id
@@ -597,9 +625,16 @@ class WorkerShell:
             self._commit_floor.pop(p, None)
 
     async def stop(self) -> None:
-        """Write buffered records (idempotent). No commit and no windows: the
-        consumer is gone by now; the next owner replays from the committed offset."""
+        """Write buffered records (idempotent) and the audit rows of the signals
+        published. No commit and no windows: the consumer is gone by now; the next
+        owner replays from the committed offset."""
         self.stopping.set()
+        try:
+            self._final_writes()
+        finally:
+            self._close()
+
+    def _final_writes(self) -> None:
         try:
             batch, self._records = self._records, []
             if batch and self.store is not None:
@@ -611,8 +646,13 @@ class WorkerShell:
                 self.rows_written += len(batch)
         except (StoreError, ShuttingDownError) as exc:
             log.warning("buffered records not written at stop (the next owner replays): %s", exc)
-        finally:
-            self._close()
+        try:
+            if self.store is not None:
+                # The audit of signals already published (their write may have been
+                # cancelled with the controller agent, or given up at the signal).
+                self._write_audit(attempts=1)
+        except (StoreError, ShuttingDownError) as exc:
+            log.warning("control audit rows not written at stop: %s", exc)
 
     def _close(self) -> None:
         """Release everything (once: the stop watchdog may get here first)."""
