@@ -180,7 +180,10 @@ class Actions(_Frozen):
     fallback_model: str | None = Field(
         default=None, min_length=1, max_length=256, description="Route to this (smaller) model."
     )
-    reject_new_sessions: bool = Field(default=False, description="503 requests of new sessions.")
+    reject_new_sessions: bool = Field(
+        default=False,
+        description="503 requests of new sessions, except priority 0 (real-time).",
+    )
     retry_after_s: int = Field(
         default=5, ge=0, le=86_400, description="Retry-After on a 503 caused by this directive."
     )
