@@ -35,7 +35,6 @@ from pipeline.core.control import (
     ControllerConfig,
     ControlLoop,
     DecisionClock,
-    budget_lag_ms,
 )
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy
@@ -101,10 +100,7 @@ def run_loop(
         policy,
         spec,
         burn_rules,
-        ControllerConfig(
-            queue_capacity=queue_capacity,
-            budget_lag_ms=budget_lag_ms(wc.size_ms, wc.grace_ms),
-        ),
+        ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     result.control = control

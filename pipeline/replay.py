@@ -23,7 +23,6 @@ from pipeline.core.control import (
     ControlLoop,
     ControlStep,
     DecisionClock,
-    budget_lag_ms,
 )
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
@@ -275,10 +274,7 @@ def replay_file(
             policy,
             spec,
             burn_rules,
-            ControllerConfig(
-                queue_capacity=queue_capacity,
-                budget_lag_ms=budget_lag_ms(wc.size_ms, wc.grace_ms),
-            ),
+            ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
         )
         clock = DecisionClock(wc.size_ms)
         result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)

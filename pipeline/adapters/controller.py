@@ -27,7 +27,6 @@ from pipeline.core.control import (
     ControllerConfig,
     ControlLoop,
     DecisionClock,
-    budget_lag_ms,
 )
 from pipeline.core.control_signal import (
     ControlSignal,
@@ -132,9 +131,10 @@ class ControllerShell:
             self.policy,
             self.spec,
             self.rules,
-            ControllerConfig(
+            ControllerConfig.for_windows(
+                settings.window_size_ms,
+                settings.window_grace_ms,
                 queue_capacity=settings.queue_capacity,
-                budget_lag_ms=budget_lag_ms(settings.window_size_ms, settings.window_grace_ms),
             ),
         )
         self.issuer: SignalIssuer | None = None

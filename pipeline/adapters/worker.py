@@ -108,6 +108,9 @@ class WorkerShell:
         self.ledger: LedgerPublisher | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
+        # Windows (and corrections) taken by the flush being written: their summaries
+        # are not sent yet, so they cap the clock sent to the controller too.
+        self._writing: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
@@ -367,9 +370,13 @@ class WorkerShell:
             loop = self._loop = asyncio.get_running_loop()
             if records or windows or events or checkpoints:
                 t0 = time.perf_counter()
-                retries = await loop.run_in_executor(
-                    self._executor, self._write, records, windows, events, checkpoints, through
-                )
+                self._writing = windows
+                try:
+                    retries = await loop.run_in_executor(
+                        self._executor, self._write, records, windows, events, checkpoints, through
+                    )
+                finally:
+                    self._writing = []
                 self._resume_input()
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
                 self.telemetry.write_retries.add(retries)
@@ -498,8 +505,9 @@ class WorkerShell:
 
         Lets it decide a few hundred ms after a window ends instead of after the grace
         period (``control_provisional_ms``). A partition's clock is capped at the start
-        of its earliest window that is closed but not yet written (its final summary
-        follows the write), so the controller never decides past a window it lacks.
+        of its earliest window (or correction) that is closed but not yet written,
+        including those of the write in progress (its summary follows the write), so
+        the controller never decides past a window or a correction it lacks.
         """
         if self.summaries is None:
             return
@@ -508,7 +516,7 @@ class WorkerShell:
         for win in snaps:
             self.summaries.send(encode_summary(summarize(win, acc, final=False)))
         unwritten: dict[int, int] = {}
-        for win in self._windows:
+        for win in (*self._windows, *self._writing):
             unwritten[win.partition] = min(unwritten.get(win.partition, win.start_ms), win.start_ms)
         for p, clock in clocks.items():
             capped = min(clock, unwritten.get(p, clock))

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from pipeline.core.budget import (
+    DEFAULT_BASE_MS,
     BudgetBook,
     BudgetEvent,
     BudgetStatus,
@@ -92,6 +93,15 @@ class ControllerConfig:
     max_windows: int = 100_000  # bound on remembered (partition, window) ids
     # Budget signals at T read the windows ending at or before T - this (budget_lag_ms).
     budget_lag_ms: int = 0
+    # The budgets' finest resolution (the window size: a range ending at T - lag then
+    # ends there, not at the end of a coarser bucket holding windows not final yet).
+    budget_base_ms: int = DEFAULT_BASE_MS
+
+    @classmethod
+    def for_windows(cls, size_ms: int, grace_ms: int, **kw: Any) -> ControllerConfig:
+        """Budgets at the windows' resolution, read :func:`budget_lag_ms` behind."""
+        base = size_ms if 60_000 % size_ms == 0 else DEFAULT_BASE_MS
+        return cls(budget_lag_ms=budget_lag_ms(size_ms, grace_ms), budget_base_ms=base, **kw)
 
     def capacity(self, model: str) -> int:
         return self.queue_capacity_by_model.get(model, self.queue_capacity)
@@ -118,7 +128,11 @@ class Controller:
         self.policy = PolicyEngine(policy)
         self.spec = spec
         self.book = (
-            BudgetBook(spec, burn_rules or load_burn_rules_file()) if spec is not None else None
+            BudgetBook(
+                spec, burn_rules or load_burn_rules_file(), base_ms=self.config.budget_base_ms
+            )
+            if spec is not None
+            else None
         )
         # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
         self._latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}

@@ -158,3 +158,24 @@ def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
     assert st.consumed == 0
     step = c.evaluate(3 * SIZE)
     assert step.signals["m"][f"compliance_5m.{name}"] == 0.5
+
+
+def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
+    """2-second windows: the budgets' finest buckets are the windows, so the budget
+    signals at T do not read a later window that shares a coarser bucket (live, that
+    window may still be a snapshot; in replay it is final)."""
+    from pipeline.core.control import ControllerConfig
+    from pipeline.core.slo import load_spec_file
+
+    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    name = spec.slos[0].name
+    config = ControllerConfig.for_windows(2_000, 1_000)
+    assert (config.budget_lag_ms, config.budget_base_ms) == (2_000, 2_000)
+    c = Controller(load_policy(TEST_POLICY), spec, config=config)
+    for start, good in ((20_000, 10), (22_000, 10), (24_000, 0)):
+        base = _summary(0, 100.0, 10, final=True, slo=name)
+        slos = {name: SLOWindowCounts(10, good, 0.99)}
+        c.add_window(replace(base, start_ms=start, size_ms=2_000, slos=slos))
+    step = c.evaluate(26_000)  # reads the windows ending at or before 24 s: not [24 s, 26 s)
+    assert step.signals["m"][f"compliance_5m.{name}"] == 1.0
+    assert c.evaluate(28_000).signals["m"][f"compliance_5m.{name}"] == pytest.approx(20 / 30)
