@@ -30,7 +30,12 @@ from typing import Any
 
 from pipeline.contract.codec import encode_event
 from pipeline.core.budget import BurnRules
-from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
+from pipeline.core.control import (
+    Controller,
+    ControllerConfig,
+    ControlLoop,
+    DecisionClock,
+)
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import ControlPolicy
 from pipeline.core.processor import StreamProcessor
@@ -92,7 +97,10 @@ def run_loop(
     )
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     controller = Controller(
-        policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
+        policy,
+        spec,
+        burn_rules,
+        ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     result.control = control

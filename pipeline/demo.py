@@ -193,7 +193,10 @@ def run_demo(
     json_out: Path | None = None,
     wait_timeout_s: float = 600.0,
     closed_loop: bool = True,
+    settings_overrides: dict[str, Any] | None = None,
 ) -> int:
+    """``settings_overrides``: worker settings over the demo's (tests: a shorter window,
+    another policy)."""
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
     from pipeline.devtools.kafka_local import LocalKafka
@@ -221,22 +224,23 @@ def run_demo(
         keys = workdir / "control-keys.json"  # a throwaway key for this demo's signals
         keys.write_bytes(orjson.dumps({"active": "demo", "keys": {"demo": generate_secret_b64()}}))
         keys.chmod(0o600)
-        settings = Settings(
-            control_enabled=True,
-            control_keys_file=keys,
-            bootstrap_servers=bootstrap,
-            store_dir=store_dir,
-            topic_partitions=partitions,
-            group_id=f"tailguard-demo-{run_id}",
-            lifecycle_topic=f"tailguard.lifecycle{topic_suffix}",
-            engine_stats_topic=f"tailguard.engine-stats{topic_suffix}",
-            dlq_topic=f"tailguard.dlq{topic_suffix}",
-            summaries_topic=f"tailguard.summaries{topic_suffix}",
-            control_topic=f"tailguard.control{topic_suffix}",
-            join_timeout_ms=DEMO_JOIN_TIMEOUT_MS,
-            window_grace_ms=DEMO_WINDOW_GRACE_MS,
-            flush_interval_ms=DEMO_FLUSH_INTERVAL_MS,
-        )
+        fields: dict[str, Any] = {
+            "control_enabled": True,
+            "control_keys_file": keys,
+            "bootstrap_servers": bootstrap,
+            "store_dir": store_dir,
+            "topic_partitions": partitions,
+            "group_id": f"tailguard-demo-{run_id}",
+            "lifecycle_topic": f"tailguard.lifecycle{topic_suffix}",
+            "engine_stats_topic": f"tailguard.engine-stats{topic_suffix}",
+            "dlq_topic": f"tailguard.dlq{topic_suffix}",
+            "summaries_topic": f"tailguard.summaries{topic_suffix}",
+            "control_topic": f"tailguard.control{topic_suffix}",
+            "join_timeout_ms": DEMO_JOIN_TIMEOUT_MS,
+            "window_grace_ms": DEMO_WINDOW_GRACE_MS,
+            "flush_interval_ms": DEMO_FLUSH_INTERVAL_MS,
+        }
+        settings = Settings(**(fields | (settings_overrides or {})))
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
 

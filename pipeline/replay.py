@@ -16,7 +16,7 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contract.codec import dead_letter_record
-from pipeline.core.budget import BurnRules
+from pipeline.core.budget import BudgetStatus, BurnRules
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -26,7 +26,7 @@ from pipeline.core.control import (
 )
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy, Decision
+from pipeline.core.policy import ControlPolicy, Evaluation
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch
@@ -49,11 +49,12 @@ class _ControlRun:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     # What a worker would issue, in order: changes, and changes of what holds a level.
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[Evaluation] = field(default_factory=list)
     last: ControlStep | None = None
 
     corrections: int = 0
     evaluations: int = 0
+    _final_budgets: list[BudgetStatus] | None = None
 
     @property
     def controller(self) -> Controller:
@@ -73,6 +74,14 @@ class _ControlRun:
             self.loop.clock.closed(w.start_ms + w.size_ms)
             for step in self.loop.step():
                 self._take(step)
+
+    def final_budgets(self) -> list[BudgetStatus]:
+        """The budgets at the last evaluation with every window counted: the decisions
+        read them ``budget_lag_ms`` behind, a report of the whole input reads them all."""
+        if self._final_budgets is None:
+            book, last = self.controller.book, self.last
+            self._final_budgets = [] if book is None or last is None else book.evaluate(last.now_ms)
+        return self._final_budgets
 
     def _take(self, step: ControlStep) -> None:
         self.evaluations += 1
@@ -192,22 +201,17 @@ class ReplayResult:
                 for d in self.control.decisions
             ]  # fmt: skip
             out["budget_events"] = self.control.events
-            last = self.control.last
-            out["budgets"] = (
-                {
-                    st.slo: {
-                        "remaining_fraction": st.remaining_fraction,
-                        "consumed": st.consumed,
-                        "allowed": st.allowed,
-                        "burn_rates": dict(st.burn_rates),
-                        "alerts": [a.rule for a in st.alerts],
-                        "window": st.window,
-                    }
-                    for st in last.budgets
+            out["budgets"] = {
+                st.slo: {
+                    "remaining_fraction": st.remaining_fraction,
+                    "consumed": st.consumed,
+                    "allowed": st.allowed,
+                    "burn_rates": dict(st.burn_rates),
+                    "alerts": [a.rule for a in st.alerts],
+                    "window": st.window,
                 }
-                if last is not None
-                else {}
-            )
+                for st in self.control.final_budgets()
+            }
         out["join"] = self.counters.get("join", {})
         out["flags"] = self.counters.get("flags", {})  # contradictory records, per flag
         return out
@@ -273,7 +277,10 @@ def replay_file(
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
         controller = Controller(
-            policy, spec, burn_rules, ControllerConfig(queue_capacity=queue_capacity)
+            policy,
+            spec,
+            burn_rules,
+            ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
         )
         clock = DecisionClock(wc.size_ms)
         result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)

@@ -8,7 +8,9 @@ and, in this order:
 1. level 0 -> the request passes **untouched** (same scope object);
 2. ``shed_priorities_at_or_above = p`` and the request's priority >= p ->
    ``503`` with ``Retry-After: retry_after_s`` and a small JSON body;
-3. ``reject_new_sessions`` and the request starts a new session -> the same 503;
+3. ``reject_new_sessions`` and the request starts a new session -> the same 503,
+   except at priority 0: real-time traffic ("never evicted") is turned away only
+   by an explicit ``shed_priorities_at_or_above = 0``;
 4. otherwise the request passes, with ``x-tailguard-max-context-tokens: N``
    (``cap_context_tokens``) and ``x-tailguard-fallback-model: name``
    (``fallback_model``) added to the headers the app sees (client-sent copies
@@ -23,7 +25,8 @@ running spread (request *k* is admitted when ``floor(k*f)`` increases).
 Request attributes (injectable callables; defaults read headers only, never
 the body): model from ``x-tailguard-model`` (absent -> only ``"*"`` applies);
 priority from ``x-vllm-priority`` (0 highest ... 3; absent or not an integer
--> 0); a request **without** ``x-tailguard-session`` is a new session.
+-> ``DEFAULT_PRIORITY``, 2, as the gateway records it); a request **without**
+``x-tailguard-session`` is a new session.
 
 ``actions.rate_limit_rps`` is advisory and not enforced here.
 
@@ -43,6 +46,7 @@ from typing import Any, Final
 
 import orjson
 
+from pipeline.contract.events import DEFAULT_PRIORITY
 from pipeline.core.control_signal import ALL_SCOPES
 from producers.control_client import Directive
 
@@ -81,11 +85,11 @@ def default_model_of(scope: Scope) -> str | None:
 def default_priority_of(scope: Scope) -> int:
     value = header(scope, PRIORITY_HEADER)
     if value is None:
-        return 0
+        return DEFAULT_PRIORITY
     try:
         return int(value.strip())
     except ValueError:
-        return 0
+        return DEFAULT_PRIORITY
 
 
 def default_is_new_session(scope: Scope) -> bool:
@@ -181,12 +185,13 @@ class ControlMiddleware:
             return d, PASS
         a = d.actions
         reject: str | None = None
+        priority = self.priority_of(scope)
         if a.shed_priorities_at_or_above is not None and (
-            self.priority_of(scope) >= a.shed_priorities_at_or_above
+            priority >= a.shed_priorities_at_or_above
         ):
             reject = "shed_priority"
-        elif a.reject_new_sessions and self.is_new_session(scope):
-            reject = "new_session"
+        elif a.reject_new_sessions and priority > 0 and self.is_new_session(scope):
+            reject = "new_session"  # priority 0 (real-time) keeps opening sessions
         admitted = False
         if reject is not None and d.phase == "half_open" and a.admit_fraction:
             key = self.request_key(scope)

@@ -38,9 +38,9 @@ from typing import IO, Any, Final
 import orjson
 from pydantic import ValidationError
 
-from pipeline.contract.events import GatewayCompleted, GatewayReceived, Outcome
+from pipeline.contract.events import DEFAULT_PRIORITY, GatewayCompleted, GatewayReceived, Outcome
 from producers.emit import EventSink
-from producers.gateway import DEFAULT_PRIORITY, outcome_of, usable_request_id
+from producers.gateway import outcome_of, usable_request_id
 
 # The access log format to configure (``log_format: {json_format: ...}``).
 JSON_FORMAT: Final[dict[str, str]] = {

@@ -59,7 +59,12 @@ from typing import Any, Final
 import orjson
 from opentelemetry import propagate, trace
 
-from pipeline.contract.events import GatewayCompleted, GatewayReceived, Outcome
+from pipeline.contract.events import (
+    DEFAULT_PRIORITY,
+    GatewayCompleted,
+    GatewayReceived,
+    Outcome,
+)
 from producers.asgi_control import (
     MODEL_HEADER,
     PRIORITY_HEADER,
@@ -90,7 +95,6 @@ LLMD_PRIORITY_HEADER: Final = b"x-llm-d-priority"
 PRIORITY_STATE_KEY: Final = "tailguard.priority"
 SSE_TAIL_BYTES: Final = 64 * 1024
 LOWEST_PRIORITY: Final = 3
-DEFAULT_PRIORITY: Final = 2  # a middle tier: untagged traffic is neither gold nor first shed
 # OpenAI's ``service_tier`` request field -> tailguard priority (None: the default tier).
 SERVICE_TIERS: Final[Mapping[str, int | None]] = MappingProxyType(
     {"priority": 0, "scale": 1, "default": None, "auto": None, "flex": 3}

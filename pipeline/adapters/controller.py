@@ -41,7 +41,7 @@ from pipeline.core.control_signal import (
     message_key,
     resume_seqs,
 )
-from pipeline.core.policy import Decision, load_policy_file
+from pipeline.core.policy import Evaluation, load_policy_file
 from pipeline.core.slo import load_spec_file
 from pipeline.core.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.settings import Settings
@@ -135,7 +135,11 @@ class ControllerShell:
             self.policy,
             self.spec,
             self.rules,
-            ControllerConfig(queue_capacity=settings.queue_capacity),
+            ControllerConfig.for_windows(
+                settings.window_size_ms,
+                settings.window_grace_ms,
+                queue_capacity=settings.queue_capacity,
+            ),
         )
         self.issuer: SignalIssuer | None = None
         self.producer: Producer | None = None
@@ -147,6 +151,7 @@ class ControllerShell:
                 settings.window_size_ms,
                 partitions=0,  # of the lifecycle topic, read at start
                 decision_delay_ms=settings.control_decision_delay_ms,
+                final_lag_ms=self.controller.config.budget_lag_ms,
             ),
         )
         self.published = 0
@@ -255,11 +260,11 @@ class ControllerShell:
         if self.alerts is not None:
             self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms))
 
-    def publish(self, d: Decision, *, heartbeat: bool = False) -> tuple[Any, ...]:
+    def publish(self, d: Evaluation, *, heartbeat: bool = False) -> tuple[Any, ...]:
         assert self.issuer is not None
         assert self.producer is not None
         now = int(time.time() * 1000)
-        signal = self.issuer.issue(d.scope, d.to_signal(), now)
+        signal = self.issuer.issue(d.scope, d.decision, now)
         return self._send(signal, d.now_ms, heartbeat=heartbeat)
 
     def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> tuple[Any, ...]:
@@ -313,7 +318,7 @@ def write_audit(
 
 
 def replay_audit_rows(
-    decisions: list[Decision], events: list[dict[str, Any]]
+    decisions: list[Evaluation], events: list[dict[str, Any]]
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Audit rows for what a replay decided (``tailguard replay --store``), so the
     dashboards show a replayed store like a worker's.

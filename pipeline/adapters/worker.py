@@ -110,6 +110,9 @@ class WorkerShell:
         self.ledger: LedgerPublisher | None = None
         self._records: list[RequestRecord] = []
         self._windows: list[ClosedWindow] = []
+        # Windows (and corrections) taken by the flush being written: their summaries
+        # are not sent yet, so they cap the clock sent to the controller too.
+        self._writing: list[ClosedWindow] = []
         self._events: list[tuple[Any, ...]] = []
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
@@ -132,6 +135,11 @@ class WorkerShell:
         self.stopping = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
+        # Audit rows of published signals not yet written (control_signals, budget_events):
+        # they leave only once written, so a write cancelled at stop is made by stop().
+        self._audit_lock = threading.Lock()
+        self._audit_control: list[tuple[Any, ...]] = []
+        self._audit_events: list[tuple[Any, ...]] = []
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
@@ -383,9 +391,13 @@ class WorkerShell:
             loop = self._loop = asyncio.get_running_loop()
             if records or windows or events or checkpoints:
                 t0 = time.perf_counter()
-                retries = await loop.run_in_executor(
-                    self._executor, self._write, records, windows, events, checkpoints, through
-                )
+                self._writing = windows
+                try:
+                    retries = await loop.run_in_executor(
+                        self._executor, self._write, records, windows, events, checkpoints, through
+                    )
+                finally:
+                    self._writing = []
                 self._resume_input()
                 self.telemetry.write_duration.record((time.perf_counter() - t0) * 1000)
                 self.telemetry.write_retries.add(retries)
@@ -515,8 +527,9 @@ class WorkerShell:
 
         Lets it decide a few hundred ms after a window ends instead of after the grace
         period (``control_provisional_ms``). A partition's clock is capped at the start
-        of its earliest window that is closed but not yet written (its final summary
-        follows the write), so the controller never decides past a window it lacks.
+        of its earliest window (or correction) that is closed but not yet written,
+        including those of the write in progress (its summary follows the write), so
+        the controller never decides past a window or a correction it lacks.
         """
         if self.summaries is None:
             return
@@ -525,7 +538,7 @@ class WorkerShell:
         for win in snaps:
             self.summaries.send(encode_summary(summarize(win, acc, final=False)))
         unwritten: dict[int, int] = {}
-        for win in self._windows:
+        for win in (*self._windows, *self._writing):
             unwritten[win.partition] = min(unwritten.get(win.partition, win.start_ms), win.start_ms)
         for p, clock in clocks.items():
             capped = min(clock, unwritten.get(p, clock))
@@ -548,19 +561,42 @@ class WorkerShell:
         if not control_rows and not event_rows:
             return
         assert self.control is not None
-        assert self.store is not None
-        control, store = self.control, self.store
+        control = self.control
+        with self._audit_lock:
+            self._audit_control.extend(control_rows)
+            self._audit_events.extend(event_rows)
 
         def write() -> int:
-            control.flush()
-            return with_retry(
-                lambda: write_audit(store, control_rows, event_rows),
-                "write of the control audit",
-                sleep=self._sleep,
-            )
+            control.flush()  # the audit says what was delivered
+            return self._write_audit()
 
         retries = await asyncio.get_running_loop().run_in_executor(self._executor, write)
         self.telemetry.write_retries.add(retries)
+
+    def _write_audit(self, attempts: int | None = None) -> int:
+        """Write the pending audit rows (every signal published so far whose rows are not
+        written). A write that fails, gives up at stop, or is cancelled before it ran
+        (the controller agent stopped while the write waited for the writer thread)
+        leaves its rows pending: :meth:`stop` writes them."""
+        assert self.store is not None
+        store = self.store
+        with self._audit_lock:
+            control_rows, event_rows = self._audit_control, self._audit_events
+            self._audit_control, self._audit_events = [], []
+        if not control_rows and not event_rows:
+            return 0
+        try:
+            return with_retry(
+                lambda: write_audit(store, control_rows, event_rows),
+                "write of the control audit",
+                attempts=attempts,
+                sleep=self._sleep,
+            )
+        except BaseException:
+            with self._audit_lock:
+                self._audit_control[:0] = control_rows
+                self._audit_events[:0] = event_rows
+            raise
 
     async def check_topic(self) -> None:
         """Notice the lifecycle topic being deleted, or deleted and created again (its id
@@ -619,9 +655,16 @@ class WorkerShell:
             self._commit_floor.pop(p, None)
 
     async def stop(self) -> None:
-        """Write buffered records (idempotent). No commit and no windows: the
-        consumer is gone by now; the next owner replays from the committed offset."""
+        """Write buffered records (idempotent) and the audit rows of the signals
+        published. No commit and no windows: the consumer is gone by now; the next
+        owner replays from the committed offset."""
         self.stopping.set()
+        try:
+            self._final_writes()
+        finally:
+            self._close()
+
+    def _final_writes(self) -> None:
         try:
             batch, self._records = self._records, []
             if batch and self.store is not None:
@@ -633,8 +676,13 @@ class WorkerShell:
                 self.rows_written += len(batch)
         except (StoreError, ShuttingDownError) as exc:
             log.warning("buffered records not written at stop (the next owner replays): %s", exc)
-        finally:
-            self._close()
+        try:
+            if self.store is not None:
+                # The audit of signals already published (their write may have been
+                # cancelled with the controller agent, or given up at the signal).
+                self._write_audit(attempts=1)
+        except (StoreError, ShuttingDownError) as exc:
+            log.warning("control audit rows not written at stop: %s", exc)
 
     def _close(self) -> None:
         """Release everything (once: the stop watchdog may get here first)."""

@@ -44,6 +44,9 @@ NonNegInt = Annotated[int, Field(ge=0, le=UINT32_MAX)]  # UInt32 columns
 UnixNs = Annotated[int, Field(gt=0, le=INT64_MAX)]  # Int64 columns
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Priority = Annotated[int, Field(ge=0, le=3)]
+# What an emitter records (and the control middleware assumes) for a request that names
+# no priority: a middle tier, so untagged traffic is neither gold nor first shed.
+DEFAULT_PRIORITY: Final = 2
 Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 

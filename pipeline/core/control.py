@@ -23,22 +23,36 @@ Signals per scope (a model), the names the policy refers to:
 
 Budgets are tracked per SLO for all traffic (scope ``*``); SLO filters decide
 which models an SLO's alerts apply to.
+
+**Which windows a decision reads.** Latency signals at ``T`` read the windows
+ending at or before ``T`` (live: the snapshots of ended windows, so the worker
+need not wait for the grace period). The error-budget signals (``burn.*``,
+``budget_exhausted``, ``compliance_5m.*``) at ``T`` read only the windows ending
+at or before ``T - budget_lag_ms`` (:func:`budget_lag_ms`: the grace period
+rounded up to whole windows), which are final in every path: a live controller
+deciding at ``T`` has seen every partition's clock pass ``T``, so each of those
+windows has closed and its final summary arrived; a replay or backtest closes
+them before ``T``'s own window. Budgets count final windows only, so without
+the lag a live controller, whose last window is still a snapshot, and a replay,
+whose last window is final, would compute burn from different counts, and a
+burn alert would reach them at different event times.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from pipeline.core.budget import (
+    DEFAULT_BASE_MS,
     BudgetBook,
     BudgetEvent,
     BudgetStatus,
     BurnRules,
     load_burn_rules_file,
 )
-from pipeline.core.policy import ControlPolicy, Decision, PolicyEngine
+from pipeline.core.policy import ControlPolicy, Evaluation, PolicyEngine
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.slo import SLOSpec
@@ -52,6 +66,13 @@ Signals = dict[str, float | bool | None]
 # Within a gap in the data, only its last 2 hours are evaluated window by window, so
 # that the cost of a gap does not grow with its size (every level's timers are shorter).
 MAX_IDLE_EVALUATION_MS: Final = 2 * 3_600_000
+
+
+def budget_lag_ms(size_ms: int, grace_ms: int) -> int:
+    """How far behind the decision time the error-budget signals read: the window
+    grace rounded up to whole windows (every window ending at or before
+    ``T - lag`` is closed once the event-time clock reached ``T``)."""
+    return -(-max(grace_ms, 0) // size_ms) * size_ms
 
 
 def skip_gap(next_eval_ms: int, target_ms: int, size_ms: int) -> int:
@@ -70,6 +91,17 @@ class ControllerConfig:
     queue_capacity: int = 64  # num_waiting at which an engine's queue counts as full
     queue_capacity_by_model: Mapping[str, int] = field(default_factory=dict)
     max_windows: int = 100_000  # bound on remembered (partition, window) ids
+    # Budget signals at T read the windows ending at or before T - this (budget_lag_ms).
+    budget_lag_ms: int = 0
+    # The budgets' finest resolution (the window size: a range ending at T - lag then
+    # ends there, not at the end of a coarser bucket holding windows not final yet).
+    budget_base_ms: int = DEFAULT_BASE_MS
+
+    @classmethod
+    def for_windows(cls, size_ms: int, grace_ms: int, **kw: Any) -> ControllerConfig:
+        """Budgets at the windows' resolution, read :func:`budget_lag_ms` behind."""
+        base = size_ms if 60_000 % size_ms == 0 else DEFAULT_BASE_MS
+        return cls(budget_lag_ms=budget_lag_ms(size_ms, grace_ms), budget_base_ms=base, **kw)
 
     def capacity(self, model: str) -> int:
         return self.queue_capacity_by_model.get(model, self.queue_capacity)
@@ -78,7 +110,7 @@ class ControllerConfig:
 @dataclass(frozen=True, slots=True)
 class ControlStep:
     now_ms: int
-    decisions: list[Decision]
+    decisions: list[Evaluation]
     budgets: list[BudgetStatus]
     events: list[BudgetEvent]
     signals: dict[str, Signals]
@@ -96,7 +128,11 @@ class Controller:
         self.policy = PolicyEngine(policy)
         self.spec = spec
         self.book = (
-            BudgetBook(spec, burn_rules or load_burn_rules_file()) if spec is not None else None
+            BudgetBook(
+                spec, burn_rules or load_burn_rules_file(), base_ms=self.config.budget_base_ms
+            )
+            if spec is not None
+            else None
         )
         # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
         self._latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}
@@ -215,7 +251,8 @@ class Controller:
                 st.remaining_fraction is not None and st.remaining_fraction <= 0
             )
             if self.book is not None:
-                c = self.book.tracker(st.slo, st.scope).counts(now_ms - FIVE_MIN_MS, now_ms)
+                to_ms = now_ms - self.config.budget_lag_ms
+                c = self.book.tracker(st.slo, st.scope).counts(to_ms - FIVE_MIN_MS, to_ms)
                 out[f"compliance_5m.{st.slo}"] = 1 - c.bad / c.total if c.total else None
         out["burn.page"] = page
         out["burn.ticket"] = ticket
@@ -239,7 +276,9 @@ class Controller:
 
     def evaluate(self, now_ms: int) -> ControlStep:
         self._prune(now_ms)
-        budgets = self.book.evaluate(now_ms) if self.book is not None else []
+        # Final windows only, the same in every path (see the module docstring).
+        lag = self.config.budget_lag_ms
+        budgets = self.book.evaluate(now_ms - lag) if self.book is not None else []
         events = [e for st in budgets for e in st.events]
         decisions = []
         signals: dict[str, Signals] = {}
@@ -255,7 +294,7 @@ class Controller:
 # --------------------------------------------------------------------------- #
 
 
-def held_key(d: Decision) -> tuple[str, ...]:
+def held_key(d: Evaluation) -> tuple[str, ...]:
     """What keeps a level, without the running times: ``"x 200 < 250 (3m of 5m)"`` ->
     ``"x < 250"`` -- the directive is re-issued when this changes, not every tick."""
     out = []
@@ -284,6 +323,10 @@ class DecisionClock:
     size_ms: int
     partitions: int = 1
     decision_delay_ms: int = 0
+    # Live: how far the decisions may run ahead of every partition's final windows
+    # (the controller's ``budget_lag_ms``): the budget signals at T need the final
+    # summaries of the windows ending at or before T - this. None: no bound.
+    final_lag_ms: int | None = None
     next_eval_ms: int | None = None
     first_end_ms: int | None = None
     horizons: dict[int, int] = field(default_factory=dict)
@@ -311,11 +354,17 @@ class DecisionClock:
             return self._closed_ms
         if not self.horizons or len(self.horizons) < self.partitions:
             return None
-        target = min(self.horizons.values())
+        horizon = min(self.horizons.values())
+        target = horizon
         if len(self.clocks) >= self.partitions:
             # Snapshots of ended windows: decide a short delay after every partition's
-            # clock passed the boundary, without waiting for the grace period.
-            target = max(target, min(self.clocks.values()) - self.decision_delay_ms)
+            # clock passed the boundary, without waiting for the grace period -- but
+            # never past what the budget signals need as final windows (a window held
+            # open by a pending join holds the decision back instead).
+            ahead = min(self.clocks.values()) - self.decision_delay_ms
+            if self.final_lag_ms is not None:
+                ahead = min(ahead, horizon + self.final_lag_ms)
+            target = max(target, ahead)
         return target - target % self.size_ms
 
     def due(self) -> list[int]:
@@ -365,7 +414,7 @@ class ControlLoop:
     def step(self) -> list[ControlStep]:
         return [self.controller.evaluate(t) for t in self.clock.due()]
 
-    def announce(self, step: ControlStep) -> list[Decision]:
+    def announce(self, step: ControlStep) -> list[Evaluation]:
         out = []
         for d in step.decisions:
             last = self._announced.get(d.scope)

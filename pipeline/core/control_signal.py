@@ -139,6 +139,8 @@ DEFAULT_HEARTBEAT_MS: Final = 10_000
 DEFAULT_TTL_MS: Final = 3 * DEFAULT_HEARTBEAT_MS
 DEFAULT_MAX_SKEW_MS: Final = 5_000
 MAX_SIGNAL_BYTES: Final = 65_536
+REASON_MAX_CHARS: Final = 1024
+MAX_FIGURES: Final = 64
 MIN_SECRET_BYTES: Final = 32
 ALL_SCOPES: Final = "*"
 
@@ -178,7 +180,10 @@ class Actions(_Frozen):
     fallback_model: str | None = Field(
         default=None, min_length=1, max_length=256, description="Route to this (smaller) model."
     )
-    reject_new_sessions: bool = Field(default=False, description="503 requests of new sessions.")
+    reject_new_sessions: bool = Field(
+        default=False,
+        description="503 requests of new sessions, except priority 0 (real-time).",
+    )
     retry_after_s: int = Field(
         default=5, ge=0, le=86_400, description="Retry-After on a 503 caused by this directive."
     )
@@ -201,6 +206,10 @@ class Actions(_Frozen):
 class Decision(_Frozen):
     """What the controller decided for a scope: a signal minus its envelope.
 
+    The one decision type: the policy engine makes it
+    (:attr:`pipeline.core.policy.Evaluation.decision`), the issuer signs it, the
+    serving side reads it back (:meth:`ControlSignal.decision`).
+
     Invariants: ``phase == "normal"`` exactly when ``level == 0``; ``admit_fraction``
     only in ``half_open``.
     """
@@ -208,8 +217,8 @@ class Decision(_Frozen):
     level: Level
     phase: Phase
     actions: Actions = Field(default_factory=Actions)
-    reason: str = Field(default="", max_length=1024)
-    figures: dict[FigureKey, Figure] = Field(default_factory=dict, max_length=64)
+    reason: str = Field(default="", max_length=REASON_MAX_CHARS)
+    figures: dict[FigureKey, Figure] = Field(default_factory=dict, max_length=MAX_FIGURES)
     notify_customer: bool = False
     budget_exhausted: bool = False
 

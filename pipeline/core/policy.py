@@ -3,11 +3,13 @@
 Pure: pydantic, PyYAML and the standard library only (no Kafka, Faust or
 ClickHouse); time is passed in as integer milliseconds and nothing reads a
 clock. The stream worker computes a flat mapping of *signals* per scope
-(usually per model) every evaluation and asks :class:`PolicyEngine` for a
-:class:`Decision`: the degradation level (0 = normal, L1..L3), the actions the
-serving layer should apply, and why. ``specs/policy-default.yaml`` encodes the
-source documents' circuit-breaker table (L1 P99 > 300 ms for 5 min, L2 KV-cache
-hit rate < 80 %, L3 GPU memory > 95 %).
+(usually per model) every evaluation and asks :class:`PolicyEngine` for an
+:class:`Evaluation`, whose :class:`~pipeline.core.control_signal.Decision` (the
+one decision type, signed as is onto the control topic) says the degradation
+level (0 = normal, L1..L3), the actions the serving layer should apply, and
+why. ``specs/policy-default.yaml`` adapts the source documents'
+circuit-breaker table (``specs/policy-example.yaml``: L1 P99 > 300 ms for
+5 min, L2 KV-cache hit rate < 80 %, L3 GPU memory > 95 %) to LLM serving.
 
 Signals
 -------
@@ -27,7 +29,7 @@ else is a spec error):
 
 ``budget_exhausted`` may not appear in a condition: an exhausted error budget
 is *not* a reason to degrade. It is passed through to every decision
-(:attr:`Decision.budget_exhausted`, true only when the signal is ``True``),
+(``Decision.budget_exhausted``, true only when the signal is ``True``),
 without changing the level.
 
 **Unknown signals.** A signal that is missing, ``None``, NaN/infinite, or of
@@ -154,8 +156,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.control_signal import Actions
-from pipeline.core.control_signal import Decision as SignalDecision
+from pipeline.core.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
 from pipeline.core.durations import format_ms, parse_duration_ms, unit_required
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
@@ -168,7 +169,6 @@ from pipeline.core.slo import (  # the spec YAML loader and error paths are shar
 )
 
 DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
-REASON_MAX_CHARS: Final = 1024  # a signal's reason is bounded (control_signal.Decision)
 API_VERSION: Final = "tailguard/v1"
 KIND: Final = "ControlPolicy"
 DEFAULT_POLICY_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "policy-default.yaml"
@@ -707,28 +707,58 @@ def validate_policy_file(path: str | Path) -> tuple[bool, str]:
 NO_ACTIONS: Final = Actions()
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What one scope should do now, and why (see the module docstring for the rules)."""
+@dataclass(frozen=True)  # not slotted: its read-through properties stay read-only
+class Evaluation:
+    """One evaluation of a scope: the :class:`~pipeline.core.control_signal.Decision`
+    (level, phase, actions, reason, figures, notify_customer, budget_exhausted: the
+    one decision type, which a control signal carries as is) and the state
+    machine's bookkeeping around it (see the module docstring for the rules).
+
+    The decision's fields are readable here too (``e.level`` is ``e.decision.level``);
+    they are defined once, on ``Decision``.
+    """
 
     scope: str
     now_ms: int
-    level: int  # 0..3
-    phase: Phase
-    actions: Actions
-    reason: str
-    figures: Mapping[str, float | bool]  # signal -> value of the conditions behind `reason`
+    decision: Decision
     changed: bool  # (level, phase) changed at this evaluation
     since_ms: int  # when the current (level, phase) began
-    notify_customer: bool
-    budget_exhausted: bool  # passed through from the signals; never changes the level
     escalated_by_max_duration: bool  # this level was reached by a max_duration escalation
-    overdue: bool  # L3 held past its max_duration (nowhere to escalate)
+    overdue: bool  # held past its max_duration without escalating (L3, or entry gone)
     previous_level: int
     previous_phase: Phase
     # On an evaluation that keeps a degraded or half-open state: what keeps it, e.g.
     # "p99.ttft_engine_ms 4120 >= 2500 (exit needs < 2500 for 3m)", "min_dwell (2m of 5m)".
     held_because: tuple[str, ...] = ()
+
+    @property
+    def level(self) -> int:
+        return self.decision.level
+
+    @property
+    def phase(self) -> Phase:
+        return self.decision.phase
+
+    @property
+    def actions(self) -> Actions:
+        return self.decision.actions
+
+    @property
+    def reason(self) -> str:
+        return self.decision.reason
+
+    @property
+    def figures(self) -> Mapping[str, float | bool | None]:
+        return MappingProxyType(self.decision.figures)
+
+    @property
+    def notify_customer(self) -> bool:
+        return self.decision.notify_customer
+
+    @property
+    def budget_exhausted(self) -> bool:
+        """Passed through from the signals; never changes the level."""
+        return self.decision.budget_exhausted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -750,19 +780,6 @@ class Decision:
             "held_because": list(self.held_because),
         }
 
-    def to_signal(self) -> SignalDecision:
-        """The part of this decision a control signal carries (the wire's Decision; its
-        ``actions`` are this decision's own ``Actions`` object)."""
-        return SignalDecision(
-            level=self.level,
-            phase=self.phase,
-            actions=self.actions,
-            reason=self.reason[:REASON_MAX_CHARS],
-            figures=dict(self.figures),
-            notify_customer=self.notify_customer,
-            budget_exhausted=self.budget_exhausted,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Transition:
@@ -773,14 +790,14 @@ class Transition:
     level: int
     phase: Phase
     reason: str
-    figures: Mapping[str, float | bool]
+    figures: Mapping[str, float | bool | None]
     previous_level: int
     previous_phase: Phase
     notify_customer: bool
     escalated_by_max_duration: bool
 
     @classmethod
-    def of(cls, d: Decision) -> Transition:
+    def of(cls, d: Evaluation) -> Transition:
         return cls(
             d.now_ms,
             d.scope,
@@ -840,7 +857,7 @@ class _Scope:
         self.escalated = False
         self.recovered_ms: int | None = None  # last step down (or half-open, or back to 0)
         self.clocks: list[int | None] = [None] * n_conditions
-        self.last: Decision | None = None
+        self.last: Evaluation | None = None
 
 
 class PolicyEngine:
@@ -892,7 +909,7 @@ class PolicyEngine:
     def scopes(self) -> list[str]:
         return list(self._scopes)
 
-    def last_decision(self, scope: str) -> Decision | None:
+    def last_decision(self, scope: str) -> Evaluation | None:
         s = self._scopes.get(scope)
         return None if s is None else s.last
 
@@ -915,7 +932,7 @@ class PolicyEngine:
 
     # -- evaluation ----------------------------------------------------------- #
 
-    def evaluate(self, scope: str, now_ms: int, signals: Signals) -> Decision:
+    def evaluate(self, scope: str, now_ms: int, signals: Signals) -> Evaluation:
         """Advance ``scope`` to ``now_ms`` with these signals and say what to do."""
         if isinstance(now_ms, bool) or not isinstance(now_ms, int):
             raise TypeError(f"now_ms must be an integer (ms), got {now_ms!r}")
@@ -1075,34 +1092,42 @@ class PolicyEngine:
             actions = self._actions[level]
         notify = level > 0 and (self._levels[level].notify_customer or s.escalated or overdue)
         changed = (level, phase) != (prev_level, prev_phase)
-        decision = Decision(
+        figures = {c.signal: v for c in figs if (v := _value(c, signals)) is not None}
+        evaluation = Evaluation(
             scope=scope,
             now_ms=now_ms,
-            level=level,
-            phase=phase,
-            actions=actions,
-            reason=reason,
-            figures=MappingProxyType(
-                {c.signal: v for c in figs if (v := _value(c, signals)) is not None}
+            decision=Decision(
+                level=level,
+                phase=phase,
+                actions=actions,
+                reason=_bounded(reason),
+                figures=dict(list(figures.items())[:MAX_FIGURES]),
+                notify_customer=notify,
+                budget_exhausted=signals.get(_BUDGET_SIGNAL) is True,
             ),
             changed=changed,
             since_ms=s.since_ms,
-            notify_customer=notify,
-            budget_exhausted=signals.get(_BUDGET_SIGNAL) is True,
             escalated_by_max_duration=s.escalated,
             overdue=overdue,
             previous_level=prev_level,
             previous_phase=prev_phase,
             held_because=() if changed or level == 0 else tuple(held_because),
         )
-        s.last = decision
-        return decision
+        s.last = evaluation
+        return evaluation
 
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]
 
     def _justifying(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index] and not c.alert]
+
+
+def _bounded(reason: str) -> str:
+    """A reason fits a signal (``REASON_MAX_CHARS``): cut, and marked as cut."""
+    if len(reason) <= REASON_MAX_CHARS:
+        return reason
+    return reason[: REASON_MAX_CHARS - 1] + "\u2026"
 
 
 def _value(c: _Cond, signals: Signals) -> float | bool | None:

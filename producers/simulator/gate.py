@@ -5,6 +5,9 @@
 
 * ``shed_priorities_at_or_above = p`` and priority >= p -> **429** with
   ``Retry-After`` (recorded ``outcome="rejected"``, ``http_status=429``);
+* priority 0 (real-time, "never evicted") is never turned away by
+  ``reject_new_sessions`` or the rate limit, only by an explicit
+  ``shed_priorities_at_or_above: 0`` (as the ASGI middleware);
 * ``reject_new_sessions`` and the request opens a new session -> the same 429
   (a request is a new session when ``blake2b(request id)`` falls in
   ``new_session_fraction``: deterministic, no draw from the simulator's RNG;
@@ -12,7 +15,8 @@
 * half-open: of the requests either rule would reject, ``admit_fraction`` is
   admitted (``hash_admits`` on the request id, as the middleware does);
 * ``rate_limit_rps``: a token bucket per gateway instance and scope (burst =
-  one second of tokens); an empty bucket -> 429;
+  one second of tokens); an empty bucket -> 429 (priority 0 takes a token when
+  there is one and passes either way);
 * admitted requests get ``cap_context_tokens`` (prompt truncated: shorter
   prefill) and ``fallback_model`` (routed to that model's engines when the
   simulation serves it).
@@ -127,6 +131,7 @@ class GatewayGate:
             reject = "shed_priority"
         elif (
             a.reject_new_sessions
+            and priority > 0  # priority 0 (real-time) is never turned away by a directive
             and session_id == request_id
             and hash_admits(f"session:{session_id}", self.new_session_fraction)
         ):
@@ -143,6 +148,7 @@ class GatewayGate:
             reject is None
             and a.rate_limit_rps is not None
             and not self._take_token(gateway, model, a.rate_limit_rps, t_ms)
+            and priority > 0  # priority 0 takes a token when there is one, never waits
         ):
             reject = "rate_limit"
         if reject is not None:

@@ -6,17 +6,20 @@ from __future__ import annotations
 import base64
 import os
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from pipeline.adapters.controller import read_topic
 from pipeline.adapters.store import open_store
 from pipeline.core.control_signal import Keyring, RejectReason
 from pipeline.core.policy import load_policy
 from pipeline.demo import kafka_sink
 from pipeline.replay import replay_file
+from pipeline.settings import Settings
 from producers.control_client import Accepted, ControlClient, DirectiveStore
 from tests.control_fixtures import (
     OVERLOAD_START_S,
@@ -39,6 +42,33 @@ def _phases(raws: list[bytes], scope: str) -> list[tuple[int, str]]:
         if s["scope"] == scope and (not out or out[-1] != (s["level"], s["phase"])):
             out.append((s["level"], s["phase"]))
     return out
+
+
+def _follow(
+    s: Settings, worker: WorkerProcess, done: Callable[[list[bytes]], bool], timeout_s: float
+) -> list[bytes]:
+    """The control topic's values from the beginning, read as they arrive, until
+    ``done(values)``; fails if the worker dies or ``timeout_s`` passes first."""
+    c = Consumer(
+        s.kafka_config()
+        | {"group.id": f"follow-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    try:
+        parts = c.list_topics(s.control_topic, timeout=10).topics[s.control_topic].partitions
+        c.assign([TopicPartition(s.control_topic, p, OFFSET_BEGINNING) for p in parts])
+        raws: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while not done(raws):
+            assert worker.alive(), worker.log_tail()
+            assert time.monotonic() < deadline, {
+                sc: _phases(raws, sc) for sc in {orjson.loads(r)["scope"] for r in raws}
+            }
+            msg = c.poll(1.0)  # returns as soon as a signal arrives
+            if msg is not None and msg.error() is None and msg.value() is not None:
+                raws.append(msg.value())
+        return raws
+    finally:
+        c.close()
 
 
 def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path: Path) -> None:
@@ -71,15 +101,12 @@ def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path:
 
     worker = WorkerProcess(s, tmp_path / "worker.log")
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert worker.alive(), worker.log_tail()
-            raws = [r for r in read_topic(s, s.control_topic) if r is not None]
-            if all(_phases(raws, sc) == want for sc in scopes):
-                break
-            assert time.monotonic() < deadline, {sc: _phases(raws, sc) for sc in scopes}
-            time.sleep(1)
+        # Every signal, as it arrives (one consumer, blocking polls): until both scopes
+        # went through the whole sequence.
+        raws = _follow(s, worker, lambda got: all(_phases(got, sc) == want for sc in scopes), 240)
     finally:
+        # Stopping writes the audit rows of every signal published (a write still
+        # queued behind the writer thread is not lost with the controller agent).
         worker.stop()
 
     # The audit log: the same transitions, at the same event times as the replay.

@@ -575,11 +575,26 @@ SHED: dict[str, Any] = {"shed_priorities_at_or_above": 2, "retry_after_s": 17}
         (_directive(1, **SHED), {"x-vllm-priority": "2", "x-tailguard-session": "s"}, 503),
         (_directive(1, **SHED), {"x-vllm-priority": "3", "x-tailguard-session": "s"}, 503),
         (_directive(1, **SHED), {"x-vllm-priority": "1", "x-tailguard-session": "s"}, 200),
-        (_directive(1, **SHED), {"x-tailguard-session": "s"}, 200),  # default priority 0
-        (_directive(1, **SHED), {"x-vllm-priority": "high", "x-tailguard-session": "s"}, 200),
+        # no (or no integer) priority: the default tier 2, as the gateway records it
+        (_directive(1, **SHED), {"x-tailguard-session": "s"}, 503),
+        (_directive(1, **SHED), {"x-vllm-priority": "high", "x-tailguard-session": "s"}, 503),
+        (_directive(1, shed_priorities_at_or_above=3), {"x-tailguard-session": "s"}, 200),
         (_directive(1, shed_priorities_at_or_above=0), {"x-tailguard-session": "s"}, 503),
+        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "1"}, 503),
+        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "3"}, 503),
+        # priority 0 (real-time) keeps opening sessions; the default tier does not
+        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "0"}, 200),
         (_directive(1, reject_new_sessions=True), {}, 503),
-        (_directive(1, reject_new_sessions=True), {"x-tailguard-session": "abc"}, 200),
+        (
+            _directive(3, shed_priorities_at_or_above=1, reject_new_sessions=True),
+            {"x-vllm-priority": "0"},
+            200,
+        ),
+        (
+            _directive(1, reject_new_sessions=True),
+            {"x-vllm-priority": "2", "x-tailguard-session": "abc"},
+            200,
+        ),
         (_directive(1), {"x-vllm-priority": "3"}, 200),  # no action named
         (_directive(0, **SHED, reject_new_sessions=True), {"x-vllm-priority": "3"}, 200),
     ],
@@ -721,9 +736,10 @@ def test_spread_admits_exactly(fraction: float, admitted: int) -> None:
 
 def test_half_open_applies_to_new_session_rejection_and_degraded_does_not_admit() -> None:
     half = _directive(1, "half_open", reject_new_sessions=True, admit_fraction=1.0)
-    assert _call(_mw(half), _http_scope({})).status == 200
+    assert _call(_mw(half), _http_scope({"x-vllm-priority": "2"})).status == 200
     degraded = _directive(1, reject_new_sessions=True)
-    assert _call(_mw(degraded), _http_scope({"x-request-id": "r"})).status == 503
+    scope = _http_scope({"x-request-id": "r", "x-vllm-priority": "2"})
+    assert _call(_mw(degraded), scope).status == 503
 
 
 def test_middleware_exception_passes_through_and_counts() -> None:

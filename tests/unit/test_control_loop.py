@@ -94,3 +94,29 @@ def test_announce_changes_and_what_holds_a_level_at_most_once_a_minute() -> None
     # "entry holds" -> "waiting for exit" at 10 min; the exit flapping from 10 to 12 min
     # (every 10 s) is announced at most once a minute, not every tick
     assert held == [600, 670, 730]
+
+
+def test_budget_lag_is_the_grace_in_whole_windows() -> None:
+    from pipeline.core.control import budget_lag_ms
+
+    assert [budget_lag_ms(SIZE, g) for g in (0, 1, 5_000, 10_000, 10_001, 30_000)] == [
+        0, 10_000, 10_000, 10_000, 20_000, 30_000,
+    ]  # fmt: skip
+
+
+def test_clock_runs_ahead_of_the_final_windows_by_the_budget_lag_at_most() -> None:
+    """A window held open (a pending join) holds decisions back: the budget signals at T
+    need every window ending at or before T - lag final, in every path."""
+    c = DecisionClock(SIZE, partitions=2, decision_delay_ms=100, final_lag_ms=10_000)
+    c.window(0, SIZE)
+    c.progress(0, 30_000, 70_000)
+    c.progress(1, 20_000, 70_000)  # partition 1's finals stop at 20 s (a window held open)
+    assert c.due() == [10_000, 20_000, 30_000]  # not 60 s: 20 s of finals + 10 s of lag
+    c.progress(1, 60_000, 70_000)
+    assert c.due() == [40_000]  # partition 0's finals reach 30 s
+    c.progress(0, 60_000, 70_000)
+    assert c.due() == [50_000, 60_000]  # min clock 70 s - 0.1 s -> 60 s
+    unbounded = DecisionClock(SIZE, partitions=1, decision_delay_ms=100)
+    unbounded.window(0, SIZE)
+    unbounded.progress(0, 20_000, 70_000)
+    assert unbounded.due()[-1] == 60_000

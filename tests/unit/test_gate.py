@@ -69,18 +69,36 @@ def test_half_open_admits_the_hashed_fraction() -> None:
 def test_reject_new_sessions_spares_retries_of_a_session() -> None:
     gate = GatewayGate(new_session_fraction=1.0)
     gate.set("m", GateActions(level=2, reject_new_sessions=True))
-    assert _decide(gate, rid="s1").reject == "new_session"
-    assert _decide(gate, rid="s1-r1", session="s1").reject is None  # continues its session
+    assert _decide(gate, rid="s1", priority=1).reject == "new_session"
+    assert _decide(gate, rid="s1-r1", session="s1", priority=1).reject is None  # its session
 
 
 def test_token_bucket_per_gateway() -> None:
     gate = GatewayGate()
     gate.set("m", GateActions(level=2, rate_limit_rps=5))
-    got = [_decide(gate, rid=f"r{i}", t_ms=0.0).reject for i in range(7)]
+    got = [_decide(gate, rid=f"r{i}", t_ms=0.0, priority=2).reject for i in range(7)]
     assert got == [None] * 5 + ["rate_limit"] * 2  # a burst of one second's tokens
-    assert _decide(gate, rid="other", gateway="g1", t_ms=0.0).reject is None  # own bucket
-    assert _decide(gate, rid="later", t_ms=200.0).reject is None  # refilled 1 token
-    assert _decide(gate, rid="later2", t_ms=200.0).reject == "rate_limit"
+    assert _decide(gate, rid="other", gateway="g1", t_ms=0.0, priority=2).reject is None  # own
+    assert _decide(gate, rid="later", t_ms=200.0, priority=2).reject is None  # refilled 1 token
+    assert _decide(gate, rid="later2", t_ms=200.0, priority=2).reject == "rate_limit"
+
+
+L2 = GateActions(level=2, shed_priorities_at_or_above=2, reject_new_sessions=True,
+                 rate_limit_rps=2)  # fmt: skip
+
+
+def test_priority_0_is_never_turned_away_but_by_an_explicit_shed() -> None:
+    """Real-time traffic ("never evicted"): new sessions and an empty token bucket turn
+    away priorities 1-3 only; priority 0 takes a token when there is one."""
+    gate = GatewayGate(new_session_fraction=1.0)
+    gate.set("m", L2)
+    assert [_decide(gate, rid=f"p0-{i}", priority=0).reject for i in range(5)] == [None] * 5
+    # the two tokens went to priority 0: priority 1 waits, in its session or not
+    assert _decide(gate, rid="s", session="s0", priority=1).reject == "rate_limit"
+    assert _decide(gate, rid="new", priority=1).reject == "new_session"
+    assert gate.shed_by_priority() == {1: 2}
+    gate.set("m", GateActions(level=3, shed_priorities_at_or_above=0))
+    assert _decide(gate, rid="x", priority=0).reject == "shed_priority"  # explicit
 
 
 def test_fallback_model_is_passed_on() -> None:

@@ -22,7 +22,7 @@ from pipeline.core.policy import (
     EXAMPLE_POLICY_PATH,
     NO_ACTIONS,
     ControlPolicy,
-    Decision,
+    Evaluation,
     PolicyEngine,
     Signals,
     Transition,
@@ -79,18 +79,18 @@ def _run(
     start_ms: int = 0,
     step_ms: int = TICK,
     scope: str = "m",
-) -> list[Decision]:
+) -> list[Evaluation]:
     return [engine.evaluate(scope, t, signals_at(t)) for t in range(start_ms, until_ms, step_ms)]
 
 
-def _at(decisions: list[Decision], t_ms: int) -> Decision:
+def _at(decisions: list[Evaluation], t_ms: int) -> Evaluation:
     for d in decisions:
         if d.now_ms == t_ms:
             return d
     raise KeyError(t_ms)
 
 
-def _changes(decisions: list[Decision]) -> list[tuple[int, int, str]]:
+def _changes(decisions: list[Evaluation]) -> list[tuple[int, int, str]]:
     return [(d.now_ms, d.level, d.phase) for d in decisions if d.changed]
 
 
@@ -916,7 +916,7 @@ def _check_run(policy: ControlPolicy, segments: list[tuple[int, int, dict[str, A
     dwell = parse_duration_ms(policy.dynamics.min_dwell)
     ho = parse_duration_ms(policy.dynamics.half_open.duration)
     max_ms = {lv.level: parse_duration_ms(lv.max_duration) for lv in policy.levels}
-    changes: list[Decision] = []
+    changes: list[Evaluation] = []
     for now, signals in _expand(segments):
         d = engine.evaluate("m", now, signals)
         assert d.budget_exhausted is (signals["budget_exhausted"] is True)
@@ -994,15 +994,32 @@ def test_shipped_default_validates_and_watches_first_token_latency() -> None:
     )
 
 
-def test_one_actions_type_and_the_signal_decision() -> None:
-    """The policy's Actions are the wire's Actions (one type, one retry_after_s default)."""
+def test_one_actions_type_and_one_decision_type() -> None:
+    """The policy's Actions and Decision are the wire's (one type each, one
+    retry_after_s default): a control signal carries the evaluation's decision as is."""
     from pipeline.core.control_signal import Actions as WireActions
+    from pipeline.core.control_signal import Decision as WireDecision
 
     d = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
     assert isinstance(d.actions, WireActions)
     assert WireActions() == NO_ACTIONS
-    sd = d.to_signal()
+    assert isinstance(d.decision, WireDecision)
+    sd = d.decision
     assert (sd.level, sd.phase, sd.actions) == (1, "degraded", d.actions)
+    assert (d.level, d.phase, d.reason, dict(d.figures)) == (
+        sd.level, sd.phase, sd.reason, sd.figures,
+    )  # fmt: skip
     assert sd.figures == {"burn.page": True}
-    long = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
-    assert len(long.to_signal().reason) <= 1024
+    assert d.to_json()["actions"] == sd.actions.to_json()
+    with pytest.raises(ValidationError):
+        sd.level = 0  # type: ignore[misc]
+
+
+def test_a_long_reason_is_cut_to_what_a_signal_carries() -> None:
+    from pipeline.core.control_signal import REASON_MAX_CHARS
+    from pipeline.core.policy import _bounded
+
+    assert _bounded("x" * REASON_MAX_CHARS) == "x" * REASON_MAX_CHARS
+    cut = _bounded("x" * (REASON_MAX_CHARS + 5))
+    assert len(cut) == REASON_MAX_CHARS
+    assert cut.endswith("\u2026")

@@ -15,7 +15,7 @@ import pytest
 from pipeline.core.policy import (
     DEFAULT_POLICY_PATH,
     EXAMPLE_POLICY_PATH,
-    Decision,
+    Evaluation,
     PolicyEngine,
     Signals,
     load_policy_file,
@@ -38,16 +38,16 @@ HEALTHY: dict[str, Any] = {
 EXAMPLE = load_policy_file(EXAMPLE_POLICY_PATH)
 
 
-def _run(until_ms: int, at: Callable[[int], dict[str, Any]]) -> list[Decision]:
+def _run(until_ms: int, at: Callable[[int], dict[str, Any]]) -> list[Evaluation]:
     engine = PolicyEngine(EXAMPLE)
     return [engine.evaluate("m", t, {**HEALTHY, **at(t)}) for t in range(0, until_ms, TICK)]
 
 
-def _changes(ds: list[Decision]) -> list[tuple[int, int, str]]:
+def _changes(ds: list[Evaluation]) -> list[tuple[int, int, str]]:
     return [(d.now_ms, d.level, d.phase) for d in ds if d.changed]
 
 
-def _at(ds: list[Decision], t: int) -> Decision:
+def _at(ds: list[Evaluation], t: int) -> Evaluation:
     return next(d for d in ds if d.now_ms == t)
 
 

@@ -134,3 +134,48 @@ def test_processor_reports_each_partitions_watermark_not_a_wall_clock_extension(
     # The partition's robust event-time watermark (pipeline.core.eventtime), not wall time.
     assert set(clocks) == {0}
     assert T0_NS // 1_000_000 <= clocks[0] <= T0_NS // 1_000_000 + 15_010
+
+
+def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
+    """With ``budget_lag_ms``, compliance_5m and the budgets at T read the windows ending
+    at or before T - lag: the same counts live (last window a snapshot) and in replay."""
+    from pipeline.core.control import ControllerConfig
+    from pipeline.core.slo import load_spec_file
+
+    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    name = spec.slos[0].name
+    c = Controller(load_policy(TEST_POLICY), spec, config=ControllerConfig(budget_lag_ms=SIZE))
+    c.add_window(replace(_summary(0, 100.0, 100, final=True, slo=name), slos={
+        name: SLOWindowCounts(100, 100, 0.99)
+    }))  # fmt: skip
+    c.add_window(replace(_summary(SIZE, 100.0, 100, final=True, slo=name), start_ms=SIZE, slos={
+        name: SLOWindowCounts(100, 0, 0.99)
+    }))  # fmt: skip
+    step = c.evaluate(2 * SIZE)
+    # At 20 s, lag 10 s: only the window [0, 10 s) counts (all good), not [10 s, 20 s).
+    assert step.signals["m"][f"compliance_5m.{name}"] == 1.0
+    st = next(b for b in step.budgets if b.slo == name)
+    assert st.consumed == 0
+    step = c.evaluate(3 * SIZE)
+    assert step.signals["m"][f"compliance_5m.{name}"] == 0.5
+
+
+def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
+    """2-second windows: the budgets' finest buckets are the windows, so the budget
+    signals at T do not read a later window that shares a coarser bucket (live, that
+    window may still be a snapshot; in replay it is final)."""
+    from pipeline.core.control import ControllerConfig
+    from pipeline.core.slo import load_spec_file
+
+    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    name = spec.slos[0].name
+    config = ControllerConfig.for_windows(2_000, 1_000)
+    assert (config.budget_lag_ms, config.budget_base_ms) == (2_000, 2_000)
+    c = Controller(load_policy(TEST_POLICY), spec, config=config)
+    for start, good in ((20_000, 10), (22_000, 10), (24_000, 0)):
+        base = _summary(0, 100.0, 10, final=True, slo=name)
+        slos = {name: SLOWindowCounts(10, good, 0.99)}
+        c.add_window(replace(base, start_ms=start, size_ms=2_000, slos=slos))
+    step = c.evaluate(26_000)  # reads the windows ending at or before 24 s: not [24 s, 26 s)
+    assert step.signals["m"][f"compliance_5m.{name}"] == 1.0
+    assert c.evaluate(28_000).signals["m"][f"compliance_5m.{name}"] == pytest.approx(20 / 30)
