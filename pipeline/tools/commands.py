@@ -100,17 +100,24 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import read_only_client
     from pipeline.adapters.store import StoreError
-    from pipeline.tools.sql import render, run, to_json, to_tsv
+    from pipeline.tools.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
 
     settings = _settings(args)
+    own_format = user_format(args.query)
     try:
         with read_only_client(settings) as client:
-            names, rows = run(client, args.query)
+            if own_format is not None:  # the query names its format: the engine's bytes
+                raw = run_raw(client, args.query)
+            else:
+                names, rows = run(client, args.query)
     except StoreError as exc:
         return _fail(str(exc))
     except Exception as exc:  # the engine's refusal or error, as ClickHouse words it
-        return _fail(str(exc).strip())
-    if args.format == "json":
+        return _fail(clean_error(str(exc)))
+    if own_format is not None:
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+    elif args.format == "json":
         print(orjson.dumps(to_json(names, rows)).decode())
     elif args.format == "tsv":
         sys.stdout.write(to_tsv(names, rows))
@@ -155,5 +162,10 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
     s = sub.add_parser("sql", help="read-only SQL against the store")
     s.add_argument("query")
     add_store(s)
-    s.add_argument("--format", choices=("table", "tsv", "json"), default="table")
+    s.add_argument(
+        "--format",
+        choices=("table", "tsv", "json"),
+        default="table",
+        help="output (a query ending in its own FORMAT X is printed as the engine writes it)",
+    )
     s.set_defaults(func=cmd_sql)

@@ -220,3 +220,62 @@ def test_capacity_without_a_worker(built: tuple[Path, dict[str, Any]]) -> None:
         assert need == -(-50 // (m["per_instance_rps"] * 0.7))
     text = tg("capacity", "--store", str(store), "--p99-ms", "600").stdout
     assert "instances" in text
+
+
+ODD = "SELECT 'two\nlines' AS a, 'tab\there' AS b, 'back\\\\slash \\\\N' AS c, NULL AS d, '' AS e"
+
+
+def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, replay = built
+    rows = json.loads(
+        tg("sql", "SELECT count() AS n FROM requests FINAL", "--store", str(store),
+           "--format", "json").stdout
+    )  # fmt: skip
+    assert rows == [{"n": replay["requests"]}]
+    # the user's own FORMAT: the engine's bytes in that format
+    out = tg("sql", "SELECT count() AS n FROM requests FINAL FORMAT JSONEachRow", "--store",
+             str(store)).stdout  # fmt: skip
+    assert json.loads(out) == {"n": str(replay["requests"])} or json.loads(out) == {
+        "n": replay["requests"]
+    }
+    # errors: one line, the engine's words, no client URL, no appended FORMAT
+    for sql in ("SELEC 1", "SELECT nope FROM requests", "SELECT 1 FORMAT JSON FORMAT CSV"):
+        p = tg("sql", sql, "--store", str(store), check=False)
+        assert p.returncode == 1
+        err = p.stderr.strip()
+        assert err.startswith("tailguard: "), err
+        for leak in ("\n", "127.0.0.1", "FORMAT Native", "formatQuerySingleLine", "Traceback"):
+            assert leak not in err, err
+    # TSV: odd values stay on their row and read back as the JSON output has them
+    from pipeline.tools.sql import parse_tsv
+
+    tsv = tg("sql", ODD, "--store", str(store), "--format", "tsv").stdout
+    assert tsv.count("\n") == 2
+    as_json = json.loads(tg("sql", ODD, "--store", str(store), "--format", "json").stdout)
+    names, rows = parse_tsv(tsv)
+    assert [dict(zip(names, r, strict=True)) for r in rows] == as_json
+    assert as_json[0]["a"] == "two\nlines"
+    assert as_json[0]["c"] == "back\\slash \\N"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DESCRIBE TABLE file('/etc/passwd', 'TSVWithNames')",
+        "DESCRIBE TABLE file('/etc/passwd', 'JSONEachRow')",
+        "SELECT * FROM file('/etc/passwd', 'LineAsString')",
+        "SELECT file('/etc/passwd')",
+        "DESCRIBE TABLE url('http://127.0.0.1:9/x', 'TSVWithNames')",
+        "EXPLAIN SELECT * FROM executable('id', 'TSV', 'a String')",
+        "SELECT * FROM system.tables",
+        "SHOW DATABASES",
+    ],
+)
+def test_sql_refuses_what_is_not_the_stores(built: tuple[Path, dict[str, Any]], sql: str) -> None:
+    store, _ = built
+    p = tg("sql", sql, "--store", str(store), check=False)
+    assert p.returncode == 1
+    assert "(code 164)" in p.stderr
+    assert "root:" not in p.stdout + p.stderr
