@@ -39,6 +39,16 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"tailguard: invalid settings:\n{exc}") from None
 
 
+def _need_file(path: Path | None) -> None:
+    """A missing input fails before anything is created (one line, via main)."""
+    import errno
+    import os
+
+    if path is not None and str(path) != "-" and not path.is_file():
+        code = errno.EISDIR if path.is_dir() else errno.ENOENT
+        raise FileNotFoundError(code, os.strerror(code), str(path))
+
+
 def _add_kafka(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (env TAILGUARD_BOOTSTRAP_SERVERS)")
     p.add_argument("--partitions", type=int, help="partitions for created topics")
@@ -98,6 +108,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pipeline.demo import sim_config_from_args, simulate_to
 
+    _need_file(args.trace)
     config = sim_config_from_args(args)
     if args.out is not None:
         summary = simulate_to(
@@ -116,6 +127,7 @@ def _load_spec(path: Path | None) -> Any:
 
     if path is None:
         return None
+    _need_file(path)
     try:
         return load_spec_file(path)
     except SpecError as exc:
@@ -129,6 +141,8 @@ def _load_control(policy_path: Path | None, rules_path: Path) -> tuple[Any, Any]
 
     if policy_path is None:
         return None, None
+    _need_file(policy_path)
+    _need_file(rules_path)
     try:
         return load_policy_file(policy_path), load_burn_rules_file(rules_path)
     except SpecError as exc:
@@ -148,6 +162,7 @@ def _kind_of(path: Path) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.core.slo import SpecError, validate_file
 
+    _need_file(args.file)
     kind = _kind_of(args.file)
     if kind == "ControlPolicy":
         from pipeline.core.policy import validate_policy_file
@@ -172,6 +187,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from pipeline.demo import sim_config_from_args
     from producers.simulator.trace import read_trace
 
+    _need_file(args.trace)
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
@@ -192,6 +208,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.replay import replay_file
 
+    _need_file(args.events)
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
@@ -299,6 +316,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo, sim_config_from_args
 
+    _need_file(args.trace)
     return run_demo(
         trace=args.trace,
         sim_config=sim_config_from_args(args),
@@ -386,6 +404,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     from producers.emit import JsonlSink, open_kafka_sink
     from producers.envoy import ingest
 
+    _need_file(args.file)
     settings = _settings(args)
     sink: Any
     if args.out is not None:
@@ -548,7 +567,34 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    result: int = args.func(args)
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the command; a missing input (file, store) is one line on stderr and exit 1,
+    a closed stdout (``| head``) ends the command quietly (exit 141, as SIGPIPE would).
+    ``-v`` shows the traceback instead."""
+    import os
+
+    from pipeline.adapters.store import StoreError
+
+    name = f"tailguard {args.command}"
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away: nothing more to say, and nothing to flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except (StoreError, OSError) as exc:
+        if args.verbose or (isinstance(exc, OSError) and exc.filename is None):
+            raise
+        if isinstance(exc, OSError):
+            print(f"{name}: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        else:
+            print(f"{name}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     return result
 
 
