@@ -9,6 +9,7 @@ live worker owning the directory, through the worker's read-only query port
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,33 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(lo: float, hi: float | None = None, *, lo_open: bool = True) -> Any:
+    """An argparse type: a float in (lo, hi] (or [lo, hi] with ``lo_open=False``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        low_ok = v > lo if lo_open else v >= lo
+        if not (low_ok and (hi is None or v <= hi)) or math.isnan(v):
+            bound = f"{'>' if lo_open else '>='} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return v
+
+    return parse
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
+
+
 def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
     s = sub.add_parser(
         "explain", help="one request: timeline, breakdown, SLO verdicts, control level"
@@ -142,7 +170,7 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
     )
     add_store(s)
     s.add_argument(
-        "--p99-ms", type=float, default=300.0, help="P99 target (default 300, the documents')"
+        "--p99-ms", type=_number(0), default=300.0, help="P99 target (default 300, the documents')"
     )
     s.add_argument(
         "--boundary",
@@ -150,11 +178,21 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
         help="boundary of the target (default ttft_engine_ms: queue + prefill)",
     )
     s.add_argument(
-        "--qps", type=float, action="append", help="target QPS (repeatable; default: peak seen)"
+        "--qps",
+        type=_number(0),
+        action="append",
+        help="target QPS (repeatable; default: peak seen)",
     )
-    s.add_argument("--utilisation", type=float, default=0.7, help="load ceiling (default 0.7)")
-    s.add_argument("--bucket-s", type=float, default=10.0, help="measurement bucket (seconds)")
-    s.add_argument("--min-requests", type=int, default=100, help="per level, to be chosen")
+    s.add_argument(
+        "--utilisation",
+        type=_number(0, 1),
+        default=0.7,
+        help="load ceiling in (0, 1] (default 0.7)",
+    )
+    s.add_argument(
+        "--bucket-s", type=_number(0), default=10.0, help="measurement bucket (seconds, > 0)"
+    )
+    s.add_argument("--min-requests", type=_count, default=100, help="per level, to be chosen")
     s.add_argument("--model", help="only this model")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_capacity)
