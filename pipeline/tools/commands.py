@@ -24,8 +24,8 @@ def _settings(args: argparse.Namespace) -> Any:
     return cli._settings(args)
 
 
-def _fail(message: str) -> int:
-    print(f"tailguard: {message}", file=sys.stderr)
+def _fail(args: argparse.Namespace, message: str) -> int:
+    print(f"tailguard {args.command}: {message}", file=sys.stderr)
     return 1
 
 
@@ -40,19 +40,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     spec_path = args.slo or settings.slo_spec
     if spec_path is None:
-        return _fail("no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
+        return _fail(args, "no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
+    if not Path(spec_path).is_file():
+        return _fail(args, f"no SLO spec at {spec_path}")
     try:
         spec = load_spec_file(spec_path)
     except SpecError as exc:
-        return _fail(f"invalid SLO spec:\n{exc}")
+        return _fail(args, f"invalid SLO spec:\n{exc}")
     try:
         store = open_reader(settings)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     try:
         explanation, events = explain_request(store, args.request_id, spec)
     except NotFoundError:
-        return _fail(f"no request {args.request_id!r} in the store")
+        return _fail(args, f"no request {args.request_id!r} in the store")
     finally:
         store.close()
     if args.json:
@@ -73,7 +75,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     try:
         store = open_reader(settings)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     try:
         models = capacity(
             store,
@@ -86,7 +88,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             model=args.model,
         )
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     finally:
         store.close()
     if args.json:
@@ -112,9 +114,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
             else:
                 names, rows = run(client, args.query)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     except Exception as exc:  # the engine's refusal or error, as ClickHouse words it
-        return _fail(clean_error(str(exc)))
+        return _fail(args, clean_error(str(exc)))
     if own_format is not None:
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()

@@ -245,7 +245,7 @@ def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
         p = tg("sql", sql, "--store", str(store), check=False)
         assert p.returncode == 1
         err = p.stderr.strip()
-        assert err.startswith("tailguard: "), err
+        assert err.startswith("tailguard sql: "), err
         for leak in ("\n", "127.0.0.1", "FORMAT Native", "formatQuerySingleLine", "Traceback"):
             assert leak not in err, err
     # TSV: odd values stay on their row and read back as the JSON output has them
