@@ -272,8 +272,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         finally:
             store.close()
         summary["store"] = str(settings.store_dir)
-    option = 0 if args.json else orjson.OPT_INDENT_2
-    sys.stdout.write(orjson.dumps(summary, option=option).decode() + "\n")
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        from pipeline.replay_text import render_summary
+        from pipeline.report import print_wide
+
+        print_wide(render_summary(summary))
     return 0
 
 
@@ -290,26 +295,49 @@ def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: st
             fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 
 
+def _report_time(text: str) -> float:
+    """``--since/--until``: ISO 8601 (UTC unless it says otherwise) or unix seconds."""
+    import datetime as dt
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601, e.g. 2026-12-01T20:06:00, or unix seconds)"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipeline.adapters.query_server import open_reader
-    from pipeline.report import read_report, render
+    from pipeline.report import ReportFilter, print_wide, read_report, render
 
+    flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
     store = open_reader(_settings(args))  # through a live worker's port if one owns it
     try:
-        report = read_report(store)
-        if args.html is not None:
-            from pipeline.report_html import read_html_data, render_html
+        report = read_report(store, flt)
+        html_data = None
+        if args.html is not None or args.json:
+            from pipeline.report_html import read_html_data
 
-            args.html.write_text(render_html(report, read_html_data(store)), encoding="utf-8")
+            html_data = read_html_data(store, flt)
+        if args.html is not None:
+            from pipeline.report_html import render_html
+
+            args.html.write_text(render_html(report, html_data), encoding="utf-8")
             print(f"HTML report: {args.html}", file=sys.stderr)
     finally:
         store.close()
     if args.json:
-        print(orjson.dumps(report.to_json()).decode())
+        from pipeline.report_html import series_json
+
+        print(orjson.dumps(report.to_json() | {"series": series_json(html_data)}).decode())
     else:
-        Console().print(render(report))
+        print_wide(render(report))
     return 0
 
 
@@ -487,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
     s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
-    s.add_argument("--json", action="store_true", help="one-line JSON")
+    s.add_argument("--json", action="store_true", help="the whole summary as one-line JSON")
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser(
@@ -498,8 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="print the SLO report from the store")
     _add_store(s)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="everything, as one JSON object")
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
+    s.add_argument("--since", type=_report_time, help="from this time (ISO 8601 or unix s)")
+    s.add_argument("--until", type=_report_time, help="before this time (ISO 8601 or unix s)")
+    s.add_argument("--model", help="only this model's requests and latency")
+    s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
     s.set_defaults(func=cmd_report)
 
     from pipeline.tools.commands import register as register_tools

@@ -111,23 +111,35 @@ def test_html_report_renders_in_headless_chromium_with_every_chart_drawn(
     tg("report", "--store", str(store), "--html", str(page))
     text = page.read_text()
     assert not re.search(r"""(src|href)=["']?https?:""", text), "the report must be self-contained"
+    # the header reads as prose, not Python dicts; the render check is not shown
+    header = text[text.index("<h1>") : text.index("<h2>")]
+    assert "{" not in header
+    assert "'" not in header
+    assert '<pre id="render-check" hidden>' in text
     url = page.resolve().as_uri()
     dom = chromium("--virtual-time-budget=5000", "--dump-dom", url, profile=tmp_path / "p1")
     assert dom.returncode == 0, dom.stderr[-2000:]
     # what the browser laid out: marks with a non-empty box, per chart (the page's own check)
-    check = re.search(r'<pre id="render-check">([^<]*)</pre>', dom.stdout)
+    check = re.search(r'<pre id="render-check" hidden="">([^<]*)</pre>', dom.stdout)
     assert check is not None
     drawn = json.loads(check.group(1))
     print("marks drawn per chart:", drawn)
     assert set(drawn) == set(CHARTS)
     for chart in CHARTS:
         assert drawn[chart] > 0, f"chart {chart} has nothing drawn"
-    assert drawn["control"] >= len(replay["control"])  # a point per directive (plus lines)
-    # and in the DOM the browser parsed: SVG marks per chart
+    # a step line and a point set per scope
+    assert drawn["control"] >= 2 * len({c["scope"] for c in replay["control"]})
+    # in the DOM the browser parsed: an SVG with marks per chart, time ticks on whole minutes
     for chart in CHARTS:
-        svg = re.search(rf'<svg class="chart" data-chart="{chart}".*?</svg>', dom.stdout, re.S)
-        assert svg is not None
-        assert len(re.findall(r'<(path|rect|circle) class="mark"', svg.group(0))) > 0
+        fig = re.search(
+            rf'<figure class="chart" data-chart="{chart}">.*?</figure>', dom.stdout, re.S
+        )
+        assert fig is not None
+        assert "<svg" in fig.group(0)
+        assert re.search(r'<g id="mark-', fig.group(0)), chart
+        ticks = re.findall(r">(\d\d:\d\d(?::\d\d)?)<", fig.group(0))
+        assert ticks, f"{chart}: no HH:MM tick labels"
+        assert all(len(t) == 5 for t in ticks), f"{chart}: ticks at odd seconds {ticks}"
     shot = tmp_path / "report.png"
     res = chromium(f"--screenshot={shot}", url, profile=tmp_path / "p2")
     assert res.returncode == 0, res.stderr[-2000:]
@@ -279,3 +291,79 @@ def test_sql_refuses_what_is_not_the_stores(built: tuple[Path, dict[str, Any]], 
     assert p.returncode == 1
     assert "(code 164)" in p.stderr
     assert "root:" not in p.stdout + p.stderr
+
+
+REPORT_KEYS = {
+    "requests", "by_source", "by_outcome", "boundaries", "slos", "open_windows", "control",
+    "budget_events", "clock_skew", "filters", "series",
+}  # fmt: skip
+SLO_KEYS = {
+    "kind", "objective", "total", "good", "compliance", "met", "budget_bad", "budget_allowed",
+    "budget_remaining", "burn_rate",
+}  # fmt: skip
+
+
+def test_report_json_carries_what_the_text_and_html_show(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, replay = built
+    out = json.loads(tg("report", "--store", str(store), "--json").stdout)
+    assert set(out) == REPORT_KEYS
+    assert out["requests"] == replay["requests"]
+    assert out["slos"]
+    for slo in out["slos"].values():
+        assert set(slo) == SLO_KEYS
+        assert set(slo["burn_rate"]) == {"5m", "1h"}
+    # worst first: unmet SLOs before met ones, least budget left first among them
+    met = [s["met"] for s in out["slos"].values()]
+    assert met == sorted(met, key=lambda m: {False: 0, True: 1, None: 2}[m])
+    # the control timeline and directives, the budget events, the chart series
+    assert len(out["control"]) >= len(replay["control"])
+    assert out["budget_events"]
+    series = out["series"]
+    assert set(series) == {
+        "latency_p99_ms_per_minute", "breakdown_mean_ms_per_minute",
+        "budget_remaining_per_minute", "burn_rate_5m_per_minute", "control_timeline",
+    }  # fmt: skip
+    assert series["latency_p99_ms_per_minute"]["gateway_total_ms"]
+    assert set(series["control_timeline"]) == {c["scope"] for c in replay["control"]}
+    assert out["open_windows"]["requests_after"] == 0  # a replay closes every window
+
+
+def test_text_report_filters_budgets_and_never_cuts_names(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, _ = built
+    full = json.loads(tg("report", "--store", str(store), "--json").stdout)
+    # a narrow terminal: names stay whole (cells fold, names do not)
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "report", "--store", str(store)],
+        check=True, cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, COLUMNS="80", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
+    )  # fmt: skip
+    assert "…" not in p.stdout
+    for name in full["slos"]:
+        assert name in p.stdout
+    assert "budget left" in p.stdout
+    assert "burn 1h" in p.stdout
+    # the SLO table is in badness order
+    rows = [line for line in p.stdout.splitlines() if any(n in line for n in full["slos"])]
+    order = [next(n for n in full["slos"] if f" {n} " in line) for line in rows]
+    assert order[: len(full["slos"])] == list(full["slos"])
+    # filters: one SLO, one model, a time range
+    one = next(iter(full["slos"]))
+    only = json.loads(tg("report", "--store", str(store), "--json", "--slo", one).stdout)
+    assert list(only["slos"]) == [one]
+    model = next(iter(full["series"]["control_timeline"]))
+    per_model = json.loads(tg("report", "--store", str(store), "--json", "--model", model).stdout)
+    assert 0 < per_model["requests"] < full["requests"]
+    times = [t for t, _ in full["series"]["latency_p99_ms_per_minute"]["gateway_total_ms"]]
+    mid = times[len(times) // 2]
+    early = json.loads(tg("report", "--store", str(store), "--json", "--until", mid).stdout)
+    late = json.loads(tg("report", "--store", str(store), "--json", "--since", mid).stdout)
+    assert early["requests"] + late["requests"] == full["requests"]
+    assert early["filters"]["until"] == mid.replace("Z", "+00:00")
+    assert all(t < mid for t, _ in early["series"]["latency_p99_ms_per_minute"]["gateway_total_ms"])
+    bad = tg("report", "--store", str(store), "--since", "yesterday", check=False)
+    assert bad.returncode == 2
+    assert "not a time" in bad.stderr

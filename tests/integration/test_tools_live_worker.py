@@ -95,7 +95,15 @@ def test_tools_work_with_and_without_a_running_worker(kafka, tmp_path: Path) -> 
 
         p = tg("report", "--store", str(store), "--json")
         assert p.returncode == 0, p.stderr[-2000:]
-        assert json.loads(p.stdout)["requests"] == N
+        rep = json.loads(p.stdout)
+        assert rep["requests"] == N
+        # right after the traffic, windows still in their grace period are announced
+        text = tg("report", "--store", str(store)).stdout
+        after = rep["open_windows"]["requests_after"]
+        print(f"requests after the last closed window: {after} of {N}")
+        if after:
+            assert f"{after} of {N} requests ended after the last closed window" in text
+            assert "still open" in text
 
         p = tg("sql", "DROP TABLE tailguard.requests", "--store", str(store))
         assert p.returncode == 1
