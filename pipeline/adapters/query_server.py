@@ -404,7 +404,14 @@ def _code_of(message: str, default: int) -> int:
 
 def _message_of(message: str) -> str:
     i = message.find("Code: ")
-    return (message[i:] if i >= 0 else message).strip()
+    message = (message[i:] if i >= 0 else message).strip()
+    # A syntax error found by the port's own parse (formatQuerySingleLine of the query as
+    # a string): the engine's scope names that wrapper, not the user's query.
+    j = message.find(" In scope SELECT formatQuerySingleLine(")
+    if j >= 0:
+        name = re.search(r"\(([A-Z_]+)\)\s*$", message)
+        message = message[:j].rstrip(":. ") + (f". ({name.group(1)})" if name else "")
+    return message
 
 
 def _http_status(code: int) -> int:
