@@ -8,7 +8,7 @@ works against it: the tools use the same :class:`~pipeline.adapters.store.Store`
 API whether they open the directory themselves or go through the worker.
 
 * **Discovery.** While it serves, the worker keeps ``tailguard-query.json``
-  (``{"port", "pid", "store"}``) in the store directory and removes it on
+  (``{"port", "pid", "store", "token"}``, mode 0600) in the store directory and removes it on
   stop. :func:`open_reader` uses the port when that file names a live process
   that answers for this directory, and opens the directory directly otherwise.
 * **Authenticated.** Every start draws a fresh random token, kept in the
@@ -27,8 +27,9 @@ API whether they open the directory themselves or go through the worker.
   ``SHOW TABLES``, ``SHOW COLUMNS`` and ``SHOW CREATE`` of the store's tables.
 * **Read-only, by ClickHouse's own rules.** Queries run on a dedicated chDB
   connection of the worker's engine with the session setting ``readonly = 1``:
-  the engine refuses INSERT, DROP, ALTER, CREATE, TRUNCATE, OPTIMIZE, table
-  functions and setting changes. chDB's ``readonly = 1`` still lets through a
+  the engine refuses INSERT, DROP, ALTER, CREATE, TRUNCATE, OPTIMIZE and
+  setting changes (but not table functions: ``readonly = 1`` runs ``file()``
+  and ``url()``, hence the AST check above). It also lets through a
   few statements that are not reads (``SYSTEM STOP MERGES``, ``KILL QUERY``,
   ``SELECT ... INTO OUTFILE``, several statements in one request), so each
   request is first parsed by ClickHouse (``formatQuerySingleLine``, which
