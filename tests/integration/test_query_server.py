@@ -338,7 +338,7 @@ def test_only_the_stores_own_tables_through_the_port(served_shared, http_bait, s
     assert _count(store) == 10
 
 
-@pytest.mark.parametrize("sql", ESCAPES[:8])
+@pytest.mark.parametrize("sql", ESCAPES)
 def test_without_the_token_nothing_runs(served_shared, http_bait, sql: str) -> None:
     _settings, _store, server, _client = served_shared
     port, hits = http_bait
