@@ -109,7 +109,9 @@ AUTHENTICATION_FAILED = 516
 # when it connects (the session's settings) and the one-row table.
 ALLOWED_SYSTEM_TABLES = frozenset({"system.one", "system.settings"})
 # Scalar functions that read files, or tables and dictionaries named by a string.
-DENIED_FUNCTIONS = frozenset({"file", "joinget", "joingetornull", "catboostevaluate"})
+DENIED_FUNCTIONS = frozenset(
+    {"file", "joinget", "joingetornull", "catboostevaluate", "hascolumnintable"}
+)
 DENIED_FUNCTION_PREFIXES = ("dictget", "dicthas", "dictis")
 IN_FUNCTIONS = frozenset(
     {"in", "notin", "globalin", "globalnotin", "nullin", "notnullin", "globalnullin",

@@ -367,6 +367,17 @@ def test_without_the_token_nothing_runs(served_shared, http_bait, sql: str) -> N
         clickhouse_connect.get_client(host="127.0.0.1", port=server.port, password="wrong")
 
 
+def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
+    """Server-side parameters are substituted before the check, as before the run."""
+    _settings, _store, _server, client = served_shared
+    with pytest.raises(Exception, match=r"code: 164\b"):
+        client.query("SELECT * FROM {t:Identifier}", parameters={"t": "system.tables"})
+    rows = client.query("SELECT count() FROM {t:Identifier}", parameters={"t": "requests"})
+    assert rows.result_rows == [(10,)]
+    with pytest.raises(Exception, match=r"code: 164\b"):
+        client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
+
+
 def test_with_the_token_by_any_of_clickhouses_ways(served_shared) -> None:
     _settings, _store, server, _client = served_shared
     basic = base64.b64encode(f"tailguard:{server.token}".encode()).decode()
