@@ -294,6 +294,21 @@ def _burn(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def describe_filter(f: ReportFilter) -> str | None:
+    """``since ...; model ...`` for a report's title, or None when unfiltered."""
+    parts = [
+        x
+        for x in (
+            f.since_unix_s is not None and f"since {_iso(f.since_unix_s)}",
+            f.until_unix_s is not None and f"until {_iso(f.until_unix_s)}",
+            f.model is not None and f"model {f.model}",
+            bool(f.slos) and f"SLOs {', '.join(f.slos)}",
+        )
+        if x
+    ]
+    return "; ".join(str(x) for x in parts) or None
+
+
 def open_windows_hint(report: Report) -> str | None:
     ow = report.open_windows
     if not ow.get("requests_after"):
@@ -339,20 +354,8 @@ def render(report: Report) -> Any:
             t.add_row(*r, style=styles[j] if styles else None)
         return t
 
-    f = report.filters
-    scope = [
-        x
-        for x in (
-            f.since_unix_s is not None and f"since {_iso(f.since_unix_s)}",
-            f.until_unix_s is not None and f"until {_iso(f.until_unix_s)}",
-            f.model is not None and f"model {f.model}",
-            bool(f.slos) and f"SLOs {', '.join(f.slos)}",
-        )
-        if x
-    ]
     title = f"tailguard SLO report — {report.requests} requests"
-    if scope:
-        title += f" ({'; '.join(str(x) for x in scope)})"
+    scope = describe_filter(report.filters)
     t = table(
         title, ["boundary", "count", "P50 ms", "P99 ms"],
         [
@@ -377,7 +380,8 @@ def render(report: Report) -> Any:
          "burn 1h"],
         slo_rows, styles=styles,
     )  # fmt: skip
-    parts: list[Any] = [t, c]
+    parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
+    parts += [t, c]
     hint = open_windows_hint(report)
     if hint:
         parts.append(Text(hint, style="yellow"))

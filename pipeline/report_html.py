@@ -407,7 +407,7 @@ def _counts(d: dict[str, int]) -> str:
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
-    from pipeline.report import open_windows_hint
+    from pipeline.report import describe_filter, open_windows_hint
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
 
@@ -469,6 +469,7 @@ def render_html(
     ]
     events_rows = [(_iso(t), slo, ev) for t, slo, ev in data.budget_events]
     hint = open_windows_hint(report)
+    scope = describe_filter(report.filters)
     generated = dt.datetime.now(tz=dt.UTC).isoformat(timespec="seconds")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>
@@ -476,6 +477,7 @@ def render_html(
 <h1>{_esc(title)}</h1>
 <p>{report.requests:,} requests. By source: {_counts(report.by_source)}.
 Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
+{f"<p>Showing {_esc(scope)}.</p>" if scope else ""}
 {f'<p class="note">{_esc(hint)}</p>' if hint else ""}
 <h2>Latency per boundary</h2>{charts[0]}{boundaries}
 <h2>Breakdown</h2>{charts[1]}
