@@ -79,3 +79,23 @@ def test_a_reader_that_goes_away_is_no_traceback(args: tuple[str, ...], tmp_path
     assert "Traceback" not in err, err
     assert "BrokenPipeError" not in err, err
     assert proc.returncode != 0 or args[-1] == "--help"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--p99-ms", "-5"), "--p99-ms: must be > 0, got -5"),
+        (("--p99-ms", "nan"), "--p99-ms: must be > 0, got nan"),
+        (("--qps", "0"), "--qps: must be > 0, got 0"),
+        (("--utilisation", "1.5"), "--utilisation: must be > 0 and <= 1, got 1.5"),
+        (("--bucket-s", "0"), "--bucket-s: must be > 0, got 0"),
+        (("--min-requests", "0"), "--min-requests: must be >= 1, got 0"),
+    ],
+)
+def test_capacity_refuses_inputs_out_of_range(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    p = tg("capacity", "--store", "nowhere", *args, cwd=tmp_path)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr
