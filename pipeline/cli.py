@@ -39,6 +39,16 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"tailguard: invalid settings:\n{exc}") from None
 
 
+def _need_file(path: Path | None) -> None:
+    """A missing input fails before anything is created (one line, via main)."""
+    import errno
+    import os
+
+    if path is not None and str(path) != "-" and not path.is_file():
+        code = errno.EISDIR if path.is_dir() else errno.ENOENT
+        raise FileNotFoundError(code, os.strerror(code), str(path))
+
+
 def _add_kafka(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (env TAILGUARD_BOOTSTRAP_SERVERS)")
     p.add_argument("--partitions", type=int, help="partitions for created topics")
@@ -98,6 +108,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pipeline.demo import sim_config_from_args, simulate_to
 
+    _need_file(args.trace)
     config = sim_config_from_args(args)
     if args.out is not None:
         summary = simulate_to(
@@ -116,6 +127,7 @@ def _load_spec(path: Path | None) -> Any:
 
     if path is None:
         return None
+    _need_file(path)
     try:
         return load_spec_file(path)
     except SpecError as exc:
@@ -129,6 +141,8 @@ def _load_control(policy_path: Path | None, rules_path: Path) -> tuple[Any, Any]
 
     if policy_path is None:
         return None, None
+    _need_file(policy_path)
+    _need_file(rules_path)
     try:
         return load_policy_file(policy_path), load_burn_rules_file(rules_path)
     except SpecError as exc:
@@ -193,6 +207,7 @@ def cmd_openslo(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.core.slo import SpecError, validate_file
 
+    _need_file(args.file)
     kind = _kind_of(args.file)
     if kind == "ControlPolicy":
         from pipeline.core.policy import validate_policy_file
@@ -217,6 +232,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from pipeline.demo import sim_config_from_args
     from producers.simulator.trace import read_trace
 
+    _need_file(args.trace)
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
@@ -237,6 +253,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.replay import replay_file
 
+    _need_file(args.events)
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
@@ -300,8 +317,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         finally:
             store.close()
         summary["store"] = str(settings.store_dir)
-    option = 0 if args.json else orjson.OPT_INDENT_2
-    sys.stdout.write(orjson.dumps(summary, option=option).decode() + "\n")
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        from pipeline.replay_text import render_summary
+        from pipeline.report import print_wide
+
+        print_wide(render_summary(summary))
     return 0
 
 
@@ -318,32 +340,56 @@ def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: st
             fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 
 
+def _report_time(text: str) -> float:
+    """``--since/--until``: ISO 8601 (UTC unless it says otherwise) or unix seconds."""
+    import datetime as dt
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601, e.g. 2026-12-01T20:06:00, or unix seconds)"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipeline.adapters.query_server import open_reader
-    from pipeline.report import read_report, render
+    from pipeline.report import ReportFilter, print_wide, read_report, render
 
+    flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
     store = open_reader(_settings(args))  # through a live worker's port if one owns it
     try:
-        report = read_report(store)
-        if args.html is not None:
-            from pipeline.report_html import read_html_data, render_html
+        report = read_report(store, flt)
+        html_data = None
+        if args.html is not None or args.json:
+            from pipeline.report_html import read_html_data
 
-            args.html.write_text(render_html(report, read_html_data(store)), encoding="utf-8")
+            html_data = read_html_data(store, flt)
+        if args.html is not None:
+            from pipeline.report_html import render_html
+
+            args.html.write_text(render_html(report, html_data), encoding="utf-8")
             print(f"HTML report: {args.html}", file=sys.stderr)
     finally:
         store.close()
     if args.json:
-        print(orjson.dumps(report.to_json()).decode())
+        from pipeline.report_html import series_json
+
+        print(orjson.dumps(report.to_json() | {"series": series_json(html_data)}).decode())
     else:
-        Console().print(render(report))
+        print_wide(render(report))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo, sim_config_from_args
 
+    _need_file(args.trace)
     return run_demo(
         trace=args.trace,
         sim_config=sim_config_from_args(args),
@@ -446,6 +492,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     from producers.emit import JsonlSink, open_kafka_sink
     from producers.envoy import Follower, follow, ingest, load_position, save_position
 
+    _need_file(args.file)
     settings = _settings(args)
     stdin = str(args.file) == "-"
     if args.follow and stdin:
@@ -572,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
     s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
-    s.add_argument("--json", action="store_true", help="one-line JSON")
+    s.add_argument("--json", action="store_true", help="the whole summary as one-line JSON")
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser(
@@ -583,8 +630,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="print the SLO report from the store")
     _add_store(s)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="everything, as one JSON object")
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
+    s.add_argument("--since", type=_report_time, help="from this time (ISO 8601 or unix s)")
+    s.add_argument("--until", type=_report_time, help="before this time (ISO 8601 or unix s)")
+    s.add_argument("--model", help="only this model's requests and latency")
+    s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
     s.set_defaults(func=cmd_report)
 
     from pipeline.tools.commands import register as register_tools
@@ -702,7 +753,34 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    result: int = args.func(args)
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the command; a missing input (file, store) is one line on stderr and exit 1,
+    a closed stdout (``| head``) ends the command quietly (exit 141, as SIGPIPE would).
+    ``-v`` shows the traceback instead."""
+    import os
+
+    from pipeline.adapters.store import StoreError
+
+    name = f"tailguard {args.command}"
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away: nothing more to say, and nothing to flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except (StoreError, OSError) as exc:
+        if args.verbose or (isinstance(exc, OSError) and exc.filename is None):
+            raise
+        if isinstance(exc, OSError):
+            print(f"{name}: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        else:
+            print(f"{name}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     return result
 
 

@@ -8,6 +8,7 @@ measurement core.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +26,51 @@ class BoundaryStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportFilter:
+    """What ``tailguard report`` looks at: request end times / window starts in
+    ``[since, until)`` (unix seconds), one model (requests and latency; SLO windows are
+    per SLO, whose scope names its models), some SLOs (by name)."""
+
+    since_unix_s: float | None = None
+    until_unix_s: float | None = None
+    model: str | None = None
+    slos: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "since": _iso(self.since_unix_s),
+            "until": _iso(self.until_unix_s),
+            "model": self.model,
+            "slos": list(self.slos),
+        }
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+BURN_WINDOWS_MIN = (5, 60)  # burn rates over the last 5 minutes and the last hour of the data
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     requests: int
     by_source: dict[str, int]
     by_outcome: dict[str, int]
     boundaries: dict[str, BoundaryStats]
-    slos: dict[str, dict[str, Any]]  # from the stream's windows (slo_1h)
+    # from the stream's closed windows (slo_1m), worst first: per SLO kind, objective,
+    # total, good, compliance, met, budget (bad, allowed, remaining) and burn rates
+    slos: dict[str, dict[str, Any]]
     control: list[dict[str, Any]]  # directives issued (not heartbeats), from control_signals
     # per gateway -> engine host pair: joined requests and the engine clock's offset from
     # the gateway's (NTP-style estimate, pipeline/core/skew.py), P50 in ms
     clock_skew: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # requests that ended after the last closed window: not in any SLO total yet
+    open_windows: dict[str, Any] = field(default_factory=dict)
+    budget_events: list[dict[str, Any]] = field(default_factory=list)
+    filters: ReportFilter = field(default_factory=ReportFilter)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,8 +82,11 @@ class Report:
                 for k, v in self.boundaries.items()
             },
             "slos": self.slos,
+            "open_windows": self.open_windows,
             "control": self.control,
+            "budget_events": self.budget_events,
             "clock_skew": self.clock_skew,
+            "filters": self.filters.to_json(),
         }
 
 
@@ -57,13 +96,134 @@ def exact_quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(int(q * n), n - 1)]
 
 
-def read_report(store: Store) -> Report:
+def _time_where(
+    column: str, f: ReportFilter, *, unit: str = "s", model_column: str | None = None
+) -> str:
+    """SQL conditions for the filter on ``column`` (``unit``: ``s`` a DateTime, ``ns``
+    unix nanoseconds)."""
+    conds = ["1"]
+    for bound, op in ((f.since_unix_s, ">="), (f.until_unix_s, "<")):
+        if bound is None:
+            continue
+        value = f"{int(bound * 1e9)}" if unit == "ns" else f"toDateTime64({bound!r}, 3, 'UTC')"
+        conds.append(f"{column} {op} {value}")
+    if f.model is not None and model_column is not None:
+        conds.append(f"{model_column} = {{model:String}}")
+    return " AND ".join(conds)
+
+
+def _slo_where(f: ReportFilter) -> str:
+    cond = _time_where("window_start", f)
+    if f.slos:
+        cond += " AND slo IN {slos:Array(String)}"
+    return cond
+
+
+def _params(f: ReportFilter) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if f.model is not None:
+        out["model"] = f.model
+    if f.slos:
+        out["slos"] = list(f.slos)
+    return out
+
+
+def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
+    """Worst first: not met, then least budget left, then lowest compliance vs objective."""
+    remaining = slo.get("budget_remaining")
+    comp = slo["compliance"]
+    return (
+        0 if slo["met"] is False else (1 if slo["met"] is True else 2),
+        remaining if remaining is not None else float("inf"),
+        (comp - slo["objective"]) if comp is not None else float("inf"),
+    )
+
+
+def read_slos(store: Store, f: ReportFilter) -> dict[str, dict[str, Any]]:
+    """Per SLO over the filter's windows: compliance, budget and burn rates, worst first."""
     db = store.database
+    rows = store.query_rows(
+        "SELECT slo, kind, toUnixTimestamp(window_start), any(objective), "
+        "any(secondary_weight), sum(total), sum(good), sum(good_secondary_only) "
+        f"FROM {db}.slo_1m WHERE {_slo_where(f)} GROUP BY slo, kind, window_start "
+        "ORDER BY slo, kind, window_start",
+        _params(f),
+    )
+    end_s = max((float(r[2]) + 60 for r in rows), default=0.0)
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, kind, t, objective, weight, total, good, secondary in rows:
+        a = acc.setdefault(
+            (str(name), str(kind)),
+            {"objective": float(objective), "total": 0, "good": 0, "good_w": 0.0,
+             "burn": {m: [0.0, 0.0] for m in BURN_WINDOWS_MIN}},
+        )  # fmt: skip
+        good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
+        a["total"] += int(total)
+        a["good"] += int(good)
+        a["good_w"] += float(good_w)
+        for m in BURN_WINDOWS_MIN:
+            if float(t) >= end_s - m * 60:
+                a["burn"][m][0] += float(total) - float(good_w)
+                a["burn"][m][1] += float(total)
+    slos: dict[str, dict[str, Any]] = {}
+    for (name, kind), a in sorted(acc.items(), key=lambda kv: (kv[0][1] != "slo", kv[0][0])):
+        total, objective = a["total"], a["objective"]
+        compliance = a["good_w"] / total if total else None
+        bad = total - a["good_w"]
+        allowed = (1.0 - objective) * total
+        burn = {
+            f"{m}m" if m < 60 else f"{m // 60}h": (
+                (b / n) / (1.0 - objective) if n and objective < 1 else None
+            )
+            for m, (b, n) in a["burn"].items()
+        }
+        slos[name] = {
+            "kind": kind,
+            "objective": objective,
+            "total": int(total),
+            "good": int(a["good"]),
+            "compliance": compliance,
+            "met": None if compliance is None else compliance >= objective,
+            "budget_bad": bad,
+            "budget_allowed": allowed,
+            "budget_remaining": (1.0 - bad / allowed) if allowed > 0 else None,
+            "burn_rate": burn,
+        }
+    return dict(sorted(slos.items(), key=lambda kv: _badness(kv[1])))
+
+
+def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
+    """Requests that ended after the end of the last closed window: their windows are
+    still open (within the grace period), so no SLO total counts them yet."""
+    db = store.database
+    ((last_end_ms,),) = store.query_rows(
+        f"SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) FROM {db}.slo_windows"
+    )
+    last_ms = int(last_end_ms or 0)
+    where = _time_where("end_unix_ns", f, unit="ns", model_column="model")
+    ((after,),) = store.query_rows(
+        f"SELECT count() FROM {db}.requests FINAL WHERE {where} "
+        f"AND end_unix_ns >= {last_ms * 1_000_000}",
+        _params(f),
+    )
+    return {
+        "last_closed_window_end": _iso(last_ms / 1000) if last_ms else None,
+        "requests_after": int(after),
+    }
+
+
+def read_report(store: Store, f: ReportFilter | None = None) -> Report:
+    f = f or ReportFilter()
+    db = store.database
+    params = _params(f)
+    where = _time_where("end_unix_ns", f, unit="ns", model_column="model")
     parts = []
     for b in BOUNDARIES:
         parts.append(f"count({b})")
         parts.append(f"quantilesExact({', '.join(map(str, QUANTILES))})({b})")
-    row = store.query_rows(f"SELECT count(), {', '.join(parts)} FROM {db}.requests FINAL")[0]
+    row = store.query_rows(
+        f"SELECT count(), {', '.join(parts)} FROM {db}.requests FINAL WHERE {where}", params
+    )[0]
     boundaries = {}
     for i, b in enumerate(BOUNDARIES):
         n = int(row[1 + 2 * i])
@@ -71,37 +231,41 @@ def read_report(store: Store) -> Report:
         boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
     by_source = dict(
         store.query_rows(
-            f"SELECT source, count() FROM {db}.requests FINAL GROUP BY source ORDER BY source"
+            f"SELECT source, count() FROM {db}.requests FINAL WHERE {where} "
+            "GROUP BY source ORDER BY source",
+            params,
         )
     )
     by_outcome = dict(
         store.query_rows(
-            f"SELECT outcome, count() FROM {db}.requests FINAL GROUP BY outcome ORDER BY outcome"
+            f"SELECT outcome, count() FROM {db}.requests FINAL WHERE {where} "
+            "GROUP BY outcome ORDER BY outcome",
+            params,
         )
     )
-    slos: dict[str, dict[str, Any]] = {}
-    for name, kind, objective, weight, total, good, secondary in store.query_rows(
-        "SELECT slo, kind, any(objective), any(secondary_weight), sum(total), sum(good), "
-        f"sum(good_secondary_only) FROM {db}.slo_1h GROUP BY slo, kind ORDER BY kind DESC, slo"
-    ):
-        good_w = good + weight * secondary if kind == "blended" else good
-        compliance = good_w / total if total else None
-        slos[name] = {
-            "kind": kind,
-            "objective": objective,
-            "total": int(total),
-            "good": int(good),
-            "compliance": compliance,
-            "met": None if compliance is None else compliance >= objective,
-        }
+    slos = read_slos(store, f)
+    ctl_where = _time_where("event_time", f)
+    if f.model is not None:
+        ctl_where += " AND scope IN ({model:String}, '*', 'fleet')"
     control = [
         {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
          "event_time": str(t), "reason": reason}
         for scope, seq, level, phase, t, reason in store.query_rows(
             "SELECT scope, seq, level, phase, event_time, reason "
-            f"FROM {db}.control_signals FINAL WHERE NOT heartbeat ORDER BY event_time, scope, seq"
+            f"FROM {db}.control_signals FINAL WHERE NOT heartbeat AND {ctl_where} "
+            "ORDER BY event_time, scope, seq",
+            params,
         )
     ]  # fmt: skip
+    ev_where = _time_where("event_time", f) + (" AND slo IN {slos:Array(String)}" if f.slos else "")
+    budget_events = [
+        {"event_time": str(t), "slo": str(slo), "event": str(ev)}
+        for t, slo, ev in store.query_rows(
+            f"SELECT event_time, slo, event FROM {db}.budget_events FINAL WHERE {ev_where} "
+            "ORDER BY event_time, slo",
+            params,
+        )
+    ]
     # The skew estimate of pipeline.core.skew over the stored joined requests (reported,
     # never used to correct a measurement).
     clock_skew = {
@@ -109,57 +273,150 @@ def read_report(store: Store) -> Report:
         for g, e, n, p50 in store.query_rows(
             "SELECT gateway_host, engine_host, count(), quantileExact(0.5)("
             "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2) "
-            f"FROM {db}.requests FINAL WHERE source = 'joined' "
+            f"FROM {db}.requests FINAL WHERE source = 'joined' AND {where} "
             "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
             "AND gateway_overhead_ms IS NOT NULL "
-            "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host"
+            "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
+            params,
         )
     }
-    return Report(int(row[0]), by_source, by_outcome, boundaries, slos, control, clock_skew)
+    return Report(
+        int(row[0]), by_source, by_outcome, boundaries, slos, control, clock_skew,
+        read_open_windows(store, f), budget_events, f,
+    )  # fmt: skip
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _burn(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def describe_filter(f: ReportFilter) -> str | None:
+    """``since ...; model ...`` for a report's title, or None when unfiltered."""
+    parts = [
+        x
+        for x in (
+            f.since_unix_s is not None and f"since {_iso(f.since_unix_s)}",
+            f.until_unix_s is not None and f"until {_iso(f.until_unix_s)}",
+            f.model is not None and f"model {f.model}",
+            bool(f.slos) and f"SLOs {', '.join(f.slos)}",
+        )
+        if x
+    ]
+    return "; ".join(str(x) for x in parts) or None
+
+
+def open_windows_hint(report: Report) -> str | None:
+    ow = report.open_windows
+    if not ow.get("requests_after"):
+        return None
+    last = ow.get("last_closed_window_end") or "none yet"
+    return (
+        f"{ow['requests_after']} of {report.requests} requests ended after the last closed "
+        f"window (ending {last}): their windows are still open, so the SLO totals do not "
+        "count them yet (they close once event time passes their end plus the grace "
+        "period, TAILGUARD_WINDOW_GRACE_MS); run the report again later for them."
+    )
 
 
 def render(report: Report) -> Any:
-    """A rich renderable."""
+    """A rich renderable. Names and figures never wrap nor are cut (print it with
+    :func:`print_wide`); only the directives' reasons fold onto more lines."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"tailguard SLO report — {report.requests} requests")
-    t.add_column("boundary")
-    t.add_column("count", justify="right")
-    t.add_column("P50 ms", justify="right")
-    t.add_column("P99 ms", justify="right")
-    for name, b in report.boundaries.items():
-        t.add_row(
-            name,
-            str(b.count),
-            "-" if b.p50 is None else f"{b.p50:.1f}",
-            "-" if b.p99 is None else f"{b.p99:.1f}",
-        )
-    s = Table(title="records")
-    s.add_column("by source")
-    s.add_column("n", justify="right")
-    for k, v in report.by_source.items():
-        s.add_row(k, str(v))
-    o = Table(title="outcomes")
-    o.add_column("outcome")
-    o.add_column("n", justify="right")
-    for k, v in report.by_outcome.items():
-        o.add_row(k, str(v))
-    c = Table(title="SLO compliance (stream windows)")
-    for col in ("slo", "objective", "total", "good", "compliance", "met"):
-        c.add_column(col, justify="left" if col == "slo" else "right")
+    def table(
+        title: str,
+        head: list[str],
+        rows: list[list[str]],
+        *,
+        fold_last: bool = False,
+        styles: list[str | None] | None = None,
+        text_cols: int = 1,
+    ) -> Table:
+        """Every column as wide as its widest cell (min_width), so that neither a name
+        nor a figure is ever cut; only a last ``fold_last`` column wraps."""
+        t = Table(title=title)
+        for i, h in enumerate(head):
+            if fold_last and i == len(head) - 1:
+                t.add_column(h, overflow="fold", min_width=12)
+                continue
+            width = max([len(h), *(len(r[i]) for r in rows)])
+            if i < text_cols:
+                t.add_column(h, justify="left", no_wrap=True, min_width=width)
+            else:
+                t.add_column(h, justify="right", no_wrap=True, min_width=width)
+        for j, r in enumerate(rows):
+            t.add_row(*r, style=styles[j] if styles else None)
+        return t
+
+    title = f"tailguard SLO report — {report.requests} requests"
+    scope = describe_filter(report.filters)
+    t = table(
+        title, ["boundary", "count", "P50 ms", "P99 ms"],
+        [
+            [name, str(b.count), "-" if b.p50 is None else f"{b.p50:.1f}",
+             "-" if b.p99 is None else f"{b.p99:.1f}"]
+            for name, b in report.boundaries.items()
+        ],
+    )  # fmt: skip
+    slo_rows, styles = [], []
     for name, slo in report.slos.items():
-        comp = "-" if slo["compliance"] is None else f"{slo['compliance']:.4f}"
-        met = "-" if slo["met"] is None else ("yes" if slo["met"] else "NO")
-        c.add_row(name, f"{slo['objective']:g}", str(slo["total"]), str(slo["good"]), comp, met)
-    ctl = Table(title="control directives (event time)")
-    for col in ("event time", "scope", "level", "phase", "reason"):
-        ctl.add_column(col)
-    for d in report.control:
-        ctl.add_row(d["event_time"], d["scope"], f"L{d['level']}", d["phase"], d["reason"])
-    skew = Table(title="clock skew, engine vs gateway (reported, never corrected)")
-    for col in ("gateway -> engine", "joined", "offset P50 ms"):
-        skew.add_column(col, justify="left" if col.startswith("gateway") else "right")
-    for pair, est in report.clock_skew.items():
-        skew.add_row(pair, str(est["samples"]), f"{est['offset_p50_ms']:+.1f}")
-    return Group(t, c, ctl, s, o, skew)
+        burn = slo.get("burn_rate", {})
+        slo_rows.append([
+            name, f"{slo['objective']:g}", str(slo["total"]), str(slo["good"]),
+            "-" if slo["compliance"] is None else f"{slo['compliance']:.4f}",
+            "-" if slo["met"] is None else ("yes" if slo["met"] else "NO"),
+            _pct(slo.get("budget_remaining")), _burn(burn.get("5m")), _burn(burn.get("1h")),
+        ])  # fmt: skip
+        styles.append("bold red" if slo["met"] is False else None)
+    c = table(
+        "SLO compliance and error budget (closed stream windows; worst first)",
+        ["slo", "objective", "total", "good", "compliance", "met", "budget left", "burn 5m",
+         "burn 1h"],
+        slo_rows, styles=styles,
+    )  # fmt: skip
+    parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
+    parts += [t, c]
+    hint = open_windows_hint(report)
+    if hint:
+        parts.append(Text(hint, style="yellow"))
+    ctl = table(
+        "control directives (event time)",
+        ["event time", "scope", "level", "phase", "reason"],
+        [[d["event_time"], d["scope"], f"L{d['level']}", d["phase"], d["reason"]]
+         for d in report.control],
+        fold_last=True, text_cols=4,
+    )  # fmt: skip
+    parts.append(ctl)
+    s = table("records", ["by source", "n"], [[k, str(v)] for k, v in report.by_source.items()])
+    o = table("outcomes", ["outcome", "n"], [[k, str(v)] for k, v in report.by_outcome.items()])
+    skew = table(
+        "clock skew, engine vs gateway (reported, never corrected)",
+        ["gateway -> engine", "joined", "offset P50 ms"],
+        [[pair, str(est["samples"]), f"{est['offset_p50_ms']:+.1f}"]
+         for pair, est in report.clock_skew.items()],
+    )  # fmt: skip
+    parts += [s, o, skew]
+    return Group(*parts)
+
+
+def print_wide(renderable: Any) -> None:
+    """Print at the terminal's width (piped: ``COLUMNS``, else 200), or wider when the
+    tables' unbreakable cells need more: a line may wrap on screen, a name is never cut."""
+    import os
+    import sys
+
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200)
+    console = Console(width=width)
+    need = Measurement.get(console, console.options.update_width(10_000), renderable).minimum
+    if need > console.width:
+        console = Console(width=need)
+    console.print(renderable)

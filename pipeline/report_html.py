@@ -1,8 +1,10 @@
 """``tailguard report --html FILE``: a self-contained HTML report with charts.
 
-No network: the charts are inline SVG drawn here, the page has no external
-resource. Four charts, each an ``<svg class="chart" data-chart=NAME>`` whose
-marks (lines, bars, steps) carry ``class="mark"``:
+No network: the charts are inline SVG drawn by matplotlib (time on x as UTC
+clock time with ticks on whole minutes, a line broken where minutes have no
+data, log axes floored at the smallest value drawn), the page has no external
+resource. Five charts, each a ``<figure class="chart" data-chart=NAME>`` whose
+marks (lines, bars, steps, points) are SVG groups with ids ``mark-...``:
 
 * ``latency``: P99 per minute per boundary (``latency_1m``, all traffic,
   quantiles from the merged DDSketch buckets);
@@ -15,7 +17,7 @@ marks (lines, bars, steps) carry ``class="mark"``:
 * ``control``: the control level per scope over event time (``control_signals``).
 
 A small inline script records, once the page is laid out, how many marks of
-each chart have a non-empty rendered box (``#render-check``): what the
+each chart have a non-empty rendered box (``#render-check``, hidden): what the
 headless-browser test reads back.
 """
 
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import io
 import math
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ from typing import Any
 
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql
 from pipeline.adapters.store import Store
-from pipeline.report import Report
+from pipeline.report import Report, ReportFilter, _params, _slo_where, _time_where
 
 LATENCY_BOUNDARIES = (
     "gateway_total_ms",
@@ -42,7 +46,6 @@ LATENCY_BOUNDARIES = (
     "inference_ms",
 )
 SEGMENTS = ("queue_ms", "prefill_ms", "decode_ms", "gateway_overhead_ms")
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 BURN_WINDOW_MIN = 5
 
 Series = list[tuple[float, float]]  # (unix seconds, value)
@@ -64,14 +67,19 @@ def _ts(v: Any) -> float:
     return float(v)
 
 
-def read_html_data(store: Store) -> HtmlData:
+def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
+    f = f or ReportFilter()
     db = store.database
+    params = _params(f)
     q99 = quantile_from_merged_sql(0.99, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)")
     bset = ", ".join(f"'{b}'" for b in (*LATENCY_BOUNDARIES, *SEGMENTS))
+    model = "{model:String}" if f.model is not None else "'*'"
     rows = store.query_rows(
         f"SELECT toUnixTimestamp(window_start), boundary, {q99}, sum(sum), sum(count) "
-        f"FROM {db}.latency_1m WHERE model = '*' AND priority = '*' AND ctx_bucket = '*' "
-        f"AND boundary IN ({bset}) GROUP BY window_start, boundary ORDER BY window_start"
+        f"FROM {db}.latency_1m WHERE model = {model} AND priority = '*' AND ctx_bucket = '*' "
+        f"AND boundary IN ({bset}) AND {_time_where('window_start', f)} "
+        "GROUP BY window_start, boundary ORDER BY window_start",
+        params,
     )
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
@@ -86,8 +94,9 @@ def read_html_data(store: Store) -> HtmlData:
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
     for t, slo, objective, total, good in store.query_rows(
         "SELECT toUnixTimestamp(window_start), slo, any(objective), sum(total), sum(good) "
-        f"FROM {db}.slo_1m WHERE kind = 'slo' GROUP BY window_start, slo "
-        "ORDER BY window_start, slo"
+        f"FROM {db}.slo_1m WHERE kind = 'slo' AND {_slo_where(f)} GROUP BY window_start, slo "
+        "ORDER BY window_start, slo",
+        params,
     ):
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
         cb, ca = cum[slo]
@@ -102,16 +111,24 @@ def read_html_data(store: Store) -> HtmlData:
         wt = sum(x[2] for x in win)
         if wt > 0 and objective < 1:
             burn[slo].append((float(t), sum(x[1] for x in win) / wt / (1.0 - float(objective))))
+    ev_where = _time_where("event_time", f) + (" AND slo IN {slos:Array(String)}" if f.slos else "")
     events = [
         (_ts(t), str(slo), str(ev))
         for t, slo, ev in store.query_rows(
-            f"SELECT event_time, slo, event FROM {db}.budget_events FINAL ORDER BY event_time"
+            f"SELECT event_time, slo, event FROM {db}.budget_events FINAL WHERE {ev_where} "
+            "ORDER BY event_time",
+            params,
         )
     ]
+    ctl_where = _time_where("event_time", f)
+    if f.model is not None:
+        ctl_where += " AND scope IN ({model:String}, '*', 'fleet')"
     control: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
     for scope, t, level, phase, reason in store.query_rows(
         "SELECT scope, event_time, level, phase, reason FROM "
-        f"{db}.control_signals FINAL WHERE NOT heartbeat ORDER BY event_time, seq"
+        f"{db}.control_signals FINAL WHERE NOT heartbeat AND {ctl_where} "
+        "ORDER BY event_time, seq",
+        params,
     ):
         control[str(scope)].append((_ts(t), int(level), str(phase), str(reason)))
     return HtmlData(
@@ -124,172 +141,196 @@ def read_html_data(store: Store) -> HtmlData:
     )
 
 
-# --- SVG --------------------------------------------------------------------------
+def series_json(data: HtmlData | None) -> dict[str, Any]:
+    """The charts' data for ``report --json`` (times as ISO 8601 UTC)."""
+    if data is None:
+        return {}
 
-W, H = 860, 280
-ML, MR, MT, MB = 64, 170, 16, 36
+    def pts(series: dict[str, Series]) -> dict[str, list[list[Any]]]:
+        return {k: [[_iso(t), v] for t, v in s] for k, s in series.items()}
+
+    return {
+        "latency_p99_ms_per_minute": pts(data.latency_p99),
+        "breakdown_mean_ms_per_minute": pts(data.breakdown),
+        "budget_remaining_per_minute": pts(data.budget_remaining),
+        f"burn_rate_{BURN_WINDOW_MIN}m_per_minute": pts(data.burn_rate),
+        "control_timeline": {
+            scope: [
+                {"event_time": _iso(t), "level": level, "phase": phase, "reason": reason}
+                for t, level, phase, reason in steps
+            ]
+            for scope, steps in data.control.items()
+        },
+    }
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+# --- charts (matplotlib, SVG) ------------------------------------------------------
+
+MINUTE_S = 60.0
+FIG_W_IN, FIG_H_IN = 9.6, 3.1
 
 
 def _esc(s: object) -> str:
     return html.escape(str(s), quote=True)
 
 
-def _fmt_time(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M")
+def _dates(ts: Sequence[float]) -> Any:
+    """Unix seconds as matplotlib's date numbers (days; the axis shows them in UTC)."""
+    import matplotlib.dates as mdates
+
+    return mdates.date2num([dt.datetime.fromtimestamp(t, tz=dt.UTC) for t in ts])  # type: ignore[no-untyped-call]
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if hi <= lo:
-        return [lo]
-    step = 10 ** math.floor(math.log10((hi - lo) / n))
-    for m in (1, 2, 5, 10):
-        if (hi - lo) / (step * m) <= n:
-            step *= m
-            break
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+def with_gaps(points: Series, step_s: float = MINUTE_S) -> tuple[list[float], list[float]]:
+    """Times and values with a NaN wherever more than one step has no data, so a line
+    breaks across the gap instead of joining its ends."""
+    ts: list[float] = []
+    vs: list[float] = []
+    for t, v in points:
+        if ts and t - ts[-1] > step_s * 1.5:
+            ts.append(ts[-1] + step_s)
+            vs.append(math.nan)
+        ts.append(t)
+        vs.append(v)
+    return ts, vs
 
 
-class _Frame:
-    """Axes for time on x and a linear (or log10) y."""
-
-    def __init__(self, t0: float, t1: float, y0: float, y1: float, log: bool = False) -> None:
-        self.t0, self.t1 = t0, (t1 if t1 > t0 else t0 + 60)
-        self.log = log
-        if log:
-            y0, y1 = math.log10(max(y0, 1e-3)), math.log10(max(y1, 1e-3))
-        self.y0, self.y1 = y0, (y1 if y1 > y0 else y0 + 1)
-
-    def x(self, t: float) -> float:
-        return ML + (t - self.t0) / (self.t1 - self.t0) * (W - ML - MR)
-
-    def y(self, v: float) -> float:
-        if self.log:
-            v = math.log10(max(v, 1e-3))
-        return MT + (1 - (v - self.y0) / (self.y1 - self.y0)) * (H - MT - MB)
-
-    def axes(self, unit: str) -> str:
-        out = [
-            f'<line x1="{ML}" y1="{H - MB}" x2="{W - MR}" y2="{H - MB}" stroke="#444"/>',
-            f'<line x1="{ML}" y1="{MT}" x2="{ML}" y2="{H - MB}" stroke="#444"/>',
-        ]
-        for t in _nice_ticks(self.t0, self.t1, 6):
-            x = self.x(t)
-            out.append(
-                f'<text x="{x:.1f}" y="{H - MB + 16}" font-size="11" '
-                f'text-anchor="middle">{_fmt_time(t)}</text>'
-            )
-        if self.log:
-            ticks = [10**e for e in range(math.floor(self.y0), math.ceil(self.y1) + 1)]
-        else:
-            ticks = _nice_ticks(self.y0, self.y1, 5)
-        for v in ticks:
-            y = self.y(v)
-            if MT - 1 <= y <= H - MB + 1:
-                out.append(
-                    f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" stroke="#eee"/>'
-                    f'<text x="{ML - 6}" y="{y + 4:.1f}" font-size="11" '
-                    f'text-anchor="end">{v:g}</text>'
-                )
-        out.append(
-            f'<text x="14" y="{MT + (H - MT - MB) / 2}" font-size="11" text-anchor="middle" '
-            f'transform="rotate(-90 14 {MT + (H - MT - MB) / 2})">{_esc(unit)}</text>'
-        )
-        return "".join(out)
+def log_floor(values: Sequence[float]) -> float | None:
+    """The bottom of a log axis: the decade at or below the smallest positive value
+    (a zero is not drawn on a log axis; it never stretches the axis down)."""
+    positive = [v for v in values if v > 0 and not math.isnan(v)]
+    if not positive:
+        return None
+    return float(10 ** math.floor(math.log10(min(positive))))
 
 
-def _legend(names: Sequence[str]) -> str:
-    out = []
-    for i, name in enumerate(names):
-        y = MT + 8 + i * 16
-        color = PALETTE[i % len(PALETTE)]
-        out.append(
-            f'<rect x="{W - MR + 12}" y="{y - 8}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{W - MR + 28}" y="{y + 1}" font-size="11">{_esc(name)}</text>'
-        )
-    return "".join(out)
+class _Chart:
+    """One matplotlib figure; ``svg()`` returns it as inline SVG with marks tagged."""
+
+    def __init__(self, name: str, ylabel: str) -> None:
+        from matplotlib.figure import Figure
+
+        self.name = name
+        self.fig = Figure(figsize=(FIG_W_IN, FIG_H_IN), dpi=100, layout="constrained")
+        self.ax = self.fig.add_subplot()
+        self.ax.set_ylabel(ylabel)
+        self.ax.grid(True, which="major", color="#e5e5e5", linewidth=0.8)
+        self.ax.set_axisbelow(True)
+        self.marks = 0
+
+    def mark(self, artist: Any) -> None:
+        artist.set_gid(f"mark-{self.name}-{self.marks}")
+        self.marks += 1
+
+    def time_axis(self) -> None:
+        import matplotlib.dates as mdates
+
+        locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=4, maxticks=10)  # type: ignore[no-untyped-call]
+        self.ax.xaxis.set_major_locator(locator)
+        fmt = mdates.ConciseDateFormatter(locator, tz=dt.UTC)  # type: ignore[no-untyped-call]
+        self.ax.xaxis.set_major_formatter(fmt)
+        self.ax.set_xlabel("event time (UTC)")
+
+    def legend(self) -> None:
+        if self.ax.get_legend_handles_labels()[0]:
+            self.ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+    def svg(self) -> str:
+        buf = io.StringIO()
+        self.fig.savefig(buf, format="svg", metadata={"Date": None})
+        text = buf.getvalue()
+        text = text[text.index("<svg") :]  # drop the XML prolog and doctype
+        return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
 
 
-def _svg(name: str, title: str, body: str) -> str:
+def _figure(name: str, title: str, svg: str) -> str:
     return (
-        f"<figure><figcaption>{_esc(title)}</figcaption>"
-        f'<svg class="chart" data-chart="{name}" xmlns="http://www.w3.org/2000/svg" '
-        f'width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">{body}</svg></figure>'
+        f'<figure class="chart" data-chart="{name}"><figcaption>{_esc(title)}</figcaption>'
+        f"{svg}</figure>"
     )
 
 
 def _empty(name: str, title: str, why: str) -> str:
-    return _svg(
-        name, title, f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">{_esc(why)}</text>'
+    return (
+        f'<figure class="chart" data-chart="{name}"><figcaption>{_esc(title)}</figcaption>'
+        f'<p class="empty">{_esc(why)}</p></figure>'
     )
 
 
-def _span(series: Sequence[Series]) -> tuple[float, float, float, float]:
-    pts = [p for s in series for p in s]
-    return (
-        min(p[0] for p in pts),
-        max(p[0] for p in pts),
-        min(p[1] for p in pts),
-        max(p[1] for p in pts),
+def _rc() -> Any:
+    import matplotlib
+
+    return matplotlib.rc_context(
+        {"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 10, "svg.hashsalt": None}
     )
 
 
 def line_chart(
-    name: str, title: str, series: dict[str, Series], unit: str, *, log: bool = False,
+    name: str, title: str, series: dict[str, Series], ylabel: str, *, log: bool = False,
     y_min: float | None = None, markers: Sequence[tuple[float, str]] = (),
+    hline: tuple[float, str] | None = None,
 ) -> str:  # fmt: skip
     series = {k: v for k, v in series.items() if v}
     if not series:
         return _empty(name, title, "no data")
-    t0, t1, lo, hi = _span(list(series.values()))
-    f = _Frame(t0, t1, lo if y_min is None else min(y_min, lo), hi, log)
-    body = [f.axes(unit)]
-    for i, (label, pts) in enumerate(series.items()):
-        d = " ".join(
-            f"{'M' if j == 0 else 'L'}{f.x(t):.1f},{f.y(v):.1f}" for j, (t, v) in enumerate(pts)
-        )
-        if len(pts) == 1:  # one point: a visible tick instead of a zero-length path
-            x, y = f.x(pts[0][0]), f.y(pts[0][1])
-            d = f"M{x - 3:.1f},{y:.1f} L{x + 3:.1f},{y:.1f}"
-        body.append(
-            f'<path class="mark" d="{d}" fill="none" stroke="{PALETTE[i % len(PALETTE)]}" '
-            f'stroke-width="1.6"><title>{_esc(label)}</title></path>'
-        )
-    for t, label in markers:
-        x = f.x(t)
-        body.append(
-            f'<line class="marker" x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{H - MB}" '
-            f'stroke="#999" stroke-dasharray="3,3"><title>{_esc(label)}</title></line>'
-        )
-    body.append(_legend(list(series)))
-    return _svg(name, title, "".join(body))
+    with _rc():
+        c = _Chart(name, ylabel)
+        values: list[float] = []
+        for label, pts in series.items():
+            drawn = [(t, v) for t, v in pts if not (log and v <= 0)]
+            ts, vs = with_gaps(drawn)
+            values += [v for v in vs if not math.isnan(v)]
+            (line,) = c.ax.plot(
+                _dates(ts), vs, label=label, linewidth=1.5, marker="o" if len(drawn) == 1 else None
+            )
+            c.mark(line)
+        if log:
+            c.ax.set_yscale("log")
+            floor = log_floor(values)
+            if floor is not None:
+                c.ax.set_ylim(bottom=floor)
+        elif y_min is not None:
+            c.ax.set_ylim(bottom=min(y_min, *values) if values else y_min)
+        if hline is not None:
+            c.ax.axhline(hline[0], color="#999", linestyle="--", linewidth=1, label=hline[1])
+        for i, (t, label) in enumerate(markers):
+            vl = c.ax.axvline(
+                _dates([t])[0], color="#c44", linestyle=":", linewidth=1,
+                label="budget events" if i == 0 else None,
+            )  # fmt: skip
+            vl.set_gid(f"marker-{name}-{i}-{label}"[:120])
+        c.time_axis()
+        c.legend()
+        return _figure(name, title, c.svg())
 
 
-def stacked_bars(name: str, title: str, series: dict[str, Series], unit: str) -> str:
+def stacked_bars(name: str, title: str, series: dict[str, Series], ylabel: str) -> str:
     series = {k: v for k, v in series.items() if v}
     if not series:
         return _empty(name, title, "no data")
     times = sorted({t for s in series.values() for t, _ in s})
     values = {k: dict(v) for k, v in series.items()}
-    tops = [sum(max(0.0, values[k].get(t, 0.0)) for k in series) for t in times]
-    f = _Frame(times[0], times[-1] + 60, 0.0, max(tops) * 1.05)
-    bw = max(1.0, (f.x(times[0] + 60) - f.x(times[0])) * 0.8)
-    body = [f.axes(unit)]
-    for t in times:
-        base = 0.0
-        for i, k in enumerate(series):
-            v = max(0.0, values[k].get(t, 0.0))
-            if v <= 0:
-                continue
-            y_top, y_bot = f.y(base + v), f.y(base)
-            body.append(
-                f'<rect class="mark" x="{f.x(t):.1f}" y="{y_top:.1f}" width="{bw:.1f}" '
-                f'height="{max(0.5, y_bot - y_top):.1f}" fill="{PALETTE[i % len(PALETTE)]}">'
-                f"<title>{_esc(k)} {_fmt_time(t)}: {v:.1f} {unit}</title></rect>"
-            )
-            base += v
-    body.append(_legend(list(series)))
-    return _svg(name, title, "".join(body))
+    with _rc():
+        c = _Chart(name, ylabel)
+        base = [0.0] * len(times)
+        width = (MINUTE_S * 0.8) / 86400.0  # matplotlib dates are days
+        for label in series:
+            heights = [max(0.0, values[label].get(t, 0.0)) for t in times]
+            bars = c.ax.bar(
+                _dates([t + MINUTE_S / 2 for t in times]), heights, width=width, bottom=base,
+                label=label, align="center",
+            )  # fmt: skip
+            for patch in bars:
+                c.mark(patch)
+            base = [b + h for b, h in zip(base, heights, strict=True)]
+        c.ax.set_ylim(bottom=0)
+        c.time_axis()
+        c.legend()
+        return _figure(name, title, c.svg())
 
 
 def step_chart(
@@ -299,31 +340,24 @@ def step_chart(
     levels = {k: v for k, v in levels.items() if v}
     if not levels:
         return _empty(name, title, "no control directives")
-    t0 = min(v[0][0] for v in levels.values())
     t1 = max([v[-1][0] for v in levels.values()] + [t_end or 0.0])
-    t1 = t1 if t1 > t0 else t0 + 60
-    f = _Frame(t0, t1, 0.0, 3.2)
-    body = [f.axes("control level")]
-    for i, (scope, pts) in enumerate(levels.items()):
-        color = PALETTE[i % len(PALETTE)]
-        d, prev = [], None
-        for t, level, _phase, _reason in pts:
-            x, y = f.x(t), f.y(level + 0.06 * i)  # a small offset keeps scopes apart
-            d.append(f"M{x:.1f},{y:.1f}" if prev is None else f"H{x:.1f} V{y:.1f}")
-            prev = y
-        d.append(f"H{f.x(t1):.1f}")
-        body.append(
-            f'<path class="mark" d="{" ".join(d)}" fill="none" stroke="{color}" '
-            f'stroke-width="2"><title>{_esc(scope)}</title></path>'
-        )
-        for t, level, phase, reason in pts:
-            body.append(
-                f'<circle class="mark" cx="{f.x(t):.1f}" cy="{f.y(level + 0.06 * i):.1f}" r="3" '
-                f'fill="{color}"><title>{_esc(scope)} L{level} {_esc(phase)}: '
-                f"{_esc(reason)}</title></circle>"
+    with _rc():
+        c = _Chart(name, "control level")
+        for i, (scope, pts) in enumerate(levels.items()):
+            ts = [p[0] for p in pts] + [t1]
+            ys = [p[1] + 0.04 * i for p in pts]  # a small offset keeps scopes apart
+            ys.append(ys[-1])
+            (line,) = c.ax.plot(_dates(ts), ys, drawstyle="steps-post", linewidth=2, label=scope)
+            c.mark(line)
+            pts_line = c.ax.scatter(
+                _dates([p[0] for p in pts]), ys[:-1], s=14, color=line.get_color(), zorder=3
             )
-    body.append(_legend(list(levels)))
-    return _svg(name, title, "".join(body))
+            c.mark(pts_line)
+        c.ax.set_yticks([0, 1, 2, 3], ["L0", "L1", "L2", "L3"])
+        c.ax.set_ylim(-0.3, 3.4)
+        c.time_axis()
+        c.legend()
+        return _figure(name, title, c.svg())
 
 
 # --- page ---------------------------------------------------------------------------
@@ -332,22 +366,23 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:22px} h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
 td:first-child,th:first-child{text-align:left}
 figure{margin:8px 0} figcaption{font-weight:600;font-size:14px;margin-bottom:4px}
-.bad{color:#b00;font-weight:600} #render-check{font-size:11px;color:#888}
+figure svg{max-width:100%;height:auto} .empty{color:#888}
+.bad{color:#b00;font-weight:600} .note{color:#8a6d00}
 """
 
 _CHECK_JS = """
 window.addEventListener('load', function () {
   var out = {};
-  document.querySelectorAll('svg.chart').forEach(function (svg) {
+  document.querySelectorAll('figure.chart').forEach(function (fig) {
     var drawn = 0;
-    svg.querySelectorAll('.mark').forEach(function (m) {
+    fig.querySelectorAll('[id^="mark-"]').forEach(function (m) {
       var r = m.getBoundingClientRect();
       if (r.width > 0 || r.height > 0) { drawn += 1; }
     });
-    out[svg.getAttribute('data-chart')] = drawn;
+    out[fig.getAttribute('data-chart')] = drawn;
   });
   document.getElementById('render-check').textContent = JSON.stringify(out);
 });
@@ -365,16 +400,33 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def render_html(report: Report, data: HtmlData, *, title: str = "tailguard SLO report") -> str:
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{_esc(k)} {v:,}" for k, v in d.items()) or "none"
+
+
+def render_html(
+    report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
+) -> str:
+    from pipeline.report import describe_filter, open_windows_hint
+
+    data = data or HtmlData({}, {}, {}, {}, [], {})
+
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    def burn(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
 
     boundaries = _table(
         ("boundary", "count", "P50 ms", "P99 ms"),
         [(k, b.count, ms(b.p50), ms(b.p99)) for k, b in report.boundaries.items()],
     )
     slos = _table(
-        ("SLO", "objective", "total", "good", "compliance", "met"),
+        ("SLO", "objective", "total", "good", "compliance", "met", "budget left", "burn 5m",
+         "burn 1h"),
         [
             (
                 name,
@@ -383,19 +435,22 @@ def render_html(report: Report, data: HtmlData, *, title: str = "tailguard SLO r
                 s["good"],
                 "-" if s["compliance"] is None else f"{s['compliance']:.4f}",
                 "-" if s["met"] is None else ("yes" if s["met"] else '<span class="bad">NO</span>'),
+                pct(s.get("budget_remaining")),
+                burn(s.get("burn_rate", {}).get("5m")),
+                burn(s.get("burn_rate", {}).get("1h")),
             )
             for name, s in report.slos.items()
         ],
-    )
+    )  # fmt: skip
     t_end = max((p[0] for s in data.latency_p99.values() for p in s), default=None)
     charts = [
         line_chart(
             "latency", "P99 per minute by boundary (ms, log scale; all traffic)",
-            data.latency_p99, "ms", log=True,
+            data.latency_p99, "P99 (ms, log)", log=True,
         ),
         stacked_bars(
             "breakdown", "Where the time goes: mean per minute (queue, prefill, decode, gateway)",
-            data.breakdown, "ms",
+            data.breakdown, "mean (ms)",
         ),
         line_chart(
             "budget", "Error budget remaining (fraction, cumulative over the data)",
@@ -404,7 +459,7 @@ def render_html(report: Report, data: HtmlData, *, title: str = "tailguard SLO r
         ),
         line_chart(
             "burn", f"Burn rate over {BURN_WINDOW_MIN} min (1 = spending the budget exactly)",
-            data.burn_rate, "burn rate", y_min=0.0,
+            data.burn_rate, "burn rate", y_min=0.0, hline=(1.0, "burn = 1"),
         ),
         step_chart("control", "Control level per scope (event time)", data.control, t_end),
     ]  # fmt: skip
@@ -412,25 +467,25 @@ def render_html(report: Report, data: HtmlData, *, title: str = "tailguard SLO r
         (d["event_time"], d["scope"], f"L{d['level']}", d["phase"], d["reason"])
         for d in report.control
     ]
-    events_rows = [
-        (dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds"), slo, ev)
-        for t, slo, ev in data.budget_events
-    ]
+    events_rows = [(_iso(t), slo, ev) for t, slo, ev in data.budget_events]
+    hint = open_windows_hint(report)
+    scope = describe_filter(report.filters)
     generated = dt.datetime.now(tz=dt.UTC).isoformat(timespec="seconds")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{_esc(title)}</h1>
-<p>{report.requests} requests; by source {_esc(report.by_source)};
-outcomes {_esc(report.by_outcome)}.
-Generated {generated}.</p>
+<p>{report.requests:,} requests. By source: {_counts(report.by_source)}.
+Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
+{f"<p>Showing {_esc(scope)}.</p>" if scope else ""}
+{f'<p class="note">{_esc(hint)}</p>' if hint else ""}
 <h2>Latency per boundary</h2>{charts[0]}{boundaries}
 <h2>Breakdown</h2>{charts[1]}
 <h2>SLOs, error budget and burn rate</h2>{slos}{charts[2]}{charts[3]}
 {_table(("time", "SLO", "event"), events_rows) if events_rows else ""}
 <h2>Control</h2>{charts[4]}
 {_table(("event time", "scope", "level", "phase", "reason"), control_rows) if control_rows else ""}
-<pre id="render-check">not rendered</pre>
+<pre id="render-check" hidden>not rendered</pre>
 <script>{_CHECK_JS}</script>
 </body></html>
 """

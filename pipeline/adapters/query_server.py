@@ -8,13 +8,28 @@ works against it: the tools use the same :class:`~pipeline.adapters.store.Store`
 API whether they open the directory themselves or go through the worker.
 
 * **Discovery.** While it serves, the worker keeps ``tailguard-query.json``
-  (``{"port", "pid", "store"}``) in the store directory and removes it on
+  (``{"port", "pid", "store", "token"}``, mode 0600) in the store directory and removes it on
   stop. :func:`open_reader` uses the port when that file names a live process
   that answers for this directory, and opens the directory directly otherwise.
+* **Authenticated.** Every start draws a fresh random token, kept in the
+  discovery file (mode 0600, so only the store's owner can read it); a query
+  without it is refused (``516``, HTTP 401). clickhouse-connect sends it as
+  the password (HTTP basic auth); ``X-ClickHouse-Key`` works too. Only
+  ``/ping`` answers without it.
+* **The store's own tables only.** Before it runs, a query's AST (ClickHouse's
+  ``EXPLAIN AST``) is walked: no table function anywhere (``file``, ``url``,
+  ``s3``, ``executable``, ``remote``, ``python``, ... in any statement kind,
+  ``DESCRIBE`` and ``EXPLAIN`` included), no scalar function that reads files
+  or other tables by name (``file``, ``joinGet``, ``dictGet``...), and every
+  table named is in the store's database (unqualified names resolve there:
+  it is the session's database) or ``system.one``/``system.settings`` (which
+  clickhouse-connect reads when it connects). ``SHOW`` is limited to
+  ``SHOW TABLES``, ``SHOW COLUMNS`` and ``SHOW CREATE`` of the store's tables.
 * **Read-only, by ClickHouse's own rules.** Queries run on a dedicated chDB
   connection of the worker's engine with the session setting ``readonly = 1``:
-  the engine refuses INSERT, DROP, ALTER, CREATE, TRUNCATE, OPTIMIZE, table
-  functions and setting changes. chDB's ``readonly = 1`` still lets through a
+  the engine refuses INSERT, DROP, ALTER, CREATE, TRUNCATE, OPTIMIZE and
+  setting changes (but not table functions: ``readonly = 1`` runs ``file()``
+  and ``url()``, hence the AST check above). It also lets through a
   few statements that are not reads (``SYSTEM STOP MERGES``, ``KILL QUERY``,
   ``SELECT ... INTO OUTFILE``, several statements in one request), so each
   request is first parsed by ClickHouse (``formatQuerySingleLine``, which
@@ -32,11 +47,14 @@ API whether they open the directory themselves or go through the worker.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -85,6 +103,30 @@ _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 READONLY = 164  # ClickHouse error codes
 SYNTAX_ERROR = 62
 UNKNOWN_SETTING = 115
+AUTHENTICATION_FAILED = 516
+
+# Tables outside the store's database a query may name: what clickhouse-connect reads
+# when it connects (the session's settings) and the one-row table.
+ALLOWED_SYSTEM_TABLES = frozenset({"system.one", "system.settings"})
+# Scalar functions that read files, or tables and dictionaries named by a string.
+DENIED_FUNCTIONS = frozenset(
+    {"file", "joinget", "joingetornull", "catboostevaluate", "hascolumnintable"}
+)
+DENIED_FUNCTION_PREFIXES = ("dictget", "dicthas", "dictis")
+IN_FUNCTIONS = frozenset(
+    {"in", "notin", "globalin", "globalnotin", "nullin", "notnullin", "globalnullin",
+     "globalnotnullin"}
+)  # fmt: skip
+_SHOW_TABLES_RE = re.compile(
+    r"^SHOW (?:FULL )?TABLES(?: FROM (?P<db>\S+))?(?: (?:NOT )?I?LIKE '(?:[^'\\]|\\.)*')?"
+    r"(?: LIMIT \d+)?$",
+    re.IGNORECASE,
+)
+_SHOW_COLUMNS_RE = re.compile(
+    r"^SHOW (?:FULL )?COLUMNS FROM (?P<table>\S+)(?: FROM (?P<db>\S+))?"
+    r"(?: (?:NOT )?I?LIKE '(?:[^'\\]|\\.)*')?(?: LIMIT \d+)?$",
+    re.IGNORECASE,
+)
 
 
 class QueryRefusedError(Exception):
@@ -117,26 +159,47 @@ class ReadOnlySession:
     """
 
     def __init__(
-        self, store_dir: Path, lock: threading.Lock, *, max_execution_time_s: int = 30
+        self,
+        store_dir: Path,
+        lock: threading.Lock,
+        *,
+        database: str = "tailguard",
+        max_execution_time_s: int = 30,
     ) -> None:
         import chdb  # adapter-only import
 
+        if not _IDENT_RE.match(database):
+            raise ValueError(f"invalid database name {database!r}")
         self.path = os.path.realpath(store_dir)
+        self.database = database
         self._lock = lock
         with self._lock:
             # The same path string as clickhouse-connect's: chDB compares them literally.
             self._conn: Any = chdb.connect(self.path)  # type: ignore[no-untyped-call]
             self._conn.query(f"SET max_execution_time = {int(max_execution_time_s)}", "TSV")
+            # The store's database is the session's: unqualified names resolve there (a
+            # store not migrated yet has none; its queries then fail as unknown tables).
+            with contextlib.suppress(Exception):
+                self._conn.query(f"USE {database}", "TSV")
+            # Names only a table function has (``file`` and ``format`` are also scalar
+            # functions: ``file`` is denied by name, ``format`` only parses its argument).
+            names = self._conn.query(
+                "SELECT lower(name) FROM system.table_functions "
+                "WHERE name NOT IN (SELECT name FROM system.functions)",
+                "TSVRaw",
+            )
+            self._table_functions = frozenset(names.bytes().decode().split())
             self._conn.query("SET readonly = 1", "TSV")
             self.timezone = self._conn.query("SELECT timezone()", "TSV").bytes().decode().strip()
         self._closed = False
 
-    def check(self, sql: str) -> str:
-        """ClickHouse's parse of ``sql`` (one statement); refuses what does not read."""
+    def check(self, sql: str, params: Mapping[str, str] | None = None) -> str:
+        """ClickHouse's parse of ``sql`` (one statement); refuses what does not read, or
+        reads anything but the store's own tables (see the module's docstring)."""
         try:
             with self._lock:
                 text = self._conn.query(
-                    f"SELECT formatQuerySingleLine({sql_string(sql)})", "TSV"
+                    f"SELECT formatQuerySingleLine({sql_string(sql)})", "TSVRaw"
                 ).bytes()
         except Exception as exc:
             raise QueryRefusedError(
@@ -150,6 +213,18 @@ class ReadOnlySession:
             )
         if "INTO OUTFILE" in normalized.upper():
             raise QueryRefusedError(READONLY, "the query port does not write files (INTO OUTFILE)")
+        body = _TRAILING_FORMAT_RE.sub("", normalized).rstrip().rstrip(";")
+        try:
+            with self._lock:
+                ast = self._conn.query(f"EXPLAIN AST {body}", "TSVRaw", params=dict(params or {}))
+                ast_text = (ast.bytes() or b"").decode(errors="replace")
+        except Exception as exc:
+            raise QueryRefusedError(
+                _code_of(str(exc), SYNTAX_ERROR), _message_of(str(exc))
+            ) from None
+        problem = audit_query(parse_ast(ast_text), body, self.database, self._table_functions)
+        if problem is not None:
+            raise QueryRefusedError(READONLY, problem)
         return normalized
 
     def execute(
@@ -161,18 +236,18 @@ class ReadOnlySession:
         params: Mapping[str, str] | None = None,
     ) -> QueryResult:
         """Check, then run one read-only query (an error is a :class:`QueryRefusedError`)."""
-        self.check(sql)
+        if database is not None and database != self.database:
+            raise QueryRefusedError(
+                READONLY, f"the query port serves the store's database {self.database} only"
+            )
+        self.check(sql, params)
         match = _TRAILING_FORMAT_RE.search(sql)
         fmt = match.group(1) if match else default_format
-        if database is not None and not _IDENT_RE.match(database):
-            raise QueryRefusedError(SYNTAX_ERROR, f"invalid database name {database!r}")
         t0 = time.perf_counter()
         try:
             with self._lock:
                 if self._closed:
                     return self._closing()
-                if database:
-                    self._conn.query(f"USE {database}", "TSV")
                 result = self._conn.query(sql, fmt, params=dict(params or {}))
                 body = result.bytes() or b""
         except QueryRefusedError:
@@ -204,6 +279,127 @@ class ReadOnlySession:
                 self._conn.close()
 
 
+@dataclass(slots=True)
+class AstNode:
+    """One line of ClickHouse's ``EXPLAIN AST``: ``Function file``, ``TableIdentifier db.t``."""
+
+    kind: str
+    arg: str
+    children: list[AstNode]
+
+
+_CHILDREN_RE = re.compile(r" \(children \d+\)$")
+_ALIAS_RE = re.compile(r" \(alias [^)]*\)$")
+
+
+def parse_ast(text: str) -> list[AstNode]:
+    """The tree of ``EXPLAIN AST`` output (indentation = depth)."""
+    roots: list[AstNode] = []
+    stack: list[tuple[int, AstNode]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip(" "))
+        body = _ALIAS_RE.sub("", _CHILDREN_RE.sub("", line.strip()))
+        kind, _, arg = body.partition(" ")
+        node = AstNode(kind, arg, [])
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        (stack[-1][1].children if stack else roots).append(node)
+        stack.append((depth, node))
+    return roots
+
+
+def _unquote(name: str) -> str:
+    return name.replace("`", "").replace('"', "")
+
+
+def _table_problem(name: str, database: str) -> str | None:
+    name = _unquote(name.strip())
+    if "." not in name:
+        return None  # the session's database (the store's), or a WITH name
+    db = name.split(".", 1)[0]
+    if db == database or name.lower() in ALLOWED_SYSTEM_TABLES:
+        return None
+    return f"only the store's own tables (database {database}) can be read, not {name}"
+
+
+def _db_problem(db: str, database: str) -> str | None:
+    db = _unquote(db.strip())
+    if not db or db == database:
+        return None
+    return f"only the store's own tables (database {database}) can be read, not database {db}"
+
+
+_ROOT_KINDS = frozenset(
+    {"SelectWithUnionQuery", "SelectIntersectExceptQuery", "SelectQuery", "DescribeQuery",
+     "Explain", "ShowTables", "ShowColumns", "ShowCreateTableQuery", "ShowCreateViewQuery",
+     "ExistsTableQuery", "ExistsViewQuery", "ExistsDatabaseQuery"}
+)  # fmt: skip
+
+
+def audit_query(
+    roots: list[AstNode], normalized: str, database: str, table_functions: frozenset[str]
+) -> str | None:
+    """Why the query port refuses a query (None: it may run).
+
+    ``roots``: its ``EXPLAIN AST``; ``normalized``: ClickHouse's single-line form of it
+    (for ``SHOW``, whose AST does not name what it shows); ``table_functions``: names
+    (lower case) that only a table function has.
+    """
+    if len(roots) != 1:
+        return "one statement at a time"
+    root = roots[0]
+    if root.kind not in _ROOT_KINDS:
+        return (
+            "the query port runs SELECT, DESCRIBE, EXPLAIN, EXISTS and SHOW TABLES / "
+            f"SHOW COLUMNS / SHOW CREATE TABLE of the store's tables, not {normalized[:60]}"
+        )
+    if root.kind == "ShowTables":
+        m = _SHOW_TABLES_RE.match(normalized)
+        if m is None:
+            return (
+                "of SHOW statements only SHOW TABLES, SHOW COLUMNS and SHOW CREATE run "
+                f"here, not {normalized[:60]}"
+            )
+        return _db_problem(m.group("db") or "", database)
+    if root.kind == "ShowColumns":
+        m = _SHOW_COLUMNS_RE.match(normalized)
+        if m is None:
+            return f"unsupported SHOW COLUMNS form: {normalized[:60]}"
+        return _db_problem(m.group("db") or "", database) or _table_problem(
+            m.group("table"), database
+        )
+    if root.kind.startswith(("ShowCreate", "Exists")):
+        return _db_problem(root.arg.split(" ", 1)[0], database)
+
+    def walk(node: AstNode, parent: str) -> str | None:
+        if node.kind == "Function":
+            name = node.arg.split(" ", 1)[0]
+            low = name.lower()
+            if parent == "TableExpression" or low in table_functions:
+                return f"table functions are not allowed on the query port: {name}()"
+            if low in DENIED_FUNCTIONS or low.startswith(DENIED_FUNCTION_PREFIXES):
+                return f"function {name}() is not allowed on the query port"
+            if low in IN_FUNCTIONS and node.children and len(node.children[0].children) == 2:
+                rhs = node.children[0].children[1]
+                if rhs.kind in ("Identifier", "TableIdentifier"):
+                    problem = _table_problem(rhs.arg, database)
+                    if problem is not None:
+                        return problem
+        elif node.kind == "TableIdentifier":
+            problem = _table_problem(node.arg, database)
+            if problem is not None:
+                return problem
+        for child in node.children:
+            problem = walk(child, node.kind)
+            if problem is not None:
+                return problem
+        return None
+
+    return walk(root, "")
+
+
 def _code_of(message: str, default: int) -> int:
     m = _CODE_RE.search(message)
     return int(m.group(1)) if m else default
@@ -211,13 +407,22 @@ def _code_of(message: str, default: int) -> int:
 
 def _message_of(message: str) -> str:
     i = message.find("Code: ")
-    return (message[i:] if i >= 0 else message).strip()
+    message = (message[i:] if i >= 0 else message).strip()
+    # A syntax error found by the port's own parse (formatQuerySingleLine of the query as
+    # a string): the engine's scope names that wrapper, not the user's query.
+    j = message.find(" In scope SELECT formatQuerySingleLine(")
+    if j >= 0:
+        name = re.search(r"\(([A-Z_]+)\)\s*$", message)
+        message = message[:j].rstrip(":. ") + (f". ({name.group(1)})" if name else "")
+    return message
 
 
 def _http_status(code: int) -> int:
     """ClickHouse's own mapping for the codes this port produces."""
     if code == READONLY:
         return 403
+    if code == AUTHENTICATION_FAILED:
+        return 401
     if code in (SYNTAX_ERROR, UNKNOWN_SETTING, 457):
         return 400
     if code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
@@ -249,10 +454,35 @@ class _Handler(BaseHTTPRequestHandler):
             {"X-ClickHouse-Exception-Code": str(code), "Content-Type": "text/plain"},
         )
 
+    def _authorized(self) -> bool:
+        """The request carries the port's token: as the password (HTTP basic auth, what
+        clickhouse-connect sends), ``X-ClickHouse-Key``, or the ``password`` parameter."""
+        offered: list[str] = []
+        auth = self.headers.get("Authorization") or ""
+        if auth[:6].lower() == "basic ":
+            with contextlib.suppress(ValueError):
+                offered.append(base64.b64decode(auth[6:]).decode().partition(":")[2])
+        offered.append(self.headers.get("X-ClickHouse-Key") or "")
+        args = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
+        offered.append(args.get("password", ""))
+        token = self.server.token.encode()
+        ok = False
+        for candidate in offered:  # compare every one, in constant time each
+            ok |= hmac.compare_digest(candidate.encode(), token)
+        if not ok:
+            self._error(
+                AUTHENTICATION_FAILED,
+                "Authentication failed: the query port needs the token of the store's "
+                f"{DISCOVERY_FILE} as the password",
+            )
+        return ok
+
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/ping":
             self._send(200, b"Ok.\n", {"Content-Type": "text/plain"})
+        elif not self._authorized():
+            return
         elif path == "/tailguard":
             info = {"pid": os.getpid(), "store": self.server.session.path}
             self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
@@ -263,7 +493,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        self._query(self.rfile.read(length) if length else b"")
+        body = self.rfile.read(length) if length else b""
+        if self._authorized():
+            self._query(body)
 
     def _query(self, body: bytes) -> None:
         url = urlsplit(self.path)
@@ -315,9 +547,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, session: ReadOnlySession) -> None:
+    def __init__(self, port: int, session: ReadOnlySession, token: str) -> None:
         super().__init__((HOST, port), _Handler)
         self.session = session
+        self.token = token
         self.queries = 0
 
 
@@ -329,15 +562,18 @@ class QueryServer:
         store_dir: Path,
         lock: threading.Lock,
         *,
+        database: str = "tailguard",
         port: int = 0,
         max_execution_time_s: int = 30,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.session = ReadOnlySession(
-            self.store_dir, lock, max_execution_time_s=max_execution_time_s
+            self.store_dir, lock, database=database, max_execution_time_s=max_execution_time_s
         )
+        # Fresh on every start; readers find it in the discovery file (mode 0600).
+        self.token = secrets.token_urlsafe(32)
         try:
-            self._server = _Server(port, self.session)
+            self._server = _Server(port, self.session, self.token)
         except Exception:
             self.session.close()
             raise
@@ -357,9 +593,12 @@ class QueryServer:
         if not publish:
             return self
         tmp = self.discovery.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"port": self.port, "pid": os.getpid(), "store": self.session.path})
-        )
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        info = {"port": self.port, "pid": os.getpid(), "store": self.session.path}
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the token is a secret
+        with os.fdopen(fd, "w") as fh:
+            json.dump(info | {"token": self.token}, fh)
         tmp.replace(self.discovery)
         log.info("read-only query port on %s:%d (%s)", HOST, self.port, self.discovery)
         return self
@@ -379,7 +618,9 @@ def start_query_server(settings: Any, store: Any) -> QueryServer | None:
     """The worker's port, or None (a ClickHouse server needs none; port -1 = off)."""
     if settings.clickhouse_url or settings.query_port < 0:
         return None
-    return QueryServer(settings.store_dir, store.lock, port=settings.query_port).start()
+    return QueryServer(
+        settings.store_dir, store.lock, database=settings.database, port=settings.query_port
+    ).start()
 
 
 # --- the tools' side -----------------------------------------------------------
@@ -389,6 +630,7 @@ def start_query_server(settings: Any, store: Any) -> QueryServer | None:
 class LiveWorker:
     port: int
     pid: int
+    token: str = ""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -409,31 +651,42 @@ def find_live_worker(store_dir: Path, timeout_s: float = 2.0) -> LiveWorker | No
     path = Path(store_dir) / DISCOVERY_FILE
     try:
         info = json.loads(path.read_text())
-        port, pid = int(info["port"]), int(info["pid"])
+        port, pid, token = int(info["port"]), int(info["pid"]), str(info.get("token", ""))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not _pid_alive(pid):
         return None
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/tailguard", headers={"X-ClickHouse-Key": token}
+    )
     try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/tailguard", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 (http://127.0.0.1)
             served = json.loads(resp.read())
     except (OSError, ValueError):
         return None
     if served.get("pid") != pid or served.get("store") != os.path.realpath(store_dir):
         return None  # a stale file and a port reused by someone else
-    return LiveWorker(port, pid)
+    return LiveWorker(port, pid, token)
 
 
-def _http_client(port: int) -> Any:
+def _http_client(port: int, token: str, database: str) -> Any:
     import clickhouse_connect
 
-    return clickhouse_connect.get_client(host=HOST, port=port, interface="http", compress=False)
+    return clickhouse_connect.get_client(
+        host=HOST,
+        port=port,
+        interface="http",
+        compress=False,
+        username="tailguard",
+        password=token,
+        database=database,
+    )
 
 
-def _http_store(port: int, database: str) -> Any:
+def _http_store(live: LiveWorker, database: str) -> Any:
     from pipeline.adapters.store import ClickHouseStore
 
-    return ClickHouseStore(_http_client(port), database)
+    return ClickHouseStore(_http_client(live.port, live.token, database), database)
 
 
 def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
@@ -449,7 +702,7 @@ def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
             log.debug(
                 "reading %s through worker %d's port %d", settings.store_dir, live.pid, live.port
             )
-            return _http_store(live.port, settings.database), True
+            return _http_store(live, settings.database), True
         try:
             return open_store(settings), False
         except StoreError:
@@ -491,6 +744,7 @@ def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
             dsn=settings.clickhouse_url,
             username=settings.clickhouse_user,
             password=settings.clickhouse_password.get_secret_value(),
+            database=settings.database,
             settings={"readonly": 1},
         )
         try:
@@ -504,7 +758,7 @@ def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
     while True:
         live = find_live_worker(settings.store_dir)
         if live is not None:
-            client = _http_client(live.port)
+            client = _http_client(live.port, live.token, settings.database)
             try:
                 yield client
             finally:
@@ -518,9 +772,11 @@ def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
                 raise
             time.sleep(0.2)
     try:
-        server = QueryServer(settings.store_dir, owner.lock).start(publish=False)
+        server = QueryServer(settings.store_dir, owner.lock, database=settings.database).start(
+            publish=False
+        )
         try:
-            client = _http_client(server.port)
+            client = _http_client(server.port, server.token, settings.database)
             try:
                 yield client
             finally:

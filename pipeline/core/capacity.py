@@ -26,7 +26,12 @@ concurrency c goes to 2^round(log2 c); idle buckets, c < 0.5, are left out),
 and per level: P99 (element ``floor(0.99 n)`` of the sorted values, exact),
 mean compute time, throughput per instance. The first and last bucket of each
 instance are left out (partly observed). Levels with fewer than
-``min_requests`` requests are shown but never chosen.
+``min_requests`` requests are shown (``thin``) but never chosen.
+
+How much data stands behind a level's P99: its request count and a
+distribution-free 95 % confidence interval of the P99 (order statistics: the
+number of requests below the true P99 is binomial(n, 0.99)). With fewer than
+368 requests the interval has no upper bound: such a P99 says little.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Level:
     throughput_rps: float  # per instance
     littles_law_rps: float  # mean concurrency / mean e2e: the theoretical maximum at that level
     holds_target: bool
+    # 95 % confidence interval of the P99 (None: unbounded, too few requests)
+    p99_ci_low_ms: float | None = None
+    p99_ci_high_ms: float | None = None
+    thin: bool = False  # fewer than min_requests: shown, never chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,41 @@ class ModelCapacity:
 def exact_quantile(sorted_values: Sequence[float], q: float) -> float:
     """Element ``floor(q * n)`` (clamped): ClickHouse ``quantileExact``."""
     return sorted_values[min(int(q * len(sorted_values)), len(sorted_values) - 1)]
+
+
+def quantile_ci_ranks(
+    n: int, q: float = 0.99, confidence: float = 0.95
+) -> tuple[int | None, int | None]:
+    """1-based ranks ``(l, u)`` of the order statistics bounding the ``q`` quantile with
+    at least ``confidence`` (``P(x_(l) <= ξ_q <= x_(u))``); None where no rank of ``n``
+    values is far enough out (the bound is unbounded)."""
+    if n <= 0:
+        return None, None
+    alpha = (1.0 - confidence) / 2
+    # pmf of Binomial(n, q) by recurrence in log space, for the CDF
+    log_q, log_p = math.log(q), math.log1p(-q)
+    cdf = 0.0
+    lower: int | None = None
+    upper: int | None = None
+    for k in range(n + 1):
+        log_pmf = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        cdf += math.exp(log_pmf + k * log_q + (n - k) * log_p)
+        # cdf = P(B <= k): rank k + 1 is a lower bound while P(B <= k) <= alpha
+        if cdf <= alpha and k + 1 <= n:
+            lower = k + 1
+        if upper is None and cdf >= 1.0 - alpha and k + 1 <= n:
+            upper = k + 1
+            break
+    return lower, upper
+
+
+def p99_ci(sorted_values: Sequence[float]) -> tuple[float | None, float | None]:
+    """The 95 % confidence interval of the P99 of ``sorted_values`` (order statistics)."""
+    lo, hi = quantile_ci_ranks(len(sorted_values))
+    return (
+        None if lo is None else sorted_values[lo - 1],
+        None if hi is None else sorted_values[hi - 1],
+    )
 
 
 def concurrency_level(mean_concurrency: float) -> int | None:
@@ -165,6 +209,7 @@ def fit_model(
         mean_c = sum(g.busy_ms for g in group) / (bucket_ms * len(group))
         mean_e2e_s = sum(e2e) / len(e2e) / 1000
         p99 = exact_quantile(lat, 0.99)
+        ci_low, ci_high = p99_ci(lat)
         levels.append(
             Level(
                 concurrency=level,
@@ -178,6 +223,9 @@ def fit_model(
                 throughput_rps=sum(g.finished for g in group) / (len(group) * bucket_ms / 1000),
                 littles_law_rps=mean_c / mean_e2e_s if mean_e2e_s > 0 else 0.0,
                 holds_target=p99 <= target_p99_ms,
+                p99_ci_low_ms=ci_low,
+                p99_ci_high_ms=ci_high,
+                thin=len(lat) < min_requests,
             )
         )
     eligible = [lv for lv in levels if lv.holds_target and lv.requests >= min_requests]

@@ -789,12 +789,73 @@ def _line(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+_SPEC_MODULES = ("pipeline.core.slo", "pipeline.core.policy", "pipeline.core.budget")
+_UNIT_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|s|sec|m|min|h)\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "m": 60_000.0, "min": 60_000.0, "h": 3_600_000.0}
+_NUMBER_RE = re.compile(r"^\s*-?[0-9]+(\.[0-9]+)?\s*$")
+
+
+def _known_fields() -> set[str]:
+    """Every field name (and alias) of the tailguard/v1 file models loaded in this process."""
+    import sys
+
+    names: set[str] = set()
+    for mod_name in _SPEC_MODULES:
+        mod = sys.modules.get(mod_name)
+        for obj in vars(mod).values() if mod is not None else ():
+            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj is not BaseModel:
+                for fname, info in obj.model_fields.items():
+                    names.add(info.alias or fname)
+    return names
+
+
+def _did_you_mean(name: str) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(name, sorted(_known_fields()), n=1, cutoff=0.75)
+    return f"; did you mean {match[0]!r}?" if match else " (not part of tailguard/v1; a typo?)"
+
+
+def _unit_hint(field: str, value: Any) -> str | None:
+    """``threshold_ms: 400ms`` -> the number the field wants, in the unit its name says."""
+    if not isinstance(value, str):
+        return None
+    m = _UNIT_RE.match(value)
+    unit = "ms" if field.endswith("_ms") else ("s" if field.endswith("_s") else None)
+    if m is None or unit is None:
+        return None
+    ms = float(m.group(1)) * _UNIT_MS[m.group(2).lower()]
+    n = ms if unit == "ms" else ms / 1000.0
+    return (
+        f"expected a number: the unit is in the field's name ({field} is in {unit}), "
+        f"so write {n:g} instead of {value!r}"
+    )
+
+
 def _message(err: Mapping[str, Any]) -> str:
+    """An operator's message for one pydantic error: no internal class names, a
+    "did you mean" for a misspelt field, a unit hint for ``threshold_ms: 400ms``."""
+    loc = tuple(err.get("loc", ()))
+    field = next((str(p) for p in reversed(loc) if isinstance(p, str) and p != "[key]"), "")
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
     if err["type"] == "extra_forbidden":
-        return "unknown field (not part of tailguard/v1; a typo?)"
-    return str(err["msg"])
+        return f"unknown field {field!r}{_did_you_mean(field)}"
+    hint = _unit_hint(field, err.get("input"))
+    if hint is not None:
+        return hint
+    msg = re.sub(r" or (an )?instance of \w+", "", str(err["msg"]))
+    msg = msg.replace("a valid dictionary", "a mapping (key: value)")
+    value = err.get("input")
+    if str(err["type"]).endswith(("_type", "_parsing")) and isinstance(
+        value, str | int | float | bool
+    ):
+        msg += f", got {value!r}"
+        if isinstance(value, str) and _NUMBER_RE.match(value) and "number" in msg:
+            msg += " (quoted, so text: write it without quotes)"
+    if field == "window" and "mapping" in msg:
+        msg += " (write {rolling: 30d} or {calendar: month})"
+    return msg
 
 
 def parse_yaml_mapping(text: str, source: str, what: str) -> tuple[dict[str, Any], yaml.Node]:

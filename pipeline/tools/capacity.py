@@ -75,6 +75,8 @@ def to_json(models: Sequence[ModelCapacity], boundary: str) -> dict[str, Any]:
                         "buckets": lv.buckets,
                         "requests": lv.requests,
                         "p99_ms": lv.p99_ms,
+                        "p99_ci95_ms": [lv.p99_ci_low_ms, lv.p99_ci_high_ms],
+                        "thin": lv.thin,
                         "p99_compute_ms": lv.p99_compute_ms,
                         "mean_compute_ms": lv.mean_compute_ms,
                         "throughput_rps": lv.throughput_rps,
@@ -87,6 +89,12 @@ def to_json(models: Sequence[ModelCapacity], boundary: str) -> dict[str, Any]:
             for m in models
         ],
     }
+
+
+def _ci(low: float | None, high: float | None) -> str:
+    lo = "…" if low is None else f"{low:.0f}"
+    hi = "…" if high is None else f"{high:.0f}"
+    return f"{lo}-{hi} ms"
 
 
 def render(models: Sequence[ModelCapacity], boundary: str) -> Any:
@@ -103,10 +111,10 @@ def render(models: Sequence[ModelCapacity], boundary: str) -> Any:
             f"target P99 {boundary} <= {m.target_p99_ms:g} ms"
         )
         for col in (
-            "concurrency", "mean", "requests", f"P99 {boundary}", "P99 compute",
+            "concurrency", "mean", "requests", f"P99 {boundary}", "P99 95% CI", "P99 compute",
             "mean compute", "req/s per instance", "Little's law req/s", "holds",
         ):  # fmt: skip
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", overflow="fold")
         for lv in m.levels:
             chosen = m.chosen is not None and lv.concurrency == m.chosen.concurrency
             t.add_row(
@@ -114,14 +122,25 @@ def render(models: Sequence[ModelCapacity], boundary: str) -> Any:
                 f"{lv.mean_concurrency:.1f}",
                 str(lv.requests),
                 f"{lv.p99_ms:.0f} ms",
+                _ci(lv.p99_ci_low_ms, lv.p99_ci_high_ms),
                 f"{lv.p99_compute_ms:.0f} ms",
                 f"{lv.mean_compute_ms:.0f} ms",
                 f"{lv.throughput_rps:.2f}",
                 f"{lv.littles_law_rps:.2f}",
-                ("yes" if lv.holds_target else "no") + (" <- chosen" if chosen else ""),
-                style="bold" if chosen else None,
+                ("yes" if lv.holds_target else "no")
+                + (" (thin)" if lv.thin else "")
+                + (" <- chosen" if chosen else ""),
+                style="bold" if chosen else ("dim" if lv.thin else None),
             )
         parts.append(t)
+        if any(lv.thin for lv in m.levels):
+            parts.append(
+                Text(
+                    "thin: fewer requests than --min-requests; never chosen. A P99 needs "
+                    "about 370 requests before its 95% CI has an upper bound (open: '…').",
+                    style="dim",
+                )
+            )
         if m.chosen is None:
             parts.append(
                 Text(
@@ -131,6 +150,14 @@ def render(models: Sequence[ModelCapacity], boundary: str) -> Any:
                 )
             )
             continue
+        if m.chosen.p99_ci_high_ms is None:
+            parts.append(
+                Text(
+                    f"caution: the chosen level's P99 rests on {m.chosen.requests} requests; "
+                    "its 95% CI has no upper bound (measure longer for a firmer sizing)",
+                    style="yellow",
+                )
+            )
         lines = [
             f"per instance: {m.chosen.throughput_rps:.2f} req/s at concurrency "
             f"{m.chosen.concurrency} (P99 {m.chosen.p99_ms:.0f} ms); observed peak "

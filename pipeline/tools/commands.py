@@ -9,6 +9,7 @@ live worker owning the directory, through the worker's read-only query port
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,8 @@ def _settings(args: argparse.Namespace) -> Any:
     return cli._settings(args)
 
 
-def _fail(message: str) -> int:
-    print(f"tailguard: {message}", file=sys.stderr)
+def _fail(args: argparse.Namespace, message: str) -> int:
+    print(f"tailguard {args.command}: {message}", file=sys.stderr)
     return 1
 
 
@@ -39,19 +40,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     spec_path = args.slo or settings.slo_spec
     if spec_path is None:
-        return _fail("no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
+        return _fail(args, "no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
+    if not Path(spec_path).is_file():
+        return _fail(args, f"no SLO spec at {spec_path}")
     try:
         spec = load_spec_file(spec_path)
     except SpecError as exc:
-        return _fail(f"invalid SLO spec:\n{exc}")
+        return _fail(args, f"invalid SLO spec:\n{exc}")
     try:
         store = open_reader(settings)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     try:
         explanation, events = explain_request(store, args.request_id, spec)
     except NotFoundError:
-        return _fail(f"no request {args.request_id!r} in the store")
+        return _fail(args, f"no request {args.request_id!r} in the store")
     finally:
         store.close()
     if args.json:
@@ -72,7 +75,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     try:
         store = open_reader(settings)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     try:
         models = capacity(
             store,
@@ -85,7 +88,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             model=args.model,
         )
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     finally:
         store.close()
     if args.json:
@@ -100,23 +103,57 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import read_only_client
     from pipeline.adapters.store import StoreError
-    from pipeline.tools.sql import render, run, to_json, to_tsv
+    from pipeline.tools.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
 
     settings = _settings(args)
+    own_format = user_format(args.query)
     try:
         with read_only_client(settings) as client:
-            names, rows = run(client, args.query)
+            if own_format is not None:  # the query names its format: the engine's bytes
+                raw = run_raw(client, args.query)
+            else:
+                names, rows = run(client, args.query)
     except StoreError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     except Exception as exc:  # the engine's refusal or error, as ClickHouse words it
-        return _fail(str(exc).strip())
-    if args.format == "json":
+        return _fail(args, clean_error(str(exc)))
+    if own_format is not None:
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+    elif args.format == "json":
         print(orjson.dumps(to_json(names, rows)).decode())
     elif args.format == "tsv":
         sys.stdout.write(to_tsv(names, rows))
     else:
         Console().print(render(names, rows))
     return 0
+
+
+def _number(lo: float, hi: float | None = None, *, lo_open: bool = True) -> Any:
+    """An argparse type: a float in (lo, hi] (or [lo, hi] with ``lo_open=False``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        low_ok = v > lo if lo_open else v >= lo
+        if not (low_ok and (hi is None or v <= hi)) or math.isnan(v):
+            bound = f"{'>' if lo_open else '>='} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return v
+
+    return parse
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
 
 
 def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -135,7 +172,7 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
     )
     add_store(s)
     s.add_argument(
-        "--p99-ms", type=float, default=300.0, help="P99 target (default 300, the documents')"
+        "--p99-ms", type=_number(0), default=300.0, help="P99 target (default 300, the documents')"
     )
     s.add_argument(
         "--boundary",
@@ -143,11 +180,21 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
         help="boundary of the target (default ttft_engine_ms: queue + prefill)",
     )
     s.add_argument(
-        "--qps", type=float, action="append", help="target QPS (repeatable; default: peak seen)"
+        "--qps",
+        type=_number(0),
+        action="append",
+        help="target QPS (repeatable; default: peak seen)",
     )
-    s.add_argument("--utilisation", type=float, default=0.7, help="load ceiling (default 0.7)")
-    s.add_argument("--bucket-s", type=float, default=10.0, help="measurement bucket (seconds)")
-    s.add_argument("--min-requests", type=int, default=100, help="per level, to be chosen")
+    s.add_argument(
+        "--utilisation",
+        type=_number(0, 1),
+        default=0.7,
+        help="load ceiling in (0, 1] (default 0.7)",
+    )
+    s.add_argument(
+        "--bucket-s", type=_number(0), default=10.0, help="measurement bucket (seconds, > 0)"
+    )
+    s.add_argument("--min-requests", type=_count, default=100, help="per level, to be chosen")
     s.add_argument("--model", help="only this model")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_capacity)
@@ -155,5 +202,10 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
     s = sub.add_parser("sql", help="read-only SQL against the store")
     s.add_argument("query")
     add_store(s)
-    s.add_argument("--format", choices=("table", "tsv", "json"), default="table")
+    s.add_argument(
+        "--format",
+        choices=("table", "tsv", "json"),
+        default="table",
+        help="output (a query ending in its own FORMAT X is printed as the engine writes it)",
+    )
     s.set_defaults(func=cmd_sql)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import stat
 import threading
 import time
 import urllib.error
@@ -40,20 +42,32 @@ def _records(start: int, n: int) -> list:
     ]
 
 
-@pytest.fixture
-def served(tmp_path: Path):
+def _serve(tmp_path: Path):
     settings = Settings(store_dir=tmp_path / "store")
     store = open_store(settings)
     migrate(store)
     write_requests(store, _records(0, 10))
     server = QueryServer(settings.store_dir, store.lock).start()
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=server.port, compress=False)
+    client = clickhouse_connect.get_client(
+        host="127.0.0.1", port=server.port, compress=False, password=server.token
+    )
     try:
         yield settings, store, server, client
     finally:
         client.close()
         server.stop()
         store.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def served_shared(tmp_path_factory: pytest.TempPathFactory):
+    """One store for the read-only tests below (nothing they run may change it)."""
+    yield from _serve(tmp_path_factory.mktemp("shared"))
 
 
 def _count(store: ClickHouseStore) -> int:
@@ -132,8 +146,11 @@ def test_setting_changes_are_refused(served) -> None:
         client.query("SELECT 1", settings={"max_threads": 1})
     # ... and a plain HTTP client is refused by the port and by the engine
     url = f"http://127.0.0.1:{server.port}/?max_threads=1"
+    request = urllib.request.Request(
+        url, data=b"SELECT 1", headers={"X-ClickHouse-Key": server.token}
+    )
     with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(urllib.request.Request(url, data=b"SELECT 1"), timeout=10)
+        urllib.request.urlopen(request, timeout=10)
     assert exc.value.code == 403
     assert exc.value.headers["X-ClickHouse-Exception-Code"] == "164"
     with pytest.raises(Exception, match=r"(?i)readonly"):
@@ -171,12 +188,16 @@ def test_queries_interleave_with_writes_of_the_owning_process(served) -> None:
 
 def test_discovery_file_and_live_worker_lookup(served, tmp_path: Path) -> None:
     settings, _store, server, _client = served
-    info = json.loads((settings.store_dir / DISCOVERY_FILE).read_text())
+    path = settings.store_dir / DISCOVERY_FILE
+    info = json.loads(path.read_text())
     assert info == {
         "port": server.port,
         "pid": os.getpid(),
         "store": os.path.realpath(settings.store_dir),
+        "token": server.token,
     }
+    assert len(server.token) >= 40
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the token: only the owner reads it
     live = find_live_worker(settings.store_dir)
     assert live is not None
     assert (live.port, live.pid) == (server.port, os.getpid())
@@ -224,3 +245,181 @@ def test_idle_port_costs_next_to_nothing(served) -> None:
     used = cpu_s() - before
     print(f"idle query port: {used * 1000:.0f} ms CPU in {time.monotonic() - t0:.1f} s")
     assert used < 0.05
+
+
+# --- only the store's own tables, and only with the token ------------------------------
+
+# Every table function in every statement kind, and the other ways out of the store.
+ESCAPES = [
+    "SELECT * FROM file('/etc/passwd', 'TSVWithNames')",
+    "DESCRIBE TABLE file('/etc/passwd', 'TSVWithNames')",
+    "DESCRIBE TABLE file('/etc/passwd', 'JSONEachRow')",
+    "DESC url('http://127.0.0.1:{port}/x', 'TSVWithNames')",
+    "EXPLAIN SELECT * FROM url('http://127.0.0.1:{port}/x', 'TSVWithNames')",
+    "EXPLAIN PLAN SELECT * FROM file('/etc/passwd', 'LineAsString')",
+    "EXPLAIN SYNTAX SELECT * FROM s3('http://127.0.0.1:{port}/b/k', 'CSV')",
+    "EXPLAIN ESTIMATE SELECT * FROM remote('127.0.0.1:{port}', system.one)",
+    "WITH x AS (SELECT * FROM executable('id', 'TSV', 'a String')) SELECT * FROM x",
+    "SELECT * FROM tailguard.requests WHERE request_id IN "
+    "(SELECT * FROM file('/etc/hostname', 'LineAsString'))",
+    "SELECT request_id FROM tailguard.requests UNION ALL "
+    "SELECT * FROM cluster('default', system.one)",
+    "SELECT * FROM tailguard.requests AS r JOIN jdbc('x', 'y', 'z') AS j ON 1",
+    "SELECT * FROM (SELECT * FROM url('http://127.0.0.1:{port}/x', 'LineAsString'))",
+    "SELECT * FROM python('x')",
+    "SELECT * FROM filesystem('/etc')",
+    "SELECT * FROM numbers(10)",
+    "SELECT * FROM merge('system', '.*')",
+    "SELECT * FROM dictionary('d')",
+    "SELECT 1 IN url('http://127.0.0.1:{port}/x', 'LineAsString')",
+    "SELECT file('/etc/passwd')",
+    "SELECT FILE('/etc/passwd')",
+    "SELECT joinGet('system.one', 'dummy', 0)",
+    "SELECT * FROM system.tables",
+    "SELECT * FROM system.processes",
+    "SELECT 1 IN system.tables",
+    "SELECT * FROM information_schema.tables",
+    "SELECT * FROM `system`.`tables`",
+    "DESCRIBE TABLE system.tables",
+    "EXISTS TABLE system.tables",
+    "SHOW CREATE TABLE system.tables",
+    "SHOW TABLES FROM system",
+    "SHOW COLUMNS FROM system.tables",
+    "SHOW COLUMNS FROM tables FROM system",
+    "SHOW DATABASES",
+    "SHOW PROCESSLIST",
+    "SHOW GRANTS",
+    "SHOW SETTINGS LIKE '%'",
+    "SHOW DICTIONARIES",
+    "SELECT 1 INTO OUTFILE '/tmp/x'",
+]
+ESCAPES_LEAK = ("root:", "x:0:0", "secret-body")
+
+
+@pytest.fixture
+def http_bait():
+    """A local HTTP server whose body must never come back (and that counts its hits)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    hits: list[str] = []
+
+    class Bait(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = b"a\nsecret-body\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Bait)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[1], hits
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("sql", ESCAPES)
+def test_only_the_stores_own_tables_through_the_port(served_shared, http_bait, sql: str) -> None:
+    _settings, store, _server, client = served_shared
+    port, hits = http_bait
+    with pytest.raises(Exception, match=r"code: (164|62)\b") as exc:
+        client.query(sql.replace("{port}", str(port)))
+    message = str(exc.value)
+    for leak in ESCAPES_LEAK:
+        assert leak not in message
+    assert hits == []  # no request was made
+    assert _count(store) == 10
+
+
+@pytest.mark.parametrize("sql", ESCAPES)
+def test_without_the_token_nothing_runs(served_shared, http_bait, sql: str) -> None:
+    _settings, _store, server, _client = served_shared
+    port, hits = http_bait
+    for headers in ({}, {"X-ClickHouse-Key": "wrong"}, {"Authorization": "Basic Og=="}):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/",
+            data=sql.replace("{port}", str(port)).encode(),
+            headers=headers,
+        )
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 401
+        assert exc.value.headers["X-ClickHouse-Exception-Code"] == "516"
+        assert b"root:" not in exc.value.read()
+    assert hits == []
+    # a plain SELECT without the token is refused too; /ping answers (as ClickHouse's)
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/", data=b"SELECT 1")
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(request, timeout=10)
+    assert exc.value.code == 401
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/tailguard", timeout=10)
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/ping", timeout=10) as resp:
+        assert resp.read() == b"Ok.\n"
+    with pytest.raises(Exception, match="516"):  # clickhouse-connect fails as it connects
+        clickhouse_connect.get_client(host="127.0.0.1", port=server.port, password="wrong")
+
+
+def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
+    """Server-side parameters are substituted before the check, as before the run."""
+    _settings, _store, _server, client = served_shared
+    with pytest.raises(Exception, match=r"code: 164\b"):
+        client.query("SELECT * FROM {t:Identifier}", parameters={"t": "system.tables"})
+    rows = client.query("SELECT count() FROM {t:Identifier}", parameters={"t": "requests"})
+    assert rows.result_rows == [(10,)]
+    with pytest.raises(Exception, match=r"code: 164\b"):
+        client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
+
+
+def test_with_the_token_by_any_of_clickhouses_ways(served_shared) -> None:
+    _settings, _store, server, _client = served_shared
+    basic = base64.b64encode(f"tailguard:{server.token}".encode()).decode()
+    for headers, query in (
+        ({"X-ClickHouse-Key": server.token}, ""),
+        ({"Authorization": f"Basic {basic}"}, ""),
+        ({}, f"?password={server.token}"),
+    ):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/{query}",
+            data=b"SELECT count() FROM requests FINAL",
+            headers=headers,
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.read() == b"10\n"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count() FROM requests FINAL",
+        "SELECT count() FROM tailguard.requests FINAL",
+        "SELECT count() FROM `tailguard`.`requests` FINAL",
+        "WITH r AS (SELECT * FROM requests FINAL) SELECT count() FROM r",
+        "SELECT count() FROM requests AS a JOIN tailguard.requests AS b USING request_id",
+        "SELECT count() FROM (SELECT request_id FROM requests) WHERE request_id IN "
+        "(SELECT request_id FROM tailguard.requests)",
+        "SELECT count() FROM slo_1m",
+        "SELECT format('{} {}', 'a', 'b')",
+        "SELECT dummy FROM system.one",
+        "DESCRIBE TABLE requests",
+        "DESCRIBE (SELECT 1 AS x)",
+        "EXPLAIN SELECT count() FROM requests",
+        "EXISTS TABLE requests",
+        "EXISTS TABLE tailguard.requests",
+        "SHOW TABLES",
+        "SHOW TABLES FROM tailguard LIKE 'req%'",
+        "SHOW COLUMNS FROM requests",
+        "SHOW CREATE TABLE requests",
+    ],
+)
+def test_the_stores_own_tables_work_unqualified_and_qualified(served_shared, sql: str) -> None:
+    _settings, _store, _server, client = served_shared
+    rows = client.query(sql).result_rows
+    assert rows

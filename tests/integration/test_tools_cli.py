@@ -24,6 +24,7 @@ from pipeline.adapters.controller import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS
 from pipeline.adapters.store import _insert, open_store
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.integration.harness import REPO
+from tests.integration.test_query_server import ESCAPES, ESCAPES_LEAK
 
 pytestmark = pytest.mark.integration
 
@@ -111,23 +112,35 @@ def test_html_report_renders_in_headless_chromium_with_every_chart_drawn(
     tg("report", "--store", str(store), "--html", str(page))
     text = page.read_text()
     assert not re.search(r"""(src|href)=["']?https?:""", text), "the report must be self-contained"
+    # the header reads as prose, not Python dicts; the render check is not shown
+    header = text[text.index("<h1>") : text.index("<h2>")]
+    assert "{" not in header
+    assert "'" not in header
+    assert '<pre id="render-check" hidden>' in text
     url = page.resolve().as_uri()
     dom = chromium("--virtual-time-budget=5000", "--dump-dom", url, profile=tmp_path / "p1")
     assert dom.returncode == 0, dom.stderr[-2000:]
     # what the browser laid out: marks with a non-empty box, per chart (the page's own check)
-    check = re.search(r'<pre id="render-check">([^<]*)</pre>', dom.stdout)
+    check = re.search(r'<pre id="render-check" hidden="">([^<]*)</pre>', dom.stdout)
     assert check is not None
     drawn = json.loads(check.group(1))
     print("marks drawn per chart:", drawn)
     assert set(drawn) == set(CHARTS)
     for chart in CHARTS:
         assert drawn[chart] > 0, f"chart {chart} has nothing drawn"
-    assert drawn["control"] >= len(replay["control"])  # a point per directive (plus lines)
-    # and in the DOM the browser parsed: SVG marks per chart
+    # a step line and a point set per scope
+    assert drawn["control"] >= 2 * len({c["scope"] for c in replay["control"]})
+    # in the DOM the browser parsed: an SVG with marks per chart, time ticks on whole minutes
     for chart in CHARTS:
-        svg = re.search(rf'<svg class="chart" data-chart="{chart}".*?</svg>', dom.stdout, re.S)
-        assert svg is not None
-        assert len(re.findall(r'<(path|rect|circle) class="mark"', svg.group(0))) > 0
+        fig = re.search(
+            rf'<figure class="chart" data-chart="{chart}">.*?</figure>', dom.stdout, re.S
+        )
+        assert fig is not None
+        assert "<svg" in fig.group(0)
+        assert re.search(r'<g id="mark-', fig.group(0)), chart
+        ticks = re.findall(r">(\d\d:\d\d(?::\d\d)?)<", fig.group(0))
+        assert ticks, f"{chart}: no HH:MM tick labels"
+        assert all(len(t) == 5 for t in ticks), f"{chart}: ticks at odd seconds {ticks}"
     shot = tmp_path / "report.png"
     res = chromium(f"--screenshot={shot}", url, profile=tmp_path / "p2")
     assert res.returncode == 0, res.stderr[-2000:]
@@ -220,3 +233,127 @@ def test_capacity_without_a_worker(built: tuple[Path, dict[str, Any]]) -> None:
         assert need == -(-50 // (m["per_instance_rps"] * 0.7))
     text = tg("capacity", "--store", str(store), "--p99-ms", "600").stdout
     assert "instances" in text
+
+
+ODD = "SELECT 'two\nlines' AS a, 'tab\there' AS b, 'back\\\\slash \\\\N' AS c, NULL AS d, '' AS e"
+
+
+def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, replay = built
+    rows = json.loads(
+        tg("sql", "SELECT count() AS n FROM requests FINAL", "--store", str(store),
+           "--format", "json").stdout
+    )  # fmt: skip
+    assert rows == [{"n": replay["requests"]}]
+    # the user's own FORMAT: the engine's bytes in that format
+    out = tg("sql", "SELECT count() AS n FROM requests FINAL FORMAT JSONEachRow", "--store",
+             str(store)).stdout  # fmt: skip
+    assert json.loads(out) == {"n": str(replay["requests"])} or json.loads(out) == {
+        "n": replay["requests"]
+    }
+    # errors: one line, the engine's words, no client URL, no appended FORMAT
+    for sql in ("SELEC 1", "SELECT nope FROM requests", "SELECT 1 FORMAT JSON FORMAT CSV"):
+        p = tg("sql", sql, "--store", str(store), check=False)
+        assert p.returncode == 1
+        err = p.stderr.strip()
+        assert err.startswith("tailguard sql: "), err
+        for leak in ("\n", "127.0.0.1", "FORMAT Native", "formatQuerySingleLine", "Traceback"):
+            assert leak not in err, err
+    # TSV: odd values stay on their row and read back as the JSON output has them
+    from pipeline.tools.sql import parse_tsv
+
+    tsv = tg("sql", ODD, "--store", str(store), "--format", "tsv").stdout
+    assert tsv.count("\n") == 2
+    as_json = json.loads(tg("sql", ODD, "--store", str(store), "--format", "json").stdout)
+    names, rows = parse_tsv(tsv)
+    assert [dict(zip(names, r, strict=True)) for r in rows] == as_json
+    assert as_json[0]["a"] == "two\nlines"
+    assert as_json[0]["c"] == "back\\slash \\N"
+
+
+@pytest.mark.parametrize("sql", ESCAPES)
+def test_sql_refuses_what_is_not_the_stores(built: tuple[Path, dict[str, Any]], sql: str) -> None:
+    store, _ = built
+    p = tg("sql", sql.replace("{port}", "9"), "--store", str(store), check=False)
+    assert p.returncode == 1
+    assert re.search(r"\(code (164|62)\)", p.stderr), p.stderr
+    for leak in ESCAPES_LEAK:
+        assert leak not in p.stdout + p.stderr
+
+
+REPORT_KEYS = {
+    "requests", "by_source", "by_outcome", "boundaries", "slos", "open_windows", "control",
+    "budget_events", "clock_skew", "filters", "series",
+}  # fmt: skip
+SLO_KEYS = {
+    "kind", "objective", "total", "good", "compliance", "met", "budget_bad", "budget_allowed",
+    "budget_remaining", "burn_rate",
+}  # fmt: skip
+
+
+def test_report_json_carries_what_the_text_and_html_show(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, replay = built
+    out = json.loads(tg("report", "--store", str(store), "--json").stdout)
+    assert set(out) == REPORT_KEYS
+    assert out["requests"] == replay["requests"]
+    assert out["slos"]
+    for slo in out["slos"].values():
+        assert set(slo) == SLO_KEYS
+        assert set(slo["burn_rate"]) == {"5m", "1h"}
+    # worst first: unmet SLOs before met ones, least budget left first among them
+    met = [s["met"] for s in out["slos"].values()]
+    assert met == sorted(met, key=lambda m: {False: 0, True: 1, None: 2}[m])
+    # the control timeline and directives, the budget events, the chart series
+    assert len(out["control"]) >= len(replay["control"])
+    assert out["budget_events"]
+    series = out["series"]
+    assert set(series) == {
+        "latency_p99_ms_per_minute", "breakdown_mean_ms_per_minute",
+        "budget_remaining_per_minute", "burn_rate_5m_per_minute", "control_timeline",
+    }  # fmt: skip
+    assert series["latency_p99_ms_per_minute"]["gateway_total_ms"]
+    assert set(series["control_timeline"]) == {c["scope"] for c in replay["control"]}
+    assert out["open_windows"]["requests_after"] == 0  # a replay closes every window
+
+
+def test_text_report_filters_budgets_and_never_cuts_names(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
+    store, _ = built
+    full = json.loads(tg("report", "--store", str(store), "--json").stdout)
+    # a narrow terminal: names stay whole (cells fold, names do not)
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "report", "--store", str(store)],
+        check=True, cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, COLUMNS="80", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
+    )  # fmt: skip
+    assert "…" not in p.stdout
+    for name in full["slos"]:
+        assert name in p.stdout
+    assert "budget left" in p.stdout
+    assert "burn 1h" in p.stdout
+    # the SLO table is in badness order
+    rows = [line for line in p.stdout.splitlines() if any(n in line for n in full["slos"])]
+    order = [next(n for n in full["slos"] if f" {n} " in line) for line in rows]
+    assert order[: len(full["slos"])] == list(full["slos"])
+    # filters: one SLO, one model, a time range
+    one = next(iter(full["slos"]))
+    only = json.loads(tg("report", "--store", str(store), "--json", "--slo", one).stdout)
+    assert list(only["slos"]) == [one]
+    model = next(iter(full["series"]["control_timeline"]))
+    per_model = json.loads(tg("report", "--store", str(store), "--json", "--model", model).stdout)
+    assert 0 < per_model["requests"] < full["requests"]
+    times = [t for t, _ in full["series"]["latency_p99_ms_per_minute"]["gateway_total_ms"]]
+    mid = times[len(times) // 2]
+    early = json.loads(tg("report", "--store", str(store), "--json", "--until", mid).stdout)
+    late = json.loads(tg("report", "--store", str(store), "--json", "--since", mid).stdout)
+    assert early["requests"] + late["requests"] == full["requests"]
+    assert early["filters"]["until"] == mid.replace("Z", "+00:00")
+    assert all(t < mid for t, _ in early["series"]["latency_p99_ms_per_minute"]["gateway_total_ms"])
+    bad = tg("report", "--store", str(store), "--since", "yesterday", check=False)
+    assert bad.returncode == 2
+    assert "not a time" in bad.stderr

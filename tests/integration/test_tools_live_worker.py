@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,11 +95,50 @@ def test_tools_work_with_and_without_a_running_worker(kafka, tmp_path: Path) -> 
 
         p = tg("report", "--store", str(store), "--json")
         assert p.returncode == 0, p.stderr[-2000:]
-        assert json.loads(p.stdout)["requests"] == N
+        rep = json.loads(p.stdout)
+        assert rep["requests"] == N
+        # right after the traffic, windows still in their grace period are announced
+        text = tg("report", "--store", str(store)).stdout
+        after = rep["open_windows"]["requests_after"]
+        print(f"requests after the last closed window: {after} of {N}")
+        if after:
+            assert f"{after} of {N} requests ended after the last closed window" in text
+            assert "still open" in text
 
         p = tg("sql", "DROP TABLE tailguard.requests", "--store", str(store))
         assert p.returncode == 1
         assert "164" in p.stderr
+        # the store's own tables only, through the worker's port too; unqualified names work
+        for sql in (
+            "DESCRIBE TABLE file('/etc/passwd', 'TSVWithNames')",
+            "SELECT * FROM url('http://127.0.0.1:9/x', 'LineAsString')",
+            "SELECT * FROM system.tables",
+        ):
+            p = tg("sql", sql, "--store", str(store))
+            assert p.returncode == 1, p.stdout
+            assert "(code 164)" in p.stderr
+            assert "root:" not in p.stderr
+        p = tg("sql", "SELECT count() AS n FROM requests FINAL", "--store", str(store),
+               "--format", "json")  # fmt: skip
+        assert json.loads(p.stdout) == [{"n": N}]
+        # the port itself: nothing without the discovery file's token (mode 0600)
+        assert stat.S_IMODE((store / DISCOVERY_FILE).stat().st_mode) == 0o600
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{info['port']}/",
+            data=b"DESCRIBE TABLE file('/etc/passwd', 'TSVWithNames')",
+        )
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 401
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{info['port']}/",
+            data=b"DESCRIBE TABLE file('/etc/passwd', 'TSVWithNames')",
+            headers={"X-ClickHouse-Key": info["token"]},
+        )
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 403
+        assert b"root:" not in exc.value.read()
         assert worker.alive()
         assert count(store) == N
     finally:

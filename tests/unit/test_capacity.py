@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.core.capacity import (
     Sample,
@@ -13,6 +15,7 @@ from pipeline.core.capacity import (
     fit,
     fit_model,
     instances_needed,
+    quantile_ci_ranks,
 )
 
 
@@ -93,3 +96,44 @@ def test_fit_sizes_each_model_for_its_own_peak_by_default() -> None:
         ((qps, n),) = m.instances_needed.items()
         assert qps == m.peak_qps
         assert n == math.ceil(qps / (m.chosen.throughput_rps * 0.7))
+
+
+@pytest.mark.parametrize(
+    ("n", "ranks"),
+    [
+        (0, (None, None)),
+        (27, (25, None)),  # the thin levels of the issue: no upper bound at all
+        (367, (359, None)),
+        (368, (360, 368)),  # from here 1 - 0.99^n >= 0.975
+        (1000, (983, 997)),
+    ],
+)
+def test_p99_confidence_interval_ranks(n: int, ranks: tuple[int | None, int | None]) -> None:
+    assert quantile_ci_ranks(n) == ranks
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(min_value=1, max_value=3000))
+def test_p99_ci_ranks_cover_at_least_95_percent(n: int) -> None:
+    lo, hi = quantile_ci_ranks(n)
+    # P(l <= B < u) for B ~ Binomial(n, 0.99), an unbounded side taken as the whole range
+    lo_k, hi_k = (lo or 0), (hi or n + 1)
+
+    def pmf(k: int) -> float:
+        return math.exp(
+            math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+            + k * math.log(0.99) + (n - k) * math.log(0.01)
+        )  # fmt: skip
+
+    assert sum(pmf(k) for k in range(lo_k, hi_k) if 0 <= k <= n) >= 0.95 - 1e-9
+
+
+def test_levels_carry_their_p99_interval_and_thinness() -> None:
+    samples = [Sample("m", "e0", 1000.0 * i, 900.0, 500.0, float(i % 50)) for i in range(400)]
+    (m,) = fit(samples, 300.0, bucket_ms=10_000.0, min_requests=100)
+    for lv in m.levels:
+        assert lv.thin == (lv.requests < 100)
+        assert lv.p99_ci_low_ms is not None
+        assert lv.p99_ci_low_ms <= lv.p99_ms
+        if lv.p99_ci_high_ms is not None:
+            assert lv.p99_ms <= lv.p99_ci_high_ms

@@ -42,6 +42,13 @@ def _expected_boundaries(events: list[dict]) -> dict[str, list[float]]:
             out["tpot_ms"].append(f["decode_ms"] / (f["output_tokens"] - 1))
         if rid in done:
             out["gateway_overhead_ms"].append(done[rid]["total_ms"] - f["e2e_ms"])
+    streamed = {e["request_id"] for e in events if e["kind"] == "gateway.received" and e["stream"]}
+    for rid, c in done.items():
+        # gateway only (no engine event): a streamed request's TPOT from first to last
+        # byte over the tokens after the first, on the gateway's clock
+        n = c.get("output_tokens") or 0
+        if rid not in fin and rid in streamed and c.get("ttfb_ms") is not None and n >= 2:
+            out["tpot_ms"].append(max(0.0, c["total_ms"] - c["ttfb_ms"]) / (n - 1))
     return out
 
 

@@ -715,3 +715,32 @@ def test_core_module_imports_no_kafka_faust_or_clickhouse() -> None:
 def test_every_boundary_can_be_named() -> None:
     for b in BOUNDARIES:
         assert _slo(boundary=b).boundary == b
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        ("boundary: gateway_total_ms", "slos[0].boundry", "did you mean 'boundary'?"),
+        ("threshold_ms: 400", "slos[0].threshold_ms", "write 400 instead of '400ms'"),
+        ("threshold_ms: 400", "slos[0].threshold_ms", "write 1500 instead of '1.5s'"),
+        ("window: {rolling: 30d}", "slos[0].window", "a mapping (key: value), got '30d'"),
+    ],
+)
+def test_validation_messages_speak_to_operators(change: str, path: str, message: str) -> None:
+    """A "did you mean" for a misspelt field, a unit hint, never an internal class name."""
+    bad = {
+        "slos[0].boundry": "boundry: gateway_total_ms",
+        "slos[0].threshold_ms": "threshold_ms: 400ms" if "400" in message else "threshold_ms: 1.5s",
+        "slos[0].window": "window: 30d",
+    }[path]
+    text = (
+        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: a\n"
+        "    boundary: gateway_total_ms\n    threshold_ms: 400\n    objective: 0.99\n"
+        "    window: {rolling: 30d}\n"
+    ).replace(f"    {change}\n", f"    {bad}\n")
+    with pytest.raises(SpecError) as exc:
+        load_spec(text)
+    messages = {e.path: e.message for e in exc.value.errors}
+    assert message in messages[path], messages
+    assert "instance of" not in str(exc.value)
+    assert "Window" not in str(exc.value)
