@@ -306,6 +306,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tpot_ms", "Nullable(Float64)"),
     ("gateway_overhead_ms", "Nullable(Float64)"),
     ("flags", "Array(LowCardinality(String))"),
+    ("cold_start_unix_ns", "Nullable(Int64)"),  # 0010
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 

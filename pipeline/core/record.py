@@ -164,6 +164,9 @@ class RequestRecord:
     attempt: int = 1
     # A failed attempt the client retried: SLOs with ``attempts: last`` skip it
     superseded: bool = False
+    # Served during a cold start of its engine: the engine's (re)start time, engine clock
+    # (engine.finished ``cold_start_unix_ns``); contracts may exempt it
+    cold_start_unix_ns: int | None = None
 
     @property
     def version(self) -> int:
@@ -284,4 +287,5 @@ def build_record(
         ),
         attempt=attempt,
         superseded=retried and outcome != "ok",
+        cold_start_unix_ns=finished.cold_start_unix_ns if finished is not None else None,
     )

@@ -22,7 +22,8 @@ from tests.factories import completed, finished, received
 
 pytestmark = pytest.mark.integration
 
-OLD = [n for n, _ in REQUEST_COLUMNS if n not in {"attempt", "superseded"}]
+# the columns 0007 had (0008 added attempt and superseded, 0010 cold_start_unix_ns)
+OLD = [n for n, _ in REQUEST_COLUMNS if n not in {"attempt", "superseded", "cold_start_unix_ns"}]
 
 
 def test_0008_keeps_what_0007_stored(tmp_path: Path) -> None:
