@@ -184,7 +184,8 @@ def render_text(st: dict[str, Any]) -> str:
         f"Statement  tenant {st['tenant']}  period {st['period']} ({st['timezone']}: "
         f"{st['period_start']} .. {st['period_end']})",
         f"requests {st['requests']:,}  counted {st['counted']:,}  "
-        f"exempted {len(st['exempted']):,} {st['exempted_by_reason'] or ''}",
+        f"exempted {len(st['exempted']):,}"
+        + "".join(f", {k} {v:,}" for k, v in st["exempted_by_reason"].items()),
         "",
         "SLOs                 boundary           target      total       good   compliance"
         "   objective  met   P99 (period)",
@@ -283,34 +284,50 @@ def _e(x: object) -> str:
     return html.escape(str(x))
 
 
-def _timeline_svg(st: dict[str, Any]) -> str:
-    """The period as a bar: level intervals coloured, billing pauses hatched grey."""
+def _timeline_svg(st: dict[str, Any], lo_ms: int, hi_ms: int, label: str) -> str:
+    """[lo_ms, hi_ms] as a bar: level intervals coloured, billing pauses dark below."""
     w, h = 1000, 34
-    cr = st["credit"]
-    p0 = _period_start_ms(st)
-    total = int(cr["period_ms"])
+    span = max(1, hi_ms - lo_ms)
 
     def x(ms: int) -> float:
-        return round((ms - p0) / total * w, 2)
+        return (min(max(ms, lo_ms), hi_ms) - lo_ms) / span * w
 
     parts = [f'<rect x="0" y="6" width="{w}" height="18" fill="#e8f3ea"/>']
     for t in st["levels"]["timeline"]:
         width = max(1.0, x(t["to_ms"]) - x(t["from_ms"]))
         parts.append(
-            f'<rect class="mark" x="{x(t["from_ms"])}" y="6" width="{width}" height="18" '
-            f'fill="{_LEVEL_COLOURS[t["level"]]}"><title>L{t["level"]} {_e(t["from"])} .. '
-            f"{_e(t['to'])}</title></rect>"
+            f'<rect class="mark" x="{x(t["from_ms"]):.2f}" y="6" width="{width:.2f}" '
+            f'height="18" fill="{_LEVEL_COLOURS[t["level"]]}"><title>L{t["level"]} '
+            f"{_e(t['from'])} .. {_e(t['to'])}</title></rect>"
         )
     for p in st["billing_pauses"]:
         width = max(1.0, x(p["to_ms"]) - x(p["from_ms"]))
         parts.append(
-            f'<rect class="mark" x="{x(p["from_ms"])}" y="26" width="{width}" height="6" '
-            f'fill="#555"><title>billing paused {_e(p["from"])} .. {_e(p["to"])}</title></rect>'
+            f'<rect class="mark" x="{x(p["from_ms"]):.2f}" y="26" width="{width:.2f}" '
+            f'height="6" fill="#555"><title>billing paused {_e(p["from"])} .. {_e(p["to"])}'
+            "</title></rect>"
         )
     return (
-        f'<svg class="timeline" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-        f'xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
+        f'<p class="muted">{_e(label)}</p><svg class="timeline" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
     )
+
+
+def _timelines(st: dict[str, Any]) -> str:
+    """The whole period, and the event-time range the data covers (zoomed)."""
+    p0 = _period_start_ms(st)
+    out = [
+        _timeline_svg(
+            st, p0, p0 + int(st["credit"]["period_ms"]), "period: levels (L1 yellow, L2 orange, "
+            "L3 red) and billing pauses (dark)",
+        )
+    ]  # fmt: skip
+    rng = st["inputs"].get("event_time_range", {})
+    if rng.get("from_unix_ns") is not None:
+        lo = int(rng["from_unix_ns"]) // 1_000_000
+        hi = int(st["inputs"]["observed_until_unix_ns"]) // 1_000_000 + 1
+        out.append(_timeline_svg(st, lo, hi, f"zoomed: {rng['from']} .. {rng['to']} (the data)"))
+    return "".join(out)
 
 
 def _period_start_ms(st: dict[str, Any]) -> int:
@@ -395,7 +412,7 @@ def render_html(st: dict[str, Any]) -> str:
 <p class="muted">{_e(st["period_start"])} .. {_e(st["period_end"])} ({_e(st["timezone"])});
 {st["requests"]:,} requests, {st["counted"]:,} counted, {len(st["exempted"]):,} exempted.</p>
 <h2>Credit: {st["credit_percent"]:.6f} % of the period's fee</h2>
-{_timeline_svg(st)}
+{_timelines(st)}
 <table><tr><th>level</th><th>fee change</th><th>time (outside pauses)</th><th>credit</th></tr>
 {credit_rows}<tr><td>billing paused</td><td>-100 %</td><td>{_dur(st["credit"]["paused_ms"])}</td>
 <td>{st["credit"]["paused_percent"]:.6f} %</td></tr></table>
@@ -406,7 +423,8 @@ def render_html(st: dict[str, Any]) -> str:
 {"".join(rows)}</table>
 <h2>Breaches: {rule["breaches"]} of at most {rule["max_breaches"]},
 {rule["severe"]} severe: {verdict}</h2>
-<table><tr><th>day</th><th>SLO</th><th>P{rule["percentile"]:g}</th><th>target</th><th>ratio</th></tr>
+<table><tr><th>day</th><th>SLO</th><th>P{
+        rule["percentile"]:g}</th><th>target</th><th>ratio</th></tr>
 {breach_rows}</table>
 <h2>Daily P{rule["percentile"]:g}</h2>
 <table><tr><th>day</th>{head}</tr>{"".join(day_rows)}</table>
@@ -416,7 +434,9 @@ def render_html(st: dict[str, Any]) -> str:
 <h2>Cold starts and exemptions</h2>
 <table><tr><th>started</th><th>engine</th><th>requests</th><th>n-th of day</th><th></th></tr>
 {cold_rows}</table>
-<p>Exempted by reason: {_e(st["exempted_by_reason"] or "none")}</p>
+<p>Exempted by reason: {
+        _e(", ".join(f"{k} {v:,}" for k, v in st["exempted_by_reason"].items()) or "none")
+    }</p>
 <h2>Incidents</h2>
 {"".join(incidents) or "<p>none</p>"}
 <h2>Inputs</h2>

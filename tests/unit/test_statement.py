@@ -568,3 +568,17 @@ def test_the_vllm_recorder_marks_requests_in_the_engines_first_seconds() -> None
 
 def test_spec_is_an_slospec() -> None:
     assert isinstance(SPEC, SLOSpec)
+
+
+def test_validate_command_knows_the_contract_kind(tmp_path: Path) -> None:
+    from pipeline.cli import main
+
+    assert main(["validate", str(SPECS / "contract-example.yaml")]) == 0
+    broken = tmp_path / "c.yaml"
+    broken.write_text(
+        (SPECS / "contract-example.yaml")
+        .read_text()
+        .replace("slo_spec: slo-example.yaml", f"slo_spec: {SPECS / 'slo-example.yaml'}")
+        .replace("max_breaches: 3", "max_breaches: many")
+    )
+    assert main(["validate", str(broken)]) == 1
