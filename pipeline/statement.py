@@ -198,6 +198,13 @@ def render_text(st: dict[str, Any]) -> str:
             f"{s['good']:>10,} {_pct(s['compliance']):>12} {_pct(s['objective'], 1):>11}  "
             f"{met:<4} {_ms(p)}"
         )
+    for name, t in st.get("tiers", {}).items():
+        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
+        lines.append(
+            f"  {name:<18} {t['primary']} + {t['secondary_weight']:g} x {t['secondary']} only"
+            f"{'':>3}{t['total']:>10,} {_pct(t['compliance']):>23} "
+            f"{_pct(t['objective'], 1):>11}  {met}"
+        )
     rule = st["breach_rule"]
     lines += [
         "",
@@ -348,6 +355,17 @@ def render_html(st: dict[str, Any]) -> str:
             f"<td>{_pct(s['objective'], 1)}</td><td class='{cls}'>"
             f"{'-' if met is None else ('met' if met else 'missed')}</td>"
             f"<td>{_ms(st['percentiles'][name]['period'])}</td></tr>"
+        )
+    for name, t in st.get("tiers", {}).items():
+        met = t["met"]
+        cls = "muted" if met is None else ("ok" if met else "bad")
+        rows.append(
+            f"<tr><td>{_e(name)}</td><td colspan='2'>blended: {_e(t['primary'])} + "
+            f"{t['secondary_weight']:g} x {_e(t['secondary'])} only</td><td>{t['total']:,}</td>"
+            f"<td>{t['good_primary']:,} + {t['good_secondary_only']:,}</td>"
+            f"<td>{_pct(t['compliance'])}</td><td>{_pct(t['objective'], 1)}</td>"
+            f"<td class='{cls}'>{'-' if met is None else ('met' if met else 'missed')}</td>"
+            "<td></td></tr>"
         )
     days = sorted({d for p in st["percentiles"].values() for d in p["days"]})
     day_rows = []

@@ -17,7 +17,9 @@ The rules (``specs/README.md`` "Contracts" documents them for readers of a state
   counted like any request. Exempted records are in no count below.
 * **SLOs.** For each bound SLO, ``SLO.classify`` on every counted record: ``total``
   = good + bad, ``compliance`` = good / total, ``met`` = compliance >= objective
-  (null when nothing counted).
+  (null when nothing counted). Each blended tier of the spec whose primary and
+  secondary are both bound: ``(good primary + w x good for the secondary only) /
+  total of the primary`` (``pipeline/core/slo.py``), met against its objective.
 * **Percentiles and breaches.** Per bound SLO, the values of its boundary on the
   records it counts (not skipped, with a value); the percentile is nearest-rank
   (the ``ceil(p/100 * n)``-th smallest). Per day whose percentile exceeds the SLO's
@@ -44,7 +46,6 @@ The rules (``specs/README.md`` "Contracts" documents them for readers of a state
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import math
 import zoneinfo
 from collections import defaultdict
@@ -170,34 +171,31 @@ def _ns_of(t: dt.datetime) -> int:
 def _level_timeline(
     changes: Sequence[LevelChange], models: list[str] | None, start_ms: int, end_ms: int
 ) -> list[tuple[int, int, int, list[str]]]:
-    """[(from_ms, to_ms, level, scopes at that level)] covering [start_ms, end_ms)."""
-    by_scope: dict[str, list[LevelChange]] = defaultdict(list)
-    for c in changes:
-        if models is None or c.scope in models or c.scope == "*":
-            by_scope[c.scope].append(c)
-    points = {start_ms, end_ms}
-    for cs in by_scope.values():
-        cs.sort(key=lambda c: (c.at_ms, c.seq))
-        points.update(c.at_ms for c in cs if start_ms < c.at_ms < end_ms)
-    ordered = sorted(points)
+    """[(from_ms, to_ms, level, scopes at that level)] covering [start_ms, end_ms): one
+    sweep over the changes in (event time, seq) order."""
+    ordered = sorted(
+        (c for c in changes if models is None or c.scope in models or c.scope == "*"),
+        key=lambda c: (c.at_ms, c.seq, c.scope),
+    )
+    current: dict[str, int] = {}
+    i = 0
+    while i < len(ordered) and ordered[i].at_ms <= start_ms:
+        current[ordered[i].scope] = ordered[i].level
+        i += 1
     out: list[tuple[int, int, int, list[str]]] = []
-    for a, b in itertools.pairwise(ordered):
-        level, scopes = 0, []
-        for scope, cs in sorted(by_scope.items()):
-            cur = 0
-            for c in cs:
-                if c.at_ms <= a:
-                    cur = c.level
-                else:
-                    break
-            if cur > level:
-                level, scopes = cur, [scope]
-            elif cur == level and cur > 0:
-                scopes.append(scope)
-        if out and out[-1][2] == level and out[-1][3] == scopes and out[-1][1] == a:
-            out[-1] = (out[-1][0], b, level, scopes)
+    t = start_ms
+    while t < end_ms:
+        nxt = ordered[i].at_ms if i < len(ordered) and ordered[i].at_ms < end_ms else end_ms
+        level = max(current.values(), default=0)
+        scopes = sorted(s for s, lv in current.items() if lv == level) if level > 0 else []
+        if out and out[-1][2] == level and out[-1][3] == scopes and out[-1][1] == t:
+            out[-1] = (out[-1][0], nxt, level, scopes)
         else:
-            out.append((a, b, level, scopes))
+            out.append((t, nxt, level, scopes))
+        while i < len(ordered) and ordered[i].at_ms == nxt:
+            current[ordered[i].scope] = ordered[i].level
+            i += 1
+        t = nxt
     return out
 
 
@@ -297,6 +295,35 @@ def compute_statement(
         }
     breaches.sort(key=lambda b: (b["day"], b["slo"]))
     n_severe = sum(1 for b in breaches if b["severe"])
+
+    # blended tiers of the spec whose primary and secondary the contract binds
+    tiers: dict[str, Any] = {}
+    for tname, tier in spec.tiers.items():
+        if tier.primary not in contract.slos or tier.secondary not in contract.slos:
+            continue
+        prim, sec = spec.slo(tier.primary), spec.slo(tier.secondary)
+        total = good_p = good_s = 0
+        for r in counted:
+            vp = prim.classify(r)
+            if vp == "skip":
+                continue
+            total += 1
+            if vp == "good":
+                good_p += 1
+            elif sec.classify(r) == "good":
+                good_s += 1
+        blended = (good_p + tier.secondary_weight * good_s) / total if total else None
+        tiers[tname] = {
+            "primary": tier.primary,
+            "secondary": tier.secondary,
+            "secondary_weight": tier.secondary_weight,
+            "objective": tier.objective,
+            "total": total,
+            "good_primary": good_p,
+            "good_secondary_only": good_s,
+            "compliance": blended,
+            "met": None if blended is None else blended >= tier.objective,
+        }
 
     # -- levels, pauses, credit ------------------------------------------------------------
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
@@ -411,6 +438,7 @@ def compute_statement(
         "requests": len(recs),
         "counted": len(counted),
         "slos": slos,
+        "tiers": tiers,
         "percentiles": percentiles,
         "breaches": breaches,
         "breach_rule": {

@@ -114,6 +114,7 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
     cap = c.exemptions.cold_starts.max_per_day  # type: ignore[union-attr]
     records = exact_records(built["events"])
     starts_seen = set()
+    over_cap = 0
     for tenant in TENANTS:
         st = statement(built["store"], tenant)
         mine = [r for r in records if r.tenant == tenant]
@@ -123,7 +124,7 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
             {(r.cold_start_unix_ns, r.engine_host) for r in mine if r.cold_start_unix_ns}
         )
         starts_seen |= set(episodes)
-        by_day: dict[object, int] = defaultdict(int)
+        by_day: dict[dt.date, int] = defaultdict(int)
         exempt_eps = set()
         for at, host in episodes:
             day = dt.datetime.fromtimestamp(at / 1e9, tz=tz).date()
@@ -137,6 +138,10 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
             (r.request_id, 1) for r in exempt
         }
         assert st["counted"] == len(counted)
+        for day, n_day in by_day.items():  # never more exempted cold starts a day than the cap
+            n = sum(x["exempted"] for x in st["cold_starts"] if x["day"] == day.isoformat())
+            assert n == min(cap, n_day) <= cap
+        over_cap += sum(not x["exempted"] for x in st["cold_starts"])
         for name in c.slos:
             slo = spec.slo(name)
             verdicts = [slo.classify(r) for r in counted]
@@ -151,9 +156,19 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
             ]
             assert st["percentiles"][name]["period"] == nearest_rank(values, 99.0)
             assert st["percentiles"][name]["n"] == len(values)
+        tier = spec.tiers["blended"]
+        prim, sec = spec.slo(tier.primary), spec.slo(tier.secondary)
+        in_prim = [r for r in counted if prim.classify(r) != "skip"]
+        good_p = sum(prim.classify(r) == "good" for r in in_prim)
+        good_s = sum(prim.classify(r) == "bad" and sec.classify(r) == "good" for r in in_prim)
+        t = st["tiers"]["blended"]
+        assert (t["total"], t["good_primary"], t["good_secondary_only"]) == (
+            len(in_prim), good_p, good_s,
+        )  # fmt: skip
         print(tenant, {n: (s["total"], s["good"]) for n, s in st["slos"].items()},
               "exempted", len(exempt), "cold starts", len(episodes))  # fmt: skip
     assert len(starts_seen) == len(RESTARTS), "every restart is one cold start"
+    assert over_cap > 0, "the third cold start of the day is over the cap of 2"
 
 
 def _credit(
@@ -258,6 +273,11 @@ def test_verify_passes_on_the_original_and_fails_when_one_row_is_altered(
     saved = tmp_path / "statement.json"
     saved.write_bytes(orjson.dumps(st))
     ok = tg("statement", "--store", str(built["store"]), "--verify", str(saved))
+    assert ok.stdout.startswith("ok:"), ok.stdout
+    # the other side of the dispute replays the raw events into a store of its own
+    theirs = tmp_path / "theirs"
+    tg("replay", str(built["events"]), "--store", str(theirs), "--json")
+    ok = tg("statement", "--store", str(theirs), "--verify", str(saved))
     assert ok.stdout.startswith("ok:"), ok.stdout
     # a copy of the store in which one of the tenant's request rows is altered (in a
     # process of its own: chDB hosts one engine path per process)

@@ -48,6 +48,8 @@ kind: SLOSpec
 slos:
   - {name: total, boundary: gateway_total_ms, threshold_ms: 400, objective: 0.9}
   - {name: compute, boundary: inference_ms, threshold_ms: 250, objective: 0.5}
+tiers:
+  blended: {primary: total, secondary: compute, secondary_weight: 0.7, objective: 0.6}
 """
 )
 
@@ -281,6 +283,21 @@ def test_counts_are_per_tenant_and_period_and_met_follows_the_objective() -> Non
     assert s["slos"]["total"]["met"] is False  # 2/3 < 0.9
     assert (s["slos"]["compute"]["total"], s["slos"]["compute"]["good"]) == (3, 2)
     assert s["slos"]["compute"]["met"] is True  # 2/3 >= 0.5
+
+
+def test_a_blended_tier_credits_the_secondary_by_its_weight() -> None:
+    day = UTC_NOV_NS + 2 * DAY_NS
+    records = [
+        rec("a", day, total_ms=100),  # primary good
+        rec("b", day, total_ms=500, inference_ms=200),  # secondary only: 0.7
+        rec("c", day, total_ms=500, inference_ms=300),  # neither
+    ]
+    t = statement(records)["tiers"]["blended"]
+    assert (t["total"], t["good_primary"], t["good_secondary_only"]) == (3, 1, 1)
+    assert t["compliance"] == pytest.approx((1 + 0.7) / 3)
+    assert t["met"] is False  # 0.567 < 0.6
+    # a tier whose secondary the contract does not bind is left out
+    assert statement(records, contract(slos=["total"]))["tiers"] == {}
 
 
 def test_empty_period_is_not_met_nor_missed() -> None:
@@ -582,3 +599,27 @@ def test_validate_command_knows_the_contract_kind(tmp_path: Path) -> None:
         .replace("max_breaches: 3", "max_breaches: many")
     )
     assert main(["validate", str(broken)]) == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    changes=st.lists(
+        st.tuples(st.sampled_from(["m1", "m2", "m3"]), st.integers(-5, 40), st.integers(0, 3)),
+        max_size=15,
+    ),
+    until=st.integers(1, 45),
+)
+def test_time_at_each_level_equals_a_minute_by_minute_count(
+    changes: list[tuple[str, int, int]], until: int
+) -> None:
+    rows = [LevelChange(s, _ms(0, m), i, lv) for i, (s, m, lv) in enumerate(changes)]
+    st_ = statement([], changes=rows, until_ns=_ms(0, until) * 1_000_000 - 1_000_000)
+    want = dict.fromkeys(range(4), 0)
+    for minute in range(until):  # the level in force at each minute's start
+        levels: dict[str, int] = {}
+        for s_, m, lv in sorted(changes, key=lambda c: c[1]):  # stable: seq order
+            if m <= minute:
+                levels[s_] = lv
+        want[max(levels.values(), default=0)] += 60_000
+    got = {int(k): v for k, v in st_["levels"]["ms_at_level"].items()}
+    assert got == want
