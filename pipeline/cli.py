@@ -335,7 +335,12 @@ def cmd_statement(args: argparse.Namespace) -> int:
     store = open_reader(_settings(args))
     try:
         if doc is not None:
-            problems = verify(store, loaded, doc)
+            try:
+                problems = verify(store, loaded, doc)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(
+                    f"tailguard statement --verify: {args.verify} is not a statement: {exc}"
+                ) from None
             if problems:
                 print(f"MISMATCH: {args.verify} does not match the store:", file=sys.stderr)
                 for p in problems:
@@ -352,7 +357,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
             raise SystemExit(f"tailguard statement: {exc}") from None
     finally:
         store.close()
-    st["generated_at"] = dt_now_iso()
+    st["generated_at"] = _now_iso()
     if args.html is not None:
         args.html.write_text(render_html(st), encoding="utf-8")
         print(f"HTML statement: {args.html}", file=sys.stderr)
@@ -363,7 +368,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
     return 0
 
 
-def dt_now_iso() -> str:
+def _now_iso() -> str:
     from datetime import UTC, datetime
 
     return datetime.now(tz=UTC).isoformat(timespec="seconds")

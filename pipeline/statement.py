@@ -138,8 +138,14 @@ def _diff(a: Any, b: Any, path: str, out: list[str], limit: int = 20) -> None:
 
 def verify(store: Store, loaded: LoadedContract, doc: dict[str, Any]) -> list[str]:
     """What differs between a statement and its recomputation from the store ([] = match)."""
+    if not (
+        isinstance(doc.get("tenant"), str)
+        and isinstance(doc.get("period"), str)
+        and isinstance(doc.get("inputs"), dict)
+    ):
+        raise TypeError("no tenant, period or inputs")
     problems = []
-    named = doc.get("inputs", {})
+    named = doc["inputs"]
     if named.get("contract", {}).get("digest") != loaded.contract_digest:
         problems.append(
             f"contract: the statement names {named.get('contract', {}).get('digest')}, "

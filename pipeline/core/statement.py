@@ -373,9 +373,13 @@ def compute_statement(
     # -- incidents ---------------------------------------------------------------------------
     incidents: list[dict[str, Any]] = []
     if terms.incident_report:
-        look_ms = p_end_ms if terms.lookback == "period" else parse_duration_ms(terms.lookback)
         for e in exhausted:
             slo = spec.slo(e.slo)
+            look_ms = (
+                e.at_ms - p_start_ms  # since the period began
+                if terms.lookback == "period"
+                else parse_duration_ms(terms.lookback)
+            )
             lo_ns = (e.at_ms - look_ms) * _NS_PER_MS
             hi_ns = e.at_ms * _NS_PER_MS
             bad_recs = [

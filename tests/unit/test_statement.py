@@ -623,3 +623,18 @@ def test_time_at_each_level_equals_a_minute_by_minute_count(
         want[max(levels.values(), default=0)] += 60_000
     got = {int(k): v for k, v in st_["levels"]["ms_at_level"].items()}
     assert got == want
+
+
+@pytest.mark.parametrize(("lookback", "bad"), [("1h", 1), ("3h", 2), ("period", 3)])
+def test_an_incident_looks_back_as_the_contract_says(lookback: str, bad: int) -> None:
+    at = _ms(3, 0)
+    t = at * 1_000_000
+    records = [
+        rec("a", t - 30 * 60 * 10**9, total_ms=900),
+        rec("b", t - 2 * HOUR_NS, total_ms=900),
+        rec("c", t - DAY_NS, total_ms=900),
+        rec("d", t + 1, total_ms=900),  # after: not the incident's
+    ]
+    c = contract(budget_exhausted={"lookback": lookback})
+    s = statement(records, c, events=[BudgetEventRow("total", "budget_exhausted", at)])
+    assert s["incidents"][0]["bad_requests"] == bad
