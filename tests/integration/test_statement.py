@@ -264,6 +264,14 @@ def test_incidents_name_the_slo_the_shares_and_the_worst_requests(built: dict[st
     print(text)
     assert "Incidents (budget exhausted)" in text
     assert "Credit:" in text
+    # the explain command an incident links to; a cold-start request says it was one
+    worst = st["incidents"][0]["worst"][0]["request_id"]
+    out = json.loads(tg("explain", worst, "--store", str(built["store"]), "--json").stdout)
+    assert out["request_id"] == worst
+    cold = st["exempted"][0]["request_id"]
+    out = json.loads(tg("explain", cold, "--store", str(built["store"]), "--json").stdout)
+    assert out["cold_start"] is not None
+    assert out["cold_start"]["engine_host"] in {h for h, _ in RESTARTS}
 
 
 def test_verify_passes_on_the_original_and_fails_when_one_row_is_altered(
