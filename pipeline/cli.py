@@ -68,6 +68,12 @@ def _add_sim(p: argparse.ArgumentParser) -> None:
         "--overload", metavar="START_S:END_S:FACTOR", help="overload episode, e.g. 600:1200:3"
     )
     p.add_argument("--limit", type=int, help="only the first N trace requests")
+    p.add_argument(
+        "--restart",
+        action="append",
+        metavar="ENGINE_HOST:OFFSET_S",
+        help="restart an engine at this trace offset (a cold start; repeatable)",
+    )
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -213,6 +219,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from pipeline.core.policy import validate_policy_file
 
         ok, message = validate_policy_file(args.file)
+    elif kind == "Contract":
+        from pipeline.core.contract import validate_contract_file
+
+        ok, message = validate_contract_file(args.file)
     elif kind == "BurnRules":
         from pipeline.core.budget import load_burn_rules_file
 
@@ -384,6 +394,74 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         print_wide(render(report))
     return 0
+
+
+DEFAULT_CONTRACT = Path(__file__).resolve().parents[1] / "specs" / "contract-example.yaml"
+
+
+def cmd_statement(args: argparse.Namespace) -> int:
+    """A tenant's contract statement for a billing period, or --verify one."""
+    from pipeline.adapters.query_server import open_reader
+    from pipeline.core.contract import load_contract_file
+    from pipeline.core.slo import SpecError
+    from pipeline.statement import build_statement, render_html, render_text, verify
+
+    try:
+        loaded = load_contract_file(args.contract, args.slo)
+    except SpecError as exc:
+        raise SystemExit(f"tailguard: invalid contract:\n{exc}") from None
+    doc: dict[str, Any] | None = None
+    if args.verify is not None:
+        try:
+            doc = orjson.loads(args.verify.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise SystemExit(
+                f"tailguard statement --verify: cannot read {args.verify}: {exc}"
+            ) from None
+        if not isinstance(doc, dict):
+            raise SystemExit(f"tailguard statement --verify: {args.verify} is not a statement")
+    elif args.tenant is None or args.period is None:
+        raise SystemExit("tailguard statement: give --tenant and --period (or --verify FILE)")
+    store = open_reader(_settings(args))
+    try:
+        if doc is not None:
+            try:
+                problems = verify(store, loaded, doc)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(
+                    f"tailguard statement --verify: {args.verify} is not a statement: {exc}"
+                ) from None
+            if problems:
+                print(f"MISMATCH: {args.verify} does not match the store:", file=sys.stderr)
+                for p in problems:
+                    print(f"  {p}", file=sys.stderr)
+                return 1
+            print(
+                f"ok: {args.verify} matches the store (tenant {doc['tenant']}, period "
+                f"{doc['period']}, {doc['inputs']['requests_rows']} request rows)"
+            )
+            return 0
+        try:
+            st = build_statement(store, loaded, args.tenant, args.period)
+        except ValueError as exc:
+            raise SystemExit(f"tailguard statement: {exc}") from None
+    finally:
+        store.close()
+    st["generated_at"] = _now_iso()
+    if args.html is not None:
+        args.html.write_text(render_html(st), encoding="utf-8")
+        print(f"HTML statement: {args.html}", file=sys.stderr)
+    if args.json:
+        print(orjson.dumps(st).decode())
+    else:
+        print(render_text(st))
+    return 0
+
+
+def _now_iso() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(tz=UTC).isoformat(timespec="seconds")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -623,7 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser(
-        "validate", help="validate an SLO spec, control policy or burn rules file (by its kind)"
+        "validate",
+        help="validate an SLO spec, control policy, burn rules or contract file (by its kind)",
     )
     s.add_argument("file", type=Path)
     s.set_defaults(func=cmd_validate)
@@ -637,6 +716,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="only this model's requests and latency")
     s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser(
+        "statement", help="a tenant's contract statement for a billing period (or --verify one)"
+    )
+    _add_store(s)
+    s.add_argument("--tenant", help="the tenant (one of the contract's)")
+    s.add_argument("--period", help="billing period, YYYY-MM (calendar month, contract's zone)")
+    s.add_argument(
+        "--contract", type=Path, default=DEFAULT_CONTRACT, help="contract (kind: Contract)"
+    )
+    s.add_argument("--slo", type=Path, help="SLO spec (default: the contract's slo_spec)")
+    s.add_argument("--json", action="store_true", help="the statement as one JSON object")
+    s.add_argument("--html", type=Path, help="also write a self-contained HTML statement")
+    s.add_argument(
+        "--verify", type=Path, metavar="FILE.json", help="recompute a --json statement and compare"
+    )
+    s.set_defaults(func=cmd_statement)
 
     from pipeline.tools.commands import register as register_tools
 

@@ -42,12 +42,23 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
                 "--overload must look like START_S:END_S:FACTOR, e.g. 600:1200:3"
             ) from None
         overload = OverloadEpisode(start_offset_s=start_s, end_offset_s=end_s, factor=factor)
+    restarts: list[tuple[str, float]] = []
+    for item in getattr(args, "restart", None) or ():
+        host, _, offset_s = item.rpartition(":")
+        try:
+            restarts.append((host, float(offset_s) * 1000.0))
+        except ValueError:
+            raise SystemExit(
+                "--restart must look like ENGINE_HOST:OFFSET_S, e.g. llama-3-8b-0:900, "
+                f"got {item!r}"
+            ) from None
     try:
         return SimConfig(
             start_unix_ns=time.time_ns(),
             seed=args.seed,
             rate_scale=args.rate_scale,
             overload=overload,
+            engine_restarts=tuple(restarts),
         )
     except ValueError as exc:
         raise SystemExit(f"invalid simulator settings: {exc}") from None

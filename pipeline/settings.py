@@ -260,6 +260,13 @@ class Settings(BaseSettings):
         description="TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per "
         "engine (0 = never).",
     )
+    cold_start_window_ms: int = Field(
+        10_000,
+        ge=0,
+        description="TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within "
+        "this long of its start are marked as served during a cold start (engine.finished "
+        "cold_start_unix_ns; contracts may exempt them); 0 = never.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -104,6 +104,7 @@ class TailguardStatLogger(StatLoggerBase):  # type: ignore[misc]  # Any without 
                 model=self.model,
                 host=f"{self.base_host}/engine{engine_idx}",
                 stats_interval_ms=self.settings.engine_stats_interval_ms,
+                cold_start_window_ms=self.settings.cold_start_window_ms,
             )
         return rec
 

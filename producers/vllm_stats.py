@@ -200,6 +200,8 @@ class EngineRecorder:
         stats_interval_ms: int = 1000,
         wall_clock_s: Callable[[], float] = time.time,
         monotonic_s: Callable[[], float] = time.monotonic,
+        cold_start_window_ms: int = 0,
+        started_unix_ns: int | None = None,
     ) -> None:
         self.sink = sink
         self.model = model
@@ -213,6 +215,14 @@ class EngineRecorder:
         self._pc_hits = 0
         self._last_error_log = -math.inf
         self.counters = RecorderCounters()
+        # Cold starts: a request that reached the engine within cold_start_window_ms of the
+        # engine's start is marked (engine.finished cold_start_unix_ns = the start). vLLM
+        # builds its stat loggers right after the engine core loaded the weights, so the
+        # default start is this recorder's creation: the engine's first seconds of serving.
+        self.cold_start_window_ns = cold_start_window_ms * 1_000_000
+        self.started_unix_ns = (
+            started_unix_ns if started_unix_ns is not None else int(self._wall() * _NS)
+        )
 
     # --- the StatLoggerBase.record body ----------------------------------------------------
 
@@ -267,6 +277,12 @@ class EngineRecorder:
         queue_ms, prefill_ms, decode_ms, inference_ms = engine_spans_ms(fr, e2e_ms)
         finish_ns = int(finish_wall_s * _NS)
         arrival_ns = finish_ns - round(e2e_ms * 1_000_000)
+        cold = None
+        if (
+            self.cold_start_window_ns
+            and arrival_ns < self.started_unix_ns + self.cold_start_window_ns
+        ):
+            cold = self.started_unix_ns
         try:
             return EngineFinished(
                 v=1,
@@ -288,6 +304,7 @@ class EngineRecorder:
                 finish_reason=reason,
                 preemptions=_count(getattr(fr, "num_preemptions", 0)),
                 priority=None,  # vLLM's scheduling priority is not in its stats
+                cold_start_unix_ns=cold,
             )
         except ValidationError as exc:
             self.counters.invalid += 1

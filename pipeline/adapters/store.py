@@ -308,6 +308,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("flags", "Array(LowCardinality(String))"),
     ("slo_ttft_ms", "Nullable(Float64)"),  # 0009: llm-d per-request objectives
     ("slo_tpot_ms", "Nullable(Float64)"),
+    ("cold_start_unix_ns", "Nullable(Int64)"),  # 0010
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 

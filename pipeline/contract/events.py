@@ -130,6 +130,15 @@ class EngineFinished(_RequestEvent):
     finish_reason: FinishReason
     preemptions: Annotated[int, Field(ge=0, le=UINT16_MAX)] = 0  # UInt16 column
     priority: Priority | None = None
+    cold_start_unix_ns: UnixNs | None = Field(
+        default=None,
+        description=(
+            "Set only for a request served while its engine was loading or within its "
+            "first seconds after (a cold start): engine wall clock at which that engine "
+            "(re)started. Null otherwise. One value per engine start, so (host, value) "
+            "names the cold start; contracts may exempt such requests (added in v1)."
+        ),
+    )
 
 
 class EngineStats(_Event):

@@ -167,6 +167,9 @@ class RequestRecord:
     # The request's own objectives, as the client sent them (llm-d's x-llm-d-slo-*-ms)
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # Served during a cold start of its engine: the engine's (re)start time, engine clock
+    # (engine.finished ``cold_start_unix_ns``); contracts may exempt it
+    cold_start_unix_ns: int | None = None
 
     @property
     def version(self) -> int:
@@ -303,4 +306,5 @@ def build_record(
         superseded=retried and outcome != "ok",
         slo_ttft_ms=completed.slo_ttft_ms if completed is not None else None,
         slo_tpot_ms=completed.slo_tpot_ms if completed is not None else None,
+        cold_start_unix_ns=finished.cold_start_unix_ns if finished is not None else None,
     )

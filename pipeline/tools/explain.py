@@ -82,6 +82,10 @@ def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens,
         "end": _iso(r.end_unix_ns / 1e6),
+        # served during a cold start of its engine (contracts may exempt it): the start
+        "cold_start": None
+        if r.cold_start_unix_ns is None
+        else {"engine_host": r.engine_host, "started": _iso(r.cold_start_unix_ns / 1e6)},
         "timeline": [
             {"clock": i.clock, "name": i.name, "offset_ms": i.offset_ms, "at": _iso(i.unix_ms)}
             for i in e.timeline
@@ -161,6 +165,13 @@ def render(e: Explanation, events: list[dict[str, Any]]) -> Any:
         f"(since {_iso(c.event_time_unix_ms)}, seq {c.seq}): {c.reason}"
     )
     parts: list[Any] = [head, tl, bd, sl, ctl]
+    if r.cold_start_unix_ns is not None:
+        parts.append(
+            Text(
+                f"served during a cold start of {r.engine_host} (started "
+                f"{_iso(r.cold_start_unix_ns / 1e6)}, its clock): a contract may exempt it"
+            )
+        )
     if events:
         ev = Table(title="raw lifecycle events")
         for col in ("kind", "host", "wall clock (that host)"):

@@ -43,6 +43,14 @@ The model
 * **Queue timeout.** With ``max_queue_ms`` set, a request still waiting in an
   engine queue after that long is cancelled and the gateway answers 503
   (``outcome="rejected"``).
+* **Engine restarts (cold starts).** ``engine_restarts`` lists (engine host, trace
+  offset ms). At a restart the engine stops admitting for ``cold_start_load_ms``
+  (weights load, ~8 s in the source documents); requests already running finish
+  (a drained restart), requests routed to it meanwhile wait in its queue. A request
+  that engine serves after the restart and that reached it before the load ended
+  plus ``cold_start_window_ms`` (its first seconds) is marked: its
+  ``engine.finished`` carries ``cold_start_unix_ns`` = the restart time on the
+  engine's clock. One cold start per restart.
 * **Engine stats.** Every ``stats_interval_ms`` each engine reports running
   and waiting counts, KV-cache usage (prompt + generated tokens of running
   sequences over ``kv_capacity_tokens``, capped at 1), a decayed prefix-cache
@@ -240,6 +248,10 @@ class SimConfig:
     # Request ids are "<prefix><9-digit trace row>" (+ "-x<k>" for overload replicas) and
     # event ids derive from them: give each run sent into one pipeline its own prefix.
     request_id_prefix: str = "req-"
+    # Engine restarts: (engine host, trace offset ms), each one cold start (see above).
+    engine_restarts: tuple[tuple[str, float], ...] = ()
+    cold_start_load_ms: float = 8_000.0  # weights load: no admissions meanwhile
+    cold_start_window_ms: float = 10_000.0  # "its first seconds" after the load, still marked
 
     def __post_init__(self) -> None:
         if not self.start_unix_ns > 0:
@@ -312,6 +324,15 @@ class SimConfig:
             raise ValueError("SimConfig.client_backoff_ms must be finite and >= 0")
         if not self.request_id_prefix or len(self.request_id_prefix) > 200:
             raise ValueError("SimConfig.request_id_prefix must have 1..200 characters")
+        for host, at_ms in self.engine_restarts:
+            if host not in hosts:
+                raise ValueError(f"SimConfig.engine_restarts names unknown engine host {host!r}")
+            if not (math.isfinite(at_ms) and at_ms >= 0):
+                raise ValueError(f"SimConfig.engine_restarts offset must be >= 0 (host {host})")
+        for fname in ("cold_start_load_ms", "cold_start_window_ms"):
+            value = getattr(self, fname)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"SimConfig.{fname} must be finite and >= 0")
 
 
 def engine_hosts(models: Sequence[ModelConfig]) -> list[str]:
@@ -350,6 +371,8 @@ _K_PATIENCE: Final = 2  # client patience deadline
 _K_QUEUE_TIMEOUT: Final = 3
 _K_STATS: Final = 4
 _K_RETRY: Final = 5  # a client retries a request the gateway rejected (closed loop)
+_K_RESTART: Final = 6  # an engine restarts: weights load (cold start)
+_K_READY: Final = 7  # the restarted engine admits again
 
 
 @dataclass(slots=True, eq=False)
@@ -402,6 +425,8 @@ class _Engine:
     last_change_ms: float = 0.0
     busy_ms: float = 0.0
     running_area: float = 0.0  # integral of running over time (seq * ms)
+    restart_ms: float = -1.0  # last restart (true time); -1 never restarted
+    ready_ms: float = -1.0  # admissions resume (restart + load)
 
     def boundary_ms(self, j: int) -> float:
         """End time of iteration j-1 = start time of iteration j (j > seg_iter)."""
@@ -530,6 +555,9 @@ class Simulator:
             return
         self._open_requests = n
         self._push(0.0, _K_STATS, None)
+        by_host = {e.host: e for e in self._engines}
+        for host, at_ms in self._cfg.engine_restarts:
+            self._push(at_ms, _K_RESTART, by_host[host])
         i = 0
         heap = self._heap
         while self._open_requests > 0:
@@ -648,6 +676,16 @@ class Simulator:
             assert isinstance(payload, _Engine)
             if version == payload.wake_version:
                 self._on_wake(payload)
+            return
+        if kind == _K_RESTART:
+            assert isinstance(payload, _Engine)
+            payload.restart_ms = self._now_ms
+            payload.ready_ms = self._now_ms + self._cfg.cold_start_load_ms
+            self._push(payload.ready_ms, _K_READY, payload)
+            return
+        if kind == _K_READY:
+            assert isinstance(payload, _Engine)
+            self._on_ready(payload)
             return
         assert isinstance(payload, _Req)
         if kind == _K_RETRY:
@@ -844,6 +882,16 @@ class Simulator:
             j = eng.next_boundary(now)
             self._schedule_wake(eng, j, eng.boundary_ms(j))
 
+    def _on_ready(self, eng: _Engine) -> None:
+        """A restarted engine finished loading: admit what waited for it."""
+        if not eng.waiting_live:
+            return
+        if not eng.active:
+            self._schedule_wake(eng, eng.iter_idx, self._now_ms)
+        elif eng.running < eng.model.max_concurrency:
+            j = eng.next_boundary(self._now_ms)
+            self._schedule_wake(eng, j, eng.boundary_ms(j))
+
     def _schedule_wake(self, eng: _Engine, j: int, t_ms: float) -> None:
         if eng.wake_iter != -1 and eng.wake_iter <= j:
             return
@@ -879,7 +927,8 @@ class Simulator:
             self._finish(eng, req, now)
         admitted: list[_Req] = []
         prefill_tokens = 0
-        while eng.waiting and eng.running < model.max_concurrency:
+        loading = now < eng.ready_ms  # restarted, weights loading: no admissions
+        while not loading and eng.waiting and eng.running < model.max_concurrency:
             req = eng.waiting.popleft()
             if req.state != _WAITING:
                 continue
@@ -933,6 +982,13 @@ class Simulator:
         prefill = _r(req.t_first_ms - req.t_sched_ms)
         decode = _r(now - req.t_first_ms)
         inference = prefill + decode
+        cold: int | None = None
+        if (
+            eng.restart_ms >= 0
+            and req.t_sched_ms >= eng.restart_ms
+            and req.t_engine_ms < eng.ready_ms + cfg.cold_start_window_ms
+        ):
+            cold = self._wall_ns(eng.restart_ms, eng.skew_ms)
         self._emit(
             EngineFinished(
                 v=1,
@@ -954,6 +1010,7 @@ class Simulator:
                 finish_reason="length" if req.gen_tokens >= cfg.max_output_tokens else "stop",
                 preemptions=0,
                 priority=req.priority,
+                cold_start_unix_ns=cold,
             )
         )
         t_done = now + req.post_ms

@@ -417,6 +417,20 @@ def test_plugin_names_the_model_and_engine_and_dispatches_by_engine_index(
     assert plugin_module.served_model_name(types.SimpleNamespace(model_config=None)) == "unknown"
 
 
+def test_plugin_passes_the_cold_start_window_to_each_engine_recorder(
+    plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TAILGUARD_COLD_START_WINDOW_MS", "30000")
+    settings = Settings(engine_host="node-1", engine_stats_interval_ms=0)
+    logger = plugin_module.TailguardStatLogger(
+        _config("llama-70b"), 0, sink=MemorySink(), settings=settings
+    )
+    for idx in (0, 3):
+        rec = logger.recorder(idx)
+        assert rec.cold_start_window_ns == 30_000 * 1_000_000
+        assert rec.started_unix_ns > 0  # the engine's start: the recorder's creation
+
+
 def test_plugin_log_warns_once_per_change_of_losses(
     plugin_module: types.ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
