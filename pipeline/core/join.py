@@ -37,12 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.contract.events import (
-    EngineFinished,
-    GatewayCompleted,
-    GatewayReceived,
-    LifecycleEvent,
-)
+from pipeline.contract.wire import AnyCompleted, AnyFinished, AnyLifecycle, AnyReceived
 from pipeline.core.record import ReceivedFields, RequestRecord, build_record
 
 _NS_PER_MS: Final = 1_000_000
@@ -97,7 +92,7 @@ class JoinConfig:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
 
-Parts = tuple["ReceivedFields | None", GatewayCompleted | None, EngineFinished | None]
+Parts = tuple["ReceivedFields | None", AnyCompleted | None, AnyFinished | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +175,7 @@ class _Received:
         self.stream = stream
 
 
-def _same_id(slot: _Received | LifecycleEvent, event: LifecycleEvent) -> bool:
+def _same_id(slot: _Received | AnyLifecycle, event: AnyLifecycle) -> bool:
     if isinstance(slot, _Received):
         return slot.id_hash == _id_hash(event.event_id)
     return slot.event_id == event.event_id
@@ -199,8 +194,8 @@ class _Pending:
 
     def __init__(self, first_offset: int) -> None:
         self.received: _Received | None = None
-        self.completed: GatewayCompleted | None = None
-        self.finished: EngineFinished | None = None
+        self.completed: AnyCompleted | None = None
+        self.finished: AnyFinished | None = None
         self.first_offset = first_offset
         self.deadline_ms = 0
         self.wall_deadline_ms = 0
@@ -211,9 +206,9 @@ class _Pending:
 class _Resolved:
     expires_ms: int
     # Kept only for partial records, so that a late partner can upgrade them.
-    received: _Received | GatewayReceived | None = None
-    completed: GatewayCompleted | None = None
-    finished: EngineFinished | None = None
+    received: _Received | AnyReceived | None = None
+    completed: AnyCompleted | None = None
+    finished: AnyFinished | None = None
     partial: bool = False
 
 
@@ -252,7 +247,7 @@ class Joiner:
             self._strings.append(s)
         return i
 
-    def _pack(self, ev: GatewayReceived, offset: int, wall_ms: int | None) -> int | None:
+    def _pack(self, ev: AnyReceived, offset: int, wall_ms: int | None) -> int | None:
         """The in-flight int of a ``gateway.received`` (None: a value does not fit)."""
         host = self._string_id(ev.host)
         model = self._string_id(ev.model)
@@ -375,14 +370,14 @@ class Joiner:
         return len(self._pending)
 
     def add(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+        self, event: AnyLifecycle, offset: int, wall_ms: int | None = None
     ) -> RequestRecord | None:
         """Feed one event; returns the record it completes, if any (see :meth:`add_emitted`)."""
         out = self.add_emitted(event, offset, wall_ms)
         return out.record if out is not None else None
 
     def add_emitted(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None, now_ms: int = 0
+        self, event: AnyLifecycle, offset: int, wall_ms: int | None = None, now_ms: int = 0
     ) -> Emitted | None:
         """Feed one event; returns a record when this event completes a request.
 
@@ -403,7 +398,7 @@ class Joiner:
         if entry is None:
             if len(self._pending) >= self.config.max_pending:
                 self._evict_oldest()
-            if isinstance(event, GatewayReceived):
+            if event.kind == "gateway.received":
                 packed = self._pack(event, offset, wall_ms)
                 if packed is not None:
                     self._pending[rid] = packed
@@ -413,7 +408,7 @@ class Joiner:
                     return None
             entry = self._pending[rid] = _Pending(offset)
         elif isinstance(entry, int):
-            if isinstance(event, GatewayReceived):
+            if event.kind == "gateway.received":
                 if (entry >> _HASH_SHIFT) & _M64 == _id_hash(event.event_id):
                     self.counters.duplicates += 1
                 else:
@@ -435,7 +430,7 @@ class Joiner:
             self.counters.joined += 1
             parts = (entry.received, entry.completed, entry.finished)
             return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
-        if isinstance(event, GatewayReceived):
+        if event.kind == "gateway.received":
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
             wait_ms = self.config.inflight_ttl_ms
@@ -474,9 +469,9 @@ class Joiner:
         ]
         heapq.heapify(self._terminals)
 
-    def _store(self, entry: _Pending, event: LifecycleEvent) -> bool:
-        if isinstance(event, GatewayReceived):
-            slot: _Received | LifecycleEvent | None = entry.received
+    def _store(self, entry: _Pending, event: AnyLifecycle) -> bool:
+        if event.kind == "gateway.received":
+            slot: _Received | AnyLifecycle | None = entry.received
             if slot is None:
                 entry.received = _Received(
                     id_hash=_id_hash(event.event_id),
@@ -489,7 +484,7 @@ class Joiner:
                     stream=event.stream,
                 )
                 return True
-        elif isinstance(event, GatewayCompleted):
+        elif event.kind == "gateway.completed":
             slot = entry.completed
             if slot is None:
                 entry.completed = event
@@ -505,9 +500,9 @@ class Joiner:
             self.counters.conflicts += 1
         return False
 
-    def _after_resolved(self, done: _Resolved, rid: str, event: LifecycleEvent) -> Emitted | None:
+    def _after_resolved(self, done: _Resolved, rid: str, event: AnyLifecycle) -> Emitted | None:
         if not done.partial:
-            if isinstance(event, GatewayReceived) and done.completed is not None:
+            if event.kind == "gateway.received" and done.completed is not None:
                 if done.received is None:
                     previous = build_record(rid, None, done.completed, done.finished)
                     done.received = event
@@ -526,10 +521,10 @@ class Joiner:
             self._count_repeat(event, slot)
             return None
         previous = build_record(rid, done.received, done.completed, done.finished)
-        if isinstance(event, GatewayReceived):
+        if event.kind == "gateway.received":
             # The partial record gains priority, tenant and start time (still partial).
             done.received = event
-        elif isinstance(event, GatewayCompleted):
+        elif event.kind == "gateway.completed":
             done.completed = event
             done.partial = False
         else:
@@ -543,7 +538,7 @@ class Joiner:
         parts = (done.received, done.completed, done.finished)
         return Emitted(build_record(rid, *parts), -1, upgrade=True, previous=previous, parts=parts)
 
-    def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
+    def _count_repeat(self, event: AnyLifecycle, slot: _Received | AnyLifecycle | None) -> None:
         if slot is None or _same_id(slot, event):
             # Fully joined requests keep no events: any repeat of them is a duplicate.
             self.counters.duplicates += 1

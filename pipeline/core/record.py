@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from pipeline.contract.events import EngineFinished, GatewayCompleted
+from pipeline.contract.wire import AnyCompleted, AnyFinished
 
 Source = Literal["joined", "gateway_only", "engine_only"]
 
@@ -158,8 +158,8 @@ class RequestRecord:
 def build_record(
     request_id: str,
     received: ReceivedFields | None,
-    completed: GatewayCompleted | None,
-    finished: EngineFinished | None,
+    completed: AnyCompleted | None,
+    finished: AnyFinished | None,
 ) -> RequestRecord:
     """Combine the events of one request into its record (pure)."""
     if completed is None and finished is None:
