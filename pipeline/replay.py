@@ -99,7 +99,8 @@ class ReplayResult:
     control: _ControlRun | None = None
     queue_capacity: int = 64
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> serving figures
-    records: dict[str, RequestRecord] = field(default_factory=dict)  # final version per request
+    # final version per request attempt (request id, attempt)
+    records: dict[tuple[str, int], RequestRecord] = field(default_factory=dict)
     emitted: list[RequestRecord] = field(default_factory=list)  # every record, in emission order
     windows: list[ClosedWindow] = field(default_factory=list)
     dead_letters: int = 0
@@ -108,9 +109,10 @@ class ReplayResult:
     def _take(self, out: Output) -> None:
         self.emitted.extend(out.records)
         for r in out.records:
-            prev = self.records.get(r.request_id)
-            if prev is None or r.revision >= prev.revision:
-                self.records[r.request_id] = r
+            key = (r.request_id, r.attempt)
+            prev = self.records.get(key)
+            if prev is None or r.version >= prev.version:
+                self.records[key] = r
         self.windows.extend(out.windows)
         self.dead_letters += len(out.dead)
         for st in out.stats:

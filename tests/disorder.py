@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.adapters.store import REQUEST_COLUMNS, Store
+from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.slo import SLOEvaluator, SLOSpec
 from pipeline.core.windows import record_key, window_start
@@ -100,14 +100,7 @@ def write_layout(path: Path, events: list[Event], layout: str, seed: int = 0) ->
 def final_records(store: Store) -> list[RequestRecord]:
     names = [n for n, _ in REQUEST_COLUMNS]
     rows = store.query_rows(f"SELECT {', '.join(names)} FROM {store.database}.requests FINAL")
-    out = []
-    for row in rows:
-        d = dict(zip(names, row, strict=True))
-        for k in ("tenant", "gateway_host", "engine_host"):
-            d[k] = d[k] or None
-        d["flags"] = tuple(d["flags"])
-        out.append(RequestRecord(**d))
-    return out
+    return [record_from_row(row) for row in rows]
 
 
 def store_mismatches(

@@ -274,7 +274,9 @@ def migrate(
 
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "String"),
+    ("attempt", "UInt16"),
     ("revision", "UInt8"),
+    ("superseded", "Bool"),
     ("source", "LowCardinality(String)"),
     ("ts_unix_ns", "Int64"),
     ("end_unix_ns", "Int64"),
@@ -323,7 +325,20 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
             cols[i] = ["" if v is None else v for v in cols[i]]
         elif name == "flags":
             cols[i] = [list(v) for v in cols[i]]
+        elif name == "revision":
+            # with superseded: see pipeline.core.record.store_version
+            cols[i] = [rec.version for rec in recs]
     return cols
+
+
+def record_from_row(row: Sequence[Any]) -> RequestRecord:
+    """A ``requests`` row (columns in :data:`REQUEST_COLUMNS` order) as its record."""
+    d = dict(zip((n for n, _ in REQUEST_COLUMNS), row, strict=True))
+    for k in _EMPTY_IF_NONE:
+        d[k] = d[k] or None
+    d["flags"] = tuple(d["flags"])
+    d["revision"] = d["revision"] // 2  # the store version: see store_version
+    return RequestRecord(**d)
 
 
 def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
@@ -644,13 +659,15 @@ def read_ledger(
     partition over must know of: those written past ``from_offset`` (the offset it resumes
     from: it re-reads them), and those counted within ``memory_ms`` of the newest window
     (a duplicate of them may still come). Request id -> ledger code packed with the end of
-    the window that counted it (``pipeline.core.ledger.pack``); the highest revision wins.
+    the window that counted it (``pipeline.core.ledger.pack``); the furthest version wins
+    (``pipeline.core.ledger.code_order``).
     """
     rows = store.query_rows(
         "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
         f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
         "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
-        "SELECT id, argMax(v, bitAnd(v, 3)), max(end_ms) FROM ("
+        "SELECT id, argMax(v, bitAnd(v, 3) * 2 + bitAnd(bitShiftRight(v, 3), 1)), "
+        "max(end_ms) FROM ("
         "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v, "
         "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
         f"FROM {store.database}.window_sketches "

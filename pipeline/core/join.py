@@ -19,8 +19,18 @@ Rules
 * A partner arriving after its partial record was emitted, while the request
   id is still remembered, upgrades it to a joined record (revision 1; the
   store keeps the highest revision).
-* A repeated ``event_id`` is a duplicate and is ignored; a second event of the
-  same kind with another id is a conflict, counted and ignored.
+* A repeated ``event_id`` is a duplicate and is ignored; a second terminal event of
+  the same kind with another id is a conflict, counted and ignored.
+* **Attempts.** A client that retries with the same ``X-Request-Id`` sends another
+  ``gateway.received`` (another ``event_id``): that starts attempt 2 (3, ...) of the
+  request, joined and recorded on its own (``RequestRecord.attempt``). A terminal
+  event goes to the oldest attempt still missing that side (an ``engine.finished``
+  only to an attempt whose gateway waited at least the engine's end-to-end time: a
+  fast 502 that never reached the engine cannot hold a long engine run; durations of
+  one host each, compared, never timestamps of two). A failed attempt (outcome not
+  ``ok``) followed by another is *superseded*: its record says so (and is re-emitted
+  when the retry comes after it was windowed), so an SLO counting only each
+  request's last attempt (``attempts: last``) skips it.
 * A ``gateway.received`` with nothing else is dropped after ``inflight_ttl_ms``
   (counted as orphaned). State is bounded by ``max_pending``: beyond it the
   oldest requests are resolved early (counted as evicted).
@@ -38,9 +48,23 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pipeline.contract.wire import AnyCompleted, AnyFinished, AnyLifecycle, AnyReceived
-from pipeline.core.record import ReceivedFields, RequestRecord, build_record
+from pipeline.core.record import (
+    ATTEMPT_SEP,
+    ReceivedFields,
+    RequestRecord,
+    attempt_key,
+    build_record,
+)
 
 _NS_PER_MS: Final = 1_000_000
+# A fully joined request is remembered as one int: its expiry (ms, low bits) and a
+# 32-bit hash of its gateway.received event id + 1 (0: unknown), which tells a retry
+# (another received) from a duplicate of the one it had.
+_RESOLVED_HASH_SHIFT: Final = 56
+_RESOLVED_EXPIRY_MASK: Final = (1 << _RESOLVED_HASH_SHIFT) - 1
+# An engine run may look up to this much longer than its gateway's wait (the two hosts'
+# timers differ slightly) and still belong to that attempt.
+_ENGINE_FIT_SLACK_MS: Final = 50.0
 _COMPACT_SLACK: Final = 1024
 
 # A request in flight (gateway.received only: the bulk of the join state) is held as
@@ -68,8 +92,17 @@ _MAX_WALL: Final = (1 << 44) - 2
 _BUCKET_BITS: Final = 14
 
 
+_SAME: Final = object()
+_DUPLICATE: Final = object()
+_RETRY: Final = object()
+
+
 def _id_hash(event_id: str) -> int:
     return hash(event_id) & _M64
+
+
+def _short_hash(id_hash: int) -> int:
+    return (id_hash & 0xFFFFFFFF) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +139,15 @@ class Emitted:
     previous: RequestRecord | None = None
     parts: Parts | None = None  # the events it was built from (see version)
 
-    def version(self, revision: int, engine_only: bool) -> RequestRecord | None:
-        """The record this request had at ``revision`` (a partial: from which side), built
-        from the same events; None if these events cannot make it. For a restarted worker
-        that learns from the store which version of a replayed request it windowed."""
+    def version(self, code: int) -> RequestRecord | None:
+        """The record this request had at ledger ``code`` (``pipeline.core.windows.
+        ledger_code``: revision, which side of a partial, superseded), built from the same
+        events; None if these events cannot make it. For a restarted worker that learns
+        from the store which version of a replayed request it windowed."""
         if self.parts is None:
             return None
         received, completed, finished = self.parts
+        revision, engine_only, superseded = code & 3, bool(code & 4), bool(code & 8)
         if revision & 1 and received is None:
             return None
         rcv = received if revision & 1 else None
@@ -124,7 +159,11 @@ class Emitted:
             cpl, fin = completed, None
         if (revision >= 2 and (cpl is None or fin is None)) or (cpl is None and fin is None):
             return None
-        return build_record(self.record.request_id, rcv, cpl, fin)
+        rec = self.record
+        out = build_record(rec.request_id, rcv, cpl, fin, attempt=rec.attempt, retried=superseded)
+        if out.superseded != superseded:
+            return None
+        return out
 
 
 @dataclass(slots=True)
@@ -139,6 +178,8 @@ class JoinCounters:
     orphaned_received: int = 0
     evicted: int = 0
     late_after_resolved: int = 0
+    attempts: int = 0  # retries: gateway.received of a request id seen before
+    superseded: int = 0  # failed attempts followed by another attempt
 
     def add(self, other: JoinCounters) -> None:
         for name in self.__slots__:
@@ -183,16 +224,20 @@ def _same_id(slot: _Received | AnyLifecycle, event: AnyLifecycle) -> bool:
 
 class _Pending:
     __slots__ = (
+        "attempt",
         "completed",
         "deadline_ms",
         "finished",
         "first_offset",
         "received",
+        "retried",
         "terminal_ms",
         "wall_deadline_ms",
     )
 
-    def __init__(self, first_offset: int) -> None:
+    def __init__(self, first_offset: int, attempt: int = 1) -> None:
+        self.attempt = attempt
+        self.retried = False  # a later attempt of the request exists
         self.received: _Received | None = None
         self.completed: AnyCompleted | None = None
         self.finished: AnyFinished | None = None
@@ -205,11 +250,30 @@ class _Pending:
 @dataclass(slots=True)
 class _Resolved:
     expires_ms: int
-    # Kept only for partial records, so that a late partner can upgrade them.
+    # Kept for partial records (a late partner can upgrade them), records joined before
+    # their gateway.received, and failed attempts (a retry supersedes them).
     received: _Received | AnyReceived | None = None
     completed: AnyCompleted | None = None
     finished: AnyFinished | None = None
     partial: bool = False
+    attempt: int = 1
+    retried: bool = False
+
+
+def _received_hash(received: _Received | AnyReceived | None) -> int | None:
+    if received is None:
+        return None
+    if isinstance(received, _Received):
+        return received.id_hash
+    return _id_hash(received.event_id)
+
+
+def _rid_of(key: str, attempt: int) -> str:
+    return key if attempt == 1 else key.rpartition(ATTEMPT_SEP)[0]
+
+
+def _build(key: str, attempt: int, retried: bool, parts: Parts) -> RequestRecord:
+    return build_record(_rid_of(key, attempt), *parts, attempt=attempt, retried=retried)
 
 
 @dataclass(slots=True)
@@ -236,6 +300,8 @@ class Joiner:
     _frontier: int = -1  # buckets up to here have moved to _deadlines
     _string_ids: dict[str, int] = field(default_factory=dict)
     _strings: list[str] = field(default_factory=lambda: [""])  # index 0: tenant None
+    # request id -> its latest attempt, for requests with more than one (rare)
+    _attempts: dict[str, int] = field(default_factory=dict)
 
     def _string_id(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -388,48 +454,61 @@ class Joiner:
         """
         self.counters.events += 1
         rid = event.request_id
-        done = self._resolved.get(rid)
+        key, attempt = rid, 1
+        if event.kind == "gateway.received":
+            n = self._attempts.get(rid, 1)
+            kind = self._received_kind(rid, n, event)
+            if kind is _DUPLICATE:
+                self.counters.duplicates += 1
+                return None
+            if kind is _RETRY:
+                return self._start_attempt(rid, n, event, offset, wall_ms)
+            n = self._attempts.get(rid, 1)
+            key, attempt = attempt_key(rid, n), n
+        elif rid in self._attempts:
+            key, attempt = self._route(rid, self._attempts[rid], event)
+        done = self._resolved.get(key)
         if done is not None:
             if isinstance(done, int):
                 self._count_repeat(event, None)  # joined requests keep no events
                 return None
-            return self._after_resolved(done, rid, event)
-        entry = self._pending.get(rid)
+            return self._after_resolved(done, key, event)
+        entry = self._pending.get(key)
         if entry is None:
             if len(self._pending) >= self.config.max_pending:
                 self._evict_oldest()
-            if event.kind == "gateway.received":
+            if event.kind == "gateway.received" and attempt == 1:
                 packed = self._pack(event, offset, wall_ms)
                 if packed is not None:
-                    self._pending[rid] = packed
+                    self._pending[key] = packed
                     self._arm_inflight(
-                        rid, event.ts_unix_ns // _NS_PER_MS + self.config.inflight_ttl_ms
+                        key, event.ts_unix_ns // _NS_PER_MS + self.config.inflight_ttl_ms
                     )
                     return None
-            entry = self._pending[rid] = _Pending(offset)
+            entry = self._pending[key] = _Pending(offset, attempt)
         elif isinstance(entry, int):
             if event.kind == "gateway.received":
-                if (entry >> _HASH_SHIFT) & _M64 == _id_hash(event.event_id):
-                    self.counters.duplicates += 1
-                else:
-                    self.counters.conflicts += 1
+                self.counters.duplicates += 1  # (another id would have been a retry)
                 return None
-            entry = self._pending[rid] = self._unpack(entry)
+            entry = self._pending[key] = self._unpack(entry)
         if not self._store(entry, event):
             return None
         ts_ms = max(event.ts_unix_ns // _NS_PER_MS, now_ms)
         if entry.completed is not None and entry.finished is not None:
-            del self._pending[rid]
-            ts = ts_ms
-            if entry.received is None:
-                # Joined before its gateway.received (producers reordered): keep the
-                # two events so that a late received can still add priority/tenant.
-                self._remember(rid, ts, entry, partial=False)
-            else:
-                self._remember(rid, ts, None)
+            del self._pending[key]
             self.counters.joined += 1
             parts = (entry.received, entry.completed, entry.finished)
-            return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
+            rec = _build(key, entry.attempt, entry.retried, parts)
+            if rec.superseded:
+                self.counters.superseded += 1
+            if entry.received is None or rec.outcome != "ok":
+                # Joined before its gateway.received (producers reordered): keep the
+                # events so that a late received can still add priority/tenant; a failed
+                # attempt: so that a retry can supersede it.
+                self._remember(key, ts_ms, entry, partial=False)
+            else:
+                self._remember(key, ts_ms, None, _short_hash(entry.received.id_hash))
+            return Emitted(rec, entry.first_offset, parts=parts)
         if event.kind == "gateway.received":
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
@@ -438,13 +517,110 @@ class Joiner:
             # First terminal event: its partner now has timeout_ms to arrive.
             wait_ms = self.config.timeout_ms
             entry.terminal_ms = ts_ms
-            heapq.heappush(self._terminals, (ts_ms, rid))
+            heapq.heappush(self._terminals, (ts_ms, key))
         entry.deadline_ms = ts_ms + wait_ms
         entry.wall_deadline_ms = wall_ms + wait_ms if wall_ms is not None else 0
-        heapq.heappush(self._deadlines, (entry.deadline_ms, rid))
+        heapq.heappush(self._deadlines, (entry.deadline_ms, key))
         if len(self._deadlines) > 2 * len(self._pending) + _COMPACT_SLACK:
             self._compact()
         return None
+
+    def _state(self, key: str) -> _Pending | _Resolved | int | None:
+        """What the join holds of one attempt: pending (an int: in flight, received
+        only), resolved (an int: fully joined), or nothing."""
+        st = self._pending.get(key)
+        return st if st is not None else self._resolved.get(key)
+
+    def _holds_received(self, key: str, id_hash: int) -> bool | None:
+        """Whether this attempt's gateway.received has this id hash (None: unknown)."""
+        if (p := self._pending.get(key)) is not None:
+            if isinstance(p, int):
+                return (p >> _HASH_SHIFT) & _M64 == id_hash
+            return None if p.received is None else p.received.id_hash == id_hash
+        r = self._resolved.get(key)
+        if r is None:
+            return None
+        if isinstance(r, int):
+            short = r >> _RESOLVED_HASH_SHIFT
+            return None if short == 0 else short == _short_hash(id_hash)
+        have = _received_hash(r.received)
+        return None if have is None else have == id_hash
+
+    def _received_kind(self, rid: str, n: int, event: AnyReceived) -> object:
+        """Whether a gateway.received belongs to the request's latest attempt (``_SAME``:
+        the first one, or one it lacks), repeats one (``_DUPLICATE``) or starts another
+        attempt (``_RETRY``: another event id)."""
+        latest = attempt_key(rid, n)
+        state = self._state(latest)
+        if state is None:
+            if n > 1:
+                del self._attempts[rid]  # forgotten: a new request
+            return _SAME
+        h = _id_hash(event.event_id)
+        same = self._holds_received(latest, h)
+        if same is None:
+            # No received yet (it fills in), or a joined request seeded from the ledger
+            # (its received unknown: taken for a repeat, as before attempts existed).
+            return _DUPLICATE if isinstance(state, int) else _SAME
+        if same or any(self._holds_received(attempt_key(rid, k), h) for k in range(1, n)):
+            return _DUPLICATE
+        return _RETRY
+
+    def _start_attempt(
+        self, rid: str, n: int, event: AnyReceived, offset: int, wall_ms: int | None
+    ) -> Emitted | None:
+        """Start attempt n + 1 of a request; the previous attempt, if it failed, is
+        superseded (returned re-emitted when it was windowed already)."""
+        self._attempts[rid] = n + 1
+        self.counters.attempts += 1
+        if len(self._pending) >= self.config.max_pending:
+            self._evict_oldest()
+        key = attempt_key(rid, n + 1)
+        entry = self._pending[key] = _Pending(offset, n + 1)
+        self._store(entry, event)
+        entry.deadline_ms = event.ts_unix_ns // _NS_PER_MS + self.config.inflight_ttl_ms
+        entry.wall_deadline_ms = wall_ms + self.config.inflight_ttl_ms if wall_ms is not None else 0
+        heapq.heappush(self._deadlines, (entry.deadline_ms, key))
+        return self._supersede(attempt_key(rid, n))
+
+    def _supersede(self, key: str) -> Emitted | None:
+        pending = self._pending.get(key)
+        if pending is not None:
+            if isinstance(pending, int):
+                pending = self._pending[key] = self._unpack(pending)
+                heapq.heappush(self._deadlines, (pending.deadline_ms, key))
+            pending.retried = True  # its record, when it comes, is built superseded
+            return None
+        done = self._resolved.get(key)
+        if not isinstance(done, _Resolved) or done.retried:
+            return None  # joined and ok (never superseded), or forgotten
+        done.retried = True
+        parts = (done.received, done.completed, done.finished)
+        before = _build(key, done.attempt, False, parts)
+        if before.outcome == "ok":
+            return None
+        self.counters.superseded += 1
+        after = _build(key, done.attempt, True, parts)
+        return Emitted(after, -1, upgrade=True, previous=before, parts=parts)
+
+    def _route(self, rid: str, n: int, event: AnyLifecycle) -> tuple[str, int]:
+        """The attempt a terminal event of a retried request belongs to: the oldest one
+        still missing that side (an engine run only where the gateway waited for it)."""
+        for k in range(1, n + 1):
+            key = attempt_key(rid, k)
+            st = self._state(key)
+            if st is None or (isinstance(st, int) and key in self._resolved):
+                continue  # forgotten, or fully joined
+            if isinstance(st, int):
+                return key, k  # in flight: received only
+            if event.kind == "gateway.completed":
+                if st.completed is None:
+                    return key, k
+            elif st.finished is None and (
+                st.completed is None or st.completed.total_ms + _ENGINE_FIT_SLACK_MS >= event.e2e_ms  # type: ignore[union-attr]
+            ):
+                return key, k
+        return attempt_key(rid, n), n
 
     def _compact(self) -> None:
         """Drop the heaps' stale items (requests resolved, deadlines moved).
@@ -500,14 +676,14 @@ class Joiner:
             self.counters.conflicts += 1
         return False
 
-    def _after_resolved(self, done: _Resolved, rid: str, event: AnyLifecycle) -> Emitted | None:
+    def _after_resolved(self, done: _Resolved, key: str, event: AnyLifecycle) -> Emitted | None:
         if not done.partial:
             if event.kind == "gateway.received" and done.completed is not None:
                 if done.received is None:
-                    previous = build_record(rid, None, done.completed, done.finished)
+                    previous = self._record(key, done)
                     done.received = event
                     self.counters.upgraded += 1
-                    return self._upgrade(rid, done, previous)
+                    return self._upgrade(key, done, previous)
                 self._count_repeat(event, done.received)
                 return None
             self._count_repeat(event, None)
@@ -520,7 +696,7 @@ class Joiner:
         if slot is not None:
             self._count_repeat(event, slot)
             return None
-        previous = build_record(rid, done.received, done.completed, done.finished)
+        previous = self._record(key, done)
         if event.kind == "gateway.received":
             # The partial record gains priority, tenant and start time (still partial).
             done.received = event
@@ -531,12 +707,20 @@ class Joiner:
             done.finished = event
             done.partial = False
         self.counters.upgraded += 1
-        return self._upgrade(rid, done, previous)
+        return self._upgrade(key, done, previous)
 
     @staticmethod
-    def _upgrade(rid: str, done: _Resolved, previous: RequestRecord) -> Emitted:
+    def _record(key: str, done: _Resolved) -> RequestRecord:
+        return _build(
+            key, done.attempt, done.retried, (done.received, done.completed, done.finished)
+        )
+
+    def _upgrade(self, key: str, done: _Resolved, previous: RequestRecord) -> Emitted:
         parts = (done.received, done.completed, done.finished)
-        return Emitted(build_record(rid, *parts), -1, upgrade=True, previous=previous, parts=parts)
+        rec = _build(key, done.attempt, done.retried, parts)
+        if rec.superseded and not previous.superseded:
+            self.counters.superseded += 1
+        return Emitted(rec, -1, upgrade=True, previous=previous, parts=parts)
 
     def _count_repeat(self, event: AnyLifecycle, slot: _Received | AnyLifecycle | None) -> None:
         if slot is None or _same_id(slot, event):
@@ -545,40 +729,50 @@ class Joiner:
         else:
             self.counters.conflicts += 1
 
-    def seed_resolved(self, rid: str, expires_ms: int) -> None:
-        """Remember a request another worker (or an earlier run) counted complete: any
-        event of it is then a duplicate. Call in order of expiry, before any event."""
-        if rid not in self._resolved:
-            self._resolved_order.append(rid)
-            self._resolved[rid] = expires_ms
+    def seed_resolved(self, key: str, expires_ms: int) -> None:
+        """Remember a request (attempt: its ledger key, see :func:`attempt_key`) another
+        worker (or an earlier run) counted complete: any event of it is then a duplicate
+        (its gateway.received id is unknown, so another received is taken for a repeat,
+        not a retry). Call in order of expiry, before any event."""
+        if key not in self._resolved:
+            rid, sep, n = key.rpartition(ATTEMPT_SEP)
+            if sep and n.isdigit() and int(n) > self._attempts.get(rid, 1):
+                self._attempts[rid] = int(n)
+            self._resolved_order.append(key)
+            self._resolved[key] = expires_ms
 
     def _remember(
-        self, rid: str, now_ms: int, entry: _Pending | None, *, partial: bool = True
-    ) -> None:
+        self, key: str, now_ms: int, entry: _Pending | None, short_hash: int = 0, *,
+        partial: bool = True,
+    ) -> None:  # fmt: skip
         expires = now_ms + self.config.resolved_ttl_ms
-        if rid not in self._resolved:
-            self._resolved_order.append(rid)
+        if key not in self._resolved:
+            self._resolved_order.append(key)
         if entry is None:
-            self._resolved[rid] = expires
+            self._resolved[key] = expires | (short_hash << _RESOLVED_HASH_SHIFT)
         else:
-            self._resolved[rid] = _Resolved(
-                expires, entry.received, entry.completed, entry.finished, partial=partial
-            )
+            self._resolved[key] = _Resolved(
+                expires, entry.received, entry.completed, entry.finished, partial=partial,
+                attempt=entry.attempt, retried=entry.retried,
+            )  # fmt: skip
         if len(self._resolved) > self.config.max_resolved:
             del self._resolved[self._resolved_order.popleft()]
 
-    def _resolve_partial(self, rid: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
-        del self._pending[rid]
+    def _resolve_partial(self, key: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
+        del self._pending[key]
         if isinstance(entry, int) or (entry.completed is None and entry.finished is None):
             self.counters.orphaned_received += 1
             return None
-        self._remember(rid, now_ms, entry)
+        self._remember(key, now_ms, entry)
         if entry.completed is not None:
             self.counters.gateway_only += 1
         else:
             self.counters.engine_only += 1
         parts = (entry.received, entry.completed, entry.finished)
-        return Emitted(build_record(rid, *parts), entry.first_offset, parts=parts)
+        rec = _build(key, entry.attempt, entry.retried, parts)
+        if rec.superseded:
+            self.counters.superseded += 1
+        return Emitted(rec, entry.first_offset, parts=parts)
 
     def evict(self, n: int) -> None:
         """Resolve the ``n`` oldest pending requests early (counted as evicted); their
@@ -635,7 +829,7 @@ class Joiner:
         while order:
             rid = order[0]
             done = resolved[rid]
-            expires = done if isinstance(done, int) else done.expires_ms
+            expires = done & _RESOLVED_EXPIRY_MASK if isinstance(done, int) else done.expires_ms
             if expires > now_ms:
                 break
             order.popleft()

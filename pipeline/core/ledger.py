@@ -69,17 +69,32 @@ def decode_ledger(raw: bytes) -> LedgerEntry:
     )  # fmt: skip
 
 
+CODE_BITS: Final = 4  # a ledger code: see pipeline.core.windows.ledger_code
+CODE_MASK: Final = (1 << CODE_BITS) - 1
+
+
 def pack(code: int, end_ms: int) -> int:
     """A ledger code with the end of the window that counted it (what a worker seeds its
     memory of resolved requests with: see ``StreamProcessor.init_partition``)."""
-    return code | (max(end_ms, 0) << 3)
+    return code | (max(end_ms, 0) << CODE_BITS)
+
+
+def unpack(packed: int) -> tuple[int, int]:
+    """``(code, end_ms)`` of :func:`pack`."""
+    return packed & CODE_MASK, packed >> CODE_BITS
+
+
+def code_order(code: int) -> int:
+    """How far a ledger code's version is (higher replaces): its revision, then
+    superseded (``pipeline.core.record.store_version``)."""
+    return 2 * (code & 3) + ((code >> 3) & 1)
 
 
 def merge_versions(into: dict[str, int], more: Mapping[str, int]) -> None:
-    """Keep, per request, the version with the highest revision (``code & 3``)."""
+    """Keep, per request, the furthest version (:func:`code_order`)."""
     for rid, code in more.items():
         have = into.get(rid)
-        if have is None or code & 3 > have & 3:
+        if have is None or code_order(code & CODE_MASK) > code_order(have & CODE_MASK):
             into[rid] = code
 
 

@@ -22,6 +22,7 @@ from pipeline.contract.wire import (
 )
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
+from pipeline.core.ledger import code_order, unpack
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
     ClosedWindow,
@@ -30,6 +31,7 @@ from pipeline.core.windows import (
     WindowCounters,
     WindowSLOs,
     ledger_code,
+    ledger_key,
 )
 
 
@@ -124,14 +126,14 @@ class StreamProcessor:
         joiner = Joiner(self.join_config)
         ttl = self.join_config.resolved_ttl_ms
         led = dict(ledger or {})
-        for rid, packed in sorted(led.items(), key=lambda kv: kv[1] >> 3):
+        for rid, packed in sorted(led.items(), key=lambda kv: unpack(kv[1])[1]):
             if packed & 2 and seed_join:
-                joiner.seed_resolved(rid, (packed >> 3) + ttl)
+                joiner.seed_resolved(rid, unpack(packed)[1] + ttl)
         self._parts[partition] = _PartitionState(
             joiner,
             WindowAggregator(partition, self.window_config, self.slo_factory),
             PartitionClock(self.clock_config),
-            ledger={rid: packed & 7 for rid, packed in led.items()},
+            ledger={rid: unpack(packed)[0] for rid, packed in led.items()},
         )
 
     def restore_inflight(self, partition: int, received: Iterable[tuple[int, Event]]) -> int:
@@ -156,11 +158,13 @@ class StreamProcessor:
         rec = emitted.record
         previous = emitted.previous
         if st.ledger:
-            code = st.ledger.get(rec.request_id)
+            key = ledger_key(rec)
+            code = st.ledger.get(key)
             if code is not None:
-                if rec.revision <= code & 3:
+                mine = ledger_code(rec)
+                if code_order(mine) <= code_order(code):
                     # Counted before this worker took the partition (a replayed input).
-                    if rec.revision == code & 3 and ledger_code(rec) != code:
+                    if code_order(mine) == code_order(code) and mine != code:
                         # The other side's partial: the store holds this request's first
                         # side, which this worker never saw; keep the stored row.
                         self.counters.replay_conflicts += 1
@@ -170,11 +174,11 @@ class StreamProcessor:
                         out.records.append(rec)  # the same row again (or an older one)
                     return
                 # An upgrade of what was counted: take that version back.
-                previous = emitted.version(code & 3, bool(code & 4))
+                previous = emitted.version(code)
                 if previous is None:
                     self.counters.replay_conflicts += 1
                     return
-                st.ledger[rec.request_id] = ledger_code(rec)
+                st.ledger[key] = mine
         out.records.append(rec)
         if rec.flags:
             self._count_flags(rec)

@@ -109,6 +109,22 @@ def record_revision(source: Source, has_received: bool) -> int:
     return (2 if source == "joined" else 0) + (1 if has_received else 0)
 
 
+# Keys of one attempt of a request (join state, ledger): the request id for attempt 1,
+# ``request_id + ATTEMPT_SEP + n`` for attempt n >= 2.
+ATTEMPT_SEP: Final = "\x1f"
+
+
+def attempt_key(request_id: str, attempt: int) -> str:
+    """The key of one attempt of a request in the join's state and in the ledger."""
+    return request_id if attempt == 1 else f"{request_id}{ATTEMPT_SEP}{attempt}"
+
+
+def store_version(revision: int, superseded: bool) -> int:
+    """The store's version of a record (``requests.revision``; the highest replaces):
+    twice the revision, plus 1 once a retry superseded it."""
+    return 2 * revision + (1 if superseded else 0)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     request_id: str
@@ -144,6 +160,15 @@ class RequestRecord:
     gateway_overhead_ms: float | None
     # Contradictions between the events (see FLAGS): the record is kept as reported
     flags: tuple[str, ...] = ()
+    # Client retries reusing the request id: 1 for the first attempt (see join.py)
+    attempt: int = 1
+    # A failed attempt the client retried: SLOs with ``attempts: last`` skip it
+    superseded: bool = False
+
+    @property
+    def version(self) -> int:
+        """What the store orders versions of this attempt by (see store_version)."""
+        return store_version(self.revision, self.superseded)
 
     @property
     def direct_traffic(self) -> bool:
@@ -160,8 +185,13 @@ def build_record(
     received: ReceivedFields | None,
     completed: AnyCompleted | None,
     finished: AnyFinished | None,
+    *,
+    attempt: int = 1,
+    retried: bool = False,
 ) -> RequestRecord:
-    """Combine the events of one request into its record (pure)."""
+    """Combine the events of one request (one attempt of it) into its record (pure).
+    ``retried``: a later attempt of the request exists (a failed attempt is then
+    superseded)."""
     if completed is None and finished is None:
         raise ValueError("a record needs gateway.completed or engine.finished")
     source: Source
@@ -252,4 +282,6 @@ def build_record(
             finished.inference_ms if finished is not None else None,
             queue,
         ),
+        attempt=attempt,
+        superseded=retried and outcome != "ok",
     )

@@ -24,6 +24,9 @@ For one SLO and one record, :meth:`SLO.classify` says ``"good"``, ``"bad"`` or
    ``gateway_overhead_ms`` both. So a request the gateway rejected (never sent
    to an engine) is bad for a gateway SLO and absent from a pure-compute SLO.
    ``errors: exclude``: skip.
+   **Retries.** A client retrying with the same request id makes attempts of one
+   request (``RequestRecord.attempt``). ``attempts: every`` (default) counts each;
+   ``attempts: last`` skips a failed attempt the client retried (``superseded``).
 3. **Client aborts** (``client_abort``). ``client_abort: measure`` (default):
    judged like a success, by the time the client waited at that boundary.
    vLLM does not report aborts, so engine boundaries usually have no value and
@@ -230,6 +233,10 @@ class SLO(_Model):
     exclude: Exclude | None = None
     errors: Literal["bad", "exclude"] = "bad"
     client_abort: Literal["measure", "exclude"] = "measure"
+    # Client retries reusing a request id (attempts, see pipeline/core/join.py): count
+    # every attempt, or only each request's last (a failed attempt the client retried
+    # is skipped).
+    attempts: Literal["every", "last"] = "every"
 
     _matcher: _Matcher = PrivateAttr()
 
@@ -366,6 +373,7 @@ class _Matcher:
         "buckets",
         "errors_bad",
         "get",
+        "last_attempt_only",
         "lower_bound",
         "max_prompt",
         "models",
@@ -390,6 +398,7 @@ class _Matcher:
         self.max_prompt: int | None = slo.exclude.prompt_tokens_over if slo.exclude else None
         self.errors_bad = slo.errors == "bad"
         self.aborts_measured = slo.client_abort == "measure"
+        self.last_attempt_only = slo.attempts == "last"
         self.threshold = slo.threshold_ms
         self.boundary = slo.boundary
         self.get: Callable[[RequestRecord], float | None] = attrgetter(slo.boundary)
@@ -416,6 +425,7 @@ class _Matcher:
             self.max_prompt,
             self.errors_bad,
             self.aborts_measured,
+            self.last_attempt_only,
         )
 
     # pydantic compares private attributes too: equal SLOs must have equal matchers.
@@ -427,6 +437,8 @@ class _Matcher:
 
     def classify(self, r: RequestRecord) -> Verdict:
         # 1. traffic selection
+        if r.superseded and self.last_attempt_only:
+            return "skip"
         if self.models is not None and r.model not in self.models:
             return "skip"
         if self.priorities is not None and r.priority not in self.priorities:

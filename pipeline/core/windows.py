@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol
 
 import numpy as np
 
-from pipeline.core.record import BOUNDARIES, RequestRecord
+from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
 from pipeline.core.sketch import QuantileSketch, SketchColumns
 
 ALL: Final = "*"
@@ -119,8 +119,14 @@ class _Window:
 
 def ledger_code(rec: RequestRecord) -> int:
     """The version of a request that a window counted: its revision, plus 4 for an
-    engine-only partial (a gateway-only one is 0/1): see ``Emitted.version``."""
-    return rec.revision + (4 if rec.source == "engine_only" else 0)
+    engine-only partial (a gateway-only one is 0/1), plus 8 once superseded by a retry
+    (see ``Emitted.version``, ``pipeline.core.ledger.code_order``)."""
+    return rec.revision + (4 if rec.source == "engine_only" else 0) + (8 if rec.superseded else 0)
+
+
+def ledger_key(rec: RequestRecord) -> str:
+    """A record's key in the ledger: its request id, with its attempt after a retry."""
+    return attempt_key(rec.request_id, rec.attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +226,7 @@ class WindowAggregator:
         if win.slos is not None:
             win.slos.add(rec, sign)
         if sign > 0:
-            win.ledger[rec.request_id] = ledger_code(rec)
+            win.ledger[ledger_key(rec)] = ledger_code(rec)
         win.dirty = True
         return not late
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pipeline.adapters.store import REQUEST_COLUMNS, Store
+from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
 from pipeline.core.explain import Directive, Explanation, explain
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOSpec
 
-_EMPTY_IS_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 _NAMES = [n for n, _ in REQUEST_COLUMNS]
 
 
@@ -19,18 +18,15 @@ class NotFoundError(LookupError):
 
 
 def read_record(store: Store, request_id: str) -> RequestRecord:
+    """The request's record (its last attempt when the client retried with its id)."""
     rows = store.query_rows(
         f"SELECT {', '.join(_NAMES)} FROM {store.database}.requests FINAL "
-        "WHERE request_id = {rid:String}",
+        "WHERE request_id = {rid:String} ORDER BY attempt DESC LIMIT 1",
         {"rid": request_id},
     )
     if not rows:
         raise NotFoundError(request_id)
-    values = dict(zip(_NAMES, rows[0], strict=True))
-    for k in _EMPTY_IS_NONE:
-        if values[k] == "":
-            values[k] = None
-    return RequestRecord(**values)
+    return record_from_row(rows[0])
 
 
 def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[Directive]:

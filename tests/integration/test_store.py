@@ -35,7 +35,8 @@ def test_migrate_is_idempotent_and_rows_are_one_per_request(tmp_path: Path) -> N
             "SELECT request_id, source, revision, queue_ms "
             "FROM tailguard.requests FINAL ORDER BY request_id"
         )
-        assert rows == [("a", "joined", 3, 10.0), ("b", "engine_only", 0, 10.0)]
+        # revision: the store version, 2 x the record revision (see store_version)
+        assert rows == [("a", "joined", 6, 10.0), ("b", "engine_only", 0, 10.0)]
     finally:
         store.close()
 
