@@ -5,30 +5,48 @@ Runs what the worker's event loop runs per batch, without Kafka, Faust or ClickH
 worker's default) over batched messages of the simulated workload, plus the raw-event
 row building of ``WorkerShell._collect`` and the record -> column conversion of the
 ClickHouse writer. Reports CPU µs per event (``time.process_time``), the median of
-``--repeat`` runs, per stage.
+``--repeat`` runs, per stage: ``decode_us`` (the processor's decoder alone, a separate
+pass over the same messages), ``process_us`` (``StreamProcessor.process``: decode, clock,
+join, records, windows, SLO counts), ``raw_rows_us``, ``columns_us``, ``store_us``.
 
     python -m bench.core_speed [--instances 4] [--repeat 3] [--profile]
+
+The script runs against whatever ``pipeline`` package is first on the path, so the same
+workload measures an older commit too (``./tg bench`` section ``core_speed``: before and
+after, see :func:`run`).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from bench.data import Workload, events, messages
+from bench.results import Figure, Section, register
 from pipeline.adapters.store import request_columns
-from pipeline.contract.codec import encode_event
+from pipeline.contract.codec import SourceRef
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.slo_windows import load_slo_factory
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy
+
+if TYPE_CHECKING:
+    from bench.run import Context
+
+try:  # the worker's decoder (issue 14); older commits decode with the reference one
+    from pipeline.contract.wire import decode_fast as _decode
+except ImportError:  # pragma: no cover - only when measuring an older commit
+    from pipeline.contract.codec import decode_message as _decode  # type: ignore[assignment]
 
 START_NS = 1_763_000_000_000_000_000
 
@@ -43,6 +61,29 @@ def load(instances: int) -> tuple[list[tuple[int, int, bytes]], int]:
         msgs.append((part, off, value))
         n += k
     return msgs, n
+
+
+def _raw_row(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The worker's raw-event row (``WorkerShell._collect``): the payload as received, or
+    (before issue 14, events without their bytes) re-encoded."""
+    if len(item) == 4:
+        p, off, ev, raw = item
+        payload = str(raw, "utf-8")
+    else:  # pragma: no cover - an older commit
+        from pipeline.contract.codec import encode_event
+
+        p, off, ev = item
+        payload = encode_event(ev).decode()
+    return (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
+            "t", p, off, payload)  # fmt: skip
+
+
+def decode_only(msgs: list[tuple[int, int, bytes]]) -> float:
+    """CPU seconds the processor's decoder takes over the messages alone."""
+    t = time.process_time()
+    for p, off, raw in msgs:
+        _decode(raw, SourceRef("t", p, off))
+    return time.process_time() - t
 
 
 def run_once(
@@ -85,11 +126,7 @@ def run_once(
         t0 = time.process_time()
         out = proc.process(chunk, None)
         t1 = time.process_time()
-        rows = [
-            (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
-             "t", p, off, encode_event(ev).decode())
-            for p, off, ev in out.events
-        ]  # fmt: skip
+        rows = [_raw_row(item) for item in out.events]
         t2 = time.process_time()
         request_columns(out.records)
         t3 = time.process_time()
@@ -112,9 +149,11 @@ def run_once(
         t_store += write()
         store.close()
     n = proc.counters.events
+    t_decode = decode_only(msgs)
     return {
         "store_us": t_store / n * 1e6,
         "events": n,
+        "decode_us": t_decode / n * 1e6,
         "process_us": t_proc / n * 1e6,
         "raw_rows_us": t_rows / n * 1e6,
         "columns_us": t_cols / n * 1e6,
@@ -163,6 +202,72 @@ def main() -> None:
     med: dict[str, Any] = {k: statistics.median(r[k] for r in results) for k in results[0]}
     med["events_per_cpu_s"] = 1e6 / med["total_us"]
     print(orjson.dumps(med, option=orjson.OPT_INDENT_2).decode())
+
+
+# The commit before the issue-14 work (per-event pydantic objects): the "before" column.
+BASE_COMMIT = os.environ.get("TG_CORE_SPEED_BASE", "b8534c5")
+_STAGES = (
+    ("decode_us", "decode (alone, separate pass)"),
+    ("process_us", "StreamProcessor.process (decode, clock, join, records, windows, SLOs)"),
+    ("raw_rows_us", "raw-event rows (WorkerShell._collect)"),
+    ("columns_us", "requests columns (ClickHouse writer)"),
+    ("store_us", "chDB inserts (writer thread)"),
+    ("total_us", "total"),
+)
+
+
+def _measure(pythonpath: Path, instances: int, repeat: int) -> dict[str, Any]:
+    script = Path(__file__).resolve()
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    out = subprocess.run(
+        [sys.executable, str(script), "--instances", str(instances), "--repeat", str(repeat),
+         "--store"],
+        env=env, cwd=pythonpath, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = orjson.loads(out.stdout[out.stdout.index("{") :])
+    return result
+
+
+@register("core_speed", "Core CPU cost per event, by stage: before and after issue 14", order=5)
+def run(ctx: Context) -> Section:
+    """``bench.core_speed`` on the base commit (a temporary git worktree) and on this tree,
+    one after the other in this run, with the same workload and settings."""
+    t0 = time.monotonic()
+    repo = Path(__file__).resolve().parents[1]
+    instances, repeat = (1, 1) if ctx.mode == "quick" else (2, 3)
+    base_dir = Path(tempfile.mkdtemp(prefix="tg-core-base-"))
+    wt = base_dir / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(wt), BASE_COMMIT], cwd=repo,
+                   capture_output=True, check=True)  # fmt: skip
+    try:
+        before = _measure(wt, instances, repeat)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=repo,
+                       capture_output=True, check=False)  # fmt: skip
+    after = _measure(repo, instances, repeat)
+    s = Section("core_speed", "Core CPU cost per event, by stage: before and after issue 14")
+    for key, label in _STAGES:
+        b, a = before.get(key), after.get(key)
+        s.figures.append(Figure(f"{label}: before ({BASE_COMMIT})", b, "µs/event"))
+        s.figures.append(Figure(f"{label}: after (this tree)", a, "µs/event"))
+    for label, r in (("before", before), ("after", after)):
+        s.figures.append(
+            Figure(f"events per CPU-second, {label}", r["events_per_cpu_s"], "events/s")
+        )
+    s.text.append(
+        f"`python bench/core_speed.py --instances {instances} --repeat {repeat} --store` "
+        f"({after['events']:,} events of the simulated workload in batched messages; CPU "
+        f"time by `time.process_time`, median of {repeat}), run once with the base commit "
+        f"{BASE_COMMIT} first on the path (a temporary git worktree) and once with this "
+        "tree, one after the other. The decode stage is the processor's decoder alone "
+        "(the base: pydantic `decode_message`; this tree: msgspec `decode_fast`); it is "
+        "also inside `StreamProcessor.process`. Single-threaded in-process CPU time: other "
+        "processes on the machine distort it less than wall-clock rates."
+    )
+    s.commands.append(f"PYTHONPATH=<worktree of {BASE_COMMIT}> python bench/core_speed.py ...")
+    s.commands.append("PYTHONPATH=. python bench/core_speed.py ...")
+    s.seconds = time.monotonic() - t0
+    return s
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # In run order. ``bench.detection`` is the reserved place for detection latency
 # at 50k events/s (owned by the lead): create it and register a section.
 BENCH_MODULES: tuple[str, ...] = (
+    "bench.core_speed",
     "bench.throughput",
     "bench.accuracy",
     "bench.memory",

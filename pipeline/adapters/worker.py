@@ -59,7 +59,7 @@ from pipeline.adapters.store import (
     write_windows,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
-from pipeline.contract.codec import DeadLetter, SourceRef, decode_message, encode_event
+from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
@@ -251,11 +251,12 @@ class WorkerShell:
         self._windows.extend(out.windows)
         if out.events:
             topic = self.settings.lifecycle_topic
-            for p, off, ev in out.events:
-                self._events.append(
-                    (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
-                     topic, p, off, encode_event(ev).decode())
-                )  # fmt: skip
+            # The payload is the event's bytes as the producer sent them (no re-encoding).
+            self._events.extend(
+                (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
+                 topic, p, off, str(raw, "utf-8"))
+                for p, off, ev, raw in out.events
+            )  # fmt: skip
         if out.dead:
             assert self.dlq is not None
             self.dlq.send_dead(out.dead)

@@ -1,4 +1,4 @@
-"""Event contract v1 (pure: pydantic + orjson only)."""
+"""Event contract v1 (pure: pydantic, msgspec and orjson only)."""
 
 from pipeline.contract.codec import (
     DeadLetter,

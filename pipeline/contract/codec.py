@@ -82,7 +82,10 @@ def _json_items(raw: bytes) -> tuple[list[object], bool] | None:
 
 def _item_bytes(item: object, nonstandard: bool) -> bytes:
     if nonstandard:  # keep NaN/Infinity as received (orjson would write null)
-        return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
+        # surrogatepass: a lone surrogate escape (which orjson rejects too) stays bytes
+        # that the element's validation then rejects, instead of raising here
+        text = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", "surrogatepass")
     return orjson.dumps(item)
 
 

@@ -64,6 +64,13 @@ class PartitionClock:
     _tops: dict[str, list[int]] = field(default_factory=dict)
     # host -> largest event time seen (skew telemetry; never used for the clock)
     newest_ms: dict[str, int] = field(default_factory=dict)
+    # The watermark as the last full recompute left it unmoved (None: it moved since).
+    # While it stands, a mark that rises without crossing it (staying at or below it, or
+    # above it already) changes neither how many active marks lie above it nor, unless a
+    # mark at most it joins, how many lie below: the lower median cannot pass it, so
+    # observe skips the recompute (the same watermark, event by event, for less work).
+    # A mark that falls (a host's first events) always recomputes.
+    _settled_ms: int | None = None
 
     @property
     def bootstrapping(self) -> bool:
@@ -88,6 +95,7 @@ class PartitionClock:
         top = self._tops.get(host)
         if top is None:
             top = self._tops[host] = []
+        old = top[0] if top else None
         newest = self.newest_ms.get(host)
         if newest is None or ts_ms > newest:
             self.newest_ms[host] = ts_ms
@@ -98,6 +106,12 @@ class PartitionClock:
         else:
             return  # this host's mark did not move
         if not self.bootstrapping:
+            wm = self.watermark_ms
+            new = top[0]
+            if self._settled_ms == wm and (
+                new <= wm if old is None else old <= new and (new <= wm or old > wm)
+            ):
+                return
             self._recompute(wall_ms)
 
     def establish(self, wall_ms: int = 0) -> None:
@@ -109,12 +123,14 @@ class PartitionClock:
         wm = self.watermark_ms
         floor = wm - self.config.host_idle_ms
         marks = sorted(t[0] for t in self._tops.values() if t[0] >= floor)
+        self._settled_ms = wm
         if not marks:
             return
         median = marks[(len(marks) - 1) // 2]
         if median > wm or (force and wm == 0):
             self.watermark_ms = median
             self.wall_at_advance_ms = wall_ms
+            self._settled_ms = None
 
     def now(self, wall_ms: int | None, caught_up: bool = True) -> int:
         """The partition's clock: the watermark, plus idle wall time when caught up."""

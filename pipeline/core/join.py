@@ -47,12 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.contract.events import (
-    EngineFinished,
-    GatewayCompleted,
-    GatewayReceived,
-    LifecycleEvent,
-)
+from pipeline.contract.wire import AnyCompleted, AnyFinished, AnyLifecycle, AnyReceived
 from pipeline.core.record import (
     ATTEMPT_SEP,
     ReceivedFields,
@@ -130,7 +125,7 @@ class JoinConfig:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
 
 
-Parts = tuple["ReceivedFields | None", GatewayCompleted | None, EngineFinished | None]
+Parts = tuple["ReceivedFields | None", AnyCompleted | None, AnyFinished | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +216,7 @@ class _Received:
         self.stream = stream
 
 
-def _same_id(slot: _Received | LifecycleEvent, event: LifecycleEvent) -> bool:
+def _same_id(slot: _Received | AnyLifecycle, event: AnyLifecycle) -> bool:
     if isinstance(slot, _Received):
         return slot.id_hash == _id_hash(event.event_id)
     return slot.event_id == event.event_id
@@ -244,8 +239,8 @@ class _Pending:
         self.attempt = attempt
         self.retried = False  # a later attempt of the request exists
         self.received: _Received | None = None
-        self.completed: GatewayCompleted | None = None
-        self.finished: EngineFinished | None = None
+        self.completed: AnyCompleted | None = None
+        self.finished: AnyFinished | None = None
         self.first_offset = first_offset
         self.deadline_ms = 0
         self.wall_deadline_ms = 0
@@ -257,9 +252,9 @@ class _Resolved:
     expires_ms: int
     # Kept for partial records (a late partner can upgrade them), records joined before
     # their gateway.received, and failed attempts (a retry supersedes them).
-    received: _Received | GatewayReceived | None = None
-    completed: GatewayCompleted | None = None
-    finished: EngineFinished | None = None
+    received: _Received | AnyReceived | None = None
+    completed: AnyCompleted | None = None
+    finished: AnyFinished | None = None
     partial: bool = False
     attempt: int = 1
     retried: bool = False
@@ -269,7 +264,7 @@ class _Resolved:
     first_offset: int = -1
 
 
-def _received_hash(received: _Received | GatewayReceived | None) -> int | None:
+def _received_hash(received: _Received | AnyReceived | None) -> int | None:
     if received is None:
         return None
     if isinstance(received, _Received):
@@ -322,7 +317,7 @@ class Joiner:
             self._strings.append(s)
         return i
 
-    def _pack(self, ev: GatewayReceived, offset: int, wall_ms: int | None) -> int | None:
+    def _pack(self, ev: AnyReceived, offset: int, wall_ms: int | None) -> int | None:
         """The in-flight int of a ``gateway.received`` (None: a value does not fit)."""
         host = self._string_id(ev.host)
         model = self._string_id(ev.model)
@@ -445,14 +440,14 @@ class Joiner:
         return len(self._pending)
 
     def add(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None
+        self, event: AnyLifecycle, offset: int, wall_ms: int | None = None
     ) -> RequestRecord | None:
         """Feed one event; returns the record it completes, if any (see :meth:`add_emitted`)."""
         out = self.add_emitted(event, offset, wall_ms)
         return out.record if out is not None else None
 
     def add_emitted(
-        self, event: LifecycleEvent, offset: int, wall_ms: int | None = None, now_ms: int = 0
+        self, event: AnyLifecycle, offset: int, wall_ms: int | None = None, now_ms: int = 0
     ) -> Emitted | None:
         """Feed one event; returns a record when this event completes a request.
 
@@ -464,7 +459,7 @@ class Joiner:
         self.counters.events += 1
         rid = event.request_id
         key, attempt = rid, 1
-        if isinstance(event, GatewayReceived):
+        if event.kind == "gateway.received":
             n = self._attempts.get(rid, 1)
             kind = self._received_kind(rid, n, event)
             if kind is _DUPLICATE:
@@ -486,7 +481,7 @@ class Joiner:
         if entry is None:
             if len(self._pending) >= self.config.max_pending:
                 self._evict_oldest()
-            if isinstance(event, GatewayReceived) and attempt == 1:
+            if event.kind == "gateway.received" and attempt == 1:
                 packed = self._pack(event, offset, wall_ms)
                 if packed is not None:
                     self._pending[key] = packed
@@ -496,7 +491,7 @@ class Joiner:
                     return None
             entry = self._pending[key] = _Pending(offset, attempt)
         elif isinstance(entry, int):
-            if isinstance(event, GatewayReceived):
+            if event.kind == "gateway.received":
                 self.counters.duplicates += 1  # (another id would have been a retry)
                 return None
             entry = self._pending[key] = self._unpack(entry)
@@ -518,7 +513,7 @@ class Joiner:
             else:
                 self._remember(key, ts_ms, None, _short_hash(entry.received.id_hash))
             return Emitted(rec, entry.first_offset, parts=parts)
-        if isinstance(event, GatewayReceived):
+        if event.kind == "gateway.received":
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
             wait_ms = self.config.inflight_ttl_ms
@@ -555,7 +550,7 @@ class Joiner:
         have = _received_hash(r.received)
         return None if have is None else have == id_hash
 
-    def _received_kind(self, rid: str, n: int, event: GatewayReceived) -> object:
+    def _received_kind(self, rid: str, n: int, event: AnyReceived) -> object:
         """Whether a gateway.received belongs to the request's latest attempt (``_SAME``:
         the first one, or one it lacks), repeats one (``_DUPLICATE``) or starts another
         attempt (``_RETRY``: another event id)."""
@@ -576,7 +571,7 @@ class Joiner:
         return _RETRY
 
     def _start_attempt(
-        self, rid: str, n: int, event: GatewayReceived, offset: int, wall_ms: int | None
+        self, rid: str, n: int, event: AnyReceived, offset: int, wall_ms: int | None
     ) -> Emitted | None:
         """Start attempt n + 1 of a request; the previous attempt, if it failed, is
         superseded (returned re-emitted when it was windowed already)."""
@@ -612,7 +607,7 @@ class Joiner:
         after = _build(key, done.attempt, True, parts)
         return Emitted(after, done.first_offset, upgrade=True, previous=before, parts=parts)
 
-    def _route(self, rid: str, n: int, event: LifecycleEvent) -> tuple[str, int]:
+    def _route(self, rid: str, n: int, event: AnyLifecycle) -> tuple[str, int]:
         """The attempt a terminal event of a retried request belongs to: the oldest one
         still missing that side (an engine run only where the gateway waited for it)."""
         for k in range(1, n + 1):
@@ -622,7 +617,7 @@ class Joiner:
                 continue  # forgotten, or fully joined
             if isinstance(st, int):
                 return key, k  # in flight: received only
-            if isinstance(event, GatewayCompleted):
+            if event.kind == "gateway.completed":
                 if st.completed is None:
                     return key, k
             elif st.finished is None and (
@@ -654,9 +649,9 @@ class Joiner:
         ]
         heapq.heapify(self._terminals)
 
-    def _store(self, entry: _Pending, event: LifecycleEvent) -> bool:
-        if isinstance(event, GatewayReceived):
-            slot: _Received | LifecycleEvent | None = entry.received
+    def _store(self, entry: _Pending, event: AnyLifecycle) -> bool:
+        if event.kind == "gateway.received":
+            slot: _Received | AnyLifecycle | None = entry.received
             if slot is None:
                 entry.received = _Received(
                     id_hash=_id_hash(event.event_id),
@@ -669,7 +664,7 @@ class Joiner:
                     stream=event.stream,
                 )
                 return True
-        elif isinstance(event, GatewayCompleted):
+        elif event.kind == "gateway.completed":
             slot = entry.completed
             if slot is None:
                 entry.completed = event
@@ -685,9 +680,9 @@ class Joiner:
             self.counters.conflicts += 1
         return False
 
-    def _after_resolved(self, done: _Resolved, key: str, event: LifecycleEvent) -> Emitted | None:
+    def _after_resolved(self, done: _Resolved, key: str, event: AnyLifecycle) -> Emitted | None:
         if not done.partial:
-            if isinstance(event, GatewayReceived) and done.completed is not None:
+            if event.kind == "gateway.received" and done.completed is not None:
                 if done.received is None:
                     previous = self._record(key, done)
                     done.received = event
@@ -706,10 +701,10 @@ class Joiner:
             self._count_repeat(event, slot)
             return None
         previous = self._record(key, done)
-        if isinstance(event, GatewayReceived):
+        if event.kind == "gateway.received":
             # The partial record gains priority, tenant and start time (still partial).
             done.received = event
-        elif isinstance(event, GatewayCompleted):
+        elif event.kind == "gateway.completed":
             done.completed = event
             done.partial = False
         else:
@@ -731,7 +726,7 @@ class Joiner:
             self.counters.superseded += 1
         return Emitted(rec, done.first_offset, upgrade=True, previous=previous, parts=parts)
 
-    def _count_repeat(self, event: LifecycleEvent, slot: _Received | LifecycleEvent | None) -> None:
+    def _count_repeat(self, event: AnyLifecycle, slot: _Received | AnyLifecycle | None) -> None:
         if slot is None or _same_id(slot, event):
             # Fully joined requests keep no events: any repeat of them is a duplicate.
             self.counters.duplicates += 1

@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from pipeline.contract.codec import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DeadLetter,
-    SourceRef,
-    decode_message,
-    encode_event,
+from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef
+from pipeline.contract.events import Event
+from pipeline.contract.wire import (
+    AnyEvent,
+    AnyLifecycle,
+    EventBytes,
+    StatsWire,
+    decode_fast,
+    event_bytes,
 )
-from pipeline.contract.events import EngineStats, Event, GatewayReceived, LifecycleEvent
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
 from pipeline.core.ledger import RETRACTED, code_order, unpack
@@ -57,9 +59,9 @@ class _PartitionState:
     # request_id -> ledger code of requests counted before this worker took the partition
     ledger: dict[str, int] = field(default_factory=dict)
     # events held while the clock bootstraps (offset, event)
-    boot: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    boot: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
     # events out of range of the clock, held until a quorum confirms a jump (offset, event)
-    ahead: list[tuple[int, LifecycleEvent]] = field(default_factory=list)
+    ahead: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
     since_ahead: int = 0  # events in range processed since the first held one
     now_ms: int = 0  # the clock at the last advance (with idle wall time)
     quarantined: int = 0
@@ -72,9 +74,10 @@ class Output:
     records: list[RequestRecord] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     windows: list[ClosedWindow] = field(default_factory=list)  # closed ones and corrections
-    # (partition, offset, event) of every valid event, when keep_events is on
-    events: list[tuple[int, int, Event]] = field(default_factory=list)
-    stats: list[EngineStats] = field(default_factory=list)  # engine.stats events seen
+    # (partition, offset, event, its bytes as received) of every valid event, when
+    # keep_events is on
+    events: list[tuple[int, int, AnyEvent, EventBytes]] = field(default_factory=list)
+    stats: list[StatsWire] = field(default_factory=list)  # engine.stats events seen
 
 
 class StreamProcessor:
@@ -139,7 +142,7 @@ class StreamProcessor:
         joiner = self._part(partition).joiner
         n = 0
         for offset, ev in received:
-            if isinstance(ev, GatewayReceived):
+            if ev.kind == "gateway.received":
                 joiner.add_emitted(ev, offset, None)
                 n += 1
         return n
@@ -193,13 +196,13 @@ class StreamProcessor:
         for f in rec.flags:
             c.by_flag[f] = c.by_flag.get(f, 0) + 1
 
-    def _quarantine(self, partition: int, offset: int, ev: LifecycleEvent, out: Output) -> None:
+    def _quarantine(self, partition: int, offset: int, ev: AnyLifecycle, out: Output) -> None:
         st = self._parts[partition]
         wm = st.clock.watermark_ms
         ts_ms = ev.ts_unix_ns // 1_000_000
         out.dead.append(
             DeadLetter(
-                encode_event(ev),
+                event_bytes(ev),
                 f"ts_out_of_range: {ev.host} stamped {ev.kind} {ts_ms - wm} ms ahead of the "
                 f"partition clock {wm} (max {self.clock_config.max_ahead_ms})",
                 SourceRef(self.topic, partition, offset),
@@ -211,7 +214,7 @@ class StreamProcessor:
         st.quarantined += 1
 
     def _event(  # noqa: PLR0917  (the hot path: one call per event)
-        self, partition: int, st: _PartitionState, offset: int, ev: LifecycleEvent,
+        self, partition: int, st: _PartitionState, offset: int, ev: AnyLifecycle,
         wall_ms: int | None, out: Output,
     ) -> None:  # fmt: skip
         clock = st.clock
@@ -314,14 +317,17 @@ class StreamProcessor:
         for partition, offset, raw in messages:
             counters.messages += 1
             st = self._part(partition)
-            decoded = decode_message(
+            decoded = decode_fast(
                 raw, SourceRef(self.topic, partition, offset), max_bytes=self.max_message_bytes
             )
             if decoded.dead:
                 out.dead.extend(decoded.dead)
                 counters.dead_letters += len(decoded.dead)
             if self.keep_events:
-                out.events.extend((partition, offset, ev) for ev in decoded.events)
+                out.events.extend(
+                    (partition, offset, ev, r)
+                    for ev, r in zip(decoded.events, decoded.raws, strict=True)
+                )
             for ev in decoded.events:
                 counters.events += 1
                 if ev.kind == "engine.stats":

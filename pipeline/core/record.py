@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from pipeline.contract.events import EngineFinished, GatewayCompleted
+from pipeline.contract.wire import AnyCompleted, AnyFinished
 
 Source = Literal["joined", "gateway_only", "engine_only"]
 
@@ -189,8 +189,8 @@ class RequestRecord:
 def build_record(
     request_id: str,
     received: ReceivedFields | None,
-    completed: GatewayCompleted | None,
-    finished: EngineFinished | None,
+    completed: AnyCompleted | None,
+    finished: AnyFinished | None,
     *,
     attempt: int = 1,
     retried: bool = False,

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from pipeline.contract.events import EngineStats
+from pipeline.contract.wire import AnyStats
 from pipeline.core.sketch import QuantileSketch, SketchColumns
 from pipeline.core.windows import ALL, ClosedWindow
 
@@ -64,7 +64,7 @@ class StatsSample:
     gpu_memory_used_fraction: float | None
 
     @classmethod
-    def of(cls, ev: EngineStats) -> StatsSample:
+    def of(cls, ev: AnyStats) -> StatsSample:
         return cls(
             ev.host,
             ev.model,

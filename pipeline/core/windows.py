@@ -21,8 +21,9 @@ quix-streams' ``get_window_ranges``:
 * Keys: ``(model, priority, ctx_bucket)`` plus the all-traffic key
   ``("*", "*", "*")``. At most ``max_keys`` distinct keys per window; further
   keys fold into ``("__other__", "*", "*")`` (counted).
-* Values are buffered per (key, boundary) and added to the sketches in
-  vectorised batches.
+* A record's boundary values are buffered per key as one row (a tuple, from one
+  C call) and added to the key's sketches in vectorised batches, in record order
+  per key (and over all keys for the all-traffic key).
 
 Longer windows (1 min, 5 min, 1 h) are merges of these base windows
 (:func:`rollup_start`), in the stream and in ClickHouse alike.
@@ -32,7 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Final, Protocol
+
+import numpy as np
 
 from pipeline.core.ledger import RETRACTED, code_order
 from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
@@ -42,7 +46,8 @@ ALL: Final = "*"
 OTHER_MODEL: Final = "__other__"
 ALL_KEY: Final = (ALL, ALL, ALL)
 OTHER_KEY: Final = (OTHER_MODEL, ALL, ALL)
-_FLUSH_VALUES: Final = 2048
+_FLUSH_ROWS: Final = 2048
+_BOUNDARY_VALUES: Final = attrgetter(*BOUNDARIES)  # a record's row: one value per boundary
 
 WindowKey = tuple[str, str, str]  # (model, priority, ctx_bucket)
 
@@ -87,22 +92,16 @@ class WindowSLOs(Protocol):
     def rows(self) -> list[Any]: ...
 
 
+Row = tuple[float | None, ...]  # a record's boundary values, in BOUNDARIES order
+
+
 @dataclass(slots=True)
-class _Cell:
-    """One (key, boundary) of one window: a sketch plus values not yet added to it
-    (and values to take back: a partial record replaced by its upgrade)."""
+class _Rows:
+    """Rows of one key of one window not yet in its sketches: records added, and
+    records taken back (a partial record replaced by its upgrade)."""
 
-    sketch: QuantileSketch
-    pending: list[float] = field(default_factory=list)
-    removed: list[float] = field(default_factory=list)
-
-    def flush(self) -> None:
-        if self.pending:
-            self.sketch.add_many(self.pending)
-            self.pending = []
-        if self.removed:
-            self.sketch.remove_many(self.removed)
-            self.removed = []
+    added: list[Row] = field(default_factory=list)
+    removed: list[Row] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -110,7 +109,8 @@ class _Window:
     start_ms: int
     min_offset: int
     records: dict[WindowKey, int] = field(default_factory=dict)
-    cells: dict[tuple[WindowKey, str], _Cell] = field(default_factory=dict)
+    cells: dict[tuple[WindowKey, str], QuantileSketch] = field(default_factory=dict)
+    rows: dict[WindowKey, _Rows] = field(default_factory=dict)
     slos: WindowSLOs | None = None
     dirty: bool = True  # changed since its last provisional snapshot
     # request_id -> ledger code (see ledger_code) of each record added: what a restarted
@@ -209,24 +209,21 @@ class WindowAggregator:
         if key not in win.records and len(win.records) >= self.config.max_keys + 1:
             self.counters.folded_keys += 1
             key = OTHER_KEY
+        records = win.records
+        records[key] = records.get(key, 0) + sign
+        records[ALL_KEY] = records.get(ALL_KEY, 0) + sign
+        row = _BOUNDARY_VALUES(rec)
+        rows = win.rows
         for k in (key, ALL_KEY):
-            win.records[k] = win.records.get(k, 0) + sign
-        cells = win.cells
-        acc = self.config.relative_accuracy
-        for name in BOUNDARIES:
-            value = getattr(rec, name)
-            if value is None:
-                continue
-            for k in (key, ALL_KEY):
-                cell = cells.get((k, name))
-                if cell is None:
-                    cell = cells[(k, name)] = _Cell(QuantileSketch(acc))
-                if sign > 0:
-                    cell.pending.append(value)
-                    if len(cell.pending) >= _FLUSH_VALUES:
-                        cell.flush()
-                else:
-                    cell.removed.append(value)
+            pending = rows.get(k)
+            if pending is None:
+                pending = rows[k] = _Rows()
+            if sign > 0:
+                pending.added.append(row)
+                if len(pending.added) >= _FLUSH_ROWS:
+                    self._flush(win, k, pending)
+            else:
+                pending.removed.append(row)
         if win.slos is not None:
             win.slos.add(rec, sign)
         # The ledger of this window: what the store counts of the request once it is
@@ -240,6 +237,26 @@ class WindowAggregator:
             win.ledger[lk] = code
         win.dirty = True
         return not late
+
+    def _flush(self, win: _Window, key: WindowKey, pending: _Rows) -> None:
+        """Add a key's buffered rows to its sketches (one per boundary), in order."""
+        for rows, sign in ((pending.added, 1), (pending.removed, -1)):
+            if not rows:
+                continue
+            table = np.array(rows, dtype=np.float64)  # None -> NaN
+            rows.clear()
+            for j, name in enumerate(BOUNDARIES):
+                column = table[:, j]
+                values = column[~np.isnan(column)]
+                if not values.size:
+                    continue
+                sketch = win.cells.get((key, name))
+                if sketch is None:
+                    sketch = win.cells[(key, name)] = QuantileSketch(self.config.relative_accuracy)
+                if sign > 0:
+                    sketch.add_many(values)
+                else:
+                    sketch.remove_many(values)
 
     def _new_window(self, start: int, lower_offset: int) -> _Window:
         win = _Window(start, lower_offset if lower_offset >= 0 else 1 << 62)
@@ -318,10 +335,9 @@ class WindowAggregator:
     def _snapshot(
         self, win: _Window, *, correction: bool = False, with_ledger: bool = True
     ) -> ClosedWindow:
-        sketches = {}
-        for ck, cell in win.cells.items():
-            cell.flush()
-            sketches[ck] = cell.sketch.to_columns()
+        for key, pending in win.rows.items():
+            self._flush(win, key, pending)
+        sketches = {ck: sketch.to_columns() for ck, sketch in win.cells.items()}
         return ClosedWindow(
             self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches,
             win.slos, correction, win.ledger if with_ledger else {},

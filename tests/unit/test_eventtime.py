@@ -101,3 +101,39 @@ def test_watermark_never_goes_back(ts: list[int]) -> None:
             c.observe(f"h{i % 3}", t)
         assert c.watermark_ms >= last
         last = c.watermark_ms
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["observe"] * 8 + ["jump", "establish"]),
+            st.integers(0, 3),  # host
+            st.integers(0, 200_000),  # event time
+            st.integers(0, 10_000),  # wall time
+        ),
+        max_size=300,
+    ),
+    st.sampled_from([1, 2, 5]),
+    st.sampled_from([1_000, 60_000]),
+)
+@settings(max_examples=1000)
+def test_skipping_recomputes_keeps_the_same_clock(
+    ops: list[tuple[str, int, int, int]], quorum: int, idle_ms: int
+) -> None:
+    # The reference recomputes the median whenever a mark moves (no settled watermark).
+    cfg = ClockConfig(quorum=quorum, host_idle_ms=idle_ms)
+    fast, ref = PartitionClock(cfg), PartitionClock(cfg)
+    for op, host, ts, wall in ops:
+        for clock in (fast, ref):
+            if clock is ref:
+                clock._settled_ms = None
+            if op == "observe":
+                clock.observe(f"h{host}", ts, wall)
+            elif op == "jump":
+                clock.jump(ts, wall)
+            else:
+                clock.establish(wall)
+        assert (fast.watermark_ms, fast.wall_at_advance_ms) == (
+            ref.watermark_ms,
+            ref.wall_at_advance_ms,
+        )

@@ -1,0 +1,167 @@
+"""The worker's fast decoder (msgspec Structs) agrees with the reference (pydantic):
+same events field by field, same dead letters and reasons, on valid and malformed input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.contract.codec import SourceRef, decode_message, encode_batch, encode_event
+from pipeline.contract.events import GatewayCompleted
+from pipeline.contract.wire import decode_fast, from_model
+from tests.factories import completed, finished, received
+from tests.integration.malformed import TEMPLATES, bad_event, dumps, malformed, not_json
+
+SRC = SourceRef("tailguard.lifecycle", 3, 42)
+
+STATS = {"v": 1, "event_id": "s-1", "kind": "engine.stats", "ts_unix_ns": 1_763_316_946_680_590_000,
+         "host": "engine-0", "model": "m", "num_running": 3, "num_waiting": 0,
+         "kv_cache_usage": 0.5}  # fmt: skip
+
+
+def _fields(ev: Any) -> dict[str, Any]:
+    if isinstance(ev, msgspec.Struct):
+        return {"kind": ev.kind, **msgspec.structs.asdict(ev)}
+    return dict(ev.model_dump())
+
+
+def _agree(raw: bytes) -> None:
+    ref = decode_message(raw, SRC)
+    fast = decode_fast(raw, SRC)
+    assert [_fields(e) for e in fast.events] == [_fields(e) for e in ref.events], raw[:300]
+    assert fast.dead == ref.dead, raw[:300]
+    assert len(fast.raws) == len(fast.events)
+    for ev, r in zip(fast.events, fast.raws, strict=True):
+        # the stored bytes decode to the same event
+        assert [_fields(e) for e in decode_message(bytes(r), SRC).events] == [_fields(ev)]
+
+
+def test_valid_events_decode_to_the_same_fields() -> None:
+    events = [received("r1"), completed("r1"), finished("r1"), received("r2", tenant=None)]
+    for ev in events:
+        _agree(encode_event(ev))
+    _agree(encode_batch(events))
+    _agree(orjson.dumps(STATS))
+    _agree(b"  [ " + encode_event(events[0]) + b" ,\n" + orjson.dumps(STATS) + b"]")
+
+
+def test_original_bytes_are_kept() -> None:
+    one = b'{"kind":"gateway.received", "v":1, "event_id":"e","ts_unix_ns":5,"host":"h",' \
+          b'"model":"m","request_id":"r","priority":0,"extra":{"a":[1,2]}}'  # fmt: skip
+    out = decode_fast(b"[" + one + b" , " + one + b"]", SRC)
+    assert [bytes(r) for r in out.raws] == [one, one]
+    assert decode_fast(one, SRC).raws == [one]
+
+
+def test_from_model_is_the_same_event() -> None:
+    for ev in (received("r"), completed("r"), finished("r")):
+        assert _fields(from_model(ev)) == _fields(ev)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("v", True), ("v", 1.0), ("v", "1"), ("v", 2), ("ts_unix_ns", 2**63), ("ts_unix_ns", 0),
+        ("ts_unix_ns", 2**63 - 1), ("ts_unix_ns", 5.0), ("total_ms", 2.0**53),
+        ("total_ms", 2.0**53 * 1.01), ("total_ms", 1e400), ("total_ms", -0.0), ("total_ms", 7),
+        ("total_ms", True), ("http_status", 599), ("http_status", 600), ("http_status", 200.0),
+        ("output_tokens", 2**32 - 1), ("output_tokens", 2**32), ("event_id", "é" * 128),
+        ("event_id", "é" * 129), ("event_id", "\ud800"), ("host", "h" * 256), ("host", ""),
+        ("ttfb_ms", None), ("outcome", "OK"), ("kind", "engine.stats"),
+    ],
+)  # fmt: skip
+def test_boundaries_agree(field: str, value: object) -> None:
+    doc = dict(TEMPLATES["gateway.completed"])
+    doc[field] = value
+    raw = dumps(doc) if value != 1e400 else dumps(doc).replace(b"Infinity", b"1e400")
+    _agree(raw)
+    _agree(b"[" + raw + b"," + encode_event(completed("x")) + b"]")
+
+
+def test_duplicate_keys_agree() -> None:
+    base = encode_event(completed("r"))[:-1]
+    _agree(base + b',"total_ms":-1}')
+    _agree(base + b',"total_ms":3.5}')
+
+
+@given(st.lists(bad_event(), max_size=4), st.booleans())
+@settings(max_examples=400)
+def test_bad_events_agree(items: list[Any], batch: bool) -> None:
+    good = [orjson.loads(encode_event(received("a"))), STATS]
+    if batch:
+        _agree(dumps([*items, *good]))
+    elif items:
+        _agree(dumps(items[0]))
+
+
+@given(not_json())
+@settings(max_examples=300)
+def test_not_json_agrees(raw: bytes) -> None:
+    _agree(raw)
+
+
+@given(malformed(4096))
+@settings(max_examples=300)
+def test_malformed_agrees(m: Any) -> None:
+    if m.raw is not None:
+        _agree(m.raw)
+    else:
+        good = [orjson.loads(encode_event(received(f"g{i}"))) for i in range(5)]
+        items: list[Any] = list(good)
+        for pos, item in zip(m.positions, m.bad_items, strict=True):
+            items.insert(min(pos, len(items)), item)
+        _agree(orjson.dumps(items))
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300)
+def test_arbitrary_bytes_agree(raw: bytes) -> None:
+    _agree(raw)
+
+
+def test_reference_model_still_rejects_what_the_structs_would_take() -> None:
+    # Sanity for the fallback: one rejected element sends the message to the reference.
+    doc = orjson.loads(encode_event(completed("r")))
+    doc["total_ms"] = -1
+    out = decode_fast(orjson.dumps([doc, orjson.loads(encode_event(completed("s")))]), SRC)
+    assert [d.index for d in out.dead] == [0]
+    assert [e.request_id for e in out.events] == ["s"]
+    assert isinstance(completed("s"), GatewayCompleted)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b'"\xff\xfe"', b'"\\ud800"', b'"\\udc00x"', b'"\\x"', b"01", b"1.", b"-",
+     b'{"a":[1,{"b":"\xc3\x28"}]}', b'{"a":1,}', b"[1,]", b"tru", b'"\t"', b"1e999", b"NaN",
+     b"-Infinity", b'"\\u00e9"', b'{"\xff":1}'],
+)  # fmt: skip
+def test_unknown_fields_are_checked_like_the_reference(extra: bytes) -> None:
+    # msgspec skips an unknown field's value: it must still be one the reference takes.
+    raw = encode_event(received("r"))[:-1] + b',"x":' + extra + b"}"
+    _agree(raw)
+    _agree(b"[" + raw + b"," + encode_event(received("s")) + b"]")
+
+
+def test_every_contract_field_is_on_the_wire_structs() -> None:
+    """A field added to the contract (pydantic) and not to the Structs would be dropped
+    silently by the worker's decoder (unknown fields are ignored)."""
+    from pipeline.contract.events import EngineFinished, EngineStats, GatewayReceived
+    from pipeline.contract.wire import CompletedWire, FinishedWire, ReceivedWire, StatsWire
+
+    pairs = [(GatewayReceived, ReceivedWire), (GatewayCompleted, CompletedWire),
+             (EngineFinished, FinishedWire), (EngineStats, StatsWire)]  # fmt: skip
+    for model, struct in pairs:
+        assert set(model.model_fields) == {"kind", *struct.__struct_fields__}, model.__name__
+
+
+def test_optional_fields_added_later_decode_the_same() -> None:
+    c = completed("r1").model_copy(
+        update={"prompt_tokens": 700, "slo_ttft_ms": 250.0, "slo_tpot_ms": 40.0}
+    )
+    f = finished("r1").model_copy(update={"cold_start_unix_ns": 1_700_000_000_000_000_000})
+    _agree(encode_batch([c, f]))
