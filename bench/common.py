@@ -1,7 +1,7 @@
 """Shared benchmark machinery: the broker, preloading, the raw consumer, worker runs.
 
 Everything here measures real processes on the real broker: a local KRaft
-Kafka (:class:`pipeline.devtools.kafka_local.LocalKafka`) and ``tailguard
+Kafka (:class:`tools.dev.kafka_local.LocalKafka`) and ``tailguard
 worker`` subprocesses with their embedded ClickHouse (chDB) stores.
 """
 

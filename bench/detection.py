@@ -167,8 +167,8 @@ def run(
 
     from pipeline.adapters.kafka_admin import ensure_topics
     from pipeline.core.control_signal import Keyring, VerifiedSignal, decode_and_verify
-    from pipeline.devtools.kafka_local import LocalKafka
     from pipeline.settings import Settings
+    from tools.dev.kafka_local import LocalKafka
 
     if quick:
         rate = min(rate, 20_000.0)

@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from bench.common import stop_process
-from pipeline.devtools.kafka_local import LocalKafka
+from tools.dev.kafka_local import LocalKafka
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_DELTA_MS = 3.0  # "within a few milliseconds": p50 and p99 of down minus up
@@ -114,7 +114,7 @@ def run(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
         )
         log = (tmp / "procs.log").open("wb")
         upstream = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.devtools.fake_openai", "--port", str(up_port)],
+            [sys.executable, "-m", "tools.dev.fake_openai", "--port", str(up_port)],
             cwd=REPO,
             env=env,
             stdout=log,

@@ -210,8 +210,8 @@ def run_demo(
     another policy)."""
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
-    from pipeline.devtools.kafka_local import LocalKafka
     from pipeline.report import read_report, render
+    from tools.dev.kafka_local import LocalKafka
 
     console = Console(stderr=True)
     workdir = workdir.resolve()

@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm: run ./tg vllm-test")
 
 from pipeline.adapters.store import open_store
-from pipeline.devtools.fake_openai import FakeOpenAI
 from producers.emit import open_kafka_sink
 from producers.gateway_proxy import build_gateway
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.kafka_fixture import KafkaUnderTest
 from tests.vllm_driver import DrivenRequest, VllmDriver
+from tools.dev.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.integration
 

@@ -4,15 +4,15 @@ The panel SQL is built in Python because the quantile expressions over the store
 DDSketch buckets come from :mod:`pipeline.adapters.sketch_sql` (the same walk as
 the stream's sketch); writing them by hand in JSON would be unreadable and drift.
 
-    python -m pipeline.devtools.dashboards           # (re)write dashboards/json/*.json
-    python -m pipeline.devtools.dashboards --check   # exit 1 if a committed file is stale
+    python -m tools.dev.dashboards           # (re)write dashboards/json/*.json
+    python -m tools.dev.dashboards --check   # exit 1 if a committed file is stale
 
 Panels read the rollups (``latency_1m``/``latency_1h``, ``slo_1m``/``slo_1h``) and
 the control audit tables; only the two per-request panels (top slow requests,
 per-tenant latency) read ``requests``, because no window is keyed by tenant or by
 request. Queries use the official ClickHouse plugin's macros (``$__timeFilter``,
 ``$__fromTime``, ``$__toTime``, ``$__interval_s``, ``$__conditionalAll``) and
-Grafana variables (``${model:singlequote}``); :mod:`pipeline.devtools.grafana_sql`
+Grafana variables (``${model:singlequote}``); :mod:`tools.dev.grafana_sql`
 expands them the way the plugin does, for the tests.
 """
 
@@ -910,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
-        print("stale (run python -m pipeline.devtools.dashboards): " + ", ".join(stale))
+        print("stale (run python -m tools.dev.dashboards): " + ", ".join(stale))
         return 1
     return 0
 

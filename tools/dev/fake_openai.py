@@ -1,6 +1,6 @@
 """A small OpenAI-compatible upstream for tests and benchmarks (stands in for vLLM's server).
 
-``python -m pipeline.devtools.fake_openai --port N`` serves it on 127.0.0.1 with uvicorn.
+``python -m tools.dev.fake_openai --port N`` serves it on 127.0.0.1 with uvicorn.
 """
 
 from __future__ import annotations

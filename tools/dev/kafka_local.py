@@ -13,10 +13,10 @@ Library use::
 Command line (``start`` leaves the broker running after it exits; ``stop`` finds it by
 ``<dir>/kafka.pid``)::
 
-    python -m pipeline.devtools.kafka_local fetch
-    python -m pipeline.devtools.kafka_local start [--dir DIR] [--port N]   # prints bootstrap
-    python -m pipeline.devtools.kafka_local status [--dir DIR]
-    python -m pipeline.devtools.kafka_local stop [--dir DIR]
+    python -m tools.dev.kafka_local fetch
+    python -m tools.dev.kafka_local start [--dir DIR] [--port N]   # prints bootstrap
+    python -m tools.dev.kafka_local status [--dir DIR]
+    python -m tools.dev.kafka_local stop [--dir DIR]
 
 Files in the run directory: ``server.properties``, ``log4j2.xml``, ``data/`` (the KRaft log
 dir), ``kafka.pid``, ``kafka.json`` (ports and cluster id, reused on restart),
@@ -817,7 +817,7 @@ def stop_kafka(run_dir: Path | str, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.devtools.kafka_local",
+        prog="python -m tools.dev.kafka_local",
         description=f"Local single-node Apache Kafka {KAFKA_VERSION} (KRaft) on {HOST}.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
