@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from bench.data import Workload, events, messages, sentinels
 from pipeline.adapters.kafka_admin import ensure_topics
+from pipeline.processes import stop_process
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
@@ -285,18 +285,6 @@ class Worker:
         rc = stop_process(self.proc, timeout_s)
         self._log.close()
         return rc
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
-    """SIGTERM by PID, then SIGKILL after ``timeout_s``; returns the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 class CommitWatcher:

@@ -8,14 +8,18 @@ import logging
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from pydantic import ValidationError
 
-from pipeline.settings import Settings
+from pipeline.cli_settings import emitter_settings, worker_settings
+from pipeline.kafka_settings import EmitterSettings, KafkaSettings
+from pipeline.shipped import DEFAULT_TRACE, EXAMPLE_CONTRACT
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023" / "conv.csv"
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+__all__ = ["BACKTEST_START_UNIX_NS", "DEFAULT_CONTRACT", "DEFAULT_TRACE", "build_parser", "main"]
 # The demo's and the backtest's overload episode (`--overload none` for none): arrivals
 # x2 from minute 20 to 30 of the trace's hour.
 DEFAULT_OVERLOAD = "1200:1800:2"
@@ -23,20 +27,7 @@ BACKTEST_START_UNIX_NS = 1_800_000_000_000_000_000  # fixed: same seed, same out
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {}
-    for flag, field in (
-        ("bootstrap", "bootstrap_servers"),
-        ("store", "store_dir"),
-        ("partitions", "topic_partitions"),
-        ("group", "group_id"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides[field] = value
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        raise SystemExit(f"tailguard: invalid settings:\n{exc}") from None
+    return worker_settings(args)
 
 
 def _need_file(path: Path | None) -> None:
@@ -396,7 +387,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_CONTRACT = Path(__file__).resolve().parents[1] / "specs" / "contract-example.yaml"
+DEFAULT_CONTRACT = EXAMPLE_CONTRACT
 
 
 def cmd_statement(args: argparse.Namespace) -> int:
@@ -482,7 +473,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def _meter_provider(settings: Settings, service: str) -> Any:
+def _meter_provider(settings: EmitterSettings, service: str) -> Any:
     from pipeline.adapters.telemetry import meter_provider
 
     provider, _reader = meter_provider(
@@ -503,7 +494,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from producers.emit import open_kafka_sink
     from producers.gateway_proxy import build_gateway, serve_gateway
 
-    settings = _settings(args)
+    settings = emitter_settings(args)
     host, port = _listen(args.listen)
     if not args.upstream.startswith(("http://", "https://")):
         raise SystemExit(f"--upstream must be an http(s):// URL, got {args.upstream!r}")
@@ -571,7 +562,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     from producers.envoy import Follower, follow, ingest, load_position, save_position
 
     _need_file(args.file)
-    settings = _settings(args)
+    settings = emitter_settings(args)
     stdin = str(args.file) == "-"
     if args.follow and stdin:
         raise SystemExit("--follow needs a file (it is re-opened when rotated), not -")
@@ -654,7 +645,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     return 0 if stats.lines or args.follow else 1
 
 
-def _dlq_sender(settings: Settings) -> Any:
+def _dlq_sender(settings: KafkaSettings) -> Any:
     from pipeline.adapters.reliable import ReliableProducer
 
     return ReliableProducer(settings, settings.dlq_topic, "envoy dead letters")

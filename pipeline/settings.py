@@ -1,65 +1,45 @@
-"""One frozen settings object, built once at the CLI.
+"""The worker's settings: one frozen object, built once at the CLI.
 
-Every field can be set by an environment variable ``TAILGUARD_<FIELD>``
-(upper case); the CLI's flags override the environment. Secrets are
-``SecretStr`` and never logged (``Settings.redacted()`` is what logs show).
-Invalid settings fail at start-up with the field name in the message.
+:class:`Settings` builds on the emitters' :class:`pipeline.kafka_settings.EmitterSettings`
+(Kafka connection, topics, the emitters' own fields) and adds the store, the worker, the
+controller and alerting. Every field can be set by an environment variable
+``TAILGUARD_<FIELD>`` (upper case); the CLI's flags override the environment. Secrets are
+``SecretStr`` and never logged (``Settings.redacted()`` is what logs show). Invalid
+settings fail at start-up with the field name in the message.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.contract.events import (
-    CONTROL_TOPIC,
-    DLQ_TOPIC,
-    ENGINE_STATS_TOPIC,
-    LEDGER_TOPIC,
-    LIFECYCLE_TOPIC,
-    SUMMARIES_TOPIC,
-)
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
+from pipeline.kafka_settings import EmitterSettings
+from pipeline.shipped import (
+    DEFAULT_BURN_RULES,
+    DEFAULT_POLICY,
+    DEFAULT_SLO_SPEC,
+    EXAMPLE_POLICY,
+    EXAMPLE_SLO_SPEC,
+    SPECS_DIR,
+)
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
-DEFAULT_SLO_SPEC = SPECS / "slo-default.yaml"  # streaming LLM SLOs
-EXAMPLE_SLO_SPEC = SPECS / "slo-example.yaml"  # the source documents' contract tiers
-EXAMPLE_POLICY = SPECS / "policy-example.yaml"  # their circuit-breaker table as written
-DEFAULT_POLICY = SPECS / "policy-default.yaml"
-DEFAULT_BURN_RULES = SPECS / "burn-rules.yaml"
+__all__ = [
+    "DEFAULT_BURN_RULES",
+    "DEFAULT_POLICY",
+    "DEFAULT_SLO_SPEC",
+    "EXAMPLE_POLICY",
+    "EXAMPLE_SLO_SPEC",
+    "SPECS_DIR",
+    "Settings",
+]
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TAILGUARD_", frozen=True, extra="forbid")
-
-    # --- Kafka -------------------------------------------------------------
-    bootstrap_servers: str = Field(
-        "127.0.0.1:9092", description="TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="TAILGUARD_SECURITY_PROTOCOL"
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="TAILGUARD_SASL_MECHANISM"
-    )
-    sasl_username: str | None = Field(None, description="TAILGUARD_SASL_USERNAME")
-    sasl_password: SecretStr | None = Field(None, description="TAILGUARD_SASL_PASSWORD (secret)")
-    ssl_cafile: Path | None = Field(None, description="TAILGUARD_SSL_CAFILE: CA bundle for TLS.")
-    lifecycle_topic: str = Field(LIFECYCLE_TOPIC, description="TAILGUARD_LIFECYCLE_TOPIC")
-    engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
-    dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
-    summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
-    ledger_topic: str = Field(
-        LEDGER_TOPIC,
-        description="TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers "
-        "that take a partition over (shared by workers with separate stores).",
-    )
-    control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
+class Settings(EmitterSettings):
+    # --- Kafka (the worker's side: topics it creates, its consumer group) ------
     topic_partitions: int = Field(
         8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."
     )
@@ -183,7 +163,18 @@ class Settings(BaseSettings):
         "TAILGUARD_CONTROL_ACTIVE_KID).",
     )
     control_keys_file: Path | None = Field(
-        None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
+        None,
+        description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret): "
+        "{active: k2, keys: {k1: <base64>, k2: <base64>}} as JSON or YAML.",
+    )
+    control_keys: SecretStr | None = Field(
+        None,
+        description="TAILGUARD_CONTROL_KEYS: the same keys inline, k1:<base64>,k2:<base64> "
+        "(secret; instead of a keys file, with TAILGUARD_CONTROL_ACTIVE_KID).",
+    )
+    control_active_kid: str | None = Field(
+        None,
+        description="TAILGUARD_CONTROL_ACTIVE_KID: the key of TAILGUARD_CONTROL_KEYS that signs.",
     )
     control_provisional_ms: int = Field(
         100,
@@ -206,15 +197,6 @@ class Settings(BaseSettings):
     )
     raw_events_ttl_days: int = Field(
         7, ge=1, description="TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events."
-    )
-    metrics_exporter: Literal["none", "console", "otlp"] = Field(
-        "none", description="TAILGUARD_METRICS_EXPORTER: the worker's own OpenTelemetry metrics."
-    )
-    metrics_file: Path | None = Field(
-        None, description="TAILGUARD_METRICS_FILE: console exporter output (default stdout)."
-    )
-    metrics_interval_ms: int = Field(
-        10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
     )
 
     # --- Prometheus / Alertmanager (the controller; issue 16) --------------
@@ -246,35 +228,15 @@ class Settings(BaseSettings):
         None, description="TAILGUARD_ALERT_WEBHOOK_SECRET: HMAC-SHA256 key (secret)."
     )
 
-    # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
-    engine_host: str | None = Field(
-        None,
-        min_length=1,
-        max_length=200,
-        description="TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); "
-        "the plugin appends /engine<index>.",
-    )
-    engine_stats_interval_ms: int = Field(
-        1000,
-        ge=0,
-        description="TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per "
-        "engine (0 = never).",
-    )
-    cold_start_window_ms: int = Field(
-        10_000,
-        ge=0,
-        description="TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within "
-        "this long of its start are marked as served during a cold start (engine.finished "
-        "cold_start_unix_ns; contracts may exempt them); 0 = never.",
-    )
-
     @model_validator(mode="after")
-    def _check(self) -> Settings:
-        if self.security_protocol.startswith("SASL") and not (
-            self.sasl_mechanism and self.sasl_username and self.sasl_password
-        ):
+    def _check_worker(self) -> Settings:
+        if self.control_keys_file is not None and self.control_keys is not None:
+            raise ValueError("set either control_keys_file or control_keys, not both")
+        if self.control_keys is not None and not self.control_active_kid:
+            raise ValueError("control_keys needs control_active_kid (the key id that signs)")
+        if self.control_active_kid and self.control_keys is None:
             raise ValueError(
-                "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
+                "control_active_kid goes with control_keys (a keys file names its own active key)"
             )
         if self.alert_webhook_url and not (
             self.alert_webhook_secret and self.alert_webhook_secret.get_secret_value()
@@ -294,35 +256,3 @@ class Settings(BaseSettings):
 
     def join_config(self) -> JoinConfig:
         return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)
-
-    def kafka_config(self) -> dict[str, Any]:
-        """librdkafka (confluent-kafka) client configuration."""
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            conf["sasl.mechanism"] = self.sasl_mechanism
-            conf["sasl.username"] = self.sasl_username
-            conf["sasl.password"] = (
-                self.sasl_password.get_secret_value() if self.sasl_password else ""
-            )
-        if self.ssl_cafile:
-            conf["ssl.ca.location"] = str(self.ssl_cafile)
-        return conf
-
-    def to_env(self) -> dict[str, str]:
-        """These settings as ``TAILGUARD_*`` variables, for a child process (secrets included)."""
-        out = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, SecretStr):
-                value = value.get_secret_value()
-            out[f"TAILGUARD_{name.upper()}"] = str(value)
-        return out
-
-    def redacted(self) -> dict[str, Any]:
-        """What logs show: secrets masked."""
-        return self.model_dump(mode="json")  # SecretStr serialises as '**********'

@@ -34,10 +34,10 @@ from pipeline.core.control import (
 )
 from pipeline.core.control_signal import (
     ControlSignal,
+    KeyConfigError,
     Keyring,
     SignalIssuer,
     encode,
-    keyring_from_environ,
     message_key,
     resume_seqs,
 )
@@ -78,9 +78,17 @@ def _dt(ms: int) -> datetime:
 
 
 def load_keyring(settings: Settings) -> Keyring:
+    """The controller's keys, from its settings (a keys file, or the keys inline)."""
     if settings.control_keys_file is not None:
         return Keyring.from_file(settings.control_keys_file)
-    return keyring_from_environ()
+    if settings.control_keys is not None and settings.control_active_kid:
+        return Keyring.from_env_string(
+            settings.control_keys.get_secret_value(), settings.control_active_kid
+        )
+    raise KeyConfigError(
+        "no control keys: set TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS and "
+        "TAILGUARD_CONTROL_ACTIVE_KID"
+    )
 
 
 def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:

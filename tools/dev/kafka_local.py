@@ -50,6 +50,8 @@ from xml.sax.saxutils import escape as xml_escape
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from pipeline.processes import pid_alive
+
 KAFKA_VERSION = "4.1.1"
 SCALA_BINARY_VERSION = "2.13"
 LOG4J_VERSION = "2.24.3"
@@ -353,25 +355,6 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # An exited but unreaped process (a zombie: its parent, e.g. a container's PID 1, has
-    # not waited for it) has exited. But a zombie *thread-group leader* with live threads
-    # (the JVM's main thread returns during shutdown) is still running.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rpartition(")")[2].split()[0] != "Z":
-            return True
-        return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except (OSError, IndexError):
-        return True
-
-
 def _cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -509,7 +492,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid) or not self._is_our_broker(pid):
+        if not pid_alive(pid) or not self._is_our_broker(pid):
             return None
         return pid
 
@@ -778,7 +761,7 @@ class LocalKafka:
                 return False
             return True
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid):
+        while pid_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
