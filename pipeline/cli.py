@@ -51,6 +51,12 @@ def _add_store(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_spec_and_policy(p: argparse.ArgumentParser) -> None:
+    default = "(default: TAILGUARD_{} or the shipped one)"
+    p.add_argument("--slo", type=Path, help=f"SLO spec {default.format('SLO_SPEC')}")
+    p.add_argument("--policy", type=Path, help=f"control policy {default.format('POLICY_FILE')}")
+
+
 def _add_sim(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure-format trace CSV")
     p.add_argument("--seed", type=int, default=1)
@@ -685,8 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("events", type=Path)
     _add_store(s)
     s.add_argument("--no-store", action="store_true", help="do not write to the store")
-    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
-    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
+    _add_spec_and_policy(s)
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
     s.add_argument("--json", action="store_true", help="the whole summary as one-line JSON")
     s.set_defaults(func=cmd_replay)
@@ -809,8 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sim(s)
     s.set_defaults(overload=DEFAULT_OVERLOAD)
-    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the default)")
-    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
+    _add_spec_and_policy(s)
     s.add_argument("--json", action="store_true", help='one object {"open_loop", "closed_loop"}')
     s.set_defaults(func=cmd_backtest)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from tools.dev.kafka_local import _file_lock
+from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 AM_MODULE = "github.com/prometheus/alertmanager"
 AM_VERSION = "v0.35.0"
@@ -56,14 +56,9 @@ class AlertmanagerLocalError(RuntimeError):
     """The local Alertmanager could not be built, started or stopped."""
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def default_cache_dir() -> Path:
     """``$TAILGUARD_ALERTMANAGER_CACHE`` or ``<repo>/.cache/alertmanager`` (git-ignored)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    return Path(env) if env else repo_root() / ".cache" / "alertmanager"
+    return env_or_repo_path(ENV_CACHE_DIR, ".cache", "alertmanager")
 
 
 def binary_path(cache_dir: Path | None = None, version: str = AM_VERSION) -> Path:

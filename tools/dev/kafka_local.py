@@ -87,16 +87,20 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def env_or_repo_path(env: str, *default: str) -> Path:
+    """The directory ``$env`` names, else ``<repo>/<default>``."""
+    value = os.environ.get(env)
+    return Path(value) if value else repo_root().joinpath(*default)
+
+
 def default_cache_dir() -> Path:
     """``$TAILGUARD_KAFKA_CACHE`` or ``<repo>/.cache/kafka`` (git-ignored)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    return Path(env) if env else repo_root() / ".cache" / "kafka"
+    return env_or_repo_path(ENV_CACHE_DIR, ".cache", "kafka")
 
 
 def default_run_dir() -> Path:
     """``$TAILGUARD_KAFKA_DIR`` or ``<repo>/var/kafka`` (git-ignored)."""
-    env = os.environ.get(ENV_RUN_DIR)
-    return Path(env) if env else repo_root() / "var" / "kafka"
+    return env_or_repo_path(ENV_RUN_DIR, "var", "kafka")
 
 
 # ---------------------------------------------------------------------------------- java
