@@ -10,9 +10,10 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 60.0) -> int:
     """SIGTERM by PID, then SIGKILL after ``timeout_s``; returns the exit status."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
