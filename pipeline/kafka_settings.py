@@ -11,7 +11,7 @@ Invalid settings fail at start-up with the field name in the message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,30 +27,36 @@ from pipeline.contract.events import (
 
 
 class KafkaSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TAILGUARD_", frozen=True, extra="forbid")
+    # each field's docstring is its description: its environment variable and meaning
+    model_config = SettingsConfigDict(
+        env_prefix="TAILGUARD_", frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
 
-    bootstrap_servers: str = Field(
-        "127.0.0.1:9092", description="TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="TAILGUARD_SECURITY_PROTOCOL"
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="TAILGUARD_SASL_MECHANISM"
-    )
-    sasl_username: str | None = Field(None, description="TAILGUARD_SASL_USERNAME")
-    sasl_password: SecretStr | None = Field(None, description="TAILGUARD_SASL_PASSWORD (secret)")
-    ssl_cafile: Path | None = Field(None, description="TAILGUARD_SSL_CAFILE: CA bundle for TLS.")
-    lifecycle_topic: str = Field(LIFECYCLE_TOPIC, description="TAILGUARD_LIFECYCLE_TOPIC")
-    engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
-    dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
-    summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
-    ledger_topic: str = Field(
-        LEDGER_TOPIC,
-        description="TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers "
-        "that take a partition over (shared by workers with separate stores).",
-    )
-    control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """TAILGUARD_SECURITY_PROTOCOL"""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """TAILGUARD_SASL_MECHANISM"""
+    sasl_username: str | None = None
+    """TAILGUARD_SASL_USERNAME"""
+    sasl_password: SecretStr | None = None
+    """TAILGUARD_SASL_PASSWORD (secret)"""
+    ssl_cafile: Path | None = None
+    """TAILGUARD_SSL_CAFILE: CA bundle for TLS."""
+    lifecycle_topic: str = LIFECYCLE_TOPIC
+    """TAILGUARD_LIFECYCLE_TOPIC"""
+    engine_stats_topic: str = ENGINE_STATS_TOPIC
+    """TAILGUARD_ENGINE_STATS_TOPIC"""
+    dlq_topic: str = DLQ_TOPIC
+    """TAILGUARD_DLQ_TOPIC"""
+    summaries_topic: str = SUMMARIES_TOPIC
+    """TAILGUARD_SUMMARIES_TOPIC"""
+    ledger_topic: str = LEDGER_TOPIC
+    """TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers that take a partition
+    over (shared by workers with separate stores)."""
+    control_topic: str = CONTROL_TOPIC
+    """TAILGUARD_CONTROL_TOPIC"""
 
     @model_validator(mode="after")
     def _check_kafka(self) -> KafkaSettings:
@@ -99,34 +105,21 @@ class EmitterSettings(KafkaSettings):
     """What the gateway, the Envoy ingester and the vLLM plugin read (the base install)."""
 
     # --- the emitter's own telemetry (OpenTelemetry) -------------------------
-    metrics_exporter: Literal["none", "console", "otlp"] = Field(
-        "none", description="TAILGUARD_METRICS_EXPORTER: the process's own OpenTelemetry metrics."
-    )
-    metrics_file: Path | None = Field(
-        None, description="TAILGUARD_METRICS_FILE: console exporter output (default stdout)."
-    )
-    metrics_interval_ms: int = Field(
-        10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
-    )
+    metrics_exporter: Literal["none", "console", "otlp"] = "none"
+    """TAILGUARD_METRICS_EXPORTER: the process's own OpenTelemetry metrics."""
+    metrics_file: Path | None = None
+    """TAILGUARD_METRICS_FILE: console exporter output (default stdout)."""
+    metrics_interval_ms: Annotated[int, Field(ge=100)] = 10_000
+    """TAILGUARD_METRICS_INTERVAL_MS: export period."""
 
     # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
-    engine_host: str | None = Field(
-        None,
-        min_length=1,
-        max_length=200,
-        description="TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); "
-        "the plugin appends /engine<index>.",
-    )
-    engine_stats_interval_ms: int = Field(
-        1000,
-        ge=0,
-        description="TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per "
-        "engine (0 = never).",
-    )
-    cold_start_window_ms: int = Field(
-        10_000,
-        ge=0,
-        description="TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within "
-        "this long of its start are marked as served during a cold start (engine.finished "
-        "cold_start_unix_ns; contracts may exempt them); 0 = never.",
-    )
+    engine_host: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+    """TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); the plugin appends
+    /engine<index>."""
+    engine_stats_interval_ms: Annotated[int, Field(ge=0)] = 1000
+    """TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per engine (0 = never).
+    """
+    cold_start_window_ms: Annotated[int, Field(ge=0)] = 10_000
+    """TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within this long of its start
+    are marked as served during a cold start (engine.finished cold_start_unix_ns; contracts may
+    exempt them); 0 = never."""
