@@ -340,13 +340,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: str) -> None:
     """Records the store refused, as dead letters in the replay's DLQ file."""
-    import dataclasses
+    import msgspec
 
     from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
 
     with dlq_path.open("ab") as fh:
         for rec, reason in rejected:
-            raw = orjson.dumps(dataclasses.asdict(rec))
+            raw = orjson.dumps(msgspec.structs.asdict(rec))
             dead = DeadLetter(raw, reason, SourceRef(source, 0, -1), None)
             fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
+import msgspec
 import orjson
 from faust.types import TP
 
@@ -730,7 +731,7 @@ class WorkerShell:
 def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
     """A record the store refused, as a dead letter (the record as JSON; its events are
     spread over several offsets, so the source names the topic only)."""
-    return DeadLetter(orjson.dumps(dataclasses.asdict(rec)), "", SourceRef(topic, -1, -1), None)
+    return DeadLetter(orjson.dumps(msgspec.structs.asdict(rec)), "", SourceRef(topic, -1, -1), None)
 
 
 def _event_dead_letter(row: tuple[Any, ...], reason: str) -> DeadLetter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pipeline.contract.summary import (
@@ -29,7 +30,7 @@ SIZE = 10_000
 
 def rec(end_ms: int, queue_ms: float) -> RequestRecord:
     r = build_record("r", received("r"), completed("r"), finished("r"))
-    return replace(r, end_unix_ns=end_ms * 1_000_000, queue_ms=queue_ms, model="m")
+    return msgspec.structs.replace(r, end_unix_ns=end_ms * 1_000_000, queue_ms=queue_ms, model="m")
 
 
 def test_snapshots_cover_ended_open_windows_once_per_change() -> None:
