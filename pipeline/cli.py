@@ -272,7 +272,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ledger: dict[str, int] = {}
     store = None
     if not args.no_store:
-        from pipeline.adapters.store import migrate, open_store, read_ledger
+        from pipeline.adapters.queries.windows import read_ledger
+        from pipeline.adapters.store import migrate, open_store
 
         store = open_store(settings)
         migrate(store, settings.cluster)
@@ -368,8 +369,9 @@ def _report_time(text: str) -> float:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.adapters.queries.filters import ReportFilter
     from pipeline.adapters.query_server import open_reader
-    from pipeline.report import ReportFilter, print_wide, read_report, render
+    from pipeline.report import print_wide, read_report, render
 
     flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
     store = open_reader(_settings(args))  # through a live worker's port if one owns it

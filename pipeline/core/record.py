@@ -13,40 +13,12 @@ from typing import Final, Literal, Protocol
 
 import msgspec
 
+from pipeline.contract.boundaries import BOUNDARIES as BOUNDARIES  # noqa: PLC0414
+from pipeline.contract.boundaries import CTX_BUCKETS as CTX_BUCKETS  # noqa: PLC0414
+from pipeline.contract.boundaries import ctx_bucket as ctx_bucket  # noqa: PLC0414
 from pipeline.contract.wire import AnyCompleted, AnyFinished
 
 Source = Literal["joined", "gateway_only", "engine_only"]
-
-BOUNDARIES: Final = (
-    "gateway_total_ms",
-    "gateway_ttfb_ms",
-    "engine_e2e_ms",
-    "queue_ms",
-    "prefill_ms",
-    "decode_ms",
-    "inference_ms",
-    "ttft_engine_ms",
-    "tpot_ms",
-    "gateway_overhead_ms",
-)
-
-CTX_BUCKETS: Final = ("<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown")
-
-
-def ctx_bucket(prompt_tokens: int | None) -> str:
-    """Context-length bucket: <512 (fast lane), 512-4k, 4k-8k, 8k-16k (long), >16k (async)."""
-    if prompt_tokens is None:
-        return "unknown"
-    if prompt_tokens < 512:
-        return "<512"
-    if prompt_tokens < 4096:
-        return "512-4k"
-    if prompt_tokens < 8192:
-        return "4k-8k"
-    if prompt_tokens <= 16384:
-        return "8k-16k"
-    return ">16k"
-
 
 _FINISH_TO_OUTCOME: Final = {
     "stop": "ok",

@@ -9,18 +9,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.core.control import Controller
-from pipeline.core.policy import load_policy
-from pipeline.core.record import RequestRecord, build_record
-from pipeline.core.summary import (
+from pipeline.contract.summary import (
     ModelWindow,
     Progress,
     SLOWindowCounts,
     WindowSummary,
     decode_summary,
     encode_summary,
-    summarize,
 )
+from pipeline.core.control import Controller
+from pipeline.core.policy import load_policy
+from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.summary import summarize
 from pipeline.core.windows import WindowAggregator, WindowConfig
 from tests.control_fixtures import TEST_POLICY
 from tests.factories import completed, finished, received
