@@ -1,7 +1,7 @@
 """The controller: window summaries + engine stats -> signals -> budgets and policy decisions.
 
-Pure: fed :class:`~pipeline.core.summary.WindowSummary` and
-:class:`~pipeline.core.summary.StatsSample` values, evaluated at an event time
+Pure: fed :class:`~pipeline.contract.summary.WindowSummary` and
+:class:`~pipeline.contract.summary.StatsSample` values, evaluated at an event time
 passed in. One controller sees every partition's windows (the worker that
 owns the single-partition summaries topic runs it; ``replay`` runs it in
 process).
@@ -44,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.contract.summary import StatsSample, WindowSummary
 from pipeline.core.budget import (
     DEFAULT_BASE_MS,
     BudgetBook,
@@ -53,10 +55,9 @@ from pipeline.core.budget import (
     load_burn_rules_file,
 )
 from pipeline.core.policy import ControlPolicy, Evaluation, PolicyEngine
-from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.slo import SLOSpec
-from pipeline.core.summary import ALL_MODELS, StatsSample, WindowSummary
+from pipeline.core.summary import ALL_MODELS
 
 FIVE_MIN_MS: Final = 300_000
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.adapters.controller import load_keyring
-from pipeline.core.control_signal import KeyConfigError
+from pipeline.contract.control_signal import KeyConfigError
 from pipeline.kafka_settings import EmitterSettings, KafkaSettings
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_POLICY, DEFAULT_TRACE, SQL_DIR
