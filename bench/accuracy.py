@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bench.context import Context
 from bench.data import Workload, events, messages
 from bench.results import Figure, Section, at_most, register
-from bench.run import Context
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.sketch import QuantileSketch, exact_quantile_lower

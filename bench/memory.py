@@ -29,9 +29,9 @@ from bench.common import (
     producer_config,
     rss_bytes,
 )
+from bench.context import Context
 from bench.data import DictBatcher, Partitioner, Workload, events, template
 from bench.results import Figure, Section, at_most, register
-from bench.run import Context
 from pipeline.adapters.kafka_admin import group_progress
 from pipeline.contract.codec import SourceRef, decode_message
 from pipeline.core.join import JoinConfig, Joiner

@@ -31,9 +31,9 @@ from bench.common import (
     raw_limit,
     run_workers,
 )
+from bench.context import Context
 from bench.data import Workload
 from bench.results import Figure, Section, at_least, register
-from bench.run import Context
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
