@@ -9,9 +9,22 @@ import orjson
 import pytest
 
 from bench.accuracy import bucket_quantile, histogram_p99_ms
-from bench.data import DictBatcher, Partitioner, Workload, events, messages, sentinels, template
+from bench.data import (
+    DictBatcher,
+    Partitioner,
+    Workload,
+    end_margin_ns,
+    events,
+    messages,
+    sentinels,
+    template,
+)
 from pipeline.contract.events import EVENT_ADAPTER
 from pipeline.contract.partitioning import partition_for
+from pipeline.core.eventtime import ClockConfig
+from pipeline.core.join import JoinConfig
+from pipeline.core.processor import StreamProcessor
+from pipeline.core.windows import WindowConfig
 from producers.emit import Batcher, BatchPolicy
 
 W = Workload(instances=6, rate_ev_s=2_000, seeds=2, trace_limit=200)
@@ -89,16 +102,68 @@ def test_messages_put_a_requests_events_on_its_partition() -> None:
         assert {partition_for(e["request_id"], 4) for e in items} == {p}
 
 
-def test_sentinels_cover_every_partition_with_a_complete_request() -> None:
-    out = sentinels(8, START)
+def test_end_of_input_puts_a_quorum_of_every_hosts_events_on_every_partition() -> None:
+    quorum = ClockConfig().quorum
+    out = sentinels(8, START, quorum, W.templates())
+    hosts = {e["host"] for t in W.templates() for e in t.events}
     assert sorted(p for p, _, _ in out) == list(range(8))
     for p, value, n in out:
         evs = orjson.loads(value)
-        assert n == len(evs) == 3
-        assert Counter(e["kind"] for e in evs) == Counter(
-            ["gateway.received", "gateway.completed", "engine.finished"]
-        )
+        assert n == len(evs)
         assert {partition_for(e["request_id"], 8) for e in evs} == {p}
+        per_host = Counter(e["host"] for e in evs)
+        assert set(per_host) == hosts
+        assert min(per_host.values()) >= quorum
+        by_rid: dict[str, list[str]] = defaultdict(list)
+        for e in evs:
+            EVENT_ADAPTER.validate_json(orjson.dumps(e))
+            assert e["ts_unix_ns"] >= START
+            by_rid[e["request_id"]].append(e["kind"])
+        assert all(
+            sorted(ks) == ["engine.finished", "gateway.completed", "gateway.received"]
+            for ks in by_rid.values()
+        )
+
+
+def _offsets_after(margin_ns: int, quorum: int) -> tuple[dict[int, int], dict[int, int], int]:
+    """The data, then the end-of-input requests ``margin_ns`` past its newest event,
+    through the worker's core (no wall time): (end of data, safe offsets, dead letters)."""
+    w = Workload(instances=4, rate_ev_s=2_000, seeds=2, trace_limit=300)
+    offs: dict[int, int] = defaultdict(int)
+    items = []
+    for p, value, _ in messages(events(w, START), 4, BatchPolicy()):
+        items.append((p, offs[p], value))
+        offs[p] += 1
+    data_end = dict(offs)
+    newest = max(ts for _, ts, _ in events(w, START))
+    for p, value, _ in sentinels(4, newest + margin_ns, quorum, w.templates()):
+        items.append((p, offs[p], value))
+        offs[p] += 1
+    proc = StreamProcessor("t", JoinConfig(timeout_ms=2_000), window_config=WindowConfig())
+    dead = sum(len(proc.process(items[i : i + 100], None).dead) for i in range(0, len(items), 100))
+    return data_end, proc.safe_offsets(), dead
+
+
+QUORUM = ClockConfig().quorum
+END = end_margin_ns(WindowConfig().size_ms, WindowConfig().grace_ms)
+
+
+@pytest.mark.parametrize(
+    ("margin_ns", "quorum", "ends"),
+    [
+        (END, QUORUM, True),
+        (5 * 10**9, QUORUM, False),  # within the grace period: the last windows stay open
+        (END, 1, False),  # too few events per host to move its mark: the clock stays
+        (3_600 * 10**9, QUORUM, True),  # out of range, but every host agrees: a jump
+    ],
+)
+def test_end_of_input_closes_every_partitions_last_windows(
+    margin_ns: int, quorum: int, ends: bool
+) -> None:
+    data_end, safe, dead = _offsets_after(margin_ns, quorum)
+    assert dead == 0
+    assert (safe == data_end) is ends
+    assert all(safe[p] <= end for p, end in data_end.items())
 
 
 INF = math.inf
