@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -104,22 +104,26 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def send(prod: Producer, topic: str, partition: int, value: bytes) -> None:
+    """Produce, waiting for room in the producer's queue (never drops)."""
+    while True:
+        try:
+            prod.produce(topic, value, partition=partition)
+            break
+        except BufferError:
+            prod.poll(0.05)
+    prod.poll(0)
+
+
 def _produce_all(
     p: Producer, topic: str, items: Iterator[tuple[int, bytes, int]]
 ) -> tuple[int, int, int]:
     n_msgs = n_events = n_bytes = 0
     for part, value, n in items:
-        while True:
-            try:
-                p.produce(topic, value, partition=part)
-                break
-            except BufferError:
-                p.poll(0.05)
+        send(p, topic, part, value)
         n_msgs += 1
         n_events += n
         n_bytes += len(value)
-        if n_msgs % 1000 == 0:
-            p.poll(0)
     left = p.flush(120)
     if left:
         raise RuntimeError(f"{left} messages not delivered to {topic}")
@@ -277,12 +281,8 @@ class Worker:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.command = f"{Path(sys.executable).name} -m {module} worker"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "worker"],
-            cwd=REPO,
-            env=dict(os.environ) | settings.to_env() | dict(env or {}),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+        self.proc = spawn(
+            [module, "worker"], dict(os.environ) | settings.to_env() | dict(env or {}), self._log
         )
 
     def alive(self) -> bool:
@@ -309,6 +309,13 @@ class Worker:
         rc = stop_process(self.proc, timeout_s)
         self._log.close()
         return rc
+
+
+def spawn(args: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``python -m ARGS...`` in the repository, output (both streams) to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:

@@ -278,4 +278,5 @@ def sentinels(
 
 
 def _span_ns(evs: list[Event]) -> int:
-    return max(e["ts_unix_ns"] for e in evs) - min(e["ts_unix_ns"] for e in evs)
+    ts = [int(e["ts_unix_ns"]) for e in evs]
+    return max(ts) - min(ts)

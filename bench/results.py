@@ -64,6 +64,8 @@ class Figure:
             return "n/a"
         if self.unit == "%":
             return f"{v:.3f} %"
+        if isinstance(v, int):
+            return f"{v:,} {self.unit}".strip()
         if abs(v) >= 100:
             return f"{v:,.0f} {self.unit}".strip()
         if abs(v) >= 1:
@@ -203,7 +205,7 @@ def stored(s: Section) -> StoredSection:
     rows = tuple(
         (f.name, f.formatted(), f.target, f.status()) for f in s.figures if f.ok is not None
     )
-    return StoredSection(s.key, s.title, s.measured, rows, render_section(s))
+    return StoredSection(s.key, s.title, s.measured, rows, render_section(s).rstrip() + "\n")
 
 
 def parse_results(text: str, keys_by_title: dict[str, str]) -> list[StoredSection]:
@@ -225,7 +227,7 @@ def parse_results(text: str, keys_by_title: dict[str, str]) -> list[StoredSectio
                     doc["title"],
                     None if m is None else Measured(**m),
                     tuple((a, b, c, d) for a, b, c, d in doc["summary"]),
-                    body,
+                    body.rstrip() + "\n",
                 )
             )
         return out
@@ -276,7 +278,7 @@ def _parse_legacy(text: str, keys_by_title: dict[str, str]) -> list[StoredSectio
         body = _LEGACY_TOOK.sub("", chunk).rstrip() + "\n"
         if measured is not None:
             heading, _, rest = body.partition("\n")
-            body = f"{heading}\n\n{measured.describe()}\n{rest}"
+            body = f"{heading}\n\n{measured.describe()}\n{rest.rstrip()}\n"
         key = keys_by_title.get(title) or re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")
         out.append(StoredSection(key, title, measured, (), body))
     return [
