@@ -363,7 +363,7 @@ if register is not None:
             Figure(
                 f"runs at {target_rate:,.0f} events/s with L1 within {TARGET_MS:,.0f} ms",
                 passed,
-                "runs",
+                f"of {n_runs}",
                 f"= {n_runs} of {n_runs}",
                 passed == n_runs,
                 "each run: its own broker, topic and worker",

@@ -124,6 +124,10 @@ def growth_pct(slope: float, intercept: float, x0: float, per: float) -> float:
     return slope * per / (slope * x0 + intercept) * 100.0
 
 
+def _min(seconds: float) -> str:
+    return f"{round(seconds / 60, 1):g}"
+
+
 def _rss_run(ctx: Context, sec: Section) -> None:
     s = new_settings(ctx.bootstrap(), ctx.workdir, "rss")
     rate = ctx.sizes.rss_rate_ev_s
@@ -173,22 +177,22 @@ def _rss_run(ctx: Context, sec: Section) -> None:
     ts_slope, ts_icpt = theil_sen(xs, ys)
     ls_slope, ls_icpt = least_squares(xs, ys)
     growth = growth_pct(ts_slope, ts_icpt, warmup, 600.0)
-    span = f"minutes {warmup / 60:.0f}–{duration / 60:.0f}"
+    span = f"minutes {_min(warmup)}–{_min(duration)}"
     sec.figures += [
         at_most(
             f"worker RSS growth per 10 min at {rate:,.0f} events/s (slope over the last "
-            f"{fitted / 60:.0f} min of a {duration / 60:.0f}-min run)",
+            f"{_min(fitted)} min of a {_min(duration)}-min run)",
             growth,
             "%",
             RSS_GROWTH_LIMIT_PCT,
             f"Theil-Sen line through the {len(fit)} samples of {span} (every "
-            f"{RSS_SAMPLE_S:.0f} s), relative to its level at minute {warmup / 60:.0f}",
+            f"{RSS_SAMPLE_S:.0f} s), relative to its level at minute {_min(warmup)}",
         ),
         Figure(
             "... its slope (Theil-Sen)",
             ts_slope * 60,
             "MiB/min",
-            note=f"level at minute {warmup / 60:.0f}: {ts_slope * warmup + ts_icpt:.0f} MiB",
+            note=f"level at minute {_min(warmup)}: {ts_slope * warmup + ts_icpt:.0f} MiB",
         ),
         Figure(
             "... least-squares slope over the same samples (for comparison)",
@@ -213,12 +217,12 @@ def _rss_run(ctx: Context, sec: Section) -> None:
     sec.text.append(
         f"RSS run: one `tailguard worker` consuming a live stream at {rate:,.0f} events/s "
         "(event time = now, the producers' batching) for "
-        f"{duration / 60:.0f} minutes, RSS sampled every {RSS_SAMPLE_S:.0f} s. The first "
-        f"{warmup / 60:.0f} minutes are a warm-up, not fitted: the join remembers resolved "
+        f"{_min(duration)} minutes, RSS sampled every {RSS_SAMPLE_S:.0f} s. The first "
+        f"{_min(warmup)} minutes are a warm-up, not fitted: the join remembers resolved "
         f"requests for {JoinConfig().resolved_ttl_ms / 60_000:.0f} minutes of event time "
         "(late duplicates), so RSS grows by design until that memory is full. The figure "
         f"is the slope of a Theil-Sen line (median of pairwise slopes) through the last "
-        f"{fitted / 60:.0f} minutes' samples, as growth per 10 minutes relative to the "
+        f"{_min(fitted)} minutes' samples, as growth per 10 minutes relative to the "
         "line's level where the fit starts; the least-squares slope is beside it."
     )
     sec.profiles.append(

@@ -31,6 +31,7 @@ from bench.results import (
     BENCH_MODULES,
     PLACEHOLDERS,
     REGISTRY,
+    Figure,
     Measured,
     Section,
     merge,
@@ -151,6 +152,9 @@ def run_sections(ctx: Context, only: list[str], command: str) -> list[Section]:
             section = bench.run(ctx)
         except Exception:
             section = Section(bench.key, bench.title)
+            section.figures.append(
+                Figure("the benchmark ran to its end", None, "", "no error", False, "it failed")
+            )
             section.text.append(
                 "**The benchmark failed:**\n\n```\n" + traceback.format_exc() + "```"
             )
