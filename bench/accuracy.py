@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bench.context import Context
 from bench.data import Workload, events, messages
 from bench.results import Figure, Section, at_most, register
-from bench.run import Context
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.sketch import QuantileSketch, exact_quantile_lower
@@ -43,74 +43,20 @@ TARGET_MAX_REL_ERR_PCT = 1.0
 # vllm:time_to_first_token_seconds, and request_latency_buckets shared by
 # vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds,
 # ..._inference_time_, ..._prefill_time_, ..._decode_time_.
+# fmt: off
 VLLM_TTFT_BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )
 VLLM_REQUEST_LATENCY_BUCKETS_S = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 VLLM_TPOT_BUCKETS_S = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
 )
+# fmt: on
 SOURCE_DOC_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 1.0)
 
 # boundary -> (vLLM metric it corresponds to, its buckets)

@@ -17,12 +17,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from bench.data import Workload, events, messages, sentinels
+from bench.data import Workload, end_margin_ns, events, messages, sentinels
 from pipeline.adapters.kafka_admin import ensure_topics
 from pipeline.processes import stop_process
 from pipeline.settings import Settings
@@ -77,14 +77,20 @@ def for_group(s: Settings, workdir: Path, name: str) -> Settings:
 @dataclass(frozen=True, slots=True)
 class Preloaded:
     topic: str
-    events: int  # lifecycle events of the data (sentinels not included)
+    events: int  # lifecycle events of the data (the end-of-input requests not included)
     requests: int  # distinct requests of the data
     messages: int
     bytes: int
     data_end: dict[int, int]  # per partition: the offset after its last data message
-    sentinel_requests: int
+    end_requests: int  # the complete requests after the data that end the input
     produce_s: float
     events_per_message: float
+
+    @property
+    def requests_expected(self) -> int:
+        """What a worker that read everything stores: every request of the data and
+        every end-of-input request (complete requests, joined like any other)."""
+        return self.requests + self.end_requests
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
@@ -98,22 +104,26 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def send(prod: Producer, topic: str, partition: int, value: bytes) -> None:
+    """Produce, waiting for room in the producer's queue (never drops)."""
+    while True:
+        try:
+            prod.produce(topic, value, partition=partition)
+            break
+        except BufferError:
+            prod.poll(0.05)
+    prod.poll(0)
+
+
 def _produce_all(
     p: Producer, topic: str, items: Iterator[tuple[int, bytes, int]]
 ) -> tuple[int, int, int]:
     n_msgs = n_events = n_bytes = 0
     for part, value, n in items:
-        while True:
-            try:
-                p.produce(topic, value, partition=part)
-                break
-            except BufferError:
-                p.poll(0.05)
+        send(p, topic, part, value)
         n_msgs += 1
         n_events += n
         n_bytes += len(value)
-        if n_msgs % 1000 == 0:
-            p.poll(0)
     left = p.flush(120)
     if left:
         raise RuntimeError(f"{left} messages not delivered to {topic}")
@@ -133,18 +143,36 @@ def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
 
 
 def preload(settings: Settings, workload: Workload, policy: BatchPolicy) -> Preloaded:
-    """Produce the workload (then one sentinel request per partition) to the lifecycle topic."""
+    """Produce the workload, then the requests that end the input, to the lifecycle topic.
+
+    The end: on every partition, complete requests from every host of the data, stamped
+    just past the data's last window + grace (:func:`bench.data.sentinels`): every
+    partition's event-time clock moves on and closes its last windows, and the offset
+    committed then reaches the end of the data, with no wall-clock wait."""
     topic = settings.lifecycle_topic
     start_ns = time.time_ns() - 24 * 3600 * 10**9  # a day ago: all of it is backlog
+    newest = [start_ns]
+
+    def tracked() -> Iterator[tuple[str, int, dict[str, Any]]]:
+        for item in events(workload, start_ns):
+            newest[0] = item[1]  # in time order: the last one is the newest
+            yield item
+
     p = Producer(producer_config(settings))
     t0 = time.perf_counter()
-    n_msgs, n_events, n_bytes = _produce_all(
-        p, topic, messages(events(workload, start_ns), PARTITIONS, policy)
-    )
+    n_msgs, n_events, n_bytes = _produce_all(p, topic, messages(tracked(), PARTITIONS, policy))
     produce_s = time.perf_counter() - t0
     data_end = end_offsets(settings, topic)
-    last_ns = start_ns + (workload.instances + 200) * workload.span_ns + 3600 * 10**9
-    sent = sentinels(PARTITIONS, last_ns)
+    win = settings.window_config()
+    margin_ns = end_margin_ns(win.size_ms, win.grace_ms)
+    max_ahead_ns = settings.clock_config().max_ahead_ms * 1_000_000
+    if margin_ns >= max_ahead_ns:
+        raise ValueError(
+            f"the end of input ({margin_ns / 1e9:.0f} s past the data) would be out of the "
+            f"event-time clock's range ({max_ahead_ns / 1e9:.0f} s)"
+        )
+    quorum = settings.clock_config().quorum
+    sent = sentinels(PARTITIONS, newest[0] + margin_ns, quorum, workload.templates())
     _produce_all(p, topic, iter(sent))
     return Preloaded(
         topic,
@@ -153,7 +181,7 @@ def preload(settings: Settings, workload: Workload, policy: BatchPolicy) -> Prel
         n_msgs,
         n_bytes,
         data_end,
-        len(sent),
+        sum(n for _, _, n in sent) // 3,
         produce_s,
         n_events / max(1, n_msgs),
     )
@@ -199,7 +227,7 @@ def raw_limit(settings: Settings, pre: Preloaded) -> RawResult:
                 part, off = msg.partition() or 0, msg.offset() or 0
                 end = remaining.get(part)
                 if end is None or off >= end:
-                    continue  # a sentinel
+                    continue  # the end-of-input requests
                 doc = loads(msg.value() or b"null")
                 n_events += len(doc) if isinstance(doc, list) else 1
                 n_msgs += 1
@@ -253,12 +281,8 @@ class Worker:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.command = f"{Path(sys.executable).name} -m {module} worker"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "worker"],
-            cwd=REPO,
-            env=dict(os.environ) | settings.to_env() | dict(env or {}),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+        self.proc = spawn(
+            [module, "worker"], dict(os.environ) | settings.to_env() | dict(env or {}), self._log
         )
 
     def alive(self) -> bool:
@@ -285,6 +309,13 @@ class Worker:
         rc = stop_process(self.proc, timeout_s)
         self._log.close()
         return rc
+
+
+def spawn(args: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``python -m ARGS...`` in the repository, output (both streams) to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 class CommitWatcher:
@@ -320,6 +351,7 @@ class WorkerRunResult:
     request_rows: int  # rows (more than requests_stored: written twice, e.g. after a rebalance)
     rss_peak_bytes: int
     cpu_s: float  # worker CPU seconds over the run
+    dead_letters: int  # messages the run put on the dead-letter topic
     logs: list[Path] = field(default_factory=list)
 
     @property
@@ -373,6 +405,7 @@ def run_workers(
         log = workdir / f"{settings.group_id}-{i}.log"
         workers.append(Worker(s, log, module=module, env=env))
     watcher = CommitWatcher(settings, pre.topic, sorted(pre.data_end))
+    dlq_before = sum(end_offsets(settings, settings.dlq_topic).values())
     deadline = time.monotonic() + timeout_s
     rss_peak = 0
     cpu: dict[int, float] = {}
@@ -417,12 +450,11 @@ def run_workers(
         n_workers,
         pre.events,
         done_at - min(firsts),
-        # Sentinels are stamped 1 h past the data: the event-time clock dead-letters them
-        # (ts_out_of_range, one host's events); only the data's requests can be stored.
-        pre.requests,
+        pre.requests_expected,
         len(ids),
         rows,
         rss_peak,
         sum(cpu.values()),
+        sum(end_offsets(settings, settings.dlq_topic).values()) - dlq_before,
         [w.log_path for w in workers],
     )

@@ -41,7 +41,7 @@ from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
 if TYPE_CHECKING:
-    from bench.run import Context
+    from bench.context import Context
 
 try:  # the worker's decoder (issue 14); older commits decode with the reference one
     from pipeline.contract.wire import decode_fast as _decode

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -212,27 +212,71 @@ def messages(
     yield from batcher.drain()
 
 
-def sentinels(partitions: int, ts_ns: int) -> list[tuple[int, bytes, int]]:
-    """One complete request per partition at ``ts_ns``: moves every partition's
-    event time past the data, so its last windows close without waiting on the wall clock."""
-    src = template(0)
-    rid0 = src.events[0]["request_id"]
-    evs = [e for e in src.events if e["request_id"] == rid0]
-    t0 = evs[0]["ts_unix_ns"]
-    out = []
-    found: dict[int, str] = {}
+def end_margin_ns(size_ms: int, grace_ms: int) -> int:
+    """How far past the data's newest event the end-of-input requests are stamped: the
+    data's last window (it ends at most ``size_ms`` after that event) closes once a
+    partition's clock passes its end + ``grace_ms``; 10 s more for the lower median of the
+    hosts' marks, which trails the newest event a little."""
+    return (size_ms + grace_ms + 10_000) * _NS_PER_MS
+
+
+def sentinels(
+    partitions: int, ts_ns: int, quorum: int, templates: Iterable[Template] | None = None
+) -> list[tuple[int, bytes, int]]:
+    """Complete requests at ``ts_ns`` that end the input: on every partition, at least
+    ``quorum`` events from every host of the data (gateways and engines).
+
+    A partition's event-time clock is the lower median of its hosts' marks, a host's mark
+    its ``quorum``-th newest event (:mod:`pipeline.core.eventtime`): these requests move
+    every host's mark, and so the clock, to ``ts_ns``, which closes the data's last windows
+    when ``ts_ns`` is past them by the grace period (:func:`end_margin_ns`) and within the
+    clock's range (``max_event_ahead_ms``). Copies of the data's shortest request per engine
+    host (durations, gaps and fields kept; ids ``bench-end-<partition>-<n>``), stored like
+    any other request. One message per partition."""
+    srcs = list(templates) if templates is not None else [template(0)]
+    by_rid: dict[str, list[Event]] = {}
+    for t in srcs:
+        for e in t.events:
+            by_rid.setdefault(e["request_id"], []).append(e)
+    complete = [evs for evs in by_rid.values() if len({e["kind"] for e in evs}) == len(evs) == 3]
+    gateways = sorted(
+        {e["host"] for evs in complete for e in evs if e["kind"] != "engine.finished"}
+    )
+    shortest: dict[str, list[Event]] = {}  # engine host -> its shortest complete request
+    for evs in complete:
+        host = next(e["host"] for e in evs if e["kind"] == "engine.finished")
+        best = shortest.get(host)
+        if best is None or _span_ns(evs) < _span_ns(best):
+            shortest[host] = evs
+    engines = sorted(shortest)
+    per_partition = quorum * max(len(engines), len(gateways))
+    rids: dict[int, list[str]] = {p: [] for p in range(partitions)}
     n = 0
-    while len(found) < partitions:
-        rid = f"bench-sentinel-{n}"
-        found.setdefault(partition_for(rid, partitions), rid)
+    while any(len(v) < per_partition for v in rids.values()):
+        rid = f"bench-end-{n}"
+        got = rids[partition_for(rid, partitions)]
+        if len(got) < per_partition:
+            got.append(rid)
         n += 1
-    for p, rid in sorted(found.items()):
+    out = []
+    for p, ids in rids.items():
         batch = []
-        for e in evs:
-            ev = dict(e, request_id=rid, event_id=f"{rid}:{e['kind']}")
-            ev["ts_unix_ns"] = e["ts_unix_ns"] - t0 + ts_ns
-            if "arrival_unix_ns" in ev:
-                ev["arrival_unix_ns"] = e["arrival_unix_ns"] - t0 + ts_ns
-            batch.append(ev)
+        for i, rid in enumerate(ids):
+            evs = shortest[engines[i % len(engines)]]
+            gateway = gateways[i % len(gateways)]
+            t0 = evs[0]["ts_unix_ns"]
+            for e in evs:
+                ev = dict(e, request_id=rid, event_id=f"{rid}:{e['kind']}")
+                if e["kind"] != "engine.finished":
+                    ev["host"] = gateway
+                ev["ts_unix_ns"] = e["ts_unix_ns"] - t0 + ts_ns
+                if "arrival_unix_ns" in ev:
+                    ev["arrival_unix_ns"] = e["arrival_unix_ns"] - t0 + ts_ns
+                batch.append(ev)
         out.append((p, orjson.dumps(batch), len(batch)))
     return out
+
+
+def _span_ns(evs: list[Event]) -> int:
+    ts = [int(e["ts_unix_ns"]) for e in evs]
+    return max(ts) - min(ts)

@@ -26,7 +26,6 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -35,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import stop_process
+from bench.common import send, spawn, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 1000.0
@@ -80,7 +79,7 @@ def _generate(cfg: dict[str, Any], stop_at: Any, produced: Any) -> None:
     dumps = orjson.dumps
     while True:
         now = time.time()
-        if now - t_start >= duration_s or stop_at.value:  # type: ignore[attr-defined]
+        if now - t_start >= duration_s or stop_at.value:
             break
         due = int((now - t_start) * rate)
         while sent < due:
@@ -142,22 +141,15 @@ def _generate(cfg: dict[str, Any], stop_at: Any, produced: Any) -> None:
                 if buf:
                     _send(p, topic, part, buf)
                     open_[part] = []
-        produced.value = sent  # type: ignore[attr-defined]
+        produced.value = sent
         p.poll(0)
         time.sleep(0.002)
     p.flush(30)
-    produced.value = sent  # type: ignore[attr-defined]
+    produced.value = sent
 
 
 def _send(p: Any, topic: str, part: int, buf: list[bytes]) -> None:
-    value = b"[" + b",".join(buf) + b"]"
-    while True:
-        try:
-            p.produce(topic, value, partition=part)
-        except BufferError:
-            p.poll(0.01)
-        else:
-            return
+    send(p, topic, part, b"[" + b",".join(buf) + b"]")
 
 
 def run(
@@ -213,15 +205,7 @@ def run(
                 "TAILGUARD_QUERY_PORT": "-1",
             }
             log = (tmp / f"worker-{w}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "pipeline.cli", "worker"],
-                    cwd=REPO,
-                    env=wenv,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            procs.append(spawn(["pipeline.cli", "worker"], wenv, log))
         # Control topic reader from its current end.
         c = Consumer(
             s.kafka_config() | {"group.id": f"detect-reader-{run_id}", "enable.auto.commit": False}
@@ -262,10 +246,11 @@ def run(
                     tail = (tmp / f"worker-{w}.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"worker {w} exited with {proc.returncode}:\n{tail}")
             msg = c.poll(0.05)
-            if msg is None or msg.error() or msg.value() is None:
+            value = None if msg is None or msg.error() else msg.value()
+            if value is None:
                 continue
             now = time.time()
-            out = decode_and_verify(msg.value(), keyring, int(now * 1000))
+            out = decode_and_verify(value, keyring, int(now * 1000))
             if not isinstance(out, VerifiedSignal):
                 continue
             if out.signal.level >= 1:
@@ -277,16 +262,16 @@ def run(
                     "issued_beyond_window_ms": round(out.signal.issued_at_unix_ms - b0 * 1000, 1),
                 }
                 break
-        stop.value = 1  # type: ignore[attr-defined]
+        stop.value = 1
         gen.join(60)
         elapsed = time.time() - t0
         result: dict[str, Any] = {
             "rate_target_events_per_s": rate,
             "workers": workers,
-            "events_produced": produced.value,  # type: ignore[attr-defined]
+            "events_produced": produced.value,
             "rate_achieved_events_per_s": round(
                 produced.value / max(1e-9, min(elapsed, duration)), 1
-            ),  # type: ignore[attr-defined]
+            ),
             "overload_at_offset_s": round(over_at - t0, 3),
             "decision_due_b0_offset_s": round(b0 - t0, 3),
             "target_ms": TARGET_MS,
@@ -306,7 +291,7 @@ def run(
         c.close()
         return result
     finally:
-        stop.value = 1  # type: ignore[attr-defined]
+        stop.value = 1
         if gen is not None and gen.is_alive():
             gen.terminate()
         for p in procs:
@@ -341,16 +326,20 @@ if register is not None:
     def detection_section(ctx: Any) -> Section:
         sec = Section("detection", "Detection latency at 50k events/s")
         quick = ctx.mode == "quick"
-        # The target rate, and (for context) a rate one worker sustains on this machine.
-        rates = (20_000.0,) if quick else (50_000.0, 10_000.0)
-        results = []
-        for i, rate in enumerate(rates):
+        target_rate = 20_000.0 if quick else 50_000.0
+        n_runs = ctx.sizes.detection_runs
+        # The target rate, n_runs times (each on its own broker, worker and topic), then
+        # for context a rate one worker sustained on this machine before issue 14.
+        plan = [(target_rate, i + 1) for i in range(n_runs)] + ([] if quick else [(10_000.0, 0)])
+        results: list[tuple[int, dict[str, Any]]] = []
+        for rate, run_no in plan:
             r = run(quick=quick, rate=rate, workers=1, workdir=ctx.workdir)
-            results.append(r)
+            results.append((run_no, r))
             beyond = r.get("beyond_window_ms")
             at = f"at {r['rate_achieved_events_per_s']:,.0f} events/s"
-            name = f"L1 readable on the control topic, beyond the policy's window ({at})"
-            if i == 0:
+            label = f"run {run_no} of {n_runs}" if run_no else "context: a lower input rate"
+            name = f"L1 readable on the control topic, beyond the policy's window ({label}, {at})"
+            if run_no:
                 sec.figures.append(
                     at_most(name, beyond, "ms", TARGET_MS, note="1 worker")
                     if beyond is not None
@@ -358,16 +347,28 @@ if register is not None:
                                 "no L1 within 60 s")
                 )  # fmt: skip
             else:
-                sec.figures.append(Figure(name, beyond, "ms", note="context: a lower input rate"))
+                sec.figures.append(Figure(name, beyond, "ms", note=label))
             if beyond is not None:
                 sec.figures += [
-                    Figure(f"... of which until the controller signed it ({at})",
+                    Figure(f"... of which until the controller signed it ({label})",
                            r["signal"]["issued_beyond_window_ms"], "ms"),
-                    Figure(f"from the first overloaded event's produce time ({at})",
+                    Figure(f"... from the first overloaded event's produce time ({label})",
                            r["from_first_event_ms"], "ms",
                            note="includes the base window the policy waits for"),
                 ]  # fmt: skip
             sec.commands.append(f"python -m bench.detection --rate {rate:.0f} --workers 1")
+        passed = sum(1 for no, r in results if no and r["pass"])
+        sec.figures.insert(
+            0,
+            Figure(
+                f"runs at {target_rate:,.0f} events/s with L1 within {TARGET_MS:,.0f} ms",
+                passed,
+                f"of {n_runs}",
+                f"= {n_runs} of {n_runs}",
+                passed == n_runs,
+                "each run: its own broker, topic and worker",
+            ),
+        )
         sec.text.append(
             "Live input: a generator process produces gateway.received, engine.finished and "
             "gateway.completed per request (event time = produce time, batched like the "
@@ -378,13 +379,15 @@ if register is not None:
             "the window holding the first slow requests (B0). Figure = wall time the signed "
             "L1 was read from the control topic − B0. The worker decides on snapshots of "
             "ended windows (`TAILGUARD_CONTROL_PROVISIONAL_MS` = 100, "
-            "`TAILGUARD_CONTROL_DECISION_DELAY_MS` = 100), not after the 30 s grace period."
+            "`TAILGUARD_CONTROL_DECISION_DELAY_MS` = 100), not after the 30 s grace period. "
+            f"{n_runs} run(s) at {target_rate:,.0f} events/s, each with its own broker, topic "
+            "and worker; the target asks for all of them within "
+            f"{TARGET_MS:,.0f} ms."
+            + ("" if quick else " Then one run at 10,000 events/s for context.")
         )
-        sec.text.append(
-            "The worker's throughput (see the first section) is below 50,000 events/s: at that "
-            "input it falls behind, and its event-time clock, which decisions wait for, with "
-            "it. The second run shows the same path at a lower input rate."
-        )
-        for r in results:
-            sec.text.append("Raw result:\n\n```json\n" + json.dumps(r, indent=2) + "\n```")
+        for no, r in results:
+            title = f"run {no} of {n_runs}" if no else "context run"
+            sec.text.append(
+                f"Raw result ({title}):\n\n```json\n" + json.dumps(r, indent=2) + "\n```"
+            )
         return sec

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.common import stop_process
+from bench.common import spawn, stop_process
 from tools.dev.kafka_local import LocalKafka
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0)
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         try:
             httpx.get(url, timeout=1.0)
         except httpx.TransportError:
@@ -113,33 +113,15 @@ def run(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
             capture_output=True,
         )
         log = (tmp / "procs.log").open("wb")
-        upstream = subprocess.Popen(
-            [sys.executable, "-m", "tools.dev.fake_openai", "--port", str(up_port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        upstream = spawn(["tools.dev.fake_openai", "--port", str(up_port)], env, log)
         procs.append(upstream)
         up_url = f"http://127.0.0.1:{up_port}"
-        gw = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.cli",
-                "gateway",
-                "--upstream",
-                up_url,
-                "--listen",
-                f"127.0.0.1:{gw_port}",
-                "--name",
-                "bench-gw",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        gw = spawn(
+            ["pipeline.cli", "gateway", "--upstream", up_url,
+             "--listen", f"127.0.0.1:{gw_port}", "--name", "bench-gw"],
+            env,
+            log,
+        )  # fmt: skip
         procs.append(gw)
         gw_url = f"http://127.0.0.1:{gw_port}"
         _wait_http(up_url + "/health", upstream)

@@ -31,14 +31,20 @@ from bench.common import (
     raw_limit,
     run_workers,
 )
+from bench.context import Context
 from bench.data import Workload
 from bench.results import Figure, Section, at_least, register
-from bench.run import Context
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
-TARGET_EV_S = 50_000.0
-TARGET_RATIO = 0.3
+# Issue 14's targets for the batched workload (the producers batch: ~190 events per
+# message); the one-event-per-message workload keeps the targets it had. One event per
+# message is capped near 8,000 messages/s per core by Faust's ~120 µs per message, which
+# is why the producers batch (producers/emit.py BatchPolicy).
+TARGETS: dict[str, tuple[float, float]] = {  # workload -> (events/s, worker / raw limit)
+    "batched": (70_000.0, 0.1),
+    "single": (50_000.0, 0.3),
+}
 MiB = 1024 * 1024
 
 
@@ -70,6 +76,8 @@ def _landed(r: WorkerRunResult, label: str) -> Figure:
         "requests",
         f"= {r.requests_expected:,}",
         r.requests_stored == r.requests_expected,
+        f"the data's requests and the end-of-input requests; {r.request_rows:,} rows; "
+        f"{r.dead_letters:,} dead-letter messages",
     )
 
 
@@ -102,12 +110,13 @@ def throughput(ctx: Context) -> Section:
         raw = raw_limit(s, pre)
         r = _one_worker(ctx, key)
         ratio = r.events_per_s / raw.events_per_s
+        target_ev_s, target_ratio = TARGETS[key]
         sec.figures += [
             at_least(
                 f"{label}: worker events/s",
                 r.events_per_s,
                 "events/s",
-                TARGET_EV_S,
+                target_ev_s,
                 f"{pre.events:,} events in {pre.messages:,} messages "
                 f"({pre.events_per_message:.1f} events/message), {r.seconds:.1f} s",
             ),
@@ -117,7 +126,7 @@ def throughput(ctx: Context) -> Section:
                 "events/s",
                 note=f"{raw.seconds:.2f} s",
             ),
-            at_least(f"{label}: worker / raw limit", ratio, "", TARGET_RATIO),
+            at_least(f"{label}: worker / raw limit", ratio, "", target_ratio),
             Figure(
                 f"{label}: events per worker CPU-second",
                 r.events / r.cpu_s,
@@ -152,13 +161,25 @@ def throughput(ctx: Context) -> Section:
     sec.text.append(
         "Workload: the serving simulator on the Azure LLM trace (4 seeds), folded to "
         "50k events/s of event time and tiled with distinct request ids (`bench/data.py`); "
-        f"{PARTITIONS} partitions; lz4-compressed producer batches; one sentinel request per "
-        "partition after the data moves event time on so the last windows close. Worker "
-        "settings are the defaults (raw events stored, default SLO spec, 30 s window grace) "
-        f"except join timeout {BENCH_JOIN_TIMEOUT_MS} ms (the last partial joins would "
-        "otherwise add a 15 s wall-clock wait to the measured time). Timed from the worker's "
-        "first consumed batch (its log) to every partition's committed offset at the end of "
-        "the data; the store is then checked for every request."
+        f"{PARTITIONS} partitions; lz4-compressed producer batches. The input ends with "
+        "complete requests on every partition from every host of the data (at least the "
+        "event-time clock's quorum of events per host), stamped past the data's last "
+        "window + grace and within the clock's range: every partition's clock moves on "
+        "and closes its last windows, with no wall-clock wait; these requests are stored "
+        "like the others and counted in the expected requests. Worker settings are the "
+        "defaults (raw events stored, default SLO spec, 30 s window grace) except join "
+        f"timeout {BENCH_JOIN_TIMEOUT_MS} ms (the last partial joins would otherwise add a "
+        "15 s wall-clock wait to the measured time). Timed from the worker's first "
+        "consumed batch (its log) to every partition's committed offset at the end of the "
+        "data (a commit covers only what is written: records, raw events, closed windows); "
+        "the store is then checked for every request."
+    )
+    sec.text.append(
+        "Targets: issue 14's for the batched workload (≥ 70,000 events/s and ≥ 0.1 of the "
+        "raw limit measured in the same run); the one-event-per-message rows keep their "
+        "earlier targets (≥ 50,000 events/s, ≥ 0.3). One event per message is capped near "
+        "8,000 messages/s per core by Faust's ~120 µs per message, so producers batch, as "
+        "ours do (`producers/emit.py` `BatchPolicy`: up to 200 events or 50 ms per message)."
     )
     return sec
 

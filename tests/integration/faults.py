@@ -10,6 +10,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from bench.common import send
 from pipeline.adapters.kafka_admin import wait_partitions
 from pipeline.adapters.store import open_store
 from pipeline.cli import DEFAULT_TRACE
@@ -102,17 +103,6 @@ def producer(settings: Settings) -> Producer:
             "queue.buffering.max.kbytes": 262_144,
         }
     )
-
-
-def send(prod: Producer, topic: str, partition: int, value: bytes) -> None:
-    """Produce, waiting for room (never drops)."""
-    while True:
-        try:
-            prod.produce(topic, value, partition=partition)
-            break
-        except BufferError:
-            prod.poll(0.05)
-    prod.poll(0)
 
 
 def flush(prod: Producer, timeout_s: float = 120.0) -> None:
