@@ -1,7 +1,7 @@
 """Shared benchmark machinery: the broker, preloading, the raw consumer, worker runs.
 
 Everything here measures real processes on the real broker: a local KRaft
-Kafka (:class:`pipeline.devtools.kafka_local.LocalKafka`) and ``tailguard
+Kafka (:class:`tools.dev.kafka_local.LocalKafka`) and ``tailguard
 worker`` subprocesses with their embedded ClickHouse (chDB) stores.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from bench.data import Workload, end_margin_ns, events, messages, sentinels
 from pipeline.adapters.kafka_admin import ensure_topics
+from pipeline.processes import stop_process
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
@@ -316,18 +316,6 @@ def spawn(args: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess
     return subprocess.Popen(
         [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
     )
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
-    """SIGTERM by PID, then SIGKILL after ``timeout_s``; returns the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 class CommitWatcher:

@@ -42,7 +42,7 @@ class Context:
 
     def bootstrap(self) -> str:
         if self._kafka is None:
-            from pipeline.devtools.kafka_local import LocalKafka
+            from tools.dev.kafka_local import LocalKafka
 
             # Production brokers wait 3 s before the first rebalance of a new group
             # (the local default for tests is 0): two workers started together then

@@ -160,8 +160,8 @@ def run(
     from pipeline.adapters.control_keys import keyring_from_file
     from pipeline.adapters.kafka_admin import ensure_topics
     from pipeline.contract.control_signal import VerifiedSignal, decode_and_verify
-    from pipeline.devtools.kafka_local import LocalKafka
     from pipeline.settings import Settings
+    from tools.dev.kafka_local import LocalKafka
 
     if quick:
         rate = min(rate, 20_000.0)

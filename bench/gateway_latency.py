@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from bench.common import spawn, stop_process
-from pipeline.devtools.kafka_local import LocalKafka
+from tools.dev.kafka_local import LocalKafka
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_DELTA_MS = 3.0  # "within a few milliseconds": p50 and p99 of down minus up
@@ -113,7 +113,7 @@ def run(quick: bool = False, workdir: Path | None = None) -> dict[str, Any]:
             capture_output=True,
         )
         log = (tmp / "procs.log").open("wb")
-        upstream = spawn(["pipeline.devtools.fake_openai", "--port", str(up_port)], env, log)
+        upstream = spawn(["tools.dev.fake_openai", "--port", str(up_port)], env, log)
         procs.append(upstream)
         up_url = f"http://127.0.0.1:{up_port}"
         gw = spawn(

@@ -8,14 +8,18 @@ import logging
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from pydantic import ValidationError
 
-from pipeline.settings import Settings
+from pipeline.cli_settings import emitter_settings, worker_settings
+from pipeline.kafka_settings import EmitterSettings, KafkaSettings
+from pipeline.shipped import DEFAULT_TRACE, EXAMPLE_CONTRACT
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023" / "conv.csv"
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+__all__ = ["BACKTEST_START_UNIX_NS", "DEFAULT_CONTRACT", "DEFAULT_TRACE", "build_parser", "main"]
 # The demo's and the backtest's overload episode (`--overload none` for none): arrivals
 # x2 from minute 20 to 30 of the trace's hour.
 DEFAULT_OVERLOAD = "1200:1800:2"
@@ -23,20 +27,7 @@ BACKTEST_START_UNIX_NS = 1_800_000_000_000_000_000  # fixed: same seed, same out
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {}
-    for flag, field in (
-        ("bootstrap", "bootstrap_servers"),
-        ("store", "store_dir"),
-        ("partitions", "topic_partitions"),
-        ("group", "group_id"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides[field] = value
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        raise SystemExit(f"tailguard: invalid settings:\n{exc}") from None
+    return worker_settings(args)
 
 
 def _need_file(path: Path | None) -> None:
@@ -58,6 +49,12 @@ def _add_store(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store", type=Path, help="embedded ClickHouse directory (env TAILGUARD_STORE_DIR)"
     )
+
+
+def _add_spec_and_policy(p: argparse.ArgumentParser) -> None:
+    default = "(default: TAILGUARD_{} or the shipped one)"
+    p.add_argument("--slo", type=Path, help=f"SLO spec {default.format('SLO_SPEC')}")
+    p.add_argument("--policy", type=Path, help=f"control policy {default.format('POLICY_FILE')}")
 
 
 def _add_sim(p: argparse.ArgumentParser) -> None:
@@ -398,7 +395,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_CONTRACT = Path(__file__).resolve().parents[1] / "specs" / "contract-example.yaml"
+DEFAULT_CONTRACT = EXAMPLE_CONTRACT
 
 
 def cmd_statement(args: argparse.Namespace) -> int:
@@ -484,7 +481,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def _meter_provider(settings: Settings, service: str) -> Any:
+def _meter_provider(settings: EmitterSettings, service: str) -> Any:
     from pipeline.adapters.telemetry import meter_provider
 
     provider, _reader = meter_provider(
@@ -505,7 +502,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from producers.emit import open_kafka_sink
     from producers.gateway_proxy import build_gateway, serve_gateway
 
-    settings = _settings(args)
+    settings = emitter_settings(args)
     host, port = _listen(args.listen)
     if not args.upstream.startswith(("http://", "https://")):
         raise SystemExit(f"--upstream must be an http(s):// URL, got {args.upstream!r}")
@@ -573,7 +570,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     from producers.envoy import Follower, follow, ingest, load_position, save_position
 
     _need_file(args.file)
-    settings = _settings(args)
+    settings = emitter_settings(args)
     stdin = str(args.file) == "-"
     if args.follow and stdin:
         raise SystemExit("--follow needs a file (it is re-opened when rotated), not -")
@@ -656,7 +653,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
     return 0 if stats.lines or args.follow else 1
 
 
-def _dlq_sender(settings: Settings) -> Any:
+def _dlq_sender(settings: KafkaSettings) -> Any:
     from pipeline.adapters.reliable import ReliableProducer
 
     return ReliableProducer(settings, settings.dlq_topic, "envoy dead letters")
@@ -696,8 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("events", type=Path)
     _add_store(s)
     s.add_argument("--no-store", action="store_true", help="do not write to the store")
-    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the example)")
-    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
+    _add_spec_and_policy(s)
     s.add_argument("--dlq", type=Path, help="dead letters out (default EVENTS.dlq.jsonl)")
     s.add_argument("--json", action="store_true", help="the whole summary as one-line JSON")
     s.set_defaults(func=cmd_replay)
@@ -820,8 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sim(s)
     s.set_defaults(overload=DEFAULT_OVERLOAD)
-    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC or the default)")
-    s.add_argument("--policy", type=Path, help="control policy (default: the shipped default)")
+    _add_spec_and_policy(s)
     s.add_argument("--json", action="store_true", help='one object {"open_loop", "closed_loop"}')
     s.set_defaults(func=cmd_backtest)
 

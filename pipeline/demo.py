@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import orjson
 from rich.console import Console
 
 from pipeline.adapters.control_keys import generate_secret_b64
+from pipeline.processes import stop_process
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
 from producers.simulator.model import OverloadEpisode, SimConfig
@@ -180,17 +180,6 @@ class _Pacer:
         self.next_check = time.monotonic() + self.every_s
 
 
-def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
 def run_demo(
     *,
     trace: Path,
@@ -210,7 +199,6 @@ def run_demo(
     another policy)."""
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
-    from pipeline.devtools.kafka_local import LocalKafka
     from pipeline.report import read_report, render
 
     console = Console(stderr=True)
@@ -225,6 +213,13 @@ def run_demo(
     with ExitStack() as stack:
         topic_suffix = ""
         if bootstrap is None:
+            try:  # developer tooling beside the package: a checkout has it, a wheel has not
+                from tools.dev.kafka_local import LocalKafka
+            except ImportError:
+                raise SystemExit(
+                    "tailguard demo: starting a local Kafka needs a checkout of tailguard "
+                    "(tools/dev/ is not installed with the package); pass --bootstrap HOST:PORT"
+                ) from None
             console.print(
                 "[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)"
             )
@@ -265,7 +260,7 @@ def run_demo(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        stack.callback(_stop_process, worker)
+        stack.callback(stop_process, worker, 30.0)
         console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
 
         gate = None
@@ -325,7 +320,7 @@ def run_demo(
                 console.print(f"[red]worker did not catch up within {wait_timeout_s:.0f} s[/]")
                 return 1
             time.sleep(0.5)
-        rc = _stop_process(worker)
+        rc = stop_process(worker, 30.0)
         console.print(f"worker caught up and stopped (exit {rc})")
 
     store = open_store(settings)

@@ -1,280 +1,165 @@
-"""One frozen settings object, built once at the CLI.
+"""The worker's settings: one frozen object, built once at the CLI.
 
-Every field can be set by an environment variable ``TAILGUARD_<FIELD>``
-(upper case); the CLI's flags override the environment. Secrets are
-``SecretStr`` and never logged (``Settings.redacted()`` is what logs show).
-Invalid settings fail at start-up with the field name in the message.
+:class:`Settings` builds on the emitters' :class:`pipeline.kafka_settings.EmitterSettings`
+(Kafka connection, topics, the emitters' own fields) and adds the store, the worker, the
+controller and alerting. Every field can be set by an environment variable
+``TAILGUARD_<FIELD>`` (upper case); the CLI's flags override the environment. Secrets are
+``SecretStr`` and never logged (``Settings.redacted()`` is what logs show). Invalid
+settings fail at start-up with the field name in the message.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.contract.events import (
-    CONTROL_TOPIC,
-    DLQ_TOPIC,
-    ENGINE_STATS_TOPIC,
-    LEDGER_TOPIC,
-    LIFECYCLE_TOPIC,
-    SUMMARIES_TOPIC,
-)
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
+from pipeline.kafka_settings import EmitterSettings
+from pipeline.shipped import (
+    DEFAULT_BURN_RULES,
+    DEFAULT_POLICY,
+    DEFAULT_SLO_SPEC,
+    EXAMPLE_POLICY,
+    EXAMPLE_SLO_SPEC,
+    SPECS_DIR,
+)
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
-DEFAULT_SLO_SPEC = SPECS / "slo-default.yaml"  # streaming LLM SLOs
-EXAMPLE_SLO_SPEC = SPECS / "slo-example.yaml"  # the source documents' contract tiers
-EXAMPLE_POLICY = SPECS / "policy-example.yaml"  # their circuit-breaker table as written
-DEFAULT_POLICY = SPECS / "policy-default.yaml"
-DEFAULT_BURN_RULES = SPECS / "burn-rules.yaml"
+__all__ = [
+    "DEFAULT_BURN_RULES",
+    "DEFAULT_POLICY",
+    "DEFAULT_SLO_SPEC",
+    "EXAMPLE_POLICY",
+    "EXAMPLE_SLO_SPEC",
+    "SPECS_DIR",
+    "Settings",
+]
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TAILGUARD_", frozen=True, extra="forbid")
-
-    # --- Kafka -------------------------------------------------------------
-    bootstrap_servers: str = Field(
-        "127.0.0.1:9092", description="TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="TAILGUARD_SECURITY_PROTOCOL"
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="TAILGUARD_SASL_MECHANISM"
-    )
-    sasl_username: str | None = Field(None, description="TAILGUARD_SASL_USERNAME")
-    sasl_password: SecretStr | None = Field(None, description="TAILGUARD_SASL_PASSWORD (secret)")
-    ssl_cafile: Path | None = Field(None, description="TAILGUARD_SSL_CAFILE: CA bundle for TLS.")
-    lifecycle_topic: str = Field(LIFECYCLE_TOPIC, description="TAILGUARD_LIFECYCLE_TOPIC")
-    engine_stats_topic: str = Field(ENGINE_STATS_TOPIC, description="TAILGUARD_ENGINE_STATS_TOPIC")
-    dlq_topic: str = Field(DLQ_TOPIC, description="TAILGUARD_DLQ_TOPIC")
-    summaries_topic: str = Field(SUMMARIES_TOPIC, description="TAILGUARD_SUMMARIES_TOPIC")
-    ledger_topic: str = Field(
-        LEDGER_TOPIC,
-        description="TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers "
-        "that take a partition over (shared by workers with separate stores).",
-    )
-    control_topic: str = Field(CONTROL_TOPIC, description="TAILGUARD_CONTROL_TOPIC")
-    topic_partitions: int = Field(
-        8, ge=1, le=1024, description="TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."
-    )
-    replication_factor: int = Field(1, ge=1, description="TAILGUARD_REPLICATION_FACTOR")
-    group_id: str = Field(
-        "tailguard-worker", min_length=1, description="TAILGUARD_GROUP_ID: worker consumer group."
-    )
-    max_message_bytes: int = Field(
-        1_048_576,
-        ge=1024,
-        description="TAILGUARD_MAX_MESSAGE_BYTES: larger messages go to the DLQ.",
-    )
+class Settings(EmitterSettings):
+    # --- Kafka (the worker's side: topics it creates, its consumer group) ------
+    topic_partitions: Annotated[int, Field(ge=1, le=1024)] = 8
+    """TAILGUARD_TOPIC_PARTITIONS: partitions for created topics."""
+    replication_factor: Annotated[int, Field(ge=1)] = 1
+    """TAILGUARD_REPLICATION_FACTOR"""
+    group_id: Annotated[str, Field(min_length=1)] = "tailguard-worker"
+    """TAILGUARD_GROUP_ID: worker consumer group."""
+    max_message_bytes: Annotated[int, Field(ge=1024)] = 1_048_576
+    """TAILGUARD_MAX_MESSAGE_BYTES: larger messages go to the DLQ."""
 
     # --- ClickHouse --------------------------------------------------------
-    store_dir: Path = Field(
-        Path("var/store"),
-        description="TAILGUARD_STORE_DIR: embedded ClickHouse (chDB) data directory.",
-    )
-    clickhouse_url: str | None = Field(
-        None,
-        description="TAILGUARD_CLICKHOUSE_URL: http(s)://host:port of a ClickHouse server; "
-        "when set it replaces the embedded store.",
-    )
-    clickhouse_user: str = Field("default", description="TAILGUARD_CLICKHOUSE_USER")
-    clickhouse_password: SecretStr = Field(
-        SecretStr(""), description="TAILGUARD_CLICKHOUSE_PASSWORD (secret)"
-    )
-    database: str = Field(
-        "tailguard", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="TAILGUARD_DATABASE"
-    )
-    cluster: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
-        description="TAILGUARD_CLUSTER: apply DDL ON CLUSTER with Replicated engines.",
-    )
+    store_dir: Path = Path("var/store")
+    """TAILGUARD_STORE_DIR: embedded ClickHouse (chDB) data directory."""
+    clickhouse_url: str | None = None
+    """TAILGUARD_CLICKHOUSE_URL: http(s)://host:port of a ClickHouse server; when set it replaces
+    the embedded store."""
+    clickhouse_user: str = "default"
+    """TAILGUARD_CLICKHOUSE_USER"""
+    clickhouse_password: SecretStr = SecretStr("")
+    """TAILGUARD_CLICKHOUSE_PASSWORD (secret)"""
+    database: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "tailguard"
+    """TAILGUARD_DATABASE"""
+    cluster: Annotated[str | None, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")] = None
+    """TAILGUARD_CLUSTER: apply DDL ON CLUSTER with Replicated engines."""
 
     # --- Worker ------------------------------------------------------------
-    join_timeout_ms: int = Field(
-        15_000, gt=0, description="TAILGUARD_JOIN_TIMEOUT_MS: wait for the partner event."
-    )
-    inflight_ttl_ms: int = Field(
-        600_000, gt=0, description="TAILGUARD_INFLIGHT_TTL_MS: drop a lone gateway.received."
-    )
-    flush_interval_ms: int = Field(
-        1000, ge=50, description="TAILGUARD_FLUSH_INTERVAL_MS: write + commit period."
-    )
-    flush_max_rows: int = Field(
-        20_000, ge=1, description="TAILGUARD_FLUSH_MAX_ROWS: flush early at this many rows."
-    )
-    take_max_messages: int = Field(
-        1000, ge=1, description="TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."
-    )
-    max_pending: int = Field(
-        1_000_000,
-        ge=1,
-        description="TAILGUARD_MAX_PENDING: pending joins per worker (all its partitions); "
-        "beyond it the oldest are resolved early and counted as evicted.",
-    )
-    topic_check_interval_ms: int = Field(
-        2000,
-        ge=100,
-        description="TAILGUARD_TOPIC_CHECK_INTERVAL_MS: how often the worker checks that its "
-        "lifecycle topic was not deleted or recreated (and then resubscribes).",
-    )
-    fault_store_outage_file: Path | None = Field(
-        None,
-        description="TAILGUARD_FAULT_STORE_OUTAGE_FILE: fault injection, for tests only: while "
-        "this file exists, ClickHouse rejects the worker's inserts (see "
-        "pipeline.adapters.store.OutageInjectingStore). Never set in production.",
-    )
-    worker_web_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset).",
-    )
-    query_port: int = Field(
-        0,
-        ge=-1,
-        le=65535,
-        description="TAILGUARD_QUERY_PORT: the worker's read-only query port on 127.0.0.1 for "
-        "tools reading its embedded store (0 = an ephemeral port, -1 = off).",
-    )
-    session_timeout_ms: int = Field(
-        10_000,
-        ge=6000,
-        description="TAILGUARD_SESSION_TIMEOUT_MS: a dead worker's partitions move after this.",
-    )
-    window_size_ms: int = Field(
-        10_000, gt=0, description="TAILGUARD_WINDOW_SIZE_MS: base tumbling window."
-    )
-    window_grace_ms: int = Field(
-        30_000, ge=0, description="TAILGUARD_WINDOW_GRACE_MS: lateness accepted before closing."
-    )
-    max_event_ahead_ms: int = Field(
-        300_000,
-        gt=0,
-        description="TAILGUARD_MAX_EVENT_AHEAD_MS: an event stamped further ahead of its "
-        "partition's clock is quarantined to the DLQ (ts_out_of_range).",
-    )
-    max_window_keys: int = Field(
-        1000, ge=1, description="TAILGUARD_MAX_WINDOW_KEYS: keys per window, then __other__."
-    )
-    slo_spec: Path | None = Field(
-        DEFAULT_SLO_SPEC,
-        description="TAILGUARD_SLO_SPEC: SLO spec YAML (default: specs/slo-default.yaml).",
-    )
-    policy_file: Path | None = Field(
-        DEFAULT_POLICY, description="TAILGUARD_POLICY_FILE: control policy (None: no control)."
-    )
-    burn_rules_file: Path = Field(
-        DEFAULT_BURN_RULES, description="TAILGUARD_BURN_RULES_FILE: multiwindow burn-rate rules."
-    )
-    queue_capacity: int = Field(
-        64, ge=1, description="TAILGUARD_QUEUE_CAPACITY: num_waiting of a full engine queue."
-    )
-    control_enabled: bool = Field(
-        False,
-        description="TAILGUARD_CONTROL_ENABLED: run the controller and publish signed directives "
-        "(needs control keys: TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS + "
-        "TAILGUARD_CONTROL_ACTIVE_KID).",
-    )
-    control_keys_file: Path | None = Field(
-        None, description="TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret)."
-    )
-    control_provisional_ms: int = Field(
-        100,
-        ge=0,
-        description="TAILGUARD_CONTROL_PROVISIONAL_MS: period of the snapshots of ended windows "
-        "sent to the controller, so it decides without waiting for the grace period "
-        "(0: decide on closed windows only, window + grace later).",
-    )
-    control_decision_delay_ms: int = Field(
-        100,
-        ge=0,
-        description="TAILGUARD_CONTROL_DECISION_DELAY_MS: with snapshots, decide on a window "
-        "this long after every partition's clock passed its end.",
-    )
-    control_heartbeat_ms: int = Field(
-        10_000, ge=100, description="TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives."
-    )
-    store_raw_events: bool = Field(
-        True, description="TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."
-    )
-    raw_events_ttl_days: int = Field(
-        7, ge=1, description="TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events."
-    )
-    metrics_exporter: Literal["none", "console", "otlp"] = Field(
-        "none", description="TAILGUARD_METRICS_EXPORTER: the worker's own OpenTelemetry metrics."
-    )
-    metrics_file: Path | None = Field(
-        None, description="TAILGUARD_METRICS_FILE: console exporter output (default stdout)."
-    )
-    metrics_interval_ms: int = Field(
-        10_000, ge=100, description="TAILGUARD_METRICS_INTERVAL_MS: export period."
-    )
+    join_timeout_ms: Annotated[int, Field(gt=0)] = 15_000
+    """TAILGUARD_JOIN_TIMEOUT_MS: wait for the partner event."""
+    inflight_ttl_ms: Annotated[int, Field(gt=0)] = 600_000
+    """TAILGUARD_INFLIGHT_TTL_MS: drop a lone gateway.received."""
+    flush_interval_ms: Annotated[int, Field(ge=50)] = 1000
+    """TAILGUARD_FLUSH_INTERVAL_MS: write + commit period."""
+    flush_max_rows: Annotated[int, Field(ge=1)] = 20_000
+    """TAILGUARD_FLUSH_MAX_ROWS: flush early at this many rows."""
+    take_max_messages: Annotated[int, Field(ge=1)] = 1000
+    """TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."""
+    max_pending: Annotated[int, Field(ge=1)] = 1_000_000
+    """TAILGUARD_MAX_PENDING: pending joins per worker (all its partitions); beyond it the oldest
+    are resolved early and counted as evicted."""
+    topic_check_interval_ms: Annotated[int, Field(ge=100)] = 2000
+    """TAILGUARD_TOPIC_CHECK_INTERVAL_MS: how often the worker checks that its lifecycle topic was
+    not deleted or recreated (and then resubscribes)."""
+    fault_store_outage_file: Path | None = None
+    """TAILGUARD_FAULT_STORE_OUTAGE_FILE: fault injection, for tests only: while this file exists,
+    ClickHouse rejects the worker's inserts (see pipeline.adapters.store.OutageInjectingStore).
+    Never set in production."""
+    worker_web_port: Annotated[int | None, Field(ge=1, le=65535)] = None
+    """TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset)."""
+    query_port: Annotated[int, Field(ge=-1, le=65535)] = 0
+    """TAILGUARD_QUERY_PORT: the worker's read-only query port on 127.0.0.1 for tools reading its
+    embedded store (0 = an ephemeral port, -1 = off)."""
+    session_timeout_ms: Annotated[int, Field(ge=6000)] = 10_000
+    """TAILGUARD_SESSION_TIMEOUT_MS: a dead worker's partitions move after this."""
+    window_size_ms: Annotated[int, Field(gt=0)] = 10_000
+    """TAILGUARD_WINDOW_SIZE_MS: base tumbling window."""
+    window_grace_ms: Annotated[int, Field(ge=0)] = 30_000
+    """TAILGUARD_WINDOW_GRACE_MS: lateness accepted before closing."""
+    max_event_ahead_ms: Annotated[int, Field(gt=0)] = 300_000
+    """TAILGUARD_MAX_EVENT_AHEAD_MS: an event stamped further ahead of its partition's clock is
+    quarantined to the DLQ (ts_out_of_range)."""
+    max_window_keys: Annotated[int, Field(ge=1)] = 1000
+    """TAILGUARD_MAX_WINDOW_KEYS: keys per window, then __other__."""
+    slo_spec: Path | None = DEFAULT_SLO_SPEC
+    """TAILGUARD_SLO_SPEC: SLO spec YAML (default: specs/slo-default.yaml)."""
+    policy_file: Path | None = DEFAULT_POLICY
+    """TAILGUARD_POLICY_FILE: control policy (None: no control)."""
+    burn_rules_file: Path = DEFAULT_BURN_RULES
+    """TAILGUARD_BURN_RULES_FILE: multiwindow burn-rate rules."""
+    queue_capacity: Annotated[int, Field(ge=1)] = 64
+    """TAILGUARD_QUEUE_CAPACITY: num_waiting of a full engine queue."""
+    control_enabled: bool = False
+    """TAILGUARD_CONTROL_ENABLED: run the controller and publish signed directives (needs control
+    keys: TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS + TAILGUARD_CONTROL_ACTIVE_KID)."""
+    control_keys_file: Path | None = None
+    """TAILGUARD_CONTROL_KEYS_FILE: HMAC keys for control signals (secret): {active: k2, keys: {k1:
+    <base64>, k2: <base64>}} as JSON or YAML."""
+    control_keys: SecretStr | None = None
+    """TAILGUARD_CONTROL_KEYS: the same keys inline, k1:<base64>,k2:<base64> (secret; instead of a
+    keys file, with TAILGUARD_CONTROL_ACTIVE_KID)."""
+    control_active_kid: str | None = None
+    """TAILGUARD_CONTROL_ACTIVE_KID: the key of TAILGUARD_CONTROL_KEYS that signs."""
+    control_provisional_ms: Annotated[int, Field(ge=0)] = 100
+    """TAILGUARD_CONTROL_PROVISIONAL_MS: period of the snapshots of ended windows sent to the
+    controller, so it decides without waiting for the grace period (0: decide on closed windows
+    only, window + grace later)."""
+    control_decision_delay_ms: Annotated[int, Field(ge=0)] = 100
+    """TAILGUARD_CONTROL_DECISION_DELAY_MS: with snapshots, decide on a window this long after every
+    partition's clock passed its end."""
+    control_heartbeat_ms: Annotated[int, Field(ge=100)] = 10_000
+    """TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives."""
+    store_raw_events: bool = True
+    """TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."""
+    raw_events_ttl_days: Annotated[int, Field(ge=1)] = 7
+    """TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events."""
 
     # --- Prometheus / Alertmanager (the controller; issue 16) --------------
-    prometheus_port: int | None = Field(
-        None,
-        ge=0,
-        le=65535,
-        description="TAILGUARD_PROMETHEUS_PORT: the controller's OpenMetrics /metrics "
-        "(off when unset; 0 = an ephemeral port).",
-    )
-    prometheus_host: str = Field(
-        "127.0.0.1",
-        description="TAILGUARD_PROMETHEUS_HOST: address /metrics listens on (loopback by "
-        "default; set 0.0.0.0 only behind a network policy).",
-    )
-    alertmanager_url: str | None = Field(
-        None,
-        pattern=r"^https?://",
-        description="TAILGUARD_ALERTMANAGER_URL: Alertmanager base URL; burn-rate alerts are "
-        "posted to <url>/api/v2/alerts (off when unset).",
-    )
-    alert_webhook_url: str | None = Field(
-        None,
-        pattern=r"^https?://",
-        description="TAILGUARD_ALERT_WEBHOOK_URL: generic webhook for the same alerts, signed "
-        "with TAILGUARD_ALERT_WEBHOOK_SECRET (off when unset).",
-    )
-    alert_webhook_secret: SecretStr | None = Field(
-        None, description="TAILGUARD_ALERT_WEBHOOK_SECRET: HMAC-SHA256 key (secret)."
-    )
-
-    # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
-    engine_host: str | None = Field(
-        None,
-        min_length=1,
-        max_length=200,
-        description="TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); "
-        "the plugin appends /engine<index>.",
-    )
-    engine_stats_interval_ms: int = Field(
-        1000,
-        ge=0,
-        description="TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per "
-        "engine (0 = never).",
-    )
-    cold_start_window_ms: int = Field(
-        10_000,
-        ge=0,
-        description="TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within "
-        "this long of its start are marked as served during a cold start (engine.finished "
-        "cold_start_unix_ns; contracts may exempt them); 0 = never.",
-    )
+    prometheus_port: Annotated[int | None, Field(ge=0, le=65535)] = None
+    """TAILGUARD_PROMETHEUS_PORT: the controller's OpenMetrics /metrics (off when unset; 0 = an
+    ephemeral port)."""
+    prometheus_host: str = "127.0.0.1"
+    """TAILGUARD_PROMETHEUS_HOST: address /metrics listens on (loopback by default; set 0.0.0.0 only
+    behind a network policy)."""
+    alertmanager_url: Annotated[str | None, Field(pattern=r"^https?://")] = None
+    """TAILGUARD_ALERTMANAGER_URL: Alertmanager base URL; burn-rate alerts are posted to
+    <url>/api/v2/alerts (off when unset)."""
+    alert_webhook_url: Annotated[str | None, Field(pattern=r"^https?://")] = None
+    """TAILGUARD_ALERT_WEBHOOK_URL: generic webhook for the same alerts, signed with
+    TAILGUARD_ALERT_WEBHOOK_SECRET (off when unset)."""
+    alert_webhook_secret: SecretStr | None = None
+    """TAILGUARD_ALERT_WEBHOOK_SECRET: HMAC-SHA256 key (secret)."""
 
     @model_validator(mode="after")
-    def _check(self) -> Settings:
-        if self.security_protocol.startswith("SASL") and not (
-            self.sasl_mechanism and self.sasl_username and self.sasl_password
-        ):
+    def _check_worker(self) -> Settings:
+        if self.control_keys_file is not None and self.control_keys is not None:
+            raise ValueError("set either control_keys_file or control_keys, not both")
+        if self.control_keys is not None and not self.control_active_kid:
+            raise ValueError("control_keys needs control_active_kid (the key id that signs)")
+        if self.control_active_kid and self.control_keys is None:
             raise ValueError(
-                "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
+                "control_active_kid goes with control_keys (a keys file names its own active key)"
             )
         if self.alert_webhook_url and not (
             self.alert_webhook_secret and self.alert_webhook_secret.get_secret_value()
@@ -294,35 +179,3 @@ class Settings(BaseSettings):
 
     def join_config(self) -> JoinConfig:
         return JoinConfig(timeout_ms=self.join_timeout_ms, inflight_ttl_ms=self.inflight_ttl_ms)
-
-    def kafka_config(self) -> dict[str, Any]:
-        """librdkafka (confluent-kafka) client configuration."""
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            conf["sasl.mechanism"] = self.sasl_mechanism
-            conf["sasl.username"] = self.sasl_username
-            conf["sasl.password"] = (
-                self.sasl_password.get_secret_value() if self.sasl_password else ""
-            )
-        if self.ssl_cafile:
-            conf["ssl.ca.location"] = str(self.ssl_cafile)
-        return conf
-
-    def to_env(self) -> dict[str, str]:
-        """These settings as ``TAILGUARD_*`` variables, for a child process (secrets included)."""
-        out = {}
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, SecretStr):
-                value = value.get_secret_value()
-            out[f"TAILGUARD_{name.upper()}"] = str(value)
-        return out
-
-    def redacted(self) -> dict[str, Any]:
-        """What logs show: secrets masked."""
-        return self.model_dump(mode="json")  # SecretStr serialises as '**********'

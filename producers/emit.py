@@ -9,7 +9,7 @@ partition hash — into messages of at most ``max_events`` events or
   full buffer drops (and counts) the event, it never blocks a request path.
 * :class:`JsonlSink` — one JSON array per line (the replay format).
 
-:func:`open_kafka_sink` builds the Kafka sink from :class:`Settings` and
+:func:`open_kafka_sink` builds the Kafka sink from :class:`KafkaSettings` and
 exposes its counters as OpenTelemetry metrics (:func:`instrument_sink`).
 """
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.metrics import CallbackOptions, MeterProvider
 
-    from pipeline.settings import Settings
+    from pipeline.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -432,7 +432,7 @@ class KafkaSink:
 
 
 def open_kafka_sink(
-    settings: Settings,
+    settings: KafkaSettings,
     *,
     service: str,
     on_full: OnFull = "drop",

@@ -16,7 +16,7 @@ most every ``TAILGUARD_ENGINE_STATS_INTERVAL_MS``, one ``engine.stats`` — see
 to the process's one :class:`producers.emit.KafkaSink` (a bounded buffer
 drained by a background thread: ``record`` never blocks on Kafka and never
 raises); settings come from the ``TAILGUARD_*`` environment
-(:class:`pipeline.settings.Settings`).
+(:class:`pipeline.kafka_settings.EmitterSettings`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from pipeline.settings import Settings
+from pipeline.kafka_settings import EmitterSettings
 from producers.emit import EventSink, KafkaSink, open_kafka_sink
 from producers.vllm_stats import EngineRecorder
 
@@ -41,7 +41,7 @@ _sink_lock = threading.Lock()
 _sinks: dict[tuple[str, ...], KafkaSink] = {}
 
 
-def shared_sink(settings: Settings) -> KafkaSink:
+def shared_sink(settings: EmitterSettings) -> KafkaSink:
     """The process's one Kafka sink for these settings (closed, with a flush, at exit)."""
     key = (settings.bootstrap_servers, settings.lifecycle_topic, settings.engine_stats_topic)
     with _sink_lock:
@@ -85,9 +85,9 @@ class TailguardStatLogger(StatLoggerBase):  # type: ignore[misc]  # Any without 
         engine_index: int = 0,
         *,
         sink: EventSink | None = None,
-        settings: Settings | None = None,
+        settings: EmitterSettings | None = None,
     ) -> None:
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else EmitterSettings()
         self.engine_index = engine_index
         self.model = served_model_name(vllm_config)
         self.base_host = self.settings.engine_host or socket.gethostname()

@@ -1,7 +1,7 @@
 """The ``kafka`` session fixture: a real local broker (or an external cluster) for tests.
 
 Import it into a conftest (``from tests.kafka_fixture import kafka``). By default it starts
-:class:`pipeline.devtools.kafka_local.LocalKafka` in a temporary directory (fetching the jars
+:class:`tools.dev.kafka_local.LocalKafka` in a temporary directory (fetching the jars
 into ``.cache/kafka`` on first use) and stops it when the session ends. With
 ``TAILGUARD_TEST_BOOTSTRAP=host:port`` it uses that cluster instead; tests that need
 ``restart()`` are then skipped.
@@ -20,7 +20,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
-from pipeline.devtools.kafka_local import LocalKafka
+from tools.dev.kafka_local import LocalKafka
 
 ENV_EXTERNAL_BOOTSTRAP = "TAILGUARD_TEST_BOOTSTRAP"
 

@@ -79,7 +79,13 @@ def _dt(ms: int) -> datetime:
 
 
 def load_keyring(settings: Settings) -> Keyring:
-    return control_keys.load_keyring(settings.control_keys_file)
+    """The controller's keys, from its settings only (never the process environment): a
+    keys file, or the keys inline (``TAILGUARD_CONTROL_KEYS`` + ``_CONTROL_ACTIVE_KID``)."""
+    if settings.control_keys is not None and settings.control_active_kid:
+        return Keyring.from_env_string(
+            settings.control_keys.get_secret_value(), settings.control_active_kid
+        )
+    return control_keys.load_keyring(settings.control_keys_file, environ={})
 
 
 def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:

@@ -64,6 +64,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from pipeline.processes import pid_alive
+
 log = logging.getLogger("tailguard.query_server")
 
 DISCOVERY_FILE = "tailguard-query.json"
@@ -633,16 +635,6 @@ class LiveWorker:
     token: str = ""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def find_live_worker(store_dir: Path, timeout_s: float = 2.0) -> LiveWorker | None:
     """The worker serving ``store_dir``'s query port, if its discovery file
     names a live process that answers for this directory."""
@@ -654,7 +646,7 @@ def find_live_worker(store_dir: Path, timeout_s: float = 2.0) -> LiveWorker | No
         port, pid, token = int(info["port"]), int(info["pid"]), str(info.get("token", ""))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return None
     request = urllib.request.Request(
         f"http://{HOST}:{port}/tailguard", headers={"X-ClickHouse-Key": token}

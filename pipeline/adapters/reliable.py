@@ -14,7 +14,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pipeline.contract.codec import DeadLetter
-from pipeline.settings import Settings
+from pipeline.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class ReliableProducer:
     acknowledged by the broker: the caller commits its input offsets after that.
     """
 
-    def __init__(self, settings: Settings, topic: str, what: str) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str, what: str) -> None:
         conf = settings.kafka_config()
         conf.update({"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True})
         self._producer = Producer(conf)
@@ -137,7 +137,7 @@ class DeadLetterSink(ReliableProducer):
     refuses it as too large gets it cut in half again, so every dead letter lands.
     """
 
-    def __init__(self, settings: Settings, max_value_bytes: int = DLQ_MAX_VALUE_BYTES) -> None:
+    def __init__(self, settings: KafkaSettings, max_value_bytes: int = DLQ_MAX_VALUE_BYTES) -> None:
         super().__init__(settings, settings.dlq_topic, "DLQ")
         self.max_value_bytes = max_value_bytes
 

@@ -24,10 +24,10 @@ from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
+from pipeline.shipped import SQL_DIR
 
 log = logging.getLogger(__name__)
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 _MIGRATION_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 

@@ -19,9 +19,9 @@ import orjson
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from pipeline import cli
+    from pipeline.cli_settings import worker_settings
 
-    return cli._settings(args)
+    return worker_settings(args)
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:

@@ -1,5 +1,5 @@
 """Burn-rate alerts delivered to a real Prometheus Alertmanager (built from its Go module
-by ``pipeline.devtools.alertmanager_local``, started on 127.0.0.1, stopped by PID) and
+by ``tools.dev.alertmanager_local``, started on 127.0.0.1, stopped by PID) and
 read back from its v2 API; resolved when they stop firing. And the signed webhook."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pipeline.adapters.alerting import (
 from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetBook, load_burn_rules_file
 from pipeline.core.slo import load_spec_file
-from pipeline.devtools.alertmanager_local import LocalAlertmanager
+from tools.dev.alertmanager_local import LocalAlertmanager
 
 pytestmark = pytest.mark.integration
 

@@ -20,17 +20,17 @@ import pytest
 from pipeline.adapters.store import ClickHouseStore, open_store
 from pipeline.cli import main
 from pipeline.core.sketch import QuantileSketch
-from pipeline.devtools.dashboards import (
+from pipeline.replay import replay_file
+from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
+from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
+from tools.dev.dashboards import (
     BURN_WINDOWS,
     CTX_BUCKETS,
     HEATMAP_BOUNDS_MS,
     PRIORITIES,
     dashboards,
 )
-from pipeline.devtools.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
-from pipeline.replay import replay_file
-from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
-from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
+from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
 
 pytestmark = pytest.mark.integration
 

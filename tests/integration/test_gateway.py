@@ -11,9 +11,9 @@ import httpx
 import orjson
 import pytest
 
-from pipeline.devtools.fake_openai import FakeOpenAI
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
 from tests.gateway_fixtures import MemorySink, serve, wait_for
+from tools.dev.fake_openai import FakeOpenAI
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -14,13 +14,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from pipeline.contract.codec import decode_message
 from pipeline.contract.partitioning import partition_for
-from pipeline.devtools.fake_openai import FakeOpenAI
 from pipeline.settings import Settings
 from producers.emit import KafkaSink, open_kafka_sink
 from producers.gateway_proxy import build_gateway
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import make_settings, read_all
 from tests.kafka_fixture import KafkaUnderTest
+from tools.dev.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.controller import read_topic
 from pipeline.demo import kafka_sink
-from pipeline.devtools.alertmanager_local import LocalAlertmanager, free_port
 from tests.control_fixtures import TEST_POLICY, overload_simulator
 from tests.integration.harness import WorkerProcess, make_settings
+from tools.dev.alertmanager_local import LocalAlertmanager, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -19,12 +19,12 @@ import pytest
 
 from pipeline.adapters.store import open_store
 from pipeline.demo import kafka_sink
-from pipeline.devtools.fake_openai import FakeOpenAI
 from pipeline.settings import Settings
 from tests.factories import finished
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import REPO, WorkerProcess, make_settings, read_all, settings_env
 from tests.kafka_fixture import KafkaUnderTest
+from tools.dev.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm: run ./tg vllm-test")
 
 from pipeline.adapters.store import open_store
-from pipeline.devtools.fake_openai import FakeOpenAI
 from producers.emit import open_kafka_sink
 from producers.gateway_proxy import build_gateway
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.kafka_fixture import KafkaUnderTest
 from tests.vllm_driver import DrivenRequest, VllmDriver
+from tools.dev.fake_openai import FakeOpenAI, read_request
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,7 @@ class VllmBackedUpstream:
         if scope["type"] != "http":
             await self.stream(scope, receive, send)
             return
-        headers = {bytes(k).decode(): bytes(v).decode() for k, v in scope["headers"]}
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        headers, body = await read_request(scope, receive)
         doc = orjson.loads(body)
         if doc.get("stream"):
             replay = [{"type": "http.request", "body": body, "more_body": False}]

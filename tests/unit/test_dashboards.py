@@ -13,8 +13,8 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
-from pipeline.devtools import dashboards as gen
-from pipeline.devtools.grafana_sql import (
+from tools.dev import dashboards as gen
+from tools.dev.grafana_sql import (
     ALL_VALUE,
     VARIABLE_RE,
     QueryContext,
@@ -81,7 +81,7 @@ def test_committed_dashboards_are_the_generated_ones() -> None:
     assert sorted(gen.dashboards()) == FILES
     for name, model in gen.dashboards().items():
         assert (JSON_DIR / name).read_text() == gen.render(model), (
-            f"{name} is stale: run python -m pipeline.devtools.dashboards"
+            f"{name} is stale: run python -m tools.dev.dashboards"
         )
     assert gen.main(["--check"]) == 0
 

@@ -208,3 +208,228 @@ def test_worker_dependencies_are_an_extra_not_the_base_install() -> None:
     for dist in ("faust-streaming", "chdb", "clickhouse-connect", "aiokafka"):
         assert dist not in base
         assert dist in worker
+
+
+# --- the base install (emitters) and the package boundaries ---------------------------------
+
+# What the base install must not need: the worker's packages (extra `worker`) and the
+# worker's settings module (which loads the core, i.e. numpy and ddsketch).
+NOT_IN_BASE_DISTS = (
+    "numpy",
+    "ddsketch",
+    "msgspec",
+    "faust-streaming",
+    "aiokafka",
+    "chdb",
+    "clickhouse-connect",
+    "matplotlib",
+    "prometheus-client",
+    "rich",
+)
+NOT_IN_BASE_MODULES = (
+    "numpy",
+    "ddsketch",
+    "msgspec",
+    "faust",
+    "aiokafka",
+    "chdb",
+    "clickhouse_connect",
+    "matplotlib",
+    "prometheus_client",
+    "pipeline.settings",
+    "pipeline.core",
+)
+BASE_MODULES = (
+    "pipeline.contract",
+    "pipeline.contract.codec",
+    "pipeline.contract.events",
+    "pipeline.contract.partitioning",
+    "pipeline.kafka_settings",
+    "pipeline.cli_settings",
+    "producers.emit",
+    "producers.gateway",
+    "producers.gateway_proxy",
+    "producers.envoy",
+    "producers.vllm_stats",
+    "producers.vllm_plugin",
+    "producers.asgi_control",
+    "producers.control_client",
+    "pipeline.adapters.reliable",
+    "pipeline.cli",
+)
+
+# A subprocess in which importing any of the blocked modules fails as if it were not
+# installed; vLLM is a stand-in (the plugin's one import of it), as in test_vllm_stats.py.
+_BLOCKED_IMPORTS = """
+import importlib, sys, types
+BLOCKED = {blocked!r}
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ModuleNotFoundError(f"blocked in this test: {{name}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+for name in ("vllm", "vllm.v1", "vllm.v1.metrics", "vllm.v1.metrics.loggers"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["vllm.v1.metrics.loggers"].StatLoggerBase = type("StatLoggerBase", (), {{}})
+for name in {modules!r}:
+    importlib.import_module(name)
+"""
+
+
+def _run_blocked(body: str, blocked: tuple[str, ...] = NOT_IN_BASE_MODULES) -> str:
+    code = _BLOCKED_IMPORTS.format(blocked=blocked, modules=BASE_MODULES) + body
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_base_install_modules_import_without_the_worker_packages() -> None:
+    out = _run_blocked(
+        "from pipeline.cli import build_parser\n"
+        "from pipeline.kafka_settings import EmitterSettings\n"
+        "from producers.emit import open_kafka_sink\n"
+        "build_parser()\n"
+        "s = EmitterSettings(bootstrap_servers='127.0.0.1:1')\n"
+        "sink = open_kafka_sink(s, service='test')\n"  # builds the producer, sends nothing
+        "sink.close(timeout_s=0)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'ddsketch')))\n"
+    )
+    assert out.strip() == "[]"
+
+
+def test_the_blocking_import_hook_does_block() -> None:
+    """The test above can fail: a module that needs numpy does not import under the hook."""
+    third_party = tuple(m for m in NOT_IN_BASE_MODULES if not m.startswith("pipeline"))
+    code = _BLOCKED_IMPORTS.format(blocked=third_party, modules=()) + (
+        "import pipeline.core.sketch\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert done.returncode != 0
+    assert "blocked in this test: numpy" in done.stderr
+
+
+def test_base_dependencies_list_none_of_the_worker_packages() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = {Requirement(r).name.lower() for r in meta["dependencies"]}
+    worker = {Requirement(r).name.lower() for r in meta["optional-dependencies"]["worker"]}
+    assert base.isdisjoint(NOT_IN_BASE_DISTS), base & set(NOT_IN_BASE_DISTS)
+    assert set(NOT_IN_BASE_DISTS) <= worker, set(NOT_IN_BASE_DISTS) - worker
+    assert meta["optional-dependencies"]["all"] == ["tailguard[worker,dev]"]
+
+
+def _modules(*roots: str) -> dict[str, Path]:
+    found = {}
+    for root in roots:
+        for path in (REPO / root).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of ``known`` that ``path`` imports, anywhere in the file (lazy
+    imports inside functions and ``TYPE_CHECKING`` blocks included)."""
+    import ast
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        out.update(r for r in map(resolve, names) if r is not None)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _graph(*roots: str) -> dict[str, set[str]]:
+    known = _modules(*roots)
+    return {m: _imports(p, known) - {m} for m, p in known.items()}
+
+
+def test_no_import_cycles_between_modules() -> None:
+    assert _cycles(_graph("pipeline", "producers", "tools")) == []
+    # ... and the check finds one where there is one
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# What the emitters may use of `pipeline`: the contract and the Kafka settings.
+PRODUCERS_MAY_IMPORT = ("pipeline.contract", "pipeline.kafka_settings")
+
+
+def test_producers_use_only_the_contract_and_the_kafka_settings_of_pipeline() -> None:
+    graph = _graph("pipeline", "producers")
+    for module, deps in graph.items():
+        if not module.startswith("producers"):
+            continue
+        used = {d for d in deps if d.startswith("pipeline")}
+        bad = {d for d in used if not d.startswith(PRODUCERS_MAY_IMPORT)}
+        assert not bad, f"{module} imports {sorted(bad)}"
+    # nothing those modules import leads back into producers
+    seen, todo = set(), [m for m in graph if m.startswith(PRODUCERS_MAY_IMPORT)]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    assert not {m for m in seen if m.startswith("producers")}
+
+
+def test_the_shipped_package_does_not_import_the_dev_tools_or_tests() -> None:
+    graph = _graph("pipeline", "producers", "tools", "tests")
+    outside = {
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith(("pipeline", "producers"))
+        for d in deps
+        if d.startswith(("tools", "tests"))
+    }
+    # only the demo's local broker, imported where it is needed, guarded by ImportError
+    assert outside == {("pipeline.demo", "tools.dev.kafka_local")}

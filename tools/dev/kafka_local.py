@@ -13,10 +13,10 @@ Library use::
 Command line (``start`` leaves the broker running after it exits; ``stop`` finds it by
 ``<dir>/kafka.pid``)::
 
-    python -m pipeline.devtools.kafka_local fetch
-    python -m pipeline.devtools.kafka_local start [--dir DIR] [--port N]   # prints bootstrap
-    python -m pipeline.devtools.kafka_local status [--dir DIR]
-    python -m pipeline.devtools.kafka_local stop [--dir DIR]
+    python -m tools.dev.kafka_local fetch
+    python -m tools.dev.kafka_local start [--dir DIR] [--port N]   # prints bootstrap
+    python -m tools.dev.kafka_local status [--dir DIR]
+    python -m tools.dev.kafka_local stop [--dir DIR]
 
 Files in the run directory: ``server.properties``, ``log4j2.xml``, ``data/`` (the KRaft log
 dir), ``kafka.pid``, ``kafka.json`` (ports and cluster id, reused on restart),
@@ -49,6 +49,8 @@ from xml.sax.saxutils import escape as xml_escape
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+
+from pipeline.processes import pid_alive
 
 KAFKA_VERSION = "4.1.1"
 SCALA_BINARY_VERSION = "2.13"
@@ -85,16 +87,20 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def env_or_repo_path(env: str, *default: str) -> Path:
+    """The directory ``$env`` names, else ``<repo>/<default>``."""
+    value = os.environ.get(env)
+    return Path(value) if value else repo_root().joinpath(*default)
+
+
 def default_cache_dir() -> Path:
     """``$TAILGUARD_KAFKA_CACHE`` or ``<repo>/.cache/kafka`` (git-ignored)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    return Path(env) if env else repo_root() / ".cache" / "kafka"
+    return env_or_repo_path(ENV_CACHE_DIR, ".cache", "kafka")
 
 
 def default_run_dir() -> Path:
     """``$TAILGUARD_KAFKA_DIR`` or ``<repo>/var/kafka`` (git-ignored)."""
-    env = os.environ.get(ENV_RUN_DIR)
-    return Path(env) if env else repo_root() / "var" / "kafka"
+    return env_or_repo_path(ENV_RUN_DIR, "var", "kafka")
 
 
 # ---------------------------------------------------------------------------------- java
@@ -353,25 +359,6 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # An exited but unreaped process (a zombie: its parent, e.g. a container's PID 1, has
-    # not waited for it) has exited. But a zombie *thread-group leader* with live threads
-    # (the JVM's main thread returns during shutdown) is still running.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rpartition(")")[2].split()[0] != "Z":
-            return True
-        return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except (OSError, IndexError):
-        return True
-
-
 def _cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -509,7 +496,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid) or not self._is_our_broker(pid):
+        if not pid_alive(pid) or not self._is_our_broker(pid):
             return None
         return pid
 
@@ -778,7 +765,7 @@ class LocalKafka:
                 return False
             return True
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid):
+        while pid_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -817,7 +804,7 @@ def stop_kafka(run_dir: Path | str, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.devtools.kafka_local",
+        prog="python -m tools.dev.kafka_local",
         description=f"Local single-node Apache Kafka {KAFKA_VERSION} (KRaft) on {HOST}.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

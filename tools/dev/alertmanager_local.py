@@ -3,7 +3,7 @@
 Alertmanager is the Go module ``github.com/prometheus/alertmanager`` (:data:`AM_VERSION`),
 fetched from the Go module proxy with ``go mod download`` and built with ``go build`` into
 an ignored cache folder (``<repo>/.cache/alertmanager/<version>/bin/alertmanager``), the
-way :mod:`pipeline.devtools.kafka_local` fetches Kafka's jars. Nothing else is needed on
+way :mod:`tools.dev.kafka_local` fetches Kafka's jars. Nothing else is needed on
 the machine but ``go``: no release tarball, no Docker.
 
 The module on the proxy has no built web UI (``ui/app/dist`` is made by npm in the
@@ -18,7 +18,7 @@ Library use::
 
 Command line::
 
-    python -m pipeline.devtools.alertmanager_local fetch     # build once (prints the path)
+    python -m tools.dev.alertmanager_local fetch     # build once (prints the path)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from pipeline.devtools.kafka_local import _file_lock
+from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 AM_MODULE = "github.com/prometheus/alertmanager"
 AM_VERSION = "v0.35.0"
@@ -56,14 +56,9 @@ class AlertmanagerLocalError(RuntimeError):
     """The local Alertmanager could not be built, started or stopped."""
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def default_cache_dir() -> Path:
     """``$TAILGUARD_ALERTMANAGER_CACHE`` or ``<repo>/.cache/alertmanager`` (git-ignored)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    return Path(env) if env else repo_root() / ".cache" / "alertmanager"
+    return env_or_repo_path(ENV_CACHE_DIR, ".cache", "alertmanager")
 
 
 def binary_path(cache_dir: Path | None = None, version: str = AM_VERSION) -> Path:
@@ -239,7 +234,7 @@ class LocalAlertmanager:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.devtools.alertmanager_local",
+        prog="python -m tools.dev.alertmanager_local",
         description=f"Local Prometheus Alertmanager {AM_VERSION} on {HOST} (built from Go).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,6 +1,6 @@
 """A small OpenAI-compatible upstream for tests and benchmarks (stands in for vLLM's server).
 
-``python -m pipeline.devtools.fake_openai --port N`` serves it on 127.0.0.1 with uvicorn.
+``python -m tools.dev.fake_openai --port N`` serves it on 127.0.0.1 with uvicorn.
 """
 
 from __future__ import annotations
@@ -12,6 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+
+async def read_request(scope: Any, receive: Any) -> tuple[dict[str, str], bytes]:
+    """An ASGI HTTP request's headers (names as sent) and its whole body."""
+    headers = {bytes(k).decode(): bytes(v).decode() for k, v in scope["headers"]}
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return headers, body
 
 
 @dataclass
@@ -38,13 +49,7 @@ class FakeOpenAI:
                 else:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        headers = {bytes(k).decode(): bytes(v).decode() for k, v in scope["headers"]}
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        headers, body = await read_request(scope, receive)
         doc = orjson.loads(body) if body else {}
         rid = headers.get("x-request-id", "")
         self.seen[rid] = {"headers": headers, "body": doc, "path": scope["path"]}

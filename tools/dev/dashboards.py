@@ -4,15 +4,15 @@ The panel SQL is built in Python because the quantile expressions over the store
 DDSketch buckets come from :mod:`pipeline.adapters.sketch_sql` (the same walk as
 the stream's sketch); writing them by hand in JSON would be unreadable and drift.
 
-    python -m pipeline.devtools.dashboards           # (re)write dashboards/json/*.json
-    python -m pipeline.devtools.dashboards --check   # exit 1 if a committed file is stale
+    python -m tools.dev.dashboards           # (re)write dashboards/json/*.json
+    python -m tools.dev.dashboards --check   # exit 1 if a committed file is stale
 
 Panels read the rollups (``latency_1m``/``latency_1h``, ``slo_1m``/``slo_1h``) and
 the control audit tables; only the two per-request panels (top slow requests,
 per-tenant latency) read ``requests``, because no window is keyed by tenant or by
 request. Queries use the official ClickHouse plugin's macros (``$__timeFilter``,
 ``$__fromTime``, ``$__toTime``, ``$__interval_s``, ``$__conditionalAll``) and
-Grafana variables (``${model:singlequote}``); :mod:`pipeline.devtools.grafana_sql`
+Grafana variables (``${model:singlequote}``); :mod:`tools.dev.grafana_sql`
 expands them the way the plugin does, for the tests.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql, value_of_key_sql
+from pipeline.core.record import BOUNDARIES
 
 REPO: Final = Path(__file__).resolve().parents[2]
 OUT_DIR: Final = REPO / "dashboards" / "json"
@@ -38,17 +39,8 @@ TAG: Final = "tailguard"
 WITH_QUEUE: Final = ("gateway_total_ms", "gateway_ttfb_ms", "engine_e2e_ms", "ttft_engine_ms")
 WITHOUT_QUEUE: Final = ("inference_ms", "prefill_ms", "decode_ms", "tpot_ms")
 BREAKDOWN: Final = ("queue_ms", "prefill_ms", "decode_ms", "gateway_overhead_ms")
-HEATMAP_BOUNDARIES: Final = (
-    "gateway_total_ms",
-    "gateway_ttfb_ms",
-    "engine_e2e_ms",
-    "queue_ms",
-    "prefill_ms",
-    "decode_ms",
-    "inference_ms",
-    "ttft_engine_ms",
-    "tpot_ms",
-)
+# every boundary but the gateway's overhead (a difference, often near 0)
+HEATMAP_BOUNDARIES: Final = tuple(b for b in BOUNDARIES if b != "gateway_overhead_ms")
 HEATMAP_BOUNDS_MS: Final = (
     10,
     25,
@@ -910,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
-        print("stale (run python -m pipeline.devtools.dashboards): " + ", ".join(stale))
+        print("stale (run python -m tools.dev.dashboards): " + ", ".join(stale))
         return 1
     return 0
 

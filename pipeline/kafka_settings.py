@@ -1,0 +1,125 @@
+"""The emitters' settings: Kafka only (no core, no numpy, no store), built once at the CLI.
+
+:class:`KafkaSettings` is how to reach Kafka and the topics' names; :class:`EmitterSettings`
+adds what an emitter (gateway, Envoy ingester, vLLM plugin) needs beside it. The worker's
+full :class:`pipeline.settings.Settings` builds on them. Every field can be set by an
+environment variable ``TAILGUARD_<FIELD>`` (upper case); the CLI's flags override the
+environment. Secrets are ``SecretStr`` and never logged (``redacted()`` is what logs show).
+Invalid settings fail at start-up with the field name in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.contract.events import (
+    CONTROL_TOPIC,
+    DLQ_TOPIC,
+    ENGINE_STATS_TOPIC,
+    LEDGER_TOPIC,
+    LIFECYCLE_TOPIC,
+    SUMMARIES_TOPIC,
+)
+
+
+class KafkaSettings(BaseSettings):
+    # each field's docstring is its description: its environment variable and meaning
+    model_config = SettingsConfigDict(
+        env_prefix="TAILGUARD_", frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """TAILGUARD_BOOTSTRAP_SERVERS: Kafka bootstrap host:port list."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """TAILGUARD_SECURITY_PROTOCOL"""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """TAILGUARD_SASL_MECHANISM"""
+    sasl_username: str | None = None
+    """TAILGUARD_SASL_USERNAME"""
+    sasl_password: SecretStr | None = None
+    """TAILGUARD_SASL_PASSWORD (secret)"""
+    ssl_cafile: Path | None = None
+    """TAILGUARD_SSL_CAFILE: CA bundle for TLS."""
+    lifecycle_topic: str = LIFECYCLE_TOPIC
+    """TAILGUARD_LIFECYCLE_TOPIC"""
+    engine_stats_topic: str = ENGINE_STATS_TOPIC
+    """TAILGUARD_ENGINE_STATS_TOPIC"""
+    dlq_topic: str = DLQ_TOPIC
+    """TAILGUARD_DLQ_TOPIC"""
+    summaries_topic: str = SUMMARIES_TOPIC
+    """TAILGUARD_SUMMARIES_TOPIC"""
+    ledger_topic: str = LEDGER_TOPIC
+    """TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers that take a partition
+    over (shared by workers with separate stores)."""
+    control_topic: str = CONTROL_TOPIC
+    """TAILGUARD_CONTROL_TOPIC"""
+
+    @model_validator(mode="after")
+    def _check_kafka(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and not (
+            self.sasl_mechanism and self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                "security_protocol SASL_* needs sasl_mechanism, sasl_username and sasl_password"
+            )
+        return self
+
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka (confluent-kafka) client configuration."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+            conf["sasl.username"] = self.sasl_username
+            conf["sasl.password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else ""
+            )
+        if self.ssl_cafile:
+            conf["ssl.ca.location"] = str(self.ssl_cafile)
+        return conf
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``TAILGUARD_*`` variables, for a child process (secrets included)."""
+        out = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            out[f"TAILGUARD_{name.upper()}"] = str(value)
+        return out
+
+    def redacted(self) -> dict[str, Any]:
+        """What logs show: secrets masked."""
+        return self.model_dump(mode="json")  # SecretStr serialises as '**********'
+
+
+class EmitterSettings(KafkaSettings):
+    """What the gateway, the Envoy ingester and the vLLM plugin read (the base install)."""
+
+    # --- the emitter's own telemetry (OpenTelemetry) -------------------------
+    metrics_exporter: Literal["none", "console", "otlp"] = "none"
+    """TAILGUARD_METRICS_EXPORTER: the process's own OpenTelemetry metrics."""
+    metrics_file: Path | None = None
+    """TAILGUARD_METRICS_FILE: console exporter output (default stdout)."""
+    metrics_interval_ms: Annotated[int, Field(ge=100)] = 10_000
+    """TAILGUARD_METRICS_INTERVAL_MS: export period."""
+
+    # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
+    engine_host: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+    """TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); the plugin appends
+    /engine<index>."""
+    engine_stats_interval_ms: Annotated[int, Field(ge=0)] = 1000
+    """TAILGUARD_ENGINE_STATS_INTERVAL_MS: engine.stats at most this often per engine (0 = never).
+    """
+    cold_start_window_ms: Annotated[int, Field(ge=0)] = 10_000
+    """TAILGUARD_COLD_START_WINDOW_MS: requests reaching a vLLM engine within this long of its start
+    are marked as served during a cold start (engine.finished cold_start_unix_ns; contracts may
+    exempt them); 0 = never."""

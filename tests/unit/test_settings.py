@@ -1,0 +1,141 @@
+"""Settings: the emitters' Kafka-only settings, the worker's on top, the controller's keys."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.adapters.controller import load_keyring
+from pipeline.contract.control_signal import KeyConfigError
+from pipeline.kafka_settings import EmitterSettings, KafkaSettings
+from pipeline.settings import DEFAULT_SLO_SPEC, Settings
+from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_POLICY, DEFAULT_TRACE, SQL_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+K1 = base64.b64encode(b"1" * 32).decode()
+K2 = base64.b64encode(b"2" * 32).decode()
+
+
+def test_worker_settings_build_on_the_emitters_settings() -> None:
+    kafka = set(KafkaSettings.model_fields)
+    emitter = set(EmitterSettings.model_fields)
+    worker = set(Settings.model_fields)
+    assert kafka < emitter < worker
+    assert {"bootstrap_servers", "sasl_password", "lifecycle_topic", "control_topic"} <= kafka
+    assert {"engine_host", "metrics_exporter"} <= emitter - kafka
+    # the emitters' objects know nothing of the store, the worker or the controller
+    assert not {"store_dir", "clickhouse_password", "slo_spec", "control_keys"} & emitter
+
+
+@pytest.mark.parametrize("cls", [KafkaSettings, EmitterSettings, Settings])
+def test_every_level_reads_the_environment_is_frozen_and_masks_secrets(
+    cls: type[KafkaSettings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TAILGUARD_BOOTSTRAP_SERVERS", "kafka-1:9093")
+    monkeypatch.setenv("TAILGUARD_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("TAILGUARD_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("TAILGUARD_SASL_USERNAME", "u")
+    monkeypatch.setenv("TAILGUARD_SASL_PASSWORD", "hunter2")
+    s = cls()
+    assert s.kafka_config()["bootstrap.servers"] == "kafka-1:9093"
+    assert s.kafka_config()["sasl.password"] == "hunter2"
+    assert "hunter2" not in json.dumps(s.redacted())
+    assert "hunter2" not in repr(s)
+    assert s.to_env()["TAILGUARD_SASL_PASSWORD"] == "hunter2"  # for a child process
+    with pytest.raises(ValidationError):
+        s.bootstrap_servers = "other:9092"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cls", [KafkaSettings, EmitterSettings, Settings])
+def test_bad_kafka_settings_fail_at_start_with_the_reason(cls: type[KafkaSettings]) -> None:
+    with pytest.raises(ValidationError, match="SASL_\\* needs sasl_mechanism"):
+        cls(security_protocol="SASL_SSL")
+    with pytest.raises(ValidationError, match="no_such_field"):
+        cls(no_such_field=1)  # type: ignore[call-arg]
+
+
+def test_emitter_settings_reject_the_worker_fields() -> None:
+    with pytest.raises(ValidationError, match="store_dir"):
+        EmitterSettings(store_dir=Path("x"))  # type: ignore[call-arg]
+
+
+def test_shipped_defaults_are_the_top_level_files_in_a_checkout() -> None:
+    settings = Settings()
+    assert settings.slo_spec == DEFAULT_SLO_SPEC == REPO / "specs" / "slo-default.yaml"
+    assert settings.policy_file == DEFAULT_POLICY == REPO / "specs" / "policy-default.yaml"
+    assert settings.burn_rules_file == DEFAULT_BURN_RULES == REPO / "specs" / "burn-rules.yaml"
+    assert SQL_DIR == REPO / "sql"
+    assert DEFAULT_TRACE == REPO / "data" / "azure-llm-2023" / "conv.csv"
+    for path in (DEFAULT_SLO_SPEC, DEFAULT_POLICY, DEFAULT_BURN_RULES, DEFAULT_TRACE):
+        assert path.is_file(), path
+    assert sorted(p.name for p in SQL_DIR.glob("*.sql"))
+
+
+# --- the controller's keys come from Settings ------------------------------------------------
+
+
+def _keys_file(tmp_path: Path) -> Path:
+    f = tmp_path / "keys.json"
+    f.write_text(json.dumps({"active": "k2", "keys": {"k1": K1, "k2": K2}}))
+    return f
+
+
+@pytest.mark.parametrize(
+    ("env", "active", "kids"),
+    [
+        ({"TAILGUARD_CONTROL_KEYS": f"k1:{K1},k2:{K2}", "TAILGUARD_CONTROL_ACTIVE_KID": "k1"},
+         "k1", ("k1", "k2")),
+        ({"TAILGUARD_CONTROL_KEYS": f" k2:{K2} ", "TAILGUARD_CONTROL_ACTIVE_KID": "k2"},
+         "k2", ("k2",)),
+        ({"TAILGUARD_CONTROL_KEYS_FILE": "<file>"}, "k2", ("k1", "k2")),
+    ],
+)  # fmt: skip
+def test_controller_keys_come_from_settings(
+    env: dict[str, str],
+    active: str,
+    kids: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.replace("<file>", str(_keys_file(tmp_path))))
+    settings = Settings()
+    keyring = load_keyring(settings)
+    assert (keyring.active_kid, keyring.kids) == (active, kids)
+    assert K1 not in json.dumps(settings.redacted())
+    assert K1 not in repr(settings)
+
+
+def test_keys_given_to_settings_not_the_environment_are_what_the_controller_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TAILGUARD_CONTROL_KEYS", f"k1:{K1}")  # overridden below
+    monkeypatch.setenv("TAILGUARD_CONTROL_ACTIVE_KID", "k1")
+    settings = Settings(control_keys=f"k2:{K2}", control_active_kid="k2")  # type: ignore[arg-type]
+    assert load_keyring(settings).kids == ("k2",)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"control_keys": f"k1:{K1}"}, "control_keys needs control_active_kid"),
+        ({"control_active_kid": "k1"}, "control_active_kid goes with control_keys"),
+        ({"control_keys": f"k1:{K1}", "control_active_kid": "k1", "control_keys_file": "k.json"},
+         "either control_keys_file or control_keys"),
+    ],
+)  # fmt: skip
+def test_inconsistent_control_keys_fail_at_start(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**fields)
+
+
+def test_no_keys_is_a_clear_error_when_the_controller_starts() -> None:
+    with pytest.raises(KeyConfigError, match="no control keys: set TAILGUARD_CONTROL_KEYS_FILE"):
+        load_keyring(Settings())
+    with pytest.raises(KeyConfigError, match="not valid base64"):
+        load_keyring(Settings(control_keys="k1:***", control_active_kid="k1"))  # type: ignore[arg-type]
