@@ -16,7 +16,7 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contract.codec import dead_letter_record
-from pipeline.core.budget import BudgetStatus, BurnRules
+from pipeline.core.budget import BudgetStatus
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -26,15 +26,18 @@ from pipeline.core.control import (
 )
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy, Evaluation
+from pipeline.core.policy import Evaluation
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.skew import SkewEstimator
-from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.summary import StatsSample, summarize
 from pipeline.core.windows import ClosedWindow, WindowConfig
+from pipeline.spec.burn_rules import BurnRules
+from pipeline.spec.policy import ControlPolicy
+from pipeline.spec.slo import SLOSpec
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 

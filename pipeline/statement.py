@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
-from pipeline.core.contract import LoadedContract, period_bounds_ns
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
@@ -25,6 +24,7 @@ from pipeline.core.statement import (
     records_digest,
     rows_digest,
 )
+from pipeline.spec.contract import LoadedContract, period_bounds_ns
 
 _NAMES = ", ".join(n for n, _ in REQUEST_COLUMNS)
 _NOT_COMPARED = frozenset({"generated_at"})

@@ -24,7 +24,7 @@ from pipeline.adapters.alerting import AlertDelivery, Webhook
 from pipeline.adapters.prometheus import MetricsState
 from pipeline.adapters.store import ClickHouseStore, _insert
 from pipeline.core.alerts import AlertTracker
-from pipeline.core.budget import BudgetEvent, load_burn_rules_file
+from pipeline.core.budget import BudgetEvent
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -41,10 +41,12 @@ from pipeline.core.control_signal import (
     message_key,
     resume_seqs,
 )
-from pipeline.core.policy import Evaluation, load_policy_file
-from pipeline.core.slo import load_spec_file
+from pipeline.core.policy import Evaluation
 from pipeline.core.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.settings import Settings
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.policy import load_policy_file
+from pipeline.spec.slo import load_spec_file
 
 log = logging.getLogger("tailguard.controller")
 

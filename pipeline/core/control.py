@@ -44,19 +44,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.core.budget import (
-    DEFAULT_BASE_MS,
-    BudgetBook,
-    BudgetEvent,
-    BudgetStatus,
-    BurnRules,
-    load_burn_rules_file,
-)
-from pipeline.core.policy import ControlPolicy, Evaluation, PolicyEngine
+from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
+from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
-from pipeline.core.slo import SLOSpec
 from pipeline.core.summary import ALL_MODELS, StatsSample, WindowSummary
+from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
+from pipeline.spec.policy import ControlPolicy
+from pipeline.spec.slo import SLOSpec
 
 FIVE_MIN_MS: Final = 300_000
 

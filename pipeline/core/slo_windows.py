@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOEvaluator, SLOSpec, load_spec_file
+from pipeline.core.slo import SLOEvaluator
+from pipeline.spec.slo import SLOSpec, load_spec_file
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
 from pipeline.core.explain import Directive, Explanation, explain
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOSpec
+from pipeline.spec.slo import SLOSpec
 
 _NAMES = [n for n, _ in REQUEST_COLUMNS]
 

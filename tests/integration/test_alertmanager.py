@@ -22,9 +22,10 @@ from pipeline.adapters.alerting import (
     verify_signature,
 )
 from pipeline.core.alerts import AlertTracker
-from pipeline.core.budget import BudgetBook, load_burn_rules_file
-from pipeline.core.slo import load_spec_file
+from pipeline.core.budget import BudgetBook
 from pipeline.devtools.alertmanager_local import LocalAlertmanager
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.slo import load_spec_file
 
 pytestmark = pytest.mark.integration
 

@@ -17,22 +17,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from pipeline.core.durations import parse_duration_ms
 from pipeline.core.policy import (
-    DEFAULT_POLICY_PATH,
-    EXAMPLE_POLICY_PATH,
     NO_ACTIONS,
-    ControlPolicy,
     Evaluation,
     PolicyEngine,
     Signals,
     Transition,
+    transitions,
+)
+from pipeline.spec.loader import SpecError
+from pipeline.spec.policy import (
+    DEFAULT_POLICY_PATH,
+    EXAMPLE_POLICY_PATH,
+    ControlPolicy,
     load_policy,
     load_policy_file,
-    parse_duration_ms,
-    transitions,
     validate_policy_file,
 )
-from pipeline.core.slo import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 S = 1_000

@@ -12,14 +12,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.policy import (
-    DEFAULT_POLICY_PATH,
-    EXAMPLE_POLICY_PATH,
-    Evaluation,
-    PolicyEngine,
-    Signals,
-    load_policy_file,
-)
+from pipeline.core.policy import Evaluation, PolicyEngine, Signals
+from pipeline.spec.policy import DEFAULT_POLICY_PATH, EXAMPLE_POLICY_PATH, load_policy_file
 
 S = 1_000
 M = 60 * S

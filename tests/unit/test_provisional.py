@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.control import Controller
-from pipeline.core.policy import load_policy
 from pipeline.core.record import RequestRecord, build_record
 from pipeline.core.summary import (
     ModelWindow,
@@ -21,6 +20,7 @@ from pipeline.core.summary import (
     summarize,
 )
 from pipeline.core.windows import WindowAggregator, WindowConfig
+from pipeline.spec.policy import load_policy
 from tests.control_fixtures import TEST_POLICY
 from tests.factories import completed, finished, received
 
@@ -84,7 +84,7 @@ def _summary(
 
 
 def test_final_supersedes_snapshots_and_budgets_count_finals_once() -> None:
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
@@ -140,7 +140,7 @@ def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
     """With ``budget_lag_ms``, compliance_5m and the budgets at T read the windows ending
     at or before T - lag: the same counts live (last window a snapshot) and in replay."""
     from pipeline.core.control import ControllerConfig
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
@@ -165,7 +165,7 @@ def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
     signals at T do not read a later window that shares a coarser bucket (live, that
     window may still be a snapshot; in replay it is final)."""
     from pipeline.core.control import ControllerConfig
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
