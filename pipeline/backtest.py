@@ -42,7 +42,7 @@ from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
 from pipeline.replay import ReplayResult, _ControlRun
-from pipeline.spec.burn_rules import BurnRules
+from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 from producers.simulator.gate import GateActions, GatewayGate
@@ -100,7 +100,7 @@ def run_loop(
     controller = Controller(
         policy,
         spec,
-        burn_rules,
+        burn_rules or load_burn_rules_file(),
         ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)

@@ -35,7 +35,7 @@ from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.summary import StatsSample, summarize
 from pipeline.core.windows import ClosedWindow, WindowConfig
-from pipeline.spec.burn_rules import BurnRules
+from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 
@@ -282,7 +282,7 @@ def replay_file(
         controller = Controller(
             policy,
             spec,
-            burn_rules,
+            burn_rules or load_burn_rules_file(),
             ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
         )
         clock = DecisionClock(wc.size_ms)

@@ -49,7 +49,7 @@ from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.summary import ALL_MODELS, StatsSample, WindowSummary
-from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
+from pipeline.spec.burn_rules import BurnRules
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 
@@ -119,13 +119,13 @@ class Controller:
         burn_rules: BurnRules | None = None,
         config: ControllerConfig | None = None,
     ) -> None:
+        """``burn_rules``: the parsed alert rules (None: none; callers read the shipped
+        ``specs/burn-rules.yaml`` with ``pipeline.spec.burn_rules.load_burn_rules_file``)."""
         self.config = config or ControllerConfig()
         self.policy = PolicyEngine(policy)
         self.spec = spec
         self.book = (
-            BudgetBook(
-                spec, burn_rules or load_burn_rules_file(), base_ms=self.config.budget_base_ms
-            )
+            BudgetBook(spec, burn_rules or BurnRules.empty(), base_ms=self.config.budget_base_ms)
             if spec is not None
             else None
         )

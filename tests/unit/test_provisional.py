@@ -20,6 +20,7 @@ from pipeline.core.summary import (
     summarize,
 )
 from pipeline.core.windows import WindowAggregator, WindowConfig
+from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy
 from tests.control_fixtures import TEST_POLICY
 from tests.factories import completed, finished, received
@@ -88,7 +89,7 @@ def test_final_supersedes_snapshots_and_budgets_count_finals_once() -> None:
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
-    c = Controller(load_policy(TEST_POLICY), spec)
+    c = Controller(load_policy(TEST_POLICY), spec, load_burn_rules_file())
     assert c.add_window(_summary(0, 9000.0, 100, final=False, slo=name))
     assert c.signals("m", SIZE, [])["p99.queue_ms"] == pytest.approx(9000, rel=0.01)
     # a newer snapshot of the same window replaces the old one (not added to it)
@@ -144,7 +145,12 @@ def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
-    c = Controller(load_policy(TEST_POLICY), spec, config=ControllerConfig(budget_lag_ms=SIZE))
+    c = Controller(
+        load_policy(TEST_POLICY),
+        spec,
+        load_burn_rules_file(),
+        config=ControllerConfig(budget_lag_ms=SIZE),
+    )
     c.add_window(replace(_summary(0, 100.0, 100, final=True, slo=name), slos={
         name: SLOWindowCounts(100, 100, 0.99)
     }))  # fmt: skip
@@ -171,7 +177,7 @@ def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
     name = spec.slos[0].name
     config = ControllerConfig.for_windows(2_000, 1_000)
     assert (config.budget_lag_ms, config.budget_base_ms) == (2_000, 2_000)
-    c = Controller(load_policy(TEST_POLICY), spec, config=config)
+    c = Controller(load_policy(TEST_POLICY), spec, load_burn_rules_file(), config=config)
     for start, good in ((20_000, 10), (22_000, 10), (24_000, 0)):
         base = _summary(0, 100.0, 10, final=True, slo=name)
         slos = {name: SLOWindowCounts(10, good, 0.99)}
