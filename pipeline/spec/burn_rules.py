@@ -10,14 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from pipeline.core.durations import parse_duration_ms, unit_required
 from pipeline.spec.fields import DurationMs, check_name, duration_or_none
@@ -25,16 +18,12 @@ from pipeline.spec.loader import (
     API_VERSION,
     Loc,
     SpecError,
+    SpecFormat,
     SpecIssue,
     SpecModel,
-    cross_checked,
     error_message,
-    load_document,
-    read_text,
 )
 from pipeline.spec.registry import SpecKind
-
-__all__ = ["API_VERSION"]
 
 KIND: Final = "BurnRules"
 DEFAULT_BURN_RULES_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "burn-rules.yaml"
@@ -152,13 +141,8 @@ class BurnRules(SpecModel):
     rules: list[Rule] = Field(default_factory=list)
     budget_events: BudgetEventsConfig = Field(default_factory=BudgetEventsConfig)
 
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> BurnRules:
-        cross_checked(
-            info,
-            lambda: _cross_issues({"rules": [r.model_dump(by_alias=True) for r in self.rules]}),
-        )
-        return self
+    def cross_issues(self) -> list[SpecIssue]:
+        return _cross_issues({"rules": [r.model_dump(by_alias=True) for r in self.rules]})
 
     @classmethod
     def empty(cls) -> BurnRules:
@@ -234,22 +218,24 @@ def _rule_message(err: Mapping[str, Any]) -> str:
     return error_message(err)
 
 
-def load_burn_rules(text: str, source: str = "<burn-rules>") -> BurnRules:
-    """Parse and validate a rules file; raises :class:`SpecError` listing every problem."""
-    return load_document(
-        BurnRules,
-        text,
-        source,
-        "a rules file",
-        _cross_issues,
-        fix_loc=_rule_loc,
-        message=_rule_message,
-    )
+RULES_FORMAT: Final = SpecFormat(
+    KIND,
+    BurnRules,
+    "a rules file",
+    "rules",
+    "<burn-rules>",
+    _cross_issues,
+    describe=lambda _rules: "burn rules",
+    fix_loc=_rule_loc,
+    message=_rule_message,
+)
+# Parse and validate a rules file; raise SpecError listing every problem.
+load_burn_rules: Final = RULES_FORMAT.load
 
 
 def load_burn_rules_file(path: str | Path = DEFAULT_BURN_RULES_PATH) -> BurnRules:
-    """:func:`load_burn_rules` on a file; an unreadable file is a :class:`SpecError` too."""
-    return load_burn_rules(read_text(path, "rules"), str(path))
+    """:func:`load_burn_rules` on a file (the shipped rules by default)."""
+    return RULES_FORMAT.load_file(path)
 
 
 def validate_burn_rules_file(path: str | Path) -> tuple[bool, str]:

@@ -18,10 +18,10 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 API_VERSION: Final = "tailguard/v1"
 # Validation context key: the model's own cross checks are skipped, because
@@ -32,15 +32,6 @@ _HINT_MODULES: Final = ("pipeline.spec.slo", "pipeline.spec.policy", "pipeline.s
 
 Loc = tuple[int | str, ...]
 M = TypeVar("M", bound=BaseModel)
-
-
-class SpecModel(BaseModel):
-    """Base of every file model: frozen, no unknown fields, no type coercion.
-
-    strict: YAML gives real types, so "400" (a string) or `true` for a number is a mistake.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +60,29 @@ class SpecError(ValueError):
         super().__init__("\n".join(e.render(source) for e in errors))
 
 
-def cross_checked(info: ValidationInfo, issues: Callable[[], list[SpecIssue]]) -> None:
-    """For a model's after-validator: run the cross checks unless the loader defers them
-    (it runs them itself on the raw document); raise them as one ValueError."""
-    if isinstance(info.context, Mapping) and info.context.get(DEFER_CROSS_CHECKS):
-        return
-    found = issues()
-    if found:
-        raise ValueError("; ".join(f"{i.path}: {i.message}" for i in found))
+class SpecModel(BaseModel):
+    """Base of every file model: frozen, no unknown fields, no type coercion.
+
+    strict: YAML gives real types, so "400" (a string) or `true` for a number is a
+    mistake. A document model overrides :meth:`cross_issues` (checks across entries);
+    :func:`load_document` runs them on the raw document instead, next to the field
+    errors and with their lines.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> Self:
+        if isinstance(info.context, Mapping) and info.context.get(DEFER_CROSS_CHECKS):
+            return self
+        found = self.cross_issues()
+        if found:
+            raise ValueError("; ".join(f"{i.path}: {i.message}" for i in found))
+        return self
+
+    def cross_issues(self) -> list[SpecIssue]:
+        """Problems across entries of this document (none by default)."""
+        return []
 
 
 # --------------------------------------------------------------------------- #
@@ -325,3 +331,43 @@ def validation_report(
         n = len(e.errors)
         return False, f"{e}\n{n} problem{'' if n == 1 else 's'} in {path}"
     return True, f"ok: {describe(loaded)} ({path})"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecFormat(Generic[M]):
+    """How one kind is read: its model, its cross checks and its wording.
+
+    ``load`` (text), ``load_file`` (a path) and ``validate`` (for ``tailguard
+    validate``) are what each kind module exports under its own names; a kind
+    module's ``SPEC_KIND`` is its format (:mod:`pipeline.spec.registry`).
+    """
+
+    name: str  # the kind: "SLOSpec"
+    model: type[M]
+    what: str  # in "<what> must be a YAML mapping": "a spec", "a policy", ...
+    noun: str  # in "cannot read <noun>: ...": "spec", "policy", "rules"
+    default_source: str  # the source named in messages when text has none: "<spec>"
+    cross_issues: Callable[[dict[str, Any]], list[SpecIssue]]
+    describe: Callable[[M], str]  # "ok: <describe> (FILE)"
+    fix_loc: Callable[[Loc, str], Loc] = _same_loc
+    message: Callable[[Mapping[str, Any]], str] = error_message
+
+    def load(self, text: str, source: str | None = None) -> M:
+        """Parse and validate; raises :class:`SpecError` listing every problem."""
+        return load_document(
+            self.model,
+            text,
+            self.default_source if source is None else source,
+            self.what,
+            self.cross_issues,
+            fix_loc=self.fix_loc,
+            message=self.message,
+        )
+
+    def load_file(self, path: str | Path) -> M:
+        """:meth:`load` on a file; an unreadable file is a :class:`SpecError` too."""
+        return self.load(read_text(path, self.noun), str(path))
+
+    def validate(self, path: str | Path) -> tuple[bool, str]:
+        """``(True, "ok: ... (FILE)")`` or ``(False, every problem, "N problems in FILE")``."""
+        return validation_report(path, self.load_file, self.describe)

@@ -17,31 +17,13 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Final, Literal
 
 from annotated_types import MinLen
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
 
 from pipeline.core.control_signal import Actions
 from pipeline.core.durations import format_ms
 from pipeline.core.record import BOUNDARIES
 from pipeline.spec.fields import Duration, DurationMs, HoldDuration, duration_or_none
-from pipeline.spec.loader import (
-    API_VERSION,
-    SpecIssue,
-    SpecModel,
-    cross_checked,
-    load_document,
-    read_text,
-    validation_report,
-)
-from pipeline.spec.registry import SpecKind
-
-__all__ = ["API_VERSION"]
+from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 
 DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
 KIND: Final = "ControlPolicy"
@@ -289,10 +271,8 @@ class ControlPolicy(_Model):
     levels: Annotated[list[Level], MinLen(1)]
     dynamics: Dynamics
 
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> ControlPolicy:
-        cross_checked(info, lambda: _cross_issues(self.model_dump(by_alias=True)))
-        return self
+    def cross_issues(self) -> list[SpecIssue]:
+        return _cross_issues(self.model_dump(by_alias=True))
 
     def level(self, n: int) -> Level:
         for lv in self.levels:
@@ -490,24 +470,17 @@ def _cross_issues(data: object) -> list[SpecIssue]:
     return issues
 
 
-# --------------------------------------------------------------------------- #
-# Loading and errors (same format as SLO specs: pipeline.core.slo.SpecError)
-# --------------------------------------------------------------------------- #
-
-
-def load_policy(text: str, source: str = "<policy>") -> ControlPolicy:
-    """Parse and validate a policy; raises :class:`SpecError` listing every problem."""
-    return load_document(ControlPolicy, text, source, "a policy", _cross_issues)
-
-
-def load_policy_file(path: str | Path) -> ControlPolicy:
-    """:func:`load_policy` on a file; an unreadable file is a :class:`SpecError` too."""
-    return load_policy(read_text(path, "policy"), str(path))
-
-
-def validate_policy_file(path: str | Path) -> tuple[bool, str]:
-    """For the CLI: ``(True, "ok: 3 levels, ... (FILE)")`` or ``(False, every problem)``."""
-    return validation_report(path, load_policy_file, lambda policy: policy.summary())
-
-
-SPEC_KIND: Final = SpecKind(KIND, validate_policy_file)
+SPEC_KIND: Final = SpecFormat(
+    KIND,
+    ControlPolicy,
+    "a policy",
+    "policy",
+    "<policy>",
+    _cross_issues,
+    describe=lambda p: p.summary(),
+)
+# Parse and validate a policy (text, or a file); raise SpecError listing every problem.
+load_policy: Final = SPEC_KIND.load
+load_policy_file: Final = SPEC_KIND.load_file
+# For the CLI: (True, "ok: 3 levels, ... (FILE)") or (False, every problem).
+validate_policy_file: Final = SPEC_KIND.validate

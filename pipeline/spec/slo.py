@@ -12,33 +12,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from annotated_types import MinLen
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    Field,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from pipeline.core.durations import parse_duration_ms, unit_required
+from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import BOUNDARIES, CTX_BUCKETS
-from pipeline.spec.fields import check_duration, check_name, one_or_many
-from pipeline.spec.loader import (
-    API_VERSION,
-    SpecIssue,
-    SpecModel,
-    cross_checked,
-    load_document,
-    read_text,
-    validation_report,
-)
-from pipeline.spec.registry import SpecKind
-
-__all__ = ["API_VERSION"]
+from pipeline.spec.fields import Duration, check_name, one_or_many
+from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 
 KIND: Final = "SLOSpec"
 DEFAULT_BLENDED: Final = "blended"
@@ -91,9 +73,7 @@ BucketList = Annotated[list[CtxBucket], BeforeValidator(one_or_many), MinLen(1)]
 class Window(SpecModel):
     """Either ``{rolling: 30d}`` or ``{calendar: month}`` (or ``week``; UTC, weeks start Monday)."""
 
-    rolling: (
-        Annotated[str, BeforeValidator(unit_required), AfterValidator(check_duration)] | None
-    ) = None
+    rolling: Duration | None = None
     calendar: Literal["month", "week"] | None = None
 
     @model_validator(mode="after")
@@ -178,21 +158,9 @@ class SLOSpec(SpecModel):
     slos: Annotated[list[SLO], MinLen(1)]
     tiers: dict[Name, BlendedTier] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> SLOSpec:
-        cross_checked(
-            info,
-            lambda: _cross_issues(
-                {
-                    "slos": [{"name": s.name} for s in self.slos],
-                    "tiers": {
-                        n: {"primary": t.primary, "secondary": t.secondary}
-                        for n, t in self.tiers.items()
-                    },
-                }
-            ),
-        )
-        return self
+    def cross_issues(self) -> list[SpecIssue]:
+        tiers = {n: {"primary": t.primary, "secondary": t.secondary} for n, t in self.tiers.items()}
+        return _cross_issues({"slos": [{"name": s.name} for s in self.slos], "tiers": tiers})
 
     def slo(self, name: str) -> SLO:
         for s in self.slos:
@@ -257,24 +225,11 @@ def _cross_issues(data: object) -> list[SpecIssue]:
     return issues
 
 
-# --------------------------------------------------------------------------- #
-# Loading
-# --------------------------------------------------------------------------- #
-
-
-def load_spec(text: str, source: str = "<spec>") -> SLOSpec:
-    """Parse and validate a spec; raises :class:`SpecError` listing every problem."""
-    return load_document(SLOSpec, text, source, "a spec", _cross_issues)
-
-
-def load_spec_file(path: str | Path) -> SLOSpec:
-    """:func:`load_spec` on a file; an unreadable file is a :class:`SpecError` too."""
-    return load_spec(read_text(path, "spec"), str(path))
-
-
-def validate_file(path: str | Path) -> tuple[bool, str]:
-    """For the CLI: ``(True, "ok: 7 SLOs, 1 blended tier (FILE)")`` or ``(False, errors)``."""
-    return validation_report(path, load_spec_file, lambda spec: spec.summary())
-
-
-SPEC_KIND: Final = SpecKind(KIND, validate_file)
+SPEC_KIND: Final = SpecFormat(
+    KIND, SLOSpec, "a spec", "spec", "<spec>", _cross_issues, describe=lambda spec: spec.summary()
+)
+# Parse and validate a spec (text, or a file); raise SpecError listing every problem.
+load_spec: Final = SPEC_KIND.load
+load_spec_file: Final = SPEC_KIND.load_file
+# For the CLI: (True, "ok: 7 SLOs, 1 blended tier (FILE)") or (False, every problem).
+validate_file: Final = SPEC_KIND.validate

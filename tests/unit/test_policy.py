@@ -35,24 +35,9 @@ from pipeline.spec.policy import (
     load_policy_file,
     validate_policy_file,
 )
+from tests.policy_fixtures import HEALTHY, P99, TICK, H, M, S
 
 REPO = Path(__file__).resolve().parents[2]
-S = 1_000
-M = 60 * S
-H = 60 * M
-TICK = 10 * S  # the worker's evaluation cadence
-P99 = "p99.gateway_total_ms"
-
-HEALTHY: dict[str, Any] = {
-    P99: 200.0,
-    "burn.page": False,
-    "burn.ticket": False,
-    "budget_exhausted": False,
-    "kv_cache_hit_rate": 0.95,
-    "queue_saturation": 0.2,
-    "gpu_memory_fraction": 0.5,
-    "queue_compute_ratio": 0.8,
-}
 
 
 def _doc() -> dict[str, Any]:
