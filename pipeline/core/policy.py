@@ -139,7 +139,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar, cast, overload
 
 from pipeline.core.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
 from pipeline.core.durations import format_ms
@@ -155,6 +155,7 @@ from pipeline.spec.policy import (
 )
 
 Phase = Literal["normal", "degraded", "half_open"]
+T = TypeVar("T")
 SignalValue = float | int | bool | None
 Signals = Mapping[str, SignalValue]
 
@@ -165,6 +166,27 @@ Signals = Mapping[str, SignalValue]
 
 
 NO_ACTIONS: Final = Actions()
+
+
+class _FromDecision(Generic[T]):
+    """A read-only field of :class:`Evaluation` read through to its ``decision``."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _FromDecision[T]: ...
+    @overload
+    def __get__(self, obj: Evaluation, owner: type | None = None) -> T: ...
+    def __get__(self, obj: Evaluation | None, owner: type | None = None) -> _FromDecision[T] | T:
+        if obj is None:
+            return self
+        return cast("T", getattr(obj.decision, self.name))
+
+    def __set__(self, obj: Evaluation, value: T) -> None:
+        raise AttributeError(f"{self.name} is the decision's; it cannot be set")
 
 
 @dataclass(frozen=True)  # not slotted: its read-through properties stay read-only
@@ -191,34 +213,16 @@ class Evaluation:
     # "p99.ttft_engine_ms 4120 >= 2500 (exit needs < 2500 for 3m)", "min_dwell (2m of 5m)".
     held_because: tuple[str, ...] = ()
 
-    @property
-    def level(self) -> int:
-        return self.decision.level
-
-    @property
-    def phase(self) -> Phase:
-        return self.decision.phase
-
-    @property
-    def actions(self) -> Actions:
-        return self.decision.actions
-
-    @property
-    def reason(self) -> str:
-        return self.decision.reason
+    level = _FromDecision[int]()
+    phase = _FromDecision[Phase]()
+    actions = _FromDecision[Actions]()
+    reason = _FromDecision[str]()
+    notify_customer = _FromDecision[bool]()
+    budget_exhausted = _FromDecision[bool]()  # passed through; never changes the level
 
     @property
     def figures(self) -> Mapping[str, float | bool | None]:
         return MappingProxyType(self.decision.figures)
-
-    @property
-    def notify_customer(self) -> bool:
-        return self.decision.notify_customer
-
-    @property
-    def budget_exhausted(self) -> bool:
-        """Passed through from the signals; never changes the level."""
-        return self.decision.budget_exhausted
 
     def to_json(self) -> dict[str, Any]:
         return {
