@@ -165,8 +165,9 @@ def run(
 ) -> dict[str, Any]:
     from confluent_kafka import Consumer, TopicPartition
 
+    from pipeline.adapters.control_keys import keyring_from_file
     from pipeline.adapters.kafka_admin import ensure_topics
-    from pipeline.core.control_signal import Keyring, VerifiedSignal, decode_and_verify
+    from pipeline.contract.control_signal import VerifiedSignal, decode_and_verify
     from pipeline.devtools.kafka_local import LocalKafka
     from pipeline.settings import Settings
 
@@ -204,7 +205,7 @@ def run(
             join_timeout_ms=2000,
         )
         ensure_topics(s)
-        keyring = Keyring.from_file(keys)
+        keyring = keyring_from_file(keys)
         env = dict(os.environ) | s.to_env()
         for w in range(workers):
             wenv = env | {

@@ -247,7 +247,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ledger: dict[str, int] = {}
     store = None
     if not args.no_store:
-        from pipeline.adapters.store import migrate, open_store, read_ledger
+        from pipeline.adapters.queries.windows import read_ledger
+        from pipeline.adapters.store import migrate, open_store
 
         store = open_store(settings)
         migrate(store, settings.cluster)
@@ -314,13 +315,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: str) -> None:
     """Records the store refused, as dead letters in the replay's DLQ file."""
-    import dataclasses
+    import msgspec
 
     from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
 
     with dlq_path.open("ab") as fh:
         for rec, reason in rejected:
-            raw = orjson.dumps(dataclasses.asdict(rec))
+            raw = orjson.dumps(msgspec.structs.asdict(rec))
             dead = DeadLetter(raw, reason, SourceRef(source, 0, -1), None)
             fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 
@@ -343,8 +344,9 @@ def _report_time(text: str) -> float:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.adapters.queries.filters import ReportFilter
     from pipeline.adapters.query_server import open_reader
-    from pipeline.report import ReportFilter, print_wide, read_report, render
+    from pipeline.report import print_wide, read_report, render
 
     flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
     store = open_reader(_settings(args))  # through a live worker's port if one owns it

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from pipeline.core.control_signal import generate_secret_b64
+from pipeline.adapters.control_keys import generate_secret_b64
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
 from producers.simulator.model import OverloadEpisode, SimConfig
@@ -273,14 +273,14 @@ def run_demo(
         if closed_loop:
             # The simulated gateways read the control topic through the serving layer's
             # own client (signatures, sequence numbers and expiry checked) and apply it.
-            from pipeline.core.control_signal import Keyring
+            from pipeline.adapters.control_keys import keyring_from_file
             from producers.control_client import ControlClient
             from producers.simulator.gate import ControlClientGate
 
             client = ControlClient(
                 settings.kafka_config(),
                 topic=settings.control_topic,
-                keyring=Keyring.from_file(keys),
+                keyring=keyring_from_file(keys),
             )
             client.start()
             stack.callback(client.stop)

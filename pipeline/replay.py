@@ -15,7 +15,9 @@ from typing import IO, Any
 
 import orjson
 
+from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.codec import dead_letter_record
+from pipeline.contract.summary import StatsSample
 from pipeline.core.budget import BudgetStatus
 from pipeline.core.control import (
     Controller,
@@ -28,12 +30,12 @@ from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import Evaluation
 from pipeline.core.processor import Output, StreamProcessor
-from pipeline.core.record import BOUNDARIES, RequestRecord
+from pipeline.core.record import RequestRecord
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.skew import SkewEstimator
 from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
-from pipeline.core.summary import StatsSample, summarize
+from pipeline.core.summary import summarize
 from pipeline.core.windows import ClosedWindow, WindowConfig
 from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy

@@ -8,12 +8,14 @@ measurement core.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.adapters.queries import budget, control, requests
+from pipeline.adapters.queries.filters import ReportFilter
+from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store
-from pipeline.core.record import BOUNDARIES
+from pipeline.contract.boundaries import BOUNDARIES
 
 QUANTILES = (0.5, 0.99)
 
@@ -23,32 +25,6 @@ class BoundaryStats:
     count: int
     p50: float | None
     p99: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ReportFilter:
-    """What ``tailguard report`` looks at: request end times / window starts in
-    ``[since, until)`` (unix seconds), one model (requests and latency; SLO windows are
-    per SLO, whose scope names its models), some SLOs (by name)."""
-
-    since_unix_s: float | None = None
-    until_unix_s: float | None = None
-    model: str | None = None
-    slos: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "since": _iso(self.since_unix_s),
-            "until": _iso(self.until_unix_s),
-            "model": self.model,
-            "slos": list(self.slos),
-        }
-
-
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
 
 
 BURN_WINDOWS_MIN = (5, 60)  # burn rates over the last 5 minutes and the last hour of the data
@@ -96,38 +72,6 @@ def exact_quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(int(q * n), n - 1)]
 
 
-def _time_where(
-    column: str, f: ReportFilter, *, unit: str = "s", model_column: str | None = None
-) -> str:
-    """SQL conditions for the filter on ``column`` (``unit``: ``s`` a DateTime, ``ns``
-    unix nanoseconds)."""
-    conds = ["1"]
-    for bound, op in ((f.since_unix_s, ">="), (f.until_unix_s, "<")):
-        if bound is None:
-            continue
-        value = f"{int(bound * 1e9)}" if unit == "ns" else f"toDateTime64({bound!r}, 3, 'UTC')"
-        conds.append(f"{column} {op} {value}")
-    if f.model is not None and model_column is not None:
-        conds.append(f"{model_column} = {{model:String}}")
-    return " AND ".join(conds)
-
-
-def _slo_where(f: ReportFilter) -> str:
-    cond = _time_where("window_start", f)
-    if f.slos:
-        cond += " AND slo IN {slos:Array(String)}"
-    return cond
-
-
-def _params(f: ReportFilter) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if f.model is not None:
-        out["model"] = f.model
-    if f.slos:
-        out["slos"] = list(f.slos)
-    return out
-
-
 def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
     """Worst first: not met, then least budget left, then lowest compliance vs objective."""
     remaining = slo.get("budget_remaining")
@@ -141,14 +85,7 @@ def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
 
 def read_slos(store: Store, f: ReportFilter) -> dict[str, dict[str, Any]]:
     """Per SLO over the filter's windows: compliance, budget and burn rates, worst first."""
-    db = store.database
-    rows = store.query_rows(
-        "SELECT slo, kind, toUnixTimestamp(window_start), any(objective), "
-        "any(secondary_weight), sum(total), sum(good), sum(good_secondary_only) "
-        f"FROM {db}.slo_1m WHERE {_slo_where(f)} GROUP BY slo, kind, window_start "
-        "ORDER BY slo, kind, window_start",
-        _params(f),
-    )
+    rows = budget.minute_counts(store, f)
     end_s = max((float(r[2]) + 60 for r in rows), default=0.0)
     acc: dict[tuple[str, str], dict[str, Any]] = {}
     for name, kind, t, objective, weight, total, good, secondary in rows:
@@ -195,93 +132,41 @@ def read_slos(store: Store, f: ReportFilter) -> dict[str, dict[str, Any]]:
 def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
     """Requests that ended after the end of the last closed window: their windows are
     still open (within the grace period), so no SLO total counts them yet."""
-    db = store.database
-    ((last_end_ms,),) = store.query_rows(
-        f"SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) FROM {db}.slo_windows"
-    )
-    last_ms = int(last_end_ms or 0)
-    where = _time_where("end_unix_ns", f, unit="ns", model_column="model")
-    ((after,),) = store.query_rows(
-        f"SELECT count() FROM {db}.requests FINAL WHERE {where} "
-        f"AND end_unix_ns >= {last_ms * 1_000_000}",
-        _params(f),
-    )
+    last_ms = budget.last_window_end_ms(store)
     return {
         "last_closed_window_end": _iso(last_ms / 1000) if last_ms else None,
-        "requests_after": int(after),
+        "requests_after": requests.count_ended_from(store, f, last_ms),
     }
 
 
 def read_report(store: Store, f: ReportFilter | None = None) -> Report:
     f = f or ReportFilter()
-    db = store.database
-    params = _params(f)
-    where = _time_where("end_unix_ns", f, unit="ns", model_column="model")
-    parts = []
-    for b in BOUNDARIES:
-        parts.append(f"count({b})")
-        parts.append(f"quantilesExact({', '.join(map(str, QUANTILES))})({b})")
-    row = store.query_rows(
-        f"SELECT count(), {', '.join(parts)} FROM {db}.requests FINAL WHERE {where}", params
-    )[0]
+    row = requests.boundary_quantiles(store, f, QUANTILES)
     boundaries = {}
     for i, b in enumerate(BOUNDARIES):
         n = int(row[1 + 2 * i])
         qs = row[2 + 2 * i]
         boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
-    by_source = dict(
-        store.query_rows(
-            f"SELECT source, count() FROM {db}.requests FINAL WHERE {where} "
-            "GROUP BY source ORDER BY source",
-            params,
-        )
-    )
-    by_outcome = dict(
-        store.query_rows(
-            f"SELECT outcome, count() FROM {db}.requests FINAL WHERE {where} "
-            "GROUP BY outcome ORDER BY outcome",
-            params,
-        )
-    )
+    by_source = requests.counts_by(store, f, "source")
+    by_outcome = requests.counts_by(store, f, "outcome")
     slos = read_slos(store, f)
-    ctl_where = _time_where("event_time", f)
-    if f.model is not None:
-        ctl_where += " AND scope IN ({model:String}, '*', 'fleet')"
-    control = [
+    control_rows = [
         {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
          "event_time": str(t), "reason": reason}
-        for scope, seq, level, phase, t, reason in store.query_rows(
-            "SELECT scope, seq, level, phase, event_time, reason "
-            f"FROM {db}.control_signals FINAL WHERE NOT heartbeat AND {ctl_where} "
-            "ORDER BY event_time, scope, seq",
-            params,
-        )
+        for scope, seq, level, phase, t, reason in control.directives(store, f)
     ]  # fmt: skip
-    ev_where = _time_where("event_time", f) + (" AND slo IN {slos:Array(String)}" if f.slos else "")
     budget_events = [
         {"event_time": str(t), "slo": str(slo), "event": str(ev)}
-        for t, slo, ev in store.query_rows(
-            f"SELECT event_time, slo, event FROM {db}.budget_events FINAL WHERE {ev_where} "
-            "ORDER BY event_time, slo",
-            params,
-        )
+        for t, slo, ev in budget.events_in(store, f)
     ]
     # The skew estimate of pipeline.core.skew over the stored joined requests (reported,
     # never used to correct a measurement).
     clock_skew = {
         f"{g}->{e}": {"samples": int(n), "offset_p50_ms": float(p50)}
-        for g, e, n, p50 in store.query_rows(
-            "SELECT gateway_host, engine_host, count(), quantileExact(0.5)("
-            "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2) "
-            f"FROM {db}.requests FINAL WHERE source = 'joined' AND {where} "
-            "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
-            "AND gateway_overhead_ms IS NOT NULL "
-            "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
-            params,
-        )
+        for g, e, n, p50 in requests.clock_skew(store, f)
     }
     return Report(
-        int(row[0]), by_source, by_outcome, boundaries, slos, control, clock_skew,
+        int(row[0]), by_source, by_outcome, boundaries, slos, control_rows, clock_skew,
         read_open_windows(store, f), budget_events, f,
     )  # fmt: skip
 

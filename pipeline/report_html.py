@@ -33,9 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.adapters.sketch_sql import quantile_from_merged_sql
+from pipeline.adapters.queries import budget, control, windows
+from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
-from pipeline.report import Report, ReportFilter, _params, _slo_where, _time_where
+from pipeline.report import Report
 
 LATENCY_BOUNDARIES = (
     "gateway_total_ms",
@@ -69,18 +70,7 @@ def _ts(v: Any) -> float:
 
 def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
     f = f or ReportFilter()
-    db = store.database
-    params = _params(f)
-    q99 = quantile_from_merged_sql(0.99, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)")
-    bset = ", ".join(f"'{b}'" for b in (*LATENCY_BOUNDARIES, *SEGMENTS))
-    model = "{model:String}" if f.model is not None else "'*'"
-    rows = store.query_rows(
-        f"SELECT toUnixTimestamp(window_start), boundary, {q99}, sum(sum), sum(count) "
-        f"FROM {db}.latency_1m WHERE model = {model} AND priority = '*' AND ctx_bucket = '*' "
-        f"AND boundary IN ({bset}) AND {_time_where('window_start', f)} "
-        "GROUP BY window_start, boundary ORDER BY window_start",
-        params,
-    )
+    rows = windows.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
     for t, b, p99, total, n in rows:
@@ -92,12 +82,7 @@ def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
     burn: dict[str, Series] = defaultdict(list)
     recent: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    for t, slo, objective, total, good in store.query_rows(
-        "SELECT toUnixTimestamp(window_start), slo, any(objective), sum(total), sum(good) "
-        f"FROM {db}.slo_1m WHERE kind = 'slo' AND {_slo_where(f)} GROUP BY window_start, slo "
-        "ORDER BY window_start, slo",
-        params,
-    ):
+    for t, slo, objective, total, good in budget.minute_slo_series(store, f):
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
         cb, ca = cum[slo]
         cum[slo] = (cb + bad, ca + allowed)
@@ -111,33 +96,19 @@ def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
         wt = sum(x[2] for x in win)
         if wt > 0 and objective < 1:
             burn[slo].append((float(t), sum(x[1] for x in win) / wt / (1.0 - float(objective))))
-    ev_where = _time_where("event_time", f) + (" AND slo IN {slos:Array(String)}" if f.slos else "")
     events = [
-        (_ts(t), str(slo), str(ev))
-        for t, slo, ev in store.query_rows(
-            f"SELECT event_time, slo, event FROM {db}.budget_events FINAL WHERE {ev_where} "
-            "ORDER BY event_time",
-            params,
-        )
+        (_ts(t), str(slo), str(ev)) for t, slo, ev in budget.events_in(store, f, order="event_time")
     ]
-    ctl_where = _time_where("event_time", f)
-    if f.model is not None:
-        ctl_where += " AND scope IN ({model:String}, '*', 'fleet')"
-    control: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
-    for scope, t, level, phase, reason in store.query_rows(
-        "SELECT scope, event_time, level, phase, reason FROM "
-        f"{db}.control_signals FINAL WHERE NOT heartbeat AND {ctl_where} "
-        "ORDER BY event_time, seq",
-        params,
-    ):
-        control[str(scope)].append((_ts(t), int(level), str(phase), str(reason)))
+    directives: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
+    for scope, t, level, phase, reason in control.directive_timeline(store, f):
+        directives[str(scope)].append((_ts(t), int(level), str(phase), str(reason)))
     return HtmlData(
         {b: latency[b] for b in LATENCY_BOUNDARIES if b in latency},
         {b: breakdown[b] for b in SEGMENTS if b in breakdown},
         dict(sorted(remaining.items())),
         dict(sorted(burn.items())),
         events,
-        dict(sorted(control.items())),
+        dict(sorted(directives.items())),
     )
 
 

@@ -16,7 +16,10 @@ from typing import Any
 
 import orjson
 
-from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
+from pipeline.adapters.queries import budget as budget_queries
+from pipeline.adapters.queries import control as control_queries
+from pipeline.adapters.queries import requests
+from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
@@ -26,7 +29,6 @@ from pipeline.core.statement import (
 )
 from pipeline.spec.contract import LoadedContract, period_bounds_ns
 
-_NAMES = ", ".join(n for n, _ in REQUEST_COLUMNS)
 _NOT_COMPARED = frozenset({"generated_at"})
 
 
@@ -42,34 +44,11 @@ def build_statement(
     """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    db = store.database
-    span = {"t": tenant, "a": p_start, "b": p_end}
-    rows = store.query_rows(
-        f"SELECT {_NAMES} FROM {db}.requests FINAL "
-        "WHERE tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64} "
-        "ORDER BY request_id, attempt",
-        span,
-    )
-    records = [record_from_row(r) for r in rows]
-    max_end, n_any = store.query_rows(
-        f"SELECT max(end_unix_ns), count() FROM {db}.requests FINAL "
-        "WHERE end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}",
-        span,
-    )[0]
+    records = [record_from_row(r) for r in requests.tenant_rows(store, tenant, p_start, p_end)]
+    max_end, n_any = requests.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
-    control = store.query_rows(
-        "SELECT scope, toUnixTimestamp64Milli(event_time), seq, level "
-        f"FROM {db}.control_signals FINAL "
-        "WHERE toUnixTimestamp64Milli(event_time) < {b:Int64} ORDER BY scope, event_time, seq",
-        {"b": b_ms},
-    )
-    events = store.query_rows(
-        "SELECT slo, event, toUnixTimestamp64Milli(event_time) "
-        f"FROM {db}.budget_events FINAL "
-        "WHERE toUnixTimestamp64Milli(event_time) >= {a:Int64} "
-        "AND toUnixTimestamp64Milli(event_time) < {b:Int64} ORDER BY event_time, slo, event",
-        {"a": a_ms, "b": b_ms},
-    )
+    control = control_queries.levels_before(store, b_ms)
+    events = budget_queries.events_between(store, a_ms, b_ms)
     level_changes = [LevelChange(str(s), int(t), int(q), int(lv)) for s, t, q, lv in control]
     budget = [BudgetEventRow(str(s), str(e), int(t)) for s, e, t in events]
     until_ns = int(max_end) if n_any else None
@@ -79,7 +58,7 @@ def build_statement(
         until_ns = last_ns if until_ns is None else max(until_ns, last_ns)
     ends = [r.end_unix_ns for r in records]
     inputs = {
-        "store_database": db,
+        "store_database": store.database,
         "requests_rows": len(records),
         "requests_digest": records_digest(records),
         "event_time_range": {

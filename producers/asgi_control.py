@@ -46,8 +46,8 @@ from typing import Any, Final
 
 import orjson
 
+from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import DEFAULT_PRIORITY
-from pipeline.core.control_signal import ALL_SCOPES
 from producers.control_client import Directive
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 * :class:`DirectiveStore` (pure, thread-safe): raw message values in, the
   effective :class:`Directive` per model out. Verification and the wire format
-  are :mod:`pipeline.core.control_signal`'s.
+  are :mod:`pipeline.contract.control_signal`'s.
 * :class:`ControlClient`: a confluent-kafka consumer in a background thread
   that feeds the store from ``tailguard.control``. The only module part that
   touches Kafka (imported lazily in :meth:`ControlClient.start`).
@@ -20,7 +20,7 @@ Expiry fails open
 -----------------
 A directive whose ``expires_at_unix_ms`` has passed without a newer valid
 signal for its scope is dropped: the scope falls back to level 0 (normal
-service) -- see the rationale in :mod:`pipeline.core.control_signal`. Each
+service) -- see the rationale in :mod:`pipeline.contract.control_signal`. Each
 such expiry is counted once, as ``expired`` and, when the directive was
 level >= 1 (so service was actually relaxed), as ``failed_open`` too.
 
@@ -30,7 +30,7 @@ Counters
 both also counted separately), ``replayed``, ``stale``, ``expired`` (signals
 that arrived already expired *plus* directives that expired in place),
 ``not_yet_valid``, ``malformed``; ``failed_open`` (level >= 1 directives that
-expired in place); ``seq_resets`` (see :class:`~pipeline.core.control_signal.SequenceGuard`);
+expired in place); ``seq_resets`` (see :class:`~pipeline.contract.control_signal.SequenceGuard`);
 ``errors`` (internal exceptions, never raised to callers). The client adds
 ``messages``, ``tombstones``, ``consumer_errors``, ``metadata_errors``.
 """
@@ -45,8 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.contract.events import CONTROL_TOPIC
-from pipeline.core.control_signal import (
+from pipeline.contract.control_signal import (
     ALL_SCOPES,
     DEFAULT_MAX_SKEW_MS,
     Actions,
@@ -59,6 +58,7 @@ from pipeline.core.control_signal import (
     VerifiedSignal,
     decode_and_verify,
 )
+from pipeline.contract.events import CONTROL_TOPIC
 
 log = logging.getLogger(__name__)
 

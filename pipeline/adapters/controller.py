@@ -6,7 +6,7 @@ Decisions are made in event time (one evaluation per base window, one window
 behind the newest summary so that every partition has reported); signals are
 stamped and expire in wall time, and are re-issued every heartbeat so that the
 serving side can tell "still degraded" from "controller gone" (see
-:mod:`pipeline.core.control_signal` for the expiry contract: it fails open).
+:mod:`pipeline.contract.control_signal` for the expiry contract: it fails open).
 """
 
 from __future__ import annotations
@@ -20,9 +20,20 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from pipeline.adapters import control_keys
 from pipeline.adapters.alerting import AlertDelivery, Webhook
 from pipeline.adapters.prometheus import MetricsState
+from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.store import ClickHouseStore, _insert
+from pipeline.contract.control_signal import (
+    ControlSignal,
+    Keyring,
+    SignalIssuer,
+    encode,
+    message_key,
+    resume_seqs,
+)
+from pipeline.contract.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetEvent
 from pipeline.core.control import (
@@ -32,17 +43,7 @@ from pipeline.core.control import (
     ControlStep,
     DecisionClock,
 )
-from pipeline.core.control_signal import (
-    ControlSignal,
-    Keyring,
-    SignalIssuer,
-    encode,
-    keyring_from_environ,
-    message_key,
-    resume_seqs,
-)
 from pipeline.core.policy import Evaluation
-from pipeline.core.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.settings import Settings
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
@@ -80,9 +81,7 @@ def _dt(ms: int) -> datetime:
 
 
 def load_keyring(settings: Settings) -> Keyring:
-    if settings.control_keys_file is not None:
-        return Keyring.from_file(settings.control_keys_file)
-    return keyring_from_environ()
+    return control_keys.load_keyring(settings.control_keys_file)
 
 
 def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:
@@ -173,48 +172,35 @@ class ControllerShell:
     def load_history(self, store: ClickHouseStore) -> int:
         """Rebuild the error budgets from ClickHouse after a (re)start; returns windows loaded.
 
-        The last 2 h 10 min come as base windows, per partition (and are marked
-        seen, so summaries replayed from the topic are not counted twice); up to a
-        day as 1-minute rollups, and the rest of the longest SLO window as hourly
-        rollups: the resolutions of :class:`pipeline.core.budget.BudgetTracker`.
+        Behind the newest stored window, as far as
+        :meth:`pipeline.core.budget.BudgetBook.retention_ms` says each resolution is
+        held: base windows per partition (marked seen, so summaries replayed from the
+        topic are not counted twice; 2 h 10 min), then 1-minute rollups (to 1 d 2 h),
+        then hourly rollups (the longest SLO or tier window, + 3 h).
         """
-        if self.controller.book is None or self.spec is None:
+        book = self.controller.book
+        if book is None or self.spec is None:
             return 0
-        db = store.database
-        ref = store.query_rows(
-            f"SELECT toUnixTimestamp64Milli(max(window_start)) FROM {db}.slo_windows"
-        )
-        if not ref or not ref[0][0]:
+        ref_ms = budget_queries.newest_window_start_ms(store)
+        if ref_ms is None:
             return 0
-        ref_ms = int(ref[0][0])
-        fine_from, minute_from = ref_ms - 130 * 60_000, ref_ms - 26 * 3_600_000
-        oldest = ref_ms - 32 * 86_400_000
+        base_span, minute_span, hour_span = book.retention_ms()
+        fine_from, minute_from = ref_ms - base_span, ref_ms - minute_span
+        oldest = ref_ms - hour_span
         n = 0
-        for slo, start, size, part, total, good, objective in store.query_rows(
-            "SELECT slo, toUnixTimestamp64Milli(window_start) AS s, any(window_ms), partition, "
-            f"sum(total), sum(good), any(objective) FROM {db}.slo_windows WHERE kind = 'slo' "
-            "AND s >= {lo:Int64} GROUP BY slo, s, partition",
-            {"lo": fine_from},
+        for slo, start, size, part, total, good, objective in budget_queries.base_windows(
+            store, fine_from
         ):
             # window and corrections together; a repeat of its final summary is ignored
             self.controller.mark_seen(int(part), int(start))
-            self.controller.book.add_window(
-                slo, int(start), int(size), int(total), int(good), objective=objective
-            )
+            book.add_window(slo, int(start), int(size), int(total), int(good), objective=objective)
             n += 1
-        for table, size, lo, hi in (
-            ("slo_1m", 60_000, minute_from, fine_from),
-            ("slo_1h", 3_600_000, oldest, minute_from),
-        ):
-            for slo, start, total, good, objective in store.query_rows(
-                "SELECT slo, toUnixTimestamp(window_start) * 1000 AS s, sum(total), sum(good), "
-                f"any(objective) FROM {db}.{table} WHERE kind = 'slo' "
-                "AND s >= {lo:Int64} AND s < {hi:Int64} GROUP BY slo, s",
-                {"lo": lo, "hi": hi - hi % size},
+        for table, lo, hi in (("slo_1m", minute_from, fine_from), ("slo_1h", oldest, minute_from)):
+            size = budget_queries.ROLLUP_MS[table]
+            for slo, start, total, good, objective in budget_queries.rollup_windows(
+                store, table, lo, hi
             ):
-                self.controller.book.add_window(
-                    slo, int(start), size, int(total), int(good), objective=objective
-                )
+                book.add_window(slo, int(start), size, int(total), int(good), objective=objective)
                 n += 1
         log.info("budgets rebuilt from %d stored windows", n)
         return n

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
-from pipeline.core.ledger import pack
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
@@ -655,62 +654,5 @@ def write_checkpoints(store: Store, group: str, topic: str, rows: Sequence[Check
     )
 
 
-def read_ledger(
-    store: Store, topic: str, partition: int, from_offset: int, memory_ms: int = 0
-) -> dict[str, int]:
-    """Requests of ``partition`` the store's windows count that a worker taking the
-    partition over must know of: those written past ``from_offset`` (the offset it resumes
-    from: it re-reads them), and those counted within ``memory_ms`` of the newest window
-    (a duplicate of them may still come). Request id -> ledger code packed with the end of
-    the window that counted it (``pipeline.core.ledger.pack``); the furthest version wins
-    (``pipeline.core.ledger.code_order``).
-    """
-    rows = store.query_rows(
-        "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
-        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
-        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
-        "SELECT id, argMax(v, bitAnd(v, 3) * 4 + bitAnd(bitShiftRight(v, 3), 1) * 2 "
-        "+ bitAnd(bitShiftRight(v, 4), 1)), "
-        "max(end_ms) FROM ("
-        "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v, "
-        "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
-        f"FROM {store.database}.window_sketches "
-        "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
-        "AND (through_offset > {o:Int64} OR end_ms >= newest - {m:Int64})) GROUP BY id",
-        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset, "m": memory_ms},
-    )
-    return {str(i): pack(int(v), int(e)) for i, v, e in rows}
-
-
 def write_events(store: Store, rows: Sequence[tuple[Any, ...]]) -> None:
     _insert(store, "lifecycle_events", EVENT_COLUMNS, rows)
-
-
-def read_inflight(
-    store: Store, topic: str, starts: dict[int, int], ttl_ms: int
-) -> dict[int, list[tuple[int, str]]]:
-    """Per partition, the ``gateway.received`` events (offset, JSON) a worker that starts
-    reading it at ``starts[partition]`` must hold again: those from before that offset
-    (the commit does not wait for a lone received, see ``StreamProcessor.safe_offsets``)
-    within the in-flight TTL of the partition's newest stored event. Requests already
-    recorded are included: after a crash their other events may be read again, and
-    must find their received."""
-    if not starts:
-        return {}
-    db = store.database
-    rows = store.query_rows(
-        "WITH bounds AS (SELECT source_partition AS p, max(ts_unix_ns) AS hi "
-        f"FROM {db}.lifecycle_events WHERE source_topic = {{t:String}} "
-        "AND source_partition IN {ps:Array(UInt16)} GROUP BY p) "
-        "SELECT DISTINCT e.source_partition, e.source_offset, e.payload "
-        f"FROM {db}.lifecycle_events AS e INNER JOIN bounds AS b ON e.source_partition = b.p "
-        "WHERE e.source_topic = {t:String} AND e.kind = 'gateway.received' "
-        "AND e.ts_unix_ns >= b.hi - {ttl:Int64} "
-        "ORDER BY e.source_partition, e.source_offset",
-        {"t": topic, "ps": sorted(starts), "ttl": ttl_ms * 1_000_000},
-    )
-    out: dict[int, list[tuple[int, str]]] = {}
-    for p, off, payload in rows:
-        if int(off) < starts[int(p)]:
-            out.setdefault(int(p), []).append((int(off), payload))
-    return out

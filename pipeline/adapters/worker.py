@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
+import msgspec
 import orjson
 from faust.types import TP
 
@@ -40,6 +41,8 @@ from pipeline.adapters.controller import ControllerShell, write_audit
 from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
 from pipeline.adapters.prometheus import MetricsServer, MetricsState
+from pipeline.adapters.queries.events import read_inflight
+from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
@@ -49,8 +52,6 @@ from pipeline.adapters.store import (
     is_data_error,
     migrate,
     open_store,
-    read_inflight,
-    read_ledger,
     with_retry,
     write_checkpoints,
     write_events,
@@ -61,11 +62,12 @@ from pipeline.adapters.store import (
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
+from pipeline.contract.summary import Progress, StatsSample, encode_summary
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import load_slo_factory
-from pipeline.core.summary import Progress, StatsSample, encode_summary, summarize
+from pipeline.core.summary import summarize
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 
@@ -729,7 +731,7 @@ class WorkerShell:
 def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
     """A record the store refused, as a dead letter (the record as JSON; its events are
     spread over several offsets, so the source names the topic only)."""
-    return DeadLetter(orjson.dumps(dataclasses.asdict(rec)), "", SourceRef(topic, -1, -1), None)
+    return DeadLetter(orjson.dumps(msgspec.structs.asdict(rec)), "", SourceRef(topic, -1, -1), None)
 
 
 def _event_dead_letter(row: tuple[Any, ...], reason: str) -> DeadLetter:

@@ -1,4 +1,14 @@
-"""Event contract v1 (pure: pydantic, msgspec and orjson only)."""
+"""Every wire format of tailguard (pure: pydantic, msgspec and orjson only).
+
+* ``events``, ``codec``, ``wire``, ``partitioning``: the lifecycle and stats events
+  (contract v1) on ``tailguard.lifecycle`` / ``tailguard.engine-stats``;
+* ``control_signal``: the signed directives on ``tailguard.control``;
+* ``summary`` (with ``sketch``): window summaries, stats samples and progress on
+  ``tailguard.summaries``;
+* ``boundaries``: the boundary names and context buckets that rows and summaries share.
+
+The package namespace re-exports the event contract.
+"""
 
 from pipeline.contract.codec import (
     DeadLetter,

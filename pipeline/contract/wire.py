@@ -24,6 +24,7 @@ from typing import Annotated, ClassVar, Final, Literal
 import msgspec
 from msgspec import Meta, Raw, Struct
 
+from pipeline.contract import events
 from pipeline.contract.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DeadLetter,
@@ -31,21 +32,8 @@ from pipeline.contract.codec import (
     decode_message,
     encode_event,
 )
-from pipeline.contract.events import (
-    EVENT_ADAPTER as _ADAPTER,
-)
-from pipeline.contract.events import (
-    INT64_MAX,
-    MAX_DURATION_MS,
-    UINT16_MAX,
-    UINT32_MAX,
-    EngineFinished,
-    EngineStats,
-    Event,
-    GatewayCompleted,
-    GatewayReceived,
-    LifecycleEvent,
-)
+from pipeline.contract.events import EVENT_ADAPTER as _ADAPTER
+from pipeline.contract.events import INT64_MAX, MAX_DURATION_MS, UINT16_MAX, UINT32_MAX
 
 _NonNegMs = Annotated[float, Meta(ge=0.0, le=MAX_DURATION_MS)]  # rejects inf; JSON has no NaN
 _NonNegInt = Annotated[int, Meta(ge=0, le=UINT32_MAX)]
@@ -122,11 +110,11 @@ class StatsWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="engine.sta
 WireLifecycle = ReceivedWire | CompletedWire | FinishedWire
 WireEvent = ReceivedWire | CompletedWire | FinishedWire | StatsWire
 # What the core takes: an event from either decoder (or built by a producer or a test).
-AnyReceived = GatewayReceived | ReceivedWire
-AnyCompleted = GatewayCompleted | CompletedWire
-AnyFinished = EngineFinished | FinishedWire
-AnyLifecycle = LifecycleEvent | WireLifecycle
-AnyStats = EngineStats | StatsWire
+AnyReceived = events.GatewayReceived | ReceivedWire
+AnyCompleted = events.GatewayCompleted | CompletedWire
+AnyFinished = events.EngineFinished | FinishedWire
+AnyLifecycle = events.LifecycleEvent | WireLifecycle
+AnyStats = events.EngineStats | StatsWire
 EventBytes = bytes | Raw  # an event's JSON as received (a slice of its message, or all of it)
 
 _STRUCTS: Final[dict[str, type[WireEvent]]] = {
@@ -140,7 +128,7 @@ _SLICES: Final = msgspec.json.Decoder(list[Raw])
 _WS: Final = b" \t\r\n"
 
 
-AnyEvent = Event | WireEvent
+AnyEvent = events.Event | WireEvent
 
 
 def event_bytes(ev: AnyEvent) -> bytes:
@@ -151,7 +139,7 @@ def event_bytes(ev: AnyEvent) -> bytes:
     return encode_event(ev)
 
 
-def from_model(ev: Event) -> WireEvent:
+def from_model(ev: events.Event) -> WireEvent:
     """The Struct of an event the reference decoder (or a producer) built."""
     cls = _STRUCTS[ev.kind]
     return cls(**{name: getattr(ev, name) for name in cls.__struct_fields__})

@@ -574,6 +574,12 @@ class BudgetTracker:
         self._period_start: int | None = None
         self.dropped = 0  # windows older than every level holds
 
+    @property
+    def retention_ms(self) -> tuple[int, int, int]:
+        """How far behind the newest window each level (base, 1 min, 1 h) holds windows."""
+        lv0, lv1, lv2 = self._buckets.levels
+        return (lv0.n * lv0.width, lv1.n * lv1.width, lv2.n * lv2.width)
+
     # -- input ---------------------------------------------------------------
 
     def add_window(
@@ -811,6 +817,18 @@ class BudgetBook:
             return t
         if len(self.trackers) >= self.max_trackers:
             raise ValueError(f"more than {self.max_trackers} budget trackers (slo x scope)")
+        t = self._new_tracker(slo, scope)
+        self.trackers[key] = t
+        return t
+
+    def retention_ms(self) -> tuple[int, int, int]:
+        """How far behind the newest window base windows, 1-minute and 1-hour buckets are
+        held (hours: the longest of the spec's SLOs and tiers): what a restart reloads."""
+        names = [*(s.name for s in self.spec.slos), *self.spec.tiers]
+        spans = [self._new_tracker(n, "*").retention_ms for n in names]
+        return (spans[0][0], spans[0][1], max(sp[2] for sp in spans))
+
+    def _new_tracker(self, slo: str, scope: str) -> BudgetTracker:
         if slo in self.spec.tiers:
             tier = self.spec.tiers[slo]
             objective, window = tier.objective, self.spec.slo(tier.primary).window
@@ -820,9 +838,7 @@ class BudgetBook:
             except KeyError:
                 raise KeyError(f"unknown SLO or tier {slo!r}") from None
             objective, window = s.objective, s.window
-        t = BudgetTracker(slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms)
-        self.trackers[key] = t
-        return t
+        return BudgetTracker(slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms)
 
     def add_window(
         self,

@@ -1,7 +1,7 @@
 """The controller: window summaries + engine stats -> signals -> budgets and policy decisions.
 
-Pure: fed :class:`~pipeline.core.summary.WindowSummary` and
-:class:`~pipeline.core.summary.StatsSample` values, evaluated at an event time
+Pure: fed :class:`~pipeline.contract.summary.WindowSummary` and
+:class:`~pipeline.contract.summary.StatsSample` values, evaluated at an event time
 passed in. One controller sees every partition's windows (the worker that
 owns the single-partition summaries topic runs it; ``replay`` runs it in
 process).
@@ -44,11 +44,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.contract.summary import StatsSample, WindowSummary
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
 from pipeline.core.policy import Evaluation, PolicyEngine
-from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
-from pipeline.core.summary import ALL_MODELS, StatsSample, WindowSummary
+from pipeline.core.summary import ALL_MODELS
 from pipeline.spec.burn_rules import BurnRules
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec

@@ -459,6 +459,23 @@ class Joiner:
         self.counters.events += 1
         rid = event.request_id
         key, attempt = rid, 1
+        if (
+            event.kind == "gateway.received"
+            and rid not in self._pending
+            and rid not in self._resolved
+            and rid not in self._attempts
+        ):
+            # The common case, a new request: held as one packed int (what the general
+            # path below does for it, without its lookups).
+            if len(self._pending) >= self.config.max_pending:
+                self._evict_oldest()
+            packed = self._pack(event, offset, wall_ms)
+            if packed is not None:
+                self._pending[rid] = packed
+                self._arm_inflight(
+                    rid, event.ts_unix_ns // _NS_PER_MS + self.config.inflight_ttl_ms
+                )
+                return None
         if event.kind == "gateway.received":
             n = self._attempts.get(rid, 1)
             kind = self._received_kind(rid, n, event)

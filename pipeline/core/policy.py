@@ -4,7 +4,7 @@ Pure: plain values (no files, no Kafka, Faust or ClickHouse); the policy file
 itself is :mod:`pipeline.spec.policy`. Time is passed in as integer milliseconds and nothing reads a
 clock. The stream worker computes a flat mapping of *signals* per scope
 (usually per model) every evaluation and asks :class:`PolicyEngine` for an
-:class:`Evaluation`, whose :class:`~pipeline.core.control_signal.Decision` (the
+:class:`Evaluation`, whose :class:`~pipeline.contract.control_signal.Decision` (the
 one decision type, signed as is onto the control topic) says the degradation
 level (0 = normal, L1..L3), the actions the serving layer should apply, and
 why. ``specs/policy-default.yaml`` adapts the source documents'
@@ -141,7 +141,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, TypeVar, cast, overload
 
-from pipeline.core.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
+from pipeline.contract.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
 from pipeline.core.durations import format_ms
 from pipeline.spec.policy import (
     ALERT_SIGNALS,
@@ -191,7 +191,7 @@ class _FromDecision(Generic[T]):
 
 @dataclass(frozen=True)  # not slotted: its read-through properties stay read-only
 class Evaluation:
-    """One evaluation of a scope: the :class:`~pipeline.core.control_signal.Decision`
+    """One evaluation of a scope: the :class:`~pipeline.contract.control_signal.Decision`
     (level, phase, actions, reason, figures, notify_customer, budget_exhausted: the
     one decision type, which a control signal carries as is) and the state
     machine's bookkeeping around it (see the module docstring for the rules).

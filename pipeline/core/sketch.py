@@ -52,6 +52,8 @@ import numpy as np
 from ddsketch.mapping import LogarithmicMapping
 from numpy.typing import NDArray
 
+from pipeline.contract.sketch import SketchColumns as SketchColumns  # noqa: PLC0414
+
 DEFAULT_RELATIVE_ACCURACY: Final = 0.01
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
@@ -153,25 +155,6 @@ def _check_q(q: float) -> None:
 
 
 # --- storage form ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SketchColumns:
-    """A sketch as flat columns: one ClickHouse row (see ``sketch_sql.SKETCH_COLUMNS``).
-
-    Keys are ascending, counts positive; ``count == zero_count + sum(pos_counts) +
-    sum(neg_counts)``. ``neg_keys`` are the keys of ``|v|`` for negative ``v``.
-    """
-
-    count: int
-    sum: float
-    min: float
-    max: float
-    zero_count: int
-    pos_keys: list[int]
-    pos_counts: list[int]
-    neg_keys: list[int]
-    neg_counts: list[int]
 
 
 # to_bytes layout (little-endian): header, then pos keys (i4), pos counts,

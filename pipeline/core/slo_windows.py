@@ -6,9 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOEvaluator
-from pipeline.spec.slo import SLOSpec, load_spec_file
+from pipeline.spec.slo import load_spec_file
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -27,24 +26,19 @@ class SLOWindowRow:
     secondary_weight: float
 
 
-class WindowSLOCounts:
-    """Per-window accumulator (satisfies ``pipeline.core.windows.WindowSLOs``).
+class WindowSLOCounts(SLOEvaluator):
+    """Per-window accumulator (satisfies ``pipeline.core.windows.WindowSLOs``): an
+    evaluator (its ``add`` called per record, without a forwarding call) with rows.
 
     Counts may be negative in a correction (a partial record taken back when its
     upgrade lands in another window); they add up exactly with the window's rows.
     """
 
-    __slots__ = ("evaluator",)
-
-    def __init__(self, spec: SLOSpec) -> None:
-        self.evaluator = SLOEvaluator(spec)
-
-    def add(self, record: RequestRecord, sign: int = 1) -> None:
-        self.evaluator.add(record, sign)
+    __slots__ = ()
 
     def rows(self) -> list[SLOWindowRow]:
-        spec = self.evaluator.spec
-        slos, tiers = self.evaluator.delta_counts()
+        spec = self.spec
+        slos, tiers = self.delta_counts()
         out = [
             SLOWindowRow(
                 s.name, "slo", s.boundary, s.threshold_ms, s.objective,

@@ -50,9 +50,10 @@ import math
 import zoneinfo
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import orjson
 
 from pipeline.core.durations import parse_duration_ms
@@ -87,7 +88,7 @@ class BudgetEventRow:
 def records_digest(records: Sequence[RequestRecord]) -> str:
     """Digest of the records (in (request_id, attempt) order, every field)."""
     ordered = sorted(records, key=lambda r: (r.request_id, r.attempt))
-    return digest(orjson.dumps([list(astuple(r)) for r in ordered]))
+    return digest(orjson.dumps([list(msgspec.structs.astuple(r)) for r in ordered]))
 
 
 def rows_digest(rows: Sequence[Sequence[Any]]) -> str:

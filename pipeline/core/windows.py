@@ -80,8 +80,18 @@ def rollup_start(start_ms: int, rollup_ms: int) -> int:
     return window_start(start_ms, rollup_ms)
 
 
+_PRIORITY_LABELS: Final = tuple(str(p) for p in range(16))  # str() per record, cached
+
+
 def record_key(rec: RequestRecord) -> WindowKey:
-    return (rec.model, "unknown" if rec.priority is None else str(rec.priority), rec.ctx_bucket)
+    p = rec.priority
+    if p is None:
+        label = "unknown"
+    elif 0 <= p < 16:
+        label = _PRIORITY_LABELS[p]
+    else:
+        label = str(p)
+    return (rec.model, label, rec.ctx_bucket)
 
 
 class WindowSLOs(Protocol):
@@ -230,11 +240,12 @@ class WindowAggregator:
         # written. A take-back is recorded too (its version, marked RETRACTED): the add
         # that replaces it may land in another window, written later; a worker resuming
         # in between must not take the old version back a second time.
-        lk = ledger_key(rec)
+        lk = rec.request_id if rec.attempt == 1 else ledger_key(rec)
         code = ledger_code(rec) if sign > 0 else ledger_code(rec) | RETRACTED
-        have = win.ledger.get(lk)
+        ledger = win.ledger
+        have = ledger.get(lk)
         if have is None or code_order(code) > code_order(have):
-            win.ledger[lk] = code
+            ledger[lk] = code
         win.dirty = True
         return not late
 

@@ -19,9 +19,9 @@ from typing import Annotated, ClassVar, Final, Literal
 from annotated_types import MinLen
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
 
-from pipeline.core.control_signal import Actions
+from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.contract.control_signal import Actions
 from pipeline.core.durations import format_ms
-from pipeline.core.record import BOUNDARIES
 from pipeline.spec.fields import Duration, DurationMs, HoldDuration, duration_or_none
 from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 
@@ -214,16 +214,9 @@ class ActionsSpec(_Model):
     rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
-        """The directive's actions (the one type the wire signs and the serving side reads)."""
-        return Actions(
-            shed_priorities_at_or_above=self.shed_priorities_at_or_above,
-            cap_context_tokens=self.cap_context_tokens,
-            fallback_model=self.fallback_model,
-            reject_new_sessions=self.reject_new_sessions,
-            retry_after_s=self.retry_after_s,
-            rate_limit_rps=self.rate_limit_rps,
-            admit_fraction=admit_fraction,
-        )
+        """The directive's actions (the one type the wire signs and the serving side reads):
+        these fields, named as on :class:`Actions`, and the half-open ``admit_fraction``."""
+        return Actions(**self.model_dump(), admit_fraction=admit_fraction)
 
 
 class Level(_Model):

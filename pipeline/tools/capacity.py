@@ -5,28 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline.adapters.queries import requests
 from pipeline.adapters.store import Store
 from pipeline.core.capacity import UTILISATION, ModelCapacity, Sample, fit
-from pipeline.core.record import BOUNDARIES
 
 
 def read_samples(store: Store, boundary: str, model: str | None = None) -> list[Sample]:
     """Finished requests the engine measured (joined or engine-only)."""
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"unknown boundary {boundary!r}: one of {', '.join(BOUNDARIES)}")
-    where = (
-        "engine_e2e_ms IS NOT NULL AND inference_ms IS NOT NULL "
-        f"AND engine_arrival_unix_ns IS NOT NULL AND {boundary} IS NOT NULL"
-    )
-    params: dict[str, Any] = {}
-    if model is not None:
-        where += " AND model = {m:String}"
-        params["m"] = model
-    rows = store.query_rows(
-        "SELECT model, engine_host, engine_arrival_unix_ns / 1e6, engine_e2e_ms, inference_ms, "
-        f"{boundary} FROM {store.database}.requests FINAL WHERE {where}",
-        params,
-    )
+    rows = requests.engine_samples(store, boundary, model)
     return [
         Sample(str(m), str(h), float(a), float(e), float(c), float(v)) for m, h, a, e, c, v in rows
     ]

@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
+from pipeline.adapters.queries import control, events, requests
+from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.explain import Directive, Explanation, explain
 from pipeline.core.record import RequestRecord
 from pipeline.spec.slo import SLOSpec
-
-_NAMES = [n for n, _ in REQUEST_COLUMNS]
 
 
 class NotFoundError(LookupError):
@@ -19,25 +18,15 @@ class NotFoundError(LookupError):
 
 def read_record(store: Store, request_id: str) -> RequestRecord:
     """The request's record (its last attempt when the client retried with its id)."""
-    rows = store.query_rows(
-        f"SELECT {', '.join(_NAMES)} FROM {store.database}.requests FINAL "
-        "WHERE request_id = {rid:String} ORDER BY attempt DESC LIMIT 1",
-        {"rid": request_id},
-    )
-    if not rows:
+    row = requests.last_attempt(store, request_id)
+    if row is None:
         raise NotFoundError(request_id)
-    return record_from_row(rows[0])
+    return record_from_row(row)
 
 
 def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[Directive]:
     """The latest directives of ``scope`` up to ``until_unix_ms`` (event time)."""
-    rows = store.query_rows(
-        "SELECT scope, seq, level, phase, toUnixTimestamp64Milli(event_time), reason "
-        f"FROM {store.database}.control_signals FINAL "
-        "WHERE scope = {s:String} AND toUnixTimestamp64Milli(event_time) <= {t:Int64} "
-        "ORDER BY event_time DESC, seq DESC LIMIT 5",
-        {"s": scope, "t": until_unix_ms},
-    )
+    rows = control.latest_of_scope(store, scope, until_unix_ms)
     return [
         Directive(str(s), int(q), int(lv), str(p), int(t), str(r)) for s, q, lv, p, t, r in rows
     ]
@@ -45,12 +34,7 @@ def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[Direct
 
 def read_events(store: Store, request_id: str) -> list[dict[str, Any]]:
     """The raw lifecycle events kept for the request (may be gone: TTL, or not stored)."""
-    rows = store.query_rows(
-        "SELECT kind, host, ts_unix_ns FROM "
-        f"{store.database}.lifecycle_events FINAL WHERE request_id = {{rid:String}} "
-        "ORDER BY ts_unix_ns, kind",
-        {"rid": request_id},
-    )
+    rows = events.of_request(store, request_id)
     return [{"kind": k, "host": h, "ts_unix_ns": int(t)} for k, h, t in rows]
 
 

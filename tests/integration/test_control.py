@@ -14,8 +14,9 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from pipeline.adapters.control_keys import keyring_from_file
 from pipeline.adapters.store import open_store
-from pipeline.core.control_signal import Keyring, RejectReason
+from pipeline.contract.control_signal import RejectReason
 from pipeline.demo import kafka_sink
 from pipeline.replay import replay_file
 from pipeline.settings import Settings
@@ -84,7 +85,7 @@ def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path:
         kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
         policy_file=policy_file, control_heartbeat_ms=1000,
     )  # fmt: skip
-    keyring = Keyring.from_file(keys)
+    keyring = keyring_from_file(keys)
 
     # The same events through the pure core (replay) say what must happen.
     events = tmp_path / "events.jsonl"

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
-from pipeline.core.control_signal import (
+from pipeline.contract.control_signal import (
     Actions,
     Decision,
     Keyring,

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.control_signal import (
+from pipeline.adapters.control_keys import keyring_from_environ, keyring_from_file
+from pipeline.contract.control_signal import (
     Actions,
     ControlSignal,
     Decision,
@@ -30,7 +31,6 @@ from pipeline.core.control_signal import (
     canonical_bytes,
     decode_and_verify,
     encode,
-    keyring_from_environ,
     message_key,
     resume_seqs,
     sign,
@@ -398,7 +398,7 @@ def test_key_files_json_and_yaml(tmp_path: Path) -> None:
     other = tmp_path / "keys.conf"  # unknown suffix: JSON, then YAML
     other.write_text(y.read_text())
     for p in (j, y, other):
-        kr = Keyring.from_file(p)
+        kr = keyring_from_file(p)
         assert kr.active_kid == "k2"
         assert kr.secret("k1") == KEY1
         assert kr.secret("k2") == KEY2
@@ -421,13 +421,13 @@ def test_bad_key_files(tmp_path: Path, name: str, text: str, match: str) -> None
     p = tmp_path / name
     p.write_text(text)
     with pytest.raises(KeyConfigError, match=match) as exc:
-        Keyring.from_file(p)
+        keyring_from_file(p)
     assert SECRET_B64 not in str(exc.value)
 
 
 def test_missing_key_file(tmp_path: Path) -> None:
     with pytest.raises(KeyConfigError, match="control key file"):
-        Keyring.from_file(tmp_path / "absent.json")
+        keyring_from_file(tmp_path / "absent.json")
 
 
 def test_keyring_from_environ(tmp_path: Path) -> None:

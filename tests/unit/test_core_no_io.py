@@ -37,12 +37,9 @@ IO_MODULES = frozenset(
     }
 )
 
-# Modules that still do I/O, each with the work that removes it. The lead empties
-# this list at merge: control_signal.py's key files and os.environ move to an
-# adapter (the "wire" change, issue 18 item 2).
-KNOWN_EXCEPTIONS: dict[str, str] = {
-    "control_signal.py": "key files and os.environ: moving to an adapter (issue 18 item 2)",
-}
+# Modules that still do I/O, each with the work that removes it (none: the control
+# signal's key files and os.environ moved to pipeline/adapters/control_keys.py).
+KNOWN_EXCEPTIONS: dict[str, str] = {}
 
 
 def _type_checking_only(node: ast.If) -> bool:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
+from msgspec.structs import replace  # records are msgspec Structs
 
 from pipeline.core.explain import Directive, breakdown, control_at, explain, timeline
 from pipeline.core.record import build_record

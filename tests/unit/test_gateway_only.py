@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pipeline.contract.control_signal import Actions
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
-from pipeline.core.control_signal import Actions
 from producers.asgi_control import ControlMiddleware
 from producers.control_client import Directive
 from producers.gateway import (

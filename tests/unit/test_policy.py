@@ -984,8 +984,8 @@ def test_shipped_default_validates_and_watches_first_token_latency() -> None:
 def test_one_actions_type_and_one_decision_type() -> None:
     """The policy's Actions and Decision are the wire's (one type each, one
     retry_after_s default): a control signal carries the evaluation's decision as is."""
-    from pipeline.core.control_signal import Actions as WireActions
-    from pipeline.core.control_signal import Decision as WireDecision
+    from pipeline.contract.control_signal import Actions as WireActions
+    from pipeline.contract.control_signal import Decision as WireDecision
 
     d = PolicyEngine(DEFAULT).evaluate("m", 0, _with(**{"burn.page": True}))
     assert isinstance(d.actions, WireActions)
@@ -1003,7 +1003,7 @@ def test_one_actions_type_and_one_decision_type() -> None:
 
 
 def test_a_long_reason_is_cut_to_what_a_signal_carries() -> None:
-    from pipeline.core.control_signal import REASON_MAX_CHARS
+    from pipeline.contract.control_signal import REASON_MAX_CHARS
     from pipeline.core.policy import _bounded
 
     assert _bounded("x" * REASON_MAX_CHARS) == "x" * REASON_MAX_CHARS

@@ -6,19 +6,20 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from pipeline.core.control import Controller
-from pipeline.core.record import RequestRecord, build_record
-from pipeline.core.summary import (
+from pipeline.contract.summary import (
     ModelWindow,
     Progress,
     SLOWindowCounts,
     WindowSummary,
     decode_summary,
     encode_summary,
-    summarize,
 )
+from pipeline.core.control import Controller
+from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.summary import summarize
 from pipeline.core.windows import WindowAggregator, WindowConfig
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy
@@ -30,7 +31,7 @@ SIZE = 10_000
 
 def rec(end_ms: int, queue_ms: float) -> RequestRecord:
     r = build_record("r", received("r"), completed("r"), finished("r"))
-    return replace(r, end_unix_ns=end_ms * 1_000_000, queue_ms=queue_ms, model="m")
+    return msgspec.structs.replace(r, end_unix_ns=end_ms * 1_000_000, queue_ms=queue_ms, model="m")
 
 
 def test_snapshots_cover_ended_open_windows_once_per_change() -> None:

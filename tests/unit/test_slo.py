@@ -8,23 +8,17 @@ import itertools
 import re
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace  # records are msgspec Structs
 from pydantic import ValidationError
 
 from pipeline.core.record import BOUNDARIES, RequestRecord, Source, build_record, ctx_bucket
-from pipeline.core.slo import (
-    BlendedCounts,
-    SLOCounts,
-    SLOEvaluator,
-    SLOMatcher,
-    compliance_report,
-)
+from pipeline.core.slo import BlendedCounts, SLOCounts, SLOEvaluator, SLOMatcher, compliance_report
 from pipeline.spec.loader import SpecError
 from pipeline.spec.slo import (
     SLO,

@@ -3,13 +3,13 @@ hand-set records, hypothesis for the exemption cap; cold-start marks at their so
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import shutil
 import zoneinfo
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,7 +89,7 @@ def rec(
     cold: int | None = None,
     host: str = "m-0",
 ) -> RequestRecord:
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         _BASE,
         request_id=rid,
         tenant=tenant,
@@ -510,7 +510,7 @@ def test_unknown_tenant_is_an_error() -> None:
 def test_records_digest_changes_with_any_field() -> None:
     a = [rec("a", UTC_NOV_NS), rec("b", UTC_NOV_NS)]
     assert records_digest(a) == records_digest(list(reversed(a)))
-    b = [a[0], dataclasses.replace(a[1], queue_ms=10.000001)]
+    b = [a[0], msgspec.structs.replace(a[1], queue_ms=10.000001)]
     assert records_digest(a) != records_digest(b)
 
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import pytest
 
 from pipeline.core.record import RequestRecord, build_record
@@ -38,7 +37,7 @@ def _rec(end_ms: int, *, model: str = "m", prio: int = 1, rid: str = "r") -> Req
         completed(rid, model=model),
         finished(rid, model=model),
     )
-    return dataclasses.replace(rec, end_unix_ns=end_ms * 1_000_000)
+    return msgspec.structs.replace(rec, end_unix_ns=end_ms * 1_000_000)
 
 
 def test_close_once_after_grace_then_late() -> None:
@@ -77,7 +76,7 @@ def test_an_upgrade_takes_its_partial_back(
 ) -> None:  # fmt: skip
     agg = WindowAggregator(0, WindowConfig(size_ms=10_000, grace_ms=5_000))
     partial = _rec(partial_end_ms)
-    joined = dataclasses.replace(_rec(joined_end_ms), gateway_total_ms=250.0)
+    joined = msgspec.structs.replace(_rec(joined_end_ms), gateway_total_ms=250.0)
     out = []
     agg.add(partial, 1)
     if close_before is not None:

@@ -1,7 +1,8 @@
 """Signed degradation directives (L0-L3) on the compacted topic ``tailguard.control``.
 
 Pure: the standard library (``hmac``, ``hashlib``, ``base64``), orjson and
-pydantic; PyYAML only when a key file is YAML. No Kafka, Faust or ClickHouse.
+pydantic; no files, environment, Kafka, Faust or ClickHouse (keys arrive as values:
+:mod:`pipeline.adapters.control_keys` reads key files and the environment).
 
 The stream worker decides a level per *scope* (a model name, or ``"*"`` for
 all traffic) and publishes a :class:`ControlSignal`; the serving layer
@@ -116,12 +117,10 @@ import enum
 import hashlib
 import hmac
 import math
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
 
 import orjson
@@ -147,10 +146,6 @@ ALL_SCOPES: Final = "*"
 KID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _KID_RE: Final = re.compile(KID_PATTERN)
 _SIG_LEN: Final = 44  # base64 of a 32-byte HMAC-SHA256, padded
-
-ENV_KEYS: Final = "TAILGUARD_CONTROL_KEYS"
-ENV_ACTIVE_KID: Final = "TAILGUARD_CONTROL_ACTIVE_KID"
-ENV_KEYS_FILE: Final = "TAILGUARD_CONTROL_KEYS_FILE"
 
 Level = Annotated[int, Field(ge=0, le=3)]
 Phase = Literal["normal", "degraded", "half_open"]
@@ -376,32 +371,21 @@ class Keyring:
         return cls.from_base64(keys, active.strip())
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
-        """JSON or YAML ``{active: k2, keys: {k1: <base64>, k2: <base64>}}``.
-
-        ``.json`` is read as JSON, ``.yaml``/``.yml`` as YAML, anything else as
-        JSON and then YAML.
-        """
-        p = Path(path)
-        try:
-            text = p.read_bytes()
-        except OSError as e:
-            raise KeyConfigError(f"control key file {p}: {e.strerror or e}") from None
-        doc = _parse_key_doc(p, text)
+    def from_document(cls, doc: object, where: str) -> Keyring:
+        """A parsed key document ``{active: k2, keys: {k1: <base64>, k2: <base64>}}``;
+        ``where`` names its source in errors (a file path, never a secret)."""
         if not isinstance(doc, dict):
-            raise KeyConfigError(f"control key file {p}: expected a mapping with 'active', 'keys'")
+            raise KeyConfigError(f"{where}: expected a mapping with 'active', 'keys'")
         unknown = set(doc) - {"active", "keys"}
         if unknown:
-            raise KeyConfigError(
-                f"control key file {p}: unknown fields {sorted(map(str, unknown))}"
-            )
+            raise KeyConfigError(f"{where}: unknown fields {sorted(map(str, unknown))}")
         active, keys = doc.get("active"), doc.get("keys")
         if not isinstance(active, str):
-            raise KeyConfigError(f"control key file {p}: 'active' must be a key id string")
+            raise KeyConfigError(f"{where}: 'active' must be a key id string")
         if not isinstance(keys, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in keys.items()
         ):
-            raise KeyConfigError(f"control key file {p}: 'keys' must map key ids to base64 strings")
+            raise KeyConfigError(f"{where}: 'keys' must map key ids to base64 strings")
         return cls.from_base64(keys, active)
 
 
@@ -410,45 +394,6 @@ def _b64_secret(kid: str, value: str) -> bytes:
         return base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise KeyConfigError(f"control keyring: key {kid!r}: secret is not valid base64") from None
-
-
-def _parse_key_doc(p: Path, text: bytes) -> object:
-    suffix = p.suffix.lower()
-    if suffix not in {".yaml", ".yml"}:
-        try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError:
-            if suffix == ".json":
-                raise KeyConfigError(f"control key file {p}: not valid JSON") from None
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise KeyConfigError(f"control key file {p}: not valid YAML") from None
-
-
-def keyring_from_environ(environ: Mapping[str, str] | None = None) -> Keyring:
-    """The keyring from ``TAILGUARD_CONTROL_KEYS_FILE``, or from
-    ``TAILGUARD_CONTROL_KEYS`` (``k1:<b64>,k2:<b64>``) + ``TAILGUARD_CONTROL_ACTIVE_KID``.
-    """
-    env = os.environ if environ is None else environ
-    path, spec = env.get(ENV_KEYS_FILE), env.get(ENV_KEYS)
-    if path and spec:
-        raise KeyConfigError(f"set either {ENV_KEYS_FILE} or {ENV_KEYS}, not both")
-    if path:
-        return Keyring.from_file(path)
-    if spec:
-        active = env.get(ENV_ACTIVE_KID)
-        if not active:
-            raise KeyConfigError(f"{ENV_KEYS} is set but {ENV_ACTIVE_KID} is not")
-        return Keyring.from_env_string(spec, active)
-    raise KeyConfigError(f"no control keys: set {ENV_KEYS_FILE} or {ENV_KEYS}")
-
-
-def generate_secret_b64(n_bytes: int = 32) -> str:
-    """A fresh random secret, base64 (for key files and ``TAILGUARD_CONTROL_KEYS``)."""
-    return base64.b64encode(os.urandom(max(n_bytes, MIN_SECRET_BYTES))).decode("ascii")
 
 
 # --------------------------------------------------------------------------- codec

@@ -1,0 +1,69 @@
+"""Reads of ``control_signals`` (every directive and heartbeat, signed or replayed)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.store import Store
+
+Row = tuple[Any, ...]
+
+
+def _where(f: ReportFilter) -> str:
+    """The filter's time range; with a model, the directives of its scope, ``*`` and
+    ``fleet``."""
+    where = time_where("event_time", f)
+    if f.model is not None:
+        where += " AND scope IN ({model:String}, '*', 'fleet')"
+    return where
+
+
+def directives(store: Store, f: ReportFilter) -> list[Row]:
+    """``(scope, seq, level, phase, event_time, reason)`` of the filter's directives
+    (heartbeats left out), by event time."""
+    return _directives(
+        store, f, "scope, seq, level, phase, event_time, reason", "event_time, scope, seq"
+    )
+
+
+def directive_timeline(store: Store, f: ReportFilter) -> list[Row]:
+    """``(scope, event_time, level, phase, reason)`` of the filter's directives (heartbeats
+    left out), by event time and sequence."""
+    return _directives(store, f, "scope, event_time, level, phase, reason", "event_time, seq")
+
+
+def _directives(store: Store, f: ReportFilter, columns: str, order: str) -> list[Row]:
+    return store.query_rows(
+        f"SELECT {columns} FROM {store.database}.control_signals FINAL "
+        f"WHERE NOT heartbeat AND {_where(f)} ORDER BY {order}",
+        params(f),
+    )
+
+
+# Every signal before {b} (unix ms, event time): (scope, event time ms, seq, level).
+_LEVELS_BEFORE: Final = (
+    "SELECT scope, toUnixTimestamp64Milli(event_time), seq, level "
+    "FROM {db}.control_signals FINAL "
+    "WHERE toUnixTimestamp64Milli(event_time) < {{b:Int64}} ORDER BY scope, event_time, seq"
+)
+# The latest signals of scope {s} up to {t} (unix ms, event time), newest first:
+# (scope, seq, level, phase, event time ms, reason).
+_LATEST_OF_SCOPE: Final = (
+    "SELECT scope, seq, level, phase, toUnixTimestamp64Milli(event_time), reason "
+    "FROM {db}.control_signals FINAL "
+    "WHERE scope = {{s:String}} AND toUnixTimestamp64Milli(event_time) <= {{t:Int64}} "
+    "ORDER BY event_time DESC, seq DESC LIMIT {limit:d}"
+)
+
+
+def levels_before(store: Store, until_unix_ms: int) -> list[Row]:
+    """``(scope, event time ms, seq, level)`` of every signal before ``until_unix_ms``."""
+    return store.query_rows(_LEVELS_BEFORE.format(db=store.database), {"b": until_unix_ms})
+
+
+def latest_of_scope(store: Store, scope: str, until_unix_ms: int, limit: int = 5) -> list[Row]:
+    """``(scope, seq, level, phase, event time ms, reason)`` of the latest signals of
+    ``scope`` up to ``until_unix_ms`` (event time), newest first."""
+    sql = _LATEST_OF_SCOPE.format(db=store.database, limit=limit)
+    return store.query_rows(sql, {"s": scope, "t": until_unix_ms})

@@ -1,0 +1,117 @@
+"""Reads of ``requests`` (one row per request attempt, ``FINAL``: the last version)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.store import REQUEST_COLUMNS, Store
+from pipeline.contract.boundaries import BOUNDARIES
+
+Row = tuple[Any, ...]
+_NAMES: Final = ", ".join(n for n, _ in REQUEST_COLUMNS)
+
+
+def _where(f: ReportFilter) -> str:
+    return time_where("end_unix_ns", f, unit="ns", model_column="model")
+
+
+def boundary_quantiles(store: Store, f: ReportFilter, quantiles: Sequence[float]) -> Row:
+    """``count()``, then per boundary (``BOUNDARIES`` order) its count and
+    ``quantilesExact(quantiles)``."""
+    parts = []
+    for b in BOUNDARIES:
+        parts.append(f"count({b})")
+        parts.append(f"quantilesExact({', '.join(map(str, quantiles))})({b})")
+    return store.query_rows(
+        f"SELECT count(), {', '.join(parts)} FROM {store.database}.requests FINAL "
+        f"WHERE {_where(f)}",
+        params(f),
+    )[0]
+
+
+def counts_by(store: Store, f: ReportFilter, column: str) -> dict[Any, Any]:
+    """Requests per value of ``column`` (``source`` or ``outcome``)."""
+    if column not in {"source", "outcome"}:
+        raise ValueError(f"counts by {column!r}: one of source, outcome")
+    return dict(
+        store.query_rows(
+            f"SELECT {column}, count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
+            f"GROUP BY {column} ORDER BY {column}",
+            params(f),
+        )
+    )
+
+
+def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
+    """Requests of the filter that ended at or after ``from_unix_ms``."""
+    ((n,),) = store.query_rows(
+        f"SELECT count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
+        f"AND end_unix_ns >= {from_unix_ms * 1_000_000}",
+        params(f),
+    )
+    return int(n)
+
+
+def clock_skew(store: Store, f: ReportFilter) -> list[Row]:
+    """Per gateway -> engine host pair: joined requests and the P50 of the engine clock's
+    offset from the gateway's (:mod:`pipeline.core.skew`'s estimate)."""
+    return store.query_rows(
+        "SELECT gateway_host, engine_host, count(), quantileExact(0.5)("
+        "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2) "
+        f"FROM {store.database}.requests FINAL WHERE source = 'joined' AND {_where(f)} "
+        "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
+        "AND gateway_overhead_ms IS NOT NULL "
+        "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
+        params(f),
+    )
+
+
+def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> list[Row]:
+    """Whole rows (``REQUEST_COLUMNS``) of a tenant's requests ending in the range."""
+    return store.query_rows(
+        f"SELECT {_NAMES} FROM {store.database}.requests FINAL "
+        "WHERE tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64} "
+        "ORDER BY request_id, attempt",
+        {"t": tenant, "a": from_unix_ns, "b": until_unix_ns},
+    )
+
+
+def last_end(store: Store, from_unix_ns: int, until_unix_ns: int) -> Row:
+    """``(max(end_unix_ns), count())`` of every request ending in the range."""
+    return store.query_rows(
+        f"SELECT max(end_unix_ns), count() FROM {store.database}.requests FINAL "
+        "WHERE end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}",
+        {"a": from_unix_ns, "b": until_unix_ns},
+    )[0]
+
+
+def last_attempt(store: Store, request_id: str) -> Row | None:
+    """The whole row of a request's last attempt, or None."""
+    rows = store.query_rows(
+        f"SELECT {_NAMES} FROM {store.database}.requests FINAL "
+        "WHERE request_id = {rid:String} ORDER BY attempt DESC LIMIT 1",
+        {"rid": request_id},
+    )
+    return rows[0] if rows else None
+
+
+def engine_samples(store: Store, boundary: str, model: str | None = None) -> list[Row]:
+    """``(model, engine_host, engine arrival ms, engine_e2e_ms, inference_ms, boundary)`` of
+    the finished requests the engine measured (joined or engine-only)."""
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"unknown boundary {boundary!r}: one of {', '.join(BOUNDARIES)}")
+    where = (
+        "engine_e2e_ms IS NOT NULL AND inference_ms IS NOT NULL "
+        f"AND engine_arrival_unix_ns IS NOT NULL AND {boundary} IS NOT NULL"
+    )
+    bound: dict[str, Any] = {}
+    if model is not None:
+        where += " AND model = {m:String}"
+        bound["m"] = model
+    return store.query_rows(
+        "SELECT model, engine_host, engine_arrival_unix_ns / 1e6, engine_e2e_ms, inference_ms, "
+        f"{boundary} FROM {store.database}.requests FINAL WHERE {where}",
+        bound,
+    )

@@ -1,0 +1,55 @@
+"""Reads of the latency sketches: ``window_sketches`` (per window, key and boundary, with
+the ledger of the requests each window counted) and the rollup ``latency_1m``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.sketch_sql import quantile_from_merged_sql
+from pipeline.adapters.store import SLO_ROW_BOUNDARY, Store
+from pipeline.core.ledger import pack
+
+Row = tuple[Any, ...]
+
+
+def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
+    """``(start s, boundary, p99, sum, count)`` per minute and boundary of the filter's
+    model (all traffic without one), priorities and context buckets folded."""
+    q99 = quantile_from_merged_sql(0.99, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)")
+    bset = ", ".join(f"'{b}'" for b in boundaries)
+    model = "{model:String}" if f.model is not None else "'*'"
+    return store.query_rows(
+        f"SELECT toUnixTimestamp(window_start), boundary, {q99}, sum(sum), sum(count) "
+        f"FROM {store.database}.latency_1m WHERE model = {model} AND priority = '*' "
+        f"AND ctx_bucket = '*' AND boundary IN ({bset}) AND {time_where('window_start', f)} "
+        "GROUP BY window_start, boundary ORDER BY window_start",
+        params(f),
+    )
+
+
+def read_ledger(
+    store: Store, topic: str, partition: int, from_offset: int, memory_ms: int = 0
+) -> dict[str, int]:
+    """Requests of ``partition`` the store's windows count that a worker taking the
+    partition over must know of: those written past ``from_offset`` (the offset it resumes
+    from: it re-reads them), and those counted within ``memory_ms`` of the newest window
+    (a duplicate of them may still come). Request id -> ledger code packed with the end of
+    the window that counted it (``pipeline.core.ledger.pack``); the furthest version wins
+    (``pipeline.core.ledger.code_order``).
+    """
+    rows = store.query_rows(
+        "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
+        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
+        "SELECT id, argMax(v, bitAnd(v, 3) * 4 + bitAnd(bitShiftRight(v, 3), 1) * 2 "
+        "+ bitAnd(bitShiftRight(v, 4), 1)), "
+        "max(end_ms) FROM ("
+        "SELECT arrayJoin(arrayZip(ledger_ids, ledger_versions)) AS t, t.1 AS id, t.2 AS v, "
+        "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
+        f"FROM {store.database}.window_sketches "
+        "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
+        "AND (through_offset > {o:Int64} OR end_ms >= newest - {m:Int64})) GROUP BY id",
+        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset, "m": memory_ms},
+    )
+    return {str(i): pack(int(v), int(e)) for i, v, e in rows}
