@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.contract.codec import encode_event
-from pipeline.core.budget import BurnRules
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -37,13 +36,15 @@ from pipeline.core.control import (
     DecisionClock,
 )
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
 from pipeline.replay import ReplayResult, _ControlRun
+from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
+from pipeline.spec.policy import ControlPolicy
+from pipeline.spec.slo import SLOSpec
 from producers.simulator.gate import GateActions, GatewayGate
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
@@ -99,7 +100,7 @@ def run_loop(
     controller = Controller(
         policy,
         spec,
-        burn_rules,
+        burn_rules or load_burn_rules_file(),
         ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)

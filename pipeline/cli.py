@@ -126,7 +126,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _load_spec(path: Path | None) -> Any:
-    from pipeline.core.slo import SpecError, load_spec_file
+    from pipeline.spec.loader import SpecError
+    from pipeline.spec.slo import load_spec_file
 
     if path is None:
         return None
@@ -138,9 +139,9 @@ def _load_spec(path: Path | None) -> Any:
 
 
 def _load_control(policy_path: Path | None, rules_path: Path) -> tuple[Any, Any]:
-    from pipeline.core.budget import load_burn_rules_file
-    from pipeline.core.policy import load_policy_file
-    from pipeline.core.slo import SpecError
+    from pipeline.spec.burn_rules import load_burn_rules_file
+    from pipeline.spec.loader import SpecError
+    from pipeline.spec.policy import load_policy_file
 
     if policy_path is None:
         return None, None
@@ -152,29 +153,20 @@ def _load_control(policy_path: Path | None, rules_path: Path) -> tuple[Any, Any]
         raise SystemExit(f"tailguard: invalid control configuration:\n{exc}") from None
 
 
-def _kind_of(path: Path) -> str:
-    import yaml
-
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return "SLOSpec"  # let the SLO validator report it
-    return str(doc.get("kind", "SLOSpec")) if isinstance(doc, dict) else "SLOSpec"
-
-
 def cmd_openslo(args: argparse.Namespace) -> int:
-    """OpenSLO v1 <-> tailguard/v1 (pipeline.core.openslo says what maps and how)."""
+    """OpenSLO v1 <-> tailguard/v1 (pipeline.spec.openslo says what maps and how)."""
     import yaml
 
-    from pipeline.core.budget import load_burn_rules_file
-    from pipeline.core.openslo import (
+    from pipeline.spec.burn_rules import load_burn_rules_file
+    from pipeline.spec.loader import SpecError
+    from pipeline.spec.openslo import (
         OpenSLOError,
         export_openslo,
         import_openslo,
         rules_document,
         spec_document,
     )
-    from pipeline.core.slo import SpecError, load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     def write(path: Path | None, docs: list[Any]) -> None:
         text = yaml.safe_dump_all(docs, sort_keys=False, allow_unicode=True)
@@ -208,28 +200,11 @@ def cmd_openslo(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline.core.slo import SpecError, validate_file
+    """Validate a tailguard/v1 file of any kind (pipeline.spec.registry dispatches)."""
+    from pipeline.spec.registry import validate_path
 
     _need_file(args.file)
-    kind = _kind_of(args.file)
-    if kind == "ControlPolicy":
-        from pipeline.core.policy import validate_policy_file
-
-        ok, message = validate_policy_file(args.file)
-    elif kind == "Contract":
-        from pipeline.core.contract import validate_contract_file
-
-        ok, message = validate_contract_file(args.file)
-    elif kind == "BurnRules":
-        from pipeline.core.budget import load_burn_rules_file
-
-        try:
-            load_burn_rules_file(args.file)
-            ok, message = True, f"ok: burn rules ({args.file})"
-        except SpecError as exc:
-            ok, message = False, str(exc)
-    else:
-        ok, message = validate_file(args.file)
+    ok, message = validate_path(args.file)
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -401,8 +376,8 @@ DEFAULT_CONTRACT = EXAMPLE_CONTRACT
 def cmd_statement(args: argparse.Namespace) -> int:
     """A tenant's contract statement for a billing period, or --verify one."""
     from pipeline.adapters.query_server import open_reader
-    from pipeline.core.contract import load_contract_file
-    from pipeline.core.slo import SpecError
+    from pipeline.spec.contract import load_contract_file
+    from pipeline.spec.loader import SpecError
     from pipeline.statement import build_statement, render_html, render_text, verify
 
     try:

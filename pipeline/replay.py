@@ -18,7 +18,7 @@ import orjson
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.codec import dead_letter_record
 from pipeline.contract.summary import StatsSample
-from pipeline.core.budget import BudgetStatus, BurnRules
+from pipeline.core.budget import BudgetStatus
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -28,15 +28,18 @@ from pipeline.core.control import (
 )
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
-from pipeline.core.policy import ControlPolicy, Evaluation
+from pipeline.core.policy import Evaluation
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.skew import SkewEstimator
-from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.slo import SLOEvaluator
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.summary import summarize
 from pipeline.core.windows import ClosedWindow, WindowConfig
+from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
+from pipeline.spec.policy import ControlPolicy
+from pipeline.spec.slo import SLOSpec
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 
@@ -281,7 +284,7 @@ def replay_file(
         controller = Controller(
             policy,
             spec,
-            burn_rules,
+            burn_rules or load_burn_rules_file(),
             ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
         )
         clock = DecisionClock(wc.size_ms)

@@ -20,7 +20,6 @@ from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.queries import control as control_queries
 from pipeline.adapters.queries import requests
 from pipeline.adapters.store import Store, record_from_row
-from pipeline.core.contract import LoadedContract, period_bounds_ns
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
@@ -28,6 +27,7 @@ from pipeline.core.statement import (
     records_digest,
     rows_digest,
 )
+from pipeline.spec.contract import LoadedContract, period_bounds_ns
 
 _NOT_COMPARED = frozenset({"generated_at"})
 

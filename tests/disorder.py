@@ -19,8 +19,9 @@ import orjson
 
 from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
 from pipeline.core.record import BOUNDARIES, RequestRecord
-from pipeline.core.slo import SLOEvaluator, SLOSpec
+from pipeline.core.slo import SLOEvaluator
 from pipeline.core.windows import record_key, window_start
+from pipeline.spec.slo import SLOSpec
 
 HOUR_NS = 3_600_000_000_000
 YEAR_NS = 365 * 24 * HOUR_NS

@@ -35,7 +35,7 @@ from pipeline.contract.control_signal import (
 )
 from pipeline.contract.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.core.alerts import AlertTracker
-from pipeline.core.budget import BudgetEvent, load_burn_rules_file
+from pipeline.core.budget import BudgetEvent
 from pipeline.core.control import (
     Controller,
     ControllerConfig,
@@ -43,9 +43,11 @@ from pipeline.core.control import (
     ControlStep,
     DecisionClock,
 )
-from pipeline.core.policy import Evaluation, load_policy_file
-from pipeline.core.slo import load_spec_file
+from pipeline.core.policy import Evaluation
 from pipeline.settings import Settings
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.policy import load_policy_file
+from pipeline.spec.slo import load_spec_file
 
 log = logging.getLogger("tailguard.controller")
 

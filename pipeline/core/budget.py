@@ -1,7 +1,8 @@
 """Error budgets, burn rates and multiwindow burn-rate alerts over closed SLO windows.
 
-Pure: pydantic, PyYAML and the standard library only (no Kafka, Faust or
-ClickHouse); time comes in as integer milliseconds since the Unix epoch.
+Pure: plain values in (no files, no Kafka, Faust or ClickHouse); time comes in as
+integer milliseconds since the Unix epoch. The rules file is
+:mod:`pipeline.spec.burn_rules`; the tracker evaluates the parsed rules.
 
 Input
 -----
@@ -113,39 +114,19 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any, Final, Literal, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
+from pipeline.spec.burn_rules import (
+    BudgetFractionRule,
+    BurnRateRule,
+    BurnRules,
+    ComplianceBelowRule,
+    Severity,
 )
-
-from pipeline.core.durations import parse_duration_ms, unit_required
-from pipeline.core.slo import (
-    SLOSpec,
-    SpecError,
-    SpecIssue,
-    Window,
-    _line,
-    _message,
-    _path,
-    parse_yaml_mapping,
-)
-
-API_VERSION: Final = "tailguard/v1"
-KIND: Final = "BurnRules"
-DEFAULT_BURN_RULES_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "burn-rules.yaml"
+from pipeline.spec.slo import SLOSpec, Window
 
 BUDGET_80PCT_CONSUMED: Final = "budget_80pct_consumed"
 BUDGET_EXHAUSTED: Final = "budget_exhausted"
@@ -170,12 +151,7 @@ STANDARD_BURN_WINDOWS_MS: Final = (
 _LEVEL0_SPAN_MS: Final = 2 * HOUR_MS + 10 * MINUTE_MS
 _LEVEL1_SPAN_MS: Final = DAY_MS + 2 * HOUR_MS
 _LEVEL2_MARGIN_MS: Final = 3 * HOUR_MS
-_MAX_RULE_WINDOW_MS: Final = 90 * DAY_MS
-_DEFER_CROSS_CHECKS: Final = "tailguard.budget.defer_cross_checks"
 _EPS: Final = 1e-9  # float slack when comparing a consumed fraction with its threshold
-_NAME_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-
-Severity = Literal["page", "ticket"]
 
 
 def window_label(ms: int) -> str:
@@ -184,265 +160,6 @@ def window_label(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
-
-
-# --------------------------------------------------------------------------- #
-# Rules file
-# --------------------------------------------------------------------------- #
-
-
-def _check_window(v: str) -> str:
-    ms = parse_duration_ms(v)
-    if ms > _MAX_RULE_WINDOW_MS:
-        raise ValueError(f"window {v} is longer than the supported 90d")
-    return v
-
-
-def _check_rule_name(v: str) -> str:
-    if not _NAME_RE.fullmatch(v):
-        raise ValueError(
-            f"invalid name {v!r}: use lowercase letters, digits and dashes "
-            "(at most 63, not starting or ending with a dash), e.g. page-fast-burn"
-        )
-    return v
-
-
-Duration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_window)]
-RuleName = Annotated[str, AfterValidator(_check_rule_name)]
-Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class _Rule(_Model):
-    name: RuleName
-    severity: Severity
-    description: str | None = None
-    slos: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    # No alert from fewer requests than this in the rule's longest window (0: any):
-    # one slow request among the first dozen is a "burn rate" of 8x, not evidence.
-    min_requests: Annotated[int, Field(ge=0)] = 0
-
-    def applies_to(self, slo: str, objective: float) -> bool:
-        return self.slos is None or slo in self.slos
-
-    def windows_ms(self) -> tuple[int, ...]:
-        raise NotImplementedError
-
-
-class BurnRateRule(_Rule):
-    """Burn rate over ``long`` and over ``short`` both > ``factor``."""
-
-    kind: Literal["burn_rate"]
-    factor: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    long: Duration
-    short: Duration
-
-    @property
-    def long_ms(self) -> int:
-        return parse_duration_ms(self.long)
-
-    @property
-    def short_ms(self) -> int:
-        return parse_duration_ms(self.short)
-
-    def windows_ms(self) -> tuple[int, ...]:
-        return (self.long_ms, self.short_ms)
-
-
-class BudgetFractionRule(_Rule):
-    """Bad over ``within`` >= ``fraction`` x allowed bad over ``of``."""
-
-    kind: Literal["budget_fraction"]
-    fraction: Fraction
-    within: Duration
-    of: Duration
-
-    @property
-    def within_ms(self) -> int:
-        return parse_duration_ms(self.within)
-
-    @property
-    def of_ms(self) -> int:
-        return parse_duration_ms(self.of)
-
-    @property
-    def equivalent_burn_rate(self) -> float:
-        """The burn rate over ``within`` that spends ``fraction`` of ``of`` (steady traffic)."""
-        return self.fraction * self.of_ms / self.within_ms
-
-    def windows_ms(self) -> tuple[int, ...]:
-        return (self.within_ms, self.of_ms)
-
-
-class ComplianceBelowRule(_Rule):
-    """Compliance over ``window`` < ``below`` at every evaluation for ``for``."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    kind: Literal["compliance_below"]
-    window: Duration
-    below: Fraction
-    for_: Duration = Field(alias="for")
-
-    @property
-    def window_ms(self) -> int:
-        return parse_duration_ms(self.window)
-
-    @property
-    def for_ms(self) -> int:
-        return parse_duration_ms(self.for_)
-
-    def applies_to(self, slo: str, objective: float) -> bool:
-        return super().applies_to(slo, objective) and self.below <= objective
-
-    def windows_ms(self) -> tuple[int, ...]:
-        return (self.window_ms,)
-
-
-Rule = Annotated[
-    BurnRateRule | BudgetFractionRule | ComplianceBelowRule, Field(discriminator="kind")
-]
-RULE_KINDS: Final = ("burn_rate", "budget_fraction", "compliance_below")
-
-
-class BudgetEventsConfig(_Model):
-    """Re-arming of the budget events (see the module docstring)."""
-
-    rearm_margin: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
-    min_requests: Annotated[int, Field(ge=0)] = 0
-
-
-class BurnRules(_Model):
-    """A versioned set of alert rules (``apiVersion: tailguard/v1``, ``kind: BurnRules``)."""
-
-    api_version: Literal["tailguard/v1"] = Field(alias="apiVersion")
-    kind: Literal["BurnRules"]
-    description: str | None = None
-    rules: list[Rule] = Field(default_factory=list)
-    budget_events: BudgetEventsConfig = Field(default_factory=BudgetEventsConfig)
-
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> BurnRules:
-        if isinstance(info.context, Mapping) and info.context.get(_DEFER_CROSS_CHECKS):
-            return self
-        issues = _cross_issues({"rules": [r.model_dump(by_alias=True) for r in self.rules]})
-        if issues:
-            raise ValueError("; ".join(f"{i.path}: {i.message}" for i in issues))
-        return self
-
-    @classmethod
-    def empty(cls) -> BurnRules:
-        return cls.model_validate({"apiVersion": API_VERSION, "kind": KIND})
-
-    def rule(self, name: str) -> BurnRateRule | BudgetFractionRule | ComplianceBelowRule:
-        for r in self.rules:
-            if r.name == name:
-                return r
-        raise KeyError(name)
-
-
-def _duration_or_none(v: object) -> int | None:
-    if not isinstance(v, str):
-        return None
-    try:
-        return parse_duration_ms(v)
-    except ValueError:
-        return None
-
-
-def _cross_issues(data: object) -> list[SpecIssue]:
-    """Checks across fields on a plain document (tolerant of a malformed one)."""
-    issues: list[SpecIssue] = []
-    if not isinstance(data, Mapping):
-        return issues
-    rules = data.get("rules")
-    if not isinstance(rules, list):
-        return issues
-    first: dict[str, int] = {}
-    for i, rule in enumerate(rules):
-        if not isinstance(rule, Mapping):
-            continue
-        name = rule.get("name")
-        if isinstance(name, str):
-            if name in first:
-                issues.append(
-                    SpecIssue(
-                        f"rules[{i}].name",
-                        f"duplicate rule name {name!r} (first at rules[{first[name]}])",
-                    )
-                )
-            else:
-                first[name] = i
-        kind = rule.get("kind")
-        if kind == "burn_rate":
-            long, short = _duration_or_none(rule.get("long")), _duration_or_none(rule.get("short"))
-            if long is not None and short is not None and short >= long:
-                issues.append(
-                    SpecIssue(
-                        f"rules[{i}].short",
-                        f"must be shorter than long ({rule.get('long')}); "
-                        "the SRE workbook uses long / 12",
-                    )
-                )
-        elif kind == "budget_fraction":
-            within, of = _duration_or_none(rule.get("within")), _duration_or_none(rule.get("of"))
-            if within is not None and of is not None and within > of:
-                issues.append(
-                    SpecIssue(
-                        f"rules[{i}].within", f"must not be longer than of ({rule.get('of')})"
-                    )
-                )
-    return issues
-
-
-def _rule_loc(loc: tuple[int | str, ...], err_type: str) -> tuple[int | str, ...]:
-    """Drop the discriminator tag pydantic puts in the path (``rules.0.burn_rate.factor``)."""
-    out = list(loc)
-    if len(out) >= 3 and out[0] == "rules" and isinstance(out[1], int) and out[2] in RULE_KINDS:
-        del out[2]
-    if err_type in ("union_tag_invalid", "union_tag_not_found"):
-        out.append("kind")
-    return tuple(out)
-
-
-def _rule_message(err: Mapping[str, Any]) -> str:
-    if err["type"] == "union_tag_not_found":
-        return f"missing kind: one of {', '.join(RULE_KINDS)}"
-    if err["type"] == "union_tag_invalid":
-        return f"unknown kind {err['ctx']['tag']!r}; known: {', '.join(RULE_KINDS)}"
-    return _message(err)
-
-
-def load_burn_rules(text: str, source: str = "<burn-rules>") -> BurnRules:
-    """Parse and validate a rules file; raises :class:`SpecError` listing every problem."""
-    data, node = parse_yaml_mapping(text, source, "a rules file")
-    issues: list[SpecIssue] = []
-    rules: BurnRules | None = None
-    try:
-        rules = BurnRules.model_validate(data, context={_DEFER_CROSS_CHECKS: True})
-    except ValidationError as e:
-        for err in e.errors():
-            loc = _rule_loc(tuple(err["loc"]), err["type"])
-            issues.append(SpecIssue(_path(loc), _rule_message(err), _line(node, loc)))
-    for issue in _cross_issues(data):
-        parts = issue.path.replace("[", ".").replace("]", "").split(".")
-        loc = tuple(int(p) if p.isdigit() else p for p in parts if p)
-        issues.append(SpecIssue(issue.path, issue.message, _line(node, loc)))
-    if issues or rules is None:
-        raise SpecError(source, sorted(issues, key=lambda i: i.line or 0))
-    return rules
-
-
-def load_burn_rules_file(path: str | Path = DEFAULT_BURN_RULES_PATH) -> BurnRules:
-    """:func:`load_burn_rules` on a file; an unreadable file is a :class:`SpecError` too."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), [SpecIssue("", f"cannot read rules: {e}")]) from None
-    return load_burn_rules(text, str(path))
 
 
 # --------------------------------------------------------------------------- #

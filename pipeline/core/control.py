@@ -46,18 +46,13 @@ from typing import Any, Final
 
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.summary import StatsSample, WindowSummary
-from pipeline.core.budget import (
-    DEFAULT_BASE_MS,
-    BudgetBook,
-    BudgetEvent,
-    BudgetStatus,
-    BurnRules,
-    load_burn_rules_file,
-)
-from pipeline.core.policy import ControlPolicy, Evaluation, PolicyEngine
+from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
+from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.sketch import QuantileSketch
-from pipeline.core.slo import SLOSpec
 from pipeline.core.summary import ALL_MODELS
+from pipeline.spec.burn_rules import BurnRules
+from pipeline.spec.policy import ControlPolicy
+from pipeline.spec.slo import SLOSpec
 
 FIVE_MIN_MS: Final = 300_000
 
@@ -125,13 +120,13 @@ class Controller:
         burn_rules: BurnRules | None = None,
         config: ControllerConfig | None = None,
     ) -> None:
+        """``burn_rules``: the parsed alert rules (None: none; callers read the shipped
+        ``specs/burn-rules.yaml`` with ``pipeline.spec.burn_rules.load_burn_rules_file``)."""
         self.config = config or ControllerConfig()
         self.policy = PolicyEngine(policy)
         self.spec = spec
         self.book = (
-            BudgetBook(
-                spec, burn_rules or load_burn_rules_file(), base_ms=self.config.budget_base_ms
-            )
+            BudgetBook(spec, burn_rules or BurnRules.empty(), base_ms=self.config.budget_base_ms)
             if spec is not None
             else None
         )

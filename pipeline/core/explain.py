@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLO, SLOSpec, Verdict
+from pipeline.core.slo import SLOMatcher, Verdict
+from pipeline.spec.slo import SLO, SLOSpec
 
 _FAILED: Final = frozenset({"error", "timeout", "rejected"})
 
@@ -176,7 +177,7 @@ def verdicts(r: RequestRecord, spec: SLOSpec) -> tuple[SLOVerdict, ...]:
     out = []
     for slo in spec.slos:
         value = r.boundary(slo.boundary)
-        v = slo.classify(r)
+        v = SLOMatcher(slo).classify(r)
         out.append(
             SLOVerdict(
                 slo.name, slo.boundary, slo.threshold_ms, slo.objective, value, v,

@@ -1,7 +1,7 @@
 """Control policies (``apiVersion: tailguard/v1``, ``kind: ControlPolicy``): when to degrade.
 
-Pure: pydantic, PyYAML and the standard library only (no Kafka, Faust or
-ClickHouse); time is passed in as integer milliseconds and nothing reads a
+Pure: plain values (no files, no Kafka, Faust or ClickHouse); the policy file
+itself is :mod:`pipeline.spec.policy`. Time is passed in as integer milliseconds and nothing reads a
 clock. The stream worker computes a flat mapping of *signals* per scope
 (usually per model) every evaluation and asks :class:`PolicyEngine` for an
 :class:`Evaluation`, whose :class:`~pipeline.contract.control_signal.Decision` (the
@@ -135,568 +135,29 @@ Evaluations of one scope must come in non-decreasing ``now_ms`` order.
 from __future__ import annotations
 
 import math
-import operator
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Final, Literal
-
-from annotated_types import MinLen
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
-)
+from typing import Any, Final, Generic, Literal, TypeVar, cast, overload
 
 from pipeline.contract.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
-from pipeline.core.durations import format_ms, parse_duration_ms, unit_required
-from pipeline.core.record import BOUNDARIES
-from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
-    SpecError,
-    SpecIssue,
-    _line,
-    _message,
-    _path,
-    parse_yaml_mapping,
+from pipeline.core.durations import format_ms
+from pipeline.spec.policy import (
+    ALERT_SIGNALS,
+    BUDGET_SIGNAL,
+    LEVELS,
+    OPS,
+    Condition,
+    ControlPolicy,
+    Level,
+    num_text,
 )
-
-DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
-API_VERSION: Final = "tailguard/v1"
-KIND: Final = "ControlPolicy"
-DEFAULT_POLICY_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "policy-default.yaml"
-# The source documents' circuit-breaker table as written (gateway P99 > 300 ms ...).
-EXAMPLE_POLICY_PATH: Final = DEFAULT_POLICY_PATH.with_name("policy-example.yaml")
-HOUR_MS: Final = 3_600_000
-LEVELS: Final = (1, 2, 3)
 
 Phase = Literal["normal", "degraded", "half_open"]
-Op = Literal[">", ">=", "<", "<="]
+T = TypeVar("T")
 SignalValue = float | int | bool | None
 Signals = Mapping[str, SignalValue]
-
-BOOLEAN_SIGNALS: Final = frozenset({"burn.page", "burn.ticket", "budget_exhausted"})
-NUMERIC_SIGNALS: Final = frozenset(
-    {"kv_cache_hit_rate", "queue_saturation", "gpu_memory_fraction", "queue_compute_ratio"}
-    | {f"p99.{b}" for b in BOUNDARIES}
-)
-# Alert signals may open a level (``enter``) and notify; they never hold one: a
-# slow-burn alert stays true long after the latency recovered (the 6h/30m page
-# rule ~30 min), so it is not allowed in ``exit`` and does not keep a level.
-ALERT_SIGNALS: Final = frozenset({"burn.page", "burn.ticket"})
-
-
-@dataclass(frozen=True, slots=True)
-class SignalUnit:
-    """The unit and the range of a numeric signal (thresholds outside it are spec errors)."""
-
-    unit: str  # "ms", "fraction", "ratio"
-    lo: float
-    hi: float | None  # None: unbounded above
-    text: str
-
-    def check(self, name: str, value: float) -> str | None:
-        """A message when ``value`` cannot be a threshold of this signal, else None."""
-        if value < self.lo or (self.hi is not None and value > self.hi):
-            if self.unit == "fraction" and 2 <= value <= 100:
-                return (
-                    f"{_num(value)} looks like a percent; {name} is a fraction 0..1 "
-                    f"(write {_num(value / 100)})"
-                )
-            if self.unit == "ms" and value < 0:
-                return (
-                    f"{name} is a latency in ms: a negative threshold ({_num(value)}) is a mistake"
-                )
-            hi = "" if self.hi is None else f"..{_num(self.hi)}"
-            return f"{name} is {self.text}, {_num(self.lo)}{hi}; {_num(value)} is out of range"
-        return None
-
-
-_MS: Final = SignalUnit("ms", 0.0, None, "a latency in ms")
-_FRACTION: Final = SignalUnit("fraction", 0.0, 1.0, "a fraction")
-SIGNAL_UNITS: Final[dict[str, SignalUnit]] = {
-    "kv_cache_hit_rate": _FRACTION,
-    "gpu_memory_fraction": _FRACTION,
-    "queue_compute_ratio": _FRACTION,
-    "queue_saturation": SignalUnit("ratio", 0.0, None, "waiting / capacity, a ratio >= 0"),
-}
-
-
-def signal_unit(name: str) -> SignalUnit | None:
-    """Unit and range of a numeric signal (None for booleans and unknown names)."""
-    if name in SIGNAL_UNITS:
-        return SIGNAL_UNITS[name]
-    if name.startswith("p99."):
-        return _MS if name in NUMERIC_SIGNALS else None
-    if _COMPLIANCE_RE.match(name):
-        return _FRACTION
-    return None
-
-
-_COMPLIANCE_RE: Final = re.compile(r"^compliance_5m\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-_BUDGET_SIGNAL: Final = "budget_exhausted"
-
-_OPS: Final[dict[str, Callable[[float, float], bool]]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
-_HIGH_IS_BAD: Final = frozenset({">", ">="})
-
-_DEFER_CROSS_CHECKS: Final = "tailguard.policy.defer_cross_checks"
-
-
-# --------------------------------------------------------------------------- #
-# Field types
-# --------------------------------------------------------------------------- #
-
-
-def _check_positive_duration(v: str) -> str:
-    parse_duration_ms(v)
-    return v
-
-
-def _check_hold_duration(v: str) -> str:
-    parse_duration_ms(v, allow_zero=True)
-    return v
-
-
-def signal_kind(name: str) -> Literal["number", "boolean"] | None:
-    """``"number"`` or ``"boolean"`` for a signal the worker provides, else None."""
-    if name in BOOLEAN_SIGNALS:
-        return "boolean"
-    if name in NUMERIC_SIGNALS or _COMPLIANCE_RE.match(name):
-        return "number"
-    return None
-
-
-def _check_signal(v: str) -> str:
-    if v == _BUDGET_SIGNAL:
-        raise ValueError(
-            "budget_exhausted is not a reason to degrade: it is passed through on every "
-            "decision (Decision.budget_exhausted) and may not be used in a condition"
-        )
-    if signal_kind(v) is None:
-        known = sorted((NUMERIC_SIGNALS | BOOLEAN_SIGNALS) - {_BUDGET_SIGNAL})
-        raise ValueError(
-            f"unknown signal {v!r}; known: {', '.join(known)}, compliance_5m.<slo-name>"
-        )
-    return v
-
-
-def _level_number(v: object) -> object:
-    """``level: L2`` is accepted for ``level: 2``."""
-    if isinstance(v, str) and (m := re.fullmatch(r"L([0-9]+)", v)):
-        return int(m.group(1))
-    return v
-
-
-def _check_level(v: int) -> int:
-    if v not in LEVELS:
-        raise ValueError(f"unknown level {v}: a policy has levels 1 (L1), 2 (L2) and 3 (L3)")
-    return v
-
-
-def _check_fraction(v: float) -> float:
-    if not (0.0 < v <= 1.0):
-        raise ValueError(f"admit_fraction must be in (0, 1] (0.25 = 25%), got {v}")
-    return v
-
-
-Duration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_positive_duration)]
-HoldDuration = Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_hold_duration)]
-
-
-class _Model(BaseModel):
-    # strict: YAML gives real types, so "0.8" (a string) or `true` for a number is a mistake.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
-
-
-# --------------------------------------------------------------------------- #
-# Spec models
-# --------------------------------------------------------------------------- #
-
-
-class Condition(_Model):
-    """``{signal, op, value, for}`` or ``{signal, is, for}`` (boolean signals)."""
-
-    signal: Annotated[str, AfterValidator(_check_signal)]
-    op: Op | None = None
-    value: Annotated[float, Field(allow_inf_nan=False)] | None = None
-    for_: HoldDuration = Field("0s", alias="for")
-    is_: bool | None = Field(None, alias="is")
-
-    @model_validator(mode="after")
-    def _shape(self) -> Condition:
-        if signal_kind(self.signal) == "boolean":
-            if self.is_ is None or self.op is not None or self.value is not None:
-                raise ValueError(
-                    f"{self.signal} is a boolean signal: write `is: true` or `is: false` "
-                    "(no op/value)"
-                )
-        elif self.is_ is not None or self.op is None or self.value is None:
-            raise ValueError(
-                f"{self.signal} is a numeric signal: give op (>, >=, <, <=) and value (no is)"
-            )
-        else:
-            unit = signal_unit(self.signal)
-            problem = unit.check(self.signal, self.value) if unit is not None else None
-            if problem is not None:
-                raise ValueError(problem)
-        return self
-
-    @property
-    def for_ms(self) -> int:
-        return parse_duration_ms(self.for_, allow_zero=True)
-
-    def describe(self, *, with_for: bool = True) -> str:
-        if self.is_ is not None:
-            text = f"{self.signal} is {str(self.is_).lower()}"
-        else:
-            text = f"{self.signal} {self.op} {_num(self.value)}"
-        return text if self.for_ms == 0 or not with_for else f"{text} for {self.for_}"
-
-
-class ActionsSpec(_Model):
-    """What the serving layer does at a level (every field optional; default = nothing)."""
-
-    shed_priorities_at_or_above: Annotated[int, Field(ge=0, le=3)] | None = None
-    cap_context_tokens: Annotated[int, Field(gt=0)] | None = None
-    fallback_model: Annotated[str, MinLen(1)] | None = None
-    reject_new_sessions: bool = False
-    # The same default as the wire's Actions (one Actions type: control_signal.Actions).
-    retry_after_s: Annotated[int, Field(ge=0)] = DEFAULT_RETRY_AFTER_S
-    rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-
-    def to_actions(self, admit_fraction: float | None = None) -> Actions:
-        """The directive's actions (the one type the wire signs and the serving side reads)."""
-        return Actions(
-            shed_priorities_at_or_above=self.shed_priorities_at_or_above,
-            cap_context_tokens=self.cap_context_tokens,
-            fallback_model=self.fallback_model,
-            reject_new_sessions=self.reject_new_sessions,
-            retry_after_s=self.retry_after_s,
-            rate_limit_rps=self.rate_limit_rps,
-            admit_fraction=admit_fraction,
-        )
-
-
-class Level(_Model):
-    """One degradation level: enter (any), exit (all), max_duration, notify, actions."""
-
-    level: Annotated[int, BeforeValidator(_level_number), AfterValidator(_check_level)]
-    description: str | None = None
-    enter: Annotated[list[Condition], MinLen(1)]
-    exit: Annotated[list[Condition], MinLen(1)]
-    max_duration: Duration
-    notify_customer: bool
-    actions: ActionsSpec = Field(default_factory=ActionsSpec)
-
-    @property
-    def name(self) -> str:
-        return f"L{self.level}"
-
-    @property
-    def max_duration_ms(self) -> int:
-        return parse_duration_ms(self.max_duration)
-
-
-class HalfOpen(_Model):
-    """Leaving L1: ``duration`` at L1's actions, admitting ``admit_fraction`` of shed traffic."""
-
-    duration: Duration
-    admit_fraction: Annotated[float, Field(allow_inf_nan=False), AfterValidator(_check_fraction)]
-
-    @property
-    def duration_ms(self) -> int:
-        return parse_duration_ms(self.duration)
-
-
-class Dynamics(_Model):
-    min_dwell: Duration
-    step_down: Literal["one"] = "one"
-    half_open: HalfOpen
-    max_transitions_per_hour: Annotated[int, Field(ge=1)] | None = None
-
-    @property
-    def min_dwell_ms(self) -> int:
-        return parse_duration_ms(self.min_dwell)
-
-
-class ControlPolicy(_Model):
-    """A versioned degradation policy (``apiVersion: tailguard/v1``, ``kind: ControlPolicy``)."""
-
-    api_version: Literal["tailguard/v1"] = Field(alias="apiVersion")
-    kind: Literal["ControlPolicy"]
-    description: str | None = None
-    levels: Annotated[list[Level], MinLen(1)]
-    dynamics: Dynamics
-
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> ControlPolicy:
-        if isinstance(info.context, Mapping) and info.context.get(_DEFER_CROSS_CHECKS):
-            return self  # load_policy runs them on the raw document, next to the field errors
-        issues = _cross_issues(self.model_dump(by_alias=True))
-        if issues:
-            raise ValueError("; ".join(f"{i.path}: {i.message}" for i in issues))
-        return self
-
-    def level(self, n: int) -> Level:
-        for lv in self.levels:
-            if lv.level == n:
-                return lv
-        raise KeyError(n)
-
-    @property
-    def min_gap_ms(self) -> int:
-        """``D``: the least time between a transition and a following non-immediate one."""
-        return min(self.dynamics.min_dwell_ms, self.dynamics.half_open.duration_ms)
-
-    def transition_bound(self, window_ms: int = HOUR_MS) -> int:
-        """At most this many transitions per scope in any window of ``window_ms``."""
-        return _bound(window_ms, self.min_gap_ms)
-
-    def summary(self) -> str:
-        n_enter = sum(len(lv.enter) for lv in self.levels)
-        n_exit = sum(len(lv.exit) for lv in self.levels)
-        d = self.dynamics
-        return (
-            f"{len(self.levels)} levels, {n_enter} enter / {n_exit} exit conditions, "
-            f"min_dwell {d.min_dwell}, half-open {d.half_open.duration} at "
-            f"{d.half_open.admit_fraction:.0%}, at most {self.transition_bound()} transitions/hour"
-        )
-
-
-def _bound(window_ms: int, gap_ms: int) -> int:
-    return 2 * -(-window_ms // gap_ms) + 4
-
-
-def _num(v: float | None) -> str:
-    return "?" if v is None else f"{v:g}"
-
-
-# --------------------------------------------------------------------------- #
-# Checks across fields (on the plain document, tolerant of malformed parts)
-# --------------------------------------------------------------------------- #
-
-
-@dataclass(frozen=True, slots=True)
-class _RawCond:
-    index: int
-    signal: str
-    op: str | None
-    value: float | None
-    is_: bool | None
-
-    def text(self) -> str:
-        if self.is_ is not None:
-            return f"{self.signal} is {str(self.is_).lower()}"
-        return f"{self.signal} {self.op} {_num(self.value)}"
-
-
-def _raw_conds(items: object) -> list[_RawCond]:
-    out: list[_RawCond] = []
-    if not isinstance(items, list):
-        return out
-    for j, c in enumerate(items):
-        if not isinstance(c, Mapping) or not isinstance(c.get("signal"), str):
-            continue
-        sig, op, value, is_ = c["signal"], c.get("op"), c.get("value"), c.get("is")
-        if isinstance(is_, bool) and op is None:
-            out.append(_RawCond(j, sig, None, None, is_))
-        elif (
-            op in _OPS
-            and isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and is_ is None
-        ):
-            out.append(_RawCond(j, sig, op, float(value), None))
-    return out
-
-
-def _out_of_range(c: _RawCond) -> bool:
-    unit = signal_unit(c.signal)
-    return unit is not None and c.value is not None and unit.check(c.signal, c.value) is not None
-
-
-def _hysteresis_issue(path: str, ex: _RawCond, en: _RawCond) -> SpecIssue | None:
-    where = f"enter[{en.index}]: {en.text()}"
-    if en.is_ is not None or ex.is_ is not None:
-        if en.is_ is None or ex.is_ is None or ex.is_ != en.is_:
-            return None  # a type mismatch is reported by the field checks
-        return SpecIssue(
-            f"{path}.is",
-            f"no hysteresis: exit condition equals entry condition ({where}); "
-            f"an exit on {ex.signal} needs `is: {str(not en.is_).lower()}`",
-        )
-    assert en.op is not None
-    assert ex.op is not None
-    assert en.value is not None
-    assert ex.value is not None
-    high_bad = en.op in _HIGH_IS_BAD
-    if (ex.op in _HIGH_IS_BAD) == high_bad:
-        want = "< or <=" if high_bad else "> or >="
-        return SpecIssue(
-            f"{path}.op",
-            f"no hysteresis: exit condition points the same way as the entry condition "
-            f"({where}); an exit on {ex.signal} must use {want}",
-        )
-    safe = ex.value < en.value if high_bad else ex.value > en.value
-    if not safe:
-        side = "below" if high_bad else "above"
-        return SpecIssue(
-            f"{path}.value",
-            f"no hysteresis: exit threshold {_num(ex.value)} must be strictly {side} the "
-            f"entry threshold {_num(en.value)} ({where})",
-        )
-    return None
-
-
-def _duration_or_none(v: object) -> int | None:
-    if not isinstance(v, str):
-        return None
-    try:
-        return parse_duration_ms(v)
-    except ValueError:
-        return None
-
-
-def _cross_issues(data: object) -> list[SpecIssue]:
-    """Levels 1..3 once each, hysteresis, dwell <= max_duration, the documented bound."""
-    issues: list[SpecIssue] = []
-    if not isinstance(data, Mapping):
-        return issues
-    dyn = data.get("dynamics")
-    dyn = dyn if isinstance(dyn, Mapping) else {}
-    dwell = _duration_or_none(dyn.get("min_dwell"))
-    levels = data.get("levels")
-    if isinstance(levels, list):
-        first: dict[int, int] = {}
-        all_numbered = True
-        for i, lv in enumerate(levels):
-            if not isinstance(lv, Mapping):
-                all_numbered = False
-                continue
-            n = _level_number(lv.get("level"))
-            if isinstance(n, int) and not isinstance(n, bool) and n in LEVELS:
-                if n in first:
-                    issues.append(
-                        SpecIssue(
-                            f"levels[{i}].level",
-                            f"duplicate level {n} (L{n}; first at levels[{first[n]}])",
-                        )
-                    )
-                else:
-                    first[n] = i
-            else:
-                all_numbered = False
-            enter = _raw_conds(lv.get("enter"))
-            for ex in _raw_conds(lv.get("exit")):
-                if ex.signal in ALERT_SIGNALS:
-                    issues.append(
-                        SpecIssue(
-                            f"levels[{i}].exit[{ex.index}].signal",
-                            f"{ex.signal} is a burn-rate alert: it may open a level (enter) "
-                            "and notify, but not hold one (a slow-burn alert stays true long "
-                            "after latency recovered); leave it out of exit",
-                        )
-                    )
-                    continue
-                for en in enter:
-                    if en.signal != ex.signal or _out_of_range(en) or _out_of_range(ex):
-                        continue  # a value out of range is reported by the field checks
-                    issue = _hysteresis_issue(f"levels[{i}].exit[{ex.index}]", ex, en)
-                    if issue is not None:
-                        issues.append(issue)
-                        break
-            max_d = _duration_or_none(lv.get("max_duration"))
-            if dwell is not None and max_d is not None and max_d < dwell:
-                issues.append(
-                    SpecIssue(
-                        f"levels[{i}].max_duration",
-                        f"max_duration {lv['max_duration']} is shorter than dynamics.min_dwell "
-                        f"{dyn['min_dwell']}: the level would escalate before it may step down",
-                    )
-                )
-        missing = [n for n in LEVELS if n not in first]
-        if missing and (all_numbered or not first):
-            names = ", ".join(f"L{n} (level: {n})" for n in missing)
-            issues.append(SpecIssue("levels", f"missing {names}: a policy defines L1, L2 and L3"))
-    ho = dyn.get("half_open")
-    ho_d = _duration_or_none(ho.get("duration")) if isinstance(ho, Mapping) else None
-    promised = dyn.get("max_transitions_per_hour")
-    if (
-        dwell is not None
-        and ho_d is not None
-        and isinstance(promised, int)
-        and not isinstance(promised, bool)
-        and promised >= 1
-    ):
-        bound = _bound(HOUR_MS, min(dwell, ho_d))
-        if promised < bound:
-            issues.append(
-                SpecIssue(
-                    "dynamics.max_transitions_per_hour",
-                    f"{promised} is below what min_dwell and half_open.duration guarantee: "
-                    f"up to 2 * ceil(1h / {format_ms(min(dwell, ho_d))}) + 4 = {bound} "
-                    "transitions per hour; raise it or lengthen the dwell",
-                )
-            )
-    return issues
-
-
-# --------------------------------------------------------------------------- #
-# Loading and errors (same format as SLO specs: pipeline.core.slo.SpecError)
-# --------------------------------------------------------------------------- #
-
-
-def _loc_of(path: str) -> tuple[int | str, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
-
-
-def load_policy(text: str, source: str = "<policy>") -> ControlPolicy:
-    """Parse and validate a policy; raises :class:`SpecError` listing every problem."""
-    data, node = parse_yaml_mapping(text, source, "a policy")
-    issues: list[SpecIssue] = []
-    policy: ControlPolicy | None = None
-    try:
-        policy = ControlPolicy.model_validate(data, context={_DEFER_CROSS_CHECKS: True})
-    except ValidationError as e:
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            issues.append(SpecIssue(_path(loc), _message(err), _line(node, loc)))
-    for issue in _cross_issues(data):
-        issues.append(SpecIssue(issue.path, issue.message, _line(node, _loc_of(issue.path))))
-    if issues or policy is None:
-        raise SpecError(source, sorted(issues, key=lambda i: i.line or 0))
-    return policy
-
-
-def load_policy_file(path: str | Path) -> ControlPolicy:
-    """:func:`load_policy` on a file; an unreadable file is a :class:`SpecError` too."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), [SpecIssue("", f"cannot read policy: {e}")]) from None
-    return load_policy(text, str(path))
-
-
-def validate_policy_file(path: str | Path) -> tuple[bool, str]:
-    """For the CLI: ``(True, "ok: 3 levels, ... (FILE)")`` or ``(False, every problem)``."""
-    try:
-        policy = load_policy_file(path)
-    except SpecError as e:
-        n = len(e.errors)
-        return False, f"{e}\n{n} problem{'' if n == 1 else 's'} in {path}"
-    return True, f"ok: {policy.summary()} ({path})"
 
 
 # --------------------------------------------------------------------------- #
@@ -705,6 +166,27 @@ def validate_policy_file(path: str | Path) -> tuple[bool, str]:
 
 
 NO_ACTIONS: Final = Actions()
+
+
+class _FromDecision(Generic[T]):
+    """A read-only field of :class:`Evaluation` read through to its ``decision``."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _FromDecision[T]: ...
+    @overload
+    def __get__(self, obj: Evaluation, owner: type | None = None) -> T: ...
+    def __get__(self, obj: Evaluation | None, owner: type | None = None) -> _FromDecision[T] | T:
+        if obj is None:
+            return self
+        return cast("T", getattr(obj.decision, self.name))
+
+    def __set__(self, obj: Evaluation, value: T) -> None:
+        raise AttributeError(f"{self.name} is the decision's; it cannot be set")
 
 
 @dataclass(frozen=True)  # not slotted: its read-through properties stay read-only
@@ -731,34 +213,16 @@ class Evaluation:
     # "p99.ttft_engine_ms 4120 >= 2500 (exit needs < 2500 for 3m)", "min_dwell (2m of 5m)".
     held_because: tuple[str, ...] = ()
 
-    @property
-    def level(self) -> int:
-        return self.decision.level
-
-    @property
-    def phase(self) -> Phase:
-        return self.decision.phase
-
-    @property
-    def actions(self) -> Actions:
-        return self.decision.actions
-
-    @property
-    def reason(self) -> str:
-        return self.decision.reason
+    level = _FromDecision[int]()
+    phase = _FromDecision[Phase]()
+    actions = _FromDecision[Actions]()
+    reason = _FromDecision[str]()
+    notify_customer = _FromDecision[bool]()
+    budget_exhausted = _FromDecision[bool]()  # passed through; never changes the level
 
     @property
     def figures(self) -> Mapping[str, float | bool | None]:
         return MappingProxyType(self.decision.figures)
-
-    @property
-    def notify_customer(self) -> bool:
-        return self.decision.notify_customer
-
-    @property
-    def budget_exhausted(self) -> bool:
-        """Passed through from the signals; never changes the level."""
-        return self.decision.budget_exhausted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -891,7 +355,7 @@ class PolicyEngine:
             index=len(self._conds),
             signal=c.signal,
             boolean=boolean,
-            compare=None if boolean else _OPS[c.op or ">"],
+            compare=None if boolean else OPS[c.op or ">"],
             value=0.0 if c.value is None else c.value,
             is_value=bool(c.is_),
             for_ms=c.for_ms,
@@ -1103,7 +567,7 @@ class PolicyEngine:
                 reason=_bounded(reason),
                 figures=dict(list(figures.items())[:MAX_FIGURES]),
                 notify_customer=notify,
-                budget_exhausted=signals.get(_BUDGET_SIGNAL) is True,
+                budget_exhausted=signals.get(BUDGET_SIGNAL) is True,
             ),
             changed=changed,
             since_ms=s.since_ms,
@@ -1150,15 +614,15 @@ def _held_text(c: _Cond, signals: Signals, now_ms: int, since: int | None) -> st
     v = _value(c, signals)
     if v is None:
         return f"{c.signal} unknown (needs {c.text.removeprefix(c.signal + ' ')})"
-    shown = str(v).lower() if isinstance(v, bool) else _num(v)
+    shown = str(v).lower() if isinstance(v, bool) else num_text(v)
     if since is None:  # the comparison does not hold now
         if c.boolean:
             return f"{c.signal} is {shown} (needs {c.text.removeprefix(c.signal + ' ')})"
         return (
-            f"{c.signal} {shown} {_NEGATED[c.op]} {_num(c.value)} "
+            f"{c.signal} {shown} {_NEGATED[c.op]} {num_text(c.value)} "
             f"(needs {c.text.removeprefix(c.signal + ' ')})"
         )
-    cmp = f"is {shown}" if c.boolean else f"{shown} {c.op} {_num(c.value)}"
+    cmp = f"is {shown}" if c.boolean else f"{shown} {c.op} {num_text(c.value)}"
     return f"{c.signal} {cmp} ({format_ms(now_ms - since)} of {format_ms(c.for_ms)})"
 
 
@@ -1166,7 +630,7 @@ def _texts(conds: Iterable[_Cond], signals: Signals, *, probe: bool = False) -> 
     parts = []
     for c in conds:
         v = _value(c, signals)
-        shown = "unknown" if v is None else str(v).lower() if isinstance(v, bool) else _num(v)
+        shown = "unknown" if v is None else str(v).lower() if isinstance(v, bool) else num_text(v)
         parts.append(f"{c.probe_text if probe else c.text} (now {shown})")
     return "; ".join(parts)
 

@@ -1,14 +1,13 @@
-"""SLO specs (``apiVersion: tailguard/v1``, ``kind: SLOSpec``) and compliance maths.
+"""SLO compliance maths: an :class:`~pipeline.spec.slo.SLOSpec` compiled for records.
 
-Pure: pydantic, PyYAML and the standard library only (no Kafka, Faust or
-ClickHouse). A spec names, per SLO, one boundary of
-:class:`~pipeline.core.record.RequestRecord` (``gateway_total_ms``,
-``inference_ms``, ...), a threshold and an objective; ``specs/README.md`` shows
-the file format, ``specs/slo-example.yaml`` a full example.
+Pure: plain values in, counts out (no files, no Kafka, Faust or ClickHouse). The
+spec itself (file format, validation, loading) is :mod:`pipeline.spec.slo`; a
+spec names, per SLO, one boundary of :class:`~pipeline.core.record.RequestRecord`
+(``gateway_total_ms``, ``inference_ms``, ...), a threshold and an objective.
 
 What counts
 -----------
-For one SLO and one record, :meth:`SLO.classify` says ``"good"``, ``"bad"`` or
+For one SLO and one record, :meth:`SLOMatcher.classify` says ``"good"``, ``"bad"`` or
 ``"skip"`` (skipped records are in neither numerator nor denominator):
 
 1. **Traffic selection.** Each ``filter`` list (``model``, ``priority``,
@@ -59,35 +58,14 @@ feed it one record per request (the final revision), not partial + upgrade.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
-from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
-import yaml
-from annotated_types import MinLen
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
-)
-
-from pipeline.core.durations import parse_duration_ms, unit_required
-from pipeline.core.record import BOUNDARIES, CTX_BUCKETS, RequestRecord
-
-API_VERSION: Final = "tailguard/v1"
-KIND: Final = "SLOSpec"
-DEFAULT_BLENDED: Final = "blended"
+from pipeline.core.record import RequestRecord
+from pipeline.spec.slo import SLO, Filter, SLOSpec
 
 Verdict = Literal["good", "bad", "skip"]
 
@@ -100,272 +78,17 @@ _BOTH_BOUNDARIES: Final = frozenset({"gateway_overhead_ms"})
 # A missing value at KEY means "never happened, waited at least VALUE" (rule 4).
 _LOWER_BOUND: Final = {"gateway_ttfb_ms": "gateway_total_ms"}
 
-_NAME_RE: Final = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-_DEFER_CROSS_CHECKS: Final = "tailguard.slo.defer_cross_checks"
-
-
-# --------------------------------------------------------------------------- #
-# Field types
-# --------------------------------------------------------------------------- #
-
-
-def _check_duration(v: str) -> str:
-    parse_duration_ms(v)
-    return v
-
-
-def _check_name(v: str) -> str:
-    if not _NAME_RE.match(v):
-        raise ValueError(
-            f"invalid name {v!r}: use lowercase letters, digits and dashes "
-            "(at most 63, not starting or ending with a dash), e.g. tier1-gateway"
-        )
-    return v
-
-
-def _check_boundary(v: str) -> str:
-    if v not in BOUNDARIES:
-        raise ValueError(f"unknown boundary {v!r}; known: {', '.join(BOUNDARIES)}")
-    return v
-
-
-def _check_bucket(v: str) -> str:
-    if v not in CTX_BUCKETS:
-        raise ValueError(f"unknown ctx_bucket {v!r}; known: {', '.join(CTX_BUCKETS)}")
-    return v
-
-
-def _check_objective(v: float) -> float:
-    if not (0.0 < v < 1.0):
-        raise ValueError(
-            f"objective must be a fraction strictly between 0 and 1 (0.99 = 99%), got {v}"
-        )
-    return v
-
-
-def _one_or_many(v: object) -> object:
-    """Let a filter say ``priority: 0`` as well as ``priority: [0, 1]``."""
-    return v if v is None or isinstance(v, list) else [v]
-
-
-Name = Annotated[str, AfterValidator(_check_name)]
-Objective = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_check_objective)]
-NonEmptyStr = Annotated[str, MinLen(1)]
-Priority = Annotated[int, Field(ge=0, le=3)]
-CtxBucket = Annotated[str, AfterValidator(_check_bucket)]
-StrList = Annotated[list[NonEmptyStr], BeforeValidator(_one_or_many), MinLen(1)]
-PriorityList = Annotated[list[Priority], BeforeValidator(_one_or_many), MinLen(1)]
-BucketList = Annotated[list[CtxBucket], BeforeValidator(_one_or_many), MinLen(1)]
-
-
-class _Model(BaseModel):
-    # strict: YAML gives real types, so "400" (a string) or `true` for a number is a mistake.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-# --------------------------------------------------------------------------- #
-# Spec models
-# --------------------------------------------------------------------------- #
-
-
-class Window(_Model):
-    """Either ``{rolling: 30d}`` or ``{calendar: month}`` (or ``week``; UTC, weeks start Monday)."""
-
-    rolling: (
-        Annotated[str, BeforeValidator(unit_required), AfterValidator(_check_duration)] | None
-    ) = None
-    calendar: Literal["month", "week"] | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Window:
-        if (self.rolling is None) == (self.calendar is None):
-            raise ValueError("give exactly one of rolling (e.g. 30d) or calendar (month or week)")
-        return self
-
-    @property
-    def rolling_ms(self) -> int | None:
-        return None if self.rolling is None else parse_duration_ms(self.rolling)
-
-    def start_unix_ns(self, now_unix_ns: int) -> int:
-        """Start of the window that ends at ``now_unix_ns``."""
-        if self.rolling is not None:
-            return now_unix_ns - parse_duration_ms(self.rolling) * 1_000_000
-        now = dt.datetime.fromtimestamp(now_unix_ns // 1_000_000_000, tz=dt.UTC)
-        day = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        if self.calendar == "month":
-            start = day.replace(day=1)
-        else:
-            start = day - dt.timedelta(days=day.weekday())
-        return int(start.timestamp()) * 1_000_000_000
-
-    def describe(self) -> str:
-        return (
-            f"rolling {self.rolling}" if self.rolling is not None else f"calendar {self.calendar}"
-        )
-
-
-class Filter(_Model):
-    """Traffic an SLO covers; each key optional, a record must match every key given."""
-
-    model: StrList | None = None
-    priority: PriorityList | None = None
-    ctx_bucket: BucketList | None = None
-    tenant: StrList | None = None
-    stream: bool | None = None
-
-
-class Exclude(_Model):
-    """Traffic taken out of an SLO (e.g. long prompts served asynchronously)."""
-
-    prompt_tokens_over: Annotated[int, Field(ge=0)] | None = None
-
-
-class SLO(_Model):
-    """One latency SLO: ``objective`` of the selected requests have ``boundary <= threshold_ms``."""
-
-    name: Name
-    description: str | None = None
-    boundary: Annotated[str, AfterValidator(_check_boundary)]
-    threshold_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    objective: Objective
-    window: Window = Field(default_factory=lambda: Window(rolling="30d"))
-    filter: Filter | None = None
-    exclude: Exclude | None = None
-    errors: Literal["bad", "exclude"] = "bad"
-    client_abort: Literal["measure", "exclude"] = "measure"
-    # Client retries reusing a request id (attempts, see pipeline/core/join.py): count
-    # every attempt, or only each request's last (a failed attempt the client retried
-    # is skipped).
-    attempts: Literal["every", "last"] = "every"
-
-    _matcher: _Matcher = PrivateAttr()
-
-    def model_post_init(self, context: Any, /) -> None:
-        self._matcher = _Matcher(self)
-
-    def classify(self, record: RequestRecord) -> Verdict:
-        """``good``, ``bad`` or ``skip`` (see the module docstring)."""
-        return self._matcher.classify(record)
-
-    def applies(self, record: RequestRecord) -> bool:
-        """True when the record is in this SLO's denominator."""
-        return self._matcher.classify(record) != "skip"
-
-    def is_good(self, record: RequestRecord) -> bool:
-        return self._matcher.classify(record) == "good"
-
-    @property
-    def classifier(self) -> Callable[[RequestRecord], Verdict]:
-        """The precompiled per-record function (what the evaluator calls)."""
-        return self._matcher.classify
-
-
-class BlendedTier(_Model):
-    """Primary good -> 1, else secondary good -> ``secondary_weight``; per primary record."""
-
-    description: str | None = None
-    primary: NonEmptyStr  # must name an SLO of the spec (checked across entries)
-    secondary: NonEmptyStr
-    secondary_weight: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-    objective: Objective
-
-
-class SLOSpec(_Model):
-    """A versioned set of SLOs and blended tiers (``apiVersion: tailguard/v1``)."""
-
-    api_version: Literal["tailguard/v1"] = Field(alias="apiVersion")
-    kind: Literal["SLOSpec"]
-    description: str | None = None
-    slos: Annotated[list[SLO], MinLen(1)]
-    tiers: dict[Name, BlendedTier] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> SLOSpec:
-        if isinstance(info.context, Mapping) and info.context.get(_DEFER_CROSS_CHECKS):
-            return self  # load_spec runs them on the raw document, next to the field errors
-        issues = _cross_issues(
-            {
-                "slos": [{"name": s.name} for s in self.slos],
-                "tiers": {
-                    n: {"primary": t.primary, "secondary": t.secondary}
-                    for n, t in self.tiers.items()
-                },
-            }
-        )
-        if issues:
-            raise ValueError("; ".join(f"{i.path}: {i.message}" for i in issues))
-        return self
-
-    def slo(self, name: str) -> SLO:
-        for s in self.slos:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    @property
-    def default_tier(self) -> str | None:
-        """The tier reported as ``blended``: the one named ``blended``, else the first."""
-        if DEFAULT_BLENDED in self.tiers:
-            return DEFAULT_BLENDED
-        return next(iter(self.tiers), None)
-
-    def summary(self) -> str:
-        n, t = len(self.slos), len(self.tiers)
-        return f"{n} SLO{'' if n == 1 else 's'}, {t} blended tier{'' if t == 1 else 's'}"
-
-
-def _cross_issues(data: object) -> list[SpecIssue]:
-    """Checks across entries (unique names, tier references) on a plain document.
-
-    Tolerant of a malformed document: it only looks at the parts that have the
-    right shape, so it can run next to pydantic's field errors.
-    """
-    issues: list[SpecIssue] = []
-    if not isinstance(data, Mapping):
-        return issues
-    slos = data.get("slos")
-    if not isinstance(slos, list):
-        return issues
-    first: dict[str, int] = {}
-    for i, item in enumerate(slos):
-        name = item.get("name") if isinstance(item, Mapping) else None
-        if not isinstance(name, str):
-            continue
-        if name in first:
-            issues.append(
-                SpecIssue(
-                    f"slos[{i}].name", f"duplicate SLO name {name!r} (first at slos[{first[name]}])"
-                )
-            )
-        else:
-            first[name] = i
-    tiers = data.get("tiers")
-    if not isinstance(tiers, Mapping):
-        return issues
-    for tier_name, tier in tiers.items():
-        if not isinstance(tier, Mapping):
-            continue
-        for key in ("primary", "secondary"):
-            ref = tier.get(key)
-            if isinstance(ref, str) and ref not in first:
-                issues.append(
-                    SpecIssue(
-                        f"tiers.{tier_name}.{key}",
-                        f"unknown SLO {ref!r}; defined: {', '.join(first) or '(none)'}",
-                    )
-                )
-        if isinstance(tier.get("primary"), str) and tier.get("primary") == tier.get("secondary"):
-            issues.append(SpecIssue(f"tiers.{tier_name}.secondary", "must differ from primary"))
-    return issues
-
 
 # --------------------------------------------------------------------------- #
 # Per-record classification (the hot path)
 # --------------------------------------------------------------------------- #
 
 
-class _Matcher:
-    """An SLO compiled for the per-record path: frozensets, attrgetters, no allocation."""
+class SLOMatcher:
+    """An SLO compiled for the per-record path: frozensets, attrgetters, no allocation.
+
+    :meth:`classify` says ``good``, ``bad`` or ``skip`` (see the module docstring).
+    """
 
     __slots__ = (
         "aborts_measured",
@@ -413,28 +136,6 @@ class _Matcher:
         else:
             self.observed = _ENGINE_SOURCES
 
-    def _key(self) -> tuple[object, ...]:
-        return (
-            self.boundary,
-            self.threshold,
-            self.models,
-            self.priorities,
-            self.buckets,
-            self.tenants,
-            self.stream,
-            self.max_prompt,
-            self.errors_bad,
-            self.aborts_measured,
-            self.last_attempt_only,
-        )
-
-    # pydantic compares private attributes too: equal SLOs must have equal matchers.
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Matcher) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
     def classify(self, r: RequestRecord) -> Verdict:
         # 1. traffic selection
         if r.superseded and self.last_attempt_only:
@@ -472,6 +173,13 @@ class _Matcher:
                     return "bad"
             return "skip"
         return "good" if value <= self.threshold else "bad"
+
+    def applies(self, record: RequestRecord) -> bool:
+        """True when the record is in this SLO's denominator."""
+        return self.classify(record) != "skip"
+
+    def is_good(self, record: RequestRecord) -> bool:
+        return self.classify(record) == "good"
 
 
 # --------------------------------------------------------------------------- #
@@ -569,7 +277,7 @@ class SLOEvaluator:
     def __init__(self, spec: SLOSpec) -> None:
         self.spec = spec
         self.records = 0
-        self._classifiers = [s.classifier for s in spec.slos]
+        self._classifiers = [SLOMatcher(s).classify for s in spec.slos]
         n = len(self._classifiers)
         self._total = [0] * n
         self._good = [0] * n
@@ -697,224 +405,3 @@ def compliance_report(
         "blended": None if default is None else tiers[default],
         "tiers": tiers,
     }
-
-
-# --------------------------------------------------------------------------- #
-# Loading and errors
-# --------------------------------------------------------------------------- #
-
-
-@dataclass(frozen=True, slots=True)
-class SpecIssue:
-    """One problem in a spec: ``path`` in the YAML's own names (``slos[1].window.rolling``)."""
-
-    path: str
-    message: str
-    line: int | None = None  # 1-based, when known
-    column: int | None = None  # 1-based, for YAML syntax errors
-
-    def render(self, source: str) -> str:
-        where = f"{source}: {self.path}: " if self.path else f"{source}: "
-        at = ""
-        if self.line is not None:
-            at = f" (line {self.line}" + (f", column {self.column})" if self.column else ")")
-        return f"{where}{self.message}{at}"
-
-
-class SpecError(ValueError):
-    """A spec that does not load; ``str()`` lists every problem, one per line."""
-
-    def __init__(self, source: str, errors: list[SpecIssue]) -> None:
-        self.source = source
-        self.errors = errors
-        super().__init__("\n".join(e.render(source) for e in errors))
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """Safe YAML that rejects duplicate keys (silently last-wins otherwise)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, list | dict):
-                continue  # unhashable; SafeLoader reports it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "[key]":
-            continue  # a dict key failed; the path already ends in that key
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _line(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
-    """1-based line of the deepest YAML node on ``loc`` (best effort)."""
-    if node is None:
-        return None
-    line = node.start_mark.line + 1
-    for part in loc:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.value == part:
-                    child = v
-                    break
-        elif (
-            isinstance(node, yaml.SequenceNode)
-            and isinstance(part, int)
-            and 0 <= part < len(node.value)
-        ):
-            child = node.value[part]
-        if child is None:
-            break
-        node = child
-        line = node.start_mark.line + 1
-    return line
-
-
-_SPEC_MODULES = ("pipeline.core.slo", "pipeline.core.policy", "pipeline.core.budget")
-_UNIT_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|s|sec|m|min|h)\s*$", re.IGNORECASE)
-_UNIT_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "m": 60_000.0, "min": 60_000.0, "h": 3_600_000.0}
-_NUMBER_RE = re.compile(r"^\s*-?[0-9]+(\.[0-9]+)?\s*$")
-
-
-def _known_fields() -> set[str]:
-    """Every field name (and alias) of the tailguard/v1 file models loaded in this process."""
-    import sys
-
-    names: set[str] = set()
-    for mod_name in _SPEC_MODULES:
-        mod = sys.modules.get(mod_name)
-        for obj in vars(mod).values() if mod is not None else ():
-            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj is not BaseModel:
-                for fname, info in obj.model_fields.items():
-                    names.add(info.alias or fname)
-    return names
-
-
-def _did_you_mean(name: str) -> str:
-    import difflib
-
-    match = difflib.get_close_matches(name, sorted(_known_fields()), n=1, cutoff=0.75)
-    return f"; did you mean {match[0]!r}?" if match else " (not part of tailguard/v1; a typo?)"
-
-
-def _unit_hint(field: str, value: Any) -> str | None:
-    """``threshold_ms: 400ms`` -> the number the field wants, in the unit its name says."""
-    if not isinstance(value, str):
-        return None
-    m = _UNIT_RE.match(value)
-    unit = "ms" if field.endswith("_ms") else ("s" if field.endswith("_s") else None)
-    if m is None or unit is None:
-        return None
-    ms = float(m.group(1)) * _UNIT_MS[m.group(2).lower()]
-    n = ms if unit == "ms" else ms / 1000.0
-    return (
-        f"expected a number: the unit is in the field's name ({field} is in {unit}), "
-        f"so write {n:g} instead of {value!r}"
-    )
-
-
-def _message(err: Mapping[str, Any]) -> str:
-    """An operator's message for one pydantic error: no internal class names, a
-    "did you mean" for a misspelt field, a unit hint for ``threshold_ms: 400ms``."""
-    loc = tuple(err.get("loc", ()))
-    field = next((str(p) for p in reversed(loc) if isinstance(p, str) and p != "[key]"), "")
-    if err["type"] == "value_error":
-        return str(err["ctx"]["error"])
-    if err["type"] == "extra_forbidden":
-        return f"unknown field {field!r}{_did_you_mean(field)}"
-    hint = _unit_hint(field, err.get("input"))
-    if hint is not None:
-        return hint
-    msg = re.sub(r" or (an )?instance of \w+", "", str(err["msg"]))
-    msg = msg.replace("a valid dictionary", "a mapping (key: value)")
-    value = err.get("input")
-    if str(err["type"]).endswith(("_type", "_parsing")) and isinstance(
-        value, str | int | float | bool
-    ):
-        msg += f", got {value!r}"
-        if isinstance(value, str) and _NUMBER_RE.match(value) and "number" in msg:
-            msg += " (quoted, so text: write it without quotes)"
-    if field == "window" and "mapping" in msg:
-        msg += " (write {rolling: 30d} or {calendar: month})"
-    return msg
-
-
-def parse_yaml_mapping(text: str, source: str, what: str) -> tuple[dict[str, Any], yaml.Node]:
-    """YAML text -> (mapping, node tree for error line numbers); problems raise SpecError.
-
-    Shared by every tailguard/v1 file (SLO specs, control policies, burn rules).
-    """
-    loader = _SpecLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        problem = ": ".join(p for p in (e.context, e.problem) if p)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise SpecError(source, [SpecIssue("", f"YAML error: {problem}", line, column)]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(source, [SpecIssue("", f"YAML error: {e}")]) from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict) or node is None:
-        kind = "empty" if data is None else f"a {type(data).__name__}"
-        raise SpecError(source, [SpecIssue("", f"{what} must be a YAML mapping, got {kind}")])
-    return data, node
-
-
-def load_spec(text: str, source: str = "<spec>") -> SLOSpec:
-    """Parse and validate a spec; raises :class:`SpecError` listing every problem."""
-    data, node = parse_yaml_mapping(text, source, "a spec")
-    issues: list[SpecIssue] = []
-    spec: SLOSpec | None = None
-    try:
-        spec = SLOSpec.model_validate(data, context={_DEFER_CROSS_CHECKS: True})
-    except ValidationError as e:
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            issues.append(SpecIssue(_path(loc), _message(err), _line(node, loc)))
-    for issue in _cross_issues(data):
-        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", issue.path))
-        issues.append(SpecIssue(issue.path, issue.message, _line(node, loc)))
-    if issues or spec is None:
-        raise SpecError(source, sorted(issues, key=lambda i: i.line or 0))
-    return spec
-
-
-def load_spec_file(path: str | Path) -> SLOSpec:
-    """:func:`load_spec` on a file; an unreadable file is a :class:`SpecError` too."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), [SpecIssue("", f"cannot read spec: {e}")]) from None
-    return load_spec(text, str(path))
-
-
-def validate_file(path: str | Path) -> tuple[bool, str]:
-    """For the CLI: ``(True, "ok: 7 SLOs, 1 blended tier (FILE)")`` or ``(False, errors)``."""
-    try:
-        spec = load_spec_file(path)
-    except SpecError as e:
-        n = len(e.errors)
-        return False, f"{e}\n{n} problem{'' if n == 1 else 's'} in {path}"
-    return True, f"ok: {spec.summary()} ({path})"

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.core.slo import SLOEvaluator, load_spec_file
+from pipeline.core.slo import SLOEvaluator
+from pipeline.spec.slo import load_spec_file
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,10 +56,11 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from pipeline.core.contract import Contract, digest, period_bounds_ns
 from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOSpec
+from pipeline.core.slo import SLOMatcher
+from pipeline.spec.contract import Contract, digest, period_bounds_ns
+from pipeline.spec.slo import SLOSpec
 
 _NS_PER_MS: Final = 1_000_000
 STATEMENT_VERSION: Final = 1
@@ -244,11 +245,12 @@ def compute_statement(
     breaches: list[dict[str, Any]] = []
     for name in contract.slos:
         slo = spec.slo(name)
+        classify = SLOMatcher(slo).classify
         good = bad = 0
         values: list[float] = []
         by_day: dict[str, list[float]] = defaultdict(list)
         for r in counted:
-            verdict = slo.classify(r)
+            verdict = classify(r)
             if verdict == "skip":
                 continue
             if verdict == "good":
@@ -302,7 +304,7 @@ def compute_statement(
     for tname, tier in spec.tiers.items():
         if tier.primary not in contract.slos or tier.secondary not in contract.slos:
             continue
-        prim, sec = spec.slo(tier.primary), spec.slo(tier.secondary)
+        prim, sec = SLOMatcher(spec.slo(tier.primary)), SLOMatcher(spec.slo(tier.secondary))
         total = good_p = good_s = 0
         for r in counted:
             vp = prim.classify(r)
@@ -376,6 +378,7 @@ def compute_statement(
     if terms.incident_report:
         for e in exhausted:
             slo = spec.slo(e.slo)
+            verdict_of = SLOMatcher(slo).classify
             look_ms = (
                 e.at_ms - p_start_ms  # since the period began
                 if terms.lookback == "period"
@@ -384,7 +387,7 @@ def compute_statement(
             lo_ns = (e.at_ms - look_ms) * _NS_PER_MS
             hi_ns = e.at_ms * _NS_PER_MS
             bad_recs = [
-                r for r in counted if lo_ns <= r.end_unix_ns <= hi_ns and slo.classify(r) == "bad"
+                r for r in counted if lo_ns <= r.end_unix_ns <= hi_ns and verdict_of(r) == "bad"
             ]
             both = [
                 (r.queue_ms, r.inference_ms)

@@ -34,7 +34,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import open_reader
     from pipeline.adapters.store import StoreError
-    from pipeline.core.slo import SpecError, load_spec_file
+    from pipeline.spec.loader import SpecError
+    from pipeline.spec.slo import load_spec_file
     from pipeline.tools.explain import NotFoundError, explain_request, render, to_json
 
     settings = _settings(args)

@@ -9,7 +9,7 @@ from pipeline.adapters.queries import control, events, requests
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.explain import Directive, Explanation, explain
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOSpec
+from pipeline.spec.slo import SLOSpec
 
 
 class NotFoundError(LookupError):

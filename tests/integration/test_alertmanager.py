@@ -22,8 +22,9 @@ from pipeline.adapters.alerting import (
     verify_signature,
 )
 from pipeline.core.alerts import AlertTracker
-from pipeline.core.budget import BudgetBook, load_burn_rules_file
-from pipeline.core.slo import load_spec_file
+from pipeline.core.budget import BudgetBook
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.slo import load_spec_file
 from tools.dev.alertmanager_local import LocalAlertmanager
 
 pytestmark = pytest.mark.integration

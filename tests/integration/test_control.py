@@ -17,10 +17,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pipeline.adapters.control_keys import keyring_from_file
 from pipeline.adapters.store import open_store
 from pipeline.contract.control_signal import RejectReason
-from pipeline.core.policy import load_policy
 from pipeline.demo import kafka_sink
 from pipeline.replay import replay_file
 from pipeline.settings import Settings
+from pipeline.spec.policy import load_policy
 from producers.control_client import Accepted, ControlClient, DirectiveStore
 from tests.control_fixtures import (
     OVERLOAD_START_S,

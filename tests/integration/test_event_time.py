@@ -16,10 +16,10 @@ import pytest
 
 from pipeline.adapters.store import open_store
 from pipeline.cli import main
-from pipeline.core.slo import load_spec_file
 from pipeline.replay import replay_file
 from pipeline.report import read_report
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
+from pipeline.spec.slo import load_spec_file
 from tests.disorder import (
     HOUR_NS,
     YEAR_NS,
@@ -117,8 +117,8 @@ def test_layout_and_chunking_do_not_change_what_is_late(
 def test_a_time_gap_costs_nothing(tmp_path: Path, base_events: list[dict]) -> None:
     """Two stretches of traffic a year apart (every host): replay evaluates the control
     policy only around the data, not every 10 s window of the gap."""
-    from pipeline.core.policy import load_policy_file
     from pipeline.settings import DEFAULT_POLICY
+    from pipeline.spec.policy import load_policy_file
 
     rids = {e["request_id"] for e in base_events if e["request_id"]}
     later = sorted(rids)[len(rids) // 2 :]

@@ -18,8 +18,8 @@ import pytest
 from pipeline.adapters.store import open_store
 from pipeline.contract.codec import event_to_dict
 from pipeline.contract.partitioning import partition_for
-from pipeline.core.slo import load_spec_file
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
+from pipeline.spec.slo import load_spec_file
 from tests.disorder import (
     HOUR_NS,
     YEAR_NS,

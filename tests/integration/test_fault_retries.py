@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.adapters.store import open_store
 from pipeline.contract.codec import event_to_dict
-from pipeline.core.slo import load_spec
+from pipeline.spec.slo import load_spec
 from tests.disorder import duplicate, slo_totals, store_mismatches
 from tests.integration.faults import lifecycle_events
 from tests.integration.harness import WorkerProcess, make_settings

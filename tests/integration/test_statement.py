@@ -31,8 +31,9 @@ import pytest
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import SourceRef, decode_message, encode_event
 from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
-from pipeline.core.contract import load_contract_file, period_bounds_ns
 from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.slo import SLOMatcher
+from pipeline.spec.contract import load_contract_file, period_bounds_ns
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.integration.harness import REPO
@@ -144,7 +145,7 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
         over_cap += sum(not x["exempted"] for x in st["cold_starts"])
         for name in c.slos:
             slo = spec.slo(name)
-            verdicts = [slo.classify(r) for r in counted]
+            verdicts = [SLOMatcher(slo).classify(r) for r in counted]
             good, bad = verdicts.count("good"), verdicts.count("bad")
             got = st["slos"][name]
             assert (got["total"], got["good"]) == (good + bad, good), (tenant, name)
@@ -157,7 +158,7 @@ def test_counts_equal_an_exact_computation_over_the_events(built: dict[str, Any]
             assert st["percentiles"][name]["period"] == nearest_rank(values, 99.0)
             assert st["percentiles"][name]["n"] == len(values)
         tier = spec.tiers["blended"]
-        prim, sec = spec.slo(tier.primary), spec.slo(tier.secondary)
+        prim, sec = SLOMatcher(spec.slo(tier.primary)), SLOMatcher(spec.slo(tier.secondary))
         in_prim = [r for r in counted if prim.classify(r) != "skip"]
         good_p = sum(prim.classify(r) == "good" for r in in_prim)
         good_s = sum(prim.classify(r) == "bad" and sec.classify(r) == "good" for r in in_prim)

@@ -13,8 +13,9 @@ from pipeline.contract.events import LifecycleEvent
 from pipeline.core.join import JoinConfig, Joiner
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOEvaluator, load_spec
+from pipeline.core.slo import SLOEvaluator
 from pipeline.core.windows import WindowConfig
+from pipeline.spec.slo import load_spec
 from tests.factories import completed, finished, received
 
 R = "req-1"

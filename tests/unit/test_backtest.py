@@ -9,9 +9,9 @@ from typing import Any
 
 from pipeline.backtest import render_text, run_backtest
 from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE, main
-from pipeline.core.policy import DEFAULT_POLICY_PATH, load_policy_file
-from pipeline.core.slo import load_spec_file
 from pipeline.settings import DEFAULT_SLO_SPEC
+from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
+from pipeline.spec.slo import load_spec_file
 from producers.simulator.gate import GateActions, GatewayGate
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace

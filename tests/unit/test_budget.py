@@ -13,19 +13,22 @@ from hypothesis import strategies as st
 from pipeline.core.budget import (
     BUDGET_80PCT_CONSUMED,
     BUDGET_EXHAUSTED,
-    DEFAULT_BURN_RULES_PATH,
     BudgetBook,
-    BudgetFractionRule,
     BudgetTracker,
+    window_label,
+)
+from pipeline.core.slo_windows import SLOWindowRow
+from pipeline.spec.burn_rules import (
+    DEFAULT_BURN_RULES_PATH,
+    BudgetFractionRule,
     BurnRateRule,
     BurnRules,
     ComplianceBelowRule,
     load_burn_rules,
     load_burn_rules_file,
-    window_label,
 )
-from pipeline.core.slo import SpecError, Window, load_spec_file
-from pipeline.core.slo_windows import SLOWindowRow
+from pipeline.spec.loader import SpecError
+from pipeline.spec.slo import Window, load_spec_file
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = 10_000

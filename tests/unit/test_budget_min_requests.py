@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core.budget import BudgetBook, load_burn_rules, load_burn_rules_file
-from pipeline.core.slo import load_spec
+from pipeline.core.budget import BudgetBook
+from pipeline.spec.burn_rules import load_burn_rules, load_burn_rules_file
+from pipeline.spec.slo import load_spec
 
 SPEC = load_spec(
     """

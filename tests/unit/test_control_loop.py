@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 
 from pipeline.core.control import DecisionClock, held_key
-from pipeline.core.policy import EXAMPLE_POLICY_PATH, PolicyEngine, load_policy_file
+from pipeline.core.policy import PolicyEngine
+from pipeline.spec.policy import EXAMPLE_POLICY_PATH, load_policy_file
 
 SIZE = 10_000
 

@@ -7,8 +7,8 @@ from msgspec.structs import replace  # records are msgspec Structs
 
 from pipeline.core.explain import Directive, breakdown, control_at, explain, timeline
 from pipeline.core.record import build_record
-from pipeline.core.slo import load_spec_file
 from pipeline.settings import EXAMPLE_SLO_SPEC
+from pipeline.spec.slo import load_spec_file
 from tests.factories import T0_NS, completed, finished, received
 
 SPEC = load_spec_file(EXAMPLE_SLO_SPEC)

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from pipeline.core.sketch import exact_quantile_lower
-from pipeline.core.slo import load_spec
 from pipeline.replay import ReplayResult, replay_file
+from pipeline.spec.slo import load_spec
 from tests.measurement_fixtures import load_events, simulate_jsonl
 
 QS = (0.5, 0.9, 0.95, 0.99)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from pipeline.cli import main
-from pipeline.core.budget import load_burn_rules_file
-from pipeline.core.openslo import OpenSLOError, export_openslo, import_openslo, spec_document
-from pipeline.core.slo import load_spec, load_spec_file
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.openslo import OpenSLOError, export_openslo, import_openslo, spec_document
+from pipeline.spec.slo import load_spec, load_spec_file
 
 SPECS = ["specs/slo-default.yaml", "specs/slo-example.yaml"]
 

@@ -17,40 +17,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from pipeline.core.durations import parse_duration_ms
 from pipeline.core.policy import (
-    DEFAULT_POLICY_PATH,
-    EXAMPLE_POLICY_PATH,
     NO_ACTIONS,
-    ControlPolicy,
     Evaluation,
     PolicyEngine,
     Signals,
     Transition,
+    transitions,
+)
+from pipeline.spec.loader import SpecError
+from pipeline.spec.policy import (
+    DEFAULT_POLICY_PATH,
+    EXAMPLE_POLICY_PATH,
+    ControlPolicy,
     load_policy,
     load_policy_file,
-    parse_duration_ms,
-    transitions,
     validate_policy_file,
 )
-from pipeline.core.slo import SpecError
+from tests.policy_fixtures import HEALTHY, P99, TICK, H, M, S
 
 REPO = Path(__file__).resolve().parents[2]
-S = 1_000
-M = 60 * S
-H = 60 * M
-TICK = 10 * S  # the worker's evaluation cadence
-P99 = "p99.gateway_total_ms"
-
-HEALTHY: dict[str, Any] = {
-    P99: 200.0,
-    "burn.page": False,
-    "burn.ticket": False,
-    "budget_exhausted": False,
-    "kv_cache_hit_rate": 0.95,
-    "queue_saturation": 0.2,
-    "gpu_memory_fraction": 0.5,
-    "queue_compute_ratio": 0.8,
-}
 
 
 def _doc() -> dict[str, Any]:

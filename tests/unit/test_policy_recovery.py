@@ -12,29 +12,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.policy import (
-    DEFAULT_POLICY_PATH,
-    EXAMPLE_POLICY_PATH,
-    Evaluation,
-    PolicyEngine,
-    Signals,
-    load_policy_file,
-)
+from pipeline.core.policy import Evaluation, PolicyEngine, Signals
+from pipeline.spec.policy import DEFAULT_POLICY_PATH, EXAMPLE_POLICY_PATH, load_policy_file
+from tests.policy_fixtures import HEALTHY, P99, TICK, M
 
-S = 1_000
-M = 60 * S
-TICK = 10 * S
-P99 = "p99.gateway_total_ms"
-HEALTHY: dict[str, Any] = {
-    P99: 200.0,
-    "burn.page": False,
-    "burn.ticket": False,
-    "budget_exhausted": False,
-    "kv_cache_hit_rate": 0.95,
-    "queue_saturation": 0.2,
-    "gpu_memory_fraction": 0.5,
-    "queue_compute_ratio": 0.8,
-}
 EXAMPLE = load_policy_file(EXAMPLE_POLICY_PATH)
 
 

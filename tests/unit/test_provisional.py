@@ -18,10 +18,11 @@ from pipeline.contract.summary import (
     encode_summary,
 )
 from pipeline.core.control import Controller
-from pipeline.core.policy import load_policy
 from pipeline.core.record import RequestRecord, build_record
 from pipeline.core.summary import summarize
 from pipeline.core.windows import WindowAggregator, WindowConfig
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.policy import load_policy
 from tests.control_fixtures import TEST_POLICY
 from tests.factories import completed, finished, received
 
@@ -85,11 +86,11 @@ def _summary(
 
 
 def test_final_supersedes_snapshots_and_budgets_count_finals_once() -> None:
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
-    c = Controller(load_policy(TEST_POLICY), spec)
+    c = Controller(load_policy(TEST_POLICY), spec, load_burn_rules_file())
     assert c.add_window(_summary(0, 9000.0, 100, final=False, slo=name))
     assert c.signals("m", SIZE, [])["p99.queue_ms"] == pytest.approx(9000, rel=0.01)
     # a newer snapshot of the same window replaces the old one (not added to it)
@@ -141,11 +142,16 @@ def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
     """With ``budget_lag_ms``, compliance_5m and the budgets at T read the windows ending
     at or before T - lag: the same counts live (last window a snapshot) and in replay."""
     from pipeline.core.control import ControllerConfig
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
-    c = Controller(load_policy(TEST_POLICY), spec, config=ControllerConfig(budget_lag_ms=SIZE))
+    c = Controller(
+        load_policy(TEST_POLICY),
+        spec,
+        load_burn_rules_file(),
+        config=ControllerConfig(budget_lag_ms=SIZE),
+    )
     c.add_window(replace(_summary(0, 100.0, 100, final=True, slo=name), slos={
         name: SLOWindowCounts(100, 100, 0.99)
     }))  # fmt: skip
@@ -166,13 +172,13 @@ def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
     signals at T do not read a later window that shares a coarser bucket (live, that
     window may still be a snapshot; in replay it is final)."""
     from pipeline.core.control import ControllerConfig
-    from pipeline.core.slo import load_spec_file
+    from pipeline.spec.slo import load_spec_file
 
     spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
     name = spec.slos[0].name
     config = ControllerConfig.for_windows(2_000, 1_000)
     assert (config.budget_lag_ms, config.budget_base_ms) == (2_000, 2_000)
-    c = Controller(load_policy(TEST_POLICY), spec, config=config)
+    c = Controller(load_policy(TEST_POLICY), spec, load_burn_rules_file(), config=config)
     for start, good in ((20_000, 10), (22_000, 10), (24_000, 0)):
         base = _summary(0, 100.0, 10, final=True, slo=name)
         slos = {name: SLOWindowCounts(10, good, 0.99)}

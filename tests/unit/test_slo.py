@@ -18,15 +18,12 @@ from msgspec.structs import replace  # records are msgspec Structs
 from pydantic import ValidationError
 
 from pipeline.core.record import BOUNDARIES, RequestRecord, Source, build_record, ctx_bucket
-from pipeline.core.slo import (
+from pipeline.core.slo import BlendedCounts, SLOCounts, SLOEvaluator, SLOMatcher, compliance_report
+from pipeline.spec.loader import SpecError
+from pipeline.spec.slo import (
     SLO,
-    BlendedCounts,
-    SLOCounts,
-    SLOEvaluator,
     SLOSpec,
-    SpecError,
     Window,
-    compliance_report,
     load_spec,
     load_spec_file,
     parse_duration_ms,
@@ -350,7 +347,7 @@ CASES: list[tuple[str, dict[str, Any], RequestRecord, str]] = [
     ("slo_kw", "record", "verdict"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_classify(slo_kw: dict[str, Any], record: RequestRecord, verdict: str) -> None:
-    slo = _slo(**slo_kw)
+    slo = SLOMatcher(_slo(**slo_kw))
     assert slo.classify(record) == verdict
     assert slo.applies(record) == (verdict != "skip")
     assert slo.is_good(record) == (verdict == "good")

@@ -11,10 +11,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from pipeline.adapters.alerting import sign, verify_signature
 from pipeline.adapters.prometheus import MetricsState, render
 from pipeline.core.alerts import AlertTracker
-from pipeline.core.budget import BudgetBook, load_burn_rules_file
+from pipeline.core.budget import BudgetBook
 from pipeline.core.otel_names import BOUNDARY_NAMES
 from pipeline.core.record import BOUNDARIES
-from pipeline.core.slo import load_spec_file
+from pipeline.spec.burn_rules import load_burn_rules_file
+from pipeline.spec.slo import load_spec_file
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 STEP = 10_000

@@ -15,15 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.contract.events import EngineFinished
-from pipeline.core.contract import (
-    Contract,
-    load_contract,
-    load_contract_file,
-    period_bounds_ns,
-    validate_contract_file,
-)
 from pipeline.core.record import RequestRecord, build_record
-from pipeline.core.slo import SLOSpec, SpecError, load_spec
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
@@ -31,6 +23,15 @@ from pipeline.core.statement import (
     nearest_rank,
     records_digest,
 )
+from pipeline.spec.contract import (
+    Contract,
+    load_contract,
+    load_contract_file,
+    period_bounds_ns,
+    validate_contract_file,
+)
+from pipeline.spec.loader import SpecError
+from pipeline.spec.slo import SLOSpec, load_spec
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 from tests.factories import completed, finished, received

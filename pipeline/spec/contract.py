@@ -1,7 +1,7 @@
 """Contracts (``apiVersion: tailguard/v1``, ``kind: Contract``): what a provider owes a tenant.
 
-Pure: pydantic, PyYAML and the standard library (the loader reads the files it is
-given, like the SLO spec and policy loaders). A contract binds SLOs of an SLO spec
+The file format, its validation and loading (the contract and the SLO spec it
+binds, with the digests of both files). A contract binds SLOs of an SLO spec
 (by name) to tenants, over a billing period, and says what follows from the
 measurements: which daily percentile above target is a *breach* (and above which
 ceiling a *severe* one), how many breaches a period allows, the fee change at each
@@ -22,19 +22,20 @@ from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from annotated_types import MinLen
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, Field
 
 from pipeline.core.durations import parse_duration_ms
-from pipeline.core.slo import (  # the spec YAML loader and error paths are shared
-    SLOSpec,
+from pipeline.spec.loader import (
     SpecError,
     SpecIssue,
-    _line,
-    _message,
-    _path,
-    load_spec_file,
+    SpecModel,
+    load_document,
     parse_yaml_mapping,
+    read_bytes,
+    validation_report,
 )
+from pipeline.spec.registry import SpecKind
+from pipeline.spec.slo import SLOSpec, load_spec_file
 
 KIND: Final = "Contract"
 _PERIOD_RE: Final = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
@@ -67,18 +68,14 @@ NonEmptyStr = Annotated[str, MinLen(1)]
 AwareTime = Annotated[dt.datetime, Field(strict=False), AfterValidator(_check_aware)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class Billing(_Model):
+class Billing(SpecModel):
     """A calendar month in a time zone (the only period for now)."""
 
     period: Literal["month"] = "month"
     timezone: Annotated[str, AfterValidator(_check_tz)] = "UTC"
 
 
-class BreachRule(_Model):
+class BreachRule(SpecModel):
     """A day whose ``percentile`` of an SLO's boundary is above the SLO's threshold is a
     breach; above ``severe_above`` x threshold a severe one; a period allows
     ``max_breaches`` breaches and no severe one."""
@@ -89,7 +86,7 @@ class BreachRule(_Model):
     max_breaches: Annotated[int, Field(ge=0)] = 3
 
 
-class LevelTerms(_Model):
+class LevelTerms(SpecModel):
     """The fee change while the service runs at a control level (negative: a discount)."""
 
     level: Annotated[int, Field(ge=1, le=3)]
@@ -97,14 +94,14 @@ class LevelTerms(_Model):
     notify_customer: bool = True
 
 
-class ColdStarts(_Model):
+class ColdStarts(SpecModel):
     """Requests served during an engine's cold start are exempted, for at most
     ``max_per_day`` cold starts per day (the first ones of that day)."""
 
     max_per_day: Annotated[int, Field(ge=0)]
 
 
-class Maintenance(_Model):
+class Maintenance(SpecModel):
     """A declared maintenance window: requests ending in [start, end) are exempted."""
 
     start: AwareTime
@@ -112,12 +109,12 @@ class Maintenance(_Model):
     reason: NonEmptyStr
 
 
-class Exemptions(_Model):
+class Exemptions(SpecModel):
     cold_starts: ColdStarts | None = None
     maintenance: list[Maintenance] = Field(default_factory=list)
 
 
-class BudgetExhausted(_Model):
+class BudgetExhausted(SpecModel):
     """What an exhausted error budget of a bound SLO triggers."""
 
     pause_billing: bool = True
@@ -128,7 +125,7 @@ class BudgetExhausted(_Model):
     lookback: Annotated[str, AfterValidator(_check_duration_or_period)] = "1h"
 
 
-class Contract(_Model):
+class Contract(SpecModel):
     api_version: Literal["tailguard/v1"] = Field(alias="apiVersion")
     kind: Literal["Contract"]
     description: str | None = None
@@ -206,27 +203,12 @@ def _cross_issues(data: object, spec: SLOSpec | None) -> list[SpecIssue]:
     return issues
 
 
-def _loc_of(path: str) -> tuple[int | str, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path))
-
-
 def load_contract(text: str, source: str = "<contract>", spec: SLOSpec | None = None) -> Contract:
     """Parse and validate a contract (against ``spec`` when given: the bound SLO names);
     raises :class:`SpecError` listing every problem with its field path and line."""
-    data, node = parse_yaml_mapping(text, source, "a contract")
-    issues: list[SpecIssue] = []
-    contract: Contract | None = None
-    try:
-        contract = Contract.model_validate(data)
-    except ValidationError as e:
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            issues.append(SpecIssue(_path(loc), _message(err), _line(node, loc)))
-    for issue in _cross_issues(data, spec):
-        issues.append(SpecIssue(issue.path, issue.message, _line(node, _loc_of(issue.path))))
-    if issues or contract is None:
-        raise SpecError(source, sorted(issues, key=lambda i: i.line or 0))
-    return contract
+    return load_document(
+        Contract, text, source, "a contract", lambda data: _cross_issues(data, spec)
+    )
 
 
 def digest(data: bytes) -> str:
@@ -250,11 +232,8 @@ def load_contract_file(path: str | Path, spec_path: str | Path | None = None) ->
     """A contract file and its SLO spec (``slo_spec`` relative to the contract, unless
     ``spec_path`` overrides it); every problem is a :class:`SpecError`."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), [SpecIssue("", f"cannot read contract: {e}")]) from None
+    raw = read_bytes(path, "contract")
+    text = raw.decode("utf-8")
     data, _node = parse_yaml_mapping(text, str(path), "a contract")
     named = data.get("slo_spec")
     if spec_path is None and not (isinstance(named, str) and named):
@@ -268,12 +247,9 @@ def load_contract_file(path: str | Path, spec_path: str | Path | None = None) ->
 
 def validate_contract_file(path: str | Path) -> tuple[bool, str]:
     """For ``tailguard validate``: ``(True, "ok: ...")`` or ``(False, every problem)``."""
-    try:
-        loaded = load_contract_file(path)
-    except SpecError as e:
-        n = len(e.errors)
-        return False, f"{e}\n{n} problem{'' if n == 1 else 's'} in {path}"
-    return True, f"ok: contract, {loaded.contract.summary()} ({path})"
+    return validation_report(
+        path, load_contract_file, lambda loaded: f"contract, {loaded.contract.summary()}"
+    )
 
 
 def period_bounds_ns(period: str, timezone: str) -> tuple[int, int]:
@@ -290,3 +266,6 @@ def period_bounds_ns(period: str, timezone: str) -> tuple[int, int]:
 
 def _ns(t: dt.datetime) -> int:
     return int(t.timestamp()) * 1_000_000_000 + t.microsecond * 1000
+
+
+SPEC_KIND: Final = SpecKind(KIND, validate_contract_file)

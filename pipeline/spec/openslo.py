@@ -56,9 +56,10 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from pipeline.core.budget import BurnRateRule, BurnRules
 from pipeline.core.durations import format_ms, parse_duration_ms
-from pipeline.core.slo import SLO, SLOSpec, SpecIssue
+from pipeline.spec.burn_rules import BurnRateRule, BurnRules
+from pipeline.spec.loader import SpecIssue
+from pipeline.spec.slo import SLO, SLOSpec
 
 API: Final = "openslo/v1"
 X: Final = "x-tailguard/"
