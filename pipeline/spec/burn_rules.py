@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from pipeline.core.durations import parse_duration_ms, unit_required
+from pipeline.shipped import DEFAULT_BURN_RULES
 from pipeline.spec.fields import DurationMs, check_name, duration_or_none
 from pipeline.spec.loader import (
     API_VERSION,
@@ -26,7 +27,7 @@ from pipeline.spec.loader import (
 from pipeline.spec.registry import SpecKind
 
 KIND: Final = "BurnRules"
-DEFAULT_BURN_RULES_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "burn-rules.yaml"
+DEFAULT_BURN_RULES_PATH: Final = DEFAULT_BURN_RULES  # package data (pipeline.shipped)
 _MAX_RULE_WINDOW_MS: Final = 90 * 86_400_000
 
 Severity = Literal["page", "ticket"]

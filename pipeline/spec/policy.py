@@ -13,7 +13,6 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, ClassVar, Final, Literal
 
 from annotated_types import MinLen
@@ -22,14 +21,15 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_v
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.control_signal import Actions
 from pipeline.core.durations import format_ms
+from pipeline.shipped import DEFAULT_POLICY, EXAMPLE_POLICY
 from pipeline.spec.fields import Duration, DurationMs, HoldDuration, duration_or_none
 from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 
 DEFAULT_RETRY_AFTER_S: Final[int] = Actions.model_fields["retry_after_s"].default
 KIND: Final = "ControlPolicy"
-DEFAULT_POLICY_PATH: Final = Path(__file__).resolve().parents[2] / "specs" / "policy-default.yaml"
+DEFAULT_POLICY_PATH: Final = DEFAULT_POLICY  # package data (pipeline.shipped)
 # The source documents' circuit-breaker table as written (gateway P99 > 300 ms ...).
-EXAMPLE_POLICY_PATH: Final = DEFAULT_POLICY_PATH.with_name("policy-example.yaml")
+EXAMPLE_POLICY_PATH: Final = EXAMPLE_POLICY
 HOUR_MS: Final = 3_600_000
 LEVELS: Final = (1, 2, 3)
 
