@@ -3,6 +3,8 @@ source documents' 300 ms), and a simulated ×3 overload episode."""
 
 from __future__ import annotations
 
+import base64
+import os
 from pathlib import Path
 
 import orjson
@@ -47,6 +49,13 @@ dynamics:
   step_down: one
   half_open: {duration: 1m, admit_fraction: 0.25}
 """
+
+
+def write_control_keys(path: Path, key_id: str = "k1") -> Path:
+    """A keys file with one fresh random signing key, active."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    path.write_text(orjson.dumps({"active": key_id, "keys": {key_id: key}}).decode())
+    return path
 
 
 def overload_simulator() -> Simulator:

@@ -3,8 +3,6 @@ serving-side client applies it, lifts it, and rejects forged, replayed and expir
 
 from __future__ import annotations
 
-import base64
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +23,7 @@ from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
     overload_simulator,
+    write_control_keys,
     write_overload_jsonl,
 )
 from tests.integration.harness import WorkerProcess, make_settings
@@ -72,12 +71,7 @@ def _follow(
 
 
 def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path: Path) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        orjson.dumps(
-            {"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}
-        ).decode()
-    )
+    keys = write_control_keys(tmp_path / "keys.json")
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(TEST_POLICY)
     s = make_settings(

@@ -44,7 +44,13 @@ from tests.integration.faults import (
     producer,
     send,
 )
-from tests.integration.harness import REPO, WorkerProcess, make_settings, read_all, settings_env
+from tests.integration.harness import (
+    REPO,
+    make_settings,
+    read_all,
+    run_until_caught_up,
+    settings_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -135,13 +141,7 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
     # The NaN event's request still completes: its engine.finished joins as engine-only.
     valid |= {ev.request_id for ev in nan_events}
 
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
 
     dlq = _dlq(s)
@@ -183,13 +183,7 @@ def test_a_10_mib_message_lands_in_a_64_kib_dlq_truncated_before_its_offset_comm
     after = lifecycle_events(500, seed=74, prefix="b-", start_ns=before[-1].ts_unix_ns)
     produce_batches(s, after)
 
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
     assert committed_offsets(s)[0] > 0
     [d] = _dlq(s)

@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,18 @@ def _sigterm(worker: WorkerProcess) -> float:
     return took
 
 
+@contextmanager
+def _stopped_by_sigterm(
+    s: Settings, log_path: Path, took: dict[str, float], state: str
+) -> Iterator[WorkerProcess]:
+    """A worker for the ``with`` body, then SIGTERM; ``took[state]``: seconds to exit."""
+    worker = WorkerProcess(s, log_path)
+    try:
+        yield worker
+    finally:
+        took[state] = _sigterm(worker)
+
+
 def _committed(s: Settings) -> dict[int, int]:
     """Committed offsets; none while the group coordinator is still loading (fresh broker)."""
     try:
@@ -66,25 +80,18 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
     took: dict[str, float] = {}
 
     # Busy: stopped while catching up on a backlog.
-    w = WorkerProcess(s, tmp_path / "busy.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "busy.log", took, "busy") as w:
         wait_for(lambda: any(_committed(s).values()), "a first commit", 120, 0.05)
         lag_at_stop = group_progress(s, s.lifecycle_topic).lag
-    finally:
-        took["busy"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Idle: caught up, nothing to do.
-    w = WorkerProcess(s, tmp_path / "idle.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "idle.log", took, "idle") as w:
         w.wait_caught_up(timeout_s=180)
-    finally:
-        took["idle"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Store outage: every write retried with backoff, the input paused.
-    w = WorkerProcess(s, tmp_path / "outage.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "outage.log", took, "store outage") as w:
         w.wait_caught_up(timeout_s=60)
         produce_batches(s, b)
         w.wait_caught_up(timeout_s=60)
@@ -94,8 +101,6 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
         committed = committed_offsets(s)
         # Into the retry loop's longer delays (0.2 + 0.4 + ... + 3.2 s).
         wait_for(lambda: _log_has(w, "; retry 6 in "), "the 6th retry", 30)
-    finally:
-        took["store outage"] = _sigterm(w)
     log_text = w.log_path.read_text(errors="replace")
     assert committed_offsets(s) == committed, "committed past what was written"
     assert "Traceback" not in log_text, log_text[-3000:]
