@@ -8,12 +8,12 @@ measurement core.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.adapters.store import Store
 from pipeline.core.record import BOUNDARIES
+from pipeline.core.timefmt import iso_time
 
 QUANTILES = (0.5, 0.99)
 
@@ -48,7 +48,7 @@ class ReportFilter:
 def _iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+    return iso_time(t, timespec="seconds")
 
 
 BURN_WINDOWS_MIN = (5, 60)  # burn rates over the last 5 minutes and the last hour of the data

@@ -35,6 +35,7 @@ from typing import Any
 
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql
 from pipeline.adapters.store import Store
+from pipeline.core.timefmt import iso_time
 from pipeline.report import Report, ReportFilter, _params, _slo_where, _time_where
 
 LATENCY_BOUNDARIES = (
@@ -165,7 +166,7 @@ def series_json(data: HtmlData | None) -> dict[str, Any]:
 
 
 def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+    return iso_time(t, timespec="seconds")
 
 
 # --- charts (matplotlib, SVG) ------------------------------------------------------

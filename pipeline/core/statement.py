@@ -59,6 +59,7 @@ from pipeline.core.contract import Contract, digest, period_bounds_ns
 from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOSpec
+from pipeline.core.timefmt import iso_time
 
 _NS_PER_MS: Final = 1_000_000
 STATEMENT_VERSION: Final = 1
@@ -103,7 +104,7 @@ def nearest_rank(values: Sequence[float], percentile: float) -> float | None:
 
 
 def _iso(ns: int, tz: zoneinfo.ZoneInfo) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=tz).isoformat(timespec="milliseconds")
+    return iso_time(ns / 1e9, tz=tz)
 
 
 def _day(ns: int, tz: zoneinfo.ZoneInfo) -> str:
