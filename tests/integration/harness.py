@@ -106,6 +106,20 @@ def caught_up_worker(
     assert rc == 0, worker.log_tail(3000)
 
 
+@contextmanager
+def running_caught_up(
+    settings: Settings, log_path: Path, timeout_s: float = 120.0
+) -> Iterator[WorkerProcess]:
+    """A worker, caught up with what is on the topics, for the ``with`` body; stopped
+    (SIGTERM) on leaving it, its exit status left to the test."""
+    worker = WorkerProcess(settings, log_path)
+    try:
+        worker.wait_caught_up(timeout_s=timeout_s)
+        yield worker
+    finally:
+        worker.stop()
+
+
 def run_until_caught_up(settings: Settings, log_path: Path, timeout_s: float = 120.0) -> str:
     """Run a worker over what is on the topics (see :func:`caught_up_worker`); its log."""
     with caught_up_worker(settings, log_path, timeout_s):

@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.store import open_store
-from pipeline.settings import Settings
-from tests.control_fixtures import write_control_keys
-from tests.measurement_fixtures import simulate_and_replay
+from tests.control_fixtures import replayed_controller
 
 pytestmark = pytest.mark.integration
 
@@ -18,10 +15,7 @@ pytestmark = pytest.mark.integration
 def test_budgets_are_rebuilt_from_stored_windows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, store_dir, replayed = simulate_and_replay(tmp_path, capsys, seed=9, limit=4000)
-    keys = write_control_keys(tmp_path / "keys.json", "k")
-    settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
-    shell = ControllerShell(settings)
+    replayed, settings, shell = replayed_controller(tmp_path, capsys, seed=9, limit=4000)
     store = open_store(settings)
     try:
         loaded = shell.load_history(store)

@@ -15,14 +15,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pipeline.adapters.store import open_store
 from pipeline.core.control_signal import Keyring, RejectReason
 from pipeline.core.policy import load_policy
-from pipeline.demo import kafka_sink
 from pipeline.replay import replay_file
 from pipeline.settings import Settings
 from producers.control_client import Accepted, ControlClient, DirectiveStore
 from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
-    overload_simulator,
+    emit_overload,
     write_control_keys,
     write_overload_jsonl,
 )
@@ -88,10 +87,7 @@ def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path:
     assert len(scopes) == 2
     want = [(0, "normal"), (1, "degraded"), (1, "half_open"), (0, "normal")]
 
-    sink = kafka_sink(s)
-    for ev in overload_simulator().events():
-        sink.emit(ev)
-    sink.flush()
+    emit_overload(s)
 
     worker = WorkerProcess(s, tmp_path / "worker.log")
     try:

@@ -91,16 +91,21 @@ def _set_topic_config(s: Settings, topic: str, **config: str) -> None:
         fut.result(timeout=30)
 
 
-def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_lost(
-    kafka, tmp_path: Path
-) -> None:
-    s = make_settings(kafka.bootstrap_servers, tmp_path)
+def _add_strict_constraint(s: Settings) -> None:
+    """The store's requests table refuses what ``STRICT`` rejects (a row the contract allows)."""
     store = open_store(s)
     try:
         migrate(store)
         store.command(f"ALTER TABLE {s.database}.requests ADD CONSTRAINT strict CHECK {STRICT}")
     finally:
         store.close()
+
+
+def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_lost(
+    kafka, tmp_path: Path
+) -> None:
+    s = make_settings(kafka.bootstrap_servers, tmp_path)
+    _add_strict_constraint(s)
 
     events = lifecycle_events(2_000, seed=71)
     # A contract-valid engine.finished the store rejects, in the middle of a full batch.
@@ -208,12 +213,7 @@ def test_replay_isolates_a_record_the_store_rejects(tmp_path: Path) -> None:
     lines.append(_single(victim, preemptions=70_000, request_id="p-1"))  # over the contract
     path.write_bytes(b"\n".join(lines) + b"\n")
     s = Settings(store_dir=tmp_path / "store")
-    store = open_store(s)
-    try:
-        migrate(store)
-        store.command(f"ALTER TABLE {s.database}.requests ADD CONSTRAINT strict CHECK {STRICT}")
-    finally:
-        store.close()
+    _add_strict_constraint(s)
     env = settings_env(s)
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "replay", str(path), "--json"],

@@ -25,7 +25,7 @@ from tests.integration.faults import (
     produce_batches,
     wait_for,
 )
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, make_settings, running_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -107,11 +107,8 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
 
     # The store back: a new worker writes everything, once.
     flag.unlink()
-    w = WorkerProcess(s, tmp_path / "after.log")
-    try:
-        w.wait_caught_up(timeout_s=180)
-    finally:
-        w.stop()
+    with running_caught_up(s, tmp_path / "after.log", timeout_s=180):
+        pass
     print(f"SIGTERM -> exit: {took} (lag at the busy stop: {lag_at_stop} messages)")
     assert all(t < STOP_WITHIN_S for t in took.values()), took
     assert_exactly_once(s, {ev.request_id for ev in a + b + c})

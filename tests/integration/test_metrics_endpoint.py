@@ -14,12 +14,9 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.prometheus import MetricsServer
 from pipeline.adapters.store import open_store
-from pipeline.settings import Settings
-from tests.control_fixtures import write_control_keys
-from tests.measurement_fixtures import simulate_and_replay
+from tests.control_fixtures import replayed_controller
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +24,7 @@ WINDOWS = {"5m": 300_000, "30m": 1_800_000, "1h": 3_600_000, "6h": 21_600_000}
 
 
 def test_metrics_equal_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _, store_dir, _ = simulate_and_replay(tmp_path, capsys, seed=9, limit=4000)
-    keys = write_control_keys(tmp_path / "keys.json", "k")
-    settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
-    shell = ControllerShell(settings)
+    _, settings, shell = replayed_controller(tmp_path, capsys, seed=9, limit=4000)
     store = open_store(settings)
     try:
         assert shell.load_history(store) > 0

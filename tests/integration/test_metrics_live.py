@@ -13,9 +13,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.controller import read_topic
-from pipeline.demo import kafka_sink
 from pipeline.devtools.alertmanager_local import LocalAlertmanager, free_port
-from tests.control_fixtures import TEST_POLICY, overload_simulator, write_control_keys
+from tests.control_fixtures import TEST_POLICY, emit_overload, write_control_keys
 from tests.integration.harness import WorkerProcess, make_settings
 
 pytestmark = pytest.mark.integration
@@ -42,10 +41,7 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
             policy_file=policy_file, control_heartbeat_ms=1000, prometheus_port=port,
             alertmanager_url=am.url,
         )  # fmt: skip
-        sink = kafka_sink(s)
-        for ev in overload_simulator().events():
-            sink.emit(ev)
-        sink.flush()
+        emit_overload(s)
         worker = WorkerProcess(s, tmp_path / "worker.log")
         try:
             deadline = time.monotonic() + 240
