@@ -7,14 +7,15 @@ the control timeline. ``--json`` prints the whole summary as one JSON object ins
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
+
+from pipeline.core.timefmt import iso_time
 
 
 def _t(ns: int | float | None) -> str:
     if ns is None:
         return "-"
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return iso_time(ns / 1e9, timespec="seconds", sep=" ", offset=False)
 
 
 def _ms(v: float | None) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 from pipeline.adapters.queries import budget, control, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
+from pipeline.core.timefmt import iso_time
 from pipeline.report import Report
 
 LATENCY_BOUNDARIES = (
@@ -136,7 +137,7 @@ def series_json(data: HtmlData | None) -> dict[str, Any]:
 
 
 def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+    return iso_time(t, timespec="seconds")
 
 
 # --- charts (matplotlib, SVG) ------------------------------------------------------

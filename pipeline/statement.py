@@ -27,6 +27,7 @@ from pipeline.core.statement import (
     records_digest,
     rows_digest,
 )
+from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import LoadedContract, period_bounds_ns
 
 _NOT_COMPARED = frozenset({"generated_at"})
@@ -35,7 +36,7 @@ _NOT_COMPARED = frozenset({"generated_at"})
 def _iso_ns(ns: int | None) -> str | None:
     if ns is None:
         return None
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).isoformat(timespec="milliseconds")
+    return iso_time(ns / 1e9)
 
 
 def build_statement(

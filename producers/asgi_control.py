@@ -82,14 +82,20 @@ def default_model_of(scope: Scope) -> str | None:
     return value.strip() or None
 
 
-def default_priority_of(scope: Scope) -> int:
-    value = header(scope, PRIORITY_HEADER)
+def int_header(scope: Scope, name: bytes) -> int | None:
+    """A request header's value as an integer (None: absent or not an integer)."""
+    value = header(scope, name)
     if value is None:
-        return DEFAULT_PRIORITY
+        return None
     try:
         return int(value.strip())
     except ValueError:
-        return DEFAULT_PRIORITY
+        return None
+
+
+def default_priority_of(scope: Scope) -> int:
+    value = int_header(scope, PRIORITY_HEADER)
+    return DEFAULT_PRIORITY if value is None else value
 
 
 def default_is_new_session(scope: Scope) -> bool:

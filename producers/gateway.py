@@ -75,6 +75,7 @@ from producers.asgi_control import (
     Scope,
     Send,
     header,
+    int_header,
 )
 from producers.emit import EventSink
 
@@ -128,10 +129,10 @@ class PriorityRules:
                 raise ValueError(f"service_tier {tier!r} maps to {p}, not 0..3")
 
     def resolve(self, scope: Scope, body: Mapping[str, Any] | None = None) -> int:
-        value = _int_header(scope, self.vllm_header)
+        value = int_header(scope, self.vllm_header)
         if value is not None:
             return min(LOWEST_PRIORITY, max(0, value))
-        value = _int_header(scope, self.llmd_header)
+        value = int_header(scope, self.llmd_header)
         if value is not None:
             return LOWEST_PRIORITY if value < 0 else (self.default if value == 0 else 1)
         tier = body.get("service_tier") if body is not None else None
@@ -139,16 +140,6 @@ class PriorityRules:
             mapped = self.service_tiers.get(tier)
             return self.default if mapped is None else mapped
         return self.default
-
-
-def _int_header(scope: Scope, name: bytes) -> int | None:
-    value = header(scope, name)
-    if value is None:
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        return None
 
 
 def _positive_ms(scope: Scope, name: bytes) -> float | None:

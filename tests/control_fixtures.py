@@ -3,15 +3,22 @@ source documents' 300 ms), and a simulated ×3 overload episode."""
 
 from __future__ import annotations
 
+import base64
+import os
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 
+from pipeline.adapters.controller import ControllerShell
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import event_to_dict
+from pipeline.demo import kafka_sink
+from pipeline.settings import Settings
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
-from tests.measurement_fixtures import START_NS
+from tests.measurement_fixtures import START_NS, simulate_and_replay
 
 OVERLOAD_START_S = 600
 OVERLOAD_END_S = 1200  # arrival rate x3 for 10 simulated minutes
@@ -49,6 +56,13 @@ dynamics:
 """
 
 
+def write_control_keys(path: Path, key_id: str = "k1") -> Path:
+    """A keys file with one fresh random signing key, active."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    path.write_text(orjson.dumps({"active": key_id, "keys": {key_id: key}}).decode())
+    return path
+
+
 def overload_simulator() -> Simulator:
     return Simulator(
         read_trace(DEFAULT_TRACE)[:TRACE_LIMIT],
@@ -58,6 +72,25 @@ def overload_simulator() -> Simulator:
             overload=OverloadEpisode(OVERLOAD_START_S, OVERLOAD_END_S, factor=3.0),
         ),
     )
+
+
+def replayed_controller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *, seed: int, limit: int
+) -> tuple[dict[str, Any], Settings, ControllerShell]:
+    """Simulated events replayed into a store (see ``simulate_and_replay``), and a controller
+    shell on that store with a fresh signing key: the replay's summary, settings, shell."""
+    _, store_dir, replayed = simulate_and_replay(tmp_path, capsys, seed=seed, limit=limit)
+    keys = write_control_keys(tmp_path / "keys.json", "k")
+    settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
+    return replayed, settings, ControllerShell(settings)
+
+
+def emit_overload(settings: Settings) -> None:
+    """The overload episode's events onto ``settings``' lifecycle topic (the real broker)."""
+    sink = kafka_sink(settings)
+    for ev in overload_simulator().events():
+        sink.emit(ev)
+    sink.flush()
 
 
 def write_overload_jsonl(path: Path) -> None:

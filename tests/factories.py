@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
 
 T0_NS = 1_700_000_000_000_000_000
+
+
+def _envelope(
+    rid: str, kind: str, event_id: str, t_ms: float, *, host: str, model: str
+) -> dict[str, Any]:
+    """The fields every lifecycle event carries, at ``t_ms`` after ``T0_NS``."""
+    return {
+        "v": 1,
+        "event_id": event_id,
+        "kind": kind,
+        "request_id": rid,
+        "ts_unix_ns": T0_NS + int(t_ms * 1e6),
+        "host": host,
+        "model": model,
+    }
 
 
 def received(
@@ -18,13 +35,7 @@ def received(
     eid: str | None = None,
 ) -> GatewayReceived:
     return GatewayReceived(
-        v=1,
-        event_id=eid or f"{rid}:r",
-        kind="gateway.received",
-        request_id=rid,
-        ts_unix_ns=T0_NS + int(t_ms * 1e6),
-        host="gw-0",
-        model=model,
+        **_envelope(rid, "gateway.received", eid or f"{rid}:r", t_ms, host="gw-0", model=model),
         priority=priority,
         tenant=tenant,
         prompt_tokens=prompt_tokens,
@@ -44,13 +55,7 @@ def completed(
     eid: str | None = None,
 ) -> GatewayCompleted:
     return GatewayCompleted(
-        v=1,
-        event_id=eid or f"{rid}:c",
-        kind="gateway.completed",
-        request_id=rid,
-        ts_unix_ns=T0_NS + int(t_ms * 1e6),
-        host="gw-0",
-        model=model,
+        **_envelope(rid, "gateway.completed", eid or f"{rid}:c", t_ms, host="gw-0", model=model),
         total_ms=total_ms,
         ttfb_ms=ttfb_ms,
         http_status=http_status,
@@ -72,13 +77,7 @@ def finished(
 ) -> EngineFinished:
     inference = prefill_ms + decode_ms
     return EngineFinished(
-        v=1,
-        event_id=eid or f"{rid}:f",
-        kind="engine.finished",
-        request_id=rid,
-        ts_unix_ns=T0_NS + int(t_ms * 1e6),
-        host="m-0",
-        model=model,
+        **_envelope(rid, "engine.finished", eid or f"{rid}:f", t_ms, host="m-0", model=model),
         arrival_unix_ns=T0_NS + int((t_ms - queue_ms - inference) * 1e6),
         queue_ms=queue_ms,
         prefill_ms=prefill_ms,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 
-from pipeline.cli import DEFAULT_TRACE
+from pipeline.cli import DEFAULT_TRACE, main
 from pipeline.contract.codec import event_to_dict
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
@@ -22,6 +24,25 @@ def simulate_jsonl(path: Path, *, seed: int = 3, limit: int | None = None) -> di
         for ev in sim.events():
             fh.write(orjson.dumps(event_to_dict(ev)) + b"\n")
     return dict(sim.engine_skew_ms)
+
+
+def replay_into(
+    store_dir: Path, events: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    """``tailguard replay EVENTS --store STORE_DIR --json`` in process; its summary."""
+    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
+    out: dict[str, Any] = orjson.loads(capsys.readouterr().out)
+    return out
+
+
+def simulate_and_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *, seed: int, limit: int
+) -> tuple[Path, Path, dict[str, Any]]:
+    """Simulated events (``events.jsonl``) replayed into ``store``: both paths, the summary."""
+    events = tmp_path / "events.jsonl"
+    simulate_jsonl(events, seed=seed, limit=limit)
+    store_dir = tmp_path / "store"
+    return events, store_dir, replay_into(store_dir, events, capsys)
 
 
 def load_events(path: Path) -> list[dict]:

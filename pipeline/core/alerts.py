@@ -15,12 +15,12 @@ rule's figures (``burn_1h`` ...). Times are RFC 3339 UTC.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.core.budget import BudgetStatus
+from pipeline.core.timefmt import iso_time
 
 SERVICE: Final = "tailguard"
 ALERTNAMES: Final = {
@@ -33,7 +33,7 @@ AlertKey = tuple[str, str, str]  # slo, scope, rule
 
 
 def rfc3339(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+    return iso_time(ms / 1000)
 
 
 def _alertname(figures: Mapping[str, float]) -> str:

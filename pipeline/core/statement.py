@@ -59,6 +59,7 @@ import orjson
 from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
+from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import Contract, digest, period_bounds_ns
 from pipeline.spec.slo import SLOSpec
 
@@ -105,7 +106,7 @@ def nearest_rank(values: Sequence[float], percentile: float) -> float | None:
 
 
 def _iso(ns: int, tz: zoneinfo.ZoneInfo) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=tz).isoformat(timespec="milliseconds")
+    return iso_time(ns / 1e9, tz=tz)
 
 
 def _day(ns: int, tz: zoneinfo.ZoneInfo) -> str:

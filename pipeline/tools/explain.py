@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from pipeline.adapters.queries import control, events, requests
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.explain import Directive, Explanation, explain
 from pipeline.core.record import RequestRecord
+from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
 
 
@@ -49,7 +49,7 @@ def explain_request(
 def _iso(unix_ms: float | None) -> str | None:
     if unix_ms is None:
         return None
-    return dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+    return iso_time(unix_ms / 1000)
 
 
 def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -87,6 +89,56 @@ class WorkerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def caught_up_worker(
+    settings: Settings, log_path: Path, timeout_s: float = 120.0
+) -> Iterator[WorkerProcess]:
+    """A worker for the ``with`` body; on leaving it, waited on until caught up, then
+    stopped (SIGTERM) and asserted to have exited 0."""
+    worker = WorkerProcess(settings, log_path)
+    try:
+        yield worker
+        worker.wait_caught_up(timeout_s=timeout_s)
+    finally:
+        rc = worker.stop()
+    assert rc == 0, worker.log_tail(3000)
+
+
+@contextmanager
+def running_caught_up(
+    settings: Settings, log_path: Path, timeout_s: float = 120.0
+) -> Iterator[WorkerProcess]:
+    """A worker, caught up with what is on the topics, for the ``with`` body; stopped
+    (SIGTERM) on leaving it, its exit status left to the test."""
+    worker = WorkerProcess(settings, log_path)
+    try:
+        worker.wait_caught_up(timeout_s=timeout_s)
+        yield worker
+    finally:
+        worker.stop()
+
+
+def run_until_caught_up(settings: Settings, log_path: Path, timeout_s: float = 120.0) -> str:
+    """Run a worker over what is on the topics (see :func:`caught_up_worker`); its log."""
+    with caught_up_worker(settings, log_path, timeout_s):
+        pass
+    return log_path.read_text(errors="replace")
+
+
+def tailguard(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """``tailguard ARGS`` in a subprocess from the repository root, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        check=False,
+        cwd=REPO,
+        # COLUMNS: rich's width when not on a terminal; the figures assume the contract tiers
+        env=dict(os.environ, COLUMNS="200", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import os
 from pathlib import Path
 
-import orjson
 import pytest
 
-from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.store import open_store
-from pipeline.cli import main
-from pipeline.settings import Settings
-from tests.measurement_fixtures import simulate_jsonl
+from tests.control_fixtures import replayed_controller
 
 pytestmark = pytest.mark.integration
 
@@ -21,20 +15,7 @@ pytestmark = pytest.mark.integration
 def test_budgets_are_rebuilt_from_stored_windows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    events = tmp_path / "events.jsonl"
-    simulate_jsonl(events, seed=9, limit=4000)
-    store_dir = tmp_path / "store"
-    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
-    replayed = orjson.loads(capsys.readouterr().out)
-
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        orjson.dumps(
-            {"active": "k", "keys": {"k": base64.b64encode(os.urandom(32)).decode()}}
-        ).decode()
-    )
-    settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
-    shell = ControllerShell(settings)
+    replayed, settings, shell = replayed_controller(tmp_path, capsys, seed=9, limit=4000)
     store = open_store(settings)
     try:
         loaded = shell.load_history(store)

@@ -3,8 +3,6 @@ serving-side client applies it, lifts it, and rejects forged, replayed and expir
 
 from __future__ import annotations
 
-import base64
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -17,7 +15,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pipeline.adapters.control_keys import keyring_from_file
 from pipeline.adapters.store import open_store
 from pipeline.contract.control_signal import RejectReason
-from pipeline.demo import kafka_sink
 from pipeline.replay import replay_file
 from pipeline.settings import Settings
 from pipeline.spec.policy import load_policy
@@ -25,7 +22,8 @@ from producers.control_client import Accepted, ControlClient, DirectiveStore
 from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
-    overload_simulator,
+    emit_overload,
+    write_control_keys,
     write_overload_jsonl,
 )
 from tests.integration.harness import WorkerProcess, make_settings
@@ -73,12 +71,7 @@ def _follow(
 
 
 def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path: Path) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        orjson.dumps(
-            {"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}
-        ).decode()
-    )
+    keys = write_control_keys(tmp_path / "keys.json")
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(TEST_POLICY)
     s = make_settings(
@@ -95,10 +88,7 @@ def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path:
     assert len(scopes) == 2
     want = [(0, "normal"), (1, "degraded"), (1, "half_open"), (0, "normal")]
 
-    sink = kafka_sink(s)
-    for ev in overload_simulator().events():
-        sink.emit(ev)
-    sink.flush()
+    emit_overload(s)
 
     worker = WorkerProcess(s, tmp_path / "worker.log")
     try:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
 
 from pipeline.adapters.store import open_store
-from pipeline.cli import main
 from pipeline.replay import replay_file
 from pipeline.report import read_report
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
@@ -31,7 +29,7 @@ from tests.disorder import (
     store_mismatches,
     write_layout,
 )
-from tests.measurement_fixtures import load_events, simulate_jsonl
+from tests.measurement_fixtures import load_events, replay_into, simulate_jsonl
 
 pytestmark = pytest.mark.integration
 SPEC = load_spec_file(DEFAULT_SLO_SPEC)
@@ -60,18 +58,13 @@ def _messy(events: list[dict]) -> list[dict]:
     return duplicate(ev, 0.01, seed=7)  # 1 % duplicates at random positions
 
 
-def _replay_into(store_dir: Path, events: Path, capsys: pytest.CaptureFixture[str]) -> dict:
-    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
-    return orjson.loads(capsys.readouterr().out)
-
-
 @pytest.mark.parametrize("layout", ["lines", "arrays", "stats"])
 def test_messy_traffic_store_equals_exact_count(
     layout: str, base_events: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     events = tmp_path / f"messy-{layout}.jsonl"
     write_layout(events, _messy(base_events), layout, seed=3)
-    out = _replay_into(tmp_path / "store", events, capsys)
+    out = replay_into(tmp_path / "store", events, capsys)
     # the two requests stamped ahead are quarantined, nothing else is dropped
     assert out["windows"]["quarantined_events"] == 6
     assert out["windows"]["corrected_records"] > 0  # the 5-minute-slow gateway's partials...

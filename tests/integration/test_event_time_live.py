@@ -31,7 +31,7 @@ from tests.disorder import (
     store_mismatches,
 )
 from tests.integration.faults import after, flush, lifecycle_events, producer, send
-from tests.integration.harness import WorkerProcess, make_settings, read_all
+from tests.integration.harness import WorkerProcess, caught_up_worker, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
 pytestmark = pytest.mark.integration
@@ -87,12 +87,8 @@ def _check(s: Settings, expect_requests: int) -> None:
 def test_messy_live_traffic_then_restart(kafka, tmp_path: Path) -> None:
     s = make_settings(kafka.bootstrap_servers, tmp_path, join_timeout_ms=2000)
     first, ahead1 = _messy(2000, seed=21, start_ns=START_NS, prefix="a-")
-    w = WorkerProcess(s, tmp_path / "w1.log")
-    try:
+    with caught_up_worker(s, tmp_path / "w1.log", timeout_s=180):
         _produce(s, first)
-        w.wait_caught_up(timeout_s=180)
-    finally:
-        assert w.stop() == 0
     _check(s, 2000 - len(ahead1))
     dead = read_all(s, s.dlq_topic)
     reasons = {dict(m.headers())["tailguard.reason"].decode() for m in dead}
@@ -102,12 +98,8 @@ def test_messy_live_traffic_then_restart(kafka, tmp_path: Path) -> None:
     # A restart, then more traffic (later, same disorder): nothing is blind, nothing twice.
     start2 = after(list(lifecycle_events(1, seed=21, prefix="x-")), gap_s=600)
     second, ahead2 = _messy(1500, seed=22, start_ns=start2, prefix="b-")
-    w = WorkerProcess(s, tmp_path / "w2.log")
-    try:
+    with caught_up_worker(s, tmp_path / "w2.log", timeout_s=180):
         _produce(s, second)
-        w.wait_caught_up(timeout_s=180)
-    finally:
-        assert w.stop() == 0
     _check(s, 2000 + 1500 - len(ahead1) - len(ahead2))
     store = open_store(s)
     try:
@@ -136,8 +128,7 @@ def test_a_second_worker_joins_and_leaves_mid_window(kafka, tmp_path: Path) -> N
     sb = s.model_copy(update={"store_dir": tmp_path / "b" / "store"})
     events, ahead = _messy(3000, seed=31, start_ns=START_NS, prefix="c-")
     third = len(events) // 3
-    a = WorkerProcess(s, tmp_path / "a.log")
-    try:
+    with caught_up_worker(s, tmp_path / "a.log", timeout_s=180) as a:
         _produce(s, events[:third])
         _wait_log(a, "resuming at offset")
         b = WorkerProcess(sb, tmp_path / "b.log")
@@ -148,9 +139,6 @@ def test_a_second_worker_joins_and_leaves_mid_window(kafka, tmp_path: Path) -> N
         finally:
             assert b.stop(sig=signal.SIGTERM) == 0  # B leaves: A takes its partitions back
         _produce(s, events[2 * third :])
-        a.wait_caught_up(timeout_s=180)
-    finally:
-        assert a.stop() == 0
     union = tmp_path / "union"
     merge_stores([s, sb], union)
     _check(s.model_copy(update={"store_dir": union}), 3000 - len(ahead))

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.adapters.store import open_store
 from tests.integration.faults import lifecycle_events, produce_batches
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import make_settings, run_until_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,8 @@ def test_contradictory_events_are_flagged_and_counted(kafka, tmp_path: Path) -> 
         out.append(ev)
     assert len(bad) >= 8
     produce_batches(s, out)
-    w = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        w.wait_caught_up(timeout_s=120)
-    finally:
-        assert w.stop() == 0
-    assert f"flagged={len(bad)}" in w.log_tail(20_000)
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
+    assert f"flagged={len(bad)}" in log_text[-20_000:]
     store = open_store(s)
     try:
         rows = store.query_rows(f"SELECT request_id, flags FROM {s.database}.requests FINAL")

@@ -16,7 +16,7 @@ from pipeline.adapters.store import open_store
 from pipeline.contract.events import Event
 from tests.factories import T0_NS, completed, finished, received
 from tests.integration.faults import produce_batches
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, make_settings, run_until_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,7 @@ def test_lone_received_events_do_not_pin_the_commit_and_survive_a_crash(
         t = now_ms + LONE * 0.05 + 600 + i
         partners += [completed(f"lone-{i}", t + 100), finished(f"lone-{i}", t + 98)]
     produce_batches(s, partners)
-    worker = WorkerProcess(s, tmp_path / "second.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "second.log")
     restored = sum(
         int(line.split(": ")[-1].split()[0])
         for line in log_text.splitlines()
@@ -84,13 +78,7 @@ def test_pending_joins_are_bounded_per_worker(kafka, tmp_path: Path) -> None:
     s = make_settings(kafka.bootstrap_servers, tmp_path, max_pending=limit)
     now_ms = (time.time_ns() - T0_NS) / 1e6
     produce_batches(s, [received(f"lone-{i}", now_ms + i * 0.05) for i in range(LONE)])
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
     pending = [int(m) for m in re.findall(r" pending=(\d+) ", log_text)]
     print(
         f"{LONE} lone received events over {s.topic_partitions} partitions, limit {limit}: "

@@ -44,7 +44,13 @@ from tests.integration.faults import (
     producer,
     send,
 )
-from tests.integration.harness import REPO, WorkerProcess, make_settings, read_all, settings_env
+from tests.integration.harness import (
+    REPO,
+    make_settings,
+    read_all,
+    run_until_caught_up,
+    settings_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,16 +91,21 @@ def _set_topic_config(s: Settings, topic: str, **config: str) -> None:
         fut.result(timeout=30)
 
 
-def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_lost(
-    kafka, tmp_path: Path
-) -> None:
-    s = make_settings(kafka.bootstrap_servers, tmp_path)
+def _add_strict_constraint(s: Settings) -> None:
+    """The store's requests table refuses what ``STRICT`` rejects (a row the contract allows)."""
     store = open_store(s)
     try:
         migrate(store)
         store.command(f"ALTER TABLE {s.database}.requests ADD CONSTRAINT strict CHECK {STRICT}")
     finally:
         store.close()
+
+
+def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_lost(
+    kafka, tmp_path: Path
+) -> None:
+    s = make_settings(kafka.bootstrap_servers, tmp_path)
+    _add_strict_constraint(s)
 
     events = lifecycle_events(2_000, seed=71)
     # A contract-valid engine.finished the store rejects, in the middle of a full batch.
@@ -135,13 +146,7 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
     # The NaN event's request still completes: its engine.finished joins as engine-only.
     valid |= {ev.request_id for ev in nan_events}
 
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
 
     dlq = _dlq(s)
@@ -183,13 +188,7 @@ def test_a_10_mib_message_lands_in_a_64_kib_dlq_truncated_before_its_offset_comm
     after = lifecycle_events(500, seed=74, prefix="b-", start_ns=before[-1].ts_unix_ns)
     produce_batches(s, after)
 
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
-    finally:
-        rc = worker.stop()
-    log_text = worker.log_path.read_text(errors="replace")
-    assert rc == 0, log_text[-3000:]
+    log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
     assert committed_offsets(s)[0] > 0
     [d] = _dlq(s)
@@ -214,12 +213,7 @@ def test_replay_isolates_a_record_the_store_rejects(tmp_path: Path) -> None:
     lines.append(_single(victim, preemptions=70_000, request_id="p-1"))  # over the contract
     path.write_bytes(b"\n".join(lines) + b"\n")
     s = Settings(store_dir=tmp_path / "store")
-    store = open_store(s)
-    try:
-        migrate(store)
-        store.command(f"ALTER TABLE {s.database}.requests ADD CONSTRAINT strict CHECK {STRICT}")
-    finally:
-        store.close()
+    _add_strict_constraint(s)
     env = settings_env(s)
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "replay", str(path), "--json"],

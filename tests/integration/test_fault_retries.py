@@ -16,7 +16,7 @@ from pipeline.contract.codec import event_to_dict
 from pipeline.spec.slo import load_spec
 from tests.disorder import duplicate, slo_totals, store_mismatches
 from tests.integration.faults import lifecycle_events
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import caught_up_worker, make_settings
 from tests.integration.test_event_time_live import _produce
 from tests.measurement_fixtures import START_NS
 
@@ -69,12 +69,8 @@ def test_retries_are_attempts_and_slos_count_every_or_last(kafka, tmp_path: Path
     s = make_settings(kafka.bootstrap_servers, tmp_path, slo_spec=spec_file)
     events, failed = _with_retries(600, seed=5)
     assert len(failed) > 40
-    w = WorkerProcess(s, tmp_path / "worker.log")
-    try:
+    with caught_up_worker(s, tmp_path / "worker.log", timeout_s=180):
         _produce(s, events)
-        w.wait_caught_up(timeout_s=180)
-    finally:
-        assert w.stop() == 0
     store = open_store(s)
     try:
         rows = store.query_rows(

@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from tests.integration.faults import (
     produce_batches,
     wait_for,
 )
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, make_settings, running_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +44,18 @@ def _sigterm(worker: WorkerProcess) -> float:
     took = time.monotonic() - t0
     worker.stop()  # closes its log
     return took
+
+
+@contextmanager
+def _stopped_by_sigterm(
+    s: Settings, log_path: Path, took: dict[str, float], state: str
+) -> Iterator[WorkerProcess]:
+    """A worker for the ``with`` body, then SIGTERM; ``took[state]``: seconds to exit."""
+    worker = WorkerProcess(s, log_path)
+    try:
+        yield worker
+    finally:
+        took[state] = _sigterm(worker)
 
 
 def _committed(s: Settings) -> dict[int, int]:
@@ -66,25 +80,18 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
     took: dict[str, float] = {}
 
     # Busy: stopped while catching up on a backlog.
-    w = WorkerProcess(s, tmp_path / "busy.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "busy.log", took, "busy") as w:
         wait_for(lambda: any(_committed(s).values()), "a first commit", 120, 0.05)
         lag_at_stop = group_progress(s, s.lifecycle_topic).lag
-    finally:
-        took["busy"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Idle: caught up, nothing to do.
-    w = WorkerProcess(s, tmp_path / "idle.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "idle.log", took, "idle") as w:
         w.wait_caught_up(timeout_s=180)
-    finally:
-        took["idle"] = _sigterm(w)
     assert w.proc.returncode == 0, w.log_tail()
 
     # Store outage: every write retried with backoff, the input paused.
-    w = WorkerProcess(s, tmp_path / "outage.log")
-    try:
+    with _stopped_by_sigterm(s, tmp_path / "outage.log", took, "store outage") as w:
         w.wait_caught_up(timeout_s=60)
         produce_batches(s, b)
         w.wait_caught_up(timeout_s=60)
@@ -94,19 +101,14 @@ def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path:
         committed = committed_offsets(s)
         # Into the retry loop's longer delays (0.2 + 0.4 + ... + 3.2 s).
         wait_for(lambda: _log_has(w, "; retry 6 in "), "the 6th retry", 30)
-    finally:
-        took["store outage"] = _sigterm(w)
     log_text = w.log_path.read_text(errors="replace")
     assert committed_offsets(s) == committed, "committed past what was written"
     assert "Traceback" not in log_text, log_text[-3000:]
 
     # The store back: a new worker writes everything, once.
     flag.unlink()
-    w = WorkerProcess(s, tmp_path / "after.log")
-    try:
-        w.wait_caught_up(timeout_s=180)
-    finally:
-        w.stop()
+    with running_caught_up(s, tmp_path / "after.log", timeout_s=180):
+        pass
     print(f"SIGTERM -> exit: {took} (lag at the busy stop: {lag_at_stop} messages)")
     assert all(t < STOP_WITHIN_S for t in took.values()), took
     assert_exactly_once(s, {ev.request_id for ev in a + b + c})

@@ -20,7 +20,7 @@ from tests.integration.faults import (
     rss_bytes,
     wait_for,
 )
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import make_settings, running_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +47,7 @@ def test_store_outage_backs_off_pauses_input_and_loses_nothing(kafka, tmp_path: 
     before = lifecycle_events(5_000, seed=21, prefix="a-")
     during = lifecycle_events(60_000, seed=22, prefix="b-", start_ns=after(before))
     produce_batches(s, before)
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
+    with running_caught_up(s, tmp_path / "worker.log") as worker:
         rss_start = rss_bytes(worker.proc.pid)
 
         flag.touch()  # the outage starts
@@ -75,8 +73,6 @@ def test_store_outage_backs_off_pauses_input_and_loses_nothing(kafka, tmp_path: 
         t_resumed = time.monotonic()
         worker.wait_caught_up(timeout_s=180)
         t_done = time.monotonic()
-    finally:
-        worker.stop()
     log_text = worker.log_path.read_text(errors="replace")
 
     # One write was retried through the outage, with doubling delays capped at 10 s.

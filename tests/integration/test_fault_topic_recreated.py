@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from pipeline.adapters.kafka_admin import ensure_topics
 from tests.integration.faults import after, lifecycle_events, produce_batches, wait_for
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import make_settings, running_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +32,7 @@ def test_a_deleted_and_recreated_topic_is_detected_and_resubscribed(kafka, tmp_p
     first = lifecycle_events(2_000, seed=91, prefix="a-")
     second = lifecycle_events(2_000, seed=92, prefix="b-", start_ns=after(first))
     produce_batches(s, first)
-    worker = WorkerProcess(s, tmp_path / "worker.log")
-    try:
-        worker.wait_caught_up(timeout_s=120)
+    with running_caught_up(s, tmp_path / "worker.log") as worker:
         a = AdminClient(s.kafka_config())
         a.delete_topics([s.lifecycle_topic])[s.lifecycle_topic].result(timeout=30)
         wait_for(
@@ -54,8 +52,6 @@ def test_a_deleted_and_recreated_topic_is_detected_and_resubscribed(kafka, tmp_p
         wait_for(lambda: want <= _stored(s), "the new topic's requests in the store", 90, 0.5)
         took = time.monotonic() - t_recreate
         assert worker.alive()
-    finally:
-        worker.stop()
     log_text = worker.log_path.read_text(errors="replace")
     print(f"requests after the recreation stored {took:.1f}s after it")
     assert "was deleted:" in log_text, log_text[-3000:]

@@ -8,21 +8,15 @@ build alone took 2 minutes.)
 
 from __future__ import annotations
 
-import base64
-import os
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.prometheus import MetricsServer
 from pipeline.adapters.store import open_store
-from pipeline.cli import main
-from pipeline.settings import Settings
-from tests.measurement_fixtures import simulate_jsonl
+from tests.control_fixtures import replayed_controller
 
 pytestmark = pytest.mark.integration
 
@@ -30,19 +24,7 @@ WINDOWS = {"5m": 300_000, "30m": 1_800_000, "1h": 3_600_000, "6h": 21_600_000}
 
 
 def test_metrics_equal_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    events = tmp_path / "events.jsonl"
-    simulate_jsonl(events, seed=9, limit=4000)
-    store_dir = tmp_path / "store"
-    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
-    capsys.readouterr()
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        orjson.dumps(
-            {"active": "k", "keys": {"k": base64.b64encode(os.urandom(32)).decode()}}
-        ).decode()
-    )
-    settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
-    shell = ControllerShell(settings)
+    _, settings, shell = replayed_controller(tmp_path, capsys, seed=9, limit=4000)
     store = open_store(settings)
     try:
         assert shell.load_history(store) > 0

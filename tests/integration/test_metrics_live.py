@@ -4,8 +4,6 @@ test_control, scraped at the end and parsed with prometheus_client's parser."""
 
 from __future__ import annotations
 
-import base64
-import os
 import time
 from pathlib import Path
 
@@ -15,8 +13,11 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.controller import read_topic
-from pipeline.demo import kafka_sink
-from tests.control_fixtures import TEST_POLICY, overload_simulator
+from tests.control_fixtures import (
+    TEST_POLICY,
+    emit_overload,
+    write_control_keys,
+)
 from tests.integration.harness import WorkerProcess, make_settings
 from tools.dev.alertmanager_local import LocalAlertmanager, free_port
 
@@ -34,12 +35,7 @@ def _levels(raws: list[bytes]) -> dict[str, list[int]]:
 
 
 def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(
-        orjson.dumps(
-            {"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}
-        ).decode()
-    )
+    keys = write_control_keys(tmp_path / "keys.json")
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(TEST_POLICY)
     port = free_port()
@@ -49,10 +45,7 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
             policy_file=policy_file, control_heartbeat_ms=1000, prometheus_port=port,
             alertmanager_url=am.url,
         )  # fmt: skip
-        sink = kafka_sink(s)
-        for ev in overload_simulator().events():
-            sink.emit(ev)
-        sink.flush()
+        emit_overload(s)
         worker = WorkerProcess(s, tmp_path / "worker.log")
         try:
             deadline = time.monotonic() + 240

@@ -23,7 +23,7 @@ import pytest
 from pipeline.adapters.controller import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS
 from pipeline.adapters.store import _insert, open_store
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, tailguard
 from tests.integration.test_query_server import ESCAPES, ESCAPES_LEAK
 
 pytestmark = pytest.mark.integration
@@ -33,16 +33,7 @@ CHARTS = ("latency", "breakdown", "budget", "burn", "control")
 
 
 def tg(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        check=False,
-        cwd=REPO,
-        # COLUMNS: rich's width when not on a terminal; the figures assume the contract tiers
-        env=dict(os.environ, COLUMNS="200", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    p = tailguard(*args, timeout_s=timeout)
     if check:
         assert p.returncode == 0, f"tailguard {' '.join(args)}: {p.returncode}\n{p.stderr[-3000:]}"
     return p
@@ -185,12 +176,13 @@ def test_explain_without_a_worker(built: tuple[Path, dict[str, Any]]) -> None:
     assert "no request" in missing.stderr
 
 
+def _sql_json(store: Path, sql: str) -> Any:
+    return json.loads(tg("sql", sql, "--store", str(store), "--format", "json").stdout)
+
+
 def test_sql_without_a_worker_is_read_only(built: tuple[Path, dict[str, Any]]) -> None:
     store, replay = built
-    rows = json.loads(
-        tg("sql", "SELECT count() AS n FROM tailguard.requests FINAL", "--store", str(store),
-           "--format", "json").stdout
-    )  # fmt: skip
+    rows = _sql_json(store, "SELECT count() AS n FROM tailguard.requests FINAL")
     assert rows == [{"n": replay["requests"]}]
     tsv = tg("sql", "SELECT 1 AS a, 'x' AS b", "--store", str(store), "--format", "tsv").stdout
     assert tsv == "a\tb\n1\tx\n"
@@ -202,10 +194,7 @@ def test_sql_without_a_worker_is_read_only(built: tuple[Path, dict[str, Any]]) -
         p = tg("sql", sql, "--store", str(store), check=False)
         assert p.returncode == 1
         assert "164" in p.stderr
-    rows = json.loads(
-        tg("sql", "SELECT count() AS n FROM tailguard.requests FINAL", "--store", str(store),
-           "--format", "json").stdout
-    )  # fmt: skip
+    rows = _sql_json(store, "SELECT count() AS n FROM tailguard.requests FINAL")
     assert rows == [{"n": replay["requests"]}]
 
 
@@ -242,10 +231,7 @@ def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
     built: tuple[Path, dict[str, Any]],
 ) -> None:
     store, replay = built
-    rows = json.loads(
-        tg("sql", "SELECT count() AS n FROM requests FINAL", "--store", str(store),
-           "--format", "json").stdout
-    )  # fmt: skip
+    rows = _sql_json(store, "SELECT count() AS n FROM requests FINAL")
     assert rows == [{"n": replay["requests"]}]
     # the user's own FORMAT: the engine's bytes in that format
     out = tg("sql", "SELECT count() AS n FROM requests FINAL FORMAT JSONEachRow", "--store",
@@ -266,7 +252,7 @@ def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
 
     tsv = tg("sql", ODD, "--store", str(store), "--format", "tsv").stdout
     assert tsv.count("\n") == 2
-    as_json = json.loads(tg("sql", ODD, "--store", str(store), "--format", "json").stdout)
+    as_json = _sql_json(store, ODD)
     names, rows = parse_tsv(tsv)
     assert [dict(zip(names, r, strict=True)) for r in rows] == as_json
     assert as_json[0]["a"] == "two\nlines"

@@ -4,10 +4,8 @@ then the same commands once it stopped (the store opened directly)."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,9 +17,8 @@ from confluent_kafka import Producer
 from pipeline.adapters.query_server import DISCOVERY_FILE
 from pipeline.contract.codec import encode_event
 from pipeline.demo import kafka_sink
-from pipeline.settings import EXAMPLE_SLO_SPEC
 from tests.factories import completed, finished, received
-from tests.integration.harness import REPO, WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, make_settings, tailguard
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +26,7 @@ N = 200
 
 
 def tg(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        check=False,
-        cwd=REPO,
-        env=dict(os.environ, COLUMNS="200", TAILGUARD_SLO_SPEC=str(EXAMPLE_SLO_SPEC)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return tailguard(*args, timeout_s=120)
 
 
 def count(store: Path) -> int:

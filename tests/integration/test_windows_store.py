@@ -15,7 +15,7 @@ from pipeline.core.sketch import QuantileSketch
 from pipeline.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
-from tests.measurement_fixtures import simulate_jsonl
+from tests.measurement_fixtures import simulate_and_replay
 
 pytestmark = pytest.mark.integration
 ALL = ("*", "*", "*")
@@ -28,11 +28,7 @@ def _same(a: float | None, b: float | None) -> bool:
 def test_sql_over_stored_sketches_equals_the_stream(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    events = tmp_path / "events.jsonl"
-    simulate_jsonl(events, seed=5, limit=6000)
-    store_dir = tmp_path / "store"
-    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
-    first = orjson.loads(capsys.readouterr().out)
+    events, store_dir, first = simulate_and_replay(tmp_path, capsys, seed=5, limit=6000)
     stream = replay_file(events, spec=load_spec_file(DEFAULT_SLO_SPEC))
     windows = {w.start_ms: w for w in stream.windows}
     assert first["windows"]["written"] == len(windows) > 20

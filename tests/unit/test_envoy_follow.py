@@ -31,6 +31,15 @@ def append(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
+def _following(tmp_path: Path, first: list[bytes]) -> tuple[Path, Follower]:
+    """``access.log`` holding ``first``, and a follower that has read those lines."""
+    log = tmp_path / "access.log"
+    append(log, b"".join(first))
+    f = Follower(log)
+    assert f.read_available() == first
+    return log, f
+
+
 def test_lines_partial_lines_and_position(tmp_path: Path) -> None:
     log = tmp_path / "access.log"
     f = Follower(log)
@@ -52,10 +61,7 @@ def test_lines_partial_lines_and_position(tmp_path: Path) -> None:
 
 
 def test_rotation_reads_the_old_file_to_its_end_first(tmp_path: Path) -> None:
-    log = tmp_path / "access.log"
-    append(log, b"1\n")
-    f = Follower(log)
-    assert f.read_available() == [b"1\n"]
+    log, f = _following(tmp_path, [b"1\n"])
     writer = log.open("ab")  # Envoy keeps writing to the renamed file until it reopens
     log.rename(tmp_path / "access.log.1")
     writer.write(b"2\n")
@@ -71,10 +77,7 @@ def test_rotation_reads_the_old_file_to_its_end_first(tmp_path: Path) -> None:
 
 
 def test_rotation_with_no_new_file_yet(tmp_path: Path) -> None:
-    log = tmp_path / "access.log"
-    append(log, b"1\n")
-    f = Follower(log)
-    assert f.read_available() == [b"1\n"]
+    log, f = _following(tmp_path, [b"1\n"])
     log.rename(tmp_path / "old")
     assert f.read_available() == []
     append(log, b"2\n")
@@ -83,10 +86,7 @@ def test_rotation_with_no_new_file_yet(tmp_path: Path) -> None:
 
 
 def test_truncation_starts_over(tmp_path: Path) -> None:
-    log = tmp_path / "access.log"
-    append(log, b"one\ntwo\n")
-    f = Follower(log)
-    assert f.read_available() == [b"one\n", b"two\n"]
+    log, f = _following(tmp_path, [b"one\n", b"two\n"])
     with log.open("r+b") as fh:  # copytruncate
         fh.truncate(0)
     append(log, b"3\n")

@@ -34,13 +34,18 @@ class Clock:
         return self.t
 
 
+async def _seen_status(request: Request, seen: dict[str, Any]) -> int:
+    """Record the request in ``seen``; the status it asks for (``?boom=1``: the app fails)."""
+    seen["headers"] = dict(request.headers)
+    seen["body"] = await request.json()
+    if request.query_params.get("boom"):
+        raise RuntimeError("app failure")
+    return int(request.query_params.get("status", "200"))
+
+
 def starlette_app(seen: dict[str, Any]) -> Starlette:
     async def chat(request: Request) -> Response:
-        seen["headers"] = dict(request.headers)
-        seen["body"] = await request.json()
-        status = int(request.query_params.get("status", "200"))
-        if request.query_params.get("boom"):
-            raise RuntimeError("app failure")
+        status = await _seen_status(request, seen)
         if seen["body"].get("stream"):
 
             async def gen() -> AsyncIterator[bytes]:
@@ -58,11 +63,7 @@ def fastapi_app(seen: dict[str, Any]) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        seen["headers"] = dict(request.headers)
-        seen["body"] = await request.json()
-        status = int(request.query_params.get("status", "200"))
-        if request.query_params.get("boom"):
-            raise RuntimeError("app failure")
+        status = await _seen_status(request, seen)
         return JSONResponse({"ok": True}, status_code=status)
 
     return app

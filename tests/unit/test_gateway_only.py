@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from pipeline.contract.control_signal import Actions
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
-from producers.asgi_control import ControlMiddleware
+from producers.asgi_control import ControlMiddleware, default_priority_of, int_header
 from producers.control_client import Directive
 from producers.gateway import (
     DEFAULT_PRIORITY,
@@ -232,6 +232,26 @@ def _scope(headers: dict[str, str]) -> dict[str, Any]:
 )
 def test_priority_rules(headers: dict[str, str], body: dict[str, Any] | None, want: int) -> None:
     assert PriorityRules().resolve(_scope(headers), body) == want
+
+
+@pytest.mark.parametrize(
+    ("headers", "want_int", "want_priority"),
+    [
+        ({}, None, DEFAULT_PRIORITY),
+        ({"x-vllm-priority": "1"}, 1, 1),
+        ({"x-vllm-priority": " 3 "}, 3, 3),
+        ({"x-vllm-priority": "-4"}, -4, -4),  # the control gate's own rule: not clamped
+        ({"x-vllm-priority": "high"}, None, DEFAULT_PRIORITY),
+        ({"x-vllm-priority": ""}, None, DEFAULT_PRIORITY),
+        ({"X-Vllm-Priority": "0"}, 0, 0),
+    ],
+)
+def test_int_header_and_the_control_gates_default_priority(
+    headers: dict[str, str], want_int: int | None, want_priority: int
+) -> None:
+    scope = _scope(headers)
+    assert int_header(scope, b"x-vllm-priority") == want_int
+    assert default_priority_of(scope) == want_priority
 
 
 def test_priority_rules_are_configurable_and_checked() -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.core.timefmt import iso_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,7 @@ class ReportFilter:
 def iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="seconds")
+    return iso_time(t, timespec="seconds")
 
 
 def time_where(
