@@ -270,6 +270,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from pipeline.adapters.store import (
             is_data_error,
             with_retry,
+            write_audit,
             write_isolating,
             write_requests,
             write_windows,
@@ -292,7 +293,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})
             summary["windows"]["written"] = len(result.windows)
             if result.control is not None:  # the control audit, as a worker writes it
-                from pipeline.adapters.controller import replay_audit_rows, write_audit
+                from pipeline.adapters.controller import replay_audit_rows
 
                 write_audit(
                     store, *replay_audit_rows(result.control.decisions, result.control.events)

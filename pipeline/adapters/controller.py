@@ -24,7 +24,7 @@ from pipeline.adapters import control_keys
 from pipeline.adapters.alerting import AlertDelivery, Webhook
 from pipeline.adapters.prometheus import MetricsState
 from pipeline.adapters.queries import budget as budget_queries
-from pipeline.adapters.store import ClickHouseStore, _insert
+from pipeline.adapters.store import BudgetEventRow, ClickHouseStore, ControlRow
 from pipeline.contract.control_signal import (
     ControlSignal,
     Keyring,
@@ -50,30 +50,6 @@ from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec_file
 
 log = logging.getLogger("tailguard.controller")
-
-CONTROL_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("scope", "LowCardinality(String)"),
-    ("seq", "UInt64"),
-    ("level", "UInt8"),
-    ("phase", "LowCardinality(String)"),
-    ("issued_at", "DateTime64(3, 'UTC')"),
-    ("expires_at", "DateTime64(3, 'UTC')"),
-    ("event_time", "DateTime64(3, 'UTC')"),
-    ("reason", "String"),
-    ("figures", "String"),
-    ("actions", "String"),
-    ("notify_customer", "Bool"),
-    ("budget_exhausted", "Bool"),
-    ("heartbeat", "Bool"),
-    ("kid", "LowCardinality(String)"),
-    ("signal", "String"),
-)
-BUDGET_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("slo", "LowCardinality(String)"),
-    ("event", "LowCardinality(String)"),
-    ("event_time", "DateTime64(3, 'UTC')"),
-    ("details", "String"),
-)
 
 
 def _dt(ms: int) -> datetime:
@@ -225,9 +201,7 @@ class ControllerShell:
         self.producer = Producer(conf)
         log.info("controller started; resumed sequence numbers for %d scopes", len(seqs))
 
-    def on_summaries(
-        self, raws: list[bytes]
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    def on_summaries(self, raws: list[bytes]) -> tuple[list[ControlRow], list[BudgetEventRow]]:
         """Feed summaries; returns (control_signals rows, budget_events rows) to store."""
         for raw in raws:
             try:
@@ -239,8 +213,8 @@ class ControllerShell:
                 self.loop.clock.progress(s.partition, s.horizon_ms, s.clock_ms)
             elif isinstance(s, StatsSample | WindowSummary):
                 self.loop.add(s)
-        control_rows: list[tuple[Any, ...]] = []
-        event_rows: list[tuple[Any, ...]] = []
+        control_rows: list[ControlRow] = []
+        event_rows: list[BudgetEventRow] = []
         for step in self.loop.step():
             for d in self.loop.announce(step):
                 control_rows.append(self.publish(d))
@@ -254,14 +228,14 @@ class ControllerShell:
         if self.alerts is not None:
             self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms))
 
-    def publish(self, d: Evaluation, *, heartbeat: bool = False) -> tuple[Any, ...]:
+    def publish(self, d: Evaluation, *, heartbeat: bool = False) -> ControlRow:
         assert self.issuer is not None
         assert self.producer is not None
         now = int(time.time() * 1000)
         signal = self.issuer.issue(d.scope, d.decision, now)
         return self._send(signal, d.now_ms, heartbeat=heartbeat)
 
-    def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> tuple[Any, ...]:
+    def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> ControlRow:
         assert self.producer is not None
         value = encode(signal)
         self.producer.produce(self.settings.control_topic, value, key=message_key(signal))
@@ -272,16 +246,17 @@ class ControllerShell:
                 "control %s: level %d %s (seq %d): %s",
                 signal.scope, signal.level, signal.phase, signal.seq, signal.reason,
             )  # fmt: skip
-        return (
-            signal.scope, signal.seq, signal.level, signal.phase,
-            _dt(signal.issued_at_unix_ms), _dt(signal.expires_at_unix_ms), _dt(event_ms),
-            signal.reason, orjson.dumps(signal.figures).decode(),
-            orjson.dumps(signal.actions.model_dump()).decode(),
-            signal.notify_customer, signal.budget_exhausted, heartbeat, signal.kid,
-            value.decode(),
+        return ControlRow(
+            scope=signal.scope, seq=signal.seq, level=signal.level, phase=signal.phase,
+            issued_at=_dt(signal.issued_at_unix_ms), expires_at=_dt(signal.expires_at_unix_ms),
+            event_time=_dt(event_ms), reason=signal.reason,
+            figures=orjson.dumps(signal.figures).decode(),
+            actions=orjson.dumps(signal.actions.model_dump()).decode(),
+            notify_customer=signal.notify_customer, budget_exhausted=signal.budget_exhausted,
+            heartbeat=heartbeat, kid=signal.kid, signal=value.decode(),
         )  # fmt: skip
 
-    def heartbeats(self) -> list[tuple[Any, ...]]:
+    def heartbeats(self) -> list[ControlRow]:
         if self.issuer is None:
             return []
         now = int(time.time() * 1000)
@@ -300,20 +275,23 @@ class ControllerShell:
                 log.warning("waiting for the control producer to deliver")
 
     @staticmethod
-    def _event_row(e: BudgetEvent) -> tuple[Any, ...]:
-        return (e.slo, e.kind, _dt(e.at_ms), orjson.dumps(e.to_json()).decode())
+    def _event_row(e: BudgetEvent) -> BudgetEventRow:
+        return _budget_event_row(e.to_json())
 
 
-def write_audit(
-    store: ClickHouseStore, control_rows: list[tuple[Any, ...]], event_rows: list[tuple[Any, ...]]
-) -> None:
-    _insert(store, "control_signals", CONTROL_COLUMNS, control_rows)
-    _insert(store, "budget_events", BUDGET_EVENT_COLUMNS, event_rows)
+def _budget_event_row(event: dict[str, Any]) -> BudgetEventRow:
+    """The ``budget_events`` row of a budget event (its JSON form)."""
+    return BudgetEventRow(
+        slo=event["slo"],
+        event=event["kind"],
+        event_time=_dt(int(event["at_ms"])),
+        details=orjson.dumps(event).decode(),
+    )
 
 
 def replay_audit_rows(
     decisions: list[Evaluation], events: list[dict[str, Any]]
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+) -> tuple[list[ControlRow], list[BudgetEventRow]]:
     """Audit rows for what a replay decided (``tailguard replay --store``), so the
     dashboards show a replayed store like a worker's.
 
@@ -322,16 +300,16 @@ def replay_audit_rows(
     ``seq`` = that event time in ms (it never collides with a controller's counters,
     and a second replay of the same file replaces its own rows).
     """
-    control_rows: list[tuple[Any, ...]] = []
+    control_rows: list[ControlRow] = []
     for d in decisions:
         at = _dt(d.now_ms)
-        figures = orjson.dumps(dict(d.figures)).decode()
-        actions = orjson.dumps(d.actions.to_json()).decode()
-        control_rows.append(
-            (d.scope, d.now_ms, d.level, d.phase, at, at, at, d.reason, figures, actions,
-             d.notify_customer, d.budget_exhausted, False, "replay", "")
+        row = ControlRow(
+            scope=d.scope, seq=d.now_ms, level=d.level, phase=d.phase,
+            issued_at=at, expires_at=at, event_time=at, reason=d.reason,
+            figures=orjson.dumps(dict(d.figures)).decode(),
+            actions=orjson.dumps(d.actions.to_json()).decode(),
+            notify_customer=d.notify_customer, budget_exhausted=d.budget_exhausted,
+            heartbeat=False, kid="replay", signal="",
         )  # fmt: skip
-    event_rows = [
-        (e["slo"], e["kind"], _dt(int(e["at_ms"])), orjson.dumps(e).decode()) for e in events
-    ]
-    return control_rows, event_rows
+        control_rows.append(row)
+    return control_rows, [_budget_event_row(e) for e in events]

@@ -37,7 +37,7 @@ import msgspec
 import orjson
 from faust.types import TP
 
-from pipeline.adapters.controller import ControllerShell, write_audit
+from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
 from pipeline.adapters.prometheus import MetricsServer, MetricsState
@@ -46,16 +46,20 @@ from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
 from pipeline.adapters.store import (
+    BudgetEventRow,
     Checkpoint,
     ClickHouseStore,
+    ControlRow,
+    KeptEvent,
     StoreError,
     is_data_error,
     migrate,
     open_store,
     with_retry,
+    write_audit,
     write_checkpoints,
-    write_events,
     write_isolating,
+    write_raw_events,
     write_requests,
     write_windows,
 )
@@ -115,7 +119,7 @@ class WorkerShell:
         # Windows (and corrections) taken by the flush being written: their summaries
         # are not sent yet, so they cap the clock sent to the controller too.
         self._writing: list[ClosedWindow] = []
-        self._events: list[tuple[Any, ...]] = []
+        self._events: list[KeptEvent] = []  # lifecycle_events rows, as columns at write time
         self._flush_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
@@ -140,8 +144,8 @@ class WorkerShell:
         # Audit rows of published signals not yet written (control_signals, budget_events):
         # they leave only once written, so a write cancelled at stop is made by stop().
         self._audit_lock = threading.Lock()
-        self._audit_control: list[tuple[Any, ...]] = []
-        self._audit_events: list[tuple[Any, ...]] = []
+        self._audit_control: list[ControlRow] = []
+        self._audit_events: list[BudgetEventRow] = []
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
@@ -251,14 +255,8 @@ class WorkerShell:
     def _collect(self, out: Output) -> None:
         self._records.extend(out.records)
         self._windows.extend(out.windows)
-        if out.events:
-            topic = self.settings.lifecycle_topic
-            # The payload is the event's bytes as the producer sent them (no re-encoding).
-            self._events.extend(
-                (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model,
-                 topic, p, off, str(raw, "utf-8"))
-                for p, off, ev, raw in out.events
-            )  # fmt: skip
+        # The payload is the event's bytes as the producer sent them (no re-encoding).
+        self._events.extend(out.events)
         if out.dead:
             assert self.dlq is not None
             self.dlq.send_dead(out.dead)
@@ -293,7 +291,7 @@ class WorkerShell:
         self,
         records: list[RequestRecord],
         windows: list[ClosedWindow],
-        events: list[tuple[Any, ...]],
+        events: list[KeptEvent],
         checkpoints: list[Checkpoint],
         through: dict[int, int],
     ) -> int:
@@ -309,9 +307,10 @@ class WorkerShell:
                 ),
             )  # fmt: skip
         if events:
+            topic = s.lifecycle_topic
             retries += self._write_rows(
-                lambda rows: write_events(store, rows), events, "write of raw events",
-                _event_dead_letter,
+                lambda rows: write_raw_events(store, topic, rows), events, "write of raw events",
+                lambda kept, why: _event_dead_letter(topic, kept, why),
             )  # fmt: skip
         if windows:
             acc = s.window_config().relative_accuracy
@@ -559,7 +558,7 @@ class WorkerShell:
             await self._audit(self.control.heartbeats(), [])
 
     async def _audit(
-        self, control_rows: list[tuple[Any, ...]], event_rows: list[tuple[Any, ...]]
+        self, control_rows: list[ControlRow], event_rows: list[BudgetEventRow]
     ) -> None:
         if not control_rows and not event_rows:
             return
@@ -734,10 +733,10 @@ def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
     return DeadLetter(orjson.dumps(msgspec.structs.asdict(rec)), "", SourceRef(topic, -1, -1), None)
 
 
-def _event_dead_letter(row: tuple[Any, ...], reason: str) -> DeadLetter:
-    """A raw-event row the store refused (see ``WorkerShell._collect``), as a dead letter."""
-    _id, _kind, _rid, _ts, _host, _model, topic, partition, offset, payload = row
-    return DeadLetter(payload.encode(), reason, SourceRef(topic, partition, offset), None)
+def _event_dead_letter(topic: str, kept: KeptEvent, reason: str) -> DeadLetter:
+    """A raw event the store refused (see ``WorkerShell._collect``), as a dead letter."""
+    partition, offset, _ev, raw = kept
+    return DeadLetter(bytes(raw), reason, SourceRef(topic, partition, offset), None)
 
 
 def _credentials(settings: Settings) -> Any:

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapters.controller import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS
-from pipeline.adapters.store import _insert, open_store
+from pipeline.adapters.store import BUDGET_EVENT_COLUMNS, CONTROL_COLUMNS, _insert, open_store
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.integration.harness import REPO, tailguard
 from tests.integration.test_query_server import ESCAPES, ESCAPES_LEAK

@@ -1,0 +1,237 @@
+"""Row formats of the store adapter: each named row format fills exactly its table's column
+list, by name, and the writers hand the store those columns (a recording fake store)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
+from pipeline.adapters.store import (
+    BUDGET_EVENT_COLUMNS,
+    CHECKPOINT_COLUMNS,
+    CONTROL_COLUMNS,
+    EVENT_COLUMNS,
+    SLO_COUNT_FIELDS,
+    SLO_ROW_BOUNDARY,
+    WINDOW_COLUMNS,
+    BudgetEventRow,
+    Checkpoint,
+    ControlRow,
+    EventRow,
+    WindowRow,
+    raw_event_columns,
+    window_rows,
+    write_audit,
+    write_checkpoints,
+    write_raw_events,
+    write_windows,
+)
+from pipeline.contract.codec import SourceRef, encode_batch
+from pipeline.contract.events import Event
+from pipeline.contract.wire import decode_fast
+from pipeline.core.sketch import SketchColumns
+from pipeline.core.slo_windows import SLOWindowRow
+from pipeline.core.windows import ClosedWindow
+from tests.factories import completed, finished, received
+
+
+def _names(spec: tuple[tuple[str, str], ...]) -> list[str]:
+    return [n for n, _ in spec]
+
+
+_WINDOW_FIELDS = [
+    n for f in dataclasses.fields(WindowRow) for n in (
+        _names(SKETCH_COLUMNS) if f.name == "sketch" else [f.name]
+    )
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "spec"),
+    [
+        (list(EventRow._fields), EVENT_COLUMNS),
+        (list(ControlRow._fields), CONTROL_COLUMNS),
+        (list(BudgetEventRow._fields), BUDGET_EVENT_COLUMNS),
+        (_WINDOW_FIELDS, WINDOW_COLUMNS),
+        (
+            ["group_id", "source_topic", *(f.name for f in dataclasses.fields(Checkpoint))],
+            CHECKPOINT_COLUMNS,
+        ),
+    ],
+    ids=["lifecycle_events", "control_signals", "budget_events", "window_sketches", "checkpoints"],
+)
+def test_row_format_fills_its_column_list(fields: list[str], spec: Any) -> None:
+    assert fields == _names(spec)
+
+
+def test_slo_counts_map_type_names_its_fields_in_order() -> None:
+    slo_type = dict(WINDOW_COLUMNS)["slo_counts"]
+    inner = ", ".join(f"{n} {t}" for n, t in SLO_COUNT_FIELDS)
+    assert slo_type == f"Map(String, Tuple({inner}))"
+    assert {n for n, _ in SLO_COUNT_FIELDS} <= {f.name for f in dataclasses.fields(SLOWindowRow)}
+
+
+class RecordingStore:
+    """A store that keeps each insert's columns by name (no engine)."""
+
+    database = "tailguard"
+
+    def __init__(self) -> None:
+        self.inserts: list[tuple[str, dict[str, list[Any]], dict[str, str], Any]] = []
+
+    def command(self, sql: str) -> Any:
+        raise AssertionError("no commands expected")
+
+    def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
+        raise AssertionError("no queries expected")
+
+    def insert_columns(
+        self,
+        table: str,
+        columns: Any,
+        names: Any,
+        types: Any,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        assert len(columns) == len(names) == len(types)
+        cols = {n: list(c) for n, c in zip(names, columns, strict=True)}
+        assert len({len(c) for c in cols.values()}) == 1, "columns of unequal length"
+        self.inserts.append((table, cols, dict(zip(names, types, strict=True)), settings))
+
+    def close(self) -> None:
+        pass
+
+
+def _kept(topic: str) -> list[Any]:
+    """Events as the processor keeps them: (partition, offset, event, its bytes)."""
+    events: list[Event] = [received("a"), completed("a"), finished("a", eid="a:f")]
+    msg = encode_batch(events)
+    decoded = decode_fast(msg, SourceRef(topic, 3, 41))
+    assert not decoded.dead
+    return [(3, 41, ev, raw) for ev, raw in zip(decoded.events, decoded.raws, strict=True)]
+
+
+def test_raw_event_columns_by_name_with_the_bytes_as_sent() -> None:
+    kept = _kept("lc")
+    store = RecordingStore()
+    write_raw_events(store, "lc", kept)
+    write_raw_events(store, "lc", [])  # nothing: no insert
+    [(table, cols, types, settings)] = store.inserts
+    assert (table, types, settings) == ("lifecycle_events", dict(EVENT_COLUMNS), None)
+    assert list(cols) == _names(EVENT_COLUMNS)
+    for i, (p, off, ev, raw) in enumerate(kept):
+        row = {n: c[i] for n, c in cols.items()}
+        assert row == {
+            "event_id": ev.event_id, "kind": ev.kind, "request_id": ev.request_id,
+            "ts_unix_ns": ev.ts_unix_ns, "host": ev.host, "model": ev.model,
+            "source_topic": "lc", "source_partition": p, "source_offset": off,
+            "payload": bytes(raw),
+        }  # fmt: skip
+        # the payload is the event's own slice of the message, not a re-encoding
+        assert orjson.loads(row["payload"])["event_id"] == ev.event_id
+    assert raw_event_columns("lc", kept) == list(cols.values())
+
+
+def _sketch(count: int, zero: int = 0) -> SketchColumns:
+    keys, counts = ([7], [count - zero]) if count > zero else ([], [])
+    return SketchColumns(count, 1.5 * count, 1.0, 2.0, zero, keys, counts, [], [])
+
+
+class _SLOs:
+    def rows(self) -> list[SLOWindowRow]:
+        return [
+            SLOWindowRow("ttft", "slo", "ttft_engine_ms", 300.0, 0.99, 5, 4, 0, 0.0),
+            SLOWindowRow("tier", "blended", "", 0.0, 0.9, 5, 3, 1, 0.5),
+        ]
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_window_rows_by_name(correction: bool) -> None:
+    key, star = ("m", "1", "small"), ("*", "*", "*")
+    empty = SketchColumns(0, 0.0, math.inf, -math.inf, 0, [], [], [], [])
+    win = ClosedWindow(
+        partition=2, start_ms=1_700_000_010_000, size_ms=10_000,
+        records={key: 5, star: 5},
+        sketches={(key, "queue_ms"): _sketch(5, zero=1), (star, "queue_ms"): _sketch(5),
+                  (key, "tpot_ms"): empty},  # cancelled out: no row
+        slos=_SLOs(), correction=correction, ledger={"a": 1, "b": 5},  # type: ignore[arg-type]
+    )  # fmt: skip
+    rows = window_rows(win, "lc", 0.01, through_offset=99)
+    assert [(r.model, r.boundary) for r in rows] == [
+        ("*", "queue_ms"),
+        ("m", "queue_ms"),
+        ("*", SLO_ROW_BOUNDARY),
+    ]
+    start = datetime.fromtimestamp(1_700_000_010, tz=UTC)
+    for r in rows:
+        assert (r.window_start, r.window_ms, r.source_topic, r.partition, r.correction) == (
+            start,
+            10_000,
+            "lc",
+            2,
+            int(correction),
+        )
+        assert r.relative_accuracy == 0.01
+    cell = rows[1]
+    assert (cell.priority, cell.ctx_bucket, cell.records, cell.sketch) == (
+        "1",
+        "small",
+        5,
+        win.sketches[(key, "queue_ms")],
+    )
+    assert (cell.slo_counts, cell.through_offset, cell.ledger_ids) == ({}, 0, [])
+    slo = rows[-1]
+    assert (slo.records, slo.sketch.count, slo.sketch.min, slo.sketch.max) == (
+        5,
+        0,
+        math.inf,
+        -math.inf,
+    )
+    assert slo.slo_counts == {
+        "ttft": ("slo", "ttft_engine_ms", 300.0, 0.99, 5, 4, 0, 0.0),
+        "tier": ("blended", "", 0.0, 0.9, 5, 3, 1, 0.5),
+    }
+    assert (slo.through_offset, slo.ledger_ids, slo.ledger_versions) == (99, ["a", "b"], [1, 5])
+
+    store = RecordingStore()
+    write_windows(store, [win], "lc", 0.01, "tok-1", through_offsets={2: 99})
+    [(table, cols, types, settings)] = store.inserts
+    assert (table, types) == ("window_sketches", dict(WINDOW_COLUMNS))
+    assert settings is not None
+    assert settings["insert_deduplication_token"] == "tok-1"
+    assert cols["boundary"] == ["queue_ms", "queue_ms", SLO_ROW_BOUNDARY]
+    assert cols["zero_count"] == [0, 1, 0]
+    assert cols["pos_counts"] == [[5], [4], []]
+    assert cols["ledger_ids"] == [[], [], ["a", "b"]]
+    assert cols["through_offset"] == [0, 0, 99]
+
+
+def test_checkpoints_and_audit_columns_by_name() -> None:
+    store = RecordingStore()
+    write_checkpoints(
+        store, "g", "lc", [Checkpoint(1, 10, 20, 30, 4, 5, 6), Checkpoint(2, 11, 21, 31)]
+    )
+    write_checkpoints(store, "g", "lc", [])
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    control = ControlRow(
+        scope="m", seq=3, level=2, phase="enter", issued_at=at, expires_at=at, event_time=at,
+        reason="r", figures="{}", actions="{}", notify_customer=False, budget_exhausted=True,
+        heartbeat=False, kid="k1", signal="{...}",
+    )  # fmt: skip
+    budget = BudgetEventRow(slo="ttft", event="budget_exhausted", event_time=at, details="{}")
+    write_audit(store, [control], [budget])
+    (t1, ck, _, _), (t2, cs, _, _), (t3, be, _, _) = store.inserts
+    assert (t1, t2, t3) == ("worker_checkpoints", "control_signals", "budget_events")
+    assert ck == {
+        "group_id": ["g", "g"], "source_topic": ["lc", "lc"], "partition": [1, 2],
+        "close_horizon_ms": [10, 11], "watermark_ms": [20, 21], "committed_offset": [30, 31],
+        "corrected_records": [4, 0], "quarantined_events": [5, 0], "replayed_records": [6, 0],
+    }  # fmt: skip
+    assert cs == {n: [getattr(control, n)] for n in ControlRow._fields}
+    assert be == {n: [getattr(budget, n)] for n in BudgetEventRow._fields}
