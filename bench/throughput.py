@@ -131,7 +131,10 @@ def throughput(ctx: Context) -> Section:
                 f"{label}: events per worker CPU-second",
                 r.events / r.cpu_s,
                 "events/s",
-                note=f"worker CPU {r.cpu_s:.1f} s for {r.seconds:.1f} s wall",
+                note=(
+                    f"worker CPU {r.cpu_s:.1f} s from its first batch for {r.seconds:.1f} s "
+                    f"wall (+{r.startup_cpu_s:.1f} s start-up before it, not counted)"
+                ),
             ),
             Figure(f"{label}: worker peak RSS", r.rss_peak_bytes / MiB, "MiB"),
             _landed(r, label),
