@@ -70,10 +70,11 @@ from pipeline.contract.summary import Progress, StatsSample, encode_summary
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo_windows import load_slo_factory
+from pipeline.core.slo_windows import slo_factory
 from pipeline.core.summary import summarize
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
+from pipeline.spec.slo import load_spec_file
 
 log = logging.getLogger("tailguard.worker")
 
@@ -86,7 +87,10 @@ class WorkerShell:
     def __init__(self, settings: Settings, app: faust.App) -> None:
         self.settings = settings
         self.app = app
-        self.slo_factory = load_slo_factory(settings.slo_spec)
+        # the spec is loaded and validated once, here (a bad spec fails at start-up)
+        self.slo_factory = slo_factory(
+            load_spec_file(settings.slo_spec) if settings.slo_spec is not None else None
+        )
         self.processor = StreamProcessor(
             settings.lifecycle_topic,
             settings.join_config(),

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.core.slo import SLOEvaluator
-from pipeline.spec.slo import load_spec_file
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from pipeline.spec.slo import SLOSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +56,9 @@ class WindowSLOCounts(SLOEvaluator):
         return out
 
 
-def load_slo_factory(path: Path | None) -> Callable[[], WindowSLOCounts] | None:
-    """Load and validate the spec once (a bad spec fails here, at start-up)."""
-    if path is None:
+def slo_factory(spec: SLOSpec | None) -> Callable[[], WindowSLOCounts] | None:
+    """Per-window SLO counts of a loaded spec (the caller loads and validates it once, at
+    start-up: a bad spec fails there); None without a spec."""
+    if spec is None:
         return None
-    spec = load_spec_file(path)
     return lambda: WindowSLOCounts(spec)
