@@ -43,6 +43,7 @@ without losing any state that lives only in memory.
 from __future__ import annotations
 
 import heapq
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
@@ -70,21 +71,27 @@ _ENGINE_FIT_SLACK_MS: Final = 50.0
 _COMPACT_SLACK: Final = 1024
 
 # A request in flight (gateway.received only: the bulk of the join state) is held as
-# one int packing what a record takes from the event, low bits first: stream (1),
-# priority (4), host, model and tenant as indices into the joiner's string table
-# (12 each, tenant 0 = None), prompt_tokens + 1 (24, 0 = None), wall_ms + 1 (44,
-# 0 = None), a 64-bit hash of the event id (duplicates are told from conflicts by
-# it), ts_unix_ns (64) and, above, the source offset. Values that do not fit fall
-# back to a _Pending holding a _Received.
+# one int packing what a record takes from the event, little-endian bytes of
+# ``_PACK`` (packed and unpacked by ``struct``: one C call each way, ~1 µs less than
+# shifting the fields in), low bits first: stream (1) and priority (4) in one byte,
+# host, model and tenant as indices into the joiner's string table (2 bytes each,
+# < 2**12, tenant 0 = None), prompt_tokens + 1 (4 bytes, < 2**24, 0 = None),
+# wall_ms + 1 (6 bytes, < 2**44, 0 = None), a 64-bit hash of the event id (duplicates
+# are told from conflicts by it), ts_unix_ns (8 bytes) and the source offset (8 bytes:
+# an int carries no leading zero bytes, so a small offset costs little). Values that
+# do not fit fall back to a _Pending holding a _Received.
+_PACK: Final = struct.Struct("<BHHHIIHQQQ")
+_UNPACK: Final = struct.Struct("<BHHHI6xQQQ")  # without wall_ms (the deadlines take it)
 _PRIO_SHIFT: Final = 1
-_HOST_SHIFT: Final = 5
-_MODEL_SHIFT: Final = 17
-_TENANT_SHIFT: Final = 29
-_PROMPT_SHIFT: Final = 41
-_WALL_SHIFT: Final = 65
-_HASH_SHIFT: Final = 109
-_TS_SHIFT: Final = 173
-_OFF_SHIFT: Final = 237
+_HOST_SHIFT: Final = 8
+_MODEL_SHIFT: Final = 24
+_TENANT_SHIFT: Final = 40
+_PROMPT_SHIFT: Final = 56
+_WALL_SHIFT: Final = 88
+_HASH_SHIFT: Final = 136
+_TS_SHIFT: Final = 200
+_OFF_SHIFT: Final = 264
+_PACK_BYTES: Final = 41
 _M64: Final = (1 << 64) - 1
 _MAX_STRINGS: Final = 1 << 12
 _MAX_PROMPT: Final = (1 << 24) - 2
@@ -304,9 +311,16 @@ class Joiner:
 
     def _pack(self, ev: AnyReceived, offset: int, wall_ms: int | None) -> int | None:
         """The in-flight int of a ``gateway.received`` (None: a value does not fit)."""
-        host = self._string_id(ev.host)
-        model = self._string_id(ev.model)
-        tenant = 0 if ev.tenant is None else self._string_id(ev.tenant)
+        ids = self._string_ids  # (known strings without a call: the common case)
+        host = ids.get(ev.host)
+        if host is None:
+            host = self._string_id(ev.host)
+        model = ids.get(ev.model)
+        if model is None:
+            model = self._string_id(ev.model)
+        tenant = 0 if ev.tenant is None else ids.get(ev.tenant)
+        if tenant is None:
+            tenant = self._string_id(ev.tenant)  # type: ignore[arg-type]
         prompt = ev.prompt_tokens
         ts = ev.ts_unix_ns
         prio = ev.priority
@@ -316,23 +330,20 @@ class Joiner:
             or tenant < 0
             or not 0 <= prio <= 15
             or not 0 <= ts <= _M64
-            or offset < 0
+            or not 0 <= offset <= _M64
             or (prompt is not None and not 0 <= prompt <= _MAX_PROMPT)
             or (wall_ms is not None and not 0 <= wall_ms <= _MAX_WALL)
         ):
             return None
-        return (
-            (offset << _OFF_SHIFT)
-            | (ts << _TS_SHIFT)
-            | (_id_hash(ev.event_id) << _HASH_SHIFT)
-            | ((0 if wall_ms is None else wall_ms + 1) << _WALL_SHIFT)
-            | ((0 if prompt is None else prompt + 1) << _PROMPT_SHIFT)
-            | (tenant << _TENANT_SHIFT)
-            | (model << _MODEL_SHIFT)
-            | (host << _HOST_SHIFT)
-            | (prio << _PRIO_SHIFT)
-            | (1 if ev.stream else 0)
-        )
+        wall = 0 if wall_ms is None else wall_ms + 1
+        return int.from_bytes(
+            _PACK.pack(
+                (prio << 1) | (1 if ev.stream else 0), host, model, tenant,
+                0 if prompt is None else prompt + 1, wall & 0xFFFFFFFF, wall >> 32,
+                hash(ev.event_id) & _M64, ts, offset,
+            ),
+            "little",
+        )  # fmt: skip
 
     def _unpack(self, v: int) -> _Pending:
         entry = self._unpack_joining(v)
@@ -344,19 +355,15 @@ class Joiner:
         """The pending state of an in-flight int, its deadlines left for the caller to
         set (a terminal event joining it restarts them)."""
         strings = self._strings
-        prompt = (v >> _PROMPT_SHIFT) & 0xFFFFFF
-        tenant = (v >> _TENANT_SHIFT) & 0xFFF
-        entry = _Pending(v >> _OFF_SHIFT)
-        entry.received = _Received(
-            (v >> _HASH_SHIFT) & _M64,
-            (v >> _TS_SHIFT) & _M64,
-            strings[(v >> _HOST_SHIFT) & 0xFFF],
-            strings[(v >> _MODEL_SHIFT) & 0xFFF],
-            (v >> _PRIO_SHIFT) & 0xF,
-            strings[tenant] if tenant else None,
-            prompt - 1 if prompt else None,
-            bool(v & 1),
+        prio_stream, host, model, tenant, prompt, id_hash, ts, offset = _UNPACK.unpack(
+            v.to_bytes(_PACK_BYTES, "little")
         )
+        entry = _Pending(offset)
+        entry.received = _Received(
+            id_hash, ts, strings[host], strings[model], prio_stream >> 1,
+            strings[tenant] if tenant else None, prompt - 1 if prompt else None,
+            bool(prio_stream & 1),
+        )  # fmt: skip
         return entry
 
     def _deadline(self, entry: _Pending | int) -> int:
