@@ -124,6 +124,7 @@ _STRUCTS: Final[dict[str, type[WireEvent]]] = {
     "engine.stats": StatsWire,
 }
 _ONE: Final = msgspec.json.Decoder(WireEvent)
+_MANY: Final = msgspec.json.Decoder(list[WireEvent])
 _SLICES: Final = msgspec.json.Decoder(list[Raw])
 _WS: Final = b" \t\r\n"
 
@@ -154,22 +155,34 @@ class FastDecoded:
     dead: list[DeadLetter]
 
 
+def decode_clean(
+    raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, raws: bool = True
+) -> tuple[list[WireEvent], list[EventBytes]] | None:
+    """The fast path of :func:`decode_fast` alone: the events of a message the Structs
+    accept whole, with their original bytes (none when ``raws`` is off); None for any
+    other message (then :func:`decode_fast` gives its events and dead letters). Never
+    raises. A batch is decoded in one call (and sliced in another when ``raws``)."""
+    if not isinstance(raw, bytes) or len(raw) > max_bytes:
+        return None
+    try:
+        # msgspec skips unknown fields without checking their UTF-8 (the reference
+        # rejects it): check the whole message (ASCII runs at memory speed).
+        raw.decode()
+        if raw.lstrip(_WS)[:1] == b"[":
+            return _MANY.decode(raw), _SLICES.decode(raw) if raws else []  # type: ignore[return-value]
+        return [_ONE.decode(raw)], [raw]
+    except (msgspec.MsgspecError, ValueError):  # e.g. UnicodeDecodeError
+        return None
+
+
 def decode_fast(
     raw: bytes | None, source: SourceRef, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 ) -> FastDecoded:
     """Decode one message value like :func:`decode_message` (same events, same dead
     letters and reasons), into Structs with their original bytes. Never raises."""
-    if isinstance(raw, bytes) and len(raw) <= max_bytes:
-        try:
-            # msgspec skips unknown fields without checking their UTF-8 (the reference
-            # rejects it): check the whole message (ASCII runs at memory speed).
-            raw.decode()
-            if raw.lstrip(_WS)[:1] == b"[":
-                slices = _SLICES.decode(raw)
-                return FastDecoded([_ONE.decode(s) for s in slices], slices, [])  # type: ignore[arg-type]
-            return FastDecoded([_ONE.decode(raw)], [raw], [])
-        except (msgspec.MsgspecError, ValueError):  # e.g. UnicodeDecodeError
-            pass
+    clean = decode_clean(raw, max_bytes=max_bytes)
+    if clean is not None:
+        return FastDecoded(clean[0], clean[1], [])
     ref = decode_message(raw, source, max_bytes=max_bytes)
     return FastDecoded(
         [from_model(ev) for ev in ref.events], [encode_event(ev) for ev in ref.events], ref.dead

@@ -32,6 +32,7 @@ gap; the result depends on the order of events only, never on how they were batc
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -54,6 +55,9 @@ class ClockConfig:
             raise ValueError(f"clock.hold_events must be >= 1, got {self.hold_events}")
 
 
+_NO_LIMIT = 1 << 62  # ahead_limit_ms of a clock not yet established (beyond any event time)
+
+
 @dataclass(slots=True)
 class PartitionClock:
     config: ClockConfig = field(default_factory=ClockConfig)
@@ -62,26 +66,39 @@ class PartitionClock:
     events: int = 0
     # host -> min-heap of its `quorum` largest event times (its mark is heap[0])
     _tops: dict[str, list[int]] = field(default_factory=dict)
-    # host -> largest event time seen (skew telemetry; never used for the clock)
-    newest_ms: dict[str, int] = field(default_factory=dict)
-    # The watermark as the last full recompute left it unmoved (None: it moved since).
-    # While it stands, a mark that rises without crossing it (staying at or below it, or
-    # above it already) changes neither how many active marks lie above it nor, unless a
-    # mark at most it joins, how many lie below: the lower median cannot pass it, so
-    # observe skips the recompute (the same watermark, event by event, for less work).
-    # A mark that falls (a host's first events) always recomputes.
+    # The watermark the counts below were taken at (None: take them again). While it
+    # stands, ``_active`` is the number of active marks (at or above the watermark less
+    # ``host_idle_ms``) and ``_below`` the number of those at or below the watermark. The
+    # lower median of the active marks passes the watermark exactly when ``_below <=
+    # (_active - 1) // 2``, so observe keeps the two counts as marks move (O(1)) and
+    # recomputes only then: the same watermark, event by event, as recomputing whenever a
+    # mark moves. Invariant while it stands: the median does not pass the watermark.
     _settled_ms: int | None = None
+    _active: int = 0
+    _below: int = 0
 
     @property
     def bootstrapping(self) -> bool:
         """True until the partition has seen ``quorum`` events (see :meth:`establish`)."""
         return self.events < self.config.quorum and self.watermark_ms == 0
 
+    @property
+    def newest_ms(self) -> dict[str, int]:
+        """Per host, the largest event time it has sent (the largest of its top ones)."""
+        return {h: max(t) for h, t in self._tops.items()}
+
     def in_range(self, ts_ms: int, now_ms: int = 0) -> bool:
         """False for an event too far ahead of the clock to be trusted (``now_ms``: the
         clock with idle wall time, see :meth:`now`, when larger than the watermark)."""
-        ref = max(self.watermark_ms, now_ms)
-        return self.watermark_ms == 0 or ts_ms <= ref + self.config.max_ahead_ms
+        return ts_ms <= self.ahead_limit_ms(now_ms)
+
+    def ahead_limit_ms(self, now_ms: int = 0) -> int:
+        """The latest event time :meth:`in_range` accepts while the watermark stands (no
+        limit before the clock is established)."""
+        wm = self.watermark_ms
+        if wm == 0:
+            return _NO_LIMIT
+        return max(wm, now_ms) + self.config.max_ahead_ms
 
     def jump(self, to_ms: int, wall_ms: int = 0) -> None:
         """Move the watermark forward across a gap that several hosts agree on."""
@@ -89,30 +106,49 @@ class PartitionClock:
             self.watermark_ms = to_ms
             self.wall_at_advance_ms = wall_ms
 
-    def observe(self, host: str, ts_ms: int, wall_ms: int = 0) -> None:
-        """Count one in-range event of ``host``; may advance the watermark."""
+    def observe(self, host: str, ts_ms: int, wall_ms: int = 0) -> int:
+        """Count one in-range event of ``host``; may advance the watermark, which it
+        returns. O(1) unless the watermark moves (then O(hosts log hosts))."""
         self.events += 1
         top = self._tops.get(host)
         if top is None:
-            top = self._tops[host] = []
-        old = top[0] if top else None
-        newest = self.newest_ms.get(host)
-        if newest is None or ts_ms > newest:
-            self.newest_ms[host] = ts_ms
+            self._tops[host] = [ts_ms]
+            return self._moved(None, ts_ms, wall_ms)
+        old = top[0]
         if len(top) < self.config.quorum:
             heapq.heappush(top, ts_ms)
-        elif ts_ms > top[0]:
+        elif ts_ms > old:
             heapq.heapreplace(top, ts_ms)
-        else:
-            return  # this host's mark did not move
-        if not self.bootstrapping:
             wm = self.watermark_ms
-            new = top[0]
-            if self._settled_ms == wm and (
-                new <= wm if old is None else old <= new and (new <= wm or old > wm)
-            ):
-                return
-            self._recompute(wall_ms)
+            if old > wm and self._settled_ms == wm:
+                return wm  # above the watermark before and after: no count changes
+        else:
+            return self.watermark_ms  # this host's mark did not move
+        return self._moved(old, top[0], wall_ms)
+
+    def _moved(self, old: int | None, new: int, wall_ms: int) -> int:
+        """A host's mark moved from ``old`` (None: a new host) to ``new``."""
+        wm = self.watermark_ms
+        boot = self.events < self.config.quorum and wm == 0
+        if self._settled_ms != wm:
+            if not boot:
+                self._recompute(wall_ms)
+            return self.watermark_ms
+        floor = wm - self.config.host_idle_ms
+        if old is not None and old >= floor:
+            self._active -= 1
+            if old <= wm:
+                self._below -= 1
+        if new >= floor:
+            self._active += 1
+            if new <= wm:
+                self._below += 1
+        if self._active and self._below <= (self._active - 1) // 2:
+            if boot:
+                self._settled_ms = None  # no recompute while bootstrapping
+            else:
+                self._recompute(wall_ms)
+        return self.watermark_ms
 
     def establish(self, wall_ms: int = 0) -> None:
         """End the bootstrap with what has been seen (a quiet partition, end of input)."""
@@ -121,16 +157,19 @@ class PartitionClock:
 
     def _recompute(self, wall_ms: int, force: bool = False) -> None:
         wm = self.watermark_ms
-        floor = wm - self.config.host_idle_ms
-        marks = sorted(t[0] for t in self._tops.values() if t[0] >= floor)
-        self._settled_ms = wm
-        if not marks:
-            return
-        median = marks[(len(marks) - 1) // 2]
-        if median > wm or (force and wm == 0):
-            self.watermark_ms = median
-            self.wall_at_advance_ms = wall_ms
-            self._settled_ms = None
+        idle = self.config.host_idle_ms
+        marks = sorted(m for t in self._tops.values() if (m := t[0]) >= wm - idle)
+        if marks:
+            median = marks[(len(marks) - 1) // 2]
+            if median > wm or (force and wm == 0):
+                self.watermark_ms = wm = median
+                self.wall_at_advance_ms = wall_ms
+                marks = marks[bisect.bisect_left(marks, wm - idle) :]
+        # The counts at the (new) watermark; a floor that rose with it may have left the
+        # median past it already: then the next move of any mark recomputes (None).
+        below = bisect.bisect_right(marks, wm)
+        self._active, self._below = len(marks), below
+        self._settled_ms = None if marks and below <= (len(marks) - 1) // 2 else wm
 
     def now(self, wall_ms: int | None, caught_up: bool = True) -> int:
         """The partition's clock: the watermark, plus idle wall time when caught up."""

@@ -58,13 +58,19 @@ feed it one record per request (the final revision), not partial + upgrade.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 from typing import Any, Final, Literal
 
-from pipeline.core.record import RequestRecord
+import numpy as np
+from numpy.typing import NDArray
+
+from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.spec.slo import SLO, Filter, SLOSpec
 
 Verdict = Literal["good", "bad", "skip"]
@@ -77,6 +83,78 @@ _GATEWAY_BOUNDARIES: Final = frozenset({"gateway_total_ms", "gateway_ttfb_ms"})
 _BOTH_BOUNDARIES: Final = frozenset({"gateway_overhead_ms"})
 # A missing value at KEY means "never happened, waited at least VALUE" (rule 4).
 _LOWER_BOUND: Final = {"gateway_ttfb_ms": "gateway_total_ms"}
+_BOUNDARY_COLUMN: Final = {name: j for j, name in enumerate(BOUNDARIES)}
+_BOUNDARY_ROW: Final = attrgetter(*BOUNDARIES)  # a record's boundary values, one C call
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+IntArray = NDArray[np.int64]
+
+
+def boundary_table(records: Sequence[RequestRecord]) -> FloatArray:
+    """The records' boundary values as an ``(n, len(BOUNDARIES))`` table, in
+    ``BOUNDARIES`` order; a missing value (None) is NaN."""
+    rows = [_BOUNDARY_ROW(r) for r in records]
+    return np.array(rows, dtype=np.float64).reshape(len(rows), len(BOUNDARIES))
+
+
+class RecordColumns:
+    """A batch of records as columns, for :meth:`SLOMatcher.classify_many`: each column
+    is built once, when first asked for, and shared by every SLO of the batch."""
+
+    __slots__ = ("_cache", "records", "values")
+
+    def __init__(self, records: Sequence[RequestRecord], values: FloatArray | None = None) -> None:
+        self.records = records
+        self.values = boundary_table(records) if values is None else values  # NaN = None
+        self._cache: dict[Any, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def boundary(self, name: str) -> FloatArray:
+        return self.values[:, _BOUNDARY_COLUMN[name]]
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per batch for ``key`` (masks shared by windows)."""
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = make()
+        return value
+
+    def column(self, name: str) -> list[Any]:
+        """One field of every record, as a list."""
+        col: list[Any] | None = self._cache.get(name)
+        if col is None:
+            col = self._cache[name] = list(map(attrgetter(name), self.records))
+        return col
+
+    def member(self, name: str, allowed: frozenset[Any]) -> BoolArray:
+        """Mask of the records whose field ``name`` is in ``allowed`` (None never is)."""
+        col = self.column(name)
+        return np.fromiter(map(allowed.__contains__, col), np.bool_, len(col))
+
+    def equal(self, name: str, value: Any) -> BoolArray:
+        """Mask of the records whose field ``name`` is ``value`` (identity for
+        True/False/None, equality otherwise); cached."""
+        ck = f"{name}={value!r}"
+        mask: BoolArray | None = self._cache.get(ck)
+        if mask is None:
+            col = self.column(name)
+            if value is None or isinstance(value, bool):
+                it: Iterable[bool] = (v is value for v in col)
+            else:
+                it = map(operator.eq, col, itertools.repeat(value))
+            mask = self._cache[ck] = np.fromiter(it, np.bool_, len(col))
+        return mask
+
+    def numbers(self, name: str) -> FloatArray:
+        """An optional numeric field as floats (None = NaN); cached."""
+        ck = f"{name}#"
+        arr: FloatArray | None = self._cache.get(ck)
+        if arr is None:
+            arr = self._cache[ck] = np.array(self.column(name), dtype=np.float64)
+        return arr
 
 
 # --------------------------------------------------------------------------- #
@@ -173,6 +251,44 @@ class SLOMatcher:
                     return "bad"
             return "skip"
         return "good" if value <= self.threshold else "bad"
+
+    def classify_many(self, cols: RecordColumns) -> tuple[BoolArray, BoolArray]:
+        """:meth:`classify` of every record of a batch at once: masks ``(counted,
+        good)``; counted = not ``skip``, good = ``good`` (so bad = counted & ~good).
+        Agrees with :meth:`classify` record by record (a boundary value is None or a
+        number, never NaN: the contract rejects NaN)."""
+        n = len(cols)
+        sel = np.ones(n, dtype=np.bool_)
+        # 1. traffic selection
+        if self.last_attempt_only:
+            sel &= ~cols.equal("superseded", True)
+        for name, allowed in (
+            ("model", self.models), ("priority", self.priorities),
+            ("ctx_bucket", self.buckets), ("tenant", self.tenants),
+        ):  # fmt: skip
+            if allowed is not None:
+                sel &= cols.member(name, allowed)
+        if self.stream is not None:
+            sel &= cols.equal("stream", self.stream)
+        if self.max_prompt is not None:
+            sel &= ~(cols.numbers("prompt_tokens") > self.max_prompt)  # NaN: not excluded
+        # 2./3. outcome
+        ok = cols.equal("outcome", "ok")
+        abort = cols.equal("outcome", "client_abort")
+        measured = ok | abort if self.aborts_measured else ok
+        # 4. latency
+        value = cols.boundary(self.boundary)
+        good = measured & (value <= self.threshold)  # NaN compares False
+        late = value > self.threshold
+        if self.lower_bound is not None:
+            late |= np.isnan(value) & (cols.boundary(_LOWER_BOUND[self.boundary]) > self.threshold)
+        bad = measured & late
+        if self.errors_bad:
+            observed = np.zeros(n, dtype=np.bool_)
+            for source in self.observed:
+                observed |= cols.equal("source", source)
+            bad |= ~ok & ~abort & observed
+        return sel & (good | bad), sel & good
 
     def applies(self, record: RequestRecord) -> bool:
         """True when the record is in this SLO's denominator."""
@@ -272,12 +388,15 @@ class SLOEvaluator:
     of one spec combine with :meth:`merge`.
     """
 
-    __slots__ = ("_classifiers", "_good", "_tiers", "_total", "_verdicts", "records", "spec")
+    __slots__ = (
+        "_classifiers", "_good", "_matchers", "_tiers", "_total", "_verdicts", "records", "spec",
+    )  # fmt: skip
 
     def __init__(self, spec: SLOSpec) -> None:
         self.spec = spec
         self.records = 0
-        self._classifiers = [SLOMatcher(s).classify for s in spec.slos]
+        self._matchers = [SLOMatcher(s) for s in spec.slos]
+        self._classifiers = [m.classify for m in self._matchers]
         n = len(self._classifiers)
         self._total = [0] * n
         self._good = [0] * n
@@ -308,6 +427,28 @@ class SLOEvaluator:
                 acc.good_primary += sign
             elif verdicts[acc.secondary] == "good":
                 acc.good_secondary_only += sign
+
+    def add_batch(self, cols: RecordColumns, rows: IntArray, signs: IntArray) -> None:
+        """:meth:`add` of the records ``rows`` (indexes into ``cols``, in any order) with
+        their ``signs``, vectorised: the same counts as one :meth:`add` per record."""
+        if not len(rows):
+            return
+        self.records += int(signs.sum())
+        counted: list[BoolArray] = []
+        good: list[BoolArray] = []
+        for i, matcher in enumerate(self._matchers):
+            # every window's evaluator has the same spec: classify the batch once
+            masks = cols.memo(("slo", id(self.spec), i), partial(matcher.classify_many, cols))
+            c, g = masks[0][rows], masks[1][rows]
+            counted.append(c)
+            good.append(g)
+            self._total[i] += int(signs[c].sum())
+            self._good[i] += int(signs[g].sum())
+        for acc in self._tiers.values():
+            c, g = counted[acc.primary], good[acc.primary]
+            acc.total += int(signs[c].sum())
+            acc.good_primary += int(signs[g].sum())
+            acc.good_secondary_only += int(signs[c & ~g & good[acc.secondary]].sum())
 
     def add_many(self, records: Iterable[RequestRecord]) -> None:
         add = self.add

@@ -21,9 +21,11 @@ quix-streams' ``get_window_ranges``:
 * Keys: ``(model, priority, ctx_bucket)`` plus the all-traffic key
   ``("*", "*", "*")``. At most ``max_keys`` distinct keys per window; further
   keys fold into ``("__other__", "*", "*")`` (counted).
-* A record's boundary values are buffered per key as one row (a tuple, from one
-  C call) and added to the key's sketches in vectorised batches, in record order
-  per key (and over all keys for the all-traffic key).
+* Adds are buffered and applied per batch, vectorised (see :class:`WindowAggregator`):
+  a record's boundary values become one row of a numpy table, buffered per key and
+  added to the key's sketches in batches, in record order per key (and over all keys
+  for the all-traffic key); SLO counts are numpy masks over the batch's columns
+  (:meth:`pipeline.core.slo.SLOMatcher.classify_many`).
 
 Longer windows (1 min, 5 min, 1 h) are merges of these base windows
 (:func:`rollup_start`), in the stream and in ClickHouse alike.
@@ -33,21 +35,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Final, Protocol
 
 import numpy as np
 
 from pipeline.core.ledger import RETRACTED, code_order
 from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
-from pipeline.core.sketch import QuantileSketch, SketchColumns
+from pipeline.core.sketch import FloatArray, IntArray, QuantileSketch, SketchColumns
+from pipeline.core.slo import RecordColumns
 
 ALL: Final = "*"
 OTHER_MODEL: Final = "__other__"
 ALL_KEY: Final = (ALL, ALL, ALL)
 OTHER_KEY: Final = (OTHER_MODEL, ALL, ALL)
 _FLUSH_ROWS: Final = 2048
-_BOUNDARY_VALUES: Final = attrgetter(*BOUNDARIES)  # a record's row: one value per boundary
+_NO_OFFSET: Final = 1 << 62
 
 WindowKey = tuple[str, str, str]  # (model, priority, ctx_bucket)
 
@@ -99,19 +101,20 @@ class WindowSLOs(Protocol):
 
     def add(self, record: RequestRecord, sign: int = 1) -> None: ...
 
+    def add_batch(self, cols: RecordColumns, rows: IntArray, signs: IntArray) -> None: ...
+
     def rows(self) -> list[Any]: ...
-
-
-Row = tuple[float | None, ...]  # a record's boundary values, in BOUNDARIES order
 
 
 @dataclass(slots=True)
 class _Rows:
-    """Rows of one key of one window not yet in its sketches: records added, and
-    records taken back (a partial record replaced by its upgrade)."""
+    """Boundary values of one key of one window not yet in its sketches: tables of
+    records added, and of records taken back (a partial replaced by its upgrade), in
+    record order."""
 
-    added: list[Row] = field(default_factory=list)
-    removed: list[Row] = field(default_factory=list)
+    added: list[FloatArray] = field(default_factory=list)
+    removed: list[FloatArray] = field(default_factory=list)
+    n_added: int = 0
 
 
 @dataclass(slots=True)
@@ -168,8 +171,32 @@ class WindowCounters:
     corrections: int = 0  # correction windows emitted
 
 
+# An add not yet applied to its window: (record, window start, sign, lower offset, late)
+_Pending = tuple[RequestRecord, int, int, int, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """The buffered adds of one flush, as columns (index = position in the buffer)."""
+
+    cols: RecordColumns
+    signs: IntArray
+    offsets: tuple[int, ...]  # lower offsets
+    key_ids: IntArray  # index into labels
+    labels: list[WindowKey]
+    ledger_keys: list[str]
+    codes: list[int]  # ledger codes (RETRACTED for a take-back)
+
+
 class WindowAggregator:
-    """Tumbling windows of one partition, plus corrections of closed ones."""
+    """Tumbling windows of one partition, plus corrections of closed ones.
+
+    :meth:`add` only decides whether a record is late (``horizon_ms`` moves in
+    :meth:`close` only, so the decision is final) and buffers it; the buffer is applied
+    to the windows, per batch and vectorised (keys, counts, ledgers, SLO counts, sketch
+    rows), before anything reads or closes a window. The windows are exactly those of
+    applying each add at once, in order.
+    """
 
     def __init__(
         self,
@@ -182,10 +209,18 @@ class WindowAggregator:
         self.config = config or WindowConfig()
         self.slo_factory = slo_factory
         self.horizon_ms = horizon_ms  # windows ending at or before it are closed
-        self.counters = WindowCounters()
+        self._counters = WindowCounters()
         self._open: dict[int, _Window] = {}
         self._corrections: dict[int, _Window] = {}
-        self._next_due = 0  # no open window ends before this (close guard; 0 = unknown)
+        # no open window (nor buffered add to one) ends before this (close guard)
+        self._next_due: int | None = None
+        self._pending: list[_Pending] = []
+        self._key_labels: dict[tuple[str, int | None, str], WindowKey] = {}
+
+    @property
+    def counters(self) -> WindowCounters:
+        self._apply_pending()
+        return self._counters
 
     def add(self, rec: RequestRecord, lower_offset: int, sign: int = 1) -> bool:
         """Add one record (``sign`` -1: take back one added before); ``lower_offset``
@@ -195,67 +230,188 @@ class WindowAggregator:
         correction of that window (emitted by :meth:`take_corrections`).
         """
         size = self.config.size_ms
-        start = window_start(rec.end_unix_ns // 1_000_000, size)
-        late = start + size <= self.horizon_ms
-        if late:
-            win = self._corrections.get(start)
-            if win is None:
-                win = self._corrections[start] = self._new_window(start, lower_offset)
-            if sign > 0:
-                self.counters.corrected += 1
-        else:
-            win = self._open.get(start)
-            if win is None:
-                win = self._open[start] = self._new_window(start, lower_offset)
-                if start + size < self._next_due or not self._next_due:
-                    self._next_due = start + size
-            elif lower_offset >= 0 and lower_offset < win.min_offset:
-                win.min_offset = lower_offset
-            if sign > 0:
-                self.counters.records += 1
-        if sign < 0:
-            self.counters.retracted += 1
-        key = record_key(rec)
-        if key not in win.records and len(win.records) >= self.config.max_keys + 1:
-            self.counters.folded_keys += 1
-            key = OTHER_KEY
-        records = win.records
-        records[key] = records.get(key, 0) + sign
-        records[ALL_KEY] = records.get(ALL_KEY, 0) + sign
-        row = _BOUNDARY_VALUES(rec)
-        rows = win.rows
-        for k in (key, ALL_KEY):
-            pending = rows.get(k)
-            if pending is None:
-                pending = rows[k] = _Rows()
-            if sign > 0:
-                pending.added.append(row)
-                if len(pending.added) >= _FLUSH_ROWS:
-                    self._flush(win, k, pending)
-            else:
-                pending.removed.append(row)
-        if win.slos is not None:
-            win.slos.add(rec, sign)
-        # The ledger of this window: what the store counts of the request once it is
-        # written. A take-back is recorded too (its version, marked RETRACTED): the add
-        # that replaces it may land in another window, written later; a worker resuming
-        # in between must not take the old version back a second time.
-        lk = rec.request_id if rec.attempt == 1 else ledger_key(rec)
-        code = ledger_code(rec) if sign > 0 else ledger_code(rec) | RETRACTED
-        ledger = win.ledger
-        have = ledger.get(lk)
-        if have is None or code_order(code) > code_order(have):
-            ledger[lk] = code
-        win.dirty = True
+        end_ms = rec.end_unix_ns // 1_000_000
+        end = end_ms - end_ms % size + size
+        late = end <= self.horizon_ms
+        if not late and (self._next_due is None or end < self._next_due):
+            self._next_due = end
+        self._pending.append((rec, end - size, sign, lower_offset, late))
         return not late
+
+    def add_many(self, records: Iterable[RequestRecord], lower_offset: int) -> None:
+        for rec in records:
+            self.add(rec, lower_offset)
+
+    def _apply_pending(self) -> None:
+        """Apply the buffered adds to their windows (and corrections), per window."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        recs, starts, sign_list, offset_list, lates = zip(*pending, strict=True)
+        n = len(recs)
+        cols = RecordColumns(recs)
+        signs = np.array(sign_list, dtype=np.int64)
+        # window keys: one label per distinct (model, priority, ctx_bucket) of the batch
+        raw = list(zip(cols.column("model"), cols.column("priority"),
+                       cols.column("ctx_bucket"), strict=True))  # fmt: skip
+        raw_ids = {k: i for i, k in enumerate(dict.fromkeys(raw))}
+        labels = [self._label(k) for k in raw_ids]
+        key_ids = np.fromiter(map(raw_ids.__getitem__, raw), np.int64, n)
+        batch = _Batch(cols, signs, offset_list, key_ids, labels, *self._ledger_codes(cols, signs))
+        groups = list(zip(lates, starts, strict=True))
+        group_ids = dict.fromkeys(groups)
+        if len(group_ids) == 1:
+            self._apply_window(groups[0], np.arange(n), batch)
+            return
+        ids = {g: i for i, g in enumerate(group_ids)}
+        gid = np.fromiter(map(ids.__getitem__, groups), np.int64, n)
+        order = np.argsort(gid, kind="stable")
+        bounds = np.cumsum(np.bincount(gid, minlength=len(ids)))
+        lo = 0
+        for g, hi in zip(group_ids, bounds.tolist(), strict=True):
+            self._apply_window(g, order[lo:hi], batch)
+            lo = hi
+
+    def _label(self, raw: tuple[str, int | None, str]) -> WindowKey:
+        label = self._key_labels.get(raw)
+        if label is None:
+            model, p, bucket = raw
+            prio = "unknown" if p is None else _PRIORITY_LABELS[p] if 0 <= p < 16 else str(p)
+            label = self._key_labels[raw] = (model, prio, bucket)
+        return label
+
+    @staticmethod
+    def _ledger_codes(cols: RecordColumns, signs: IntArray) -> tuple[list[str], list[int]]:
+        """Each record's ledger key and code (``ledger_code``; RETRACTED for a take-back)."""
+        rids: list[str] = cols.column("request_id")
+        attempts: list[int] = cols.column("attempt")
+        if attempts.count(1) == len(attempts):
+            keys = rids
+        else:
+            keys = [attempt_key(r, a) for r, a in zip(rids, attempts, strict=True)]
+        codes = (
+            np.array(cols.column("revision"), dtype=np.int64)
+            + 4 * cols.equal("source", "engine_only")
+            + 8 * cols.equal("superseded", True)
+        )
+        codes[signs < 0] |= RETRACTED
+        return keys, codes.tolist()
+
+    def _apply_window(self, group: tuple[bool, int], rows: IntArray, batch: _Batch) -> None:
+        """Apply the adds ``rows`` (indexes into the batch, in record order) of one window."""
+        late, start = group
+        offsets = batch.offsets
+        row_list: list[int] = rows.tolist()
+        first_offset = offsets[row_list[0]]
+        table = self._corrections if late else self._open
+        win = table.get(start)
+        if win is None:
+            win = table[start] = self._new_window(start, first_offset)
+        s = batch.signs[rows]
+        added = int(np.count_nonzero(s > 0))
+        c = self._counters
+        if late:
+            c.corrected += added
+        else:
+            c.records += added
+            low = min((o for o in map(offsets.__getitem__, row_list) if o >= 0), default=None)
+            if low is not None and low < win.min_offset:
+                win.min_offset = low
+        c.retracted += len(row_list) - added
+        slots, keys = self._fold(win, batch.key_ids[rows], batch.labels)
+        # counts per key, and every record in the all-traffic key
+        per_slot = np.bincount(slots, weights=s, minlength=len(keys)).astype(np.int64).tolist()
+        records = win.records
+        for k, cnt in zip(keys, per_slot, strict=True):
+            records[k] += cnt
+        records[ALL_KEY] += int(s.sum())
+        # sketch rows per key, in record order
+        values = batch.cols.values[rows]
+        order = np.argsort(slots, kind="stable")
+        bounds = np.cumsum(np.bincount(slots, minlength=len(keys))).tolist()
+        lo = 0
+        for k, hi in zip(keys, bounds, strict=True):
+            if hi > lo:
+                idx = order[lo:hi]
+                self._buffer_rows(win, k, values[idx], s[idx])
+            lo = hi
+        self._buffer_rows(win, ALL_KEY, values, s)
+        if win.slos is not None:
+            win.slos.add_batch(batch.cols, rows, s)
+        self._ledger(win, row_list, batch.ledger_keys, batch.codes)
+        win.dirty = True
+
+    def _fold(
+        self, win: _Window, key_ids: IntArray, labels: list[WindowKey]
+    ) -> tuple[IntArray, list[WindowKey]]:
+        """Each record's key in the window (a slot of the returned keys): a key is admitted
+        while the window holds fewer than ``max_keys + 1`` keys (the all-traffic key
+        counted), in the order records meet it; later new keys fold into OTHER_KEY."""
+        records = win.records
+        limit = self.config.max_keys + 1
+        uniq, first = np.unique(key_ids, return_index=True)
+        keys: list[WindowKey] = []
+        slot_of: dict[WindowKey, int] = {}
+        remap = np.zeros(len(labels), dtype=np.int64)
+        folded = np.zeros(len(labels), dtype=np.bool_)
+        for kid in uniq[np.argsort(first)].tolist():
+            key = labels[kid]
+            if key not in records:
+                if len(records) >= limit:
+                    folded[kid] = True
+                    key = OTHER_KEY
+                records.setdefault(key, 0)
+                records.setdefault(ALL_KEY, 0)  # after the window's first key, as per record
+            slot = slot_of.get(key)
+            if slot is None:
+                slot = slot_of[key] = len(keys)
+                keys.append(key)
+            remap[kid] = slot
+        self._counters.folded_keys += int(np.count_nonzero(folded[key_ids]))
+        return remap[key_ids], keys
+
+    def _buffer_rows(self, win: _Window, key: WindowKey, values: FloatArray, s: IntArray) -> None:
+        pending = win.rows.get(key)
+        if pending is None:
+            pending = win.rows[key] = _Rows()
+        if bool((s > 0).all()):
+            pending.added.append(values)
+            pending.n_added += len(values)
+        else:
+            plus = s > 0
+            if plus.any():
+                pending.added.append(values[plus])
+                pending.n_added += int(np.count_nonzero(plus))
+            pending.removed.append(values[~plus])
+        if pending.n_added >= _FLUSH_ROWS:
+            self._flush(win, key, pending)
+
+    @staticmethod
+    def _ledger(win: _Window, rows: list[int], keys: list[str], codes: list[int]) -> None:
+        """The ledger of this window: what the store counts of each request once it is
+        written. A take-back is recorded too (its version, marked RETRACTED): the add
+        that replaces it may land in another window, written later; a worker resuming
+        in between must not take the old version back a second time."""
+        if len(rows) < len(keys):
+            keys = [keys[i] for i in rows]
+            codes = [codes[i] for i in rows]
+        ledger = win.ledger
+        if len(set(keys)) == len(keys) and ledger.keys().isdisjoint(keys):
+            ledger.update(zip(keys, codes, strict=True))
+            return
+        for lk, code in zip(keys, codes, strict=True):
+            have = ledger.get(lk)
+            if have is None or code_order(code) > code_order(have):
+                ledger[lk] = code
 
     def _flush(self, win: _Window, key: WindowKey, pending: _Rows) -> None:
         """Add a key's buffered rows to its sketches (one per boundary), in order."""
-        for rows, sign in ((pending.added, 1), (pending.removed, -1)):
-            if not rows:
+        for chunks, sign in ((pending.added, 1), (pending.removed, -1)):
+            if not chunks:
                 continue
-            table = np.array(rows, dtype=np.float64)  # None -> NaN
-            rows.clear()
+            table = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+            chunks.clear()
             for j, name in enumerate(BOUNDARIES):
                 column = table[:, j]
                 values = column[~np.isnan(column)]
@@ -268,16 +424,13 @@ class WindowAggregator:
                     sketch.add_many(values)
                 else:
                     sketch.remove_many(values)
+        pending.n_added = 0
 
     def _new_window(self, start: int, lower_offset: int) -> _Window:
-        win = _Window(start, lower_offset if lower_offset >= 0 else 1 << 62)
+        win = _Window(start, lower_offset if lower_offset >= 0 else _NO_OFFSET)
         if self.slo_factory is not None:
             win.slos = self.slo_factory()
         return win
-
-    def add_many(self, records: Iterable[RequestRecord], lower_offset: int) -> None:
-        for rec in records:
-            self.add(rec, lower_offset)
 
     def close(self, watermark_ms: int, hold_ms: int | None = None) -> list[ClosedWindow]:
         """Close every window whose end + grace is at or before the watermark.
@@ -294,22 +447,24 @@ class WindowAggregator:
             if horizon <= self.horizon_ms:
                 return []
         self.horizon_ms = horizon
-        if not self._open or horizon < self._next_due:
+        if self._next_due is None or horizon < self._next_due:
             return []
+        self._apply_pending()
         size = self.config.size_ms
         due = sorted(s for s in self._open if s + size <= horizon)
         out = [self._emit(self._open.pop(s)) for s in due]
-        self._next_due = min((s + size for s in self._open), default=0)
+        self._next_due = min((s + size for s in self._open), default=None)
         return out
 
     def take_corrections(self) -> list[ClosedWindow]:
         """Corrections gathered since the last call (one per window start)."""
+        self._apply_pending()
         if not self._corrections:
             return []
         out = []
         for s in sorted(self._corrections):
             win = self._corrections[s]
-            self.counters.corrections += 1
+            self._counters.corrections += 1
             out.append(self._snapshot(win, correction=True))
         self._corrections = {}
         return out
@@ -322,6 +477,7 @@ class WindowAggregator:
         record still goes into the window, and the final, closed window supersedes
         every snapshot of it.
         """
+        self._apply_pending()
         size = self.config.size_ms
         out = []
         for start in sorted(self._open):
@@ -333,14 +489,15 @@ class WindowAggregator:
 
     def drain(self) -> list[ClosedWindow]:
         """End of input: close everything (and emit pending corrections)."""
+        self._apply_pending()
         out = [self._emit(self._open.pop(s)) for s in sorted(self._open)]
         if out:
             self.horizon_ms = max(self.horizon_ms, out[-1].start_ms + self.config.size_ms)
-        self._next_due = 0
+        self._next_due = None
         return out + self.take_corrections()
 
     def _emit(self, win: _Window) -> ClosedWindow:
-        self.counters.windows_closed += 1
+        self._counters.windows_closed += 1
         return self._snapshot(win)
 
     def _snapshot(
@@ -357,6 +514,7 @@ class WindowAggregator:
     def min_open_offset(self) -> int | None:
         """Smallest source offset that any open window (or pending correction) still
         depends on."""
+        self._apply_pending()
         wins = [*self._open.values(), *self._corrections.values()]
         if not wins:
             return None
@@ -364,4 +522,5 @@ class WindowAggregator:
 
     @property
     def open_windows(self) -> int:
+        self._apply_pending()
         return len(self._open)

@@ -11,14 +11,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace  # records are msgspec Structs
 from pydantic import ValidationError
 
-from pipeline.core.record import BOUNDARIES, RequestRecord, Source, build_record, ctx_bucket
-from pipeline.core.slo import BlendedCounts, SLOCounts, SLOEvaluator, SLOMatcher, compliance_report
+from pipeline.core.record import BOUNDARIES, RequestRecord, build_record
+from pipeline.core.slo import (
+    BlendedCounts,
+    RecordColumns,
+    SLOCounts,
+    SLOEvaluator,
+    SLOMatcher,
+    compliance_report,
+)
 from pipeline.spec.loader import SpecError
 from pipeline.spec.slo import (
     SLO,
@@ -30,6 +38,7 @@ from pipeline.spec.slo import (
     validate_file,
 )
 from tests.factories import completed, finished, received
+from tests.slo_strategies import JOINED, records, slo_data, specs
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = Path(__file__).parent / "testdata" / "slo"
@@ -155,7 +164,7 @@ def test_direct_construction_runs_the_cross_checks_too() -> None:
     data = {
         "apiVersion": "tailguard/v1",
         "kind": "SLOSpec",
-        "slos": [_slo_data(name="a"), _slo_data(name="a")],
+        "slos": [slo_data(name="a"), slo_data(name="a")],
     }
     with pytest.raises(ValidationError, match=r"slos\[1\]\.name: duplicate SLO name"):
         SLOSpec.model_validate(data)
@@ -220,25 +229,11 @@ def test_window_start(window: Window, now: int, start: int) -> None:
 # --------------------------------------------------------------------------- #
 
 
-def _slo_data(**kw: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": "s",
-        "boundary": "gateway_total_ms",
-        "threshold_ms": 400,
-        "objective": 0.99,
-    }
-    data.update(kw)
-    return data
-
-
 def _slo(**kw: Any) -> SLO:
-    return SLO.model_validate(_slo_data(**kw))
+    return SLO.model_validate(slo_data(**kw))
 
 
-# total 100, ttfb 20; queue 10, prefill 8, decode 70 -> inference 78, e2e 88, ttft 18
-JOINED = build_record(
-    "r", received("r", priority=1, tenant="t1"), completed("r"), finished("r", prompt_tokens=100)
-)
+# JOINED: total 100, ttfb 20; queue 10, prefill 8, decode 70 -> inference 78, e2e 88, ttft 18
 
 
 def _joined(**kw: Any) -> RequestRecord:
@@ -482,106 +477,6 @@ def test_example_spec_over_built_records() -> None:
 # Properties: merging and an independent recount
 # --------------------------------------------------------------------------- #
 
-VALUES = st.none() | st.sampled_from([0.0, 100.0, 250.0, 400.0, 600.0]) | st.floats(0, 2000)
-THRESHOLDS = [100.0, 250.0, 400.0, 600.0]
-PROP_BOUNDARIES = [
-    "gateway_total_ms",
-    "gateway_ttfb_ms",
-    "inference_ms",
-    "queue_ms",
-    "gateway_overhead_ms",
-]
-
-
-@st.composite
-def records(draw: st.DrawFn) -> RequestRecord:
-    sources: list[Source] = ["joined", "gateway_only", "engine_only"]
-    source = draw(st.sampled_from(sources))
-    gateway = source != "engine_only"
-    engine = source != "gateway_only"
-
-    def value(present: bool) -> float | None:
-        return draw(VALUES) if present else None
-
-    prompt = draw(st.none() | st.integers(0, 40_000))
-    return replace(
-        JOINED,
-        source=source,
-        outcome=draw(st.sampled_from(["ok", "ok", "error", "client_abort", "timeout", "rejected"])),
-        model=draw(st.sampled_from(["m", "n"])),
-        priority=draw(st.none() | st.integers(0, 3)),
-        tenant=draw(st.sampled_from([None, "t1", "t2"])),
-        stream=draw(st.sampled_from([None, True, False])),
-        prompt_tokens=prompt,
-        ctx_bucket=ctx_bucket(prompt),
-        gateway_total_ms=value(gateway),
-        gateway_ttfb_ms=value(gateway),
-        inference_ms=value(engine),
-        queue_ms=value(engine),
-        gateway_overhead_ms=value(source == "joined"),
-    )
-
-
-@st.composite
-def slo_dicts(draw: st.DrawFn, name: str) -> dict[str, Any]:
-    filt: dict[str, Any] = {}
-    if draw(st.booleans()):
-        filt["model"] = draw(st.lists(st.sampled_from(["m", "n", "o"]), min_size=1, max_size=2))
-    if draw(st.booleans()):
-        filt["priority"] = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
-    if draw(st.booleans()):
-        filt["tenant"] = draw(st.lists(st.sampled_from(["t1", "t2"]), min_size=1, max_size=2))
-    if draw(st.booleans()):
-        filt["ctx_bucket"] = draw(
-            st.lists(st.sampled_from(["<512", "512-4k", ">16k", "unknown"]), min_size=1)
-        )
-    if draw(st.booleans()):
-        filt["stream"] = draw(st.booleans())
-    data = _slo_data(
-        name=name,
-        boundary=draw(st.sampled_from(PROP_BOUNDARIES)),
-        threshold_ms=draw(st.sampled_from(THRESHOLDS)),
-        errors=draw(st.sampled_from(["bad", "exclude"])),
-        client_abort=draw(st.sampled_from(["measure", "exclude"])),
-    )
-    if filt:
-        data["filter"] = filt
-    if draw(st.booleans()):
-        data["exclude"] = {"prompt_tokens_over": draw(st.sampled_from([512, 16000]))}
-    return data
-
-
-@st.composite
-def specs(draw: st.DrawFn) -> SLOSpec:
-    slos = [draw(slo_dicts(f"s{i}")) for i in range(draw(st.integers(2, 4)))]
-    weight = draw(st.sampled_from([0.0, 0.7, 1.0]))
-    return _spec_from(slos, weight)
-
-
-def _spec_from(slos: list[dict[str, Any]], weight: float) -> SLOSpec:
-    return SLOSpec.model_validate(
-        {
-            "apiVersion": "tailguard/v1",
-            "kind": "SLOSpec",
-            "slos": slos,
-            "tiers": {
-                "blended": {
-                    "primary": "s0",
-                    "secondary": "s1",
-                    "secondary_weight": weight,
-                    "objective": 0.99,
-                },
-                "other": {
-                    "primary": "s1",
-                    "secondary": "s0",
-                    "secondary_weight": weight,
-                    "objective": 0.9,
-                },
-            },
-        }
-    )
-
-
 _GATEWAY_SIDE = {"gateway_total_ms", "gateway_ttfb_ms"}
 
 
@@ -741,3 +636,27 @@ def test_validation_messages_speak_to_operators(change: str, path: str, message:
     assert message in messages[path], messages
     assert "instance of" not in str(exc.value)
     assert "Window" not in str(exc.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(specs(retries=True), st.lists(records(retries=True), max_size=60), st.data())
+def test_vectorised_classification_agrees_with_classify(
+    spec: SLOSpec, recs: list[RequestRecord], data: st.DataObject
+) -> None:
+    """classify_many (numpy masks over a batch's columns) says what classify says, record by
+    record; add_batch counts what add counts, with take-backs (sign -1) among the adds."""
+    cols = RecordColumns(recs)
+    for s in spec.slos:
+        matcher = SLOMatcher(s)
+        counted, good = matcher.classify_many(cols)
+        pairs = zip(counted.tolist(), good.tolist(), strict=True)
+        verdicts = ["good" if g else "bad" if c else "skip" for c, g in pairs]
+        assert verdicts == [matcher.classify(r) for r in recs]
+    signs = data.draw(st.lists(st.sampled_from([1, 1, -1]), min_size=len(recs), max_size=len(recs)))
+    rows = data.draw(st.permutations(range(len(recs))))  # any order: counts are sums
+    one_by_one, batched = SLOEvaluator(spec), SLOEvaluator(spec)
+    for r, sign in zip(recs, signs, strict=True):
+        one_by_one.add(r, sign)
+    batched.add_batch(cols, np.array(rows, dtype=np.int64), np.array(signs, dtype=np.int64)[rows])
+    assert batched.records == one_by_one.records
+    assert batched.delta_counts() == one_by_one.delta_counts()
