@@ -33,8 +33,8 @@ gap; the result depends on the order of events only, never on how they were batc
 from __future__ import annotations
 
 import bisect
-import heapq
 from dataclasses import dataclass, field
+from heapq import heappush, heapreplace
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +111,26 @@ class PartitionClock:
         returns. O(1) unless the watermark moves (then O(hosts log hosts))."""
         self.events += 1
         top = self._tops.get(host)
+        if top is None or len(top) < self.config.quorum:
+            return self._grow(host, top, ts_ms, wall_ms)
+        old = top[0]
+        if ts_ms <= old:
+            return self.watermark_ms  # this host's mark did not move
+        heapreplace(top, ts_ms)
+        wm = self.watermark_ms
+        if self._settled_ms == wm and (
+            old > wm or (top[0] <= wm and old >= wm - self.config.host_idle_ms)
+        ):
+            return wm  # above the watermark, or active at or below it, before and after
+        return self._moved(old, top[0], wall_ms)
+
+    def _grow(self, host: str, top: list[int] | None, ts_ms: int, wall_ms: int) -> int:
+        """One of a host's first ``quorum`` events (its mark is its smallest so far)."""
         if top is None:
             self._tops[host] = [ts_ms]
             return self._moved(None, ts_ms, wall_ms)
         old = top[0]
-        if len(top) < self.config.quorum:
-            heapq.heappush(top, ts_ms)
-        elif ts_ms > old:
-            heapq.heapreplace(top, ts_ms)
-            wm = self.watermark_ms
-            if old > wm and self._settled_ms == wm:
-                return wm  # above the watermark before and after: no count changes
-        else:
-            return self.watermark_ms  # this host's mark did not move
+        heappush(top, ts_ms)
         return self._moved(old, top[0], wall_ms)
 
     def _moved(self, old: int | None, new: int, wall_ms: int) -> int:
@@ -158,7 +165,8 @@ class PartitionClock:
     def _recompute(self, wall_ms: int, force: bool = False) -> None:
         wm = self.watermark_ms
         idle = self.config.host_idle_ms
-        marks = sorted(m for t in self._tops.values() if (m := t[0]) >= wm - idle)
+        marks = sorted([t[0] for t in self._tops.values()])
+        marks = marks[bisect.bisect_left(marks, wm - idle) :]  # the active ones
         if marks:
             median = marks[(len(marks) - 1) // 2]
             if median > wm or (force and wm == 0):

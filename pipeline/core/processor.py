@@ -385,6 +385,7 @@ class StreamProcessor:
         ledger = st.ledger
         wall = wall_ms or 0
         limit = clock.ahead_limit_ms(st.now_ms)
+        advanced = st.advanced_at_ms
         it = iter(evs)
         for ev in it:
             kind = ev.kind
@@ -407,8 +408,8 @@ class StreamProcessor:
             emitted = add(ev, offset, wall_ms, wm)  # type: ignore[arg-type]
             if emitted is not None:
                 self._window(st, emitted, out)
-            if wm != st.advanced_at_ms:
-                st.advanced_at_ms = wm
+            if wm != advanced:
+                st.advanced_at_ms = advanced = wm
                 self._advance_to(st, wm, wall_ms, out)
                 limit = clock.ahead_limit_ms(st.now_ms)
 

@@ -64,6 +64,15 @@ def record_flags(
     queue: float | None,
 ) -> tuple[str, ...]:  # fmt: skip
     """The contradictions (names of :data:`FLAGS`) among one record's durations."""
+    if (total is None or ttfb is None or ttfb <= total + _EPS_MS) and (
+        e2e is None
+        or (
+            (inference is None or e2e + _EPS_MS >= inference)
+            and (queue is None or e2e + _EPS_MS >= queue)
+            and (total is None or total + _EPS_MS >= e2e)
+        )
+    ):
+        return ()  # the common case, without building a list (each check below fails)
     out = []
     if total is not None and ttfb is not None and ttfb > total + _EPS_MS:
         out.append("ttfb_gt_total")

@@ -1,7 +1,8 @@
 """The join's fast paths (``Joiner.add_emitted`` for the common sequence of a request's
 first attempt) against its general path: the same records, counters, offsets and
 deadlines on random event orders with duplicates, conflicts, retries, late partners,
-timeouts and evictions."""
+timeouts and evictions. And ``record_flags``'s early return against the flags'
+definitions."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from pipeline.contract.events import LifecycleEvent
 from pipeline.contract.wire import from_model
 from pipeline.core.join import JoinConfig, Joiner
+from pipeline.core.record import record_flags
 from tests.factories import completed, finished, received
 
 
@@ -95,3 +97,30 @@ def test_the_general_path_differs_where_the_fast_path_is_taken(order: str) -> No
     assert records[-1].record.source == "joined"
     assert _General._fast is False
     assert Joiner._fast is True
+
+
+# Each flag: (name, a, b) for "durations[a] > durations[b] + 1e-6", both known; the
+# durations are (gateway total, gateway ttfb, engine e2e, inference, queue).
+_FLAG_DEFINITIONS = [
+    ("ttfb_gt_total", 1, 0),
+    ("e2e_lt_inference", 3, 2),
+    ("e2e_lt_queue", 4, 2),
+    ("negative_gateway_overhead", 2, 0),
+]
+# near-equal values too (the tolerance's edge)
+_MS = st.one_of(
+    st.none(),
+    st.sampled_from([0.0, 1e-7, 1e-6, 2e-6, 10.0, 10.0 + 1e-6, 10.0 + 2e-6]),
+    st.floats(0, 1e4),
+)
+
+
+@given(st.tuples(_MS, _MS, _MS, _MS, _MS))
+@settings(max_examples=500, deadline=None)
+def test_record_flags_match_their_definitions(durations: tuple[float | None, ...]) -> None:
+    want = tuple(
+        name
+        for name, a, b in _FLAG_DEFINITIONS
+        if (x := durations[a]) is not None and (y := durations[b]) is not None and x > y + 1e-6
+    )
+    assert record_flags(*durations) == want
