@@ -1,1 +1,25 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
 from tests.kafka_fixture import kafka  # noqa: F401  (session fixture: the real local broker)
+
+
+def _long_seconds(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("long")
+    return float(mark.args[0]) if mark is not None else 0.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`./tg test` runs it), the modules marked `long` come first,
+    longest first.
+
+    Workers take whole modules in collection order (``--dist loadfile``), so a module that
+    waits for minutes by design (a 3-minute outage, a trace at 1x) started last would be the
+    suite's tail. Only the order changes, and only under xdist: every test still runs.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    items.sort(key=_long_seconds, reverse=True)  # stable: the others keep their order
