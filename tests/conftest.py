@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,3 +25,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
     items.sort(key=_long_seconds, reverse=True)  # stable: the others keep their order
+
+
+@pytest.fixture(autouse=True)
+def _alone_under_xdist(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked `alone` runs while no other xdist worker runs a test.
+
+    A readers-writer lock over files in the run's temporary directory (shared by its workers
+    only): every test holds ``alone.lock`` shared, an `alone` test exclusively; a waiting
+    `alone` test holds ``alone.turnstile``, which every test passes first, so the others
+    cannot starve it. Blocking ``flock`` calls: the wait is the other tests ending.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    run_dir = tmp_path_factory.getbasetemp().parent  # <basetemp>/popen-gwN -> <basetemp>
+    alone = request.node.get_closest_marker("alone") is not None
+    with (
+        (run_dir / "alone.turnstile").open("a") as turnstile,
+        (run_dir / "alone.lock").open("a") as rw,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(rw, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # the locks go with the files' closing
