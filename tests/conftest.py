@@ -9,22 +9,26 @@ import pytest
 from tests.kafka_fixture import kafka  # noqa: F401  (session fixture: the real local broker)
 
 
-def _long_seconds(item: pytest.Item) -> float:
+def _order(item: pytest.Item) -> tuple[bool, float]:
+    """`alone` tests last, then the `long` ones first, longest first."""
     mark = item.get_closest_marker("long")
-    return float(mark.args[0]) if mark is not None else 0.0
+    return item.get_closest_marker("alone") is not None, -float(mark.args[0]) if mark else 0.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`./tg test` runs it), the modules marked `long` come first,
-    longest first.
+    """Under pytest-xdist (`./tg test` runs it): the modules marked `long` first, longest
+    first; those with tests marked `alone` last.
 
     Workers take whole modules in collection order (``--dist loadfile``), so a module that
     waits for minutes by design (a 3-minute outage, a trace at 1x) started last would be the
-    suite's tail. Only the order changes, and only under xdist: every test still runs.
+    suite's tail. An `alone` test waits for the tests running beside it and holds back the
+    others (``_alone_under_xdist``): started early it would wait for the longest ones with
+    the other workers idle; last it waits only for the final modules. Only the order
+    changes, and only under xdist: every test still runs.
     """
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    items.sort(key=_long_seconds, reverse=True)  # stable: the others keep their order
+    items.sort(key=_order)  # stable: the others keep their order
 
 
 @pytest.fixture(autouse=True)
