@@ -5,13 +5,21 @@ Import it into a conftest (``from tests.kafka_fixture import kafka``). By defaul
 into ``.cache/kafka`` on first use) and stops it when the session ends. With
 ``TAILGUARD_TEST_BOOTSTRAP=host:port`` it uses that cluster instead; tests that need
 ``restart()`` are then skipped.
+
+Under pytest-xdist each worker process has its own session, so its own broker (free ports,
+its own directory under the worker's temporary directory). A watchdog process outlives the
+test process only to SIGKILL the broker when that process ends without stopping it
+(SIGKILL, SIGTERM, a crash): no broker is left behind by an interrupted run.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -20,7 +28,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
-from tools.dev.kafka_local import LocalKafka
+from tools.dev.kafka_local import LocalKafka, repo_root
 
 ENV_EXTERNAL_BOOTSTRAP = "TAILGUARD_TEST_BOOTSTRAP"
 
@@ -65,6 +73,30 @@ class KafkaUnderTest:
         return f"KafkaUnderTest({self.bootstrap_servers!r}, {kind})"
 
 
+# Reads its stdin until EOF, which comes when the test process exits however it ends (the
+# pipe's other end is the test process's alone), then kills the broker recorded in the run
+# dir if it still runs (LocalKafka checks that the PID is a kafka.Kafka on that config).
+_WATCHDOG = """
+import sys
+from tools.dev.kafka_local import LocalKafka
+sys.stdin.buffer.read()
+LocalKafka(sys.argv[1]).kill()
+"""
+
+
+def broker_watchdog(run_dir: Path) -> subprocess.Popen[bytes]:
+    """Start the watchdog for the broker run from ``run_dir`` (see the module docstring).
+
+    Its own session: a Ctrl-C at the terminal reaches the test process, not the watchdog.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(run_dir)],
+        cwd=repo_root(),
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
     """A Kafka cluster for the whole test session (see the module docstring)."""
@@ -73,11 +105,15 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
         yield KafkaUnderTest(external, None)
         return
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    watchdog = broker_watchdog(broker.run_dir)
     try:
         broker.start()
         yield KafkaUnderTest(broker.bootstrap_servers, broker)
     finally:
         broker.stop()
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()  # EOF: the broker is stopped, the watchdog finds none
+        watchdog.wait(timeout=60)
 
 
 def create_topic(

@@ -435,6 +435,7 @@ def test_overload_episode_raises_p99_inside_it(shared_trace: list[TraceRequest])
     assert _pct(during, 0.5) >= 10 * _pct(before, 0.5)
 
 
+@pytest.mark.alone  # a wall-clock bound: not beside other workers under xdist
 def test_full_trace_is_fast_and_moderately_loaded(shared_trace: list[TraceRequest]) -> None:
     config = SimConfig(start_unix_ns=START_NS)
     sim = Simulator(shared_trace, config)
