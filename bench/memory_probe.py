@@ -31,7 +31,6 @@ in less wall time than a live worker does.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import re
@@ -39,7 +38,6 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +46,7 @@ from typing import Any
 from bench.common import PARTITIONS
 from bench.data import DictBatcher, Partitioner, Workload, events
 from bench.memory import theil_sen
+from pipeline.adapters.malloc import malloc_stats, tune_malloc
 from pipeline.adapters.store import (
     Checkpoint,
     ClickHouseStore,
@@ -71,35 +70,6 @@ _JEMALLOC_LINE = re.compile(
     rb"Allocated: (\d+), active: (\d+), metadata: (\d+).*?resident: (\d+), mapped: (\d+), "
     rb"retained: (\d+)"
 )
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
-def _glibc() -> Callable[[], dict[str, float]] | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _Mallinfo2
-
-    def read() -> dict[str, float]:
-        m = fn()
-        return {
-            "glibc_in_use_mib": m.uordblks / MiB,  # allocated from the main + other arenas
-            "glibc_free_mib": m.fordblks / MiB,  # free but held in the arenas
-            "glibc_mmap_mib": m.hblkhd / MiB,  # large blocks, mmapped one by one
-        }
-
-    return read
 
 
 def rss_mib() -> float:
@@ -198,7 +168,6 @@ class Probe:
         if self.store_dir is not None:
             store = open_store(s)
             migrate(store, raw_ttl_days=s.raw_events_ttl_days)
-        glibc = _glibc()
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
         gc.collect()
         gc.freeze()
@@ -270,8 +239,8 @@ class Probe:
                 "rss_mib": rss_mib(),
                 "py_blocks_k": sys.getallocatedblocks() / 1000,
             }
-            if glibc is not None:
-                row |= glibc()
+            if (m := malloc_stats()) is not None:
+                row |= {f"glibc_{k}_mib": v / MiB for k, v in m.items()}
             if tracemalloc.is_tracing():
                 row["traced_mib"] = tracemalloc.get_traced_memory()[0] / MiB
             if store is not None:
@@ -372,9 +341,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace-from", type=float, help="start tracemalloc at this minute")
     ap.add_argument("--out", type=Path, default=Path("bench-memory-probe"))
     ap.add_argument(
+        "--tune-malloc", action="store_true", help="the worker's glibc malloc tuning first"
+    )
+    ap.add_argument(
         "--ttl-s", type=float, help="the join's in-flight and resolved TTL (default: settings)"
     )
     a = ap.parse_args(argv)
+    if a.tune_malloc:
+        tune_malloc()
     with tempfile.TemporaryDirectory(prefix="tailguard-memprobe-") as tmp:
         store_dir = (a.store_dir or Path(tmp) / "store") if a.store else None
         probe = Probe(
