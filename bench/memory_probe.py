@@ -111,7 +111,7 @@ def join_sizes(proc: StreamProcessor) -> dict[str, float]:
     return out
 
 
-def _chdb_metrics(store: ClickHouseStore) -> dict[str, float]:
+def chdb_metrics(store: ClickHouseStore) -> dict[str, float]:
     out: dict[str, float] = {}
     rows = store.query_rows(
         "SELECT metric, value FROM system.metrics WHERE metric IN ('MemoryTracking', "
@@ -241,10 +241,13 @@ class Probe:
             }
             if (m := malloc_stats()) is not None:
                 row |= {f"glibc_{k}_mib": v / MiB for k, v in m.items()}
+            stats = gc.get_stats()
+            row["gc_gen2_collections"] = stats[2]["collections"]
+            row["gc_collected"] = sum(g["collected"] for g in stats)
             if tracemalloc.is_tracing():
                 row["traced_mib"] = tracemalloc.get_traced_memory()[0] / MiB
             if store is not None:
-                row |= _chdb_metrics(store)
+                row |= chdb_metrics(store)
             row |= join_sizes(proc)
             samples.append(row)
             with (self.out_dir / "samples.jsonl").open("a") as fh:
@@ -285,7 +288,15 @@ class Probe:
         if tracemalloc.is_tracing():
             gc.collect()
             snaps["end"] = tracemalloc.take_snapshot()
+        blocks, rss = sys.getallocatedblocks(), rss_mib()
+        found = gc.collect()
         result = self._summary(samples, snaps)
+        result["full_collection_at_end"] = {
+            "unreachable_objects": found,
+            "blocks_freed_k": (blocks - sys.getallocatedblocks()) / 1000,
+            "rss_mib_before": rss,
+            "rss_mib_after": rss_mib(),
+        }
         result["wall_s"] = time.monotonic() - t_wall0
         result["cpu_s"] = time.process_time() - t_cpu0
         result["events"] = n_events
