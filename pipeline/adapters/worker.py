@@ -40,7 +40,6 @@ from faust.types import TP
 from pipeline.adapters.controller import ControllerShell
 from pipeline.adapters.kafka_admin import admin, topic_id, wait_for_broker
 from pipeline.adapters.ledger import LedgerPublisher, read_topic_ledgers
-from pipeline.adapters.malloc import tune_malloc
 from pipeline.adapters.prometheus import MetricsServer, MetricsState
 from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
@@ -863,7 +862,6 @@ def tune_gc() -> None:
 
 def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """Run one worker until SIGTERM/SIGINT (blocking)."""
-    tune_malloc()  # before the worker's heap grows: large blocks go back to the system
     if not _wait_for_broker(settings):
         return
     app, shell = build_app(settings)
