@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
+from msgspec import Raw
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.contract.wire import AnyEvent, EventBytes
@@ -97,6 +98,8 @@ class ClickHouseStore:
         types: Sequence[str],
         settings: dict[str, Any] | None = None,
     ) -> None:
+        if self.embedded:  # the engine builds the dictionaries (C++, off the GIL)
+            types = [_PLAIN_TYPES.get(t) or _plain_type(t) for t in types]
         with self._lock:
             self._before_insert(table)
             self._client.insert(
@@ -121,10 +124,12 @@ class ClickHouseStore:
         *,
         fmt: str,
         structure: str,
+        settings: dict[str, int] | None = None,
     ) -> None:
         """``INSERT INTO table (names) SELECT select FROM file(<data>, fmt, structure)``:
         the engine parses and converts ``data`` on its own threads, without the GIL (the
-        embedded engine only: the file is written on this host)."""
+        embedded engine only: the file is written on this host). ``settings``: more
+        input-format settings of this insert."""
         if not self.embedded:
             raise StoreError("insert_from_file needs the embedded engine")
         fd, path = tempfile.mkstemp(prefix="tailguard-insert-", suffix=f".{fmt.lower()}")
@@ -136,6 +141,7 @@ class ClickHouseStore:
                 f"FROM file({_quote(path)}, {fmt}, {_quote(structure)}) "
                 # floats as msgspec wrote them (shortest round-trip), read back exactly
                 "SETTINGS precise_float_parsing = 1"
+                + "".join(f", {k} = {int(v)}" for k, v in (settings or {}).items())
             )
             with self._lock:
                 self._before_insert(table)
@@ -151,6 +157,18 @@ class ClickHouseStore:
     def close(self) -> None:
         with self._lock:
             self._client.close()
+
+
+_LOW_CARDINALITY = re.compile(r"LowCardinality\(((?:[^()]|\([^()]*\))*)\)")
+_PLAIN_TYPES: dict[str, str] = {}
+
+
+def _plain_type(ch_type: str) -> str:
+    """``ch_type`` without its ``LowCardinality`` wrappers: what the embedded engine is
+    sent (it converts the column into the table's type itself), so that clickhouse-connect
+    builds no dictionary in Python, the writer's costliest step for such columns."""
+    plain = _PLAIN_TYPES[ch_type] = _LOW_CARDINALITY.sub(r"\1", ch_type)
+    return plain
 
 
 def _quote(text: str) -> str:
@@ -823,9 +841,56 @@ def raw_event_columns(topic: str, kept: Sequence[KeptEvent]) -> list[list[Any]]:
     return [by_name[n] for n, _ in EVENT_COLUMNS]
 
 
+# Into the embedded engine, kept events go as JSON lines too (JSONCompactEachRow, one
+# array per event, msgspec's C encoder): the event's own fields as decoded (not parsed
+# again by the engine, whose JSON functions read the first of two equal keys where the
+# decoder keeps the last), its partition and offset, and its bytes as received, written
+# verbatim as a JSON object and read back as their own text
+# (input_format_json_read_objects_as_strings). No column is built in Python and no
+# LowCardinality dictionary by clickhouse-connect (most of the old path's GIL time).
+# The source topic is one literal of the SELECT.
+_EVENT_IN_FILE = tuple((n, t) for n, t in EVENT_COLUMNS if n != "source_topic")
+_EVENT_STRUCTURE = ", ".join(
+    f"{n} {t.removeprefix('LowCardinality(').removesuffix(')') if t.startswith('Low') else t}"
+    for n, t in _EVENT_IN_FILE
+)
+_EVENT_NAMES = tuple(n for n, _ in EVENT_COLUMNS)
+_OBJECTS_AS_TEXT = {"input_format_json_read_objects_as_strings": 1}
+
+
+def _json_payload(raw: EventBytes) -> Raw | str:
+    """An event's bytes as a JSON value the engine reads back byte for byte: a JSON object
+    as itself (a slice of its message is one), anything else (a whole message with
+    whitespace around its object) as a JSON string of its text (valid UTF-8: the decoder
+    checked it)."""
+    if type(raw) is Raw:
+        return raw
+    data = bytes(raw)
+    return Raw(data) if data[:1] == b"{" and data[-1:] == b"}" else data.decode()
+
+
+def raw_event_lines(kept: Sequence[KeptEvent]) -> bytes:
+    """The kept events as JSONCompactEachRow lines of :data:`_EVENT_STRUCTURE`."""
+    return _JSON.encode_lines(
+        [
+            (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model, p, off,
+             raw if type(raw) is Raw else _json_payload(raw))
+            for p, off, ev, raw in kept
+        ]
+    )  # fmt: skip
+
+
 def write_raw_events(store: Store, topic: str, kept: Sequence[KeptEvent]) -> None:
     """The processor's kept events of ``topic`` into ``lifecycle_events``."""
-    if kept:
+    if not kept:
+        return
+    if isinstance(store, ClickHouseStore) and store.embedded:
+        select = ", ".join(_quote(topic) if n == "source_topic" else n for n in _EVENT_NAMES)
+        store.insert_from_file(
+            "lifecycle_events", _EVENT_NAMES, select, raw_event_lines(kept),
+            fmt="JSONCompactEachRow", structure=_EVENT_STRUCTURE, settings=_OBJECTS_AS_TEXT,
+        )  # fmt: skip
+    else:
         _insert_columns(store, "lifecycle_events", EVENT_COLUMNS, raw_event_columns(topic, kept))
 
 

@@ -1,0 +1,85 @@
+"""The embedded store takes the kept raw events as JSON lines the engine converts (off the
+GIL): every stored value equals what the column-wise insert (the path a ClickHouse server
+over HTTP takes) stores for the same events, and each payload is the event's bytes as the
+producer sent them, byte for byte, on the real engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.adapters import store as st
+from pipeline.contract.codec import SourceRef
+from pipeline.contract.wire import decode_fast
+from pipeline.settings import Settings
+from tests.factories import T0_NS, completed, finished, received
+
+pytestmark = pytest.mark.integration
+
+_ALL = "SELECT {} FROM tailguard.lifecycle_events ORDER BY source_offset, event_id".format(
+    ", ".join(n for n, _ in st.EVENT_COLUMNS)
+)
+
+
+def _json(ev: object) -> bytes:
+    return orjson.dumps(ev.model_dump(mode="json", exclude_none=True))  # type: ignore[attr-defined]
+
+
+_STATS = (
+    b'{"v":1,"kind":"engine.stats","event_id":"s:1","ts_unix_ns":%d,"host":"e-0",'
+    b'"model":"m","num_running":3,"num_waiting":0,"kv_cache_usage":0.5}' % (T0_NS + 7)
+)
+_PRETTY = orjson.dumps(orjson.loads(_json(received("c"))), option=orjson.OPT_INDENT_2)
+# an escaped \u00e9 in one place, raw UTF-8 in others
+_ESCAPED = _json(received('d "q" \\ \u00e9\u4e2d', model="m\u00e9"))
+_ESCAPED = _ESCAPED.replace(b"\xc3\xa9", b"\\u00e9", 1)
+# (what the message is, its bytes): every shape of event bytes the decoder hands on
+MESSAGES: list[tuple[str, bytes]] = [
+    ("array of events", b"[" + b",".join(_json(e) for e in (received("a"), completed("a"))) + b"]"),
+    ("array with spaces", b' [ %s ,\n %s ] ' % (_json(finished("a")), _json(received("b")))),
+    ("one event", _json(completed("b"))),
+    ("one event, whitespace around it", b"  " + _json(finished("b")) + b"\r\n"),
+    ("one event, pretty-printed", _PRETTY),
+    ("escapes and UTF-8", _ESCAPED),
+    ("a string with braces", _json(received('e}{"', model="{m}"))),
+    ("stats (no request id)", _STATS),
+    ("a repeated key (the decoder keeps the last)", _json(received("f"))[:-1] + b',"host":"gw-9"}'),
+]  # fmt: skip
+
+
+def _kept() -> list[st.KeptEvent]:
+    kept: list[st.KeptEvent] = []
+    for off, (what, raw) in enumerate(MESSAGES):
+        d = decode_fast(raw, SourceRef("lc", 3, off))
+        assert not d.dead, (what, d.dead)
+        assert d.events, what
+        kept.extend((3, off, ev, r) for ev, r in zip(d.events, d.raws, strict=True))
+    return kept
+
+
+def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path) -> None:
+    store = st.open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        # the factories' events are from 2023 (and a TTL past 2106 overflows DateTime)
+        st.migrate(store, raw_ttl_days=3650)
+        assert store.embedded
+        kept = _kept()
+        st.write_raw_events(store, "lc", kept)  # the embedded path: JSON into the engine
+        by_json = store.query_rows(_ALL)
+        store.command("TRUNCATE TABLE tailguard.lifecycle_events")
+        columns = st.raw_event_columns("lc", kept)
+        st._insert_columns(store, "lifecycle_events", st.EVENT_COLUMNS, columns)
+        by_columns = store.query_rows(_ALL)
+        assert len(by_json) == len(kept)
+        assert by_json == by_columns
+        payload = [n for n, _ in st.EVENT_COLUMNS].index("payload")
+        stored = {(r[0], r[8]): r[payload] for r in by_json}  # (event_id, offset)
+        for _, off, ev, raw in kept:
+            assert stored[ev.event_id, off].encode() == bytes(raw), ev.event_id
+        assert ("a:r", 0) in stored
+        assert len({r[2] for r in by_json}) == 7  # request ids
+        assert next(r for r in by_json if r[0] == "f:r")[4] == "gw-9"  # the decoded host
+    finally:
+        store.close()
