@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -53,11 +53,13 @@ class KafkaUnderTest:
             pytest.skip(f"broker restart is unsupported with {ENV_EXTERNAL_BOOTSTRAP} set")
         return self.local
 
-    def restart(self, *, hard: bool = False) -> float:
+    def restart(self, *, hard: bool = False, while_down: Callable[[], None] | None = None) -> float:
         """Stop (SIGTERM; SIGKILL when ``hard``) and start again on the same port and data.
 
-        Returns the seconds from the start of the restart until the broker serves requests.
-        Skips the calling test when the cluster is external.
+        ``while_down`` runs once the broker has stopped, before it starts again (a test
+        makes its clients act during the outage there). Returns the seconds from the start
+        of the restart until the broker serves requests. Skips the calling test when the
+        cluster is external.
         """
         local = self._require_local()
         t0 = time.monotonic()
@@ -65,6 +67,8 @@ class KafkaUnderTest:
             local.kill()
         else:
             local.stop()
+        if while_down is not None:
+            while_down()
         local.start()
         return time.monotonic() - t0
 
