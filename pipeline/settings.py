@@ -74,8 +74,10 @@ class Settings(EmitterSettings):
     """TAILGUARD_FLUSH_INTERVAL_MS: write + commit period."""
     flush_max_rows: Annotated[int, Field(ge=1)] = 20_000
     """TAILGUARD_FLUSH_MAX_ROWS: flush early at this many rows."""
-    take_max_messages: Annotated[int, Field(ge=1)] = 1000
-    """TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch."""
+    take_max_messages: Annotated[int, Field(ge=1)] = 100
+    """TAILGUARD_TAKE_MAX_MESSAGES: messages per processing batch. Batched producers put up to
+    200 events in a message: 100 messages are ~0.4 s of processing at most, so the flush,
+    commit and controller timers run between batches (1000 held the loop for ~6 s)."""
     max_pending: Annotated[int, Field(ge=1)] = 1_000_000
     """TAILGUARD_MAX_PENDING: pending joins per worker (all its partitions); beyond it the oldest
     are resolved early and counted as evicted."""

@@ -125,6 +125,8 @@ class WorkerShell:
         self._writing: list[ClosedWindow] = []
         self._events: list[KeptEvent] = []  # lifecycle_events rows, as columns at write time
         self._flush_lock = asyncio.Lock()
+        # The flush a full buffer started (on_batch goes on meanwhile; see _flush_behind).
+        self._behind: asyncio.Future[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
         self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
@@ -267,6 +269,7 @@ class WorkerShell:
             self.telemetry.dead_letters.add(len(out.dead))
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
+        self._raise_failed_flush()
         await self._store_up.wait()  # back pressure: hold this batch while the store is down
         new: dict[int, int] = {}
         for p, off, _ in messages:
@@ -289,7 +292,38 @@ class WorkerShell:
         self.telemetry.events.add(self.processor.counters.events - before)
         self._collect(out)
         if len(self._records) >= self.settings.flush_max_rows:
-            await self.flush_and_commit()
+            await self._flush_behind()
+
+    async def _flush_behind(self) -> None:
+        """A full buffer: start its flush and return, so that the next batches are
+        processed while the writer thread writes this one (the flush snapshots its rows
+        and offsets before its first wait, so what it commits is what it writes, as with
+        the timer's flush). One at a time: a buffer full again while a flush runs waits
+        for it (memory stays bounded), and that flush's failure is raised here."""
+        running = self._behind
+        if running is not None:
+            self._behind = None
+            await running
+            if len(self._records) < self.settings.flush_max_rows:
+                return
+        self._behind = task = asyncio.ensure_future(self.flush_and_commit())
+        task.add_done_callback(_note_abandoned)
+
+    def _raise_failed_flush(self) -> None:
+        """A flush started by a full buffer that failed fails the next batch or flush
+        (before anything else is committed), as when on_batch awaited it."""
+        done = self._behind
+        if done is not None and done.done():
+            self._behind = None
+            if not done.cancelled():
+                done.result()
+
+    def abandon_flush(self) -> None:
+        """The lifecycle agent stops: a flush it started stops with it (as the timer's
+        does when Faust stops the timer); what it had not committed is replayed."""
+        if self._behind is not None:
+            self._behind.cancel()
+            self._behind = None
 
     def _write(
         self,
@@ -378,6 +412,7 @@ class WorkerShell:
 
     async def flush_and_commit(self) -> None:
         async with self._flush_lock:
+            self._raise_failed_flush()
             lagging = self._lagging(self.processor.next_offsets())
             self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
@@ -665,6 +700,7 @@ class WorkerShell:
         published. No commit and no windows: the consumer is gone by now; the next
         owner replays from the committed offset."""
         self.stopping.set()
+        self.abandon_flush()
         try:
             self._final_writes()
         finally:
@@ -731,6 +767,14 @@ class WorkerShell:
         threading.Thread(target=watch, name="tailguard-stop-watchdog", daemon=True).start()
 
 
+def _note_abandoned(task: asyncio.Future[None]) -> None:
+    """A flush started by a full buffer gave up at a stop signal (nothing committed): log
+    it like the timer's; any failure is raised by the next batch or flush
+    (``WorkerShell._raise_failed_flush``)."""
+    if not task.cancelled() and isinstance(task.exception(), ShuttingDownError):
+        log.info("flush abandoned, nothing committed: %s", task.exception())
+
+
 def _record_dead_letter(rec: RequestRecord, topic: str) -> DeadLetter:
     """A record the store refused, as a dead letter (the record as JSON; its events are
     spread over several offsets, so the source names the topic only)."""
@@ -788,10 +832,13 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     @app.agent(topic, name="tailguard-lifecycle")
     async def lifecycle(stream: faust.StreamT[bytes]) -> None:
         take = stream.take_events  # type: ignore[attr-defined]  # faust-streaming API, not in StreamT
-        async for events in take(settings.take_max_messages, within=0.1):
-            await shell.on_batch(
-                [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
-            )
+        try:
+            async for events in take(settings.take_max_messages, within=0.1):
+                await shell.on_batch(
+                    [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
+                )
+        finally:
+            shell.abandon_flush()
 
     stats_topic = app.topic(settings.engine_stats_topic, value_type=bytes, value_serializer="raw")
 

@@ -24,7 +24,12 @@ REQUESTS = 100_000  # 300,000 lifecycle events
 KILL_AFTER_EVENTS = 200_000
 
 
-def test_sigkill_after_200k_events_then_restart_is_exactly_once(kafka, tmp_path: Path) -> None:
+# The default buffer flushes on the timer; a small one is flushed by the batch that fills
+# it, while the next batches are processed (WorkerShell._flush_behind).
+@pytest.mark.parametrize("flush_max_rows", [20_000, 1_000], ids=["timer", "full-buffer"])
+def test_sigkill_after_200k_events_then_restart_is_exactly_once(
+    kafka, tmp_path: Path, flush_max_rows: int
+) -> None:
     # Small processing batches (50 messages = 10,000 events), so that commits advance in
     # small steps and the kill lands mid-stream, with >= 200,000 events behind it.
     s = make_settings(
@@ -33,6 +38,7 @@ def test_sigkill_after_200k_events_then_restart_is_exactly_once(kafka, tmp_path:
         window_grace_ms=2000,
         flush_interval_ms=100,
         take_max_messages=50,
+        flush_max_rows=flush_max_rows,
     )
     t0 = time.monotonic()
     events = lifecycle_events(REQUESTS, seed=11)
