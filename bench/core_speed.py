@@ -221,10 +221,16 @@ def main() -> None:
     )
     args = ap.parse_args()
     msgs, _n = load(args.instances)
-    # The worker's garbage-collector settings (pipeline/adapters/worker.py run_worker).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    # The worker's garbage-collector settings, as the measured commit has them
+    # (pipeline/adapters/worker.py tune_gc).
+    try:
+        from pipeline.adapters.worker import tune_gc
+    except ImportError:  # pragma: no cover - a commit without it
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
+    else:
+        tune_gc()
     results = []
     for i in range(args.repeat):
         if args.profile and i == args.repeat - 1:

@@ -170,9 +170,9 @@ class Probe:
             store = open_store(s)
             migrate(store, raw_ttl_days=s.raw_events_ttl_days)
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 100)  # the worker's (pipeline.adapters.worker.tune_gc)
+        from pipeline.adapters.worker import tune_gc
+
+        tune_gc()  # the worker's garbage-collector settings
 
         records: list[Any] = []
         windows: list[Any] = []
