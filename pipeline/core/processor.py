@@ -425,9 +425,17 @@ class StreamProcessor:
             excess -= n
 
     def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
-        for emitted in st.joiner.advance_emitted(now, wall_ms):
+        joiner = st.joiner
+        for emitted in joiner.advance_emitted(now, wall_ms):
             self._window(st, emitted, out)
-        out.windows.extend(st.windows.close(now, st.joiner.oldest_terminal_ms()))
+        windows = st.windows
+        cfg = windows.config
+        horizon = now - cfg.grace_ms
+        if horizon > windows.horizon_ms:
+            # A terminal event at or after horizon + size_ms holds no window the horizon
+            # reaches (see WindowAggregator.close): only older ones are looked up.
+            hold = joiner.oldest_terminal_before(horizon + cfg.size_ms)
+            out.windows.extend(windows.close(now, hold))
 
     def _advance(
         self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output,
