@@ -452,6 +452,15 @@ _REQUEST_SELECT = ", ".join(
     for n in _REQUEST_NAMES
 )
 _JSON = msgspec.json.Encoder()
+# The engine's in-block replacing merge at insert (optimize_on_insert, on by default)
+# collapses the rows of one sorting key within an insert (a row-by-row copy of the whole
+# block). A batch with no two rows of one key has nothing to collapse, and without that
+# merge the same part is written: the file inserts below skip it then, and only then (a
+# batch with a repeated key is merged as before). Measured on the bench/core_speed
+# workload (one insert, one parsing thread, 11 interleaved runs): lifecycle_events 3.06
+# -> 2.04 µs of engine CPU per event, requests 2.40 -> 1.90.
+_NO_INSERT_MERGE = {"optimize_on_insert": 0}
+_REQUEST_ID = operator.attrgetter("request_id")
 
 
 def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
@@ -464,9 +473,12 @@ def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
         and store.embedded
         and all(type(r) is RequestRecord for r in records)
     ):
+        # one record per request id: none repeats the key (request_id, attempt)
+        unique = len(set(map(_REQUEST_ID, records))) == len(records)
         store.insert_from_file(
             "requests", _REQUEST_NAMES, _REQUEST_SELECT, _JSON.encode(records),
             fmt="JSONEachRow", structure=_REQUEST_STRUCTURE,
+            settings=_NO_INSERT_MERGE if unique else None,
         )  # fmt: skip
     else:
         _insert_columns(store, "requests", REQUEST_COLUMNS, request_columns(records))
@@ -921,15 +933,21 @@ def _json_payload(raw: EventBytes) -> Raw | str:
     return Raw(data) if data[:1] == b"{" and data[-1:] == b"}" else data.decode()
 
 
+def _raw_event_rows(kept: Sequence[KeptEvent]) -> list[tuple[Any, ...]]:
+    """The kept events as rows of :data:`_EVENT_STRUCTURE` (the event id first)."""
+    return [
+        (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model, p, off,
+         raw if type(raw) is Raw else _json_payload(raw))
+        for p, off, ev, raw in kept
+    ]  # fmt: skip
+
+
 def raw_event_lines(kept: Sequence[KeptEvent]) -> bytes:
     """The kept events as JSONCompactEachRow lines of :data:`_EVENT_STRUCTURE`."""
-    return _JSON.encode_lines(
-        [
-            (ev.event_id, ev.kind, ev.request_id, ev.ts_unix_ns, ev.host, ev.model, p, off,
-             raw if type(raw) is Raw else _json_payload(raw))
-            for p, off, ev, raw in kept
-        ]
-    )  # fmt: skip
+    return _JSON.encode_lines(_raw_event_rows(kept))
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def write_raw_events(store: Store, topic: str, kept: Sequence[KeptEvent]) -> None:
@@ -938,9 +956,13 @@ def write_raw_events(store: Store, topic: str, kept: Sequence[KeptEvent]) -> Non
         return
     if isinstance(store, ClickHouseStore) and store.embedded:
         select = ", ".join(_quote(topic) if n == "source_topic" else n for n in _EVENT_NAMES)
+        rows = _raw_event_rows(kept)
+        # no event id twice (a message delivered twice in one batch): no key repeats
+        unique = len(set(map(_FIRST, rows))) == len(rows)
         store.insert_from_file(
-            "lifecycle_events", _EVENT_NAMES, select, raw_event_lines(kept),
-            fmt="JSONCompactEachRow", structure=_EVENT_STRUCTURE, settings=_OBJECTS_AS_TEXT,
+            "lifecycle_events", _EVENT_NAMES, select, _JSON.encode_lines(rows),
+            fmt="JSONCompactEachRow", structure=_EVENT_STRUCTURE,
+            settings=_OBJECTS_AS_TEXT | _NO_INSERT_MERGE if unique else _OBJECTS_AS_TEXT,
         )  # fmt: skip
     else:
         _insert_columns(store, "lifecycle_events", EVENT_COLUMNS, raw_event_columns(topic, kept))
