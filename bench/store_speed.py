@@ -20,6 +20,7 @@ quiet machine for figures to quote.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import shutil
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -89,7 +91,7 @@ def flush(mod: ModuleType, store: Any, data: tuple[list[Any], list[Any], list[An
           topic: str) -> list[tuple[float, float]]:  # fmt: skip
     """(process CPU, thread CPU) seconds of each step of one flush."""
     records, kept, windows = data
-    steps = (
+    steps: tuple[Callable[[], None], ...] = (
         lambda: mod.write_requests(store, records),
         lambda: mod.write_raw_events(store, topic, kept),
         lambda: mod.write_windows(store, windows, "t", 0.01, token, through_offsets={}),
@@ -102,6 +104,18 @@ def flush(mod: ModuleType, store: Any, data: tuple[list[Any], list[Any], list[An
     return out
 
 
+def _worker_gc() -> None:
+    """The worker's garbage-collector settings where this tree has them (``tune_gc``,
+    issue 14), else the workload frozen out of the collector's way."""
+    try:
+        from pipeline.adapters.worker import tune_gc
+    except ImportError:
+        gc.collect()
+        gc.freeze()
+    else:
+        tune_gc()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="main", help="git ref to compare with (default: main)")
@@ -109,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=9)
     args = ap.parse_args(argv)
     records, kept, windows, n = workload(args.instances)
+    _worker_gc()
     s = Settings()
     tmp = Path(tempfile.mkdtemp(prefix="tailguard-store-speed-"))
     try:
