@@ -74,6 +74,35 @@ def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path) -> Non
         store.close()
 
 
+@pytest.mark.parametrize("twice", [False, True], ids=["each request once", "a request twice"])
+def test_a_batch_stores_one_row_per_request_as_the_column_insert_does(
+    tmp_path: Path, twice: bool
+) -> None:
+    """The JSON insert skips the engine's in-block merge only for a batch without a repeated
+    request: a partial record and its joined upgrade in one batch still leave one row, the
+    upgrade, in the part written (no FINAL, no background merge), as the column-wise
+    insert does."""
+    store = st.open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        st.migrate(store)
+        recs = _records()
+        if twice:  # request "b" again, joined now (same attempt, a higher revision)
+            upgrade = build_record("b", received("b", tenant=None), completed("b"), finished("b"))
+            recs.append(upgrade)
+        st.write_requests(store, recs)
+        by_json = store.query_rows(_ALL)
+        store.command("TRUNCATE TABLE tailguard.requests")
+        st._insert_columns(store, "requests", st.REQUEST_COLUMNS, st.request_columns(recs))
+        assert by_json == store.query_rows(_ALL)
+        assert len(by_json) == len(_records())
+        rows = {r.request_id: r for r in map(st.record_from_row, by_json)}
+        assert rows["b"] == recs[-1 if twice else 1]
+        parts = "SELECT count() FROM system.parts WHERE active AND table = 'requests'"
+        assert store.query_rows(parts) == [(1,)]  # one part: nothing merged in the background
+    finally:
+        store.close()
+
+
 def test_version_sql_is_store_version(tmp_path: Path) -> None:
     store = st.open_store(Settings(store_dir=tmp_path / "store"))
     try:

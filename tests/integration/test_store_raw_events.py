@@ -83,3 +83,30 @@ def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path) -> Non
         assert next(r for r in by_json if r[0] == "f:r")[4] == "gw-9"  # the decoded host
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["each event once", "a message twice"])
+def test_a_batch_stores_one_row_per_event_as_the_column_insert_does(
+    tmp_path: Path, twice: bool
+) -> None:
+    """The JSON insert skips the engine's in-block merge only for a batch without a repeated
+    event: a message delivered twice in one batch still leaves one row per event in the
+    part written (no FINAL, no background merge), as the column-wise insert does."""
+    store = st.open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        st.migrate(store, raw_ttl_days=3650)
+        kept = _kept()
+        if twice:  # the first message again, at the next offset (a redelivery)
+            again = len(MESSAGES)
+            kept += [(p, again, ev, raw) for p, off, ev, raw in kept if off == 0]
+        st.write_raw_events(store, "lc", kept)
+        by_json = store.query_rows(_ALL)
+        store.command("TRUNCATE TABLE tailguard.lifecycle_events")
+        columns = st.raw_event_columns("lc", kept)
+        st._insert_columns(store, "lifecycle_events", st.EVENT_COLUMNS, columns)
+        assert by_json == store.query_rows(_ALL)
+        assert len(by_json) == len({ev.event_id for _, _, ev, _ in kept}) == len(_kept())
+        parts = "SELECT count() FROM system.parts WHERE active AND table = 'lifecycle_events'"
+        assert store.query_rows(parts) == [(1,)]  # one part: nothing merged in the background
+    finally:
+        store.close()

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.adapters.store import (
@@ -26,7 +28,9 @@ from pipeline.adapters.store import (
     EventRow,
     WindowRow,
     raw_event_columns,
+    window_columns,
     window_rows,
+    windows_columns,
     write_audit,
     write_checkpoints,
     write_raw_events,
@@ -210,6 +214,62 @@ def test_window_rows_by_name(correction: bool) -> None:
     assert cols["pos_counts"] == [[5], [4], []]
     assert cols["ledger_ids"] == [[], [], ["a", "b"]]
     assert cols["through_offset"] == [0, 0, 99]
+
+
+class _Rows:
+    def __init__(self, rows: list[SLOWindowRow]) -> None:
+        self._rows = rows
+
+    def rows(self) -> list[SLOWindowRow]:
+        return self._rows
+
+
+_KEYS = st.tuples(st.sampled_from(["m", "n", "*"]), st.sampled_from(["0", "1", "*"]),
+                  st.sampled_from(["small", "*"]))  # fmt: skip
+_BINS = st.lists(st.integers(-3, 3), max_size=3)
+_SKETCHES = st.builds(
+    SketchColumns, st.integers(-2, 5), st.floats(-10, 10), st.floats(-10, 10),
+    st.floats(-10, 10), st.integers(-1, 2), _BINS, _BINS, _BINS, _BINS,
+)  # fmt: skip
+# (a count of 0 and no bins: a cell that cancelled out, which gets no row)
+_SLO_ROWS = st.lists(
+    st.builds(SLOWindowRow, st.sampled_from(["ttft", "tier"]), st.sampled_from(["slo", "blended"]),
+              st.just("ttft_engine_ms"), st.floats(0, 500), st.floats(0, 1), st.integers(0, 9),
+              st.integers(0, 9), st.integers(0, 9), st.floats(0, 1)),
+    max_size=2,
+)  # fmt: skip
+_WINDOWS = st.builds(
+    ClosedWindow,
+    partition=st.integers(0, 3),
+    start_ms=st.integers(1_700_000_000_000, 1_800_000_000_000),
+    size_ms=st.sampled_from([10_000, 60_000]),
+    records=st.dictionaries(_KEYS, st.integers(-3, 9), max_size=4),
+    sketches=st.dictionaries(
+        st.tuples(_KEYS, st.sampled_from(["queue_ms", "tpot_ms"])), _SKETCHES, max_size=6
+    ),
+    slos=st.none() | _SLO_ROWS.map(_Rows),
+    correction=st.booleans(),
+    ledger=st.dictionaries(st.text("abc", min_size=1, max_size=3), st.integers(0, 7), max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    windows=st.lists(_WINDOWS, max_size=4),
+    through=st.dictionaries(st.integers(0, 3), st.integers(0, 10**9)),
+)
+def test_windows_columns_equal_the_columns_of_the_named_rows(
+    windows: list[ClosedWindow], through: dict[int, int]
+) -> None:
+    """The writer's column-wise build (no row object per row) is the reference: the
+    columns of the named rows (:func:`window_rows`, :func:`window_columns`)."""
+    rows = [r for w in windows for r in window_rows(w, "lc", 0.01, through.get(w.partition, 0))]
+    assert windows_columns(windows, "lc", 0.01, through) == window_columns(rows)
+    store = RecordingStore()
+    write_windows(store, windows, "lc", 0.01, "tok", through_offsets=through)
+    assert [cols for _, cols, _, _ in store.inserts] == (
+        [dict(zip(_names(WINDOW_COLUMNS), window_columns(rows), strict=True))] if rows else []
+    )
 
 
 def test_checkpoints_and_audit_columns_by_name() -> None:
