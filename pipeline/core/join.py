@@ -58,6 +58,7 @@ from pipeline.core.record import (
     RequestRecord,
     attempt_key,
     build_record,
+    record_of,
 )
 
 _NS_PER_MS: Final = 1_000_000
@@ -444,7 +445,11 @@ class Joiner:
         if key <= self._frontier:
             self._push_deadline(deadline_ms, rid)
             return
-        _bucket_put(self._buckets, self._bucket_keys, key, rid)
+        bucket = self._buckets.get(key)  # (_bucket_put inlined: once per request)
+        if bucket is None:
+            _bucket_put(self._buckets, self._bucket_keys, key, rid)
+        else:
+            bucket.append(rid)
         self._bucket_items += 1
         if self._bucket_items > 2 * len(self._pending) + _COMPACT_SLACK:
             self._compact_buckets()
@@ -643,12 +648,11 @@ class Joiner:
         """Both terminal events are in: the request's record (revision 2 or 3)."""
         del self._pending[key]
         self.counters.joined += 1
-        received = entry.received
-        parts = (received, entry.completed, entry.finished)
+        received, completed, finished = entry.received, entry.completed, entry.finished
         attempt = entry.attempt
-        rec = build_record(
-            key if attempt == 1 else _rid_of(key, attempt), *parts, attempt=attempt,
-            retried=entry.retried,
+        rec = record_of(
+            key if attempt == 1 else _rid_of(key, attempt), received, completed, finished,
+            attempt, entry.retried,
         )  # fmt: skip
         if rec.superseded:
             self.counters.superseded += 1
@@ -658,16 +662,18 @@ class Joiner:
             # attempt: so that a retry can supersede it.
             self._remember(key, ts_ms, entry, partial=False)
         else:
-            # A fully joined request is remembered by its expiry and received hash alone.
+            # A fully joined request is remembered by its expiry and received hash alone
+            # (one dict operation: a new key is what makes the dict grow).
             resolved = self._resolved
-            if key not in resolved:
-                self._resolved_order.append(key)
+            n = len(resolved)
             resolved[key] = (ts_ms + self.config.resolved_ttl_ms) | (
                 ((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT
             )
+            if len(resolved) != n:
+                self._resolved_order.append(key)
             if len(resolved) > self.config.max_resolved:
                 del resolved[self._resolved_order.popleft()]
-        return Emitted(rec, entry.first_offset, False, None, parts)
+        return Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
 
     def _state(self, key: str) -> _Pending | _Resolved | int | None:
         """What the join holds of one attempt: pending (an int: in flight, received

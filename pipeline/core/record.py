@@ -187,8 +187,21 @@ def build_record(
 ) -> RequestRecord:
     """Combine the events of one request (one attempt of it) into its record (pure).
     ``retried``: a later attempt of the request exists (a failed attempt is then
-    superseded). Built positionally (field order of :class:`RequestRecord`): keyword
-    calls cost ~2 µs a record more."""
+    superseded)."""
+    return record_of(request_id, received, completed, finished, attempt, retried)
+
+
+def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per record)
+    request_id: str,
+    received: ReceivedFields | None,
+    completed: AnyCompleted | None,
+    finished: AnyFinished | None,
+    attempt: int,
+    retried: bool,
+) -> RequestRecord:
+    """:func:`build_record`, every argument positional (the join's call: keyword
+    arguments cost a Python call ~0.1 µs more). Built positionally (field order of
+    :class:`RequestRecord`): keyword calls cost ~2 µs a record more."""
     if completed is None and finished is None:
         raise ValueError("a record needs gateway.completed or engine.finished")
     source: Source
