@@ -40,8 +40,8 @@ class LedgerEntry:
 def encode_ledger(entry: LedgerEntry) -> Iterator[bytes]:
     """The entry as one or more messages (at most ``MAX_IDS_PER_MESSAGE`` ids each)."""
     ids = list(entry.versions)
+    versions = list(entry.versions.values())  # (in the ids' order: one C call, no lookups)
     for i in range(0, max(len(ids), 1), MAX_IDS_PER_MESSAGE):
-        chunk = ids[i : i + MAX_IDS_PER_MESSAGE]
         yield orjson.dumps(
             {
                 "v": LEDGER_VERSION,
@@ -49,8 +49,8 @@ def encode_ledger(entry: LedgerEntry) -> Iterator[bytes]:
                 "partition": entry.partition,
                 "through": entry.through,
                 "end_ms": entry.end_ms,
-                "ids": chunk,
-                "versions": [entry.versions[k] for k in chunk],
+                "ids": ids[i : i + MAX_IDS_PER_MESSAGE],
+                "versions": versions[i : i + MAX_IDS_PER_MESSAGE],
             }
         )
 
@@ -95,6 +95,9 @@ def code_order(code: int) -> int:
 
 def merge_versions(into: dict[str, int], more: Mapping[str, int]) -> None:
     """Keep, per request, the furthest version (:func:`code_order`)."""
+    if into.keys().isdisjoint(more):  # the common case: no request in both (one C call)
+        into.update(more)
+        return
     for rid, code in more.items():
         have = into.get(rid)
         if have is None or code_order(code & CODE_MASK) > code_order(have & CODE_MASK):
