@@ -535,6 +535,11 @@ def _bump(store: dict[int, int], keys: IntArray, sign: int = 1) -> None:
     else:
         u, c = np.unique(keys, return_counts=True)
         uniq, cnts = u.tolist(), c.tolist()
+    if sign > 0 and not store:
+        # a fresh store (a window's sketch at its first flush, the common case): every
+        # count is positive, the keys ascending and distinct; one C call
+        store.update(zip(uniq, cnts, strict=True))
+        return
     get = store.get
     for k, c in zip(uniq, cnts, strict=True):
         n = get(k, 0) + sign * c
