@@ -409,18 +409,18 @@ class QuantileSketch:
     # -- serialisation --
 
     def to_columns(self) -> SketchColumns:
-        pos = sorted(self._pos.items())
-        neg = sorted(self._neg.items())
+        # keys sorted as ints (not (key, count) tuples), counts looked up in C
+        pos_keys, neg_keys = sorted(self._pos), sorted(self._neg)
         return SketchColumns(
             count=self._count,
             sum=self._sum,
             min=self._min,
             max=self._max,
             zero_count=self._zero,
-            pos_keys=[k for k, _ in pos],
-            pos_counts=[c for _, c in pos],
-            neg_keys=[k for k, _ in neg],
-            neg_counts=[c for _, c in neg],
+            pos_keys=pos_keys,
+            pos_counts=list(map(self._pos.__getitem__, pos_keys)),
+            neg_keys=neg_keys,
+            neg_counts=list(map(self._neg.__getitem__, neg_keys)),
         )
 
     @classmethod

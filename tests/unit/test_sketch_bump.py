@@ -42,3 +42,17 @@ def test_removing_after_a_first_batch(first: list[float], data: st.DataObject) -
     assert (sk._pos, sk._neg, sk.count, sk.zero_count) == (
         want._pos, want._neg, want.count, want.zero_count,
     )  # fmt: skip
+
+
+@given(st.lists(_VALUES, max_size=4), st.lists(st.booleans(), max_size=4))
+def test_columns_are_the_sorted_bins(batches: list[list[float]], removes: list[bool]) -> None:
+    sk = QuantileSketch()
+    for batch, remove in zip(batches, removes + [False] * len(batches), strict=False):
+        sk.add_many(np.asarray(batch, dtype=np.float64))
+        if remove:  # bins in any insertion order, some dropped
+            sk.remove_many(np.asarray(batch[::2], dtype=np.float64))
+    cols = sk.to_columns()
+    pos, neg = sorted(sk._pos.items()), sorted(sk._neg.items())
+    assert (cols.pos_keys, cols.pos_counts) == ([k for k, _ in pos], [c for _, c in pos])
+    assert (cols.neg_keys, cols.neg_counts) == ([k for k, _ in neg], [c for _, c in neg])
+    assert (cols.count, cols.zero_count) == (sk.count, sk.zero_count)
