@@ -463,7 +463,11 @@ class Joiner:
             heapq.heappush(self._terminals, (terminal_ms, rid))
             self._push_deadline(deadline_ms, rid)
             return
-        _bucket_put(self._tbuckets, self._tbucket_keys, key, rid)
+        bucket = self._tbuckets.get(key)  # (_bucket_put inlined: once per request)
+        if bucket is None:
+            _bucket_put(self._tbuckets, self._tbucket_keys, key, rid)
+        else:
+            bucket.append(rid)
         self._tbucket_items += 1
         if self._tbucket_items > 2 * len(self._pending) + _COMPACT_SLACK:
             self._tbucket_keys, self._tbucket_items = _bucket_compact(
