@@ -34,6 +34,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.accuracy",
     "bench.memory",
     "bench.detection",
+    "bench.simulator_speed",
     "bench.gateway_latency",
 )
 PLACEHOLDERS: dict[str, str] = {}

@@ -305,17 +305,33 @@ def run_demo(
 
         deadline = time.monotonic() + wait_timeout_s
         last = None
+        # Caught up: every lifecycle message committed, then (control on) every summary
+        # sent until then taken by the controller, which runs in the same process and may
+        # trail the lifecycle input by minutes of event time when that input comes as fast
+        # as possible on a loaded machine: stopped then, the report would lack decisions.
+        summaries_end: int | None = None
         while True:
             if worker.poll() is not None:
                 tail = (workdir / "worker.log").read_text(errors="replace")[-3000:]
                 console.print(f"[red]worker exited with {worker.returncode}[/]\n{tail}")
                 return 1
-            prog = group_progress(settings, settings.lifecycle_topic)
-            if prog.end > 0 and prog.lag == 0:
-                break
-            if prog.lag != last:
-                console.print(f"waiting for the worker: {prog.lag} messages not yet committed")
-                last = prog.lag
+            if summaries_end is None:
+                prog = group_progress(settings, settings.lifecycle_topic)
+                if prog.end > 0 and prog.lag == 0:
+                    if not settings.control_enabled:
+                        break
+                    summaries_end = group_progress(settings, settings.summaries_topic).end
+                    continue
+                what = "messages not yet committed"
+            else:
+                prog = group_progress(settings, settings.summaries_topic)
+                if prog.committed >= summaries_end:
+                    break
+                what = "summaries not yet taken by the controller"
+            lag = (prog.end if summaries_end is None else summaries_end) - prog.committed
+            if (what, lag) != last:
+                console.print(f"waiting for the worker: {lag} {what}")
+                last = (what, lag)
             if time.monotonic() > deadline:
                 console.print(f"[red]worker did not catch up within {wait_timeout_s:.0f} s[/]")
                 return 1

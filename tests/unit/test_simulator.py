@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -435,14 +434,11 @@ def test_overload_episode_raises_p99_inside_it(shared_trace: list[TraceRequest])
     assert _pct(during, 0.5) >= 10 * _pct(before, 0.5)
 
 
-@pytest.mark.alone  # a wall-clock bound: not beside other workers under xdist
-def test_full_trace_is_fast_and_moderately_loaded(shared_trace: list[TraceRequest]) -> None:
+def test_full_trace_is_moderately_loaded(shared_trace: list[TraceRequest]) -> None:
+    # Its speed (the whole trace in under 6 s) is measured by `./tg bench --only simulator`.
     config = SimConfig(start_unix_ns=START_NS)
     sim = Simulator(shared_trace, config)
-    t0 = time.perf_counter()
     totals = [e.total_ms for e in sim.events() if isinstance(e, GatewayCompleted)]
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 6.0
     s = sim.summary
     assert len(totals) == s.requests == 19_366
     assert 0.003 < s.client_aborts / s.requests < 0.02
