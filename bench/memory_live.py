@@ -61,6 +61,9 @@ def main() -> int:
     ap.add_argument("--fit-from-min", type=float, default=3.0)
     ap.add_argument("--period-s", type=float, default=60.0)
     ap.add_argument("--collect", action="store_true", help="a full gc at each sample")
+    ap.add_argument(
+        "--keep-insert-contexts", action="store_true", help="the store before its fix (A/B)"
+    )
     args = ap.parse_args()
 
     def interrupt(*_: object) -> None:
@@ -77,6 +80,8 @@ def main() -> int:
     }
     if args.collect:
         env["TAILGUARD_MEM_COLLECT"] = "1"
+    if args.keep_insert_contexts:
+        env["TAILGUARD_MEM_KEEP_INSERT_CONTEXTS"] = "1"
     if args.resolved_ttl_ms:
         env["TAILGUARD_MEM_RESOLVED_TTL_MS"] = str(args.resolved_ttl_ms)
     ctx = Context("quick", QUICK, args.out)

@@ -9,7 +9,8 @@ windows, telemetry, the controller, the producers), and with
 the snapshot taken at ``TAILGUARD_MEM_TRACE_BASE_S`` (180 s);
 ``TAILGUARD_MEM_COLLECT=1`` runs a full collection at each sample and reports the
 cyclic garbage it found, by type; ``TAILGUARD_MEM_RESOLVED_TTL_MS`` shortens the join's
-memory of resolved requests. Used by
+memory of resolved requests; ``TAILGUARD_MEM_KEEP_INSERT_CONTEXTS=1`` leaves the store's
+insert contexts as clickhouse-connect leaves them (the growth before its fix). Used by
 ``bench/memory_live.py`` to split a live worker's RSS growth between Python objects,
 glibc's free space and the engine.
 """
@@ -214,6 +215,12 @@ def main() -> int:
         opened(self)
 
     worker_mod.WorkerShell.open = open_and_keep  # type: ignore[method-assign]
+    if os.environ.get("TAILGUARD_MEM_KEEP_INSERT_CONTEXTS") == "1":
+        # the store as it was before it released clickhouse-connect's insert contexts
+        # (for a before/after comparison in one tree)
+        import pipeline.adapters.store as store_mod
+
+        store_mod._release = lambda context: None  # type: ignore[assignment]
     if ttl := os.environ.get("TAILGUARD_MEM_RESOLVED_TTL_MS"):
         # a shorter memory of resolved requests: the warm-up ends sooner
         from pipeline.settings import Settings
