@@ -38,6 +38,7 @@ from bench.results import Figure, Section, at_most, register
 from pipeline.adapters.kafka_admin import group_progress
 from pipeline.contract.codec import SourceRef, decode_message
 from pipeline.core.join import JoinConfig, Joiner
+from pipeline.settings import Settings
 from producers.emit import BatchPolicy
 
 TARGET_BYTES_PER_INFLIGHT = 200
@@ -128,33 +129,35 @@ def _min(seconds: float) -> str:
     return f"{round(seconds / 60, 1):g}"
 
 
+def produce_live(s: Settings, rate_ev_s: float, stop: threading.Event, produced: list[int]) -> None:
+    """Produce the workload live (event time = now) at ``rate_ev_s`` until ``stop``;
+    ``produced[0]`` counts the events sent."""
+    w = Workload(instances=10**6, rate_ev_s=rate_ev_s)
+    p = Producer(producer_config(s) | {"linger.ms": 5})
+    part = Partitioner(PARTITIONS)
+    batcher = DictBatcher(BatchPolicy())
+    start_ns = time.time_ns()
+    for rid, ts, ev in events(w, start_ns):
+        if stop.is_set():
+            break
+        while ts > time.time_ns():
+            time.sleep(0.005)
+        for pt, value, n in batcher.add(part(rid), ev, ts / 1e6):
+            send(p, s.lifecycle_topic, pt, value)
+            produced[0] += n
+    p.flush(30)
+
+
 def _rss_run(ctx: Context, sec: Section) -> None:
     s = new_settings(ctx.bootstrap(), ctx.workdir, "rss")
     rate = ctx.sizes.rss_rate_ev_s
     warmup, fitted = ctx.sizes.rss_warmup_s, ctx.sizes.rss_s
     duration = warmup + fitted
-    w = Workload(instances=10**6, rate_ev_s=rate)
     stop = threading.Event()
     produced = [0]
-
-    def produce() -> None:
-        p = Producer(producer_config(s) | {"linger.ms": 5})
-        part = Partitioner(PARTITIONS)
-        batcher = DictBatcher(BatchPolicy())
-        start_ns = time.time_ns()
-        for rid, ts, ev in events(w, start_ns):
-            if stop.is_set():
-                break
-            while ts > time.time_ns():
-                time.sleep(0.005)
-            for pt, value, n in batcher.add(part(rid), ev, ts / 1e6):
-                send(p, s.lifecycle_topic, pt, value)
-                produced[0] += n
-        p.flush(30)
-
     worker = Worker(s, ctx.workdir / f"{s.group_id}.log")
     samples: list[tuple[float, int]] = []
-    thread = threading.Thread(target=produce, daemon=True)
+    thread = threading.Thread(target=produce_live, args=(s, rate, stop, produced), daemon=True)
     t0 = time.monotonic()
     lag_end = None
     try:
