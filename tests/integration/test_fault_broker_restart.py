@@ -26,7 +26,8 @@ pytestmark = pytest.mark.integration
 
 REQUESTS = 30_000
 PRODUCE_S = 24.0  # the producer paces its messages over this long
-GRACE_MS = 20_000  # windows accept records this late: longer than the restart takes
+GRACE_MS = 40_000  # windows accept records this late: longer than the restart takes (23.4 s seen
+# in a clean-clone run at load ~6: a graceful broker stop, the outage, a JVM start)
 
 
 def test_broker_restart_mid_run_loses_nothing(kafka, tmp_path: Path) -> None:
