@@ -45,6 +45,7 @@ from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
+from pipeline.adapters.stop_signal import PromptStop
 from pipeline.adapters.store import (
     BudgetEventRow,
     Checkpoint,
@@ -79,6 +80,7 @@ from pipeline.spec.slo import load_spec_file
 log = logging.getLogger("tailguard.worker")
 
 STOP_GRACE_S = 6.0  # a stop signal ends the process within this long, whatever Faust does
+CLOSE_GRACE_S = 2.0  # ... plus at most this long waiting for a store write in flight
 
 
 class WorkerShell:
@@ -747,24 +749,40 @@ class WorkerShell:
             self._maybe_log(force=True)
             self.telemetry.shutdown()
 
-    def start_stop_watchdog(self, grace_s: float = STOP_GRACE_S) -> None:
-        """After a stop signal: if the process is still here ``grace_s`` later, close and
-        exit. Faust's consumer thread can die inside its own shutdown when the broker is
-        unreachable (aiokafka's fetcher cancelled while it retries), leaving the stop
-        waiting forever. Exiting is safe: with ``stopping`` set nothing more is committed."""
-
-        def watch() -> None:
-            time.sleep(grace_s)  # the grace period itself
-            log.warning(
-                "still stopping %.0fs after the signal (broker unreachable?): closing and "
-                "exiting now; nothing more was committed",
-                grace_s,
+    def begin_stop(self) -> None:
+        """A stop signal arrived: retry loops and waits give up at once, nothing more is
+        committed (from the stop thread, the moment the signal arrives; idempotent)."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            log.info(
+                "stop signal: stopping (writes in progress give up; nothing more is committed)"
             )
-            self._close()
-            logging.shutdown()
-            os._exit(0)
 
-        threading.Thread(target=watch, name="tailguard-stop-watchdog", daemon=True).start()
+    def stop_overdue(self, close_grace_s: float = CLOSE_GRACE_S) -> None:
+        """Still here ``STOP_GRACE_S`` after the stop signal: close and exit.
+
+        Faust's stop can hang (its consumer thread can die inside its own shutdown when
+        the broker is unreachable), and on a loaded machine a batch can hold the event
+        loop for seconds. Exiting is safe: with ``stopping`` set nothing more is
+        committed. Closing waits at most ``close_grace_s`` for a write in flight; after
+        that the process exits without it, as a SIGKILL would (writes are idempotent and
+        their offsets uncommitted: the next run writes them again)."""
+        log.warning(
+            "still stopping %.0fs after the signal: closing and exiting now; nothing more "
+            "was committed",
+            STOP_GRACE_S,
+        )
+        closer = threading.Thread(target=self._close, name="tailguard-close", daemon=True)
+        closer.start()
+        closer.join(close_grace_s)
+        if closer.is_alive():
+            log.warning(
+                "a store write still in flight %.0fs into closing: exiting without it "
+                "(its offsets are not committed; the next run writes it again)",
+                close_grace_s,
+            )
+        logging.shutdown()
+        os._exit(0)
 
 
 def _note_abandoned(task: asyncio.Future[None]) -> None:
@@ -955,16 +973,19 @@ class _Worker(faust.Worker):
         super().__init__(*args, **kwargs)
         self._shell = shell
 
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()  # the event loop's (Faust stops through them)
+        # ... and one acted on at once, even while a batch holds the loop (stop_signal).
+        PromptStop(
+            on_signal=lambda _sig: self._shell.begin_stop(),
+            on_overdue=self._shell.stop_overdue,
+            grace_s=STOP_GRACE_S,
+        ).install()
+
     def _on_sigterm(self) -> None:
-        log.info("SIGTERM: stopping (writes in progress give up; nothing more is committed)")
-        self._stop_now()
+        self._shell.begin_stop()  # already done by PromptStop's thread, as a rule
         super()._on_sigterm()
 
     def _on_sigint(self) -> None:
-        self._stop_now()
+        self._shell.begin_stop()
         super()._on_sigint()
-
-    def _stop_now(self) -> None:
-        if not self._shell.stopping.is_set():
-            self._shell.stopping.set()
-            self._shell.start_stop_watchdog()

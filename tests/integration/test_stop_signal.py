@@ -1,0 +1,98 @@
+"""A stop signal is acted on while the event loop is held by a long batch (real signals,
+a real asyncio loop in a child process): the stop thread runs at once, the overdue exit
+follows its grace, and the loop's own handler still runs whenever the loop is free."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys, threading, time
+    from pipeline.adapters.stop_signal import PromptStop
+
+    seen = threading.Event()
+    def on_signal(sig):
+        print(f"stop thread: signal {sig}", flush=True)
+        seen.set()
+
+    loop = asyncio.new_event_loop()
+    def loop_handler():
+        print("loop handler", flush=True)
+        loop.stop()
+    loop.add_signal_handler(signal.SIGTERM, loop_handler)
+    loop.add_signal_handler(signal.SIGINT, loop_handler)
+    def overdue():
+        print("overdue", flush=True)
+        os._exit(3)
+    PromptStop(on_signal, overdue, grace_s=float(sys.argv[2])).install()
+
+    async def held():  # a batch that keeps the loop: pure Python, no await
+        end = time.monotonic() + 120
+        print("ready", flush=True)
+        while time.monotonic() < end:
+            pass
+
+    async def idle():
+        print("ready", flush=True)
+        await asyncio.sleep(120)
+
+    try:
+        loop.run_until_complete(held() if sys.argv[1] == "held" else idle())
+    except RuntimeError:  # stopped by its handler before the coroutine ended
+        print("loop stopped", flush=True)
+    seen.wait(30)
+    sys.exit(0)
+    """
+)
+
+
+def _run(state: str, sig: signal.Signals, grace_s: float) -> tuple[int, list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, state, str(grace_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)  # the child's own busy loop lasts 120 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out.split()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_held_loop_does_not_delay_the_stop(sig: signal.Signals) -> None:
+    rc, words = _run("held", sig, grace_s=0.5)
+    text = " ".join(words)
+    assert rc == 3, text  # ended by the overdue exit, long before the held loop let go
+    assert f"stop thread: signal {int(sig)}" in text
+    assert text.index("stop thread") < text.index("overdue")
+    assert "loop handler" not in text  # the loop never got back to its selector
+
+
+def test_a_free_loop_still_gets_its_own_handler() -> None:
+    rc, words = _run("idle", signal.SIGTERM, grace_s=60.0)
+    text = " ".join(words)
+    # The loop's handler stopped it and the child ended normally, before any overdue exit.
+    assert rc == 0, text
+    assert "loop handler loop stopped" in text
+    assert "stop thread: signal 15" in text
+    assert "overdue" not in text
