@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -142,6 +143,46 @@ def _rss_parts() -> dict[str, float]:
     return out
 
 
+_OBMALLOC_FIGURES = {
+    b"# arenas allocated current": "arenas",
+    b"# bytes in allocated blocks": "allocated_mib",
+    b"# bytes in available blocks": "available_mib",
+}
+
+
+def _obmalloc() -> dict[str, float]:
+    """pymalloc's arenas (``sys._debugmallocstats``, which writes to the C stderr: fd 2 is
+    pointed at a file meanwhile, so a log line written in that moment lands there). Its
+    arenas are mmapped outside glibc: blocks in use can stay flat while arenas, pinned by
+    a few long-lived objects each, grow (``pymalloc_blocks`` alone cannot show that)."""
+    out: dict[str, float] = {}
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    for line in text.splitlines():
+        head, _, value = line.partition(b"=")
+        name = _OBMALLOC_FIGURES.get(head.strip())
+        if name is None:
+            if b"unused pools *" in head:
+                name = "unused_pools"
+            else:
+                continue
+        n = float(value.strip().replace(b",", b""))
+        out[f"obmalloc_{name}"] = n / MiB if name.endswith("_mib") else n
+        if name == "unused_pools":
+            out["obmalloc_unused_pools"] = float(head.split()[0].replace(b",", b""))
+    out["obmalloc_arenas_mib"] = out.get("obmalloc_arenas", 0.0)  # 1 MiB arenas (3.10+)
+    return out
+
+
 def _sample(
     shell: Any, t0: float, base: tracemalloc.Snapshot | None, prev_census: Counter[str]
 ) -> dict[str, Any]:
@@ -150,6 +191,7 @@ def _sample(
         "rss_mib": rss_mib(),
         **_rss_parts(),
         "pymalloc_blocks": sys.getallocatedblocks(),
+        **_obmalloc(),
     }
     m = malloc_stats()
     if m:
