@@ -169,17 +169,13 @@ def _obmalloc() -> dict[str, float]:
         text = tmp.read()
     for line in text.splitlines():
         head, _, value = line.partition(b"=")
-        name = _OBMALLOC_FIGURES.get(head.strip())
-        if name is None:
-            if b"unused pools *" in head:
-                name = "unused_pools"
-            else:
-                continue
-        n = float(value.strip().replace(b",", b""))
-        out[f"obmalloc_{name}"] = n / MiB if name.endswith("_mib") else n
-        if name == "unused_pools":
+        if b"unused pools *" in head:  # "N unused pools * 16384 bytes = ..."
             out["obmalloc_unused_pools"] = float(head.split()[0].replace(b",", b""))
-    out["obmalloc_arenas_mib"] = out.get("obmalloc_arenas", 0.0)  # 1 MiB arenas (3.10+)
+            continue
+        name = _OBMALLOC_FIGURES.get(head.strip())
+        if name is not None:
+            n = float(value.strip().replace(b",", b""))
+            out[f"obmalloc_{name}"] = n / MiB if name.endswith("_mib") else n
     return out
 
 

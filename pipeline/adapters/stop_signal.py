@@ -16,7 +16,6 @@ handler writes the signal to the loop's wakeup fd whatever the Python handler is
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -24,8 +23,6 @@ import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
