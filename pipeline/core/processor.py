@@ -160,6 +160,7 @@ class StreamProcessor:
     def _window(self, st: _PartitionState, emitted: Emitted, out: Output) -> None:
         rec = emitted.record
         previous = emitted.previous
+        written = False  # previous was counted by an earlier owner (the store has it)
         if st.ledger:
             key = ledger_key(rec)
             code = st.ledger.get(key)
@@ -185,12 +186,15 @@ class StreamProcessor:
                     if previous is None:
                         self.counters.replay_conflicts += 1
                         return
+                    # A version an earlier owner wrote: its take-back goes out with the
+                    # next write, never after this add (see WindowAggregator.add).
+                    written = True
                 st.ledger[key] = mine
         out.records.append(rec)
         if rec.flags:
             self._count_flags(rec)
         if previous is not None:
-            st.windows.add(previous, -1, sign=-1)
+            st.windows.add(previous, -1, sign=-1, written=written)
         st.windows.add(rec, emitted.first_offset)
 
     def _count_flags(self, rec: RequestRecord) -> None:

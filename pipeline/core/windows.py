@@ -222,17 +222,26 @@ class WindowAggregator:
         self._apply_pending()
         return self._counters
 
-    def add(self, rec: RequestRecord, lower_offset: int, sign: int = 1) -> bool:
+    def add(
+        self, rec: RequestRecord, lower_offset: int, sign: int = 1, *, written: bool = False
+    ) -> bool:
         """Add one record (``sign`` -1: take back one added before); ``lower_offset``
         bounds the offsets its events came from.
 
         Returns False when the record's window is already closed: it then goes to a
         correction of that window (emitted by :meth:`take_corrections`).
+
+        ``written``: a take-back of a version an earlier owner of the partition counted
+        (the store holds it, this aggregator does not). It always goes to a correction,
+        emitted with the next :meth:`take_corrections`, even when its window is open
+        here: held in an open window, it could be lost on a rebalance after the add
+        replacing it (in an earlier window that closes first) was written, and the
+        store would count both versions (the ledger then says only the add's).
         """
         size = self.config.size_ms
         end_ms = rec.end_unix_ns // 1_000_000
         end = end_ms - end_ms % size + size
-        late = end <= self.horizon_ms
+        late = written or end <= self.horizon_ms
         if not late and (self._next_due is None or end < self._next_due):
             self._next_due = end
         self._pending.append((rec, end - size, sign, lower_offset, late))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline.contract.codec import encode_event
+from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.ledger import (
     MAX_IDS_PER_MESSAGE,
@@ -18,10 +19,11 @@ from pipeline.core.ledger import (
     ledger_entries,
     merge_versions,
     pack,
+    unpack,
 )
 from pipeline.core.processor import StreamProcessor
-from pipeline.core.windows import ALL_KEY, WindowConfig
-from tests.factories import completed, finished, received
+from pipeline.core.windows import ALL_KEY, ClosedWindow, WindowConfig
+from tests.factories import T0_NS, completed, finished, received
 
 
 def test_round_trip_and_chunks() -> None:
@@ -161,3 +163,71 @@ def test_one_insert_publishes_the_furthest_version_whatever_the_window_order(
     (entry,) = ledger_entries("lc", [wins[i] for i in order], {0: 42})
     assert (entry.partition, entry.through, entry.end_ms) == (0, 42, 40_000)
     assert dict(entry.versions) == {"r": 3, "s": 2}
+
+
+def test_a_take_back_lost_after_its_replacement_was_written_is_not_a_double_count() -> None:
+    """The mirror of the test above (session 9's double count under a rebalance).
+
+    r1's gateway side is stamped ~30 s ahead of its engine side, so its gateway-only
+    partial lands in window 30 s and its joined record in window 0 s. Worker 1 counts
+    the partial (window 30 s, closed by wall time) and loses the partition before the
+    engine side arrives. Worker 2 re-reads it all: the partial's take-back is for window
+    30 s, open in worker 2's fresh state; the joined record is late for window 0 s (a
+    correction, written at once). Worker 2 then loses the partition with window 30 s
+    still open. Worker 3 resumes with the ledger of everything written. The union of
+    what the three wrote counts r1 once: the take-back was written no later than the
+    add that replaced it.
+    """
+    cfg = WindowConfig(size_ms=10_000, grace_ms=0)
+
+    def worker(ledger: dict[str, int] | None = None) -> StreamProcessor:
+        proc = StreamProcessor(
+            "t", JoinConfig(timeout_ms=1_000), window_config=cfg,
+            clock_config=ClockConfig(quorum=1),
+        )  # fmt: skip
+        proc.init_partition(0, ledger)
+        return proc
+
+    events = [
+        received("hold", 33_000.0),  # open until the end: holds every commit at offset 0
+        received("r1", 34_000.0),
+        completed("r1", 35_000.0),
+        *[received(f"g{i}", 35_000.0 + 500 * i) for i in range(4)],
+        *[completed(f"g{i}", 35_100.0 + 500 * i) for i in range(4)],
+        finished("r1", 5_000.0),  # r1's engine side, on the engine's clock
+        *[finished(f"e{i}", 12_000.0 + i) for i in range(3)],
+        completed("hold", 36_900.0),
+    ]
+    msgs = _msgs(events)
+    written: list[ClosedWindow] = []
+
+    def ledger() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in written:
+            merge_versions(out, {k: pack(c, w.start_ms + w.size_ms) for k, c in w.ledger.items()})
+        return out
+
+    wall_ms = 1_000_000
+    first = worker()
+    written += first.process(msgs[:11], wall_ms=wall_ms).windows
+    written += first.tick(wall_ms + 5_000).windows  # caught up: wall time closes window 30 s
+    assert unpack(ledger()["r1"])[0] == 1  # the gateway partial (with its received)
+    resume = first.safe_offsets()[0]
+    assert resume == 0
+
+    second = worker(ledger())
+    out = second.process(msgs[resume : len(msgs) - 1], wall_ms=None)  # lagging: event time
+    assert second.watermarks()[0] < T0_NS // 1_000_000 + 40_000  # window 30 s still open
+    written += out.windows  # what it wrote before losing the partition
+    resume = second.safe_offsets()[0]
+    assert resume == 0
+
+    third = worker(ledger())
+    written += third.process(msgs[resume:], wall_ms=None).windows
+    written += third.drain().windows
+    per_window: dict[int, int] = {}
+    for w in written:
+        start = w.start_ms - T0_NS // 1_000_000
+        per_window[start] = per_window.get(start, 0) + w.records.get(ALL_KEY, 0)
+    # r1 once (joined, window 0 s); g0-g3 gateway partials; e0-e2 engine partials; hold
+    assert per_window == {0: 1, 10_000: 3, 30_000: 5}, per_window
