@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
@@ -264,6 +263,105 @@ class _Resolved(msgspec.Struct, gc=False):
     first_offset: int = -1
 
 
+_GENERATIONS: Final = 8  # a resolved memory's generations per resolved_ttl_ms (see below)
+_NEVER: Final = 1 << 62
+
+
+class ResolvedMemory:
+    """What the join remembers of resolved requests: key -> a packed int (fully joined:
+    its expiry and received hash) or a :class:`_Resolved`, for ``resolved_ttl_ms``.
+
+    Held in generations by expiry (``span_ms`` of expiry times each), each dropped whole
+    once every entry in it has expired: no request is deleted one by one. A dict that
+    loses one key for each it gains keeps the deleted slots until a resize (CPython
+    resizes it to three times its live keys: +60 MiB at 1.5 M requests, session 9),
+    and its keys, freed one by one among newer objects, leave pymalloc's pools part
+    full; a generation's keys are freed together, and the memory then holds at most
+    one generation more than ``ttl`` needs.
+
+    A lookup checks the entry's own expiry against the last :meth:`expire`, so a
+    request is remembered until exactly its expiry whatever the generations. Over
+    ``max_items``, the oldest generation is forgotten at once (within the newest one,
+    the oldest entries one by one).
+    """
+
+    __slots__ = ("_by_index", "_drop_at_ms", "_gens", "_len", "_max", "_now_ms", "_span_ms")
+
+    def __init__(self, ttl_ms: int, max_items: int) -> None:
+        self._span_ms = max(ttl_ms // _GENERATIONS, 1)
+        self._max = max_items
+        self._by_index: dict[int, dict[str, _Resolved | int]] = {}
+        self._gens: list[dict[str, _Resolved | int]] = []  # newest first (lookups)
+        self._len = 0
+        self._now_ms = 0  # entries expiring at or before it are gone
+        self._drop_at_ms = _NEVER  # when the oldest generation is over
+
+    def __len__(self) -> int:
+        """Entries held (expired ones of a generation not yet dropped included)."""
+        return self._len
+
+    def get(self, key: str) -> _Resolved | int | None:
+        for gen in self._gens:
+            v = gen.get(key)
+            if v is not None:
+                return v if _expiry(v) > self._now_ms else None
+        return None
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def put(self, key: str, value: _Resolved | int) -> None:
+        """Remember ``key`` (not remembered now: the join never puts a key twice while
+        it is remembered; an expired copy in an older generation is shadowed)."""
+        index = _expiry(value) // self._span_ms
+        gen = self._by_index.get(index)
+        if gen is None:
+            gen = self._by_index[index] = {}
+            self._regenerate()
+        n = len(gen)
+        gen[key] = value
+        self._len += len(gen) - n
+        if self._len > self._max:
+            self._drop_oldest()
+
+    def expire(self, now_ms: int) -> None:
+        """Event time is ``now_ms``: forget what expired by then."""
+        if now_ms > self._now_ms:
+            self._now_ms = now_ms
+            if now_ms >= self._drop_at_ms:
+                for i in [i for i in self._by_index if (i + 1) * self._span_ms <= now_ms]:
+                    self._len -= len(self._by_index.pop(i))
+                self._regenerate()
+
+    def _regenerate(self) -> None:
+        order = sorted(self._by_index, reverse=True)
+        self._gens = [self._by_index[i] for i in order]
+        self._drop_at_ms = (order[-1] + 1) * self._span_ms if order else _NEVER
+
+    def _drop_oldest(self) -> None:
+        oldest = min(self._by_index)
+        if len(self._by_index) > 1:
+            self._len -= len(self._by_index.pop(oldest))
+            self._regenerate()
+            return
+        gen = self._by_index[oldest]
+        while self._len > self._max:
+            del gen[next(iter(gen))]
+            self._len -= 1
+
+    def keys(self) -> list[str]:
+        """The keys remembered now, oldest generation first (tests, probes)."""
+        return [k for gen in reversed(self._gens) for k, v in gen.items()
+                if _expiry(v) > self._now_ms and self.get(k) is v]  # fmt: skip
+
+    def items(self) -> dict[str, _Resolved | int]:
+        return {k: v for k in self.keys() if (v := self.get(k)) is not None}
+
+
+def _expiry(value: _Resolved | int) -> int:
+    return value & _RESOLVED_EXPIRY_MASK if isinstance(value, int) else value.expires_ms
+
+
 def _received_hash(received: _Received | AnyReceived | None) -> int | None:
     if received is None:
         return None
@@ -331,10 +429,7 @@ class Joiner:
     _pending: dict[str, _Pending | int] = field(default_factory=dict)
     # A fully joined request is remembered by its expiry alone (an int: ~3x smaller
     # than a _Resolved); requests whose events are kept hold a _Resolved.
-    _resolved: dict[str, _Resolved | int] = field(default_factory=dict)
-    # ``_resolved``'s keys in insertion order: expiry pops from the left in O(1)
-    # (``next(iter(dict))`` rescans the deleted slots at a dict's front on every call).
-    _resolved_order: deque[str] = field(default_factory=deque)
+    _resolved: ResolvedMemory = field(init=False)
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _terminals: list[tuple[int, str]] = field(default_factory=list)
@@ -356,6 +451,9 @@ class Joiner:
     _attempts: dict[str, int] = field(default_factory=dict)
     # False: every event takes the general path (tests compare it with the fast paths)
     _fast: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        self._resolved = ResolvedMemory(self.config.resolved_ttl_ms, self.config.max_resolved)
 
     def _string_id(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -550,7 +648,7 @@ class Joiner:
             pending = self._pending
             entry = pending.get(rid)
             if kind == "gateway.received":
-                if entry is None and rid not in self._resolved:
+                if entry is None and self._resolved.get(rid) is None:
                     # A new request: held as one packed int.
                     if len(pending) >= self.config.max_pending:
                         self._evict_oldest()
@@ -668,15 +766,11 @@ class Joiner:
         else:
             # A fully joined request is remembered by its expiry and received hash alone
             # (one dict operation: a new key is what makes the dict grow).
-            resolved = self._resolved
-            n = len(resolved)
-            resolved[key] = (ts_ms + self.config.resolved_ttl_ms) | (
-                ((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT
+            self._resolved.put(
+                key,
+                (ts_ms + self.config.resolved_ttl_ms)
+                | (((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT),
             )
-            if len(resolved) != n:
-                self._resolved_order.append(key)
-            if len(resolved) > self.config.max_resolved:
-                del resolved[self._resolved_order.popleft()]
         return Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
 
     def _state(self, key: str) -> _Pending | _Resolved | int | None:
@@ -892,25 +986,20 @@ class Joiner:
             rid, sep, n = key.rpartition(ATTEMPT_SEP)
             if sep and n.isdigit() and int(n) > self._attempts.get(rid, 1):
                 self._attempts[rid] = int(n)
-            self._resolved_order.append(key)
-            self._resolved[key] = expires_ms
+            self._resolved.put(key, expires_ms)
 
     def _remember(
         self, key: str, now_ms: int, entry: _Pending | None, short_hash: int = 0, *,
         partial: bool = True,
     ) -> None:  # fmt: skip
         expires = now_ms + self.config.resolved_ttl_ms
-        if key not in self._resolved:
-            self._resolved_order.append(key)
         if entry is None:
-            self._resolved[key] = expires | (short_hash << _RESOLVED_HASH_SHIFT)
+            self._resolved.put(key, expires | (short_hash << _RESOLVED_HASH_SHIFT))
         else:
-            self._resolved[key] = _Resolved(
+            self._resolved.put(key, _Resolved(
                 expires, entry.received, entry.completed, entry.finished, partial=partial,
                 attempt=entry.attempt, retried=entry.retried, first_offset=entry.first_offset,
-            )  # fmt: skip
-        if len(self._resolved) > self.config.max_resolved:
-            del self._resolved[self._resolved_order.popleft()]
+            ))  # fmt: skip
 
     def _resolve_partial(self, key: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
         del self._pending[key]
@@ -981,15 +1070,7 @@ class Joiner:
             rec = self._resolve_partial(rid, entry, now_ms)
             if rec is not None:
                 out.append(rec)
-        resolved, order = self._resolved, self._resolved_order
-        while order:
-            rid = order[0]
-            done = resolved[rid]
-            expires = done & _RESOLVED_EXPIRY_MASK if isinstance(done, int) else done.expires_ms
-            if expires > now_ms:
-                break
-            order.popleft()
-            del resolved[rid]
+        self._resolved.expire(now_ms)
         return out
 
     def drain(self) -> list[RequestRecord]:

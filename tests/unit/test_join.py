@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.join import JoinConfig, Joiner
+from pipeline.core.join import JoinConfig, Joiner, ResolvedMemory
 from pipeline.core.record import build_record, ctx_bucket
 from tests.factories import T0_NS, completed, finished, received
 
@@ -230,21 +230,77 @@ def test_backlog_does_not_time_out_before_processing_time_passes() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=60))
-def test_resolved_requests_expire_in_order_and_the_order_index_stays_in_step(
-    ids: list[int],
-) -> None:
-    """Resolved requests are forgotten oldest first after ``resolved_ttl_ms``; the FIFO
-    index used to expire them in O(1) always names exactly the remembered requests."""
+def test_resolved_requests_are_remembered_until_exactly_their_expiry(ids: list[int]) -> None:
+    """Each resolved request is remembered (a repeat is a duplicate) until its expiry,
+    ``resolved_ttl_ms`` after it was joined, and forgotten from then on, whatever
+    generation of the resolved memory holds it; the memory is empty once all expired."""
     cfg = JoinConfig(timeout_ms=1000)
     j = Joiner(cfg)
     t = 0.0
+    joined_at: dict[str, int] = {}
     for i in ids:
         rid = f"r{i}"
         t += 100.0
+        fresh = rid not in j._resolved
         for ev in (received(rid, t), completed(rid, t + 10), finished(rid, t + 5)):
             j.add_emitted(ev, 0, None)
+        if fresh:
+            joined_at[rid] = _now(t + 5)  # joined by its last event (finished, at t + 5)
         j.advance_emitted(_now(t + 20), None)
-        assert list(j._resolved_order) == list(j._resolved)
-    j.advance_emitted(_now(t + 20) + cfg.resolved_ttl_ms + 1, None)
-    assert not j._resolved
-    assert not j._resolved_order
+        now = _now(t + 20)
+        want = {r for r, at in joined_at.items() if at + cfg.resolved_ttl_ms > now}
+        assert set(j._resolved.keys()) == want
+    last = max(joined_at.values())
+    j.advance_emitted(last + cfg.resolved_ttl_ms - 1, None)
+    assert set(j._resolved.keys()) == {r for r, at in joined_at.items() if at == last}
+    j.advance_emitted(last + cfg.resolved_ttl_ms, None)
+    assert not j._resolved.keys()
+    j.advance_emitted(last + 2 * cfg.resolved_ttl_ms, None)
+    assert len(j._resolved) == 0  # every generation dropped, not only expired
+
+
+@pytest.mark.parametrize(
+    ("puts", "now_ms", "remembered", "held"),
+    [
+        # ttl 8,000 ms: generations of 1,000 ms of expiry times
+        ([("a", 1_500), ("b", 1_900), ("c", 2_100)], 0, {"a", "b", "c"}, 3),
+        # a expired: forgotten at once; its generation (1,000-2,000) is kept for b
+        ([("a", 1_500), ("b", 1_900), ("c", 2_100)], 1_500, {"b", "c"}, 3),
+        # the generation 1,000-2,000 is over: dropped whole
+        ([("a", 1_500), ("b", 1_900), ("c", 2_100)], 2_000, {"c"}, 1),
+        ([("a", 1_500), ("b", 1_900), ("c", 2_100)], 2_100, set(), 1),
+        ([("a", 1_500), ("b", 1_900), ("c", 2_100)], 3_000, set(), 0),
+        # expiries out of order: each entry still lives until its own expiry
+        ([("c", 5_000), ("a", 1_500)], 1_600, {"c"}, 2),
+    ],
+)
+def test_the_resolved_memory_forgets_at_each_expiry_and_drops_generations_whole(
+    puts: list[tuple[str, int]], now_ms: int, remembered: set[str], held: int
+) -> None:
+    mem = ResolvedMemory(ttl_ms=8_000, max_items=100)
+    for key, expires in puts:
+        mem.put(key, expires)
+    mem.expire(now_ms)
+    assert {k for k, _ in puts if k in mem} == remembered
+    assert set(mem.keys()) == remembered
+    assert len(mem) == held
+
+
+@pytest.mark.parametrize(
+    ("expiries", "max_items", "remembered"),
+    [
+        # over the cap: the oldest generation goes whole
+        ([1_100, 1_200, 2_100, 2_200, 3_100], 4, {"k2", "k3", "k4"}),
+        # one generation only: its oldest entries, one by one
+        ([1_100, 1_200, 1_300, 1_400], 2, {"k2", "k3"}),
+        ([1_100], 1, {"k0"}),
+    ],
+)
+def test_the_resolved_memory_is_bounded(
+    expiries: list[int], max_items: int, remembered: set[str]
+) -> None:
+    mem = ResolvedMemory(ttl_ms=8_000, max_items=max_items)
+    for i, expires in enumerate(expiries):
+        mem.put(f"k{i}", expires)
+        assert len(mem) <= max_items
+    assert set(mem.keys()) == remembered

@@ -60,7 +60,7 @@ def _run(cls: type[Joiner], steps: list[Any], config: JoinConfig, wire: bool) ->
             ev = _event(step)
             seen.append(j.add_emitted(from_model(ev) if wire else ev, offset, offset, now_ms))
         # the state too (deadlines included), not only what it returns
-        seen.append((j.safe_offset(offset + 1), dict(j._pending), dict(j._resolved)))
+        seen.append((j.safe_offset(offset + 1), dict(j._pending), j._resolved.items()))
     seen.append(j.drain_emitted())
     seen.append(j.counters)
     return seen
