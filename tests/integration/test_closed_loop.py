@@ -17,7 +17,7 @@ from pipeline.cli import DEFAULT_TRACE
 from pipeline.demo import run_demo
 from producers.simulator.model import OverloadEpisode, SimConfig
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(105)]
 
 EPISODE = OverloadEpisode(120, 420, 2.0)
 

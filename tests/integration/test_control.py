@@ -29,7 +29,7 @@ from tests.control_fixtures import (
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.measurement_fixtures import START_NS
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 START_MS = START_NS // 1_000_000
 
 

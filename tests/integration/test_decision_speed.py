@@ -29,7 +29,7 @@ from pipeline.spec.policy import load_policy, load_policy_file
 from pipeline.spec.slo import load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(177)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(290)]
 
 START_NS = 1_800_000_000_000_000_000
 CONFIG = SimConfig(start_unix_ns=START_NS, seed=3, overload=OverloadEpisode(120, 300, 2.5))

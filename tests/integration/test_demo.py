@@ -13,7 +13,7 @@ from pipeline.cli import DEFAULT_TRACE
 from pipeline.demo import run_demo
 from producers.simulator.model import SimConfig
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(130)]
 
 
 def _exact(values: list[float], q: float) -> float:

@@ -52,7 +52,7 @@ from tests.integration.harness import (
     settings_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(95)]
 
 STRICT = "ifNull(preemptions, 0) < 60000"  # a store stricter than the contract (<= 65535)
 

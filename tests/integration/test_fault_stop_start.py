@@ -27,7 +27,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings, running_caught_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(121)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(350)]
 
 STOP_WITHIN_S = 10.0
 

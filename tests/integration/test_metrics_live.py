@@ -21,7 +21,7 @@ from tests.control_fixtures import (
 from tests.integration.harness import WorkerProcess, make_settings
 from tools.dev.alertmanager_local import LocalAlertmanager, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
 
 def _levels(raws: list[bytes]) -> dict[str, list[int]]:

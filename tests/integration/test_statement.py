@@ -39,7 +39,7 @@ from producers.simulator.trace import read_trace
 from tests.integration.harness import REPO
 from tests.integration.test_tools_cli import chromium, tg
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(65)]
 
 START_NS = int(dt.datetime(2026, 11, 3, 9, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")
