@@ -121,8 +121,15 @@ class Workload:
         return sum(ts[i % self.seeds].requests for i in range(self.instances))
 
 
-def events(w: Workload, start_ns: int) -> Iterator[tuple[str, int, Event]]:
-    """``(request_id, ts_unix_ns, event)`` of every instance, in ts order."""
+def events(w: Workload, start_ns: int, *, id_width: int = 0) -> Iterator[tuple[str, int, Event]]:
+    """``(request_id, ts_unix_ns, event)`` of every instance, in ts order.
+
+    A request id is its template's, ``.`` and the instance number, zero-padded to
+    ``id_width`` digits: a long run that keeps many ids (the RSS run) needs ids of one
+    length, as a production id format has. Unpadded, every id grows by a character at
+    instance 10, 100, 1,000, ... and the strings the join keeps move to the next
+    pymalloc size class (16-byte steps), while the previous class's blocks drain for one
+    ``resolved_ttl``: arenas grow by that, which is not the worker's growth."""
     span = w.span_ns
     per_seed = [_entries(t, span) for t in w.templates()]
     s_count = w.seeds
@@ -142,7 +149,7 @@ def events(w: Workload, start_ns: int) -> Iterator[tuple[str, int, Event]]:
             if i < 0 or i >= w.instances:
                 continue
             src = en.event
-            rid = f"{src['request_id']}.{i}"
+            rid = f"{src['request_id']}.{i:0{id_width}d}"
             ev = dict(src)
             ev["request_id"] = rid
             ev["event_id"] = f"{rid}:{src['kind']}"
