@@ -274,7 +274,7 @@ class ResolvedMemory:
     Held in generations by expiry (``span_ms`` of expiry times each), each dropped whole
     once every entry in it has expired: no request is deleted one by one. A dict that
     loses one key for each it gains keeps the deleted slots until a resize (CPython
-    resizes it to three times its live keys: +60 MiB at 1.5 M requests, session 9),
+    resizes it to three times its live keys: +60 MiB at 2 M requests, session 9),
     and its keys, freed one by one among newer objects, leave pymalloc's pools part
     full; a generation's keys are freed together, and the memory then holds at most
     one generation more than ``ttl`` needs.
@@ -349,13 +349,21 @@ class ResolvedMemory:
             del gen[next(iter(gen))]
             self._len -= 1
 
-    def keys(self) -> list[str]:
-        """The keys remembered now, oldest generation first (tests, probes)."""
-        return [k for gen in reversed(self._gens) for k, v in gen.items()
-                if _expiry(v) > self._now_ms and self.get(k) is v]  # fmt: skip
-
     def items(self) -> dict[str, _Resolved | int]:
-        return {k: v for k in self.keys() if (v := self.get(k)) is not None}
+        """What :meth:`get` finds, key by key (tests, probes): each key's newest copy,
+        unless that one has expired."""
+        seen: set[str] = set()
+        out: dict[str, _Resolved | int] = {}
+        for gen in self._gens:  # newest first
+            for k, v in gen.items():
+                if k not in seen:
+                    seen.add(k)
+                    if _expiry(v) > self._now_ms:
+                        out[k] = v
+        return out
+
+    def keys(self) -> list[str]:
+        return list(self.items())
 
 
 def _expiry(value: _Resolved | int) -> int:
