@@ -35,6 +35,7 @@ from typing import Any
 import faust
 import msgspec
 import orjson
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from pipeline.adapters.controller import ControllerShell
@@ -129,6 +130,7 @@ class WorkerShell:
         self._flush_lock = asyncio.Lock()
         # The flush a full buffer started (on_batch goes on meanwhile; see _flush_behind).
         self._behind: asyncio.Future[None] | None = None
+        self._flush_again = False  # a closed window asked for a flush while one ran
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         self._committed: dict[int, int] = {}
         self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
@@ -293,23 +295,41 @@ class WorkerShell:
         self.telemetry.messages.add(len(messages))
         self.telemetry.events.add(self.processor.counters.events - before)
         self._collect(out)
-        if len(self._records) >= self.settings.flush_max_rows:
-            await self._flush_behind()
+        # A window that closed is written now, not at the next timer flush: its final
+        # summary and the close horizon after it are what let the controller decide on
+        # the window ending now (DecisionClock: budgets read the final windows).
+        closed = any(not w.correction for w in out.windows)
+        if closed or len(self._records) >= self.settings.flush_max_rows:
+            await self._flush_behind(closed)
 
-    async def _flush_behind(self) -> None:
-        """A full buffer: start its flush and return, so that the next batches are
-        processed while the writer thread writes this one (the flush snapshots its rows
-        and offsets before its first wait, so what it commits is what it writes, as with
-        the timer's flush). One at a time: a buffer full again while a flush runs waits
-        for it (memory stays bounded), and that flush's failure is raised here."""
+    async def _flush_behind(self, closed: bool = False) -> None:
+        """A full buffer (or a ``closed`` window): start its flush and return, so that the
+        next batches are processed while the writer thread writes this one (the flush
+        snapshots its rows and offsets before its first wait, so what it commits is what
+        it writes, as with the timer's flush). One at a time: a buffer full again while a
+        flush runs waits for it (memory stays bounded), and that flush's failure is
+        raised here; a window closed while a flush runs is written by a flush that
+        follows it at once (no wait)."""
         running = self._behind
+        full = len(self._records) >= self.settings.flush_max_rows
         if running is not None:
+            if not full and not running.done():
+                self._flush_again = True
+                return
             self._behind = None
             await running
-            if len(self._records) < self.settings.flush_max_rows:
+            if len(self._records) < self.settings.flush_max_rows and not closed:
                 return
-        self._behind = task = asyncio.ensure_future(self.flush_and_commit())
+        self._behind = task = asyncio.ensure_future(self._flush_chain())
         task.add_done_callback(_note_abandoned)
+
+    async def _flush_chain(self) -> None:
+        """A flush, and another right after it while a closed window asked for one."""
+        self._flush_again = False
+        await self.flush_and_commit()
+        while self._flush_again:
+            self._flush_again = False
+            await self.flush_and_commit()
 
     def _raise_failed_flush(self) -> None:
         """A flush started by a full buffer that failed fails the next batch or flush
@@ -335,23 +355,18 @@ class WorkerShell:
         checkpoints: list[Checkpoint],
         through: dict[int, int],
     ) -> int:
-        """All writes of one flush, in order; runs on the writer thread."""
+        """All writes of one flush, in order; runs on the writer thread.
+
+        Closed windows go first, with their final summaries and the close horizons: the
+        controller decides on a window as soon as they are out, not after the flush's
+        request rows and raw events (0.3-0.8 s at 50,000 events/s). Nothing is committed
+        before every write succeeded; if the worker dies in between, the windows' ledger
+        (published before their summaries) tells the next owner the replayed records are
+        counted already, and their rows are written again (ReplacingMergeTree).
+        """
         assert self.store is not None
         store, s = self.store, self.settings
         retries = 0
-        if records:
-            retries += self._write_rows(
-                lambda rows: write_requests(store, rows), records, "write of records",
-                lambda rec, why: dataclasses.replace(
-                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
-                ),
-            )  # fmt: skip
-        if events:
-            topic = s.lifecycle_topic
-            retries += self._write_rows(
-                lambda rows: write_raw_events(store, topic, rows), events, "write of raw events",
-                lambda kept, why: _event_dead_letter(topic, kept, why),
-            )  # fmt: skip
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
@@ -361,7 +376,6 @@ class WorkerShell:
                 ),
                 f"write of {len(windows)} windows",
             )
-        if windows:
             # Workers with their own stores learn from the topic what this one counted.
             assert self.ledger is not None
             self.ledger.publish(windows, through)
@@ -377,6 +391,22 @@ class WorkerShell:
                 self.summaries.send(encode_summary(Progress(c.partition, c.close_horizon_ms)))
                 self._progress_sent[c.partition] = c.close_horizon_ms
         self.summaries.flush(self.stopping)
+        # Their final summaries are out: they no longer cap the provisional clocks (see
+        # send_provisional; one assignment, read on the event loop).
+        self._writing = []
+        if records:
+            retries += self._write_rows(
+                lambda rows: write_requests(store, rows), records, "write of records",
+                lambda rec, why: dataclasses.replace(
+                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
+                ),
+            )  # fmt: skip
+        if events:
+            topic = s.lifecycle_topic
+            retries += self._write_rows(
+                lambda rows: write_raw_events(store, topic, rows), events, "write of raw events",
+                lambda kept, why: _event_dead_letter(topic, kept, why),
+            )  # fmt: skip
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += self._retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
@@ -821,9 +851,40 @@ def _credentials(settings: Settings) -> Any:
     )
 
 
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with the broker's fetch wait set by the settings
+    (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms."""
+
+    fetch_max_wait_ms = 1500
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read when its fetcher starts
+        return consumer
+
+
+def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
+    thread = type("ConsumerThread", (_ConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
+
+    class WaitingConsumer(faust_aiokafka.Consumer):
+        def _new_consumer_thread(self) -> Any:
+            return thread(self, loop=self.loop, beacon=self.beacon)
+
+    return type("Transport", (faust_aiokafka.Transport,), {"Consumer": WaitingConsumer})
+
+
+class _App(faust.App):
+    """The Faust app whose consumer transport sets the fetch wait (see _ConsumerThread)."""
+
+    transport_class: type[faust_aiokafka.Transport] = faust_aiokafka.Transport
+
+    def _new_transport(self) -> Any:
+        return self.transport_class(self.conf.broker_consumer, self)
+
+
 def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     """Build the Faust app and its shell. Nothing runs until a faust.Worker starts it."""
-    app = faust.App(
+    app = _App(
         settings.group_id,
         broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
         broker_credentials=_credentials(settings),
@@ -842,6 +903,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         # A recreated topic is seen at the next metadata refresh (see check_topic).
         consumer_metadata_max_age_ms=settings.topic_check_interval_ms * 5,
     )
+    app.transport_class = _transport_with_fetch_wait(settings.fetch_max_wait_ms)
     shell = WorkerShell(settings, app)
     topic = app.topic(
         settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False

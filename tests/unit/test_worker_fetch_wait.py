@@ -1,0 +1,34 @@
+"""The worker's Kafka consumer waits for fetches as long as its settings say, not Faust's
+fixed 1500 ms (which delivered the lifecycle input in chunks up to 1.5 s apart)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline.adapters.worker import build_app
+from pipeline.settings import Settings
+
+
+@pytest.mark.parametrize("wait_ms", [1, 50, 1500])
+def test_the_worker_consumer_fetch_wait_follows_the_settings(wait_ms: int) -> None:
+    app, _ = build_app(Settings(fetch_max_wait_ms=wait_ms))
+
+    async def create() -> int:
+        thread = app.consumer._new_consumer_thread()  # type: ignore[attr-defined]
+        consumer = thread._create_worker_consumer(app.transport)
+        got: int = consumer._fetch_max_wait_ms  # what its fetcher is started with
+        return got
+
+    assert asyncio.run(create()) == wait_ms
+
+
+def test_the_default_fetch_wait_is_short() -> None:
+    assert Settings().fetch_max_wait_ms <= 100
+
+
+@pytest.mark.parametrize("bad", [0, -1, 60_001])
+def test_a_fetch_wait_out_of_range_fails_at_start_up(bad: int) -> None:
+    with pytest.raises(ValueError, match="fetch_max_wait_ms"):
+        Settings(fetch_max_wait_ms=bad)
