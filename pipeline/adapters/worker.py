@@ -852,34 +852,32 @@ def _credentials(settings: Settings) -> Any:
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with the broker's fetch wait set by the settings
+    """Faust's consumer thread with the broker's fetch wait the app's settings give
     (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms."""
-
-    fetch_max_wait_ms = 1500
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read when its fetcher starts
+        wait_ms = getattr(self.app, "fetch_max_wait_ms", 1500)  # _App's (Faust's own: 1500)
+        consumer._fetch_max_wait_ms = wait_ms  # read when its fetcher starts
         return consumer
 
 
-def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
-    thread = type("ConsumerThread", (_ConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    class WaitingConsumer(faust_aiokafka.Consumer):
-        def _new_consumer_thread(self) -> Any:
-            return thread(self, loop=self.loop, beacon=self.beacon)
 
-    return type("Transport", (faust_aiokafka.Transport,), {"Consumer": WaitingConsumer})
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer
 
 
 class _App(faust.App):
-    """The Faust app whose consumer transport sets the fetch wait (see _ConsumerThread)."""
+    """The Faust app whose consumer sets the broker's fetch wait (see _ConsumerThread)."""
 
-    transport_class: type[faust_aiokafka.Transport] = faust_aiokafka.Transport
+    fetch_max_wait_ms = 1500  # Faust's own; build_app sets the settings' value
 
     def _new_transport(self) -> Any:
-        return self.transport_class(self.conf.broker_consumer, self)
+        return _Transport(self.conf.broker_consumer, self)
 
 
 def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
@@ -903,7 +901,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         # A recreated topic is seen at the next metadata refresh (see check_topic).
         consumer_metadata_max_age_ms=settings.topic_check_interval_ms * 5,
     )
-    app.transport_class = _transport_with_fetch_wait(settings.fetch_max_wait_ms)
+    app.fetch_max_wait_ms = settings.fetch_max_wait_ms
     shell = WorkerShell(settings, app)
     topic = app.topic(
         settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False
