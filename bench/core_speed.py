@@ -58,6 +58,10 @@ try:  # the writer builds raw-event columns from the kept events (issue 14)
     from pipeline.adapters.store import write_raw_events as _write_raw
 except ImportError:  # pragma: no cover - only when measuring an older commit
     _write_raw = None  # type: ignore[assignment]
+try:  # the processor keeps whole messages, the writer stores them as they are (issue 14)
+    from pipeline.adapters.store import write_raw_messages as _write_messages
+except ImportError:  # pragma: no cover - only when measuring an older commit
+    _write_messages = None  # type: ignore[assignment]
 # Requests reach the embedded store as JSON the engine converts (no columns in Python)
 _JSON_REQUESTS = _write_raw is not None
 
@@ -136,7 +140,9 @@ def run_once(
         t, tt = time.process_time(), time.thread_time()
         assert store is not None
         write_requests(store, pending_records)
-        if _write_raw is not None:  # this tree: columns built from the kept events here
+        if _write_messages is not None:  # this tree: the kept messages as they are
+            _write_messages(store, s.lifecycle_topic, pending_rows)
+        elif _write_raw is not None:  # pragma: no cover - kept events, one by one
             _write_raw(store, s.lifecycle_topic, pending_rows)
         else:  # pragma: no cover - an older commit: rows built on the event loop
             from pipeline.adapters.store import write_events
@@ -156,7 +162,12 @@ def run_once(
         t1 = time.process_time()
         # The event loop's share of storing raw events: nothing in this tree (the kept
         # events go to the writer as they are); a row per event in older commits.
-        rows = out.events if _write_raw is not None else [_raw_row(item) for item in out.events]
+        if _write_messages is not None:
+            rows = out.kept
+        elif _write_raw is not None:  # pragma: no cover - older commits
+            rows = out.events
+        else:  # pragma: no cover
+            rows = [_raw_row(item) for item in out.events]
         t2 = time.process_time()
         if not _JSON_REQUESTS:  # pragma: no cover - older commits: columns for every store
             request_columns(out.records)

@@ -53,7 +53,7 @@ from pipeline.adapters.store import (
     migrate,
     open_store,
     write_checkpoints,
-    write_raw_events,
+    write_raw_messages,
     write_requests,
     write_windows,
 )
@@ -184,7 +184,7 @@ class Probe:
         def collect(out: Output) -> None:
             records.extend(out.records)
             windows.extend(out.windows)
-            kept.extend(out.events)
+            kept.extend(out.kept)
 
         def flush(wall_ms: int) -> None:
             collect(proc.tick(wall_ms))
@@ -202,7 +202,7 @@ class Probe:
 
                 def write(st: ClickHouseStore = store) -> None:
                     write_requests(st, records)
-                    write_raw_events(st, s.lifecycle_topic, kept)
+                    write_raw_messages(st, s.lifecycle_topic, kept)
                     if windows:
                         write_windows(
                             st, windows, s.lifecycle_topic, acc, token, through_offsets=through

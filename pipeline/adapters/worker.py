@@ -61,7 +61,7 @@ from pipeline.adapters.store import (
     write_audit,
     write_checkpoints,
     write_isolating,
-    write_raw_events,
+    write_raw_isolating,
     write_requests,
     write_windows,
 )
@@ -70,7 +70,7 @@ from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.contract.summary import Progress, StatsSample, encode_summary
 from pipeline.core.ledger import merge_versions
-from pipeline.core.processor import Output, StreamProcessor
+from pipeline.core.processor import KeptMessage, Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo_windows import slo_factory
 from pipeline.core.summary import summarize
@@ -126,7 +126,7 @@ class WorkerShell:
         # Windows (and corrections) taken by the flush being written: their summaries
         # are not sent yet, so they cap the clock sent to the controller too.
         self._writing: list[ClosedWindow] = []
-        self._events: list[KeptEvent] = []  # lifecycle_events rows, as columns at write time
+        self._events: list[KeptMessage] = []  # lifecycle_events rows, one message each
         self._flush_lock = asyncio.Lock()
         # The flush a full buffer started (on_batch goes on meanwhile; see _flush_behind).
         self._behind: asyncio.Future[None] | None = None
@@ -266,7 +266,7 @@ class WorkerShell:
         self._records.extend(out.records)
         self._windows.extend(out.windows)
         # The payload is the event's bytes as the producer sent them (no re-encoding).
-        self._events.extend(out.events)
+        self._events.extend(out.kept)
         if out.dead:
             assert self.dlq is not None
             self.dlq.send_dead(out.dead)
@@ -351,7 +351,7 @@ class WorkerShell:
         self,
         records: list[RequestRecord],
         windows: list[ClosedWindow],
-        events: list[KeptEvent],
+        events: list[KeptMessage],
         checkpoints: list[Checkpoint],
         through: dict[int, int],
     ) -> int:
@@ -403,10 +403,9 @@ class WorkerShell:
             )  # fmt: skip
         if events:
             topic = s.lifecycle_topic
-            retries += self._write_rows(
-                lambda rows: write_raw_events(store, topic, rows), events, "write of raw events",
-                lambda kept, why: _event_dead_letter(topic, kept, why),
-            )  # fmt: skip
+            n, rejected = write_raw_isolating(store, topic, events, retry=self._retry)
+            retries += n
+            self._dead_rows([_event_dead_letter(topic, kept, why) for kept, why in rejected])
         # Only after the windows: a horizon never runs ahead of what is stored.
         retries += self._retry(
             lambda: write_checkpoints(store, s.group_id, s.lifecycle_topic, checkpoints),
@@ -434,13 +433,16 @@ class WorkerShell:
         """Write rows; those the store rejects for their values are isolated (the batch is
         split) and sent to the DLQ with the store's reason; the rest is written."""
         retries, rejected = write_isolating(write, rows, what, retry=self._retry)
-        if rejected:
+        self._dead_rows([to_dead(row, reason) for row, reason in rejected])
+        return retries
+
+    def _dead_rows(self, dead: list[DeadLetter]) -> None:
+        """Rows the store refused, to the DLQ (counted)."""
+        if dead:
             assert self.dlq is not None
-            dead = [to_dead(row, reason) for row, reason in rejected]
             self.dlq.send_dead(dead)
             self.telemetry.dead_letters.add(len(dead))
             self.store_rejected += len(dead)
-        return retries
 
     async def flush_and_commit(self) -> None:
         async with self._flush_lock:

@@ -159,9 +159,11 @@ def decode_clean(
     raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, raws: bool = True
 ) -> tuple[list[WireEvent], list[EventBytes]] | None:
     """The fast path of :func:`decode_fast` alone: the events of a message the Structs
-    accept whole, with their original bytes (none when ``raws`` is off); None for any
-    other message (then :func:`decode_fast` gives its events and dead letters). Never
-    raises. A batch is decoded in one call (and sliced in another when ``raws``)."""
+    accept whole, with their original bytes; None for any other message (then
+    :func:`decode_fast` gives its events and dead letters). Never raises. A batch is
+    decoded in one call (and sliced in another when ``raws``; with ``raws`` off, a batch
+    comes with no bytes, its elements being its events' bytes, and a single event with
+    the message)."""
     if not isinstance(raw, bytes) or len(raw) > max_bytes:
         return None
     try:
@@ -173,6 +175,12 @@ def decode_clean(
         return [_ONE.decode(raw)], [raw]
     except (msgspec.MsgspecError, ValueError):  # e.g. UnicodeDecodeError
         return None
+
+
+def event_slices(raw: bytes) -> list[Raw]:
+    """The elements of a JSON array message :func:`decode_clean` accepted: its events'
+    bytes, as received."""
+    return _SLICES.decode(raw)
 
 
 def decode_fast(

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain
+from typing import NamedTuple
 
 from pipeline.contract.codec import DEFAULT_MAX_MESSAGE_BYTES, DeadLetter, SourceRef
 from pipeline.contract.events import Event
 from pipeline.contract.wire import (
-    AnyEvent,
     AnyLifecycle,
     EventBytes,
     StatsWire,
@@ -72,14 +72,25 @@ class _PartitionState:
     advanced_at_ms: int = -1  # watermark at the last per-event advance
 
 
+class KeptMessage(NamedTuple):
+    """A message's valid events with their bytes as received (``keep_events``): what the
+    raw events table stores, one per message, not one tuple per event."""
+
+    partition: int
+    offset: int
+    events: list[WireEvent]  # its valid events (engine.stats included), as decoded
+    # The message itself when it is a JSON array of exactly these events, in order (the
+    # decoder accepted it whole: its elements are their bytes); else each event's bytes.
+    payload: bytes | list[EventBytes]
+
+
 @dataclass(slots=True)
 class Output:
     records: list[RequestRecord] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     windows: list[ClosedWindow] = field(default_factory=list)  # closed ones and corrections
-    # (partition, offset, event, its bytes as received) of every valid event, when
-    # keep_events is on
-    events: list[tuple[int, int, AnyEvent, EventBytes]] = field(default_factory=list)
+    # the messages with valid events and those events' bytes, when keep_events is on
+    kept: list[KeptMessage] = field(default_factory=list)
     stats: list[StatsWire] = field(default_factory=list)  # engine.stats events seen
 
 
@@ -326,7 +337,9 @@ class StreamProcessor:
         for partition, offset, raw in messages:
             counters.messages += 1
             st = self._parts.get(partition) or self._part(partition)
-            clean = decode_clean(raw, max_bytes=max_bytes, raws=keep)
+            # (no slices of the events' bytes: an array message is kept whole, see
+            # KeptMessage; a single event comes with its bytes, the message)
+            clean = decode_clean(raw, max_bytes=max_bytes, raws=False)
             if clean is None:  # a bad event in it, or a bad message: the reference decoder
                 decoded = decode_fast(
                     raw, SourceRef(self.topic, partition, offset), max_bytes=max_bytes
@@ -334,10 +347,13 @@ class StreamProcessor:
                 evs, raws = decoded.events, decoded.raws
                 out.dead.extend(decoded.dead)
                 counters.dead_letters += len(decoded.dead)
+                if keep and evs:
+                    out.kept.append(KeptMessage(partition, offset, evs, raws))
             else:
                 evs, raws = clean
-            if keep:
-                out.events.extend(zip(repeat(partition), repeat(offset), evs, raws))
+                if keep and evs:
+                    # raws is empty for an array (raws=False): the message is their bytes
+                    out.kept.append(KeptMessage(partition, offset, evs, raws or raw))
             counters.events += len(evs)
             if st.ahead or st.clock.bootstrapping:
                 self._events(partition, st, offset, iter(evs), wall_ms, out)

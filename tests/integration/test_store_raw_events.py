@@ -13,6 +13,7 @@ import pytest
 from pipeline.adapters import store as st
 from pipeline.contract.codec import SourceRef
 from pipeline.contract.wire import decode_fast
+from pipeline.core.processor import KeptMessage, StreamProcessor
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
 
@@ -108,5 +109,50 @@ def test_a_batch_stores_one_row_per_event_as_the_column_insert_does(
         assert len(by_json) == len({ev.event_id for _, _, ev, _ in kept}) == len(_kept())
         parts = "SELECT count() FROM system.parts WHERE active AND table = 'lifecycle_events'"
         assert store.query_rows(parts) == [(1,)]  # one part: nothing merged in the background
+    finally:
+        store.close()
+
+
+def _messages(with_repeated_key: bool) -> list[KeptMessage]:
+    """MESSAGES as the processor keeps them (whole when an array), with or without the one
+    whose event repeats a key (the engine refuses to read it: the batch is written from
+    the decoded fields instead)."""
+    proc = StreamProcessor("lc", keep_events=True)
+    kept: list[KeptMessage] = []
+    for off, (what, raw) in enumerate(MESSAGES):
+        if "repeated key" in what and not with_repeated_key:
+            continue
+        kept += proc.process([(3, off, raw)], None).kept
+    return kept
+
+
+@pytest.mark.parametrize("repeated", [False, True], ids=["as sent", "a repeated key"])
+def test_kept_messages_store_what_the_column_insert_stores(
+    tmp_path: Path, repeated: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's path: whole messages, read by the engine (twice: fields and bytes), or
+    from the decoded fields when the engine cannot read an event as the decoder did."""
+    store = st.open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        st.migrate(store, raw_ttl_days=3650)
+        kept = _messages(repeated)
+        assert any(isinstance(m.payload, bytes) for m in kept)  # arrays kept whole
+        with caplog.at_level("INFO", logger="pipeline.adapters.store"):
+            st.write_raw_messages(store, "lc", kept)
+        assert ("writing the decoded fields" in caplog.text) is repeated
+        by_messages = store.query_rows(_ALL)
+        store.command("TRUNCATE TABLE tailguard.lifecycle_events")
+        flat = st.kept_events(kept)
+        st._insert_columns(
+            store, "lifecycle_events", st.EVENT_COLUMNS, st.raw_event_columns("lc", flat)
+        )
+        assert by_messages == store.query_rows(_ALL)
+        assert len(by_messages) == len(flat) == sum(len(m.events) for m in kept)
+        payload = [n for n, _ in st.EVENT_COLUMNS].index("payload")
+        stored = {(r[0], r[8]): r[payload] for r in by_messages}
+        for _, off, ev, raw in flat:
+            assert stored[ev.event_id, off].encode() == bytes(raw), ev.event_id
+        if repeated:
+            assert next(r for r in by_messages if r[0] == "f:r")[4] == "gw-9"
     finally:
         store.close()
