@@ -1055,7 +1055,10 @@ def write_raw_messages(store: Store, topic: str, kept: Sequence[KeptMessage]) ->
             raise
         # An event the engine does not read as the decoder did (a repeated key): each
         # event's fields as decoded, and its bytes sliced here, instead. The failed insert
-        # wrote nothing (the file is read into one block before anything is written).
+        # wrote nothing as long as it had fewer rows than one insert block (an INSERT ...
+        # SELECT writes in blocks of min_insert_block_size_rows, ~1 M; a flush holds far
+        # fewer); rows of a block written before the failure come again identical, and the
+        # table collapses them (ReplacingMergeTree, one row per event id).
         log.info(
             "raw events: the engine could not read %d messages as sent (%s); "
             "writing the decoded fields",
