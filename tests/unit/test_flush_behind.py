@@ -1,0 +1,136 @@
+"""The worker's flush coordination (``WorkerShell._flush_behind``): a full buffer starts a
+flush that runs behind the next batches; while it runs, batches go on until
+``BEHIND_BUFFERS`` x ``flush_max_rows`` records are buffered, and then wait only until a
+flush has taken the buffer, not until it is written. The writer is a fake flush that
+snapshots the buffer and then waits for its own gate (the writer thread's write)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.adapters.worker import BEHIND_BUFFERS, WorkerShell
+
+MAX = 10
+
+
+class _Writes:
+    """Fake ``flush_and_commit``: takes the buffer at once, then waits for its gate."""
+
+    def __init__(self, shell: WorkerShell) -> None:
+        self.shell = shell
+        self.taken: list[int] = []
+        self.gates: list[asyncio.Event] = []
+        self.fail_next = False
+
+    async def __call__(self) -> None:
+        sh = self.shell
+        rows, sh._records = sh._records, []
+        sh._taken.set()
+        self.taken.append(len(rows))
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        if self.fail_next:
+            raise RuntimeError("store down")
+
+
+def _shell() -> tuple[WorkerShell, _Writes]:
+    sh = object.__new__(WorkerShell)
+    sh.settings = SimpleNamespace(flush_max_rows=MAX)  # type: ignore[assignment]
+    sh._records = []
+    sh._behind = None
+    sh._flush_again = False
+    sh._taken = asyncio.Event()
+    writes = _Writes(sh)
+    sh.flush_and_commit = writes  # type: ignore[method-assign]
+    return sh, writes
+
+
+async def _settle() -> None:
+    """Let every ready task run (no time passes: the fake flushes wait on gates)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def _run(coro) -> None:  # type: ignore[no-untyped-def]
+    asyncio.run(asyncio.wait_for(coro, 10))
+
+
+@pytest.mark.parametrize("extra", [MAX, (BEHIND_BUFFERS - 1) * MAX - 1])
+def test_a_batch_below_the_bound_does_not_wait_for_the_running_flush(extra: int) -> None:
+    async def go() -> None:
+        sh, writes = _shell()
+        sh._records = [0] * MAX
+        await sh._flush_behind()
+        await _settle()
+        assert writes.taken == [MAX]
+        sh._records += [0] * extra  # full again while the first flush is written
+        await sh._flush_behind()  # returns at once: the gate is still closed
+        assert sh._flush_again
+        assert writes.taken == [MAX]
+        writes.gates[0].set()
+        await _settle()
+        assert writes.taken == [MAX, extra]  # the next flush followed at once
+        writes.gates[1].set()
+        await sh._behind  # type: ignore[misc]
+
+    _run(go())
+
+
+def test_a_batch_at_the_bound_waits_until_a_flush_takes_the_buffer_not_until_written() -> None:
+    async def go() -> None:
+        sh, writes = _shell()
+        sh._records = [0] * MAX
+        await sh._flush_behind()
+        await _settle()
+        sh._records += [0] * (BEHIND_BUFFERS * MAX)
+        batch = asyncio.ensure_future(sh._flush_behind())
+        await _settle()
+        assert not batch.done()  # the bound: it waits
+        writes.gates[0].set()  # the first flush is written; the chain takes the buffer
+        await batch  # ... and the batch goes on while that one is written
+        assert writes.taken == [MAX, BEHIND_BUFFERS * MAX]
+        assert not writes.gates[1].is_set()
+        assert sh._records == []
+        writes.gates[1].set()
+        await sh._behind  # type: ignore[misc]
+
+    _run(go())
+
+
+def test_a_failed_flush_fails_the_batch_waiting_at_the_bound() -> None:
+    async def go() -> None:
+        sh, writes = _shell()
+        sh._records = [0] * MAX
+        await sh._flush_behind()
+        await _settle()
+        sh._records += [0] * (BEHIND_BUFFERS * MAX)
+        batch = asyncio.ensure_future(sh._flush_behind())
+        await _settle()
+        writes.fail_next = True
+        writes.gates[0].set()
+        with pytest.raises(RuntimeError, match="store down"):
+            await batch
+
+    _run(go())
+
+
+def test_a_closed_window_while_a_flush_runs_asks_for_the_next_flush() -> None:
+    async def go() -> None:
+        sh, writes = _shell()
+        sh._records = [0] * MAX
+        await sh._flush_behind()
+        await _settle()
+        sh._records += [0]
+        await sh._flush_behind(closed=True)
+        assert sh._flush_again
+        writes.gates[0].set()
+        await _settle()
+        assert writes.taken == [MAX, 1]
+        writes.gates[1].set()
+        await sh._behind  # type: ignore[misc]
+
+    _run(go())
