@@ -319,7 +319,7 @@ class WorkerShell:
 
         Measured (one worker catching up 3 M events, flush_max_rows 20,000): when every
         buffer that filled during a flush waited for it, the event loop waited 12-15 s of
-        a ~75 s run, ~40 % of its time with the writer busy and one core idle."""
+        a ~75 s run (~20 %), the writer busy and one core idle meanwhile."""
         running = self._behind
         if running is not None and not running.done():
             self._flush_again = True
