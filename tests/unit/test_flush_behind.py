@@ -55,6 +55,15 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _first_flush_running() -> tuple[WorkerShell, _Writes]:
+    """A shell whose full buffer started a flush that is now being written (gate closed)."""
+    sh, writes = _shell()
+    sh._records = [0] * MAX
+    await sh._flush_behind()
+    await _settle()
+    return sh, writes
+
+
 def _run(coro) -> None:  # type: ignore[no-untyped-def]
     asyncio.run(asyncio.wait_for(coro, 10))
 
@@ -62,10 +71,7 @@ def _run(coro) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("extra", [MAX, (BEHIND_BUFFERS - 1) * MAX - 1])
 def test_a_batch_below_the_bound_does_not_wait_for_the_running_flush(extra: int) -> None:
     async def go() -> None:
-        sh, writes = _shell()
-        sh._records = [0] * MAX
-        await sh._flush_behind()
-        await _settle()
+        sh, writes = await _first_flush_running()
         assert writes.taken == [MAX]
         sh._records += [0] * extra  # full again while the first flush is written
         await sh._flush_behind()  # returns at once: the gate is still closed
@@ -82,10 +88,7 @@ def test_a_batch_below_the_bound_does_not_wait_for_the_running_flush(extra: int)
 
 def test_a_batch_at_the_bound_waits_until_a_flush_takes_the_buffer_not_until_written() -> None:
     async def go() -> None:
-        sh, writes = _shell()
-        sh._records = [0] * MAX
-        await sh._flush_behind()
-        await _settle()
+        sh, writes = await _first_flush_running()
         sh._records += [0] * (BEHIND_BUFFERS * MAX)
         batch = asyncio.ensure_future(sh._flush_behind())
         await _settle()
@@ -103,10 +106,7 @@ def test_a_batch_at_the_bound_waits_until_a_flush_takes_the_buffer_not_until_wri
 
 def test_a_failed_flush_fails_the_batch_waiting_at_the_bound() -> None:
     async def go() -> None:
-        sh, writes = _shell()
-        sh._records = [0] * MAX
-        await sh._flush_behind()
-        await _settle()
+        sh, writes = await _first_flush_running()
         sh._records += [0] * (BEHIND_BUFFERS * MAX)
         batch = asyncio.ensure_future(sh._flush_behind())
         await _settle()
@@ -120,10 +120,7 @@ def test_a_failed_flush_fails_the_batch_waiting_at_the_bound() -> None:
 
 def test_a_closed_window_while_a_flush_runs_asks_for_the_next_flush() -> None:
     async def go() -> None:
-        sh, writes = _shell()
-        sh._records = [0] * MAX
-        await sh._flush_behind()
-        await _settle()
+        sh, writes = await _first_flush_running()
         sh._records += [0]
         await sh._flush_behind(closed=True)
         assert sh._flush_again
