@@ -12,10 +12,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import deque
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
@@ -26,9 +27,12 @@ from pipeline.settings import Settings
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
 from producers.simulator.model import OverloadEpisode, SimConfig
 
+if TYPE_CHECKING:
+    from pipeline.adapters.kafka_admin import GroupProgress
+
 DEMO_JOIN_TIMEOUT_MS = 5_000
 DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input ends
-# Commit often: the closed loop paces the simulator by the worker's committed lag.
+# Commit often: the closed loop paces the simulator by the worker's committed offsets.
 DEMO_FLUSH_INTERVAL_MS = 250
 
 
@@ -147,35 +151,62 @@ def _default(obj: Any) -> Any:
 
 
 class _Pacer:
-    """Closed loop: the simulator waits while the worker is more than ``max_lag``
-    messages behind, so that directives reach the simulated gateways while the
-    traffic they are about is still arriving (on a busy machine a worker at 60x
-    can fall minutes of event time behind). Checks at most every ``every_s``."""
+    """Closed loop: directives must reach the simulated gateways while the traffic they
+    are about is still arriving. On a busy machine a worker at 60x falls minutes of event
+    time behind, and its controller with it. The bound is in *simulated time*, not in
+    messages: a message carries ~90 events in the demo, so a bound of 150 messages let
+    the whole 22-minute closed-loop run through before the first L1 directive was out.
+
+    At each check (at most every ``every_s`` of wall time) the pacer notes the end offsets
+    of the lifecycle and summaries topics against the simulated clock; then it waits until
+    everything it had sent ``max_lag_s`` of simulated time earlier is committed by the
+    worker and every summary published by then is taken by the controller (the group's
+    committed offsets: what the controller has decided on)."""
 
     def __init__(
         self,
         settings: Settings,
         worker: subprocess.Popen[bytes],
-        max_lag: int = 150,
+        max_lag_s: float = 60.0,
         every_s: float = 1.0,
+        poll_s: float = 0.2,
     ) -> None:
         self.settings = settings
         self.worker = worker
-        self.max_lag = max_lag
+        self.max_lag_ns = int(max_lag_s * 1e9)
         self.every_s = every_s
+        self.poll_s = poll_s
         self.next_check = 0.0
         self.waited_s = 0.0
+        # (simulated ts_unix_ns, lifecycle end offset, summaries end offset), oldest first
+        self._marks: deque[tuple[int, int, int]] = deque()
 
-    def __call__(self) -> None:
+    def _progress(self) -> tuple[GroupProgress, GroupProgress | None]:
         from pipeline.adapters.kafka_admin import group_progress
 
+        s = self.settings
+        lifecycle = group_progress(s, s.lifecycle_topic)
+        summaries = group_progress(s, s.summaries_topic) if s.control_enabled else None
+        return lifecycle, summaries
+
+    def __call__(self, ts_unix_ns: int) -> None:
         now = time.monotonic()
         if now < self.next_check:
             return
-        while self.worker.poll() is None:
-            if group_progress(self.settings, self.settings.lifecycle_topic).lag <= self.max_lag:
-                break
-            time.sleep(0.2)
+        lifecycle, summaries = self._progress()
+        self._marks.append((ts_unix_ns, lifecycle.end, summaries.end if summaries else 0))
+        due: tuple[int, int, int] | None = None
+        while self._marks and self._marks[0][0] <= ts_unix_ns - self.max_lag_ns:
+            due = self._marks.popleft()
+        if due is not None:
+            _, lifecycle_end, summaries_end = due
+            while self.worker.poll() is None:
+                if lifecycle.committed >= lifecycle_end and (
+                    summaries is None or summaries.committed >= summaries_end
+                ):
+                    break
+                time.sleep(self.poll_s)
+                lifecycle, summaries = self._progress()
         self.waited_s += time.monotonic() - now
         self.next_check = time.monotonic() + self.every_s
 

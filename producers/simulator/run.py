@@ -68,7 +68,7 @@ def run_simulation(
     progress: bool = False,
     limit: int | None = None,
     gate: GatewayGate | None = None,
-    pace: Callable[[], None] | None = None,
+    pace: Callable[[int], None] | None = None,
 ) -> RunSummary:
     """Simulate ``trace_path`` under ``config`` and send every event to ``sink``.
 
@@ -109,8 +109,12 @@ def run_simulation(
                 _wait_until(wall_start + (ts - first_ns) / 1e9 / speedup, tick)
             sink.emit(event)
             sent += 1
-            if pace is not None:
-                pace()  # closed loop: let the pipeline keep up (it rate-limits itself)
+            if pace is not None:  # closed loop: let the pipeline keep up, in simulated time
+                paused_at = time.monotonic()
+                pace(ts)
+                # Resume at the same speed: no burst through the time spent waiting (a
+                # burst would outrun the pacer's next look, in simulated time).
+                wall_start += time.monotonic() - paused_at
             last_ns = ts
             if progress and time.monotonic() >= next_update:
                 next_update = time.monotonic() + _PROGRESS_EVERY_S
