@@ -141,7 +141,8 @@ class StreamProcessor:
         ttl = self.join_config.resolved_ttl_ms
         led = dict(ledger or {})
         for rid, packed in sorted(led.items(), key=lambda kv: unpack(kv[1])[1]):
-            if packed & 2 and seed_join:
+            # (a take-back as the furthest version: the store counts nothing of it)
+            if packed & (2 | RETRACTED) == 2 and seed_join:
                 joiner.seed_resolved(rid, unpack(packed)[1] + ttl)
         self._parts[partition] = _PartitionState(
             joiner,
@@ -177,7 +178,13 @@ class StreamProcessor:
             code = st.ledger.get(key)
             if code is not None:
                 mine = ledger_code(rec)
-                if code_order(mine) <= code_order(code):
+                if code & RETRACTED:
+                    # The furthest version written is a take-back: its replacement was
+                    # never written (a written one ranks higher), so the store holds the
+                    # add and its take-back, net nothing. Count this record, whatever
+                    # its version, and take nothing back.
+                    previous = None
+                elif code_order(mine) <= code_order(code):
                     # Counted before this worker took the partition (a replayed input).
                     if code_order(mine) == code_order(code) and mine != code:
                         # The other side's partial: the store holds this request's first
@@ -188,11 +195,8 @@ class StreamProcessor:
                         st.replayed += 1
                         out.records.append(rec)  # the same row again (or an older one)
                     return
-                # An upgrade of what was counted: take that version back, unless a
-                # window took it back already (and the replacing add was not written).
-                if code & RETRACTED:
-                    previous = None
                 else:
+                    # An upgrade of what was counted: take that version back.
                     previous = emitted.version(code)
                     if previous is None:
                         self.counters.replay_conflicts += 1
@@ -248,7 +252,7 @@ class StreamProcessor:
         clock.observe(ev.host, ts_ms, wall_ms or 0)
         if st.ledger and ev.kind == "gateway.received":
             code = st.ledger.get(ev.request_id)
-            if code is not None and code & 3 == 3:
+            if code is not None and code & (3 | RETRACTED) == 3:
                 # Re-read after a takeover, of a request counted complete: a lone received
                 # here would only wait out the in-flight TTL (holding the commit back).
                 self.counters.replayed_events += 1
@@ -420,7 +424,7 @@ class StreamProcessor:
             wm = observe(ev.host, ts_ms, wall)
             if ledger and kind == "gateway.received":
                 code = ledger.get(ev.request_id)
-                if code is not None and code & 3 == 3:
+                if code is not None and code & (3 | RETRACTED) == 3:
                     # see _event (a watermark it moved: ``limit`` stays lower, which only
                     # sends an event to _events, which judges it again)
                     self.counters.replayed_events += 1

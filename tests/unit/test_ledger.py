@@ -108,6 +108,40 @@ def test_a_worker_taking_over_counts_nothing_twice(
     assert proc.counters.replayed == want_replayed
 
 
+@pytest.mark.parametrize(
+    ("code", "r1_kinds", "want_net"),
+    [
+        # r1's gateway partial counted, then taken back for an upgrade whose add was never
+        # written (its owner stopped): this worker meets only the partial again
+        (1 | RETRACTED, ("received", "completed"), 2),
+        # ... or the joined record this time
+        (1 | RETRACTED, ("received", "finished", "completed"), 2),
+        # r1's joined record taken back (superseded by a retry) and the replacement never
+        # written: its events are no duplicates of anything the store counts
+        (3 | RETRACTED, ("received", "finished", "completed"), 2),
+        # for contrast, r1 counted complete and not taken back: not counted again
+        (3, ("received", "finished", "completed"), 1),
+    ],
+)
+def test_a_take_back_whose_replacement_was_never_written_leaves_the_request_to_count(
+    code: int, r1_kinds: tuple[str, ...], want_net: int
+) -> None:
+    """The furthest version in the ledger is a take-back: the store holds the add and
+    its take-back, net nothing, so the worker taking over counts r1 once, whatever
+    version of it the input gives it now (a take-back of a written replacement is never
+    the furthest code: the replacement's revision ranks higher)."""
+    proc = StreamProcessor("t", window_config=WindowConfig(size_ms=10_000, grace_ms=0))
+    proc.init_partition(0, {"r1": pack(code, 10_000)})
+    make = {"received": received, "finished": finished, "completed": completed}
+    at = {"received": 0.0, "finished": 90.0, "completed": 95.0}
+    events = [make[k]("r1", at[k]) for k in r1_kinds]
+    events += [received("r2", 50.0), finished("r2", 140.0), completed("r2", 145.0)]
+    out = proc.process(_msgs(events), wall_ms=None)
+    windows = out.windows + proc.drain().windows
+    assert sum(w.records.get(ALL_KEY, 0) for w in windows) == want_net
+    assert "r2" in {rid for w in windows for rid in w.ledger}
+
+
 def test_a_take_back_written_before_its_replacement_is_not_repeated() -> None:
     """Worker 1 writes the window that takes a partial back (a correction: the partial's
     window closed long ago) but stops before the window adding the joined record closes;
