@@ -376,16 +376,27 @@ class WorkerShell:
     ) -> int:
         """All writes of one flush, in order; runs on the writer thread.
 
-        Closed windows go first, with their final summaries and the close horizons: the
-        controller decides on a window as soon as they are out, not after the flush's
-        request rows and raw events (0.3-0.8 s at 50,000 events/s). Nothing is committed
-        before every write succeeded; if the worker dies in between, the windows' ledger
-        (published before their summaries) tells the next owner the replayed records are
-        counted already, and their rows are written again (ReplacingMergeTree).
+        Request rows first, then the closed windows with their ledger, final summaries
+        and close horizons, then the raw events (the largest write) and checkpoints.
+        Rows before windows: the ledger a window publishes tells the next owner of the
+        partition that its requests are counted, and a complete one is then taken for a
+        duplicate when re-read (its record never comes out again), so its row must be
+        in the store before the ledger says so (a stop between the two writes lost the
+        rows otherwise). Windows before raw events: the controller
+        decides on a window as soon as its summary is out. Nothing is committed before
+        every write succeeded; a worker dying in between leaves rows that the next owner
+        writes again (ReplacingMergeTree) and windows it counts once (the ledger).
         """
         assert self.store is not None
         store, s = self.store, self.settings
         retries = 0
+        if records:
+            retries += self._write_rows(
+                lambda rows: write_requests(store, rows), records, "write of records",
+                lambda rec, why: dataclasses.replace(
+                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
+                ),
+            )  # fmt: skip
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
@@ -413,13 +424,6 @@ class WorkerShell:
         # Their final summaries are out: they no longer cap the provisional clocks (see
         # send_provisional; one assignment, read on the event loop).
         self._writing = []
-        if records:
-            retries += self._write_rows(
-                lambda rows: write_requests(store, rows), records, "write of records",
-                lambda rec, why: dataclasses.replace(
-                    _record_dead_letter(rec, s.lifecycle_topic), reason=why
-                ),
-            )  # fmt: skip
         if events:
             topic = s.lifecycle_topic
             n, rejected = write_raw_isolating(store, topic, events, retry=self._retry)

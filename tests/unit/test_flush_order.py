@@ -1,0 +1,104 @@
+"""The order of one flush's writes (``WorkerShell._write``, the writer thread): request
+rows before the windows and their ledger, because the ledger tells the next owner of a
+partition that those requests are counted, and a complete request it then re-reads is a
+duplicate to it (its record, and so its row, never comes out again). A stop between two
+writes must leave no request that the ledger counts without its row."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipeline.adapters import worker as worker_module
+from pipeline.adapters.worker import WorkerShell
+from pipeline.contract.codec import encode_event
+from pipeline.core.processor import StreamProcessor
+from pipeline.core.windows import WindowConfig
+from pipeline.settings import Settings
+from tests.factories import completed, finished, received
+
+
+class _StoppedError(Exception):
+    """The stop arriving at a given write (what the writer raises then)."""
+
+
+def _closed_windows() -> tuple[list[Any], list[Any]]:
+    proc = StreamProcessor("t", window_config=WindowConfig(size_ms=10_000, grace_ms=0))
+    evs = [received("r1", 0.0), finished("r1", 90.0), completed("r1", 95.0)]
+    out = proc.process([(0, i, encode_event(e)) for i, e in enumerate(evs)], wall_ms=None)
+    drained = proc.drain()
+    return out.records + drained.records, out.windows + drained.windows
+
+
+_WRITES = {  # the worker module's store writes, by what they write
+    "write_requests": "rows",
+    "write_windows": "windows",
+    "write_raw_isolating": "raw events",
+    "write_checkpoints": "checkpoints",
+}
+
+
+def _shell(calls: list[str]) -> WorkerShell:
+    """A shell whose ledger and summaries producer note what they are given."""
+    sh = object.__new__(WorkerShell)
+    sh.settings = Settings()
+    sh.store = object()  # type: ignore[assignment]
+    sh.stopping = threading.Event()
+    sh._progress_sent = {}
+    sh._writing = []
+    sh._loop = None
+    sh.ledger = SimpleNamespace(  # type: ignore[assignment]
+        publish=lambda *_a: calls.append("ledger"), flush=lambda: None
+    )
+    sh.summaries = SimpleNamespace(  # type: ignore[assignment]
+        send=lambda _raw: calls.append("summary") if "summary" not in calls else None,
+        flush=lambda _stopping: None,
+    )
+    sh._write_rows = lambda write, rows, what, to_dead: (write(rows), 0)[1]  # type: ignore[method-assign]
+    sh._retry = lambda fn, what: (fn(), 0)[1]  # type: ignore[method-assign]
+    sh._dead_rows = lambda dead: None  # type: ignore[method-assign]
+    return sh
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
+    calls: list[str] = []
+
+    def fake(name: str) -> Any:
+        def write(*_a: Any, **_k: Any) -> Any:
+            if name == stop_at:
+                raise _StoppedError(name)
+            calls.append(name)
+            return (0, []) if name == "raw events" else None
+
+        return write
+
+    for attr, name in _WRITES.items():
+        monkeypatch.setattr(worker_module, attr, fake(name))
+    sh = _shell(calls)
+    records, windows = _closed_windows()
+    assert records
+    assert windows
+    with contextlib.suppress(_StoppedError):
+        sh._write(records, windows, [object()], [], {0: 3})  # type: ignore[list-item]
+    return calls
+
+
+def test_rows_then_windows_and_ledger_then_summaries_then_raw_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _run(monkeypatch, None) == [
+        "rows", "windows", "ledger", "summary", "raw events", "checkpoints",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("stop_at", ["rows", "windows", "raw events", "checkpoints"])
+def test_a_stop_at_any_write_leaves_no_ledger_without_the_rows(
+    monkeypatch: pytest.MonkeyPatch, stop_at: str
+) -> None:
+    calls = _run(monkeypatch, stop_at)
+    if "ledger" in calls:
+        assert calls.index("rows") < calls.index("ledger"), calls
