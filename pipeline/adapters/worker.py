@@ -382,10 +382,10 @@ class WorkerShell:
         partition that its requests are counted, and a complete one is then taken for a
         duplicate when re-read (its record never comes out again), so its row must be
         in the store before the ledger says so (a stop between the two writes lost the
-        rows otherwise). Windows before raw events: the controller
-        decides on a window as soon as its summary is out. Nothing is committed before
-        every write succeeded; a worker dying in between leaves rows that the next owner
-        writes again (ReplacingMergeTree) and windows it counts once (the ledger).
+        rows otherwise). Windows before raw events: the controller decides on a window
+        as soon as its summary is out. Nothing is committed before every write
+        succeeded; a worker dying in between leaves rows that the next owner writes
+        again (ReplacingMergeTree) and windows it counts once (the ledger).
         """
         assert self.store is not None
         store, s = self.store, self.settings
