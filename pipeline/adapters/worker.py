@@ -921,6 +921,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         broker_max_poll_records=5000,
+        consumer_max_fetch_size=settings.fetch_max_partition_bytes,
         broker_session_timeout=settings.session_timeout_ms / 1000,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         stream_buffer_maxsize=8192,

@@ -32,3 +32,22 @@ def test_the_default_fetch_wait_is_short() -> None:
 def test_a_fetch_wait_out_of_range_fails_at_start_up(bad: int) -> None:
     with pytest.raises(ValueError, match="fetch_max_wait_ms"):
         Settings(fetch_max_wait_ms=bad)
+
+
+@pytest.mark.parametrize("fetch_bytes", [65_536, 4_194_304, 16_777_216])
+def test_the_worker_consumer_partition_fetch_size_follows_the_settings(fetch_bytes: int) -> None:
+    app, _ = build_app(Settings(fetch_max_partition_bytes=fetch_bytes))
+
+    async def create() -> int:
+        thread = app.consumer._new_consumer_thread()  # type: ignore[attr-defined]
+        consumer = thread._create_worker_consumer(app.transport)
+        got: int = consumer._max_partition_fetch_bytes  # what its fetcher is started with
+        return got
+
+    assert asyncio.run(create()) == fetch_bytes
+
+
+@pytest.mark.parametrize("bad", [0, 65_535, 268_435_457])
+def test_a_partition_fetch_size_out_of_range_fails_at_start_up(bad: int) -> None:
+    with pytest.raises(ValueError, match="fetch_max_partition_bytes"):
+        Settings(fetch_max_partition_bytes=bad)
