@@ -14,18 +14,22 @@ def _pieces(n: int) -> list[bytes]:
     return [b"%d;" % i * (1 + i % 7) for i in range(n)]
 
 
-@pytest.mark.parametrize(
-    "n", [0, 1, 2, st._IOV_MAX - 1, st._IOV_MAX, st._IOV_MAX + 1, 3 * st._IOV_MAX + 5]
-)
-def test_every_piece_in_order(tmp_path: Path, n: int) -> None:
-    pieces = _pieces(n)
-    path = tmp_path / "f"
+def _written(path: Path, pieces: list[bytes]) -> bytes:
+    """What write_all leaves in a new file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT)
     try:
         st.write_all(fd, pieces)
     finally:
         os.close(fd)
-    assert path.read_bytes() == b"".join(pieces)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "n", [0, 1, 2, st._IOV_MAX - 1, st._IOV_MAX, st._IOV_MAX + 1, 3 * st._IOV_MAX + 5]
+)
+def test_every_piece_in_order(tmp_path: Path, n: int) -> None:
+    pieces = _pieces(n)
+    assert _written(tmp_path / "f", pieces) == b"".join(pieces)
 
 
 @pytest.mark.parametrize("cut", [0, 1, 17, 1000])
@@ -43,11 +47,5 @@ def test_a_short_write_is_finished(
 
     monkeypatch.setattr(os, "writev", short)
     pieces = _pieces(2 * st._IOV_MAX + 3)
-    path = tmp_path / "f"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        st.write_all(fd, pieces)
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == b"".join(pieces)
+    assert _written(tmp_path / "f", pieces) == b"".join(pieces)
     assert len(calls) == 3  # one writev per IOV_MAX pieces
