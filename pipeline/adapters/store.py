@@ -173,8 +173,8 @@ class ClickHouseStore:
             self._client.close()
 
 
-# Pieces per writev(2) call (the kernel's IOV_MAX on Linux).
-_IOV_MAX = 1024
+# Pieces per writev(2) call: the system's IOV_MAX (1024 on Linux).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def write_all(fd: int, pieces: Sequence[bytes]) -> None:
