@@ -81,6 +81,19 @@ def _landed(r: WorkerRunResult, label: str) -> Figure:
     )
 
 
+def _loop_figure(r: WorkerRunResult, label: str) -> Figure:
+    """The event loop's CPU per event: one thread, holding the GIL while it computes, so
+    one process cannot exceed 10^6 / this many events per second (less the writer
+    thread's own Python time, which takes the GIL too)."""
+    us = r.loop_cpu_s / r.events * 1e6
+    return Figure(
+        f"{label}: event loop (main thread) CPU",
+        us,
+        "µs/event",
+        note=f"{r.loop_cpu_s:.1f} s; one such thread tops out at {1e6 / us:,.0f} events/s",
+    )
+
+
 def _worker_command(s: Settings) -> str:
     return (
         f"TAILGUARD_LIFECYCLE_TOPIC={s.lifecycle_topic} TAILGUARD_TOPIC_PARTITIONS={PARTITIONS} "
@@ -136,10 +149,27 @@ def throughput(ctx: Context) -> Section:
                     f"wall (+{r.startup_cpu_s:.1f} s start-up before it, not counted)"
                 ),
             ),
+            _loop_figure(r, label),
             Figure(f"{label}: worker peak RSS", r.rss_peak_bytes / MiB, "MiB"),
             _landed(r, label),
         ]
         sec.commands.append(_worker_command(for_group(s, ctx.workdir, key)))
+    # Context: what storing the raw events costs (the same data, a worker that keeps none).
+    s, pre = _preloaded(ctx, "batched")
+    label = "batched, raw events not stored (context)"
+    off = for_group(s.model_copy(update={"store_raw_events": False}), ctx.workdir, "no-raw")
+    r = run_workers(off, pre, 1, ctx.workdir)
+    sec.figures += [
+        Figure(
+            f"{label}: worker events/s",
+            r.events_per_s,
+            "events/s",
+            note=f"TAILGUARD_STORE_RAW_EVENTS=false, {r.seconds:.1f} s",
+        ),
+        Figure(f"{label}: events per worker CPU-second", r.events / r.cpu_s, "events/s"),
+        _loop_figure(r, label),
+        _landed(r, label),
+    ]
     # Where the time goes: the batched run again under pyinstrument.
     s, pre = _preloaded(ctx, "batched")
     ps = for_group(s, ctx.workdir, "profile")
