@@ -171,7 +171,6 @@ def throughput(ctx: Context) -> Section:
         _landed(r, label),
     ]
     # Where the time goes: the batched run again under pyinstrument.
-    s, pre = _preloaded(ctx, "batched")
     ps = for_group(s, ctx.workdir, "profile")
     prof_file = ctx.workdir / f"{ps.group_id}.pyinstrument.txt"
     run_workers(
