@@ -140,8 +140,6 @@ class WorkerShell:
         self._committed: dict[int, int] = {}
         self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
         self._progress_sent: dict[int, int] = {}
-        # closed, unwritten windows already sent to the controller as snapshots
-        self._closing_sent: set[tuple[int, int]] = set()
         self._timeouts_seen = (0, 0)
         self._seen_counts: dict[str, int] = {}
         self.write_retries = 0
@@ -627,18 +625,10 @@ class WorkerShell:
         """Snapshots of ended, still-open windows + each partition's clock, to the controller.
 
         Lets it decide a few hundred ms after a window ends instead of after the grace
-        period (``control_provisional_ms``). The controller never decides past a window
-        or a correction it lacks: a window closed but not yet written (the write in
-        progress included) goes out as a snapshot before the clocks (its content is
-        final; its final summary follows its write), and a partition's clock is capped
-        at the start of its earliest correction not yet written (corrections go out
-        after their write only).
-
-        Why: with the clock capped at every closed, unwritten window, the decision on a
-        window waited for the write of the window closing at its end (the grace is a
-        multiple of the size), behind the flush then in progress. ``bench.detection``
-        at 50,000 events/s, L1 beyond the window: capped 1,084, 1,039, 617, 573, 465 ms;
-        snapshot first 632, 534, 507, 504, 670 ms (the same machine, one session).
+        period (``control_provisional_ms``). A partition's clock is capped at the start
+        of its earliest window (or correction) that is closed but not yet written,
+        including those of the write in progress (its summary follows the write), so
+        the controller never decides past a window or a correction it lacks.
         """
         if self.summaries is None:
             return
@@ -646,21 +636,9 @@ class WorkerShell:
         snaps, clocks = self.processor.provisional()
         for win in snaps:
             self.summaries.send(encode_summary(summarize(win, acc, final=False)))
-        # A window closed but not yet written: its content is final, so the controller
-        # gets it now as a snapshot (once), ahead of the clocks below; its final summary
-        # follows its write. A correction caps its partition's clock until written.
         unwritten: dict[int, int] = {}
-        sent: set[tuple[int, int]] = set()
         for win in (*self._windows, *self._writing):
-            if win.correction:
-                start = unwritten.get(win.partition, win.start_ms)
-                unwritten[win.partition] = min(start, win.start_ms)
-                continue
-            key = (win.partition, win.start_ms)
-            sent.add(key)
-            if key not in self._closing_sent:
-                self.summaries.send(encode_summary(summarize(win, acc, final=False)))
-        self._closing_sent = sent
+            unwritten[win.partition] = min(unwritten.get(win.partition, win.start_ms), win.start_ms)
         for p, clock in clocks.items():
             capped = min(clock, unwritten.get(p, clock))
             self.summaries.send(encode_summary(Progress(p, self._progress_sent.get(p, 0), capped)))
