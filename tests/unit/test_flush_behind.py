@@ -7,6 +7,7 @@ snapshots the buffer and then waits for its own gate (the writer thread's write)
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -44,6 +45,7 @@ def _shell() -> tuple[WorkerShell, _Writes]:
     sh._behind = None
     sh._flush_again = False
     sh._taken = asyncio.Event()
+    sh._hurry = threading.Event()
     writes = _Writes(sh)
     sh.flush_and_commit = writes  # type: ignore[method-assign]
     return sh, writes

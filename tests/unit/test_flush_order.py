@@ -16,7 +16,7 @@ import pytest
 from pipeline.adapters import worker as worker_module
 from pipeline.adapters.worker import WorkerShell
 from pipeline.contract.codec import encode_event
-from pipeline.core.processor import StreamProcessor
+from pipeline.core.processor import KeptMessage, StreamProcessor
 from pipeline.core.windows import WindowConfig
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
@@ -83,7 +83,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
     assert records
     assert windows
     with contextlib.suppress(_StoppedError):
-        sh._write(records, windows, [object()], [], {0: 3})  # type: ignore[list-item]
+        sh._write(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3})
     return calls
 
 
@@ -102,3 +102,44 @@ def test_a_stop_at_any_write_leaves_no_ledger_without_the_rows(
     calls = _run(monkeypatch, stop_at)
     if "ledger" in calls:
         assert calls.index("rows") < calls.index("ledger"), calls
+
+
+def test_the_ledger_is_acknowledged_with_the_summaries_and_the_clocks_follow_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger's round trip overlaps the summaries' (both before the raw events and the
+    commit), and the controller gets the clocks the written windows were capping right
+    after their summaries (on the event loop), not at the next provisional tick."""
+    calls: list[str] = []
+
+    def recorder(name: str) -> Any:
+        def write(*_a: Any, **_k: Any) -> Any:
+            calls.append(name)
+            return (0, []) if name == "raw events" else None
+
+        return write
+
+    for attr, name in _WRITES.items():
+        monkeypatch.setattr(worker_module, attr, recorder(name))
+    sh = _shell(calls)
+    sh.settings = Settings(control_enabled=True, control_provisional_ms=100)
+    sh.ledger = SimpleNamespace(  # type: ignore[assignment]
+        publish=lambda *_a: calls.append("ledger"), flush=lambda: calls.append("ledger acked")
+    )
+    sh.summaries = SimpleNamespace(  # type: ignore[assignment]
+        send=lambda _raw: None, flush=lambda _stopping: calls.append("summaries acked")
+    )
+
+    def soon(fn: Any) -> None:
+        assert fn == sh._send_provisional
+        assert sh._writing == []  # the written windows no longer cap the clocks
+        calls.append("clocks")
+
+    sh._loop = SimpleNamespace(call_soon_threadsafe=soon)  # type: ignore[assignment]
+    records, windows = _closed_windows()
+    sh._writing = list(windows)
+    sh._write(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3})
+    assert calls == [
+        "rows", "windows", "ledger", "summaries acked", "ledger acked", "clocks",
+        "raw events", "checkpoints",
+    ]  # fmt: skip
