@@ -64,8 +64,8 @@ def _shell(calls: list[str]) -> WorkerShell:
     return sh
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
-    calls: list[str] = []
+def _fake_writes(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: str | None) -> None:
+    """The store writes note what they write in ``calls``; ``stop_at`` raises instead."""
 
     def fake(name: str) -> Any:
         def write(*_a: Any, **_k: Any) -> Any:
@@ -78,6 +78,11 @@ def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
 
     for attr, name in _WRITES.items():
         monkeypatch.setattr(worker_module, attr, fake(name))
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
+    calls: list[str] = []
+    _fake_writes(monkeypatch, calls, stop_at)
     sh = _shell(calls)
     records, windows = _closed_windows()
     assert records
@@ -111,16 +116,7 @@ def test_the_ledger_is_acknowledged_with_the_summaries_and_the_clocks_follow_at_
     commit), and the controller gets the clocks the written windows were capping right
     after their summaries (on the event loop), not at the next provisional tick."""
     calls: list[str] = []
-
-    def recorder(name: str) -> Any:
-        def write(*_a: Any, **_k: Any) -> Any:
-            calls.append(name)
-            return (0, []) if name == "raw events" else None
-
-        return write
-
-    for attr, name in _WRITES.items():
-        monkeypatch.setattr(worker_module, attr, recorder(name))
+    _fake_writes(monkeypatch, calls, None)
     sh = _shell(calls)
     sh.settings = Settings(control_enabled=True, control_provisional_ms=100)
     sh.ledger = SimpleNamespace(  # type: ignore[assignment]

@@ -209,7 +209,8 @@ def test_a_flush_that_made_way_commits_nothing_and_the_next_writes_its_events_fi
     asyncio.run(asyncio.wait_for(go(), 10))
 
 
-def test_a_flush_before_a_revocation_never_makes_way() -> None:
+def _hurry_given(lags: dict[int, int | None], *, may_yield: bool = True) -> bool:
+    """Whether one flush of a shell with these consumer lags was given ``hurry``."""
     seen: list[bool] = []
 
     def write(*_a: Any, hurry: Any) -> Any:
@@ -218,11 +219,18 @@ def test_a_flush_before_a_revocation_never_makes_way() -> None:
 
     async def go() -> None:
         sh = _loop_shell(write, [])
+        sh._lags = lambda _o: lags  # type: ignore[method-assign]
         sh._events = _msgs(1)
-        await sh.flush_and_commit(may_yield=False)
+        await sh.flush_and_commit(may_yield=may_yield)
 
     asyncio.run(asyncio.wait_for(go(), 10))
-    assert seen == [False]
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_a_flush_before_a_revocation_never_makes_way() -> None:
+    assert _hurry_given({0: 0})  # live, any other flush would be given it
+    assert not _hurry_given({0: 0}, may_yield=False)
 
 
 def test_a_batch_closing_a_window_sets_hurry() -> None:
@@ -262,17 +270,4 @@ def test_a_batch_closing_a_window_sets_hurry() -> None:
     ],
 )
 def test_only_a_live_worker_makes_way(lags: dict[int, int | None], may: bool) -> None:
-    seen: list[bool] = []
-
-    def write(*_a: Any, hurry: Any) -> Any:
-        seen.append(hurry is not None)
-        return 0, []
-
-    async def go() -> None:
-        sh = _loop_shell(write, [])
-        sh._lags = lambda _o: lags  # type: ignore[method-assign]
-        sh._events = _msgs(1)
-        await sh.flush_and_commit()
-
-    asyncio.run(asyncio.wait_for(go(), 10))
-    assert seen == [may]
+    assert _hurry_given(lags) == may
