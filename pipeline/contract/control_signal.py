@@ -13,7 +13,8 @@ Wire format (contract v1)
 Kafka message: key = ``utf8(scope)`` (the topic is compacted, so the log keeps
 the latest signal per scope), value = one JSON object::
 
-    {"actions":{"admit_fraction":null,"cap_context_tokens":8192,
+    {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
+                "cap_context_tokens":8192,
                 "fallback_model":"llama-8b","reject_new_sessions":true,
                 "rate_limit_rps":null,"retry_after_s":30,
                 "shed_priorities_at_or_above":2},
@@ -191,6 +192,22 @@ class Actions(_Frozen):
         le=1.0,
         allow_inf_nan=False,
         description="Half-open only: fraction of otherwise rejected requests admitted.",
+    )
+    admit_rps: float | None = Field(
+        default=None,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Capacity-aware admission: requests/s this scope's gateways admit together, "
+            "by strict priority (0 first, then 1, 2, 3 fill what is left); derived from "
+            "what the engines served, corrected by feedback."
+        ),
+    )
+    admit_gateways: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="admit_rps is split equally among this many gateway instances.",
     )
 
     def to_json(self) -> dict[str, Any]:
