@@ -1,32 +1,41 @@
-"""``tailguard backtest``: would this policy have saved the SLO, and at what cost?
+"""``tailguard backtest``: would this policy have saved the SLOs, and at what cost,
+beside doing nothing and beside an established adaptive limiter?
 
-One trace runs through the serving simulator twice with the same seed:
+One trace runs through the serving simulator once per *loop*, with the same seed:
 
-* **open loop**: the pipeline measures and the policy decides, but nobody
-  applies the directives (what happens today without tailguard's control);
-* **closed loop**: the simulated gateways apply every directive as it is
-  issued (:class:`producers.simulator.gate.GatewayGate`: shed per priority with
-  429 + Retry-After, context caps, new-session rejection, token-bucket rate
-  limits, fallback model, half-open admission), and clients retry rejected
-  requests with exponential backoff (at most 3 times).
+* ``open``: the pipeline measures and the policy decides, nobody applies it (no control);
+* ``static``: the static levels shipped before capacity-aware admission
+  (``specs/policy-static-levels.yaml``: shed whole priorities, a constant rate limit,
+  no load gate), applied by the simulated gateways;
+* ``aimd``: no directive at all; each gateway runs an AIMD concurrency limit per model
+  (Netflix concurrency-limits' ``AIMDLimit``; :class:`producers.simulator.baselines.AIMDGate`);
+* ``tailguard``: the policy under test (by default the shipped one: load-gated,
+  capacity-aware admission by priority), applied by the simulated gateways
+  (:class:`producers.simulator.gate.GatewayGate`).
 
-Both runs use the same core as the worker and ``replay`` (join, windows, SLO
-counts, the controller and its decision clock), in event time, in process:
-a decision made at event time T reaches the gateways as soon as the
-simulator's clock is past it, i.e. after the windows up to T closed (the
-window grace), as it would through the control topic.
+Clients retry a 429 with exponential backoff (at most 3 times) in every loop. The
+engines schedule FCFS unless ``--scheduling priority`` (vLLM's
+``--scheduling-policy priority``); the output says which.
 
-``RUN = {"requests", "slos": {name: {"total", "good", "compliance",
-"budget_consumed"}}, "shed": {priority: count}, "capped": {priority: count},
-"time_at_level_s": {level: s}, "control": [{"ts_unix_ns", "scope", "level",
-"phase", "reason"}], "by_priority": {...}, "episode": {...}}``.
+Every loop uses the same core as the worker and ``replay`` (join, windows, SLO counts,
+the controller and its decision clock), in event time, in process: a decision made at
+event time T reaches the gateways as soon as the simulator's clock is past it, i.e.
+after the windows up to T closed (the window grace), as it would through the control
+topic.
+
+``RUN = {"loop", "requests", "retries", "slos": {name: {"total", "good", "compliance",
+"budget_consumed"}}, "goodput_rps", "shed", "time_at_level_s", "control", "by_priority":
+{p: {"requests", "ok", "rejected", "slos", "episode_slos", "goodput_rps"}}, "episode":
+{..., "first_action_s", "back_at_l0_s", "levels_before", "goodput_rps"}, "notices"}``.
+A request is *good* (goodput) when it was served (``ok``) and every SLO that counts it
+calls it good.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pipeline.contract.codec import encode_event
 from pipeline.core.control import (
@@ -38,7 +47,7 @@ from pipeline.core.control import (
 from pipeline.core.join import JoinConfig
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOEvaluator
+from pipeline.core.slo import SLOEvaluator, SLOMatcher
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
 from pipeline.replay import ReplayResult, _ControlRun
@@ -55,13 +64,36 @@ BATCH_EVENTS = 100  # events per processing step (a few seconds of simulated tim
 EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_total_ms")
 
 
+LOOPS: Final = ("open", "static", "aimd", "tailguard")
+LOOP_TITLES: Final = {
+    "open": "no control",
+    "static": "static levels",
+    "aimd": "AIMD limiter",
+    "tailguard": "tailguard",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Backtest:
-    open_loop: dict[str, Any]
-    closed_loop: dict[str, Any]
+    runs: dict[str, dict[str, Any]]  # loop name -> RUN, in LOOPS order
+    scheduling: str = "fcfs"
+
+    @property
+    def open_loop(self) -> dict[str, Any]:
+        return self.runs["open"]
+
+    @property
+    def closed_loop(self) -> dict[str, Any]:
+        return self.runs["tailguard"]
 
     def to_json(self) -> dict[str, Any]:
-        return {"open_loop": self.open_loop, "closed_loop": self.closed_loop}
+        return {
+            "scheduling": self.scheduling,
+            "loops": list(self.runs),
+            "runs": self.runs,
+            "open_loop": self.open_loop,
+            "closed_loop": self.closed_loop,
+        }
 
 
 def run_backtest(
@@ -70,11 +102,23 @@ def run_backtest(
     spec: SLOSpec,
     policy: ControlPolicy,
     burn_rules: BurnRules | None = None,
+    *,
+    static_policy: ControlPolicy | None = None,
+    loops: Sequence[str] = LOOPS,
 ) -> Backtest:
-    return Backtest(
-        open_loop=run_loop(trace, config, spec, policy, burn_rules, closed=False),
-        closed_loop=run_loop(trace, config, spec, policy, burn_rules, closed=True),
-    )
+    """Each of ``loops`` over the same trace and seed (see the module docstring)."""
+    runs: dict[str, dict[str, Any]] = {}
+    for loop in loops:
+        if loop == "static":
+            if static_policy is None:
+                from pipeline.shipped import STATIC_POLICY
+                from pipeline.spec.policy import load_policy_file
+
+                static_policy = load_policy_file(STATIC_POLICY)
+            runs[loop] = run_loop(trace, config, spec, static_policy, burn_rules, loop=loop)
+        else:
+            runs[loop] = run_loop(trace, config, spec, policy, burn_rules, loop=loop)
+    return Backtest(runs, scheduling=getattr(config, "scheduling", "fcfs"))
 
 
 def run_loop(
@@ -84,11 +128,22 @@ def run_loop(
     policy: ControlPolicy,
     burn_rules: BurnRules | None = None,
     *,
-    closed: bool,
+    loop: str = "tailguard",
     queue_capacity: int = 64,
 ) -> dict[str, Any]:
+    if loop not in LOOPS:
+        raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")
     wc = BACKTEST_WINDOW
-    gate = GatewayGate() if closed else None
+    gate: GatewayGate | None
+    if loop in ("static", "tailguard"):
+        gate = GatewayGate()
+    elif loop == "aimd":
+        from producers.simulator.baselines import AIMDGate
+
+        gate = AIMDGate()
+    else:
+        gate = None
+    applies = loop in ("static", "tailguard")
     sim = Simulator(trace, config, gate)
     proc = StreamProcessor(
         "backtest",
@@ -101,7 +156,12 @@ def run_loop(
         policy,
         spec,
         burn_rules or load_burn_rules_file(),
-        ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
+        ControllerConfig.for_windows(
+            wc.size_ms,
+            wc.grace_ms,
+            queue_capacity=queue_capacity,
+            gateway_instances=len(config.gateway_hosts),
+        ),
     )
     control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     result.control = control
@@ -112,7 +172,7 @@ def run_loop(
         out = proc.drain() if final else proc.process(batch, wall_ms=None)
         result._take(out)
         control.feed(out)
-        if gate is not None:
+        if applies and gate is not None:
             for d in control.decisions[n_before:]:
                 gate.set(d.scope, GateActions.of(d.level, d.phase, d.actions))
 
@@ -124,7 +184,9 @@ def run_loop(
     if batch:
         step()
     step(final=True)
-    return _run_json(result, control, gate, sim, config, spec)
+    doc = _run_json(result, control, gate if applies or loop == "aimd" else None, sim, config, spec)
+    doc["loop"] = loop
+    return doc
 
 
 def _p99(values: list[float]) -> float | None:
@@ -167,19 +229,31 @@ def _run_json(  # noqa: PLR0917
         bad = v["total"] - v["good"]
         slos[name] = {**v, "budget_consumed": (bad / allowed) if allowed > 0 else None}
     records = list(result.records.values())
+    matchers = [SLOMatcher(x) for x in spec.slos]
+    ep = config.overload
+    start_ns = config.start_unix_ns
+    span_s = _span_s(records, start_ns)
+    in_ep = (
+        (lambda r: ep.start_offset_s <= (r.ts_unix_ns - start_ns) / 1e9 < ep.end_offset_s)
+        if ep is not None
+        else None
+    )
     by_priority: dict[str, Any] = {}
     for prio in range(4):
         rs = [r for r in records if r.priority == prio]
-        ev = SLOEvaluator(spec)
-        for r in rs:
-            ev.add(r)
-        doc = ev.to_json()["slos"]
+        doc = _slo_doc(spec, rs)
         by_priority[str(prio)] = {
             "requests": len(rs),
             "ok": sum(1 for r in rs if r.outcome == "ok"),
             "rejected": sum(1 for r in rs if r.outcome == "rejected"),
             "slos": {n: v["compliance"] for n, v in doc.items()},
+            "goodput_rps": _goodput(rs, matchers) / span_s if span_s else None,
         }
+        if in_ep is not None:
+            ers = [r for r in rs if in_ep(r)]
+            by_priority[str(prio)]["episode_slos"] = {
+                n: v["compliance"] for n, v in _slo_doc(spec, ers).items()
+            }
     last = control.last
     out: dict[str, Any] = {
         "loop": "closed" if gate is not None else "open",
@@ -197,14 +271,21 @@ def _run_json(  # noqa: PLR0917
         "time_at_level_s": _time_at_level(control, last.now_ms if last else None),
         "control": control.transitions,
         "by_priority": by_priority,
+        "goodput_rps": _goodput(records, matchers) / span_s if span_s else None,
+        "levels_raised": sum(1 for t in control.transitions if t["level"] >= 1),
+        "notices": control.notices,
     }
-    ep = config.overload
     if ep is not None:
-        start_ns = config.start_unix_ns
+        ep_rs = [r for r in records if in_ep is not None and in_ep(r)]
+        ep_s = ep.end_offset_s - ep.start_offset_s
         out["episode"] = {
             "start_s": ep.start_offset_s,
             "end_s": ep.end_offset_s,
             "factor": ep.factor,
+            "shape": getattr(ep, "shape", "step"),
+            "slos": {n: v["compliance"] for n, v in _slo_doc(spec, ep_rs).items()},
+            "goodput_rps": _goodput(ep_rs, matchers) / ep_s,
+            **_episode_control(control.transitions, start_ns, ep.start_offset_s, ep.end_offset_s),
             "during": _p99s(records, start_ns, ep.start_offset_s, ep.end_offset_s),
             "after_15m": _p99s(records, start_ns, ep.end_offset_s, ep.end_offset_s + 900),
             "priority_0_during": _p99s(
@@ -215,6 +296,52 @@ def _run_json(  # noqa: PLR0917
             ),
         }
     return out
+
+
+def _slo_doc(spec: SLOSpec, records: list[RequestRecord]) -> dict[str, Any]:
+    ev = SLOEvaluator(spec)
+    for r in records:
+        ev.add(r)
+    slos: dict[str, Any] = ev.to_json()["slos"]
+    return slos
+
+
+def _goodput(records: list[RequestRecord], matchers: list[SLOMatcher]) -> int:
+    """Requests served (``ok``) that every SLO counting them calls good."""
+    return sum(
+        1 for r in records if r.outcome == "ok" and all(m.classify(r) != "bad" for m in matchers)
+    )
+
+
+def _span_s(records: list[RequestRecord], start_ns: int) -> float:
+    if not records:
+        return 0.0
+    return max(1.0, (max(r.ts_unix_ns for r in records) - start_ns) / 1e9)
+
+
+def _episode_control(
+    transitions: list[dict[str, Any]], start_ns: int, ep_start_s: float, ep_end_s: float
+) -> dict[str, Any]:
+    """When control acted around the episode: the first level raised after it started,
+    the time every scope was back at L0 after it ended, levels raised before it."""
+    first: float | None = None
+    before = 0
+    levels: dict[str, int] = {}
+    back: float | None = None
+    for t in sorted(transitions, key=lambda x: x["ts_unix_ns"]):
+        at_s = (t["ts_unix_ns"] - start_ns) / 1e9
+        if t["level"] >= 1 and at_s < ep_start_s:
+            before += 1
+        if t["level"] >= 1 and at_s >= ep_start_s and first is None:
+            first = at_s - ep_start_s
+        levels[t["scope"]] = t["level"]
+        if at_s >= ep_start_s:
+            back = (at_s - ep_end_s) if max(levels.values()) == 0 else None
+    if back is not None:
+        back = max(0.0, back)
+    elif not any(levels.values()):
+        back = 0.0
+    return {"first_action_s": first, "back_at_l0_s": back, "levels_before": before}
 
 
 def _p99s(records: list[RequestRecord], start_ns: int, lo_s: float, hi_s: float) -> dict[str, Any]:
@@ -244,75 +371,98 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f} ms"
 
 
-def render_text(bt: Backtest) -> str:
-    """The open and the closed loop side by side (plain text, for a terminal or a README)."""
-    o, c = bt.open_loop, bt.closed_loop
-    rows: list[tuple[str, str, str]] = [
-        ("requests (retries included)", f"{o['requests']:,}", f"{c['requests']:,}"),
-        ("client retries after 429", f"{o['retries']:,}", f"{c['retries']:,}"),
-    ]
-    rows.append(("SLO compliance (budget consumed)", "", ""))
-    for name in o["slos"]:
-        a, b = o["slos"][name], c["slos"].get(name, {})
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f} s"
 
-        def cell(v: dict[str, Any]) -> str:
+
+def _rps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}/s"
+
+
+def render_text(bt: Backtest) -> str:
+    """Every loop side by side (plain text, for a terminal or a README)."""
+    runs = list(bt.runs.values())
+    titles = [LOOP_TITLES.get(r["loop"], r["loop"]) for r in runs]
+    first = runs[0]
+    rows: list[tuple[str, ...]] = []
+
+    def row(label: str, f: Any) -> None:
+        rows.append((label, *(f(r) for r in runs)))
+
+    def head(label: str) -> None:
+        rows.append((label, *("" for _ in runs)))
+
+    row("requests (retries included)", lambda r: f"{r['requests']:,}")
+    row("client retries after 429", lambda r: f"{r['retries']:,}")
+    row("goodput (served within every SLO)", lambda r: _rps(r.get("goodput_rps")))
+    head("SLO compliance over the run (budget consumed)")
+    for name in first["slos"]:
+
+        def cell(r: dict[str, Any], name: str = name) -> str:
+            v = r["slos"].get(name, {})
             used = v.get("budget_consumed")
             return f"{_pct(v.get('compliance'))} ({'-' if used is None else f'{used:.1f}x'})"
 
-        rows.append((f"  {name}", cell(a), cell(b)))
-    rows.append(("priority 0 compliance", "", ""))
-    for name in o["slos"]:
-        a0 = o["by_priority"]["0"]["slos"].get(name)
-        b0 = c["by_priority"]["0"]["slos"].get(name)
-        if a0 is not None or b0 is not None:
-            rows.append((f"  {name}", _pct(a0), _pct(b0)))
-    rows.append(("time at level (max over models)", "", ""))
+        row(f"  {name}", cell)
+    for prio in ("0", "1", "2", "3"):
+        head(f"priority {prio} compliance over the run")
+        for name in first["slos"]:
+            if any(r["by_priority"][prio]["slos"].get(name) is not None for r in runs):
+                row(f"  {name}", lambda r, n=name, p=prio: _pct(r["by_priority"][p]["slos"].get(n)))
+    row("turned away (429), all priorities", lambda r: f"{sum(r['shed'].values()):,}")
+    for prio in ("0", "1", "2", "3"):
+        row(f"  priority {prio}", lambda r, p=prio: f"{r['shed'].get(p, 0):,}")
+    head("time at level (max over models)")
     for lv in ("0", "1", "2", "3"):
-        rows.append(
-            (
-                f"  L{lv}",
-                f"{o['time_at_level_s'][lv] / 60:.1f} min",
-                f"{c['time_at_level_s'][lv] / 60:.1f} min",
-            )
+        row(f"  L{lv}", lambda r, lv=lv: f"{r['time_at_level_s'][lv] / 60:.1f} min")
+    if "episode" in first:
+        ep = first["episode"]
+        head(
+            f"episode {ep['start_s']:g}-{ep['end_s']:g} s, x{ep['factor']:g} "
+            f"({ep.get('shape', 'step')})"
         )
-    rows.append(("rejected (429) per priority", "", ""))
-    for p in ("0", "1", "2", "3"):
-        rows.append((f"  priority {p}", str(o["shed"].get(p, 0)), str(c["shed"].get(p, 0))))
-    rows.append(("context capped per priority", "", ""))
-    for p in ("0", "1", "2", "3"):
-        rows.append((f"  priority {p}", str(o["capped"].get(p, 0)), str(c["capped"].get(p, 0))))
-    if "episode" in o:
-        ep = o["episode"]
-        rows.append(
-            (
-                f"P99 during the episode {ep['start_s']:g}-{ep['end_s']:g} s x{ep['factor']:g}",
-                "",
-                "",
+        row("  goodput during it", lambda r: _rps(r["episode"].get("goodput_rps")))
+        for name in first["slos"]:
+            row(f"  {name} during it", lambda r, n=name: _pct(r["episode"]["slos"].get(n)))
+            row(
+                f"  {name} during it, priority 0",
+                lambda r, n=name: _pct(r["by_priority"]["0"].get("episode_slos", {}).get(n)),
             )
-        )
+        row("  first action after its start", lambda r: _s(r["episode"].get("first_action_s")))
+        row("  every scope at L0 after its end", lambda r: _s(r["episode"].get("back_at_l0_s")))
+        row("  levels raised before it", lambda r: str(r["episode"].get("levels_before", 0)))
+        head("P99 during the episode")
         for b in EPISODE_BOUNDARIES:
-            rows.append(
-                (f"  {b}", _ms(ep["during"][f"p99.{b}"]), _ms(c["episode"]["during"][f"p99.{b}"]))
-            )
-        rows.append(("P99 in the 15 min after it", "", ""))
+            row(f"  {b}", lambda r, b=b: _ms(r["episode"]["during"][f"p99.{b}"]))
+        head("P99 in the 15 min after it")
         for b in EPISODE_BOUNDARIES:
-            rows.append(
-                (
-                    f"  {b}",
-                    _ms(ep["after_15m"][f"p99.{b}"]),
-                    _ms(c["episode"]["after_15m"][f"p99.{b}"]),
-                )
-            )
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in [*rows, ("", "open loop", "")])
-    lines = [f"{'':<{w0}}  {'open loop':>{w1}}  closed loop"]
-    lines += [f"{a:<{w0}}  {b:>{w1}}  {cc}" for a, b, cc in rows]
-    for title, run in (("open loop", o), ("closed loop", c)):
-        lines.append(f"\ncontrol, {title} ({'applied' if run is c else 'decided, not applied'}):")
+            row(f"  {b}", lambda r, b=b: _ms(r["episode"]["after_15m"][f"p99.{b}"]))
+    widths = [max(len(x[i]) for x in [("", *titles), *rows]) for i in range(len(runs) + 1)]
+    lines = [
+        f"engines schedule {bt.scheduling.upper()}; clients retry a 429 at most 3 times",
+        "  ".join(
+            [f"{'':<{widths[0]}}", *(f"{t:>{w}}" for t, w in zip(titles, widths[1:], strict=True))]
+        ),
+    ]
+    for x in rows:
+        cells = [f"{x[0]:<{widths[0]}}"]
+        cells += [f"{c:>{w}}" for c, w in zip(x[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    for run in runs:
+        if run["loop"] == "aimd":
+            continue
+        title = LOOP_TITLES.get(run["loop"], run["loop"])
+        how = "decided, not applied" if run["loop"] == "open" else "applied"
+        lines.append(f"\ncontrol, {title} ({how}):")
         for t in run["control"]:
             lines.append(
                 f"  t={(t['ts_unix_ns'] - run['start_unix_ns']) / 1e9:5.0f} s  {t['scope']:<12} "
                 f"L{t['level']} "
                 f"{t['phase']:<9} {t['reason'][:110]}"
+            )
+        for n in run.get("notices", [])[:10]:
+            lines.append(
+                f"  t={(n['now_ms'] * 1_000_000 - run['start_unix_ns']) / 1e9:5.0f} s  "
+                f"notice: {n['text'][:140]}"
             )
     return "\n".join(lines)

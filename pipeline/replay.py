@@ -56,6 +56,9 @@ class _ControlRun:
     # What a worker would issue, in order: changes, and changes of what holds a level.
     decisions: list[Evaluation] = field(default_factory=list)
     last: ControlStep | None = None
+    # Burns that were not load-caused (alerted, nothing shed): one entry per streak.
+    notices: list[dict[str, Any]] = field(default_factory=list)
+    _noticed: dict[str, str] = field(default_factory=dict)
 
     corrections: int = 0
     evaluations: int = 0
@@ -104,6 +107,11 @@ class _ControlRun:
                     }
                 )
         self.events.extend(e.to_json() for e in step.events)
+        now = {n.model: n for n in step.notices}
+        for model, n in now.items():
+            if self._noticed.get(model) != n.slo:
+                self.notices.append(n.to_json())
+        self._noticed = {m: n.slo for m, n in now.items()}
 
 
 @dataclass

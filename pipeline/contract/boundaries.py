@@ -23,6 +23,13 @@ BOUNDARIES: Final = (
     "gateway_overhead_ms",
 )
 
+# The boundaries whose span includes the engine queue: a burn on one of them can be
+# load-caused (the bad requests' queue time says how much); a burn on any other
+# (prefill, decode, tpot, ...) is compute- or length-caused by construction.
+QUEUE_BOUNDARIES: Final = frozenset(
+    {"gateway_total_ms", "gateway_ttfb_ms", "engine_e2e_ms", "queue_ms", "ttft_engine_ms"}
+)
+
 CTX_BUCKETS: Final = ("<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown")
 
 

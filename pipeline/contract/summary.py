@@ -16,7 +16,10 @@ One JSON object per message, ``"v": 2`` and a ``"type"``:
   ``models``: ``{model: {"records": n, "boundaries": {boundary: sketch}}}`` (``"*"`` =
   all traffic), a sketch being an object with the fields of
   :class:`~pipeline.contract.sketch.SketchColumns`;
-  ``slos``: ``{slo: {"total": n, "good": n, "objective": x}}``;
+  ``slos``: ``{slo: {"total": n, "good": n, "objective": x}}``, plus ``"bad_queue_ms"``
+  and ``"bad_ms"`` when the window has bad requests that reached an engine (the bad
+  requests' queue time and their time at the SLO's boundary, summed: how much of the
+  burn was queueing; omitted when 0, read as 0 when absent);
   ``final`` (omitted when true), ``correction_id`` (omitted when none);
 * ``stats``: the fields of :class:`StatsSample`;
 * ``progress``: ``partition``, ``horizon_ms``, ``clock_ms`` (omitted when none).
@@ -60,6 +63,11 @@ class SLOWindowCounts:
     total: int
     good: int
     objective: float
+    # Bad requests that reached an engine: their queue time and their time at the SLO's
+    # boundary, summed (0 for a boundary that excludes the queue). A control signal (is
+    # the burn load-caused?), not a stored count.
+    bad_queue_ms: float = 0.0
+    bad_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +162,7 @@ def encode_summary(s: Summary) -> bytes:
                 }
                 for m, mw in s.models.items()
             },
-            "slos": {
-                n: {"total": c.total, "good": c.good, "objective": c.objective}
-                for n, c in s.slos.items()
-            },
+            "slos": {n: _slo_record(c) for n, c in s.slos.items()},
             **({} if s.final else {"final": False}),
             **({} if s.correction_id is None else {"correction_id": s.correction_id}),
         }
@@ -203,9 +208,19 @@ def _model_window(mw: Mapping[str, Any], v: int) -> ModelWindow:
     return ModelWindow(int(mw["records"]), sketches)
 
 
+def _slo_record(c: SLOWindowCounts) -> dict[str, Any]:
+    out: dict[str, Any] = {"total": c.total, "good": c.good, "objective": c.objective}
+    if c.bad_queue_ms or c.bad_ms:
+        out["bad_queue_ms"] = c.bad_queue_ms
+        out["bad_ms"] = c.bad_ms
+    return out
+
+
 def _slo_counts(c: Any, v: int) -> SLOWindowCounts:
     if v == 1:
         total, good, objective = c
-    else:
-        total, good, objective = c["total"], c["good"], c["objective"]
-    return SLOWindowCounts(int(total), int(good), float(objective))
+        return SLOWindowCounts(int(total), int(good), float(objective))
+    return SLOWindowCounts(
+        int(c["total"]), int(c["good"]), float(c["objective"]),
+        float(c.get("bad_queue_ms", 0.0)), float(c.get("bad_ms", 0.0)),
+    )  # fmt: skip

@@ -21,6 +21,31 @@ Signals per scope (a model), the names the policy refers to:
 * ``queue_compute_ratio``: Σ inference_ms / Σ gateway_total_ms (below 0.3:
   queueing dominates).
 
+Load signals (is a burn load-caused? what can the engines serve?):
+
+* ``queue.depth_ratio``: requests waiting in the model's engines over their batch
+  (Σ num_waiting / Σ the largest num_running each engine reported); 1 = a whole
+  batch is queued behind the running one ("queue depth > capacity");
+* ``queue.wait_ms``: the queue a request joins now, in ms (Little's law: waiting
+  / the model's engines' served rate over the last minute);
+* ``load.queue_share``: of the bad requests of the queue-inclusive SLOs covering
+  the model (last minute, final windows), the share of their time spent queued
+  (the bad requests' Σ queue_ms / Σ their boundary's ms);
+* ``slo.fast_burn``: such an SLO (any boundary) burns at least ``fast_burn`` times
+  its budget rate over the last minute (at least ``fast_burn_min_requests``);
+* ``load.burning`` (= ``load.caused``): the burn is load-caused, now: either a
+  queue-inclusive SLO burns fast, most of its bad requests' time was queueing
+  (``load.queue_share >= load_share``) and the model's own P99 queue time is over
+  half the SLO's threshold; or a whole batch is queued (``queue.depth_ratio >= 1``)
+  and the queue a request joins is over the tightest queue-inclusive threshold
+  covering the model (every request now is bad on it, before any is counted);
+* ``load.demand_ratio``: requests the model's gateways received per second
+  (rejections and retries included) over its measured capacity
+  (:mod:`pipeline.core.admission`); under 1 = the engines can serve the demand.
+
+A fast burn that is not load-caused is a *notice* (:class:`LoadNotice`): it is
+alerted and explained, and a policy with ``dynamics.load_gate`` sheds nothing for it.
+
 Budgets are tracked per SLO for all traffic (scope ``*``); SLO filters decide
 which models an SLO's alerts apply to.
 
@@ -40,12 +65,14 @@ burn alert would reach them at different event times.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.contract.summary import StatsSample, WindowSummary
+from pipeline.core.admission import AdmissionConfig, AdmissionControl, AdmissionStep, ModelLoad
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
 from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.sketch import QuantileSketch
@@ -92,6 +119,12 @@ class ControllerConfig:
     # The budgets' finest resolution (the window size: a range ending at T - lag then
     # ends there, not at the end of a coarser bucket holding windows not final yet).
     budget_base_ms: int = DEFAULT_BASE_MS
+    # Load attribution (see the module docstring).
+    fast_burn: float = 14.4  # the workbook's page rate, here over the last minute
+    fast_burn_min_requests: int = 20
+    load_share: float = 0.5  # bad requests' queue share from which a burn is load-caused
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    gateway_instances: int = 1  # admit_rps is split equally among this many gateways
 
     @classmethod
     def for_windows(cls, size_ms: int, grace_ms: int, **kw: Any) -> ControllerConfig:
@@ -104,12 +137,34 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadNotice:
+    """An SLO burning fast on a model for reasons other than load: alerted, not shed."""
+
+    now_ms: int
+    model: str
+    slo: str
+    queue_share: float | None  # None: no bad request reached an engine
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "now_ms": self.now_ms,
+            "model": self.model,
+            "slo": self.slo,
+            "queue_share": self.queue_share,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ControlStep:
     now_ms: int
     decisions: list[Evaluation]
     budgets: list[BudgetStatus]
     events: list[BudgetEvent]
     signals: dict[str, Signals]
+    notices: list[LoadNotice] = field(default_factory=list)
+    admission: dict[str, AdmissionStep] = field(default_factory=dict)
 
 
 class Controller:
@@ -138,6 +193,14 @@ class Controller:
         self._stats: dict[str, list[StatsSample]] = {}
         self.models: set[str] = set()
         self.duplicates = 0
+        # start_ms -> partition -> model -> records (all outcomes: the demand)
+        self._records: dict[int, dict[int, dict[str, int]]] = {}
+        # start_ms -> slo -> [total, bad, bad queue ms, bad boundary ms] (final + corrections)
+        self._attrib: dict[int, dict[str, list[float]]] = {}
+        self._batch: dict[str, int] = {}  # engine host -> largest num_running reported
+        self._size_ms: int | None = None
+        self.admission = AdmissionControl(self.config.admission)
+        self._notices: dict[str, LoadNotice] = {}
 
     # -- input ------------------------------------------------------------------
 
@@ -166,6 +229,7 @@ class Controller:
                         name, s.start_ms, s.size_ms, c.total, c.good,
                         objective=c.objective, delta=True,
                     )  # fmt: skip
+            self._attribute(s)
             return True
         wid = (s.partition, s.start_ms)
         if wid in self._seen:
@@ -184,15 +248,32 @@ class Controller:
                 b: QuantileSketch.from_columns(c, delta=True) for b, c in mw.boundaries.items()
             }
         self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
+        self._records.setdefault(s.start_ms, {})[s.partition] = {
+            m: mw.records for m, mw in s.models.items()
+        }
+        self._size_ms = s.size_ms
         if s.final and self.book is not None:
             for name, c in s.slos.items():
                 self.book.add_window(
                     name, s.start_ms, s.size_ms, c.total, c.good, objective=c.objective
                 )
+        if s.final:
+            self._attribute(s)
         return True
+
+    def _attribute(self, s: WindowSummary) -> None:
+        by_slo = self._attrib.setdefault(s.start_ms, {})
+        for name, c in s.slos.items():
+            acc = by_slo.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += c.total
+            acc[1] += c.total - c.good
+            acc[2] += c.bad_queue_ms
+            acc[3] += c.bad_ms
 
     def add_stats(self, s: StatsSample) -> None:
         self.models.add(s.model)
+        if s.num_running > self._batch.get(s.host, 0):
+            self._batch[s.host] = s.num_running
         xs = self._stats.setdefault(s.host, [])
         xs.append(s)
         if len(xs) > 1 and xs[-2].ts_ms > s.ts_ms:
@@ -204,6 +285,9 @@ class Controller:
         keep_from = now_ms - max(self.config.latency_window_ms, FIVE_MIN_MS) - 60_000
         for start in [s for s in self._latency if s < keep_from]:
             del self._latency[start]
+        for table in (self._records, self._attrib):
+            for start in [s for s in table if s < keep_from]:
+                del table[start]
         stats_from = now_ms - self.config.stats_window_ms
         for host, xs in self._stats.items():
             if xs and xs[0].ts_ms < stats_from:
@@ -268,7 +352,118 @@ class Controller:
         out["gpu_memory_fraction"] = max(gpu, default=None)
         hits = [x.prefix_cache_hit_rate for x in window if x.prefix_cache_hit_rate is not None]
         out["kv_cache_hit_rate"] = sum(hits) / len(hits) if hits else None
+        self._load_signals(model, now_ms, merged, latest, out)
         return out
+
+    def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
+        """What the model's engines did in the last base window (see ModelLoad)."""
+        size = self._size_ms or 10_000
+        served = 0
+        for start, by_part in self._latency.items():
+            if now_ms - size <= start < now_ms:
+                for by_model in by_part.values():
+                    sk = by_model.get(model, {}).get("queue_ms")
+                    if sk is not None:
+                        served += sk.count
+        lo = now_ms - self.config.latency_window_ms
+        demand = sum(
+            by_model.get(model, 0)
+            for start, by_part in self._records.items()
+            if lo <= start < now_ms
+            for by_model in by_part.values()
+        )
+        return ModelLoad(
+            served_rps=served / (size / 1000),
+            waiting=sum(x.num_waiting for x in latest),
+            batch=sum(self._batch.get(x.host, x.num_running) for x in latest),
+            demand_rps=demand / (self.config.latency_window_ms / 1000),
+        )
+
+    def _load_signals(
+        self,
+        model: str,
+        now_ms: int,
+        merged: Mapping[str, QuantileSketch],
+        latest: list[StatsSample],
+        out: Signals,
+    ) -> None:
+        cfg = self.config
+        load = self._load(model, now_ms, latest)
+        minute_s = cfg.latency_window_ms / 1000
+        q_sk = merged.get("queue_ms")
+        served_minute = (q_sk.count if q_sk is not None else 0) / minute_s
+        depth = load.waiting / load.batch if load.batch > 0 else None
+        wait_ms = 1000.0 * load.waiting / max(served_minute, 0.1) if latest else None
+        out["queue.depth_ratio"] = depth
+        out["queue.wait_ms"] = wait_ms
+        cap = self.admission.capacity_rps(model)
+        out["load.demand_ratio"] = load.demand_rps / cap if cap else None
+        # Attribution: final windows of the last minute, budget_lag behind.
+        to_ms = now_ms - cfg.budget_lag_ms
+        sums: dict[str, list[float]] = {}
+        for start, by_slo in self._attrib.items():
+            if to_ms - cfg.latency_window_ms <= start < to_ms:
+                for name, acc in by_slo.items():
+                    tot = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+                    for i in range(4):
+                        tot[i] += acc[i]
+        p99_queue = out.get("p99.queue_ms")
+        fast = caused = False
+        worst: tuple[float, str, float | None] | None = None  # (burn, slo, queue share)
+        share_q = share_all = 0.0
+        tightest: float | None = None
+        for slo in self.spec.slos if self.spec is not None else ():
+            if not self._covers(slo.name, model):
+                continue
+            queue_inclusive = slo.boundary in QUEUE_BOUNDARIES
+            if queue_inclusive:
+                t = slo.threshold_ms
+                tightest = t if tightest is None else min(tightest, t)
+            total, bad, bad_q, bad_ms = sums.get(slo.name, (0.0, 0.0, 0.0, 0.0))
+            if queue_inclusive:
+                share_q += bad_q
+                share_all += bad_ms
+            if total < cfg.fast_burn_min_requests or total <= 0:
+                continue
+            burn = (bad / total) / max(1e-9, 1 - slo.objective)
+            if burn < cfg.fast_burn:
+                continue
+            fast = True
+            share = bad_q / bad_ms if queue_inclusive and bad_ms > 0 else None
+            if (
+                share is not None
+                and share >= cfg.load_share
+                and isinstance(p99_queue, float | int)
+                and p99_queue >= 0.5 * slo.threshold_ms
+            ):
+                caused = True
+            elif worst is None or burn > worst[0]:
+                worst = (burn, slo.name, share if queue_inclusive else 0.0)
+        if (
+            depth is not None
+            and depth >= 1.0
+            and tightest is not None
+            and wait_ms is not None
+            and wait_ms > tightest
+        ):
+            caused = True
+        out["load.queue_share"] = share_q / share_all if share_all > 0 else None
+        out["slo.fast_burn"] = fast
+        out["load.burning"] = caused
+        out["load.caused"] = caused
+        if fast and not caused and worst is not None:
+            burn, name, share = worst
+            if share is None:
+                why = "none of its bad requests reached an engine"
+            else:
+                why = (
+                    f"{100 * (1 - share):.0f} % of the bad requests' time was compute "
+                    f"(prefill + decode), {100 * share:.0f} % queueing"
+                )
+            self._notices[model] = LoadNotice(
+                now_ms, model, name, share,
+                f"{name} burning {burn:.0f}x on {model}, not load-caused: {why}; nothing shed",
+            )  # fmt: skip
 
     def evaluate(self, now_ms: int) -> ControlStep:
         self._prune(now_ms)
@@ -278,11 +473,38 @@ class Controller:
         events = [e for st in budgets for e in st.events]
         decisions = []
         signals: dict[str, Signals] = {}
+        self._notices = {}
+        steps: dict[str, AdmissionStep] = {}
         for model in sorted(self.models):
             sig = self.signals(model, now_ms, budgets)
             signals[model] = sig
-            decisions.append(self.policy.evaluate(model, now_ms, sig))
-        return ControlStep(now_ms, decisions, budgets, events, signals)
+            d = self.policy.evaluate(model, now_ms, sig)
+            d, steps[model] = self._admit(model, now_ms, d)
+            decisions.append(d)
+        notices = [self._notices[m] for m in sorted(self._notices)]
+        return ControlStep(now_ms, decisions, budgets, events, signals, notices, steps)
+
+    def _admit(self, model: str, now_ms: int, d: Evaluation) -> tuple[Evaluation, AdmissionStep]:
+        """Capacity-aware admission: the rate a level with ``admission`` carries."""
+        latest: list[StatsSample] = []
+        for xs in self._stats.values():
+            seen = [x for x in xs if x.ts_ms <= now_ms and x.model == model]
+            if seen:
+                latest.append(seen[-1])
+        load = self._load(model, now_ms, latest)
+        self.admission.observe(model, load)
+        active = self.policy.admits(d.level, d.phase)
+        step = self.admission.step(model, load, active=active)
+        if step.rate_rps is None:
+            return d, step
+        actions = d.actions.model_copy(
+            update={
+                "admit_rps": round(step.rate_rps, 3),
+                "admit_gateways": self.config.gateway_instances,
+            }
+        )
+        decision = d.decision.model_copy(update={"actions": actions})
+        return dataclasses.replace(d, decision=decision), step
 
 
 # --------------------------------------------------------------------------- #
@@ -302,6 +524,15 @@ def held_key(d: Evaluation) -> tuple[str, ...]:
         kept = [parts[0], *parts[2:]] if len(parts) == 4 else parts
         out.append(prefix + " ".join(kept))
     return tuple(out)
+
+
+RATE_STEP: Final = 0.1  # a directive is re-issued when admit_rps moves by this share
+
+
+def _rate_moved(before: float | None, now: float | None) -> bool:
+    if before is None or now is None:
+        return before is not now
+    return abs(now - before) > RATE_STEP * max(before, 1e-9)
 
 
 @dataclass
@@ -398,6 +629,7 @@ class ControlLoop:
         self.clock = clock
         # scope -> (level, phase, held key or None right after a change, event time)
         self._announced: dict[str, tuple[int, str, tuple[str, ...] | None, int]] = {}
+        self._rates: dict[str, float | None] = {}  # scope -> admit_rps last announced
 
     def add(self, s: WindowSummary | StatsSample) -> None:
         if isinstance(s, StatsSample):
@@ -415,9 +647,15 @@ class ControlLoop:
         for d in step.decisions:
             last = self._announced.get(d.scope)
             key = held_key(d)
+            rate = d.actions.admit_rps
             if d.changed or last is None or last[:2] != (d.level, d.phase):
                 # a change (its reason says why); the next evaluation's key is absorbed
                 self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)
+                self._rates[d.scope] = rate
+                out.append(d)
+            elif _rate_moved(self._rates.get(d.scope), rate):
+                # capacity-aware admission: a new rate is issued at once (not held back)
+                self._rates[d.scope] = rate
                 out.append(d)
             elif last[2] is None:
                 self._announced[d.scope] = (d.level, d.phase, key, last[3])

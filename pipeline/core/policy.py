@@ -147,6 +147,7 @@ from pipeline.spec.policy import (
     ALERT_SIGNALS,
     BUDGET_SIGNAL,
     LEVELS,
+    LOAD_SIGNAL,
     OPS,
     Condition,
     ControlPolicy,
@@ -312,7 +313,9 @@ class _Cond:
 
 
 class _Scope:
-    __slots__ = ("clocks", "escalated", "last", "level", "phase", "recovered_ms", "since_ms")
+    __slots__ = (
+        "clocks", "escalated", "last", "level", "openers", "phase", "recovered_ms", "since_ms",
+    )  # fmt: skip
 
     def __init__(self, n_conditions: int, now_ms: int) -> None:
         self.level = 0
@@ -322,6 +325,9 @@ class _Scope:
         self.recovered_ms: int | None = None  # last step down (or half-open, or back to 0)
         self.clocks: list[int | None] = [None] * n_conditions
         self.last: Evaluation | None = None
+        # The (non-alert) entry conditions that opened the current degraded level: it is
+        # not left, nor half-opened, while any of them is still measured (coherent exit).
+        self.openers: tuple[int, ...] = ()
 
 
 class PolicyEngine:
@@ -347,7 +353,16 @@ class PolicyEngine:
         self._max_ms = {n: lv.max_duration_ms for n, lv in self._levels.items()}
         self._actions = {n: lv.actions.to_actions() for n, lv in self._levels.items()}
         self._ho_actions = self._levels[1].actions.to_actions(self._admit)
+        self._admission = {n for n, lv in self._levels.items() if lv.actions.admission}
+        self._load_gate = d.load_gate
+        self._gated = {
+            n for n, lv in self._levels.items() if d.load_gate and lv.actions.turns_away()
+        }
         self._scopes: OrderedDict[str, _Scope] = OrderedDict()
+
+    def admits(self, level: int, phase: str) -> bool:
+        """Whether (level, phase) applies capacity-aware admission (half-open: L1's)."""
+        return level > 0 and (1 if phase == "half_open" else level) in self._admission
 
     def _compile(self, c: Condition) -> _Cond:
         boolean = c.is_ is not None
@@ -429,11 +444,20 @@ class PolicyEngine:
         ]
         entered = 0  # highest level whose entry holds: may step up
         justified = 0  # highest level whose entry holds on evidence other than alerts: keeps it
+        load_caused = signals.get(LOAD_SIGNAL) is True
+        gated_entry = 0  # highest level whose entry holds but the load gate keeps shut
         for n in LEVELS:
             if any(opens[c.index] for c in self._enter[n]):
-                entered = n
-            if any(holds[c.index] and not c.alert for c in self._enter[n]):
+                if n in self._gated and not load_caused:
+                    gated_entry = n
+                else:
+                    entered = n
+            if any(holds[c.index] and not c.alert for c in self._enter[n]) and (
+                n not in self._gated or load_caused
+            ):
                 justified = n
+        # Coherent exit: the conditions that opened the level, still measured right now.
+        opener_seen = [i for i in s.openers if observed[i]]
 
         prev_level, prev_phase = s.level, s.phase
         held = now_ms - s.since_ms
@@ -442,17 +466,26 @@ class PolicyEngine:
         reason: str
         figs: list[_Cond]
 
-        def move(level: int, phase: Phase, *, escalated: bool = False) -> None:
+        def move(
+            level: int, phase: Phase, *, escalated: bool = False, by: Iterable[_Cond] = ()
+        ) -> None:
             if level < s.level or phase == "half_open" or level == 0:
                 s.recovered_ms = now_ms  # a step down
+            if level > s.level or (phase == "degraded" and s.phase == "half_open"):
+                s.openers = tuple(c.index for c in by if not c.alert)
+            elif level == 0:
+                s.openers = ()
             s.level, s.phase, s.since_ms, s.escalated = level, phase, now_ms, escalated
 
         if s.phase == "half_open":
             probe = [c for c in self._enter[1] if observed[c.index] and not c.alert]
+            probe += [self._conds[i] for i in opener_seen if self._conds[i] not in probe]
+            if 1 in self._gated and not load_caused:
+                probe = []  # a probe sheds again only for a load-caused burn
             if entered >= 1 or probe:
                 target = max(1, entered)
                 figs = self._holding(target, opens) if entered >= 1 else probe
-                move(target, "degraded")
+                move(target, "degraded", by=figs)
                 texts = _texts(figs, signals, probe=entered == 0)
                 reason = f"relapse during half-open -> L{target}: {texts}"
             elif held >= self._ho_ms:
@@ -469,12 +502,13 @@ class PolicyEngine:
                 )
         elif entered > s.level:
             figs = self._holding(entered, opens)
-            move(entered, "degraded")
+            move(entered, "degraded", by=figs)
             reason = f"L{entered} entry holds: {_texts(figs, signals)}"
         elif s.level > 0:
             lv = s.level
             exits = self._exit[lv]
-            exit_ok = all(holds[c.index] for c in exits)
+            openers = [self._conds[i] for i in opener_seen]
+            exit_ok = all(holds[c.index] for c in exits) and not openers
             failing = [c for c in exits if not holds[c.index]]
             if justified >= lv:
                 held_because.extend(
@@ -483,6 +517,10 @@ class PolicyEngine:
                     if holds[c.index] and not c.alert
                 )
             held_because.extend(_held_text(c, signals, now_ms, clocks[c.index]) for c in failing)
+            held_because.extend(
+                f"opened by {_held_text(c, signals, now_ms, clocks[c.index])}, still measured"
+                for c in openers
+            )
             if justified < lv and exit_ok and held >= self._dwell_ms:
                 figs = exits
                 held_because = []
@@ -505,7 +543,7 @@ class PolicyEngine:
                 # Its own entry still holds after max_duration: its actions are not enough.
                 figs = self._justifying(lv, holds)
                 limit = format_ms(self._max_ms[lv])
-                move(lv + 1, "degraded", escalated=True)
+                move(lv + 1, "degraded", escalated=True, by=figs)
                 held_because = []
                 reason = (
                     f"L{lv} held {format_ms(held)} >= max_duration {limit} and its entry "
@@ -543,6 +581,12 @@ class PolicyEngine:
                         f"until {s.since_ms + self._dwell_ms}"
                     )
                 reason = f"{prefix}: {body}" if prefix else body
+        elif gated_entry:
+            figs = self._holding(gated_entry, opens)
+            reason = (
+                f"L{gated_entry} entry holds ({_texts(figs, signals)}) but the burn is not "
+                f"load-caused ({LOAD_SIGNAL} false): nothing shed"
+            )
         else:
             figs = []
             reason = "normal: no entry condition holds"

@@ -70,6 +70,7 @@ from typing import Any, Final, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from pipeline.contract.boundaries import QUEUE_BOUNDARIES
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.spec.slo import SLO, Filter, SLOSpec
 
@@ -391,7 +392,8 @@ class SLOEvaluator:
     """
 
     __slots__ = (
-        "_classifiers", "_good", "_matchers", "_tiers", "_total", "_verdicts", "records", "spec",
+        "_bad_ms", "_bad_queue_ms", "_boundaries", "_classifiers", "_good", "_matchers",
+        "_tiers", "_total", "_verdicts", "records", "spec",
     )  # fmt: skip
 
     def __init__(self, spec: SLOSpec) -> None:
@@ -403,6 +405,13 @@ class SLOEvaluator:
         self._total = [0] * n
         self._good = [0] * n
         self._verdicts: list[Verdict] = ["skip"] * n
+        # Bad requests that reached an engine: queue time and boundary time, summed (a
+        # boundary that excludes the queue: None, nothing summed). See :meth:`attribution`.
+        self._boundaries = [
+            s.boundary if s.boundary in QUEUE_BOUNDARIES else None for s in spec.slos
+        ]
+        self._bad_queue_ms = [0.0] * n
+        self._bad_ms = [0.0] * n
         index = {s.name: i for i, s in enumerate(spec.slos)}
         self._tiers = {
             name: _TierAcc(index[t.primary], index[t.secondary]) for name, t in spec.tiers.items()
@@ -420,6 +429,11 @@ class SLOEvaluator:
                 total[i] += sign
                 if v == "good":
                     good[i] += sign
+                elif (b := self._boundaries[i]) is not None:
+                    q, x = record.queue_ms, record.boundary(b)
+                    if q is not None and x is not None:
+                        self._bad_queue_ms[i] += sign * q
+                        self._bad_ms[i] += sign * x
         for acc in self._tiers.values():
             pv = verdicts[acc.primary]
             if pv == "skip":
@@ -446,6 +460,16 @@ class SLOEvaluator:
             good.append(g)
             self._total[i] += int(signs[c].sum())
             self._good[i] += int(signs[g].sum())
+            b = self._boundaries[i]
+            if b is not None:
+                bad = c & ~g
+                if bad.any():
+                    q = cols.boundary("queue_ms")[rows][bad]
+                    x = cols.boundary(b)[rows][bad]
+                    both = ~(np.isnan(q) | np.isnan(x))
+                    sg = signs[bad][both]
+                    self._bad_queue_ms[i] += float((sg * q[both]).sum())
+                    self._bad_ms[i] += float((sg * x[both]).sum())
         for acc in self._tiers.values():
             c, g = counted[acc.primary], good[acc.primary]
             acc.total += int(signs[c].sum())
@@ -465,6 +489,8 @@ class SLOEvaluator:
         for i in range(len(self._total)):
             self._total[i] += other._total[i]
             self._good[i] += other._good[i]
+            self._bad_queue_ms[i] += other._bad_queue_ms[i]
+            self._bad_ms[i] += other._bad_ms[i]
         for name, acc in self._tiers.items():
             o = other._tiers[name]
             acc.total += o.total
@@ -480,6 +506,14 @@ class SLOEvaluator:
             for name, acc in self._tiers.items()
         }
         return slos, tiers
+
+    def attribution(self) -> dict[str, tuple[float, float]]:
+        """Per SLO, its bad requests that reached an engine: ``(queue ms, boundary ms)``
+        summed. Their ratio is how much of the burn was queueing (load-caused); an SLO
+        whose boundary excludes the queue has ``(0, 0)``."""
+        return {
+            s.name: (self._bad_queue_ms[i], self._bad_ms[i]) for i, s in enumerate(self.spec.slos)
+        }
 
     def counts(self) -> dict[str, SLOCounts]:
         return {

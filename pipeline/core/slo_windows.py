@@ -23,6 +23,8 @@ class SLOWindowRow:
     good: int  # for a blended tier: good on the primary
     good_secondary_only: int
     secondary_weight: float
+    bad_queue_ms: float = 0.0  # SLOEvaluator.attribution: a control signal, not stored
+    bad_ms: float = 0.0
 
 
 class WindowSLOCounts(SLOEvaluator):
@@ -38,10 +40,11 @@ class WindowSLOCounts(SLOEvaluator):
     def rows(self) -> list[SLOWindowRow]:
         spec = self.spec
         slos, tiers = self.delta_counts()
+        attrib = self.attribution()
         out = [
             SLOWindowRow(
                 s.name, "slo", s.boundary, s.threshold_ms, s.objective,
-                slos[s.name][0], slos[s.name][1], 0, 0.0,
+                slos[s.name][0], slos[s.name][1], 0, 0.0, *attrib[s.name],
             )
             for s in spec.slos
         ]  # fmt: skip

@@ -32,7 +32,9 @@ def summarize(
         if win.slos is not None:
             for r in win.slos.rows():
                 if r.kind == "slo" and (r.total or r.good):
-                    slos_c[r.slo] = SLOWindowCounts(r.total, r.good, r.objective)
+                    slos_c[r.slo] = SLOWindowCounts(
+                        r.total, r.good, r.objective, r.bad_queue_ms, r.bad_ms
+                    )
         cid = correction_id or f"{win.partition}/{win.start_ms}/{sorted(win.ledger)[:1]}"
         return WindowSummary(win.partition, win.start_ms, win.size_ms, {}, slos_c, True, cid)
     merged: dict[str, dict[str, QuantileSketch]] = {}
@@ -63,5 +65,7 @@ def summarize(
     if final and win.slos is not None:
         for r in win.slos.rows():
             if r.kind == "slo":
-                slos[r.slo] = SLOWindowCounts(r.total, r.good, r.objective)
+                slos[r.slo] = SLOWindowCounts(
+                    r.total, r.good, r.objective, r.bad_queue_ms, r.bad_ms
+                )
     return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos, final)

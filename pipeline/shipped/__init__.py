@@ -29,6 +29,8 @@ DEFAULT_SLO_SPEC: Final = SPECS_DIR / "slo-default.yaml"  # streaming LLM SLOs
 EXAMPLE_SLO_SPEC: Final = SPECS_DIR / "slo-example.yaml"  # the source documents' contract tiers
 DEFAULT_POLICY: Final = SPECS_DIR / "policy-default.yaml"
 EXAMPLE_POLICY: Final = SPECS_DIR / "policy-example.yaml"  # their circuit-breaker table as written
+# The static levels shipped before capacity-aware admission: the backtest's baseline.
+STATIC_POLICY: Final = SPECS_DIR / "policy-static-levels.yaml"
 DEFAULT_BURN_RULES: Final = SPECS_DIR / "burn-rules.yaml"
 EXAMPLE_CONTRACT: Final = SPECS_DIR / "contract-example.yaml"
 DEFAULT_TRACE: Final = shipped_path("data", "azure-llm-2023", "conv.csv")  # the demo's trace

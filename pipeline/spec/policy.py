@@ -35,11 +35,16 @@ LEVELS: Final = (1, 2, 3)
 
 Op = Literal[">", ">=", "<", "<="]
 
-BOOLEAN_SIGNALS: Final = frozenset({"burn.page", "burn.ticket", "budget_exhausted"})
+BOOLEAN_SIGNALS: Final = frozenset(
+    {"burn.page", "burn.ticket", "budget_exhausted", "load.burning", "load.caused", "slo.fast_burn"}
+)
 NUMERIC_SIGNALS: Final = frozenset(
     {"kv_cache_hit_rate", "queue_saturation", "gpu_memory_fraction", "queue_compute_ratio"}
+    | {"queue.depth_ratio", "queue.wait_ms", "load.queue_share", "load.demand_ratio"}
     | {f"p99.{b}" for b in BOUNDARIES}
 )
+# The signal the load gate reads (pipeline.core.control: the burn is load-caused).
+LOAD_SIGNAL: Final = "load.caused"
 # Alert signals may open a level (``enter``) and notify; they never hold one: a
 # slow-burn alert stays true long after the latency recovered (the 6h/30m page
 # rule ~30 min), so it is not allowed in ``exit`` and does not keep a level.
@@ -82,6 +87,10 @@ SIGNAL_UNITS: Final[dict[str, SignalUnit]] = {
     "gpu_memory_fraction": _FRACTION,
     "queue_compute_ratio": _FRACTION,
     "queue_saturation": SignalUnit("ratio", 0.0, None, "waiting / capacity, a ratio >= 0"),
+    "queue.depth_ratio": SignalUnit("ratio", 0.0, None, "waiting / the engines' batch, >= 0"),
+    "queue.wait_ms": _MS,
+    "load.queue_share": _FRACTION,
+    "load.demand_ratio": SignalUnit("ratio", 0.0, None, "demand / measured capacity, >= 0"),
 }
 
 
@@ -212,11 +221,24 @@ class ActionsSpec(_Model):
     # The same default as the wire's Actions (one Actions type: control_signal.Actions).
     retry_after_s: Annotated[int, Field(ge=0)] = DEFAULT_RETRY_AFTER_S
     rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # Capacity-aware admission: the directive carries admit_rps (pipeline.core.admission),
+    # measured and corrected by feedback at every evaluation; gateways admit by priority.
+    admission: bool = False
 
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
         """The directive's actions (the one type the wire signs and the serving side reads):
-        these fields, named as on :class:`Actions`, and the half-open ``admit_fraction``."""
-        return Actions(**self.model_dump(), admit_fraction=admit_fraction)
+        these fields, named as on :class:`Actions`, and the half-open ``admit_fraction``
+        (``admission`` becomes ``admit_rps``, filled in by the controller)."""
+        return Actions(**self.model_dump(exclude={"admission"}), admit_fraction=admit_fraction)
+
+    def turns_away(self) -> bool:
+        """Whether these actions turn requests away (shed, reject, rate-limit, admit)."""
+        return (
+            self.shed_priorities_at_or_above is not None
+            or self.reject_new_sessions
+            or self.rate_limit_rps is not None
+            or self.admission
+        )
 
 
 class Level(_Model):
@@ -251,6 +273,9 @@ class Dynamics(_Model):
     step_down: Literal["one"] = "one"
     half_open: HalfOpen
     max_transitions_per_hour: Annotated[int, Field(ge=1)] | None = None
+    # Load gate: a level whose actions turn traffic away is entered only while the burn
+    # is load-caused (the signal load.caused); otherwise the entry is reported, not acted on.
+    load_gate: bool = False
 
     min_dwell_ms: ClassVar[DurationMs] = DurationMs("min_dwell")
 

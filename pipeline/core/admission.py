@@ -1,0 +1,149 @@
+"""Capacity-aware admission: how many requests per second a model's gateways admit.
+
+Pure: plain values in (what the engines served, how many wait, the batch they run),
+time passed in, no I/O. The controller calls :meth:`AdmissionControl.step` once per
+evaluation and model; a level whose actions say ``admission: true`` carries the
+result in its directive (``Actions.admit_rps``), and the gateways admit that many
+requests per second by strict priority (``producers/admission.py``).
+
+What the engines can serve
+--------------------------
+*Capacity* is measured, not configured: the requests per second a model's engines
+completed while they were saturated (a queue at least ``saturated_queue`` of a
+batch deep: every finished request was replaced at once, so completions are the
+engines' throughput, not the arrival rate). It is an exponentially weighted mean
+of those windows (weight ``capacity_weight``), remembered across healthy periods.
+Before any saturated window has been seen, the capacity is the last window's
+served rate (a low estimate: admission then starts tight and grows additively).
+
+The rate while admission is on (one step per evaluation)
+--------------------------------------------------------
+With ``C`` the capacity, ``K`` the engines' batch (the largest ``num_running``
+they reported), ``W`` the requests waiting in their queues and ``E = max(0, W -
+queue_allowance * K)`` the excess queue:
+
+* **entry** (first step): ``R = C - E / drain_s`` -- serve at capacity, less what
+  drains the excess queue within ``drain_s`` (Little's law: the queue a new
+  request waits behind is what delays its first token);
+* **queue growing** (``E`` larger than at the previous step): multiplicative
+  decrease, ``R = min(C - E / drain_s, decrease * R)`` (AIMD's backoff);
+* **queue over the allowance but shrinking**: ``R = min(R, C - E / drain_s)``;
+* **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
+  ``max_over_capacity * C`` (the level's exit, not the rate, ends admission).
+
+``R`` never goes below ``min_fraction * C``. Priority 0 is admitted whatever
+``R`` is (gateways count it against the rate first), so a rate below priority 0's
+demand turns away everything else, never priority 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["AdmissionConfig", "AdmissionControl", "AdmissionStep", "ModelLoad"]
+
+_MIN_RATE_RPS: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    drain_s: float = 10.0  # drain an excess queue within this many seconds
+    queue_allowance: float = 0.5  # a queue up to this share of a batch is healthy
+    saturated_queue: float = 0.5  # a queue this deep (share of a batch): engines saturated
+    capacity_weight: float = 0.5  # EWMA weight of a new saturated window's served rate
+    decrease: float = 0.8  # multiplicative decrease while the queue grows
+    increase: float = 0.05  # additive increase per step, as a share of capacity
+    min_fraction: float = 0.05  # floor of the rate, as a share of capacity
+    max_over_capacity: float = 1.5  # ceiling of the rate, as a multiple of capacity
+
+    def __post_init__(self) -> None:
+        for name in ("drain_s", "capacity_weight", "decrease", "increase", "min_fraction"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"AdmissionConfig.{name} must be > 0, got {v!r}")
+        if not (self.decrease < 1 and self.capacity_weight <= 1 and self.min_fraction < 1):
+            raise ValueError("AdmissionConfig: decrease and min_fraction < 1, weight <= 1")
+        if self.max_over_capacity < 1:
+            raise ValueError("AdmissionConfig.max_over_capacity must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """One model at one evaluation: what its engines did in the last window."""
+
+    served_rps: float  # requests its engines finished per second (last window)
+    waiting: int  # requests waiting in its engines' queues (latest stats)
+    batch: int  # its engines' batch: the largest num_running they reported, summed
+    demand_rps: float  # requests its gateways received per second (rejections included)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStep:
+    rate_rps: float | None  # None: admission off
+    capacity_rps: float | None
+    excess_queue: float
+    rule: str  # "entry" | "decrease" | "hold" | "increase" | "off"
+
+    def describe(self) -> str:
+        if self.rate_rps is None:
+            return "admission off"
+        cap = "unknown" if self.capacity_rps is None else f"{self.capacity_rps:.1f}"
+        return (
+            f"admit {self.rate_rps:.1f} req/s ({self.rule}; capacity {cap} req/s, "
+            f"excess queue {self.excess_queue:.0f})"
+        )
+
+
+@dataclass
+class _State:
+    capacity_rps: float | None = None
+    rate_rps: float | None = None
+    excess: float = 0.0
+
+
+@dataclass
+class AdmissionControl:
+    config: AdmissionConfig = field(default_factory=AdmissionConfig)
+    _models: dict[str, _State] = field(default_factory=dict)
+
+    def capacity_rps(self, model: str) -> float | None:
+        st = self._models.get(model)
+        return None if st is None else st.capacity_rps
+
+    def observe(self, model: str, load: ModelLoad) -> None:
+        """Learn capacity from a saturated window (call every evaluation)."""
+        cfg = self.config
+        st = self._models.setdefault(model, _State())
+        saturated = load.batch > 0 and load.waiting >= cfg.saturated_queue * load.batch
+        if saturated and load.served_rps > 0:
+            if st.capacity_rps is None:
+                st.capacity_rps = load.served_rps
+            else:
+                w = cfg.capacity_weight
+                st.capacity_rps = (1 - w) * st.capacity_rps + w * load.served_rps
+
+    def step(self, model: str, load: ModelLoad, *, active: bool) -> AdmissionStep:
+        """The admission rate for ``model`` now (None while ``active`` is false)."""
+        cfg = self.config
+        st = self._models.setdefault(model, _State())
+        excess = max(0.0, load.waiting - cfg.queue_allowance * load.batch)
+        if not active:
+            st.rate_rps, st.excess = None, excess
+            return AdmissionStep(None, st.capacity_rps, excess, "off")
+        cap = st.capacity_rps if st.capacity_rps is not None else load.served_rps
+        cap = max(cap, _MIN_RATE_RPS)
+        floor = max(cfg.min_fraction * cap, _MIN_RATE_RPS)
+        target = cap - excess / cfg.drain_s
+        prev = st.rate_rps
+        if prev is None:
+            rate, rule = target, "entry"
+        elif excess > st.excess and excess > 0:
+            rate, rule = min(target, cfg.decrease * prev), "decrease"
+        elif excess > 0:
+            rate, rule = min(prev, target), "hold"
+        else:
+            rate, rule = min(prev + cfg.increase * cap, cfg.max_over_capacity * cap), "increase"
+        rate = max(rate, floor)
+        st.rate_rps, st.excess = rate, excess
+        return AdmissionStep(rate, st.capacity_rps, excess, rule)
