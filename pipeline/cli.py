@@ -62,7 +62,17 @@ def _add_sim(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate")
     p.add_argument(
-        "--overload", metavar="START_S:END_S:FACTOR", help="overload episode, e.g. 600:1200:3"
+        "--overload",
+        metavar="[SHAPE:]START_S:END_S:FACTOR",
+        help="overload episode, e.g. 600:1200:3 (a step), ramp:600:1200:3 (x1 rising to x3), "
+        "burst:600:1200:3 (replicas at the same instant), or none",
+    )
+    p.add_argument(
+        "--scheduling",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="engine admission order: fcfs, or priority as vLLM's --scheduling-policy "
+        "priority (lower priority number first, no preemption)",
     )
     p.add_argument("--limit", type=int, help="only the first N trace requests")
     p.add_argument(

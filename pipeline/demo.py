@@ -25,7 +25,7 @@ from pipeline.adapters.control_keys import generate_secret_b64
 from pipeline.processes import stop_process
 from pipeline.settings import Settings
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
-from producers.simulator.model import OverloadEpisode, SimConfig
+from producers.simulator.model import EPISODE_SHAPES, EpisodeShape, OverloadEpisode, SimConfig
 
 if TYPE_CHECKING:
     from pipeline.adapters.kafka_admin import GroupProgress
@@ -36,16 +36,32 @@ DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input
 DEMO_FLUSH_INTERVAL_MS = 250
 
 
+def parse_overload(text: str | None) -> OverloadEpisode | None:
+    """``--overload``: ``none``/``off``, ``START_S:END_S:FACTOR`` (a step) or
+    ``SHAPE:START_S:END_S:FACTOR`` with SHAPE step, ramp or burst."""
+    if not text or text.strip().lower() in ("none", "off"):
+        return None
+    parts = text.strip().split(":")
+    name = parts.pop(0).strip().lower() if len(parts) == 4 else "step"
+    shapes: dict[str, EpisodeShape] = {s: s for s in EPISODE_SHAPES}
+    try:
+        shape = shapes[name]
+        start_s, end_s, factor = (float(x) for x in parts)
+    except (KeyError, ValueError):
+        raise SystemExit(
+            "--overload must look like [step|ramp|burst:]START_S:END_S:FACTOR "
+            f"(e.g. 600:1200:3 or ramp:600:1200:3) or none, got {text!r}"
+        ) from None
+    try:
+        return OverloadEpisode(
+            start_offset_s=start_s, end_offset_s=end_s, factor=factor, shape=shape
+        )
+    except ValueError as exc:
+        raise SystemExit(f"invalid --overload: {exc}") from None
+
+
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
-    overload = None
-    if getattr(args, "overload", None) and args.overload.lower() not in ("none", "off"):
-        try:
-            start_s, end_s, factor = (float(x) for x in args.overload.split(":"))
-        except ValueError:
-            raise SystemExit(
-                "--overload must look like START_S:END_S:FACTOR, e.g. 600:1200:3"
-            ) from None
-        overload = OverloadEpisode(start_offset_s=start_s, end_offset_s=end_s, factor=factor)
+    overload = parse_overload(getattr(args, "overload", None))
     restarts: list[tuple[str, float]] = []
     for item in getattr(args, "restart", None) or ():
         host, _, offset_s = item.rpartition(":")
@@ -63,6 +79,7 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
             rate_scale=args.rate_scale,
             overload=overload,
             engine_restarts=tuple(restarts),
+            scheduling=getattr(args, "scheduling", None) or "fcfs",
         )
     except ValueError as exc:
         raise SystemExit(f"invalid simulator settings: {exc}") from None
@@ -388,7 +405,8 @@ def story(report: dict[str, Any], summary: dict[str, Any], config: SimConfig) ->
     ep = config.overload
     if ep is not None:
         span = f"{ep.start_offset_s:.0f}-{ep.end_offset_s:.0f}"
-        lines.append(f"  t={span} s: overload, arrivals x{ep.factor:g}")
+        how = {"step": "", "ramp": " (ramp from x1)", "burst": " (replicas at once)"}[ep.shape]
+        lines.append(f"  t={span} s: overload, arrivals x{ep.factor:g}{how}")
     for c in report.get("control", []):
         at = datetime.fromisoformat(str(c["event_time"]))
         at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)

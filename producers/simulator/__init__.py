@@ -3,6 +3,8 @@
 * :mod:`producers.simulator.trace` — read the trace (pure).
 * :mod:`producers.simulator.model` — the discrete-event model (pure, deterministic).
 * :mod:`producers.simulator.run` — the shell: pacing, sink, progress bar.
+* :mod:`producers.simulator.gate` — gateways applying control directives (closed loop).
+* :mod:`producers.simulator.baselines` — gateway-local adaptive limiters (AIMD).
 """
 
 from producers.simulator.model import (

@@ -163,6 +163,26 @@ class GatewayGate:
             self.fallbacks += 1
         return Verdict(cap_context_tokens=cap, fallback_model=a.fallback_model)
 
+    def on_complete(
+        self,
+        *,
+        model: str,
+        gateway: str,
+        priority: int,
+        request_id: str,
+        t_ms: float,
+        ttfb_ms: float | None,
+        total_ms: float,
+        outcome: str,
+    ) -> None:
+        """The simulator reports a request this gate admitted (``decide`` returned no
+        reject) once, when its ``gateway.completed`` is emitted: ``model`` as passed to
+        ``decide`` (before any fallback), ``t_ms`` the completion time, ``ttfb_ms`` and
+        ``total_ms`` as recorded (``ttfb_ms`` None when the client left before the first
+        byte), ``outcome`` ok, client_abort or rejected (queue timeout). Directives need
+        no feedback: a no-op here; adaptive baselines override it."""
+        return
+
     def _take_token(self, gateway: str, scope: str, rps: float, t_ms: float) -> bool:
         key = (gateway, scope)
         tokens, last = self._buckets.get(key, (rps, t_ms))

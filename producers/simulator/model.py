@@ -14,7 +14,12 @@ The model
   engine durations between engine instants), so skew only moves ``*_unix_ns``
   stamps, as on real hosts with a synchronised-but-imperfect NTP.
 * **Arrivals.** Trace offsets are divided by ``rate_scale``. Requests inside
-  an overload episode are replicated ``factor`` times with a small jitter.
+  an overload episode (:class:`OverloadEpisode`) are replicated: ``step``
+  sends each ``factor`` times, the replicas up to ``jitter_ms`` later;
+  ``ramp`` raises the factor linearly from 1 at the episode's start to
+  ``factor`` at its end (a fractional factor sends the extra copy with that
+  probability); ``burst`` is a step whose replicas arrive at the same instant
+  as the original (a thundering herd).
   Each request draws a model (by weight), tenant, priority, stream flag,
   gateway host, gateway overheads, client patience, an optional mid-stream
   stop and a prefix-cache hit from one ``random.Random(seed)``.
@@ -22,9 +27,13 @@ The model
   reaches the least-loaded engine of its model (running + waiting, ties
   round-robin). The response leaves the gateway ``post`` ms after the engine
   produced it: ``total_ms = pre + engine e2e + post``.
-* **Engine (continuous batching, FCFS).** An engine runs iterations. At each
-  iteration start it admits waiting requests (FIFO) while fewer than
-  ``max_concurrency`` run. An iteration lasts
+* **Engine (continuous batching).** An engine runs iterations. At each
+  iteration start it admits waiting requests while fewer than
+  ``max_concurrency`` run, in the order of ``SimConfig.scheduling``:
+  ``"fcfs"`` (default) by arrival at the engine; ``"priority"`` as vLLM's
+  ``--scheduling-policy priority``, by (priority, arrival at the engine), lower
+  priority number first (one FIFO queue per priority level). Running requests
+  are never preempted. An iteration lasts
   ``decode_base_ms + decode_ms_per_seq * running + prefill_ms_per_token *
   (uncached prompt tokens admitted in it)``. An admitted request gets its first
   token at the end of its admission iteration and one token per iteration
@@ -51,6 +60,13 @@ The model
   plus ``cold_start_window_ms`` (its first seconds) is marked: its
   ``engine.finished`` carries ``cold_start_unix_ns`` = the restart time on the
   engine's clock. One cold start per restart.
+* **Gates (closed loop).** With a :class:`~producers.simulator.gate.GatewayGate`
+  the gateway asks ``gate.decide(...)`` per arriving request (429 + Retry-After,
+  context cap, fallback model) and calls ``gate.on_complete(...)`` once for
+  every request the gate admitted, when its ``gateway.completed`` is emitted
+  (ok, client abort or queue-timeout 503). The hook runs when the simulator
+  emits the event, which may be up to the gateway's ``post`` ms before its
+  ``t_ms``; it never changes the events of a run by itself.
 * **Engine stats.** Every ``stats_interval_ms`` each engine reports running
   and waiting counts, KV-cache usage (prompt + generated tokens of running
   sequences over ``kv_capacity_tokens``, capped at 1), a decayed prefix-cache
@@ -70,7 +86,7 @@ import random
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from pipeline.contract.events import (
     EngineFinished,
@@ -86,8 +102,12 @@ from producers.simulator.trace import TraceRequest
 __all__ = [
     "DEFAULT_MODELS",
     "DEFAULT_TENANTS",
+    "EPISODE_SHAPES",
+    "SCHEDULING_POLICIES",
+    "EpisodeShape",
     "ModelConfig",
     "OverloadEpisode",
+    "Scheduling",
     "SimConfig",
     "SimSummary",
     "Simulator",
@@ -175,19 +195,32 @@ DEFAULT_TENANTS: Final[tuple[tuple[str, float], ...]] = tuple(
 )
 
 
+EpisodeShape = Literal["step", "ramp", "burst"]
+EPISODE_SHAPES: Final[tuple[EpisodeShape, ...]] = ("step", "ramp", "burst")
+Scheduling = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: Final[tuple[Scheduling, ...]] = ("fcfs", "priority")
+
+
 @dataclass(frozen=True, slots=True)
 class OverloadEpisode:
-    """Arrivals in [start_offset_s, end_offset_s) of simulated time are sent ``factor`` times.
+    """Arrivals in [start_offset_s, end_offset_s) of simulated time are replicated.
 
     Offsets are on the simulated timeline (after ``rate_scale``). A fractional
     factor sends the extra copy with probability equal to the fraction.
-    Replicas arrive up to ``jitter_ms`` after the original.
+
+    * ``step``: every arrival is sent ``factor`` times, the replicas up to
+      ``jitter_ms`` after the original;
+    * ``ramp``: the factor grows linearly from 1 at the start to ``factor`` at
+      the end (then x1 again), replicas jittered as a step's;
+    * ``burst``: a step whose replicas arrive at the same instant as the
+      original (jitter 0: a thundering herd).
     """
 
     start_offset_s: float
     end_offset_s: float
     factor: float = 3.0
     jitter_ms: float = 500.0
+    shape: EpisodeShape = "step"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.start_offset_s) and self.start_offset_s >= 0):
@@ -198,9 +231,26 @@ class OverloadEpisode:
             raise ValueError("OverloadEpisode.factor must be finite and >= 1")
         if not (math.isfinite(self.jitter_ms) and self.jitter_ms >= 0):
             raise ValueError("OverloadEpisode.jitter_ms must be finite and >= 0")
+        if self.shape not in EPISODE_SHAPES:
+            raise ValueError(f"OverloadEpisode.shape must be one of {', '.join(EPISODE_SHAPES)}")
 
     def contains(self, offset_ms: float) -> bool:
         return self.start_offset_s * 1000.0 <= offset_ms < self.end_offset_s * 1000.0
+
+    def factor_at(self, offset_ms: float) -> float:
+        """The copies an arrival at ``offset_ms`` is sent as (1 outside the episode)."""
+        if not self.contains(offset_ms):
+            return 1.0
+        if self.shape != "ramp":
+            return self.factor
+        start_ms = self.start_offset_s * 1000.0
+        share = (offset_ms - start_ms) / (self.end_offset_s * 1000.0 - start_ms)
+        return 1.0 + (self.factor - 1.0) * share
+
+    @property
+    def replica_jitter_ms(self) -> float:
+        """Replicas arrive uniformly within this many ms after the original."""
+        return 0.0 if self.shape == "burst" else self.jitter_ms
 
 
 def _check_range(name: str, lo_hi: tuple[float, float], lo_min: float = 0.0) -> None:
@@ -252,6 +302,9 @@ class SimConfig:
     engine_restarts: tuple[tuple[str, float], ...] = ()
     cold_start_load_ms: float = 8_000.0  # weights load: no admissions meanwhile
     cold_start_window_ms: float = 10_000.0  # "its first seconds" after the load, still marked
+    # Engine admission order: "fcfs" (arrival at the engine) or "priority" (vLLM's
+    # --scheduling-policy priority: (priority, arrival), lower number first; no preemption).
+    scheduling: Scheduling = "fcfs"
 
     def __post_init__(self) -> None:
         if not self.start_unix_ns > 0:
@@ -333,6 +386,10 @@ class SimConfig:
             value = getattr(self, fname)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"SimConfig.{fname} must be finite and >= 0")
+        if self.scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"SimConfig.scheduling must be one of {', '.join(SCHEDULING_POLICIES)}"
+            )
 
 
 def engine_hosts(models: Sequence[ModelConfig]) -> list[str]:
@@ -399,6 +456,7 @@ class _Req:
     admit_iter: int = 0
     attempt: int = 0  # 0 = first try; k = k-th retry after a 429
     session: str = ""  # the first try's request id ("" = this request's own)
+    gate_model: str = ""  # the model a gate admitted it for ("" = no gate admitted it)
 
 
 @dataclass(slots=True, eq=False)
@@ -406,7 +464,10 @@ class _Engine:
     host: str
     model: ModelConfig
     skew_ms: float
-    waiting: deque[_Req] = field(default_factory=deque)
+    # Waiting requests, FIFO per queue: one queue (fcfs) or one per priority level
+    # (priority scheduling, admitted lowest level first). Entries no longer waiting
+    # (aborted, timed out) are skipped when they reach the head.
+    queues: tuple[deque[_Req], ...] = ()
     waiting_live: int = 0
     running: int = 0
     running_prompt_tokens: int = 0
@@ -483,6 +544,8 @@ class Simulator:
         self._rng = random.Random(config.seed)
         skew_rng = random.Random(f"tailguard-sim-skew:{config.seed}")
         overrides = dict(config.engine_skew_ms)
+        self._by_priority = config.scheduling == "priority"
+        n_queues = len(config.priority_weights) if self._by_priority else 1
         self._engines: list[_Engine] = []
         self._engines_of_model: list[list[int]] = []
         for model in config.models:
@@ -492,7 +555,8 @@ class Simulator:
                 drawn = skew_rng.uniform(-config.engine_skew_max_ms, config.engine_skew_max_ms)
                 skew = round(overrides.get(host, drawn), 3)
                 ids.append(len(self._engines))
-                self._engines.append(_Engine(host=host, model=model, skew_ms=skew))
+                queues = tuple(deque[_Req]() for _ in range(n_queues))
+                self._engines.append(_Engine(host=host, model=model, skew_ms=skew, queues=queues))
             self._engines_of_model.append(ids)
         self._rr = [0] * len(config.models)
         self._min_skew_ms = min(0.0, *(e.skew_ms for e in self._engines))
@@ -588,11 +652,13 @@ class Simulator:
             rid = f"{cfg.request_id_prefix}{idx:09d}"
             raw.append((t, rid, tr))
             if episode is not None and episode.contains(t):
-                copies = int(episode.factor) - 1
-                if rng.random() < episode.factor - int(episode.factor):
+                factor = episode.factor_at(t)
+                jitter = episode.replica_jitter_ms
+                copies = int(factor) - 1
+                if rng.random() < factor - int(factor):
                     copies += 1
                 for r in range(1, copies + 1):
-                    raw.append((t + rng.uniform(0.0, episode.jitter_ms), f"{rid}-x{r}", tr))
+                    raw.append((t + rng.uniform(0.0, jitter), f"{rid}-x{r}", tr))
         raw.sort(key=lambda x: x[0])  # stable
         model_w = [m.weight for m in cfg.models]
         model_ids = list(range(len(cfg.models)))
@@ -713,6 +779,7 @@ class Simulator:
                 t_ms=req.t_gateway_ms,
             )
             if verdict.reject is None:
+                req.gate_model = cfg.models[req.model_idx].name
                 fb = self._model_idx.get(verdict.fallback_model or "")
                 if fb is not None:
                     req.model_idx = fb
@@ -806,6 +873,7 @@ class Simulator:
         else:
             self._rejected += 1
         total = _r(t_done_ms - req.t_gateway_ms)
+        ttfb = None if ttfb_ms is None else min(total, _r(ttfb_ms))
         self._emit(
             GatewayCompleted(
                 v=1,
@@ -816,12 +884,23 @@ class Simulator:
                 request_id=req.request_id,
                 kind="gateway.completed",
                 total_ms=total,
-                ttfb_ms=None if ttfb_ms is None else min(total, _r(ttfb_ms)),
+                ttfb_ms=ttfb,
                 http_status=http_status,
                 outcome=outcome,
                 output_tokens=output_tokens,
             )
         )
+        if req.gate_model and self._gate is not None:
+            self._gate.on_complete(
+                model=req.gate_model,
+                gateway=req.gateway,
+                priority=req.priority,
+                request_id=req.request_id,
+                t_ms=t_done_ms,
+                ttfb_ms=ttfb,
+                total_ms=total,
+                outcome=outcome,
+            )
 
     def _on_patience(self, req: _Req) -> None:
         if req.state == _DONE:
@@ -872,7 +951,7 @@ class Simulator:
         req.engine = best
         req.t_engine_ms = now
         req.state = _WAITING
-        eng.waiting.append(req)
+        eng.queues[req.priority if self._by_priority else 0].append(req)
         eng.waiting_live += 1
         if self._cfg.max_queue_ms is not None:
             self._push(now + self._cfg.max_queue_ms, _K_QUEUE_TIMEOUT, req)
@@ -928,8 +1007,14 @@ class Simulator:
         admitted: list[_Req] = []
         prefill_tokens = 0
         loading = now < eng.ready_ms  # restarted, weights loading: no admissions
-        while not loading and eng.waiting and eng.running < model.max_concurrency:
-            req = eng.waiting.popleft()
+        queues = eng.queues
+        q = 0  # the queue admitted from: lowest priority level first (one queue in fcfs)
+        while not loading and eng.running < model.max_concurrency:
+            while q < len(queues) and not queues[q]:
+                q += 1
+            if q == len(queues):
+                break
+            req = queues[q].popleft()
             if req.state != _WAITING:
                 continue
             eng.waiting_live -= 1
