@@ -437,7 +437,8 @@ class Controller:
                 and p99_queue >= 0.5 * slo.threshold_ms
             ):
                 caused = True
-            elif worst is None or burn > worst[0]:
+            elif (share is None or share < cfg.load_share) and (worst is None or burn > worst[0]):
+                # not load-caused (a queue-heavy burn whose queue has gone is neither)
                 worst = (burn, slo.name, share if queue_inclusive else 0.0)
         if (
             depth is not None
