@@ -17,6 +17,13 @@
 * ``rate_limit_rps``: a token bucket per gateway instance and scope (burst =
   one second of tokens); an empty bucket -> 429 (priority 0 takes a token when
   there is one and passes either way);
+* ``admit_rps`` (capacity-aware admission, issue 35): what the scope's gateways
+  admit together, split equally among ``admit_gateways`` (None: 1); each gateway
+  instance runs a :class:`producers.admission.PriorityAdmission` per model at
+  ``admit_rps / admit_gateways`` -- strict priority (0 first, then 1, 2, 3 fill what
+  is left; priority 0 is never turned away), applied after the rules above to the
+  requests they let through -> 429 ``"admission"`` with a ``Retry-After`` that follows
+  the priority's bucket (at least 1 s, at most the directive's ``retry_after_s``);
 * admitted requests get ``cap_context_tokens`` (prompt truncated: shorter
   prefill) and ``fallback_model`` (routed to that model's engines when the
   simulation serves it).
@@ -32,11 +39,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from producers.admission import PriorityAdmission
 from producers.asgi_control import hash_admits
 
 ALL_SCOPES: Final = "*"
 
-Reject = Literal["shed_priority", "new_session", "rate_limit"]
+Reject = Literal["shed_priority", "new_session", "rate_limit", "admission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,8 @@ class GateActions:
     retry_after_s: int = 0
     rate_limit_rps: float | None = None
     admit_fraction: float | None = None
+    admit_rps: float | None = None  # what the scope's gateways admit together
+    admit_gateways: int | None = None  # admit_rps split equally among them; None: 1
 
     @classmethod
     def of(cls, level: int, phase: str, actions: Any) -> GateActions:
@@ -65,6 +75,8 @@ class GateActions:
             retry_after_s=int(a.get("retry_after_s") or 0),
             rate_limit_rps=a.get("rate_limit_rps"),
             admit_fraction=a.get("admit_fraction"),
+            admit_rps=a.get("admit_rps"),
+            admit_gateways=a.get("admit_gateways"),
         )
 
 
@@ -96,6 +108,8 @@ class GatewayGate:
     scopes: dict[str, GateActions] = field(default_factory=dict)
     # (gateway, scope) -> (tokens, last refill ms)
     _buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # (gateway, scope) -> its share of the scope's admission rate
+    _admissions: dict[tuple[str, str], PriorityAdmission] = field(default_factory=dict)
     rejected: Counter[tuple[int, str]] = field(default_factory=Counter)  # (priority, why)
     capped: Counter[int] = field(default_factory=Counter)  # priority -> requests capped
     half_open_admitted: int = 0
@@ -151,9 +165,19 @@ class GatewayGate:
             and priority > 0  # priority 0 takes a token when there is one, never waits
         ):
             reject = "rate_limit"
+        retry_after_s = a.retry_after_s
+        if reject is None and a.admit_rps is not None:
+            admission = self._admissions.get((gateway, model))
+            if admission is None:
+                admission = self._admissions[(gateway, model)] = PriorityAdmission()
+            admit = admission.decide(
+                priority, a.admit_rps / (a.admit_gateways or 1), t_ms, a.retry_after_s
+            )
+            if not admit.admitted:
+                reject, retry_after_s = "admission", admit.retry_after_s
         if reject is not None:
             self.rejected[(priority, reject)] += 1
-            return Verdict(reject=reject, retry_after_s=a.retry_after_s)
+            return Verdict(reject=reject, retry_after_s=retry_after_s)
         cap = a.cap_context_tokens
         if cap is not None and prompt_tokens > cap:
             self.capped[priority] += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.contract.control_signal import Actions
 from producers.asgi_control import hash_admits
 from producers.simulator.gate import GateActions, GatewayGate
 
@@ -111,3 +112,76 @@ def test_scope_star_applies_to_every_model() -> None:
     gate = GatewayGate()
     gate.set("*", GateActions(level=1, shed_priorities_at_or_above=3))
     assert _decide(gate, priority=3).reject == "shed_priority"
+
+
+# --- capacity-aware admission (issue 35) ----------------------------------------------------
+
+ADMISSION_CASES = [
+    # (id, admit_rps, admit_gateways, requests at t=0 per gateway, want admitted at g0)
+    ("whole-rate-one-gateway", 6.0, None, 8, 6),
+    ("split-over-two-gateways", 6.0, 2, 8, 3),
+    ("split-over-three", 6.0, 3, 8, 2),
+    ("zero-rate-admits-nothing", 0.0, 1, 4, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("admit_rps", "gateways", "n", "want"),
+    [c[1:] for c in ADMISSION_CASES],
+    ids=[c[0] for c in ADMISSION_CASES],
+)
+def test_admission_splits_the_rate_over_the_gateways(
+    admit_rps: float, gateways: int | None, n: int, want: int
+) -> None:
+    gate = GatewayGate()
+    gate.set("m", GateActions(level=1, retry_after_s=20, admit_rps=admit_rps,
+                              admit_gateways=gateways))  # fmt: skip
+    got = [_decide(gate, rid=f"r{i}", priority=3).reject for i in range(n)]
+    assert got == [None] * want + ["admission"] * (n - want)
+    other = [_decide(gate, rid=f"o{i}", gateway="g1", priority=3).reject for i in range(n)]
+    assert other == got  # each gateway instance has its own share
+    assert gate.rejected[(3, "admission")] == 2 * (n - want)
+
+
+def test_admission_rejection_carries_the_admissions_retry_after() -> None:
+    gate = GatewayGate()
+    gate.set("m", GateActions(level=1, retry_after_s=20, admit_rps=4.0))
+    for i in range(4):
+        assert _decide(gate, rid=f"r{i}", priority=2).reject is None
+    v = _decide(gate, rid="r5", priority=2)
+    assert (v.reject, v.retry_after_s) == ("admission", 1)  # a token in 0.25 s, not 20 s
+    assert _decide(gate, rid="p0", priority=0).reject is None  # never evicted
+    gate.set("m", GateActions(level=1, retry_after_s=20, admit_rps=0.0))
+    assert _decide(gate, rid="r6", priority=2, t_ms=10.0).retry_after_s == 20  # no share: max
+
+
+def test_admission_prefers_higher_priorities_over_a_long_run() -> None:
+    """10 rps admitted; priority 1 asks 6 rps, priority 3 asks 10: 1 gets all, 3 the rest."""
+    gate = GatewayGate()
+    gate.set("m", GateActions(level=1, retry_after_s=30, admit_rps=10.0))
+    admitted = {1: 0, 3: 0}
+    events = sorted([(i * 1000.0 / 6, 1) for i in range(6 * 60)]
+                    + [(5.0 + i * 100.0, 3) for i in range(10 * 60)])  # fmt: skip
+    for k, (t_ms, prio) in enumerate(events):
+        v = _decide(gate, rid=f"r{k}", priority=prio, t_ms=t_ms)
+        if v.reject is None and t_ms >= 10_000:
+            admitted[prio] += 1
+    assert admitted[1] == pytest.approx(6 * 50, rel=0.02)
+    assert admitted[3] == pytest.approx(4 * 50, rel=0.05)
+
+
+def test_admission_comes_after_the_other_rules_and_is_off_without_admit_rps() -> None:
+    gate = GatewayGate()
+    gate.set("m", GateActions(level=1, shed_priorities_at_or_above=3, admit_rps=1.0))
+    assert _decide(gate, rid="a", priority=3).reject == "shed_priority"
+    assert _decide(gate, rid="b", priority=2).reject is None
+    assert _decide(gate, rid="c", priority=2).reject == "admission"
+    gate.set("m", GateActions(level=1))
+    assert all(_decide(gate, rid=f"d{i}", priority=3).reject is None for i in range(20))
+
+
+def test_gate_actions_read_admission_from_a_directive() -> None:
+    a = GateActions.of(1, "degraded", Actions(admit_rps=12.5, admit_gateways=4))
+    assert (a.admit_rps, a.admit_gateways) == (12.5, 4)
+    b = GateActions.of(1, "degraded", {"admit_rps": None})
+    assert (b.admit_rps, b.admit_gateways) == (None, None)

@@ -1,0 +1,203 @@
+"""Capacity-aware admission by strict priority (issue 35): one gateway's share of a scope.
+
+A directive's ``admit_rps`` is what a scope's (a model's) gateways admit together;
+each of ``admit_gateways`` instances enforces ``admit_rps / admit_gateways``. One
+:class:`PriorityAdmission` per (gateway, scope) decides each request arriving there:
+priority 0 (real-time) first, then 1, 2 and 3 fill what is left.
+
+Pure and clock-free: the caller passes the time (``t_ms``, any monotonic origin) and
+the rate in force (so a new directive applies at the next request). Memory is O(number
+of priorities): four counters, four buckets, four allocations.
+
+How it decides
+--------------
+* **Demand.** Each priority's arrival rate ``λ_p`` (requests reaching admission,
+  admitted or not) is an exponentially decaying count with time constant
+  :data:`TAU_MS` = 5 s, divided by ``τ · (1 - exp(-h/τ))`` where ``h`` is the time
+  since the first request (the bias correction for a short history, so the estimate
+  is usable after a second rather than after several τ).
+* **Allocation (strict priority).** ``a_0 = min((1+H)·λ_0, max(rate, λ_0))`` and
+  ``a_p = min((1+H)·λ_p, max(0, rate - Σ_{q<p} a_q))`` with the headroom
+  :data:`HEADROOM` H = 10 %, so a priority whose demand is met is not starved by the
+  estimate's noise. The rest, ``spare = max(0, rate - Σ a_p)``, is not lost (below).
+* **Buckets.** Priority ``p`` has a token bucket refilled at ``a_p`` with a burst of
+  ``max(2, a_p · 1 s)`` (:data:`MIN_PRIORITY_BURST`). The spare rate enters at priority
+  0's bucket, and what a full bucket cannot hold overflows into the next priority's;
+  what overflows the last one is lost. The inflow is therefore ``max(rate, a_0)``: a
+  priority whose demand the estimate has not caught up with yet (a new burst after an
+  idle spell) still gets the unreserved capacity, highest priority first, so admission
+  is work-conserving without admitting more than ``rate`` (priority 0 aside). While
+  priority 0 alone asks for the rate or more, its bucket's overflow is only the
+  estimate's noise and is dropped.
+* **Decision.** Priority 0 is never evicted: it takes a token when its bucket has one
+  and passes either way. Priority ``p >= 1`` is admitted iff its bucket holds a token.
+* **Warm-up.** Until the estimator has :data:`WARMUP_MS` = 1 s of history, one shared
+  bucket at ``rate`` (burst one second) admits first come, first served, priority 0
+  exempt. At the switch its tokens are handed to the priority buckets in priority order.
+* **Retry-After** follows the bucket, so rejected clients do not return together: for a
+  rejected priority with ``a_p > 0``, the time until its bucket next holds a token at
+  ``a_p`` (rounded up, at least 1 s); with ``a_p == 0`` (higher priorities take the
+  whole rate) ``max_retry_after_s``; never above ``max_retry_after_s`` (taken as at
+  least 1, so a rejection never says "retry at once").
+
+Priorities outside 0..3 are clamped into that range (as the event contract's).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+PRIORITIES: Final = 4  # 0 (real-time, never evicted) ... 3 (fallback)
+TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
+WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted
+BURST_S: Final = 1.0  # a bucket holds at most this many seconds of its refill
+# A priority bucket holds at least two tokens: whatever its inflow (allocation plus
+# overflow from above), it then cannot overflow between two arrivals of its own
+# priority while its demand exceeds that inflow (with one, it would at every other one
+# and hand lower priorities capacity that it needs).
+MIN_PRIORITY_BURST: Final = 2.0
+HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """The answer for one request; ``retry_after_s`` is 0 when admitted."""
+
+    admitted: bool
+    retry_after_s: int = 0
+
+
+ADMITTED: Final = Admit(admitted=True)
+
+
+def _burst(rate_rps: float) -> float:
+    return max(1.0, rate_rps * BURST_S)
+
+
+def _priority_burst(alloc_rps: float) -> float:
+    return max(MIN_PRIORITY_BURST, alloc_rps * BURST_S)
+
+
+def _retry_after_s(tokens: float, refill_rps: float, max_retry_after_s: int) -> int:
+    ceiling = max(1, max_retry_after_s)
+    if refill_rps <= 0.0:
+        return ceiling
+    wait_s = max(0.0, 1.0 - tokens) / refill_rps
+    return min(ceiling, max(1, math.ceil(wait_s)))
+
+
+class PriorityAdmission:
+    """Strict-priority admission at a given rate for one (gateway, scope); see the
+    module docstring. Not thread-safe: one caller at a time (an event loop, a
+    simulator)."""
+
+    __slots__ = (
+        "_alloc_rps",
+        "_counts",
+        "_first_ms",
+        "_last_ms",
+        "_p0_overflows",
+        "_shared",
+        "_spare_rps",
+        "_tokens",
+        "_warm",
+    )
+
+    def __init__(self) -> None:
+        self._counts = [0.0] * PRIORITIES  # decayed arrival counts
+        self._tokens = [0.0] * PRIORITIES
+        self._alloc_rps = [0.0] * PRIORITIES
+        self._spare_rps = 0.0
+        self._p0_overflows = True  # priority 0's demand is below the rate
+        self._shared = 0.0  # the warm-up bucket
+        self._first_ms: float | None = None
+        self._last_ms = 0.0
+        self._warm = False
+
+    def demand_rps(self, t_ms: float) -> tuple[float, ...]:
+        """The estimated arrival rate per priority as of the last request (``t_ms``
+        sets the history length; no decay is applied)."""
+        if self._first_ms is None:
+            return (0.0,) * PRIORITIES
+        h_ms = max(0.0, t_ms - self._first_ms)
+        norm_s = TAU_MS / 1000.0 * -math.expm1(-h_ms / TAU_MS)
+        if norm_s <= 0.0:
+            return (0.0,) * PRIORITIES
+        return tuple(c / norm_s for c in self._counts)
+
+    def allocation_rps(self) -> tuple[float, ...]:
+        """Each priority's refill rate as last computed (zeros during warm-up)."""
+        return tuple(self._alloc_rps)
+
+    def decide(self, priority: int, rate_rps: float, t_ms: float, max_retry_after_s: int) -> Admit:
+        """Admit or reject one request of ``priority`` arriving at ``t_ms`` when this
+        gateway may admit ``rate_rps`` in all."""
+        p = min(max(priority, 0), PRIORITIES - 1)
+        rate = max(0.0, rate_rps)
+        if self._first_ms is None:
+            self._first_ms = self._last_ms = t_ms
+            self._shared = _burst(rate) if rate > 0.0 else 0.0
+        dt_ms = max(0.0, t_ms - self._last_ms)
+        self._last_ms = max(self._last_ms, t_ms)
+        self._refill(dt_ms / 1000.0, rate)
+        decay = math.exp(-dt_ms / TAU_MS)
+        for q in range(PRIORITIES):
+            self._counts[q] *= decay
+        self._counts[p] += 1.0
+        if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
+            self._warm = True
+            self._allocate(rate)
+            left = self._shared
+            for q in range(PRIORITIES):
+                self._tokens[q] = min(_priority_burst(self._alloc_rps[q]), left)
+                left -= self._tokens[q]
+        if not self._warm:
+            return self._decide_warming(p, rate, max_retry_after_s)
+        self._allocate(rate)
+        if self._tokens[p] >= 1.0:
+            self._tokens[p] -= 1.0
+            return ADMITTED
+        if p == 0:
+            return ADMITTED  # never evicted
+        return Admit(
+            admitted=False,
+            retry_after_s=_retry_after_s(self._tokens[p], self._alloc_rps[p], max_retry_after_s),
+        )
+
+    def _decide_warming(self, p: int, rate: float, max_retry_after_s: int) -> Admit:
+        if self._shared >= 1.0:
+            self._shared -= 1.0
+            return ADMITTED
+        if p == 0:
+            return ADMITTED
+        return Admit(
+            admitted=False, retry_after_s=_retry_after_s(self._shared, rate, max_retry_after_s)
+        )
+
+    def _refill(self, dt_s: float, rate: float) -> None:
+        if dt_s <= 0.0:
+            return
+        if not self._warm:
+            self._shared = min(_burst(rate), self._shared + rate * dt_s) if rate > 0.0 else 0.0
+            return
+        overflow = self._spare_rps * dt_s
+        for q in range(PRIORITIES):
+            a = self._alloc_rps[q]
+            cap = _priority_burst(a)
+            level = self._tokens[q] + a * dt_s + overflow
+            overflow = max(0.0, level - cap) if q > 0 or self._p0_overflows else 0.0
+            self._tokens[q] = min(level, cap)
+
+    def _allocate(self, rate: float) -> None:
+        demand = self.demand_rps(self._last_ms)
+        self._p0_overflows = demand[0] < rate
+        left = rate
+        for q in range(PRIORITIES):
+            want = (1.0 + HEADROOM) * demand[q]
+            # priority 0 takes what it needs, its headroom only up to the rate
+            a = min(want, max(rate, demand[0])) if q == 0 else min(want, left)
+            self._alloc_rps[q] = a
+            left = max(0.0, left - a)
+        self._spare_rps = left
