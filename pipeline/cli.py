@@ -234,7 +234,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.limit is not None:
         trace = trace[: args.limit]
     config = dataclasses.replace(sim_config_from_args(args), start_unix_ns=BACKTEST_START_UNIX_NS)
-    bt = run_backtest(trace, config, spec, policy, rules)
+    loops = args.loops if "tailguard" in args.loops else [*args.loops, "tailguard"]
+    bt = run_backtest(trace, config, spec, policy, rules, loops=loops)
     if args.json:
         print(orjson.dumps(bt.to_json()).decode())
     else:
@@ -803,7 +804,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim(s)
     s.set_defaults(overload=DEFAULT_OVERLOAD)
     _add_spec_and_policy(s)
-    s.add_argument("--json", action="store_true", help='one object {"open_loop", "closed_loop"}')
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help='one object {"scheduling", "loops", "runs": {loop: run}, "open_loop", "closed_loop"}',
+    )
+    s.add_argument(
+        "--loops",
+        nargs="+",
+        choices=("open", "static", "aimd", "tailguard"),
+        default=["open", "static", "aimd", "tailguard"],
+        help="which loops to run side by side (default: all four)",
+    )
     s.set_defaults(func=cmd_backtest)
 
     s = sub.add_parser("demo", help="local Kafka + simulator + worker + report, end to end")

@@ -437,7 +437,11 @@ class Controller:
                 and p99_queue >= 0.5 * slo.threshold_ms
             ):
                 caused = True
-            elif (share is None or share < cfg.load_share) and (worst is None or burn > worst[0]):
+            elif (
+                share is not None  # None: its bad requests were refused, not measured slow
+                and share < cfg.load_share
+                and (worst is None or burn > worst[0])
+            ):
                 # not load-caused (a queue-heavy burn whose queue has gone is neither)
                 worst = (burn, slo.name, share if queue_inclusive else 0.0)
         if (
@@ -454,13 +458,11 @@ class Controller:
         out["load.caused"] = caused
         if fast and not caused and worst is not None:
             burn, name, share = worst
-            if share is None:
-                why = "none of its bad requests reached an engine"
-            else:
-                why = (
-                    f"{100 * (1 - share):.0f} % of the bad requests' time was compute "
-                    f"(prefill + decode), {100 * share:.0f} % queueing"
-                )
+            share = share or 0.0
+            why = (
+                f"{100 * (1 - share):.0f} % of the bad requests' time was compute "
+                f"(prefill + decode), {100 * share:.0f} % queueing"
+            )
             self._notices[model] = LoadNotice(
                 now_ms, model, name, share,
                 f"{name} burning {burn:.0f}x on {model}, not load-caused: {why}; nothing shed",
