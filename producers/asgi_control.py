@@ -11,7 +11,13 @@ and, in this order:
 3. ``reject_new_sessions`` and the request starts a new session -> the same 503,
    except at priority 0: real-time traffic ("never evicted") is turned away only
    by an explicit ``shed_priorities_at_or_above = 0``;
-4. otherwise the request passes, with ``x-tailguard-max-context-tokens: N``
+4. ``admit_rps`` (capacity-aware admission, issue 35) and the request got this far ->
+   a :class:`producers.admission.PriorityAdmission` per directive scope decides at
+   ``admit_rps / admit_gateways`` (None: 1) requests/s, by strict priority (priority 0
+   is never turned away); rejected -> ``429`` with ``Retry-After`` from the admission
+   (the time until the priority's bucket holds a token: at least 1 s, at most
+   ``retry_after_s``) and the same JSON body, ``"reason": "admission"``;
+5. otherwise the request passes, with ``x-tailguard-max-context-tokens: N``
    (``cap_context_tokens``) and ``x-tailguard-fallback-model: name``
    (``fallback_model``) added to the headers the app sees (client-sent copies
    of those two headers are replaced).
@@ -28,7 +34,13 @@ priority from ``x-vllm-priority`` (0 highest ... 3; absent or not an integer
 -> ``DEFAULT_PRIORITY``, 2, as the gateway records it); a request **without**
 ``x-tailguard-session`` is a new session.
 
-``actions.rate_limit_rps`` is advisory and not enforced here.
+Enforced here: ``shed_priorities_at_or_above``, ``reject_new_sessions``,
+``admit_fraction`` (half-open) and ``admit_rps``/``admit_gateways``; passed on as
+headers: ``cap_context_tokens`` and ``fallback_model``. ``actions.rate_limit_rps`` is
+advisory and not enforced here (``admit_rps`` is the enforced rate). Each middleware
+instance is one gateway instance for ``admit_gateways``: a server running several
+worker processes counts each of them. The admission's clock is ``clock_ms`` (default
+``time.monotonic`` in milliseconds; injectable for tests).
 
 The control machinery never fails a request: any exception while deciding is
 counted (``counters["errors"]``) and the request passes through untouched.
@@ -40,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,6 +61,7 @@ import orjson
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import DEFAULT_PRIORITY
+from producers.admission import PriorityAdmission
 from producers.control_client import Directive
 
 log = logging.getLogger(__name__)
@@ -118,11 +132,17 @@ def spread_admits(k: int, fraction: float) -> bool:
     return math.floor((k + 1) * fraction) > math.floor(k * fraction)
 
 
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    reject: str | None = None  # "shed_priority" | "new_session" when rejected
+    reject: str | None = None  # "shed_priority" | "new_session" | "admission" when rejected
     headers: tuple[tuple[bytes, bytes], ...] = ()
     half_open_admitted: bool = False
+    status: int = 503  # of a rejection
+    retry_after_s: int | None = None  # of a rejection; None: the directive's retry_after_s
 
 
 PASS: Final = Verdict()
@@ -130,7 +150,7 @@ PASS: Final = Verdict()
 
 class ControlMiddleware:
     """See the module docstring. ``counters``: passed, shed_priority, new_session,
-    half_open_admitted, headers_injected, errors."""
+    admission, half_open_admitted, headers_injected, errors."""
 
     def __init__(
         self,
@@ -141,6 +161,7 @@ class ControlMiddleware:
         priority_of: Callable[[Scope], int] = default_priority_of,
         is_new_session: Callable[[Scope], bool] = default_is_new_session,
         request_key: Callable[[Scope], str | None] = default_request_key,
+        clock_ms: Callable[[], float] = monotonic_ms,
     ) -> None:
         self.app = app
         self.directives = directives
@@ -148,11 +169,14 @@ class ControlMiddleware:
         self.priority_of = priority_of
         self.is_new_session = is_new_session
         self.request_key = request_key
+        self.clock_ms = clock_ms
+        self._admissions: dict[str, PriorityAdmission] = {}  # directive scope -> its share
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "passed",
                 "shed_priority",
                 "new_session",
+                "admission",
                 "half_open_admitted",
                 "headers_injected",
                 "errors",
@@ -167,7 +191,7 @@ class ControlMiddleware:
             return
         try:
             directive, verdict = self.decide(scope)
-            response = _rejection(directive, verdict.reject) if verdict.reject else None
+            response = _rejection(directive, verdict) if verdict.reject else None
             downstream = _with_headers(scope, verdict.headers) if verdict.headers else scope
         except Exception:
             self.counters["errors"] += 1
@@ -177,7 +201,9 @@ class ControlMiddleware:
         if response is not None and verdict.reject is not None:
             self.counters[verdict.reject] += 1
             body, headers = response
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send(
+                {"type": "http.response.start", "status": verdict.status, "headers": headers}
+            )
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         self.counters["passed"] += 1
@@ -211,6 +237,15 @@ class ControlMiddleware:
                 reject = None
         if reject is not None:
             return d, Verdict(reject=reject)
+        if a.admit_rps is not None:
+            key = d.scope if d.scope is not None else (model or ALL_SCOPES)
+            admission = self._admissions.get(key)
+            if admission is None:
+                admission = self._admissions[key] = PriorityAdmission()
+            rate_rps = a.admit_rps / (a.admit_gateways or 1)
+            admit = admission.decide(priority, rate_rps, self.clock_ms(), a.retry_after_s)
+            if not admit.admitted:
+                return d, Verdict(reject="admission", status=429, retry_after_s=admit.retry_after_s)
         extra: list[tuple[bytes, bytes]] = []
         if a.cap_context_tokens is not None:
             extra.append((MAX_CONTEXT_HEADER, str(a.cap_context_tokens).encode("ascii")))
@@ -232,10 +267,10 @@ def _with_headers(scope: Scope, extra: tuple[tuple[bytes, bytes], ...]) -> Scope
     return new
 
 
-def _rejection(d: Directive, why: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    retry = max(0, int(d.actions.retry_after_s))
+def _rejection(d: Directive, v: Verdict) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    retry = max(0, int(d.actions.retry_after_s if v.retry_after_s is None else v.retry_after_s))
     body = orjson.dumps(
-        {"error": "overloaded", "reason": why, "level": d.level, "retry_after_s": retry}
+        {"error": "overloaded", "reason": v.reject, "level": d.level, "retry_after_s": retry}
     )
     headers = [
         (b"content-type", b"application/json"),

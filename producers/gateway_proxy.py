@@ -10,8 +10,11 @@ closed at once (vLLM then aborts the request) and nothing more is sent.
 Upstream unreachable -> ``502``; upstream timeout -> ``504``.
 
 :func:`build_gateway` puts :class:`~producers.gateway.LifecycleMiddleware` around it
-(and, optionally, the control middleware between the two, so shed requests are
-recorded as ``rejected``; it sheds on the priority the lifecycle middleware resolved);
+(and, optionally, the control middleware between the two, so its answers are recorded:
+a directive's shedding as ``503`` (``error``), the capacity-aware admission's
+``429`` with ``Retry-After`` (``admit_rps``, issue 35) as ``rejected``; it decides on
+the priority the lifecycle middleware resolved, and its admission clock is
+``control_clock_ms``);
 only the inference routes are recorded unless ``record_paths`` says otherwise (the
 proxy forwards every path); ``GET /tailguard/health`` answers with the producer's
 counters and is not recorded. :func:`serve_gateway` runs it under uvicorn.
@@ -232,20 +235,29 @@ def build_gateway(
     *,
     host: str | None = None,
     control: Any | None = None,
+    control_clock_ms: Callable[[], float] | None = None,
     on_shutdown: list[Callable[[], None]] | None = None,
     **middleware_options: Any,
 ) -> tuple[ASGIApp, UpstreamProxy, LifecycleMiddleware]:
     """The gateway app: health -> lifecycle events -> [control] -> proxy.
 
-    ``on_shutdown`` runs (in a thread) at the ASGI lifespan shutdown, after the last
-    request: close the sink there, so its buffer is flushed however the server stops.
+    ``control``: the directive lookup (e.g. ``ControlClient.directive``);
+    ``control_clock_ms``: the admission's monotonic clock in ms (default
+    ``time.monotonic``). ``on_shutdown`` runs (in a thread) at the ASGI lifespan
+    shutdown, after the last request: close the sink there, so its buffer is flushed
+    however the server stops.
     """
     proxy = UpstreamProxy(upstream, on_shutdown=on_shutdown)
     inner: ASGIApp = proxy
     if control is not None:
-        from producers.asgi_control import ControlMiddleware
+        from producers.asgi_control import ControlMiddleware, monotonic_ms
 
-        inner = ControlMiddleware(inner, control, priority_of=priority_from_state)
+        inner = ControlMiddleware(
+            inner,
+            control,
+            priority_of=priority_from_state,
+            clock_ms=control_clock_ms or monotonic_ms,
+        )
     mw = LifecycleMiddleware(
         inner,
         sink,

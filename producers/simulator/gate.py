@@ -6,7 +6,7 @@
 * ``shed_priorities_at_or_above = p`` and priority >= p -> **429** with
   ``Retry-After`` (recorded ``outcome="rejected"``, ``http_status=429``);
 * priority 0 (real-time, "never evicted") is never turned away by
-  ``reject_new_sessions`` or the rate limit, only by an explicit
+  ``reject_new_sessions``, the rate limit or the admission, only by an explicit
   ``shed_priorities_at_or_above: 0`` (as the ASGI middleware);
 * ``reject_new_sessions`` and the request opens a new session -> the same 429
   (a request is a new session when ``blake2b(request id)`` falls in
@@ -19,7 +19,8 @@
   there is one and passes either way);
 * ``admit_rps`` (capacity-aware admission, issue 35): what the scope's gateways
   admit together, split equally among ``admit_gateways`` (None: 1); each gateway
-  instance runs a :class:`producers.admission.PriorityAdmission` per model at
+  instance runs a :class:`producers.admission.PriorityAdmission` per model (per model
+  even under a ``"*"`` directive; the middleware keys it by the directive's scope) at
   ``admit_rps / admit_gateways`` -- strict priority (0 first, then 1, 2, 3 fill what
   is left; priority 0 is never turned away), applied after the rules above to the
   requests they let through -> 429 ``"admission"`` with a ``Retry-After`` that follows

@@ -11,6 +11,8 @@ import httpx
 import orjson
 import pytest
 
+from pipeline.contract.control_signal import Actions
+from producers.control_client import Directive
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
 from tests.gateway_fixtures import MemorySink, serve, wait_for
 from tools.dev.fake_openai import FakeOpenAI
@@ -183,3 +185,60 @@ def test_health_endpoint_is_not_recorded(stack: tuple[str, FakeOpenAI, MemorySin
     assert doc["producer"]["events_sent"] == 2
     assert doc["middleware"]["requests"] == 1
     assert len(sink.events) == 2
+
+
+def test_admission_429_with_retry_after_and_priority_0_always_passes() -> None:
+    """Capacity-aware admission (issue 35) over real HTTP: a directive admits 5 rps at
+    this one gateway; on a fake clock, a burst of priority 3 gets the rate then 429s
+    with Retry-After; priority 0 always gets 200, before and after the warm-up."""
+    directive = Directive(
+        level=1,
+        phase="degraded",
+        actions=Actions(admit_rps=5.0, admit_gateways=1, retry_after_s=30),
+        scope="m",
+    )
+    now_ms = [0.0]
+    upstream = FakeOpenAI()
+    sink = MemorySink()
+    with serve(upstream) as upstream_url:
+        app, _proxy, _mw = build_gateway(
+            upstream_url,
+            sink,
+            host="gw-adm",
+            control=lambda _scope: directive,
+            control_clock_ms=lambda: now_ms[0],
+        )
+        with serve(app) as url, httpx.Client(base_url=url) as client:
+
+            def post(priority: int, t_ms: float) -> httpx.Response:
+                now_ms[0] = t_ms
+                return client.post(
+                    "/v1/completions",
+                    json={"model": "m", "prompt": "p", "max_tokens": 1},
+                    headers={"X-Vllm-Priority": str(priority)},
+                )
+
+            # warm-up: one second's tokens (5), first come first served, priority 0 exempt
+            assert [post(3, 0.0).status_code for _ in range(5)] == [200] * 5
+            r = post(3, 0.0)
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "1"  # the next token in 0.2 s
+            assert r.json() == {
+                "error": "overloaded",
+                "reason": "admission",
+                "level": 1,
+                "retry_after_s": 1,
+            }
+            assert [post(0, 0.0).status_code for _ in range(3)] == [200] * 3
+            # then priority 0 asks for 10 rps, twice the rate: all of it passes, and
+            # priority 3 is turned away for as long as the directive allows
+            p0 = [post(0, 1_000.0 + 100.0 * i).status_code for i in range(15)]
+            assert p0 == [200] * 15
+            r = post(3, 2_500.0)
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "30"  # no share left for priority 3: the most
+            assert r.json()["reason"] == "admission"
+            rid = r.headers["x-request-id"]
+            assert rid not in upstream.seen  # never reached the engine
+    done = completed(sink, rid)["gateway.completed"]
+    assert (done.outcome, done.http_status) == ("rejected", 429)

@@ -808,3 +808,45 @@ def test_non_http_scopes_pass_through() -> None:
     asyncio.run(mw({"type": "lifespan"}, receive, send))
     asyncio.run(mw({"type": "websocket", "headers": []}, receive, send))
     assert seen == ["lifespan", "websocket"]
+
+
+def test_middleware_admission_per_scope_split_over_gateways_and_counted() -> None:
+    """admit_rps 6 over 3 gateways: this instance admits 2 rps, per directive scope; the
+    rejection is a 429 whose Retry-After follows the bucket; priority 0 always passes."""
+    now_ms = [0.0]
+    by_scope = {
+        "m": _directive(1, admit_rps=6.0, admit_gateways=3, retry_after_s=9),
+        "*": Directive(level=1, phase="degraded", actions=Actions(admit_rps=1.0), scope="*"),
+    }
+    mw = ControlMiddleware(
+        lambda *_a: None,  # replaced per call below
+        lambda scope: by_scope[scope],
+        clock_ms=lambda: now_ms[0],
+    )
+
+    def factory(app: Any) -> ControlMiddleware:
+        mw.app = app
+        return mw
+
+    def status(priority: int, model: str | None = "m") -> int | None:
+        headers = {"x-vllm-priority": str(priority)}
+        if model is not None:
+            headers["x-tailguard-model"] = model
+        return _call(factory, _http_scope(headers)).status
+
+    assert [status(3) for _ in range(3)] == [200, 200, 429]
+    assert [status(0) for _ in range(3)] == [200] * 3  # never evicted
+    assert [status(3, model=None) for _ in range(2)] == [200, 429]  # "*": its own bucket
+    r = _call(factory, _http_scope({"x-vllm-priority": "2", "x-tailguard-model": "m"}))
+    assert r.status == 429
+    assert r.headers[b"retry-after"] == b"1"  # 2 rps: a token in 0.5 s, not 9 s
+    assert orjson.loads(r.body) == {
+        "error": "overloaded",
+        "reason": "admission",
+        "level": 1,
+        "retry_after_s": 1,
+    }
+    now_ms[0] = 500.0
+    assert status(3) == 200  # refilled
+    assert mw.counters["admission"] == 3
+    assert mw.counters["passed"] == 7
