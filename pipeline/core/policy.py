@@ -98,6 +98,21 @@ level whose ``enter`` holds (0 if none), exactly one rule applies:
    degraded level, a relapse included.
 5. otherwise the state stays.
 
+**Coherent exit.** The (non-alert) conditions whose holding raised a scope into its
+current degraded level -- its entry, a relapse's probe, or the lower level's entry
+that an escalation by ``max_duration`` could not cure -- are its *openers*. Rule 3
+needs, besides the level's ``exit``, that no opener's comparison holds right now
+(ignoring its ``for``): a level opened by one signal is not left on another's exit,
+and an escalated level does not step back down to the level that failed while the
+cause is still measured. In half-open an opener observed again is a relapse (rule 1).
+
+**Load gate** (``dynamics.load_gate``). A level whose actions turn traffic away
+(shed, reject new sessions, rate limit, admission) is entered, and kept as
+justified by its entry, only while the signal ``load.caused`` is true (the burn is
+load-caused: :mod:`pipeline.core.control`); an entry that holds without it is
+reported in the reason ("... but the burn is not load-caused: nothing shed") and
+the state stays. A half-open probe relapses only on a load-caused burn.
+
 ``notify_customer`` on a decision = the level's ``notify_customer`` (L1's in
 half-open) or escalated or overdue. ``changed`` is true on the evaluation at
 which (level, phase) changed.
@@ -520,6 +535,7 @@ class PolicyEngine:
             held_because.extend(
                 f"opened by {_held_text(c, signals, now_ms, clocks[c.index])}, still measured"
                 for c in openers
+                if not (justified >= lv and holds[c.index] and c in self._enter[lv])
             )
             if justified < lv and exit_ok and held >= self._dwell_ms:
                 figs = exits

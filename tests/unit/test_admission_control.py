@@ -179,6 +179,6 @@ def test_opener_still_measured_holds_the_level() -> None:
     eng = PolicyEngine(policy)
     eng.evaluate("m", 0, opened_by_ttfb)
     d = eng.evaluate("m", S, opened_by_ttfb)
-    assert any("still measured" in h for h in d.held_because)
+    assert any("p99.gateway_ttfb_ms" in h for h in d.held_because)
     d = eng.evaluate("m", 2 * S, {"p99.ttft_engine_ms": 100.0, "p99.gateway_ttfb_ms": 500.0})
     assert d.phase == "half_open"  # the opener cleared: the exit counts

@@ -87,7 +87,8 @@ def _resign(obj: dict[str, Any], key: bytes) -> bytes:
 GOLDEN_KEY = b"tailguard-golden-vector-key-0001"
 GOLDEN_KEY_B64 = "dGFpbGd1YXJkLWdvbGRlbi12ZWN0b3Ita2V5LTAwMDE="
 GOLDEN_CANONICAL = (
-    '{"actions":{"admit_fraction":null,"cap_context_tokens":8192,'
+    '{"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,'
+    '"cap_context_tokens":8192,'
     '"fallback_model":"llama-3-8b","rate_limit_rps":150.0,"reject_new_sessions":true,'
     '"retry_after_s":30,"shed_priorities_at_or_above":2},"budget_exhausted":false,'
     '"expires_at_unix_ms":1700000030000,"figures":{"big":1.5e+20,"gpu_oom":false,'
@@ -96,7 +97,7 @@ GOLDEN_CANONICAL = (
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "hsorrWXvJtvYfbaJLJHDBoHJEkJaZ2nSLkXo92qz+D0="
+GOLDEN_SIG = "jMezXFk2h1+83PElSeNCKyRB3lRz0cn5gsEGpKEBsBU="
 
 
 def _golden_unsigned() -> UnsignedSignal:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from pipeline.core.policy import Evaluation, PolicyEngine, Signals
-from pipeline.spec.policy import DEFAULT_POLICY_PATH, EXAMPLE_POLICY_PATH, load_policy_file
+from pipeline.shipped import STATIC_POLICY
+from pipeline.spec.policy import EXAMPLE_POLICY_PATH, load_policy_file
 from tests.policy_fixtures import HEALTHY, P99, TICK, M
 
 EXAMPLE = load_policy_file(EXAMPLE_POLICY_PATH)
@@ -196,9 +197,10 @@ def test_held_because_min_dwell() -> None:
     assert d.held_because == (f"{P99} 200 < 250 (4m of 5m)",)
 
 
-def test_shipped_default_is_quiet_on_normal_and_recovers() -> None:
-    """The shipped default watches first-token latency: a 5 s P99 for 2 m enters L1."""
-    policy = load_policy_file(DEFAULT_POLICY_PATH)
+def test_static_levels_are_quiet_on_normal_and_recover() -> None:
+    """The static levels (the default before issue 35, the backtest's baseline) watch
+    first-token latency: a 5 s P99 for 2 m enters L1."""
+    policy = load_policy_file(STATIC_POLICY)
     engine = PolicyEngine(policy)
     ttft = "p99.ttft_engine_ms"
 

@@ -23,7 +23,8 @@ def test_the_four_kinds_are_found() -> None:
     [
         ("slo-example.yaml", "SLOSpec", "ok: 7 SLOs, 1 blended tier"),
         ("slo-default.yaml", "SLOSpec", "ok: 5 SLOs, 0 blended tiers"),
-        ("policy-default.yaml", "ControlPolicy", "ok: 3 levels, 5 enter / 4 exit conditions"),
+        ("policy-default.yaml", "ControlPolicy", "ok: 3 levels, 3 enter / 7 exit conditions"),
+        ("policy-static-levels.yaml", "ControlPolicy", "ok: 3 levels, 5 enter / 4 exit"),
         ("burn-rules.yaml", "BurnRules", "ok: burn rules"),
         ("contract-example.yaml", "Contract", "ok: contract, 4 tenants, 3 SLOs"),
     ],
