@@ -8,8 +8,8 @@ import yaml
 
 from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
 from pipeline.core.policy import PolicyEngine
-from pipeline.spec.policy import ControlPolicy, load_policy_file
 from pipeline.shipped import DEFAULT_POLICY, STATIC_POLICY
+from pipeline.spec.policy import ControlPolicy, load_policy_file
 
 # --------------------------------------------------------------------------- #
 # Admission rate: one row per step (served rps, waiting, batch, active) -> (rule, rate)
