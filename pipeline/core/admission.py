@@ -50,7 +50,7 @@ _MIN_RATE_RPS: Final = 0.1
 class AdmissionConfig:
     drain_s: float = 10.0  # drain an excess queue within this many seconds
     queue_allowance: float = 0.5  # a queue up to this share of a batch is healthy
-    saturated_queue: float = 0.5  # a queue this deep (share of a batch): engines saturated
+    saturated_queue: float = 1.0  # a queue this deep (share of a batch): engines saturated
     capacity_weight: float = 0.5  # EWMA weight of a new saturated window's served rate
     decrease: float = 0.8  # multiplicative decrease while the queue grows
     increase: float = 0.05  # additive increase per step, as a share of capacity
@@ -100,6 +100,7 @@ class _State:
     capacity_rps: float | None = None
     rate_rps: float | None = None
     excess: float = 0.0
+    rule: str = "off"
 
 
 @dataclass
@@ -110,6 +111,17 @@ class AdmissionControl:
     def capacity_rps(self, model: str) -> float | None:
         st = self._models.get(model)
         return None if st is None else st.capacity_rps
+
+    def proven_rps(self, model: str) -> float | None:
+        """What the engines have shown they serve: the measured capacity, or the current
+        admission rate when it grew with the queue short (at least that is served)."""
+        st = self._models.get(model)
+        if st is None:
+            return None
+        shown = st.rate_rps if st.rate_rps is not None and st.rule == "increase" else None
+        if st.capacity_rps is None:
+            return shown
+        return max(st.capacity_rps, shown or 0.0)
 
     def observe(self, model: str, load: ModelLoad) -> None:
         """Learn capacity from a saturated window (call every evaluation)."""
@@ -129,7 +141,7 @@ class AdmissionControl:
         st = self._models.setdefault(model, _State())
         excess = max(0.0, load.waiting - cfg.queue_allowance * load.batch)
         if not active:
-            st.rate_rps, st.excess = None, excess
+            st.rate_rps, st.excess, st.rule = None, excess, "off"
             return AdmissionStep(None, st.capacity_rps, excess, "off")
         cap = st.capacity_rps if st.capacity_rps is not None else load.served_rps
         cap = max(cap, _MIN_RATE_RPS)
@@ -145,5 +157,5 @@ class AdmissionControl:
         else:
             rate, rule = min(prev + cfg.increase * cap, cfg.max_over_capacity * cap), "increase"
         rate = max(rate, floor)
-        st.rate_rps, st.excess = rate, excess
+        st.rate_rps, st.excess, st.rule = rate, excess, rule
         return AdmissionStep(rate, st.capacity_rps, excess, rule)

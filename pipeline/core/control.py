@@ -40,8 +40,10 @@ Load signals (is a burn load-caused? what can the engines serve?):
   and the queue a request joins is over the tightest queue-inclusive threshold
   covering the model (every request now is bad on it, before any is counted);
 * ``load.demand_ratio``: requests the model's gateways received per second
-  (rejections and retries included) over its measured capacity
-  (:mod:`pipeline.core.admission`); under 1 = the engines can serve the demand.
+  (rejections and retries included) over what its engines have shown they serve:
+  the measured capacity, or the admission rate that grew with the queue short
+  (:meth:`pipeline.core.admission.AdmissionControl.proven_rps`); under 1 = the
+  engines serve the demand.
 
 A fast burn that is not load-caused is a *notice* (:class:`LoadNotice`): it is
 alerted and explained, and a policy with ``dynamics.load_gate`` sheds nothing for it.
@@ -396,7 +398,7 @@ class Controller:
         wait_ms = 1000.0 * load.waiting / max(served_minute, 0.1) if latest else None
         out["queue.depth_ratio"] = depth
         out["queue.wait_ms"] = wait_ms
-        cap = self.admission.capacity_rps(model)
+        cap = self.admission.proven_rps(model)
         out["load.demand_ratio"] = load.demand_rps / cap if cap else None
         # Attribution: final windows of the last minute, budget_lag behind.
         to_ms = now_ms - cfg.budget_lag_ms
