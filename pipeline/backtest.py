@@ -175,6 +175,12 @@ def run_loop(
         if applies and gate is not None:
             for d in control.decisions[n_before:]:
                 gate.set(d.scope, GateActions.of(d.level, d.phase, d.actions))
+                cutoff = d.actions.queue_timeout_ms
+                if cutoff is not None:
+                    # the gateways cancel what they forwarded that has queued too long
+                    models = [m.name for m in config.models] if d.scope == "*" else [d.scope]
+                    for m in models:
+                        sim.apply_queue_cutoff(m, cutoff, d.actions.retry_after_s)
 
     for offset, ev in enumerate(sim.events()):
         batch.append((0, offset, encode_event(ev)))
@@ -261,6 +267,7 @@ def _run_json(  # noqa: PLR0917
         "requests": summary["requests"],
         "outcomes": summary["outcomes"],
         "retries": sim.retries,
+        "queue_cutoffs": sim.cutoffs,
         "slos": slos,
         "shed": {str(k): v for k, v in (gate.shed_by_priority() if gate else {}).items()},
         "shed_by_reason": (

@@ -14,9 +14,9 @@ Kafka message: key = ``utf8(scope)`` (the topic is compacted, so the log keeps
 the latest signal per scope), value = one JSON object::
 
     {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
-                "cap_context_tokens":8192,
-                "fallback_model":"llama-8b","reject_new_sessions":true,
-                "rate_limit_rps":null,"retry_after_s":30,
+                "cap_context_tokens":8192,"fallback_model":"llama-8b",
+                "queue_timeout_ms":null,"rate_limit_rps":null,
+                "reject_new_sessions":true,"retry_after_s":30,
                 "shed_priorities_at_or_above":2},
      "budget_exhausted":false,"expires_at_unix_ms":1700000030000,
      "figures":{"p99_ms":412.5,"violation_rate":0.31},
@@ -208,6 +208,17 @@ class Actions(_Frozen):
         ge=1,
         le=10_000,
         description="admit_rps is split equally among this many gateway instances.",
+    )
+    queue_timeout_ms: float | None = Field(
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Queue cut-off: a request of priority >= 1 still waiting for its first token "
+            "this long after the gateway forwarded it is cancelled (503 + Retry-After); "
+            "it is already bad on the tightest first-byte SLO, and the queue it leaves "
+            "is what priority 0 would wait behind."
+        ),
     )
 
     def to_json(self) -> dict[str, Any]:

@@ -19,8 +19,11 @@ served rate (a low estimate: admission then starts tight and grows additively).
 The rate while admission is on (one step per evaluation)
 --------------------------------------------------------
 With ``C`` the capacity, ``K`` the engines' batch (the largest ``num_running``
-they reported), ``W`` the requests waiting in their queues and ``E = max(0, W -
-queue_allowance * K)`` the excess queue:
+they reported), ``W`` the requests waiting in their queues and ``E = max(0, W - A)``
+the excess queue, where the healthy queue ``A`` is ``queue_allowance * K`` or, when
+the controller knows the SLOs, what the engines serve in a quarter of the tightest
+first-byte threshold covering priority 0 (``ModelLoad.healthy_queue``: a request
+joining it still gets its first token in time):
 
 * **entry** (first step): ``R = C - E / drain_s`` -- serve at capacity, less what
   drains the excess queue within ``drain_s`` (Little's law: the queue a new
@@ -76,6 +79,9 @@ class ModelLoad:
     waiting: int  # requests waiting in its engines' queues (latest stats)
     batch: int  # its engines' batch: the largest num_running they reported, summed
     demand_rps: float  # requests its gateways received per second (rejections included)
+    # The queue (requests) that is healthy: what the engines serve in a fraction of the
+    # tightest first-byte threshold (see Controller); None: queue_allowance of a batch.
+    healthy_queue: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +145,10 @@ class AdmissionControl:
         """The admission rate for ``model`` now (None while ``active`` is false)."""
         cfg = self.config
         st = self._models.setdefault(model, _State())
-        excess = max(0.0, load.waiting - cfg.queue_allowance * load.batch)
+        allowance = cfg.queue_allowance * load.batch
+        if load.healthy_queue is not None:
+            allowance = min(allowance, load.healthy_queue)
+        excess = max(0.0, load.waiting - allowance)
         if not active:
             st.rate_rps, st.excess, st.rule = None, excess, "off"
             return AdmissionStep(None, st.capacity_rps, excess, "off")

@@ -84,6 +84,12 @@ from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 
 FIVE_MIN_MS: Final = 300_000
+# The healthy queue: what the engines serve in this share of the queue cut-off.
+HEALTHY_QUEUE_SHARE: Final = 0.25
+# The boundaries a queue cut-off is derived from (the queue counts, and so does more).
+CUTOFF_BOUNDARIES: Final = frozenset(
+    {"gateway_ttfb_ms", "ttft_engine_ms", "gateway_total_ms", "engine_e2e_ms"}
+)
 
 Signals = dict[str, float | bool | None]
 
@@ -489,6 +495,22 @@ class Controller:
         notices = [self._notices[m] for m in sorted(self._notices)]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices, steps)
 
+    def queue_cutoff_ms(self, model: str) -> float | None:
+        """The queue cut-off for ``model``: the tightest threshold of the SLOs that cover
+        its priority-0 traffic on a first-byte or whole-response boundary (queue
+        included); a request queued longer is bad on it already. None without one."""
+        if self.spec is None:
+            return None
+        out: float | None = None
+        for slo in self.spec.slos:
+            if slo.boundary not in CUTOFF_BOUNDARIES or not self._covers(slo.name, model):
+                continue
+            prios = slo.filter.priority if slo.filter is not None else None
+            if prios is not None and 0 not in prios:
+                continue
+            out = slo.threshold_ms if out is None else min(out, slo.threshold_ms)
+        return out
+
     def _admit(self, model: str, now_ms: int, d: Evaluation) -> tuple[Evaluation, AdmissionStep]:
         """Capacity-aware admission: the rate a level with ``admission`` carries."""
         latest: list[StatsSample] = []
@@ -497,17 +519,24 @@ class Controller:
             if seen:
                 latest.append(seen[-1])
         load = self._load(model, now_ms, latest)
+        cutoff = self.queue_cutoff_ms(model)
+        cap = self.admission.capacity_rps(model)
+        if cutoff is not None and cap is not None:
+            load = dataclasses.replace(
+                load, healthy_queue=cap * HEALTHY_QUEUE_SHARE * cutoff / 1000.0
+            )
         self.admission.observe(model, load)
         active = self.policy.admits(d.level, d.phase)
         step = self.admission.step(model, load, active=active)
         if step.rate_rps is None:
             return d, step
-        actions = d.actions.model_copy(
-            update={
-                "admit_rps": round(step.rate_rps, 3),
-                "admit_gateways": self.config.gateway_instances,
-            }
-        )
+        update: dict[str, Any] = {
+            "admit_rps": round(step.rate_rps, 3),
+            "admit_gateways": self.config.gateway_instances,
+        }
+        if self.policy.cuts_queue(d.level, d.phase):
+            update["queue_timeout_ms"] = self.queue_cutoff_ms(model)
+        actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision), step
 

@@ -369,6 +369,7 @@ class PolicyEngine:
         self._actions = {n: lv.actions.to_actions() for n, lv in self._levels.items()}
         self._ho_actions = self._levels[1].actions.to_actions(self._admit)
         self._admission = {n for n, lv in self._levels.items() if lv.actions.admission}
+        self._cutoff = {n for n, lv in self._levels.items() if lv.actions.queue_cutoff}
         self._load_gate = d.load_gate
         self._gated = {
             n for n, lv in self._levels.items() if d.load_gate and lv.actions.turns_away()
@@ -378,6 +379,10 @@ class PolicyEngine:
     def admits(self, level: int, phase: str) -> bool:
         """Whether (level, phase) applies capacity-aware admission (half-open: L1's)."""
         return level > 0 and (1 if phase == "half_open" else level) in self._admission
+
+    def cuts_queue(self, level: int, phase: str) -> bool:
+        """Whether (level, phase) applies the queue cut-off (half-open: L1's)."""
+        return level > 0 and (1 if phase == "half_open" else level) in self._cutoff
 
     def _compile(self, c: Condition) -> _Cond:
         boolean = c.is_ is not None

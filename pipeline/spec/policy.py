@@ -224,12 +224,18 @@ class ActionsSpec(_Model):
     # Capacity-aware admission: the directive carries admit_rps (pipeline.core.admission),
     # measured and corrected by feedback at every evaluation; gateways admit by priority.
     admission: bool = False
+    # With admission: cancel requests of priority >= 1 still queued after the tightest
+    # first-byte threshold of the SLOs covering priority 0 (Actions.queue_timeout_ms,
+    # filled in by the controller): "return 503 after 2 s in queue", from the SLO spec.
+    queue_cutoff: bool = False
 
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
         """The directive's actions (the one type the wire signs and the serving side reads):
         these fields, named as on :class:`Actions`, and the half-open ``admit_fraction``
         (``admission`` becomes ``admit_rps``, filled in by the controller)."""
-        return Actions(**self.model_dump(exclude={"admission"}), admit_fraction=admit_fraction)
+        return Actions(
+            **self.model_dump(exclude={"admission", "queue_cutoff"}), admit_fraction=admit_fraction
+        )
 
     def turns_away(self) -> bool:
         """Whether these actions turn requests away (shed, reject, rate-limit, admit)."""

@@ -61,6 +61,7 @@ class GateActions:
     admit_fraction: float | None = None
     admit_rps: float | None = None  # what the scope's gateways admit together
     admit_gateways: int | None = None  # admit_rps split equally among them; None: 1
+    queue_timeout_ms: float | None = None  # priority >= 1 still queued after this: 503
 
     @classmethod
     def of(cls, level: int, phase: str, actions: Any) -> GateActions:
@@ -78,6 +79,7 @@ class GateActions:
             admit_fraction=a.get("admit_fraction"),
             admit_rps=a.get("admit_rps"),
             admit_gateways=a.get("admit_gateways"),
+            queue_timeout_ms=a.get("queue_timeout_ms"),
         )
 
 
@@ -98,6 +100,9 @@ class Verdict:
     retry_after_s: int = 0
     cap_context_tokens: int | None = None
     fallback_model: str | None = None
+    # Admitted under a queue cut-off: still waiting for the engine after this long -> 503
+    # with retry_after_s (priority 0 never gets one).
+    queue_timeout_ms: float | None = None
 
 
 ADMIT: Final = Verdict()
@@ -186,7 +191,15 @@ class GatewayGate:
             cap = None
         if a.fallback_model is not None:
             self.fallbacks += 1
-        return Verdict(cap_context_tokens=cap, fallback_model=a.fallback_model)
+        cutoff = a.queue_timeout_ms if priority > 0 else None
+        if cutoff is None and cap is None and a.fallback_model is None:
+            return ADMIT
+        return Verdict(
+            retry_after_s=a.retry_after_s if cutoff is not None else 0,
+            cap_context_tokens=cap,
+            fallback_model=a.fallback_model,
+            queue_timeout_ms=cutoff,
+        )
 
     def on_complete(
         self,

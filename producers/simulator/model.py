@@ -430,6 +430,7 @@ _K_STATS: Final = 4
 _K_RETRY: Final = 5  # a client retries a request the gateway rejected (closed loop)
 _K_RESTART: Final = 6  # an engine restarts: weights load (cold start)
 _K_READY: Final = 7  # the restarted engine admits again
+_K_CUTOFF: Final = 8  # a directive's queue cut-off: still waiting -> 503, the client retries
 
 
 @dataclass(slots=True, eq=False)
@@ -457,6 +458,8 @@ class _Req:
     attempt: int = 0  # 0 = first try; k = k-th retry after a 429
     session: str = ""  # the first try's request id ("" = this request's own)
     gate_model: str = ""  # the model a gate admitted it for ("" = no gate admitted it)
+    cutoff_ms: float | None = None  # a directive's queue cut-off for it (None: none)
+    cutoff_retry_after_s: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -541,6 +544,7 @@ class Simulator:
         self._gate = gate  # closed loop: gateways apply control directives
         self._model_idx = {m.name: i for i, m in enumerate(config.models)}
         self.retries = 0
+        self.cutoffs = 0  # requests a directive's queue cut-off cancelled (503)
         self._rng = random.Random(config.seed)
         skew_rng = random.Random(f"tailguard-sim-skew:{config.seed}")
         overrides = dict(config.engine_skew_ms)
@@ -756,6 +760,8 @@ class Simulator:
         assert isinstance(payload, _Req)
         if kind == _K_RETRY:
             self._on_gateway_arrival(payload)
+        elif kind == _K_CUTOFF:
+            self._on_cutoff(payload)
         elif kind == _K_ARRIVE:
             self._on_engine_arrival(payload)
         elif kind == _K_PATIENCE:
@@ -780,6 +786,8 @@ class Simulator:
             )
             if verdict.reject is None:
                 req.gate_model = cfg.models[req.model_idx].name
+                req.cutoff_ms = verdict.queue_timeout_ms
+                req.cutoff_retry_after_s = verdict.retry_after_s
                 fb = self._model_idx.get(verdict.fallback_model or "")
                 if fb is not None:
                     req.model_idx = fb
@@ -813,14 +821,50 @@ class Simulator:
     def _reject_at_gateway(self, req: _Req, retry_after_s: int) -> None:
         """429 + Retry-After after the gateway's own overhead; the client retries with
         exponential backoff (at most ``client_max_retries``), as a new request."""
-        cfg = self._cfg
         t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
         req.state = _PENDING
+        self._refuse(req, t_done, 429, retry_after_s)
+
+    def apply_queue_cutoff(self, model: str, cutoff_ms: float, retry_after_s: int) -> int:
+        """A directive's queue cut-off reaches the gateways of ``model`` now: the requests
+        of priority >= 1 waiting in its engines' queues for ``cutoff_ms`` or more are
+        cancelled (503 + Retry-After; the client retries as after a 429), the others get
+        the cut-off from when they reached the engine. Returns how many were cancelled."""
+        idx = self._model_idx.get(model)
+        if idx is None:
+            return 0
+        now = self._now_ms
+        cancelled = 0
+        for e in self._engines_of_model[idx]:
+            eng = self._engines[e]
+            for q in eng.queues:
+                for req in list(q):
+                    if req.state != _WAITING or req.priority == 0 or req.cutoff_ms is not None:
+                        continue
+                    req.cutoff_ms, req.cutoff_retry_after_s = cutoff_ms, retry_after_s
+                    due = req.t_engine_ms + cutoff_ms
+                    if due <= now:
+                        self._on_cutoff(req)
+                        cancelled += 1
+                    else:
+                        self._push(due, _K_CUTOFF, req)
+        return cancelled
+
+    def _on_cutoff(self, req: _Req) -> None:
+        if req.state != _WAITING:
+            return
+        self._engines[req.engine].waiting_live -= 1
+        self.cutoffs += 1
+        self._refuse(req, self._now_ms + req.post_ms, 503, req.cutoff_retry_after_s)
+
+    def _refuse(self, req: _Req, t_done: float, http_status: int, retry_after_s: int) -> None:
+        """Answer ``http_status`` + Retry-After at ``t_done``; the client retries."""
+        cfg = self._cfg
         self._complete(
             req,
             t_done,
             outcome="rejected",
-            http_status=429,
+            http_status=http_status,
             ttfb_ms=t_done - req.t_gateway_ms,
             output_tokens=0,
         )
@@ -955,6 +999,8 @@ class Simulator:
         eng.waiting_live += 1
         if self._cfg.max_queue_ms is not None:
             self._push(now + self._cfg.max_queue_ms, _K_QUEUE_TIMEOUT, req)
+        if req.cutoff_ms is not None and req.priority > 0:
+            self._push(now + req.cutoff_ms, _K_CUTOFF, req)
         if not eng.active:
             self._schedule_wake(eng, eng.iter_idx, now)
         elif eng.running < eng.model.max_concurrency:

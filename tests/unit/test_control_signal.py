@@ -89,7 +89,8 @@ GOLDEN_KEY_B64 = "dGFpbGd1YXJkLWdvbGRlbi12ZWN0b3Ita2V5LTAwMDE="
 GOLDEN_CANONICAL = (
     '{"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,'
     '"cap_context_tokens":8192,'
-    '"fallback_model":"llama-3-8b","rate_limit_rps":150.0,"reject_new_sessions":true,'
+    '"fallback_model":"llama-3-8b","queue_timeout_ms":null,"rate_limit_rps":150.0,'
+    '"reject_new_sessions":true,'
     '"retry_after_s":30,"shed_priorities_at_or_above":2},"budget_exhausted":false,'
     '"expires_at_unix_ms":1700000030000,"figures":{"big":1.5e+20,"gpu_oom":false,'
     '"kv_hit_rate":0.78,"n":3.0,"p99_ms":412.5,"queue_depth":null,"violation_rate":1e-7},'
@@ -97,7 +98,7 @@ GOLDEN_CANONICAL = (
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "jMezXFk2h1+83PElSeNCKyRB3lRz0cn5gsEGpKEBsBU="
+GOLDEN_SIG = "SnnSexQAMfV0xy/nw6a+b6QJKB5e5PPX5mVkc+U9jHs="
 
 
 def _golden_unsigned() -> UnsignedSignal:
