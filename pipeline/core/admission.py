@@ -12,7 +12,9 @@ What the engines can serve
 completed while they were saturated (a queue at least ``saturated_queue`` of a
 batch deep: every finished request was replaced at once, so completions are the
 engines' throughput, not the arrival rate). It is an exponentially weighted mean
-of those windows (weight ``capacity_weight``), remembered across healthy periods.
+of those windows (weight ``capacity_weight``), remembered across healthy periods,
+and never below what the engines served in a window with nothing queued (they
+serve at least that much).
 Before any saturated window has been seen, the capacity is the last window's
 served rate (a low estimate: admission then starts tight and grows additively).
 
@@ -58,7 +60,7 @@ class AdmissionConfig:
     decrease: float = 0.8  # multiplicative decrease while the queue grows
     increase: float = 0.05  # additive increase per step, as a share of capacity
     min_fraction: float = 0.05  # floor of the rate, as a share of capacity
-    max_over_capacity: float = 1.5  # ceiling of the rate, as a multiple of capacity
+    max_over_capacity: float = 2.0  # ceiling of the rate, as a multiple of capacity
 
     def __post_init__(self) -> None:
         for name in ("drain_s", "capacity_weight", "decrease", "increase", "min_fraction"):
@@ -140,6 +142,9 @@ class AdmissionControl:
             else:
                 w = cfg.capacity_weight
                 st.capacity_rps = (1 - w) * st.capacity_rps + w * load.served_rps
+        elif st.capacity_rps is not None and load.waiting == 0:
+            # served with nothing queued: the engines serve at least that much
+            st.capacity_rps = max(st.capacity_rps, load.served_rps)
 
     def step(self, model: str, load: ModelLoad, *, active: bool) -> AdmissionStep:
         """The admission rate for ``model`` now (None while ``active`` is false)."""

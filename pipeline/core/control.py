@@ -85,7 +85,7 @@ from pipeline.spec.slo import SLOSpec
 
 FIVE_MIN_MS: Final = 300_000
 # The healthy queue: what the engines serve in this share of the queue cut-off.
-HEALTHY_QUEUE_SHARE: Final = 0.25
+HEALTHY_QUEUE_SHARE: Final = 0.1
 # The boundaries a queue cut-off is derived from (the queue counts, and so does more).
 CUTOFF_BOUNDARIES: Final = frozenset(
     {"gateway_ttfb_ms", "ttft_engine_ms", "gateway_total_ms", "engine_e2e_ms"}
@@ -492,7 +492,10 @@ class Controller:
             d = self.policy.evaluate(model, now_ms, sig)
             d, steps[model] = self._admit(model, now_ms, d)
             decisions.append(d)
-        notices = [self._notices[m] for m in sorted(self._notices)]
+        # While a model's level turns traffic away, its burn counts the policy's own
+        # refusals: a "not load-caused" notice is raised only for a model left alone.
+        shedding = {d.scope for d in decisions if d.level > 0}
+        notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices, steps)
 
     def queue_cutoff_ms(self, model: str) -> float | None:
