@@ -74,7 +74,7 @@ def test_rate_never_below_floor_nor_above_ceiling() -> None:
     assert ac.step("m", load, active=True).rate_rps == pytest.approx(0.5)  # 5 % of 10
     for _ in range(200):
         ac.step("m", _load(10.0, 0), active=True)
-    assert ac.step("m", _load(10.0, 0), active=True).rate_rps == pytest.approx(15.0)
+    assert ac.step("m", _load(10.0, 0), active=True).rate_rps == pytest.approx(20.0)  # 2x
 
 
 # --------------------------------------------------------------------------- #
@@ -182,3 +182,20 @@ def test_opener_still_measured_holds_the_level() -> None:
     assert any("p99.gateway_ttfb_ms" in h for h in d.held_because)
     d = eng.evaluate("m", 2 * S, {"p99.ttft_engine_ms": 100.0, "p99.gateway_ttfb_ms": 500.0})
     assert d.phase == "half_open"  # the opener cleared: the exit counts
+
+
+def test_capacity_never_below_what_was_served_with_nothing_queued() -> None:
+    ac = AdmissionControl()
+    ac.observe("m", _load(8.0, 80))  # saturated: capacity 8
+    ac.observe("m", _load(11.0, 0))  # 11/s served with nothing queued: at least 11
+    assert ac.capacity_rps("m") == pytest.approx(11.0)
+    ac.observe("m", _load(4.0, 0))  # less traffic says nothing about capacity
+    assert ac.capacity_rps("m") == pytest.approx(11.0)
+
+
+def test_healthy_queue_from_the_slo_sets_the_excess() -> None:
+    ac = AdmissionControl()
+    load = ModelLoad(served_rps=8.0, waiting=6, batch=16, demand_rps=20.0, healthy_queue=1.0)
+    ac.observe("m", load)
+    step = ac.step("m", load, active=True)
+    assert step.excess_queue == pytest.approx(5.0)  # not max(0, 6 - 8): the SLO's queue
