@@ -224,9 +224,15 @@ class ControllerShell:
 
     def observe(self, step: ControlStep) -> None:
         """After an evaluation: /metrics shows it, alerts that fire or resolved go out."""
-        self.metrics.publish(step.budgets, {d.scope: d.level for d in step.decisions}, step.signals)
+        self.metrics.publish(
+            step.budgets,
+            {d.scope: d.level for d in step.decisions},
+            step.signals,
+            {d.scope: d.actions.admit_rps for d in step.decisions},
+            [(n.model, n.slo) for n in step.notices],
+        )
         if self.alerts is not None:
-            self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms))
+            self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms, step.notices))
 
     def publish(self, d: Evaluation, *, heartbeat: bool = False) -> ControlRow:
         assert self.issuer is not None

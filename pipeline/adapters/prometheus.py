@@ -64,6 +64,8 @@ class MetricsState:
         self._budgets: list[BudgetStatus] = []
         self._levels: dict[str, int] = {}
         self._p99: dict[str, Mapping[str, float | None]] = {}
+        self._admit: dict[str, float | None] = {}
+        self._not_load_caused: list[tuple[str, str]] = []
         self.health = health
 
     def publish(
@@ -71,25 +73,33 @@ class MetricsState:
         budgets: Sequence[BudgetStatus],
         levels: Mapping[str, int],
         p99_ms: Mapping[str, Mapping[str, Any]],
+        admit_rps: Mapping[str, float | None] | None = None,
+        not_load_caused: Sequence[tuple[str, str]] = (),
     ) -> None:
+        """One evaluation: budgets, levels, the signals per model (P99s, load), the
+        admission rate in force per model and the (model, SLO) burning not load-caused."""
         with self._lock:
             self._budgets = list(budgets)
             self._levels.update(levels)
             self._p99 = {
-                m: {k: v for k, v in sig.items() if k.startswith("p99.")}
+                m: {k: v for k, v in sig.items() if k.startswith(("p99.", "load.", "queue."))}
                 for m, sig in p99_ms.items()
             }
+            if admit_rps is not None:
+                self._admit.update(admit_rps)
+            self._not_load_caused = list(not_load_caused)
 
     def families(self) -> list[Family]:
         with self._lock:
             budgets, levels, p99 = list(self._budgets), dict(self._levels), dict(self._p99)
+            admit, nlc = dict(self._admit), list(self._not_load_caused)
         health: Mapping[str, float] = {}
         if self.health is not None:
             try:
                 health = self.health()
             except Exception:  # a scrape never takes the worker down
                 log.exception("worker health for /metrics failed")
-        return all_families(budgets, levels, p99, health)
+        return all_families(budgets, levels, p99, health, admit_rps=admit, not_load_caused=nlc)
 
 
 class MetricsServer:

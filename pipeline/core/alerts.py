@@ -11,15 +11,24 @@ Labels (the Alertmanager v2 contract): ``alertname`` (``TailguardSLOBurn``, or
 ``scope``, ``severity`` (``page`` | ``ticket``), ``burnrate_tier`` (the rule's name, e.g.
 ``page-fast-burn``), ``service`` = ``tailguard``. Annotations: ``summary`` and the
 rule's figures (``burn_1h`` ...). Times are RFC 3339 UTC.
+
+A burn that is not load-caused (:class:`pipeline.core.control.LoadNotice`: an SLO burning
+fast on a model while its bad requests' time was mostly compute, so nothing is shed) is
+alerted too: ``alertname`` ``TailguardBurnNotLoadCaused``, ``slo``, ``scope`` (the
+model), ``severity`` ``ticket``, ``burnrate_tier`` ``not-load-caused``; annotations
+``summary`` (why nothing is shed) and ``queue_share``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.core.budget import BudgetStatus
+
+if TYPE_CHECKING:
+    from pipeline.core.control import LoadNotice
 from pipeline.core.timefmt import iso_time
 
 SERVICE: Final = "tailguard"
@@ -27,7 +36,9 @@ ALERTNAMES: Final = {
     "burn": "TailguardSLOBurn",
     "spent": "TailguardSLOBudget",
     "below": "TailguardSLOCompliance",
+    "not_load_caused": "TailguardBurnNotLoadCaused",
 }
+NOT_LOAD_CAUSED: Final = "not-load-caused"
 
 AlertKey = tuple[str, str, str]  # slo, scope, rule
 
@@ -76,8 +87,31 @@ class AlertTracker:
 
     firing: dict[AlertKey, AlertMessage] = field(default_factory=dict)
 
-    def step(self, budgets: Iterable[BudgetStatus], now_ms: int) -> list[AlertMessage]:
+    def step(
+        self,
+        budgets: Iterable[BudgetStatus],
+        now_ms: int,
+        notices: Iterable[LoadNotice] = (),
+    ) -> list[AlertMessage]:
         now: dict[AlertKey, AlertMessage] = {}
+        for n in notices:
+            key = (n.slo, n.model, NOT_LOAD_CAUSED)
+            before = self.firing.get(key)
+            labels = (
+                ("alertname", ALERTNAMES["not_load_caused"]),
+                ("slo", n.slo),
+                ("scope", n.model),
+                ("severity", "ticket"),
+                ("burnrate_tier", NOT_LOAD_CAUSED),
+                ("service", SERVICE),
+            )
+            share = "" if n.queue_share is None else f"{n.queue_share:.4g}"
+            annotations: tuple[tuple[str, str], ...] = (
+                ("summary", n.text),
+                ("queue_share", share),
+            )
+            start = before.starts_at_ms if before is not None else now_ms
+            now[key] = AlertMessage(labels, annotations, start, None)
         for st in budgets:
             for a in st.alerts:
                 key = (st.slo, st.scope, a.rule)

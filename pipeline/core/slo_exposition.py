@@ -19,6 +19,10 @@ Sloth/Pyrra dashboards and alerts work unchanged (labels ``sloth_id``, ``sloth_s
 ``tailguard_slo_compliance_ratio``             ``1 - error ratio``, label ``window``
 ``tailguard_slo_alert_firing``                 1 per firing rule (``rule``, ``severity``)
 ``tailguard_control_level``                    the control level (0-3) per scope
+``tailguard_load_caused``, ``..._queue_share_ratio``, ``tailguard_queue_depth_ratio``,
+``tailguard_load_demand_ratio``               load signals per model (is a burn load-caused?)
+``tailguard_admit_rps``                        the admission rate in force per model
+``tailguard_burn_not_load_caused``             1 per (model, SLO) burning, not load-caused
 ``tailguard_latency_p99_seconds``              P99 per model and boundary over the latency
                                                window, with the boundary's OTel name
 =============================================  ==============================================
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pipeline.core.budget import DAY_MS, BudgetStatus, window_label
 from pipeline.core.otel_names import BOUNDARY_NAMES, MODEL_ATTRIBUTE
@@ -191,6 +195,56 @@ def latency_families(p99_ms: Mapping[str, Mapping[str, float | None]]) -> list[F
     return b.families()
 
 
+LOAD_GAUGES: Final = (
+    ("load.caused", "tailguard_load_caused", "1 while the model's burn is load-caused (queueing)"),
+    (
+        "load.queue_share",
+        "tailguard_load_queue_share_ratio",
+        "Share of the bad requests' time spent queued (last minute)",
+    ),
+    (
+        "queue.depth_ratio",
+        "tailguard_queue_depth_ratio",
+        "Requests waiting in the engines' queues over their batch",
+    ),
+    (
+        "load.demand_ratio",
+        "tailguard_load_demand_ratio",
+        "Requests received per second over what the engines have shown they serve",
+    ),
+)
+
+
+def load_families(
+    signals: Mapping[str, Mapping[str, Any]],
+    admit_rps: Mapping[str, float | None],
+    not_load_caused: Iterable[tuple[str, str]] = (),
+) -> list[Family]:
+    """Per model: the load signals (is the burn load-caused?), the admission rate in
+    force (``tailguard_admit_rps``, absent while admission is off) and, per (model, SLO),
+    ``tailguard_burn_not_load_caused`` = 1 for a fast burn that is not load-caused."""
+    b = _Builder()
+    label = MODEL_ATTRIBUTE.replace(".", "_")
+    for model in sorted(signals):
+        sig = signals[model]
+        for key, name, help_text in LOAD_GAUGES:
+            v = sig.get(key)
+            value = float(v) if isinstance(v, bool | int | float) else None
+            b.add(name, help_text, ((label, model),), value)
+    for model, rate in sorted(admit_rps.items()):
+        if rate is not None:
+            b.add("tailguard_admit_rps", "Admission rate in force (requests/s)",
+                  ((label, model),), rate)  # fmt: skip
+    for model, slo in sorted(not_load_caused):
+        b.add(
+            "tailguard_burn_not_load_caused",
+            "1: the SLO burns fast on the model, not load-caused (nothing shed)",
+            ((label, model), ("slo", slo)),
+            1.0,
+        )
+    return b.families()
+
+
 def health_families(health: Mapping[str, float], prefix: str = "tailguard_worker_") -> list[Family]:
     """The worker's own health figures (``consumer_lag_messages`` ...), one gauge each."""
     b = _Builder()
@@ -204,10 +258,14 @@ def all_families(
     levels: Mapping[str, int],
     p99_ms: Mapping[str, Mapping[str, float | None]],
     health: Mapping[str, float],
+    *,
+    admit_rps: Mapping[str, float | None] | None = None,
+    not_load_caused: Iterable[tuple[str, str]] = (),
 ) -> list[Family]:
     return [
         *budget_families(budgets),
         *control_families(levels),
         *latency_families(p99_ms),
+        *load_families(p99_ms, admit_rps or {}, not_load_caused),
         *health_families(health),
     ]

@@ -153,3 +153,35 @@ def test_webhook_signature() -> None:
     assert not verify_signature(b"other", "1700000000", body, sig, now_s=1_700_000_010)
     assert not verify_signature(b"k", "1700000000", body, sig, now_s=1_700_001_000)  # stale
     assert not verify_signature(b"k", "soon", body, sig, now_s=1_700_000_000)
+
+
+def test_load_families_expose_load_signals_admission_and_notices() -> None:
+    from pipeline.core.slo_exposition import load_families
+
+    fams = load_families(
+        {"m": {"load.caused": True, "load.queue_share": 0.8, "queue.depth_ratio": 2.0}},
+        {"m": 7.5, "n": None},
+        [("m", "ttft")],
+    )
+    by = {f.name: f for f in fams}
+    assert by["tailguard_load_caused"].samples[0].value == 1.0
+    assert by["tailguard_load_queue_share_ratio"].samples[0].value == 0.8
+    assert [s.value for s in by["tailguard_admit_rps"].samples] == [7.5]  # n: admission off
+    (nlc,) = by["tailguard_burn_not_load_caused"].samples
+    assert dict(nlc.labels)["slo"] == "ttft"
+    assert "tailguard_load_demand_ratio" not in by  # unknown: no sample
+
+
+def test_not_load_caused_alert_fires_and_resolves() -> None:
+    from pipeline.core.alerts import AlertTracker
+    from pipeline.core.control import LoadNotice
+
+    t = AlertTracker()
+    n = LoadNotice(60_000, "m", "chat-total", 0.05, "chat-total burning 90x on m, not load-caused")
+    (a,) = t.step([], 60_000, [n])
+    labels = dict(a.labels)
+    assert labels["alertname"] == "TailguardBurnNotLoadCaused"
+    assert (labels["slo"], labels["scope"], labels["severity"]) == ("chat-total", "m", "ticket")
+    assert "not load-caused" in dict(a.annotations)["summary"]
+    (r,) = t.step([], 70_000)
+    assert r.resolved
