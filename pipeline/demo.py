@@ -293,6 +293,8 @@ def run_demo(
             "join_timeout_ms": DEMO_JOIN_TIMEOUT_MS,
             "window_grace_ms": DEMO_WINDOW_GRACE_MS,
             "flush_interval_ms": DEMO_FLUSH_INTERVAL_MS,
+            # the simulated gateways each take their share of an admission rate
+            "gateway_instances": len(sim_config.gateway_hosts),
         }
         settings = Settings(**(fields | (settings_overrides or {})))
         ensure_topics(settings)

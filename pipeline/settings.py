@@ -126,6 +126,9 @@ class Settings(EmitterSettings):
     """TAILGUARD_BURN_RULES_FILE: multiwindow burn-rate rules."""
     queue_capacity: Annotated[int, Field(ge=1)] = 64
     """TAILGUARD_QUEUE_CAPACITY: num_waiting of a full engine queue."""
+    gateway_instances: Annotated[int, Field(ge=1, le=10_000)] = 1
+    """TAILGUARD_GATEWAY_INSTANCES: gateway instances (processes) enforcing directives; a
+    directive's admission rate is split equally among them (Actions.admit_gateways)."""
     control_enabled: bool = False
     """TAILGUARD_CONTROL_ENABLED: run the controller and publish signed directives (needs control
     keys: TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS + TAILGUARD_CONTROL_ACTIVE_KID)."""

@@ -122,6 +122,7 @@ class ControllerShell:
                 settings.window_size_ms,
                 settings.window_grace_ms,
                 queue_capacity=settings.queue_capacity,
+                gateway_instances=settings.gateway_instances,
             ),
         )
         self.issuer: SignalIssuer | None = None
