@@ -79,21 +79,26 @@ class Backtest:
     scheduling: str = "fcfs"
 
     @property
-    def open_loop(self) -> dict[str, Any]:
-        return self.runs["open"]
+    def open_loop(self) -> dict[str, Any] | None:
+        return self.runs.get("open")
 
     @property
-    def closed_loop(self) -> dict[str, Any]:
-        return self.runs["tailguard"]
+    def closed_loop(self) -> dict[str, Any] | None:
+        return self.runs.get("tailguard")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """``{"scheduling", "loops", "runs": {loop: RUN}}``, plus ``open_loop`` and
+        ``closed_loop`` (the ``open`` and ``tailguard`` runs) when they ran."""
+        doc: dict[str, Any] = {
             "scheduling": self.scheduling,
             "loops": list(self.runs),
             "runs": self.runs,
-            "open_loop": self.open_loop,
-            "closed_loop": self.closed_loop,
         }
+        if self.open_loop is not None:
+            doc["open_loop"] = self.open_loop
+        if self.closed_loop is not None:
+            doc["closed_loop"] = self.closed_loop
+        return doc
 
 
 def run_backtest(

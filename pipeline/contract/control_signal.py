@@ -163,6 +163,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
 
 
+CutoffMs = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+
+
 class Actions(_Frozen):
     """What the serving layer does at this directive (all off by default)."""
 
@@ -209,17 +212,31 @@ class Actions(_Frozen):
         le=10_000,
         description="admit_rps is split equally among this many gateway instances.",
     )
-    queue_timeout_ms: float | None = Field(
+    queue_timeout_ms: list[CutoffMs | None] | None = Field(
         default=None,
-        gt=0.0,
-        allow_inf_nan=False,
+        min_length=4,
+        max_length=4,
         description=(
-            "Queue cut-off: a request of priority >= 1 still waiting for its first token "
-            "this long after the gateway forwarded it is cancelled (503 + Retry-After); "
-            "it is already bad on the tightest first-byte SLO, and the queue it leaves "
-            "is what priority 0 would wait behind."
+            "Queue cut-off per priority 0..3 (null: none; priority 0's is always null): a "
+            "request still waiting for its first token this long after the gateway "
+            "forwarded it is cancelled (503 + Retry-After). It is bad already on the "
+            "tightest SLO that covers it, and the queue it leaves is what priority 0 "
+            "would wait behind."
         ),
     )
+
+    @field_validator("queue_timeout_ms")
+    @classmethod
+    def _priority_0_never_cut(cls, v: list[float | None] | None) -> object:
+        if v is not None and v[0] is not None:
+            raise ValueError("queue_timeout_ms[0] must be null: priority 0 is never cut off")
+        return v
+
+    def queue_timeout_for(self, priority: int) -> float | None:
+        """The queue cut-off of a request of ``priority`` (None: not cut off)."""
+        if self.queue_timeout_ms is None or not 0 < priority < len(self.queue_timeout_ms):
+            return None
+        return self.queue_timeout_ms[priority]
 
     def to_json(self) -> dict[str, Any]:
         """Every field (``null`` where unset), as signed on the wire."""

@@ -498,10 +498,10 @@ class Controller:
         notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices, steps)
 
-    def queue_cutoff_ms(self, model: str) -> float | None:
-        """The queue cut-off for ``model``: the tightest threshold of the SLOs that cover
-        its priority-0 traffic on a first-byte or whole-response boundary (queue
-        included); a request queued longer is bad on it already. None without one."""
+    def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
+        """The tightest threshold of the SLOs that cover ``priority`` on ``model`` at a
+        first-byte or whole-response boundary (queue included): a request queued
+        longer is bad on it already. None without one."""
         if self.spec is None:
             return None
         out: float | None = None
@@ -509,9 +509,23 @@ class Controller:
             if slo.boundary not in CUTOFF_BOUNDARIES or not self._covers(slo.name, model):
                 continue
             prios = slo.filter.priority if slo.filter is not None else None
-            if prios is not None and 0 not in prios:
+            if prios is not None and priority not in prios:
                 continue
             out = slo.threshold_ms if out is None else min(out, slo.threshold_ms)
+        return out
+
+    def queue_cutoffs_ms(self, model: str) -> list[float | None] | None:
+        """The queue cut-off per priority (``Actions.queue_timeout_ms``): priority 0 is
+        never cut; priority p is cut once it is bad on the tightest SLO covering it, and
+        never before priority 0's threshold (the queue priority 0 may wait behind); a
+        priority no SLO covers is cut at priority 0's. None when no SLO covers priority 0."""
+        c0 = self.queue_cutoff_ms(model, 0)
+        if c0 is None:
+            return None
+        out: list[float | None] = [None]
+        for p in (1, 2, 3):
+            t = self.queue_cutoff_ms(model, p)
+            out.append(c0 if t is None else max(c0, t))
         return out
 
     def _admit(self, model: str, now_ms: int, d: Evaluation) -> tuple[Evaluation, AdmissionStep]:
@@ -522,7 +536,7 @@ class Controller:
             if seen:
                 latest.append(seen[-1])
         load = self._load(model, now_ms, latest)
-        cutoff = self.queue_cutoff_ms(model)
+        cutoff = self.queue_cutoff_ms(model, 0)
         cap = self.admission.capacity_rps(model)
         if cutoff is not None and cap is not None:
             load = dataclasses.replace(
@@ -538,7 +552,7 @@ class Controller:
             "admit_gateways": self.config.gateway_instances,
         }
         if self.policy.cuts_queue(d.level, d.phase):
-            update["queue_timeout_ms"] = self.queue_cutoff_ms(model)
+            update["queue_timeout_ms"] = self.queue_cutoffs_ms(model)
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision), step

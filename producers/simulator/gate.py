@@ -61,7 +61,8 @@ class GateActions:
     admit_fraction: float | None = None
     admit_rps: float | None = None  # what the scope's gateways admit together
     admit_gateways: int | None = None  # admit_rps split equally among them; None: 1
-    queue_timeout_ms: float | None = None  # priority >= 1 still queued after this: 503
+    # per priority 0..3: still queued after this long -> 503 (priority 0: never)
+    queue_timeout_ms: tuple[float | None, ...] | None = None
 
     @classmethod
     def of(cls, level: int, phase: str, actions: Any) -> GateActions:
@@ -79,7 +80,9 @@ class GateActions:
             admit_fraction=a.get("admit_fraction"),
             admit_rps=a.get("admit_rps"),
             admit_gateways=a.get("admit_gateways"),
-            queue_timeout_ms=a.get("queue_timeout_ms"),
+            queue_timeout_ms=(
+                None if a.get("queue_timeout_ms") is None else tuple(a["queue_timeout_ms"])
+            ),
         )
 
 
@@ -191,7 +194,8 @@ class GatewayGate:
             cap = None
         if a.fallback_model is not None:
             self.fallbacks += 1
-        cutoff = a.queue_timeout_ms if priority > 0 else None
+        cuts = a.queue_timeout_ms
+        cutoff = cuts[priority] if cuts is not None and 0 < priority < len(cuts) else None
         if cutoff is None and cap is None and a.fallback_model is None:
             return ADMIT
         return Verdict(

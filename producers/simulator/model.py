@@ -825,11 +825,14 @@ class Simulator:
         req.state = _PENDING
         self._refuse(req, t_done, 429, retry_after_s)
 
-    def apply_queue_cutoff(self, model: str, cutoff_ms: float, retry_after_s: int) -> int:
-        """A directive's queue cut-off reaches the gateways of ``model`` now: the requests
-        of priority >= 1 waiting in its engines' queues for ``cutoff_ms`` or more are
-        cancelled (503 + Retry-After; the client retries as after a 429), the others get
-        the cut-off from when they reached the engine. Returns how many were cancelled."""
+    def apply_queue_cutoff(
+        self, model: str, cutoffs_ms: Sequence[float | None], retry_after_s: int
+    ) -> int:
+        """A directive's queue cut-off (per priority 0..3, priority 0's always None)
+        reaches the gateways of ``model`` now: a request waiting in its engines' queues
+        for its priority's cut-off or more is cancelled (503 + Retry-After; the client
+        retries as after a 429), the others get the cut-off from when they reached the
+        engine. Returns how many were cancelled."""
         idx = self._model_idx.get(model)
         if idx is None:
             return 0
@@ -839,10 +842,13 @@ class Simulator:
             eng = self._engines[e]
             for q in eng.queues:
                 for req in list(q):
-                    if req.state != _WAITING or req.priority == 0 or req.cutoff_ms is not None:
+                    if req.state != _WAITING or req.cutoff_ms is not None:
                         continue
-                    req.cutoff_ms, req.cutoff_retry_after_s = cutoff_ms, retry_after_s
-                    due = req.t_engine_ms + cutoff_ms
+                    cutoff = cutoffs_ms[req.priority] if req.priority < len(cutoffs_ms) else None
+                    if cutoff is None or req.priority == 0:
+                        continue
+                    req.cutoff_ms, req.cutoff_retry_after_s = cutoff, retry_after_s
+                    due = req.t_engine_ms + cutoff
                     if due <= now:
                         self._on_cutoff(req)
                         cancelled += 1
