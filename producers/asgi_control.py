@@ -262,7 +262,9 @@ class ControlMiddleware:
         task = asyncio.ensure_future(self.app(scope, receive, held_send))
         first = asyncio.ensure_future(released.wait())
         try:
-            await asyncio.wait({task, first}, timeout=cutoff_ms / 1000.0)
+            await asyncio.wait(
+                {task, first}, timeout=cutoff_ms / 1000.0, return_when=asyncio.FIRST_COMPLETED
+            )
         except BaseException:  # this request was cancelled: so is the app
             task.cancel()
             raise

@@ -260,3 +260,20 @@ def test_lifecycle_records_the_cut_off_as_rejected_503() -> None:
         assert done.ttfb_ms >= CUTOFF_MS * 0.9
 
     asyncio.run(go())
+
+
+def test_an_app_ending_without_a_body_gets_its_start_sent_at_once() -> None:
+    """No body at all (a protocol slip of the app): its start goes out as it sent it, when
+    the app ends, not at the cut-off (an hour here; the guard fails the test long before)."""
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+
+    async def go() -> None:
+        mw, client = _mw(app, _directive(queue_timeout_ms=3_600_000.0)), Client()
+        async with asyncio.timeout(10):
+            await mw(_scope(3), _receive, client.send)
+        assert client.sent == [{"type": "http.response.start", "status": 204, "headers": []}]
+        assert mw.counters["queue_timeout"] == 0
+
+    asyncio.run(go())
