@@ -20,7 +20,18 @@ and, in this order:
 5. otherwise the request passes, with ``x-tailguard-max-context-tokens: N``
    (``cap_context_tokens``) and ``x-tailguard-fallback-model: name``
    (``fallback_model``) added to the headers the app sees (client-sent copies
-   of those two headers are replaced).
+   of those two headers are replaced);
+6. ``queue_timeout_ms`` (queue cut-off, issue 35) and the request passed at priority >= 1
+   -> the app runs as a task; its ``http.response.start`` is held until its first
+   non-empty ``http.response.body`` chunk (or its final body message) arrives, then both
+   are sent and the response streams on untouched. No body within ``queue_timeout_ms``
+   of the call (the event loop's clock: a duration on this gateway) -> the app task is
+   cancelled (the reference proxy then closes its upstream request: vLLM aborts a
+   request whose client went away) and the answer is the 503 of 2 with
+   ``"reason": "queue_timeout"``; ``scope["state"][REJECTED_STATE_KEY]`` is set to
+   that reason, so the lifecycle middleware in front records it as ``rejected``. Once a
+   body chunk went out the request is never cut off. Priority 0 is never cut off, and
+   without a cut-off the app is called directly as in 5 (no task, no buffering).
 
 Half-open (``phase == "half_open"``): of the requests that 2 or 3 would
 reject, a deterministic ``admit_fraction`` is admitted instead: with an
@@ -35,7 +46,8 @@ priority from ``x-vllm-priority`` (0 highest ... 3; absent or not an integer
 ``x-tailguard-session`` is a new session.
 
 Enforced here: ``shed_priorities_at_or_above``, ``reject_new_sessions``,
-``admit_fraction`` (half-open) and ``admit_rps``/``admit_gateways``; passed on as
+``admit_fraction`` (half-open), ``admit_rps``/``admit_gateways`` and
+``queue_timeout_ms``; passed on as
 headers: ``cap_context_tokens`` and ``fallback_model``. ``actions.rate_limit_rps`` is
 advisory and not enforced here (``admit_rps`` is the enforced rate). Each middleware
 instance is one gateway instance for ``admit_gateways``: a server running several
@@ -44,11 +56,13 @@ worker processes counts each of them. The admission's clock is ``clock_ms`` (def
 
 The control machinery never fails a request: any exception while deciding is
 counted (``counters["errors"]``) and the request passes through untouched.
-Exceptions of the wrapped app propagate as they would without the middleware.
+Exceptions of the wrapped app propagate as they would without the middleware (under a
+queue cut-off, a response start the app sent before raising is not sent).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -79,6 +93,9 @@ REQUEST_ID_HEADER: Final = b"x-request-id"
 MAX_CONTEXT_HEADER: Final = b"x-tailguard-max-context-tokens"
 FALLBACK_MODEL_HEADER: Final = b"x-tailguard-fallback-model"
 _INJECTED: Final = frozenset({MAX_CONTEXT_HEADER, FALLBACK_MODEL_HEADER})
+# scope["state"] key: why this middleware turned away a request it had let through
+# (the queue cut-off: "queue_timeout"); read by producers.gateway.LifecycleMiddleware.
+REJECTED_STATE_KEY: Final = "tailguard.rejected"
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -138,11 +155,13 @@ def monotonic_ms() -> float:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    reject: str | None = None  # "shed_priority" | "new_session" | "admission" when rejected
+    # when rejected: "shed_priority" | "new_session" | "admission" | "queue_timeout"
+    reject: str | None = None
     headers: tuple[tuple[bytes, bytes], ...] = ()
     half_open_admitted: bool = False
     status: int = 503  # of a rejection
     retry_after_s: int | None = None  # of a rejection; None: the directive's retry_after_s
+    queue_timeout_ms: float | None = None  # admitted under a queue cut-off (priority >= 1)
 
 
 PASS: Final = Verdict()
@@ -150,7 +169,7 @@ PASS: Final = Verdict()
 
 class ControlMiddleware:
     """See the module docstring. ``counters``: passed, shed_priority, new_session,
-    admission, half_open_admitted, headers_injected, errors."""
+    admission, half_open_admitted, headers_injected, queue_timeout, errors."""
 
     def __init__(
         self,
@@ -179,6 +198,7 @@ class ControlMiddleware:
                 "admission",
                 "half_open_admitted",
                 "headers_injected",
+                "queue_timeout",
                 "errors",
             ),
             0,
@@ -207,7 +227,69 @@ class ControlMiddleware:
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         self.counters["passed"] += 1
-        await self.app(downstream, receive, send)
+        if verdict.queue_timeout_ms is None:
+            await self.app(downstream, receive, send)
+            return
+        await self._with_cutoff(directive, verdict.queue_timeout_ms, downstream, receive, send)
+
+    async def _with_cutoff(
+        self, d: Directive, cutoff_ms: float, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Run the app as a task; its response start waits for its first body bytes, and
+        with none after ``cutoff_ms`` the task is cancelled and a 503 is the answer."""
+        held: list[Message] = []  # the response start, until the body begins
+        released = asyncio.Event()  # set (before anything is sent) by the first body
+        cut = False  # cut off: whatever the app still sends while it unwinds is dropped
+
+        async def held_send(msg: Message) -> None:
+            if cut:
+                return
+            if released.is_set():
+                await send(msg)
+                return
+            kind = msg.get("type")
+            if kind == "http.response.start":
+                held.append(msg)
+                return
+            if kind == "http.response.body" and not msg.get("body") and msg.get("more_body"):
+                return  # an empty chunk before the first bytes: nothing to send yet
+            released.set()  # from here on the request is never cut off
+            for start in held:
+                await send(start)
+            held.clear()
+            await send(msg)
+
+        task = asyncio.ensure_future(self.app(scope, receive, held_send))
+        first = asyncio.ensure_future(released.wait())
+        try:
+            await asyncio.wait(
+                {task, first}, timeout=cutoff_ms / 1000.0, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:  # this request was cancelled: so is the app
+            task.cancel()
+            raise
+        finally:
+            first.cancel()
+        if not released.is_set() and not task.done():
+            cut = True
+            task.cancel()
+            self.counters["queue_timeout"] += 1
+            state = scope.get("state")
+            if isinstance(state, dict):
+                state[REJECTED_STATE_KEY] = "queue_timeout"
+            body, headers = _rejection(d, Verdict(reject="queue_timeout"))
+            try:
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+            finally:
+                await asyncio.wait({task})  # the app unwinds (closes its upstream call)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("app failed when cut off at the queue timeout: %r", task.exception())
+            return
+        await task  # streams on (or has ended); its exceptions propagate
+        if held and not released.is_set():  # the app ended without a body: as it sent it
+            for start in held:
+                await send(start)
 
     def decide(self, scope: Scope) -> tuple[Directive, Verdict]:
         """The directive that applies to this request and what to do (may raise)."""
@@ -253,7 +335,10 @@ class ControlMiddleware:
             extra.append((FALLBACK_MODEL_HEADER, a.fallback_model.encode("utf-8")))
         if extra:
             self.counters["headers_injected"] += 1
-        return d, Verdict(headers=tuple(extra), half_open_admitted=admitted)
+        cutoff = a.queue_timeout_ms if priority > 0 else None  # priority 0: never cut off
+        return d, Verdict(
+            headers=tuple(extra), half_open_admitted=admitted, queue_timeout_ms=cutoff
+        )
 
 
 def _with_headers(scope: Scope, extra: tuple[tuple[bytes, bytes], ...]) -> Scope:

@@ -21,7 +21,9 @@ reference proxy in :mod:`producers.gateway_proxy`). Per HTTP request:
   server) and ``ttfb_ms`` (arrival -> first non-empty body chunk), both from this host's
   monotonic clock, the HTTP status and the outcome: a client that disconnects before the
   response is complete -> ``client_abort`` with ``http_status`` 0; 429 -> ``rejected``;
-  408/504 -> ``timeout``; other >= 400 or an exception in the app -> ``error``; else ``ok``.
+  so is the control middleware's queue cut-off (its 503, marked in ``scope["state"]``
+  under :data:`~producers.asgi_control.REJECTED_STATE_KEY`); 408/504 -> ``timeout``;
+  other >= 400 or an exception in the app -> ``error``; else ``ok``.
   A disconnect is seen when the app reads ``receive`` (Starlette's streaming responses and
   the reference proxy listen for it) or when ``send`` raises.
 * **Tokens.** ``prompt_tokens`` and ``output_tokens`` of ``gateway.completed`` come from
@@ -68,6 +70,7 @@ from pipeline.contract.events import (
 from producers.asgi_control import (
     MODEL_HEADER,
     PRIORITY_HEADER,
+    REJECTED_STATE_KEY,
     REQUEST_ID_HEADER,
     ASGIApp,
     Message,
@@ -239,6 +242,7 @@ class _Exchange:
     first_byte_ns: int | None = None
     done_ns: int | None = None
     disconnected: bool = False
+    rejected: bool = False  # turned away by the control middleware behind (its state mark)
     model: str | None = None
     body_chunks: list[Message] = field(default_factory=list)
     # the response, kept to read its usage: "json" (whole body), "sse" (a tail), or None
@@ -382,6 +386,8 @@ class LifecycleMiddleware:
             raise
         finally:
             try:
+                state = downstream.get("state")
+                x.rejected = isinstance(state, dict) and REJECTED_STATE_KEY in state
                 self._emit(self._completed(scope, request_id, x, failed))
                 if span is not None:
                     if x.status is not None:
@@ -487,6 +493,8 @@ class LifecycleMiddleware:
             status, outcome = 500, "error"
         elif failed or x.done_ns is None:
             status, outcome = x.status, "error"
+        elif x.rejected:
+            status, outcome = x.status, "rejected"
         else:
             status, outcome = x.status, outcome_of(x.status)
         ttfb_ms = None if x.first_byte_ns is None else (x.first_byte_ns - x.t0_ns) / 1e6

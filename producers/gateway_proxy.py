@@ -12,7 +12,9 @@ Upstream unreachable -> ``502``; upstream timeout -> ``504``.
 :func:`build_gateway` puts :class:`~producers.gateway.LifecycleMiddleware` around it
 (and, optionally, the control middleware between the two, so its answers are recorded:
 a directive's shedding as ``503`` (``error``), the capacity-aware admission's
-``429`` with ``Retry-After`` (``admit_rps``, issue 35) as ``rejected``; it decides on
+``429`` with ``Retry-After`` (``admit_rps``, issue 35) and the queue cut-off's ``503``
+(``queue_timeout_ms``: a request of priority >= 1 with no first byte from upstream in
+time is cancelled, closing its upstream request) as ``rejected``; it decides on
 the priority the lifecycle middleware resolved, and its admission clock is
 ``control_clock_ms``);
 only the inference routes are recorded unless ``record_paths`` says otherwise (the
@@ -162,6 +164,7 @@ async def _stream(body: AsyncIterator[bytes], receive: Receive, send: Send) -> b
             pass
 
     watcher = asyncio.ensure_future(disconnected())
+    nxt: asyncio.Future[bytes] | None = None
     try:
         it = body.__aiter__()
         while True:
@@ -184,6 +187,10 @@ async def _stream(body: AsyncIterator[bytes], receive: Receive, send: Send) -> b
         watcher.cancel()
         with suppress(asyncio.CancelledError):
             await watcher
+        if nxt is not None and not nxt.done():  # this request was cancelled (queue cut-off)
+            nxt.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration, httpx.HTTPError):
+                await nxt
 
 
 async def _error(send: Send, status: int, why: str) -> None:

@@ -4,7 +4,9 @@ Kafka side is in test_gateway_kafka.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -15,7 +17,7 @@ from pipeline.contract.control_signal import Actions
 from producers.control_client import Directive
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
 from tests.gateway_fixtures import MemorySink, serve, wait_for
-from tools.dev.fake_openai import FakeOpenAI
+from tools.dev.fake_openai import FakeOpenAI, read_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -242,3 +244,102 @@ def test_admission_429_with_retry_after_and_priority_0_always_passes() -> None:
             assert rid not in upstream.seen  # never reached the engine
     done = completed(sink, rid)["gateway.completed"]
     assert (done.outcome, done.http_status) == ("rejected", 429)
+
+
+@dataclass
+class HeldUpstream:
+    """A streaming upstream that sends its response start at once (as vLLM does) and its
+    first chunk only once the test calls :meth:`release`; notes which requests it finished
+    and which saw their client (the gateway) go away first."""
+
+    finished: set[str] = field(default_factory=set)
+    abandoned: set[str] = field(default_factory=set)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._released.set)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                self._loop = asyncio.get_running_loop()
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        headers, _body = await read_request(scope, receive)
+        rid = headers["x-request-id"]
+        start = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+
+        async def gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(gone())
+        released = asyncio.ensure_future(self._released.wait())
+        await asyncio.wait({watcher, released}, return_when=asyncio.FIRST_COMPLETED)
+        if watcher.done():
+            self.abandoned.add(rid)
+            released.cancel()
+            return
+        await send({"type": "http.response.body", "body": b"data: x\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        self.finished.add(rid)
+        watcher.cancel()
+
+
+def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_byte() -> None:
+    """The queue cut-off (issue 35) over real HTTP: a directive cuts off at 200 ms; the
+    upstream holds every first chunk until released. A priority-3 request gets 503 with
+    Retry-After after the cut-off (its upstream request closed), while a priority-0
+    stream opened before it, so kept waiting longer than the cut-off, gets its 200 and
+    its body once released."""
+    directive = Directive(
+        level=1,
+        phase="degraded",
+        actions=Actions(queue_timeout_ms=200.0, retry_after_s=12),
+        scope="m",
+    )
+    upstream = HeldUpstream()
+    sink = MemorySink()
+    body = {"model": "m", "prompt": "p", "stream": True}
+    with serve(upstream) as upstream_url:
+        app, _proxy, _mw = build_gateway(
+            upstream_url, sink, host="gw-cut", control=lambda _scope: directive
+        )
+        with serve(app) as url, httpx.Client(base_url=url, timeout=10.0) as client:
+            with client.stream(
+                "POST",
+                "/v1/completions",
+                json=body,
+                headers={"X-Vllm-Priority": "0", "X-Request-Id": "p0"},
+            ) as r0:
+                assert r0.status_code == 200  # not held: the upstream's start at once
+                r3 = client.post(
+                    "/v1/completions",
+                    json=body,
+                    headers={"X-Vllm-Priority": "3", "X-Request-Id": "p3"},
+                )
+                assert r3.status_code == 503
+                assert r3.headers["retry-after"] == "12"
+                assert r3.json() == {
+                    "error": "overloaded",
+                    "reason": "queue_timeout",
+                    "level": 1,
+                    "retry_after_s": 12,
+                }
+                upstream.release()
+                text = b"".join(r0.iter_raw())
+            assert text == b"data: x\n\ndata: [DONE]\n\n"
+            wait_for(lambda: "p3" in upstream.abandoned, what="the cut-off to close upstream")
+            assert upstream.finished == {"p0"}
+    cut = completed(sink, "p3")["gateway.completed"]
+    assert (cut.outcome, cut.http_status) == ("rejected", 503)
+    assert cut.ttfb_ms is not None
+    assert cut.ttfb_ms >= 200.0 * 0.95  # the loop's timer, against the gateway's clock
+    p0 = completed(sink, "p0")["gateway.completed"]
+    assert (p0.outcome, p0.http_status) == ("ok", 200)
+    assert p0.ttfb_ms is not None
+    assert p0.ttfb_ms > cut.ttfb_ms  # waited past the cut-off and was not cut
