@@ -21,7 +21,7 @@ and, in this order:
    (``cap_context_tokens``) and ``x-tailguard-fallback-model: name``
    (``fallback_model``) added to the headers the app sees (client-sent copies
    of those two headers are replaced);
-6. ``queue_timeout_ms`` (queue cut-off, issue 35) and the request passed at priority >= 1
+6. ``queue_timeout_ms`` (queue cut-off per priority, issue 35) set for the request's priority
    -> the app runs as a task; its ``http.response.start`` is held until its first
    non-empty ``http.response.body`` chunk (or its final body message) arrives, then both
    are sent and the response streams on untouched. No body within ``queue_timeout_ms``
@@ -335,7 +335,7 @@ class ControlMiddleware:
             extra.append((FALLBACK_MODEL_HEADER, a.fallback_model.encode("utf-8")))
         if extra:
             self.counters["headers_injected"] += 1
-        cutoff = a.queue_timeout_ms if priority > 0 else None  # priority 0: never cut off
+        cutoff = a.queue_timeout_for(priority)  # per priority; priority 0: never cut off
         return d, Verdict(
             headers=tuple(extra), half_open_admitted=admitted, queue_timeout_ms=cutoff
         )

@@ -299,7 +299,7 @@ def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_b
     directive = Directive(
         level=1,
         phase="degraded",
-        actions=Actions(queue_timeout_ms=200.0, retry_after_s=12),
+        actions=Actions(queue_timeout_ms=[None, 200.0, 200.0, 200.0], retry_after_s=12),
         scope="m",
     )
     upstream = HeldUpstream()

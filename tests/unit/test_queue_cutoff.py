@@ -26,7 +26,7 @@ def _directive(**actions: Any) -> Directive:
     return Directive(level=2, phase="degraded", actions=Actions(**actions), scope="m")
 
 
-CUT = _directive(queue_timeout_ms=CUTOFF_MS, retry_after_s=7)
+CUT = _directive(queue_timeout_ms=[None, CUTOFF_MS, CUTOFF_MS, CUTOFF_MS], retry_after_s=7)
 
 
 def _scope(priority: int) -> Scope:
@@ -188,7 +188,7 @@ def test_a_stream_begun_before_the_cut_off_is_never_cut_and_passes_untouched() -
 
     async def go() -> None:
         app, other = Upstream(), Upstream()
-        d = _directive(queue_timeout_ms=CUTOFF_MS * 4, retry_after_s=7)
+        d = _directive(queue_timeout_ms=[None, *[CUTOFF_MS * 4] * 3], retry_after_s=7)
         mw, client = _mw(app, d), Client()
         task = asyncio.ensure_future(mw(_scope(2), _receive, client.send))
         await app.started.wait()
@@ -270,7 +270,7 @@ def test_an_app_ending_without_a_body_gets_its_start_sent_at_once() -> None:
         await send({"type": "http.response.start", "status": 204, "headers": []})
 
     async def go() -> None:
-        mw, client = _mw(app, _directive(queue_timeout_ms=3_600_000.0)), Client()
+        mw, client = _mw(app, _directive(queue_timeout_ms=[None, *[3_600_000.0] * 3])), Client()
         async with asyncio.timeout(10):
             await mw(_scope(3), _receive, client.send)
         assert client.sent == [{"type": "http.response.start", "status": 204, "headers": []}]
