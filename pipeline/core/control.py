@@ -363,25 +363,32 @@ class Controller:
         self._load_signals(model, now_ms, merged, latest, out)
         return out
 
-    def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
-        """What the model's engines did in the last base window (see ModelLoad)."""
-        size = self._size_ms or 10_000
+    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines finished in the windows starting in [lo, hi)."""
         served = 0
         for start, by_part in self._latency.items():
-            if now_ms - size <= start < now_ms:
+            if lo_ms <= start < hi_ms:
                 for by_model in by_part.values():
                     sk = by_model.get(model, {}).get("queue_ms")
                     if sk is not None:
                         served += sk.count
-        lo = now_ms - self.config.latency_window_ms
+        return served
+
+    def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
+        """What the model's engines did in the last base window that is final in every
+        path (``budget_lag_ms`` behind, like the budget signals: a live controller and a
+        replay then compute the same rate), and what its engines report now."""
+        size = self._size_ms or 10_000
+        to_ms = now_ms - self.config.budget_lag_ms
+        lo = to_ms - self.config.latency_window_ms
         demand = sum(
             by_model.get(model, 0)
             for start, by_part in self._records.items()
-            if lo <= start < now_ms
+            if lo <= start < to_ms
             for by_model in by_part.values()
         )
         return ModelLoad(
-            served_rps=served / (size / 1000),
+            served_rps=self._served(model, to_ms - size, to_ms) / (size / 1000),
             waiting=sum(x.num_waiting for x in latest),
             batch=sum(self._batch.get(x.host, x.num_running) for x in latest),
             demand_rps=demand / (self.config.latency_window_ms / 1000),
@@ -398,8 +405,8 @@ class Controller:
         cfg = self.config
         load = self._load(model, now_ms, latest)
         minute_s = cfg.latency_window_ms / 1000
-        q_sk = merged.get("queue_ms")
-        served_minute = (q_sk.count if q_sk is not None else 0) / minute_s
+        to_ms = now_ms - cfg.budget_lag_ms
+        served_minute = self._served(model, to_ms - cfg.latency_window_ms, to_ms) / minute_s
         depth = load.waiting / load.batch if load.batch > 0 else None
         wait_ms = 1000.0 * load.waiting / max(served_minute, 0.1) if latest else None
         out["queue.depth_ratio"] = depth

@@ -1,5 +1,6 @@
 """End to end on the real broker: overload -> L1 -> signed directives read by the
-simulated gateways through the real ControlClient -> shedding -> P99 recovers -> L0.
+simulated gateways through the real ControlClient -> capacity-aware admission by
+priority (429) and the queue cut-off (503) -> priority 0 served -> L0.
 
 Time-compressed: the first 7000 requests of the shared trace (~22 min of traffic)
 at 60x, arrivals x2 from minute 2 to minute 7. The simulator is paced by the worker in
@@ -56,7 +57,8 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
         assert (1, "degraded") in levels, (scope, levels)
         assert levels[-1] == (0, "normal"), (scope, levels)  # recovered to L0
 
-    # the gateways applied the signed directives: priority 3 answered 429, never priority 0
+    # the gateways applied the signed directives: admission (429) and the queue cut-off
+    # (503) turned requests away by priority, priority 3 among them, never priority 0
     received: dict[str, dict] = {}
     done: list[dict] = []
     for line in events.read_bytes().splitlines():
@@ -66,9 +68,11 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
                 received[ev["request_id"]] = ev
             elif ev["kind"] == "gateway.completed":
                 done.append(ev)
-    shed = [e for e in done if e["http_status"] == 429]
+    shed = [e for e in done if e["http_status"] in (429, 503)]
     assert shed, "no request was shed: directives were not applied"
-    assert {received[e["request_id"]]["priority"] for e in shed} == {3}
+    prios = {received[e["request_id"]]["priority"] for e in shed}
+    assert 0 not in prios
+    assert 3 in prios
     assert any("-r1" in e["request_id"] for e in shed)  # clients retried after Retry-After
     # ... while the overload they are about was still on (a loop that lags is no loop)
     first_shed_s = (min(e["ts_unix_ns"] for e in shed) - start_ns) / 1e9
@@ -87,5 +91,19 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
         ]
         return _p99(xs)
 
-    assert ttfb(EPISODE.start_offset_s + 120, EPISODE.end_offset_s) > 5_000
+    # priority 0 keeps its first byte within the 2 s target through the episode (after
+    # the first minute: detection and the queue built before it), and everyone after it
+    p0 = [
+        e["ttfb_ms"]
+        for e in done
+        if e["outcome"] == "ok"
+        and e["ttfb_ms"] is not None
+        and received[e["request_id"]]["priority"] == 0
+        and received[e["request_id"]].get("stream")
+        and start_ns + (EPISODE.start_offset_s + 60) * 1e9
+        <= received[e["request_id"]]["ts_unix_ns"]
+        < start_ns + EPISODE.end_offset_s * 1e9
+    ]
+    assert p0
+    assert sum(1 for x in p0 if x <= 2_000) / len(p0) >= 0.9, sorted(p0)[-10:]
     assert ttfb(EPISODE.end_offset_s + 600, EPISODE.end_offset_s + 800) < 2_000
