@@ -15,8 +15,8 @@ engines' throughput, not the arrival rate). It is an exponentially weighted mean
 of those windows (weight ``capacity_weight``), remembered across healthy periods,
 and never below what the engines served in a window with nothing queued (they
 serve at least that much).
-Before any saturated window has been seen, the capacity is the last window's
-served rate (a low estimate: admission then starts tight and grows additively).
+Before any window has been seen, the capacity is the last window's served rate (a
+low estimate: admission then starts tight and grows additively).
 
 The rate while admission is on (one step per evaluation)
 --------------------------------------------------------
@@ -105,7 +105,9 @@ class AdmissionStep:
 
 @dataclass
 class _State:
-    capacity_rps: float | None = None
+    capacity_rps: float | None = None  # max(saturated_rps, floor_rps)
+    saturated_rps: float | None = None  # EWMA of the windows served with a batch queued
+    floor_rps: float | None = None  # the most served in a window with nothing queued
     rate_rps: float | None = None
     excess: float = 0.0
     rule: str = "off"
@@ -137,14 +139,16 @@ class AdmissionControl:
         st = self._models.setdefault(model, _State())
         saturated = load.batch > 0 and load.waiting >= cfg.saturated_queue * load.batch
         if saturated and load.served_rps > 0:
-            if st.capacity_rps is None:
-                st.capacity_rps = load.served_rps
+            if st.saturated_rps is None:
+                st.saturated_rps = load.served_rps
             else:
                 w = cfg.capacity_weight
-                st.capacity_rps = (1 - w) * st.capacity_rps + w * load.served_rps
-        elif st.capacity_rps is not None and load.waiting == 0:
+                st.saturated_rps = (1 - w) * st.saturated_rps + w * load.served_rps
+        elif load.waiting == 0 and load.served_rps > 0:
             # served with nothing queued: the engines serve at least that much
-            st.capacity_rps = max(st.capacity_rps, load.served_rps)
+            st.floor_rps = max(st.floor_rps or 0.0, load.served_rps)
+        known = [x for x in (st.saturated_rps, st.floor_rps) if x is not None]
+        st.capacity_rps = max(known) if known else None
 
     def step(self, model: str, load: ModelLoad, *, active: bool) -> AdmissionStep:
         """The admission rate for ``model`` now (None while ``active`` is false)."""

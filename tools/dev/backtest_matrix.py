@@ -1,0 +1,105 @@
+"""Summarise ``tailguard backtest --json`` outputs as Markdown tables (docs/control.md).
+
+    python -m tools.dev.backtest_matrix var/bt/*.json > var/bt/matrix.md
+
+One table per file (its name is the run's name): per loop, priority 0's first-token
+compliance over the run, the worst SLO against no control, goodput over the run and
+during the episode, requests turned away per priority group, and the episode's
+control timing. Figures only; how they were produced is the caller's to say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+FIRST_TOKEN = ("ttft-stream", "gold-ttft")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f} %"
+
+
+def _num(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:,.2f}{unit}"
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f} s"
+
+
+def table(name: str, doc: dict[str, Any]) -> str:
+    runs: dict[str, dict[str, Any]] = doc["runs"]
+    base = runs.get("open")
+    loops = list(runs)
+    out = [f"#### {name} (engines {doc.get('scheduling', 'fcfs').upper()})", ""]
+    out.append("| | " + " | ".join(loops) + " |")
+    out.append("|---|" + "---:|" * len(loops))
+
+    def row(label: str, cells: list[str]) -> None:
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for slo in FIRST_TOKEN:
+        if slo in runs[loops[0]]["by_priority"]["0"]["slos"]:
+            row(
+                f"priority 0 {slo}, run",
+                [_pct(r["by_priority"]["0"]["slos"].get(slo)) for r in runs.values()],
+            )
+    for slo in runs[loops[0]]["slos"]:
+        row(f"{slo}, run", [_pct(r["slos"][slo]["compliance"]) for r in runs.values()])
+    if base is not None:
+
+        def worst(r: dict[str, Any]) -> str:
+            deltas = [
+                (r["slos"][s]["compliance"] - base["slos"][s]["compliance"], s)
+                for s in base["slos"]
+                if r["slos"].get(s, {}).get("compliance") is not None
+                and base["slos"][s]["compliance"] is not None
+            ]
+            if not deltas:
+                return "-"
+            d, s = min(deltas)
+            return f"{100 * d:+.2f} ({s})"
+
+        row("worst SLO vs no control (points)", [worst(r) for r in runs.values()])
+    row("goodput, run", [_num(r.get("goodput_rps"), "/s") for r in runs.values()])
+    row(
+        "turned away, priority 0-2",
+        [f"{sum(r['shed'].get(p, 0) for p in '012'):,}" for r in runs.values()],
+    )
+    row("turned away, priority 3", [f"{r['shed'].get('3', 0):,}" for r in runs.values()])
+    row("client retries", [f"{r['retries']:,}" for r in runs.values()])
+    if "episode" in runs[loops[0]]:
+        row("goodput, episode", [_num(r["episode"]["goodput_rps"], "/s") for r in runs.values()])
+        row(
+            "first level after the episode starts",
+            [_secs(r["episode"]["first_action_s"]) for r in runs.values()],
+        )
+        row(
+            "every scope at L0 after it ends",
+            [_secs(r["episode"]["back_at_l0_s"]) for r in runs.values()],
+        )
+        row("levels raised before it", [str(r["episode"]["levels_before"]) for r in runs.values()])
+    else:
+        row("levels raised", [str(r.get("levels_raised", 0)) for r in runs.values()])
+    row("notices (not load-caused)", [str(len(r.get("notices", []))) for r in runs.values()])
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    for f in args.files:
+        doc = orjson.loads(f.read_bytes())
+        print(table(f.stem, doc))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
