@@ -3,6 +3,7 @@ requests of the shared Azure trace, ~18 min, arrivals x4 from minute 2 to 7)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from typing import Any
@@ -179,3 +180,34 @@ def test_shipped_defaults_are_quiet_on_the_shared_trace_at_normal_load() -> None
         assert run["slos"][slo.name]["compliance"] >= slo.objective, slo.name
     assert run["control"] == []
     assert run["time_at_level_s"]["1"] == run["time_at_level_s"]["2"] == 0
+
+
+def test_simulator_queue_cutoff_cancels_queued_priorities_never_0() -> None:
+    """A directive's queue cut-off: requests of priority >= 1 still queued past their
+    priority's cut-off get 503 (and retry); priority 0 is never cut, however long it waits."""
+    trace = read_trace(DEFAULT_TRACE)[:3000]
+    gate = GatewayGate()
+    cuts = [None, 500.0, 500.0, 500.0]
+    gate.set("*", GateActions(level=1, queue_timeout_ms=tuple(cuts), retry_after_s=2))
+    cfg = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=3, rate_scale=4.0)
+    sim = Simulator(trace, cfg, gate)
+    events = list(sim.events())
+    prio = {e.request_id: e.priority for e in events if e.kind == "gateway.received"}
+    cut = [e for e in events if e.kind == "gateway.completed" and e.http_status == 503]
+    assert cut, "x4 load queues requests past 500 ms: some must be cut"
+    assert sim.cutoffs == len(cut)
+    assert 0 not in {prio[e.request_id] for e in cut}
+    assert any("-r1" in e.request_id for e in events if e.kind == "gateway.received")
+    # already queued when the directive lands: past the cut-off cancelled at once, the
+    # others when they reach it; priority 0 never
+    sim2 = Simulator(trace[:1500], dataclasses.replace(cfg, rate_scale=8.0))
+    it = sim2.events()
+    seen = [next(it) for _ in range(4000)]
+    cancelled = sim2.apply_queue_cutoff("llama-3-8b", cuts, 2)
+    rest = list(it)
+    prio2 = {e.request_id: e.priority for e in [*seen, *rest] if e.kind == "gateway.received"}
+    late = [e for e in rest if e.kind == "gateway.completed" and e.http_status == 503]
+    assert cancelled > 0
+    assert len(late) >= cancelled
+    assert 0 not in {prio2[e.request_id] for e in late}
+    assert {e.model for e in late} == {"llama-3-8b"}
