@@ -358,9 +358,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipeline.report import print_wide, read_report, render
 
     flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
-    store = open_reader(_settings(args))  # through a live worker's port if one owns it
+    settings = _settings(args)
+    spec = _load_spec(settings.slo_spec)
+    store = open_reader(settings)  # through a live worker's port if one owns it
     try:
-        report = read_report(store, flt)
+        report = read_report(store, flt, spec)
         html_data = None
         if args.html is not None or args.json:
             from pipeline.report_html import read_html_data

@@ -391,7 +391,10 @@ def run_demo(
 
     store = open_store(settings)
     try:
-        report = read_report(store)
+        from pipeline.spec.slo import load_spec_file
+
+        spec = load_spec_file(settings.slo_spec) if settings.slo_spec is not None else None
+        report = read_report(store, spec=spec)  # with why each SLO burned (load or not)
     finally:
         store.close()
     Console().print(render(report))

@@ -15,9 +15,13 @@ from pipeline.adapters.queries import budget, control, requests
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store
-from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
+from pipeline.spec.slo import SLOSpec
 
 QUANTILES = (0.5, 0.99)
+# The controller's rule (ControllerConfig.load_share): from this share of the bad
+# requests' time spent queued, a burn is load-caused.
+LOAD_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +143,30 @@ def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
     }
 
 
-def read_report(store: Store, f: ReportFilter | None = None) -> Report:
+def load_cause(split: tuple[int, float, float], queue_inclusive: bool) -> dict[str, Any]:
+    """Why an SLO's bad requests were slow: their queue share and a sentence (the same rule
+    as the controller's: >= 50 % of the bad requests' time queued is load-caused)."""
+    n, queue_ms, bad_ms = split
+    if not queue_inclusive:
+        text = "not load-caused: its boundary excludes the queue" if n else None
+        return {"bad_measured": n, "bad_queue_share": 0.0 if n else None, "load": text}
+    share = queue_ms / bad_ms if bad_ms > 0 else None
+    if share is None:
+        text = None
+    elif share >= LOAD_SHARE:
+        text = f"load-caused: {100 * share:.0f} % of the bad requests' time was queueing"
+    else:
+        text = (
+            f"not load-caused: {100 * (1 - share):.0f} % of the bad requests' time was "
+            "compute (prefill + decode): shedding would not help"
+        )
+    return {"bad_measured": n, "bad_queue_share": share, "load": text}
+
+
+def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None) -> Report:
+    """The report of the store under the filter; with the SLO ``spec`` the stored windows
+    were counted with, each SLO also says how much of its bad requests' time was queueing
+    (exact over ``requests``: is its burn load-caused?)."""
     f = f or ReportFilter()
     row = requests.boundary_quantiles(store, f, QUANTILES)
     boundaries = {}
@@ -150,6 +177,11 @@ def read_report(store: Store, f: ReportFilter | None = None) -> Report:
     by_source = requests.counts_by(store, f, "source")
     by_outcome = requests.counts_by(store, f, "outcome")
     slos = read_slos(store, f)
+    if spec is not None:
+        for slo in spec.slos:
+            if slo.name in slos:
+                split = requests.bad_time_split(store, f, slo)
+                slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
         {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
          "event_time": str(t), "reason": reason}
@@ -267,6 +299,9 @@ def render(report: Report) -> Any:
     )  # fmt: skip
     parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
     parts += [t, c]
+    for name, slo in report.slos.items():
+        if slo.get("met") is False and slo.get("load"):
+            parts.append(Text(f"{name}: {slo['load']}", style="yellow"))
     hint = open_windows_hint(report)
     if hint:
         parts.append(Text(hint, style="yellow"))

@@ -199,3 +199,25 @@ def test_healthy_queue_from_the_slo_sets_the_excess() -> None:
     ac.observe("m", load)
     step = ac.step("m", load, active=True)
     assert step.excess_queue == pytest.approx(5.0)  # not max(0, 6 - 8): the SLO's queue
+
+
+@pytest.mark.parametrize(
+    ("split", "queue_inclusive", "share", "text"),
+    [
+        ((10, 9_000.0, 10_000.0), True, 0.9, "load-caused: 90 %"),
+        ((10, 500.0, 10_000.0), True, 0.05, "not load-caused: 95 %"),
+        ((0, 0.0, 0.0), True, None, None),
+        ((4, 0.0, 900.0), False, 0.0, "its boundary excludes the queue"),
+    ],
+)
+def test_report_load_cause(
+    split: tuple[int, float, float], queue_inclusive: bool, share: float | None, text: str | None
+) -> None:
+    from pipeline.report import load_cause
+
+    got = load_cause(split, queue_inclusive)
+    assert got["bad_queue_share"] == (None if share is None else pytest.approx(share))
+    if text is None:
+        assert got["load"] is None
+    else:
+        assert text in got["load"]

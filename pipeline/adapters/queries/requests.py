@@ -8,6 +8,7 @@ from typing import Any, Final
 from pipeline.adapters.queries.filters import ReportFilter, params, time_where
 from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.spec.slo import SLO
 
 Row = tuple[Any, ...]
 _NAMES: Final = ", ".join(n for n, _ in REQUEST_COLUMNS)
@@ -115,3 +116,44 @@ def engine_samples(store: Store, boundary: str, model: str | None = None) -> lis
         f"{boundary} FROM {store.database}.requests FINAL WHERE {where}",
         bound,
     )
+
+
+def bad_time_split(store: Store, f: ReportFilter, slo: SLO) -> tuple[int, float, float]:
+    """The SLO's measured bad requests (over its threshold, with a value; refused ones have
+    none) in the filter: ``(count, Σ queue_ms, Σ boundary ms)`` -- how much of the burn was
+    queueing (load-caused) and how much compute. The SLO's selection (models, priorities,
+    context buckets, tenants, stream, the prompt exclusion, last attempts) as SQL; the
+    count is exact over ``requests``, like the window counts (``SLOEvaluator.attribution``)."""
+    b = slo.boundary
+    if b not in BOUNDARIES:
+        raise ValueError(f"unknown boundary {b!r}")
+    conds = [f"{b} IS NOT NULL", f"{b} > {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"]
+    outcomes = ["ok", "client_abort"] if slo.client_abort == "measure" else ["ok"]
+    conds.append("outcome IN {bt_outcomes:Array(String)}")
+    p: dict[str, Any] = {**params(f), "bt_outcomes": outcomes}
+    flt = slo.filter
+    if flt is not None:
+        for col, vals, typ in (
+            ("model", flt.model, "String"),
+            ("priority", flt.priority, "Int64"),
+            ("ctx_bucket", flt.ctx_bucket, "String"),
+            ("tenant", flt.tenant, "String"),
+        ):
+            if vals is not None:
+                conds.append(f"{col} IN {{bt_{col}:Array({typ})}}")
+                p[f"bt_{col}"] = list(vals)
+        if flt.stream is not None:
+            conds.append("stream" if flt.stream else "NOT stream")
+    if slo.exclude is not None and slo.exclude.prompt_tokens_over is not None:
+        conds.append(
+            f"(prompt_tokens IS NULL OR prompt_tokens <= {int(slo.exclude.prompt_tokens_over)})"
+        )
+    if slo.attempts == "last":
+        conds.append("NOT superseded")
+    cond = " AND ".join(conds)
+    row = store.query_rows(
+        f"SELECT countIf({cond}), sumIf(queue_ms, {cond}), sumIf({b}, {cond}) "
+        f"FROM {store.database}.requests FINAL WHERE {_where(f)}",
+        p,
+    )[0]
+    return int(row[0]), float(row[1] or 0.0), float(row[2] or 0.0)
