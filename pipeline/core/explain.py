@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from pipeline.contract.boundaries import QUEUE_BOUNDARIES
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher, Verdict
 from pipeline.spec.slo import SLO, SLOSpec
@@ -141,7 +142,7 @@ def _reason(slo: SLO, r: RequestRecord, verdict: Verdict, value: float | None) -
         if value is None:
             total = r.gateway_total_ms
             return f"no first byte, and the client waited {total or 0:.1f} ms > {thr}"
-        return f"{value:.1f} ms > {thr}"
+        return f"{value:.1f} ms > {thr}{_load_cause(slo, r, value)}"
     # skip: say which rule took it out
     f = slo.filter
     if f is not None:
@@ -171,6 +172,20 @@ def _reason(slo: SLO, r: RequestRecord, verdict: Verdict, value: float | None) -
     if value is None:
         return "no value at this boundary (the layer that measures it did not see the request)"
     return "not counted"
+
+
+def _load_cause(slo: SLO, r: RequestRecord, value: float) -> str:
+    """How much of a bad request's time at the SLO's boundary was queueing: a burn made
+    of such requests is load-caused (shedding helps) or not (the controller's rule,
+    ``pipeline.core.control``: half of the bad requests' time queued)."""
+    if slo.boundary not in QUEUE_BOUNDARIES:
+        return "; not load-caused (the boundary excludes the queue)"
+    if r.queue_ms is None or value <= 0:
+        return ""
+    share = min(1.0, r.queue_ms / value)
+    if share >= 0.5:
+        return f"; {100 * share:.0f} % of it queued: load-caused"
+    return f"; {100 * (1 - share):.0f} % of it compute: not load-caused"
 
 
 def verdicts(r: RequestRecord, spec: SLOSpec) -> tuple[SLOVerdict, ...]:

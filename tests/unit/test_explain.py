@@ -62,7 +62,8 @@ def test_verdicts_say_which_boundary_broke_and_why() -> None:
     e = explain(_joined(), SPEC, [])
     v = {x.slo: x for x in e.verdicts}
     assert v["tier1-gateway"].verdict == "bad"
-    assert v["tier1-gateway"].reason == "500.0 ms > 400 ms"
+    # queue 300 of 500 ms: a request of a load-caused burn (shedding would help)
+    assert v["tier1-gateway"].reason == "500.0 ms > 400 ms; 60 % of it queued: load-caused"
     assert v["tier2-compute"].verdict == "good"
     assert v["queue-95"].verdict == "bad"
     assert v["silver-ttfb"].verdict == "skip"
@@ -71,6 +72,13 @@ def test_verdicts_say_which_boundary_broke_and_why() -> None:
     tier = {t.tier: t for t in e.tiers}["blended"]
     assert tier.credit == pytest.approx(0.7)  # bad on tier1, good on tier2 only
     assert e.control is None
+
+
+def test_a_slow_decode_is_not_load_caused() -> None:
+    r = _joined(queue_ms=1.0)
+    v = {x.slo: x for x in explain(r, SPEC, []).verdicts}
+    assert v["tier1-gateway"].verdict == "bad"
+    assert v["tier1-gateway"].reason.endswith("% of it compute: not load-caused")
 
 
 def test_failed_request_is_bad_whatever_its_latency() -> None:
