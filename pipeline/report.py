@@ -301,7 +301,7 @@ def render(report: Report) -> Any:
     parts += [t, c]
     for name, slo in report.slos.items():
         if slo.get("met") is False and slo.get("load"):
-            parts.append(Text(f"{name}: {slo['load']}", style="yellow"))
+            parts.append(Text(f"  {name} — {slo['load']}", style="yellow"))
     hint = open_windows_hint(report)
     if hint:
         parts.append(Text(hint, style="yellow"))

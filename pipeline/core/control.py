@@ -536,10 +536,17 @@ class Controller:
         return out
 
     def _admit(self, model: str, now_ms: int, d: Evaluation) -> tuple[Evaluation, AdmissionStep]:
-        """Capacity-aware admission: the rate a level with ``admission`` carries."""
+        """Capacity-aware admission: the rate a level with ``admission`` carries.
+
+        Its inputs are read ``budget_lag_ms`` behind, as the budget signals: the windows
+        and each engine's latest stats sample at or before ``now - lag``, which a live
+        controller has received whatever the speed, as a replay has. So the same events
+        give the same rate (and the same re-issues) at any speed and in replay; the
+        level's entry still reads the newest samples."""
+        at_ms = now_ms - self.config.budget_lag_ms
         latest: list[StatsSample] = []
         for xs in self._stats.values():
-            seen = [x for x in xs if x.ts_ms <= now_ms and x.model == model]
+            seen = [x for x in xs if x.ts_ms <= at_ms and x.model == model]
             if seen:
                 latest.append(seen[-1])
         load = self._load(model, now_ms, latest)
