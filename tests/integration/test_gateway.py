@@ -330,10 +330,12 @@ def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_b
                     "level": 1,
                     "retry_after_s": 12,
                 }
+                # the cut-off closed p3's upstream request: the upstream sees it go
+                # before anything is released (else a release could race the disconnect)
+                wait_for(lambda: "p3" in upstream.abandoned, what="the cut-off to close upstream")
                 upstream.release()
                 text = b"".join(r0.iter_raw())
             assert text == b"data: x\n\ndata: [DONE]\n\n"
-            wait_for(lambda: "p3" in upstream.abandoned, what="the cut-off to close upstream")
             assert upstream.finished == {"p0"}
     cut = completed(sink, "p3")["gateway.completed"]
     assert (cut.outcome, cut.http_status) == ("rejected", 503)
