@@ -74,7 +74,7 @@ from typing import Any, Final
 
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.contract.summary import StatsSample, WindowSummary
-from pipeline.core.admission import AdmissionConfig, AdmissionControl, AdmissionStep, ModelLoad
+from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
 from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.sketch import QuantileSketch
@@ -172,7 +172,6 @@ class ControlStep:
     events: list[BudgetEvent]
     signals: dict[str, Signals]
     notices: list[LoadNotice] = field(default_factory=list)
-    admission: dict[str, AdmissionStep] = field(default_factory=dict)
 
 
 class Controller:
@@ -413,8 +412,7 @@ class Controller:
         out["queue.wait_ms"] = wait_ms
         cap = self.admission.proven_rps(model)
         out["load.demand_ratio"] = load.demand_rps / cap if cap else None
-        # Attribution: final windows of the last minute, budget_lag behind.
-        to_ms = now_ms - cfg.budget_lag_ms
+        # Attribution: final windows of the last minute, budget_lag behind (to_ms).
         sums: dict[str, list[float]] = {}
         for start, by_slo in self._attrib.items():
             if to_ms - cfg.latency_window_ms <= start < to_ms:
@@ -492,18 +490,15 @@ class Controller:
         decisions = []
         signals: dict[str, Signals] = {}
         self._notices = {}
-        steps: dict[str, AdmissionStep] = {}
         for model in sorted(self.models):
             sig = self.signals(model, now_ms, budgets)
             signals[model] = sig
-            d = self.policy.evaluate(model, now_ms, sig)
-            d, steps[model] = self._admit(model, now_ms, d)
-            decisions.append(d)
+            decisions.append(self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig)))
         # While a model's level turns traffic away, its burn counts the policy's own
         # refusals: a "not load-caused" notice is raised only for a model left alone.
         shedding = {d.scope for d in decisions if d.level > 0}
         notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
-        return ControlStep(now_ms, decisions, budgets, events, signals, notices, steps)
+        return ControlStep(now_ms, decisions, budgets, events, signals, notices)
 
     def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
         """The tightest threshold of the SLOs that cover ``priority`` on ``model`` at a
@@ -535,7 +530,7 @@ class Controller:
             out.append(c0 if t is None else max(c0, t))
         return out
 
-    def _admit(self, model: str, now_ms: int, d: Evaluation) -> tuple[Evaluation, AdmissionStep]:
+    def _admit(self, model: str, now_ms: int, d: Evaluation) -> Evaluation:
         """Capacity-aware admission: the rate a level with ``admission`` carries.
 
         Its inputs are read ``budget_lag_ms`` behind, as the budget signals: the windows
@@ -560,7 +555,7 @@ class Controller:
         active = self.policy.admits(d.level, d.phase)
         step = self.admission.step(model, load, active=active)
         if step.rate_rps is None:
-            return d, step
+            return d
         update: dict[str, Any] = {
             "admit_rps": round(step.rate_rps, 3),
             "admit_gateways": self.config.gateway_instances,
@@ -569,7 +564,7 @@ class Controller:
             update["queue_timeout_ms"] = self.queue_cutoffs_ms(model)
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
-        return dataclasses.replace(d, decision=decision), step
+        return dataclasses.replace(d, decision=decision)
 
 
 # --------------------------------------------------------------------------- #
