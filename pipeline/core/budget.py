@@ -62,15 +62,48 @@ Error budget (objective changes mid-period)
 Over the SLO's own window: rolling ``[now - N days, now)``, or the calendar
 period (UTC month, or ISO week starting Monday) containing ``now``::
 
-    allowed_bad        = Σ_w (1 - objective_w) × total_w
+    observed_allowed   = Σ_w (1 - objective_w) × total_w     (windows seen in the period)
     consumed           = Σ_w bad_w
+    allowed_bad        = budget_allowance(...)                (below)
     remaining_fraction = 1 - consumed / allowed_bad    (< 0 when overspent;
-                                                        None when allowed_bad == 0)
+                                                        None without traffic)
 
 **Each window is budgeted at the objective in force when it was measured**:
 tightening 99 % to 99.9 % on the 15th does not retroactively overspend the
 first half of the month, and loosening it does not refund it. The objective
 given to :class:`BudgetTracker` is the default for windows that carry none.
+
+Allowance: projected until the window has been seen whole
+---------------------------------------------------------
+The budget of a window is ``(1 - objective) ×`` the requests of the *whole*
+window. Until the tracker has seen a whole window (a fresh store, a calendar
+period under way) that count is not known, and ``(1 - objective) ×`` the
+requests seen so far is a budget a few minutes long: one slow minute would
+"exhaust" a 30-day budget. So (:func:`budget_allowance`)::
+
+    period_ms   = the window's length (rolling: N days; calendar: this month / week)
+    seen_from   = max(period start, the first window the tracker was given)
+    observed_ms = now - seen_from
+    full window seen (observed_ms >= period_ms):
+        allowed_bad = observed_allowed                                  ("observed")
+    else, with expected_requests in the SLO spec (scope "*" only):
+        allowed_bad = max((1 - objective) × expected_requests,
+                          observed_allowed)                             ("expected")
+    else:
+        allowed_bad = observed_allowed × period_ms
+                      / max(observed_ms, min_observed_ms)               ("projected")
+    min_observed_ms = min(budget_events.min_observed (default 1 h), period_ms / 12)
+
+i.e. the observed traffic *rate* over the whole window. The floor on the
+observed span keeps the first minutes from being extrapolated 43,200-fold (a
+30-day window from one minute): before an hour has been seen, the traffic seen
+counts as one hour's worth (a smaller, safer allowance); a window shorter than
+12 h uses a twelfth of it (the SRE workbook's short-window ratio: 5 min for
+1 h). A calendar period is never whole before it ends, so its allowance is
+always the projection over the period's length (the same once it ends); a
+rolling window is whole once the tracker is older than the window. Empty
+windows count as seen: an idle service is observed to have no traffic.
+``docs/budgets.md`` compares this with Sloth and the SRE workbook.
 
 Rules (``specs/burn-rules.yaml``, ``apiVersion: tailguard/v1``, ``kind: BurnRules``)
 -------------------------------------------------------------------------------
@@ -94,20 +127,28 @@ Rules (``specs/burn-rules.yaml``, ``apiVersion: tailguard/v1``, ``kind: BurnRule
 
 Every rule may name ``slos: [...]`` to apply to those SLOs only (default: all).
 
+Low traffic (``min_requests``): a rule fires only when its *short* window holds at
+least ``min_requests`` requests (``burn_rate``: ``short``; ``budget_fraction``:
+``within``; ``compliance_below``: ``window``); the long window, which holds at
+least as many, needs no separate check. The workbook's windows stay as they are;
+this is the evidence rule: one slow request among the first dozen is a burn
+rate of 8x, not a burn. The shipped burn-rate rules ask for 200 requests.
+
 Budget events
 -------------
-Edge-triggered, at most once per budget period: ``budget_80pct_consumed``
-(``consumed ≥ 0.8 × allowed_bad``) and ``budget_exhausted``
-(``consumed ≥ allowed_bad``). Both are emitted by the same evaluation when it
-crosses both. Re-arming: a calendar window re-arms both when a new period
-starts; a rolling window (whose budget recovers as bad windows age out) re-arms
-an event once the consumed fraction drops below its threshold minus
-``budget_events.rearm_margin`` (default 0.05: the 80 % event re-arms below 75 %
-consumed, i.e. remaining above 25 %; exhausted below 95 % consumed), so a
-budget hovering at the threshold does not flap. No event while fewer than
-``budget_events.min_requests`` requests were counted in the period. The arming
-state is in memory: a restarted tracker may emit an event again (consumers can
-dedupe on ``(slo, scope, kind, period_start_ms)`` for calendar windows).
+Edge-triggered: ``budget_80pct_consumed`` (``consumed ≥ 0.8 × allowed_bad``)
+and ``budget_exhausted`` (``consumed ≥ allowed_bad``), against the allowance
+above; at most once per SLO, scope and period. Both are emitted by the same
+evaluation when it crosses both. Re-arming (the only resets): a calendar
+window re-arms both when a new period starts; a rolling window (whose budget
+recovers as bad windows age out) re-arms an event once the consumed fraction
+drops below its threshold minus ``budget_events.rearm_margin`` (default 0.05:
+the 80 % event re-arms below 75 % consumed, i.e. remaining above 25 %;
+exhausted below 95 % consumed), so a budget hovering at the threshold does
+not flap. No event while fewer than ``budget_events.min_requests`` requests
+were counted in the period. The arming state is in memory: a restarted tracker
+may emit an event again (consumers can dedupe on ``(slo, scope, kind,
+period_start_ms)`` for calendar windows).
 """
 
 from __future__ import annotations
@@ -152,6 +193,11 @@ _LEVEL0_SPAN_MS: Final = 2 * HOUR_MS + 10 * MINUTE_MS
 _LEVEL1_SPAN_MS: Final = DAY_MS + 2 * HOUR_MS
 _LEVEL2_MARGIN_MS: Final = 3 * HOUR_MS
 _EPS: Final = 1e-9  # float slack when comparing a consumed fraction with its threshold
+# Allowance bases (BudgetStatus.allowance_basis; see "Allowance" in the module docstring)
+OBSERVED: Final = "observed"
+PROJECTED: Final = "projected"
+EXPECTED: Final = "expected"
+DEFAULT_MIN_OBSERVED_MS: Final = HOUR_MS
 
 
 def window_label(ms: int) -> str:
@@ -456,6 +502,13 @@ class BudgetStatus:
     burn_rates: Mapping[str, float | None]
     alerts: tuple[Alert, ...] = ()
     events: tuple[BudgetEvent, ...] = ()
+    # How ``allowed`` was obtained (see "Allowance" in the module docstring): the
+    # allowance of the traffic seen, the span of the window seen, the window's length,
+    # and the basis (observed | projected | expected).
+    observed_allowed: float = 0.0
+    observed_ms: int = 0
+    period_ms: int = 0
+    allowance_basis: str = OBSERVED
 
     @property
     def paging(self) -> bool:
@@ -476,6 +529,10 @@ class BudgetStatus:
             "allowed": self.allowed,
             "consumed": self.consumed,
             "remaining_fraction": self.remaining_fraction,
+            "observed_allowed": self.observed_allowed,
+            "observed_ms": self.observed_ms,
+            "period_ms": self.period_ms,
+            "allowance_basis": self.allowance_basis,
             "burn_rates": dict(self.burn_rates),
             "alerts": [
                 {"rule": a.rule, "severity": a.severity, "figures": dict(a.figures)}
@@ -522,6 +579,46 @@ def _period_ms(window: Window, now_ms: int) -> tuple[int, int]:
     return start_ms, int(end.timestamp()) * 1000
 
 
+def min_observed_ms(period_ms: int, floor_ms: int = DEFAULT_MIN_OBSERVED_MS) -> int:
+    """The least observed span a projection divides by: ``floor_ms`` (1 h), or a twelfth
+    of the window when that is shorter (5 min for a 1 h window)."""
+    return max(1, min(floor_ms, period_ms // 12))
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """The allowed bad requests of a window, and how they were obtained."""
+
+    allowed: float
+    basis: str  # OBSERVED | PROJECTED | EXPECTED
+
+
+def budget_allowance(
+    observed_allowed: float,
+    *,
+    period_ms: int,
+    observed_ms: int,
+    min_observed_ms: int,
+    expected_allowed: float | None = None,
+) -> Allowance:
+    """The allowance of a window of ``period_ms`` of which ``observed_ms`` were seen.
+
+    Whole window seen: ``observed_allowed``. Else ``max(expected_allowed,
+    observed_allowed)`` when an expected volume is given, else the observed rate over
+    the whole window, ``observed_allowed × period_ms / max(observed_ms,
+    min_observed_ms)`` (see "Allowance" in the module docstring).
+    """
+    if period_ms <= 0 or min_observed_ms <= 0:
+        raise ValueError(f"need period_ms > 0 and min_observed_ms > 0, got {period_ms}, "
+                         f"{min_observed_ms}")  # fmt: skip
+    if observed_ms >= period_ms:
+        return Allowance(observed_allowed, OBSERVED)
+    if expected_allowed is not None:
+        return Allowance(max(expected_allowed, observed_allowed), EXPECTED)
+    span = max(observed_ms, min(min_observed_ms, period_ms))
+    return Allowance(observed_allowed * period_ms / span, PROJECTED)
+
+
 class BudgetTracker:
     """Burn rates, error budget, alerts and budget events of one SLO (in one scope).
 
@@ -534,11 +631,13 @@ class BudgetTracker:
         "_armed",
         "_below_since",
         "_buckets",
+        "_expected_allowed",
         "_first_start",
         "_period_start",
         "_rules",
         "_windows",
         "dropped",
+        "expected_requests",
         "objective",
         "rules",
         "scope",
@@ -555,10 +654,17 @@ class BudgetTracker:
         *,
         scope: str = "*",
         base_ms: int = DEFAULT_BASE_MS,
+        expected_requests: int | None = None,
     ) -> None:
         self.slo = slo_name
         self.scope = scope
         self.objective = _check_objective(objective)
+        if expected_requests is not None and expected_requests <= 0:
+            raise ValueError(f"expected_requests must be > 0, got {expected_requests}")
+        self.expected_requests = expected_requests
+        self._expected_allowed = (
+            None if expected_requests is None else _budget_share(objective) * expected_requests
+        )
         self.window = window
         self.rules = rules if rules is not None else BurnRules.empty()
         self._rules = tuple(r for r in self.rules.rules if r.applies_to(slo_name, objective))
@@ -639,7 +745,18 @@ class BudgetTracker:
 
         start, end = _period_ms(self.window, now_ms)
         budget = rng(start, now_ms)
-        remaining = None if budget.total == 0 else 1.0 - budget.bad / budget.allowed
+        period_ms = (end - start) if self.window.rolling is None else now_ms - start
+        seen_from = start if self._first_start is None else max(start, self._first_start)
+        observed_ms = max(0, now_ms - seen_from)
+        allowance = budget_allowance(
+            budget.allowed,
+            period_ms=period_ms,
+            observed_ms=observed_ms,
+            min_observed_ms=min_observed_ms(period_ms, self.rules.budget_events.min_observed_ms),
+            expected_allowed=self._expected_allowed,
+        )
+        allowed = allowance.allowed
+        remaining = None if budget.total == 0 or allowed <= 0 else 1.0 - budget.bad / allowed
 
         alerts: list[Alert] = []
         for rule in self._rules:
@@ -647,7 +764,7 @@ class BudgetTracker:
             if alert is not None:
                 alerts.append(alert)
 
-        events = self._events(now_ms, start, budget)
+        events = self._events(now_ms, start, budget, allowed)
         return BudgetStatus(
             slo=self.slo,
             scope=self.scope,
@@ -659,12 +776,16 @@ class BudgetTracker:
             total=budget.total,
             good=budget.good,
             compliance=budget.compliance,
-            allowed=budget.allowed,
+            allowed=allowed,
             consumed=budget.bad,
             remaining_fraction=remaining,
             burn_rates=burn_rates,
             alerts=tuple(alerts),
             events=events,
+            observed_allowed=budget.allowed,
+            observed_ms=min(observed_ms, period_ms),
+            period_ms=period_ms,
+            allowance_basis=allowance.basis,
         )
 
     def _check(
@@ -676,8 +797,8 @@ class BudgetTracker:
         if isinstance(rule, BurnRateRule):
             long = by_window[rule.long_ms].burn_rate
             short = by_window[rule.short_ms].burn_rate
-            if by_window[rule.long_ms].total < rule.min_requests:
-                return None
+            if by_window[rule.short_ms].total < rule.min_requests:
+                return None  # too little evidence in the short window (low-traffic rule)
             if long is None or short is None or long <= rule.factor or short <= rule.factor:
                 return None
             return Alert(
@@ -692,7 +813,7 @@ class BudgetTracker:
         if isinstance(rule, BudgetFractionRule):
             within = by_window[rule.within_ms]
             of = by_window[rule.of_ms]
-            if within.total == 0 or of.allowed <= 0 or of.total < rule.min_requests:
+            if within.total == 0 or of.allowed <= 0 or within.total < rule.min_requests:
                 return None
             assert self._first_start is not None  # there is traffic
             history = now_ms - self._first_start
@@ -737,7 +858,7 @@ class BudgetTracker:
         )
 
     def _events(
-        self, now_ms: int, period_start: int, budget: WindowCounts
+        self, now_ms: int, period_start: int, budget: WindowCounts, allowed: float
     ) -> tuple[BudgetEvent, ...]:
         rolling = self.window.rolling is not None
         if not rolling and period_start != self._period_start:
@@ -745,9 +866,9 @@ class BudgetTracker:
                 self._armed[name] = True
         self._period_start = period_start
         cfg = self.rules.budget_events
-        if budget.total == 0 or budget.allowed <= 0 or budget.total < cfg.min_requests:
+        if budget.total == 0 or allowed <= 0 or budget.total < cfg.min_requests:
             return ()
-        consumed = budget.bad / budget.allowed
+        consumed = budget.bad / allowed
         out: list[BudgetEvent] = []
         for name, threshold in BUDGET_EVENTS:
             if self._armed[name]:
@@ -761,7 +882,7 @@ class BudgetTracker:
                             now_ms,
                             period_start,
                             consumed,
-                            budget.allowed,
+                            allowed,
                             budget.bad,
                         )
                     )
@@ -832,13 +953,19 @@ class BudgetBook:
         if slo in self.spec.tiers:
             tier = self.spec.tiers[slo]
             objective, window = tier.objective, self.spec.slo(tier.primary).window
+            expected = None
         else:
             try:
                 s = self.spec.slo(slo)
             except KeyError:
                 raise KeyError(f"unknown SLO or tier {slo!r}") from None
             objective, window = s.objective, s.window
-        return BudgetTracker(slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms)
+            # the expected volume is of all the SLO's traffic: other scopes project
+            expected = s.expected_requests if scope == "*" else None
+        return BudgetTracker(
+            slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms,
+            expected_requests=expected,
+        )  # fmt: skip
 
     def add_window(
         self,

@@ -54,8 +54,9 @@ class _Rule(SpecModel):
     severity: Severity
     description: str | None = None
     slos: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    # No alert from fewer requests than this in the rule's longest window (0: any):
-    # one slow request among the first dozen is a "burn rate" of 8x, not evidence.
+    # No alert from fewer requests than this in the rule's short window (burn_rate:
+    # short; budget_fraction: within; compliance_below: window; 0: any): one slow
+    # request among the first dozen is a "burn rate" of 8x, not evidence.
     min_requests: Annotated[int, Field(ge=0)] = 0
 
     def applies_to(self, slo: str, objective: float) -> bool:
@@ -127,10 +128,15 @@ RULE_KINDS: Final = ("burn_rate", "budget_fraction", "compliance_below")
 
 
 class BudgetEventsConfig(SpecModel):
-    """Re-arming of the budget events (see the module docstring)."""
+    """Budget events and allowances (see :mod:`pipeline.core.budget`): re-arming, the
+    requests needed before an event, and the least observed span an allowance is
+    projected from (``min_observed``; a twelfth of the window when that is shorter)."""
 
     rearm_margin: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
     min_requests: Annotated[int, Field(ge=0)] = 0
+    min_observed: Duration = "1h"
+
+    min_observed_ms: ClassVar[DurationMs] = DurationMs("min_observed")
 
 
 class BurnRules(SpecModel):

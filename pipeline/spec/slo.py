@@ -129,6 +129,11 @@ class SLO(SpecModel):
     threshold_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     objective: Objective
     window: Window = Field(default_factory=lambda: Window(rolling="30d"))
+    # Requests expected per window (per 30 d for rolling 30d, per month for calendar
+    # month): until a whole window has been seen the error budget is
+    # (1 - objective) x this (or x the requests seen, if more) instead of a projection of
+    # the traffic rate seen (pipeline/core/budget.py, docs/budgets.md).
+    expected_requests: Annotated[int, Field(gt=0)] | None = None
     filter: Filter | None = None
     exclude: Exclude | None = None
     errors: Literal["bad", "exclude"] = "bad"

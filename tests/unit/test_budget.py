@@ -172,17 +172,22 @@ def test_objective_change_mid_period_budgets_each_window_at_its_own_objective() 
     assert status.period_end_ms == _ms(2024, 4, 1)
     assert status.total == 3000
     assert status.consumed == 8
-    assert status.allowed == pytest.approx(12.0)
-    assert status.remaining_fraction == pytest.approx(1 / 3)  # 1 - 8/12
+    assert status.observed_allowed == pytest.approx(12.0)
+    # a calendar period under way: the allowance is projected over the month (24 of 31 d seen)
+    assert (status.allowance_basis, status.observed_ms, status.period_ms) == (
+        "projected", 24 * D, 31 * D,
+    )  # fmt: skip
+    assert status.allowed == pytest.approx(12.0 * 31 / 24)
+    assert status.remaining_fraction == pytest.approx(1 - 8 / 15.5)
     assert status.compliance == pytest.approx(2992 / 3000)
-    # neither objective alone gives that: all at 99.9 % -> 1 - 8/3 ; all at 99 % -> 1 - 8/30
-    assert status.remaining_fraction != pytest.approx(1 - 8 / 3)
-    assert status.remaining_fraction != pytest.approx(1 - 8 / 30)
+    # neither objective alone gives that: all at 99.9 % -> 3 allowed ; all at 99 % -> 30
+    assert status.observed_allowed != pytest.approx(3.0)
+    assert status.observed_allowed != pytest.approx(30.0)
     # a burn rate uses the objective its windows carried: 3 bad / 2 allowed
     assert t.evaluate(_ms(2024, 3, 20, 1)).burn_rates["1h"] == pytest.approx(1.5)
     # a window without an objective is budgeted at the tracker's (99.9 %)
     t.add_window(_ms(2024, 3, 21), BASE, 1000, 999)
-    assert t.evaluate(_ms(2024, 3, 25)).allowed == pytest.approx(13.0)
+    assert t.evaluate(_ms(2024, 3, 25)).observed_allowed == pytest.approx(13.0)
 
 
 @pytest.mark.parametrize(
@@ -195,7 +200,9 @@ def test_objective_change_mid_period_budgets_each_window_at_its_own_objective() 
 def test_calendar_boundary_resets_the_budget_and_rearms_events(
     calendar: str, last_of_old: int, first_of_new: int
 ) -> None:
-    t = BudgetTracker("gold", 0.99, Window(calendar=calendar))  # type: ignore[arg-type]
+    # 1000 requests expected per period: 10 allowed bad (or 1 % of the requests seen, if more)
+    w = Window(calendar=calendar)  # type: ignore[arg-type]
+    t = BudgetTracker("gold", 0.99, w, expected_requests=1000)
     t.add_window(last_of_old, BASE, 1000, 980)  # 20 bad of 10 allowed
     s1 = t.evaluate(last_of_old + 30 * M)
     assert [e.kind for e in s1.events] == [BUDGET_80PCT_CONSUMED, BUDGET_EXHAUSTED]
@@ -247,8 +254,11 @@ def test_budget_events_fire_once_and_rearm_with_hysteresis_on_rolling_windows(
     window: str,
 ) -> None:
     w = ROLLING_30D if window == "rolling" else Window(calendar="month")
-    t = BudgetTracker("api", 0.99, w, DEFAULT)
+    # the allowance is 1 % of the requests seen: a rolling window seen whole (an empty
+    # window 30 d back), a calendar period whose 10 expected requests are always exceeded
+    t = BudgetTracker("api", 0.99, w, DEFAULT, expected_requests=10)
     start = NOW + H
+    t.add_window(start - 30 * D, BASE, 0, 0)
     for i, (bad, rolling_events, calendar_events) in enumerate(EVENT_STEPS):
         t.add_window(start + i * BASE, BASE, 1000, 1000 - bad)
         now = start + (i + 1) * BASE
@@ -260,6 +270,7 @@ def test_budget_events_fire_once_and_rearm_with_hysteresis_on_rolling_windows(
 def test_budget_event_carries_its_figures_and_min_requests_holds_events_back() -> None:
     rules = rules_yaml("budget_events: {min_requests: 5000}\n")
     t = BudgetTracker("api", 0.99, ROLLING_30D, rules, scope="llama")
+    t.add_window(NOW - 30 * D + BASE, BASE, 0, 0)  # a whole window seen: no projection
     t.add_window(NOW, BASE, 1000, 900)  # 10x over budget, but only 1000 requests
     assert t.evaluate(NOW + BASE).events == ()
     t.add_window(NOW + BASE, BASE, 4000, 4000)
@@ -578,7 +589,11 @@ def test_budget_book_runs_one_tracker_per_slo_and_scope() -> None:
     # 97 % meets a 95 % objective: the 98 % rule does not apply to it
     silver = statuses["silver-ttfb", "llama"]
     assert silver.alerts == ()
-    assert silver.remaining_fraction == pytest.approx(1 - 0.03 / 0.05)
+    # 60 % of the allowance of the requests seen (21 min 40 s), projected over 30 d from
+    # (at least) an hour: 0.6 / 720 of it
+    assert silver.consumed / silver.observed_allowed == pytest.approx(0.03 / 0.05)
+    assert silver.allowance_basis == "projected"
+    assert silver.remaining_fraction == pytest.approx(1 - 0.6 / 720)
     # blended: good = 90 + 0.7 x 10 = 97 of 100
     blended = statuses["blended", "llama"]
     assert blended.consumed == pytest.approx(130 * 3.0)
@@ -617,6 +632,7 @@ def test_shipped_rules_encode_the_workbook_and_the_documents() -> None:
     assert isinstance(comp, ComplianceBelowRule)
     assert (comp.window_ms, comp.below, comp.for_ms) == (5 * M, 0.98, 10 * M)
     assert DEFAULT.budget_events.rearm_margin == 0.05
+    assert DEFAULT.budget_events.min_observed_ms == H
 
 
 VALID_RULES = """\

@@ -248,11 +248,21 @@ def _minutes(where: str, since: str) -> str:
     )
 
 
+def _projected(allowed: str, observed_s: str) -> str:
+    """The allowance of ``${budget_window}`` projected from ``observed_s`` seconds seen (the
+    controller's, pipeline/core/budget.py: allowed x W / max(observed, min(1 h, W / 12)))."""
+    w = "${budget_window}"
+    return f"{allowed} * {w} / greatest(least({w}, {observed_s}), least(3600, intDiv({w}, 12)))"
+
+
 def budget_remaining_sql() -> str:
+    allowed = _projected(
+        "sum(n_allowed) OVER w", "toUInt32(t) + 60 - min(toUInt32(t)) OVER (PARTITION BY slo)"
+    )
     return (
         "SELECT toStartOfInterval(t, INTERVAL greatest($__interval_s, 60) second) AS time, slo, "
         "argMax(remaining, t) AS budget_remaining FROM ("
-        "SELECT t, slo, 1 - sum(n_bad) OVER w / nullIf(sum(n_allowed) OVER w, 0) AS remaining "
+        f"SELECT t, slo, 1 - sum(n_bad) OVER w / nullIf({allowed}, 0) AS remaining "
         f"FROM ({_minutes('', '$__fromTime - ${budget_window}')}) "
         "WINDOW w AS (PARTITION BY slo ORDER BY toUInt32(t) "
         "RANGE BETWEEN ${budget_window} - 60 PRECEDING AND CURRENT ROW)) "
@@ -293,8 +303,12 @@ def burn_table_sql() -> str:
     since = f"$__toTime - greatest({longest}, ${{budget_window}})"
     return (
         f"SELECT slo, any(obj) AS objective, {rates}, "
-        "1 - sumIf(n_bad, t > $__toTime - ${budget_window}) / "
-        "nullIf(sumIf(n_allowed, t > $__toTime - ${budget_window}), 0) AS budget_remaining "
+        "1 - sumIf(n_bad, t > $__toTime - ${budget_window}) / nullIf("
+        + _projected(
+            "sumIf(n_allowed, t > $__toTime - ${budget_window})",
+            "toUInt32($__toTime) - toUInt32(min(t))",
+        )
+        + ", 0) AS budget_remaining "
         f"FROM ({_minutes('', since)}) GROUP BY slo ORDER BY slo"
     )
 
@@ -641,8 +655,10 @@ def slo_panels() -> list[dict[str, Any]]:
         ),
         timeseries(
             "Error budget remaining (rolling ${budget_window})",
-            "1 − Σ bad / Σ (1 − objective) × total over the rolling window chosen in "
-            "$budget_window, at each minute (slo_1m). Below 0: the budget is spent. An SLO "
+            "1 − Σ bad / allowance over the rolling window chosen in $budget_window, at each "
+            "minute (slo_1m); the allowance is Σ (1 − objective) × total, projected over the "
+            "whole window while less of it has been stored (docs/budgets.md). Below 0: the "
+            "budget is spent. An SLO "
             "with a calendar window is shown over the rolling window all the same; the "
             "controller's own figures are in budget_events.",
             budget_remaining_sql(),
@@ -664,7 +680,8 @@ def slo_panels() -> list[dict[str, Any]]:
         table(
             "Burn rates and budget at the end of the range",
             "Per SLO: burn rate over each window ending at the end of the dashboard range, "
-            "and the budget remaining over $budget_window.",
+            "and the budget remaining over $budget_window (allowance projected over the "
+            "window while less of it has been stored, as the controller's: docs/budgets.md).",
             burn_table_sql(),
             (0, 24, 24, 7),
             units={"objective": "percentunit", "budget_remaining": "percentunit"}
