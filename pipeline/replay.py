@@ -219,6 +219,11 @@ class ReplayResult:
                     "remaining_fraction": st.remaining_fraction,
                     "consumed": st.consumed,
                     "allowed": st.allowed,
+                    # how the allowance was obtained (pipeline/core/budget.py, "Allowance")
+                    "observed_allowed": st.observed_allowed,
+                    "observed_ms": st.observed_ms,
+                    "period_ms": st.period_ms,
+                    "allowance_basis": st.allowance_basis,
                     "burn_rates": dict(st.burn_rates),
                     "alerts": [a.rule for a in st.alerts],
                     "window": st.window,
