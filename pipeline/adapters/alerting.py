@@ -14,6 +14,11 @@ timestamps; see :func:`verify_signature`). Each post is tried 3 times with back-
 batch still undelivered is dropped and counted (``counters["failed"]``); a full queue
 (:data:`MAX_QUEUED` batches) drops the newest and counts it: the next evaluation re-sends
 every firing alert anyway.
+
+A batch the receiver *refuses* (HTTP 400 or 422: one alert it finds invalid fails the
+whole batch in Alertmanager's v2 API) is not retried as it is: its alerts are posted one
+by one, so the valid ones are delivered and only the refused ones are dropped, each
+logged with its labels and the receiver's reason and counted (``counters["rejected"]``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,6 +42,7 @@ log = logging.getLogger("tailguard.alerts")
 
 MAX_QUEUED: Final = 100
 ATTEMPTS: Final = 3
+REFUSED: Final = frozenset({400, 422})  # the request is invalid: resending it cannot help
 SIGNATURE_HEADER: Final = "X-Tailguard-Signature"
 TIMESTAMP_HEADER: Final = "X-Tailguard-Timestamp"
 
@@ -85,7 +91,9 @@ class AlertDelivery:
         self.webhook = webhook
         self.generator_url = generator_url
         self.backoff_s = backoff_s
-        self.counters = {"batches": 0, "alerts": 0, "sent": 0, "failed": 0, "dropped": 0}
+        self.counters = {
+            "batches": 0, "alerts": 0, "sent": 0, "failed": 0, "dropped": 0, "rejected": 0,
+        }  # fmt: skip
         self._client = httpx.Client(timeout=timeout_s)
         self._queue: queue.Queue[list[dict[str, Any]] | None] = queue.Queue(MAX_QUEUED)
         self._stop = threading.Event()
@@ -136,17 +144,45 @@ class AlertDelivery:
 
     def _deliver(self, batch: list[dict[str, Any]]) -> None:
         if self.alertmanager_url is not None:
-            self._post(f"{self.alertmanager_url}/api/v2/alerts", orjson.dumps(batch), {})
+            self._deliver_to(f"{self.alertmanager_url}/api/v2/alerts", batch, self._alertmanager)
         if self.webhook is not None:
-            body = orjson.dumps({"version": "1", "receiver": "tailguard", "alerts": batch})
-            ts = int(time.time())
-            headers = {
-                TIMESTAMP_HEADER: str(ts),
-                SIGNATURE_HEADER: sign(self.webhook.secret, ts, body),
-            }
-            self._post(self.webhook.url, body, headers)
+            self._deliver_to(self.webhook.url, batch, self._signed)
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> None:
+    def _alertmanager(self, alerts: list[dict[str, Any]]) -> tuple[bytes, dict[str, str]]:
+        return orjson.dumps(alerts), {}
+
+    def _signed(self, alerts: list[dict[str, Any]]) -> tuple[bytes, dict[str, str]]:
+        assert self.webhook is not None
+        body = orjson.dumps({"version": "1", "receiver": "tailguard", "alerts": alerts})
+        ts = int(time.time())
+        return body, {
+            TIMESTAMP_HEADER: str(ts),
+            SIGNATURE_HEADER: sign(self.webhook.secret, ts, body),
+        }
+
+    def _deliver_to(
+        self,
+        url: str,
+        batch: list[dict[str, Any]],
+        encode: Callable[[list[dict[str, Any]]], tuple[bytes, dict[str, str]]],
+    ) -> None:
+        """Post the batch; refused as a whole, post its alerts one by one (module docstring)."""
+        refused = self._post(url, *encode(batch))
+        if refused is None:
+            return
+        if len(batch) == 1:
+            self.counters["rejected"] += 1
+            log.warning("alert refused by %s (%s), dropped: %s", url, refused,
+                        batch[0].get("labels"))  # fmt: skip
+            return
+        log.info("alert batch of %d refused by %s (%s): posting one by one",
+                 len(batch), url, refused)  # fmt: skip
+        for alert in batch:
+            self._deliver_to(url, [alert], encode)
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> str | None:
+        """Post with retries; the receiver's reason when it refuses the request (400, 422),
+        else None (delivered, or given up and counted as failed)."""
         for attempt in range(ATTEMPTS):
             try:
                 r = self._client.post(
@@ -154,12 +190,15 @@ class AlertDelivery:
                 )
                 if r.status_code < 300:
                     self.counters["sent"] += 1
-                    return
+                    return None
                 why = f"HTTP {r.status_code}: {r.text[:200]}"
+                if r.status_code in REFUSED:
+                    return why
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}"
             if attempt + 1 < ATTEMPTS and not self._stop.wait(self.backoff_s * 2**attempt):
                 continue
             self.counters["failed"] += 1
             log.warning("alerts to %s not delivered: %s", url, why)
-            return
+            return None
+        return None

@@ -233,7 +233,11 @@ class ControllerShell:
             [(n.model, n.slo) for n in step.notices],
         )
         if self.alerts is not None:
-            self.alerts.send(self.alert_tracker.step(step.budgets, step.now_ms, step.notices))
+            # startsAt / endsAt in wall time, Alertmanager's clock (event time: annotations)
+            wall_ms = int(time.time() * 1000)
+            self.alerts.send(
+                self.alert_tracker.step(step.budgets, step.now_ms, step.notices, wall_ms=wall_ms)
+            )
 
     def publish(self, d: Evaluation, *, heartbeat: bool = False) -> ControlRow:
         assert self.issuer is not None
