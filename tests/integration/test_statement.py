@@ -66,7 +66,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for e in Simulator(read_trace(DEFAULT_TRACE), cfg).events():
             fh.write(encode_event(e) + b"\n")
     store = tmp / "store"
-    replay = json.loads(tg("replay", str(events), "--store", str(store), "--json").stdout)
+    # the example spec with hourly windows: a 30-day budget is projected over its whole
+    # window (docs/budgets.md), so one fresh hour spends none; an hourly one the overload
+    # spends, which the billing pauses and incidents below need
+    hourly = tmp / "slo-hourly.yaml"
+    hourly.write_text(
+        (REPO / "specs" / "slo-example.yaml").read_text()
+        .replace("window: {rolling: 30d}", "window: {rolling: 1h}")
+        .replace("window: {calendar: month}", "window: {rolling: 1h}")
+    )  # fmt: skip
+    replay = json.loads(
+        tg("replay", str(events), "--store", str(store), "--slo", str(hourly), "--json").stdout
+    )
     assert replay["control"], "the overload should move the control level"
     assert any(e["kind"] == "budget_exhausted" for e in replay["budget_events"])
     # the same contract without billing pauses: the credit is the levels' alone
@@ -76,7 +87,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         .replace("pause_billing: true", "pause_billing: false")
         .replace("slo_spec: slo-example.yaml", f"slo_spec: {REPO / 'specs' / 'slo-example.yaml'}")
     )
-    return {"tmp": tmp, "events": events, "store": store, "replay": replay, "no_pause": no_pause}
+    return {"tmp": tmp, "events": events, "store": store, "replay": replay, "no_pause": no_pause,
+            "spec": hourly}  # fmt: skip
 
 
 def exact_records(events: Path) -> list[RequestRecord]:
@@ -285,7 +297,15 @@ def test_verify_passes_on_the_original_and_fails_when_one_row_is_altered(
     assert ok.stdout.startswith("ok:"), ok.stdout
     # the other side of the dispute replays the raw events into a store of its own
     theirs = tmp_path / "theirs"
-    tg("replay", str(built["events"]), "--store", str(theirs), "--json")
+    tg(
+        "replay",
+        str(built["events"]),
+        "--store",
+        str(theirs),
+        "--slo",
+        str(built["spec"]),
+        "--json",
+    )
     ok = tg("statement", "--store", str(theirs), "--verify", str(saved))
     assert ok.stdout.startswith("ok:"), ok.stdout
     # a copy of the store in which one of the tenant's request rows is altered (in a

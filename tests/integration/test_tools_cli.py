@@ -69,7 +69,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     events = tmp / "events.jsonl"
     tg("simulate", "--out", str(events), "--limit", "6000", "--overload", "300:600:3")
     store = tmp / "store"
-    replay = json.loads(tg("replay", str(events), "--store", str(store), "--json").stdout)
+    # the contract tiers with the monthly SLO made hourly: a 30-day or monthly budget is
+    # projected over its whole window (docs/budgets.md), so a fresh 20 minutes spends
+    # none; an hourly one is spent by the overload, and the report has budget events
+    spec = tmp / "slo.yaml"
+    spec.write_text(
+        EXAMPLE_SLO_SPEC.read_text().replace("window: {calendar: month}", "window: {rolling: 1h}")
+    )
+    replay = json.loads(
+        tg("replay", str(events), "--store", str(store), "--slo", str(spec), "--json").stdout
+    )
     assert replay["control"], "the overload episode should have moved the control level"
     assert replay["budget_events"]
     add_audit(store, replay)
