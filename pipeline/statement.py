@@ -4,8 +4,10 @@ The store's side of :mod:`pipeline.core.statement`: reads the tenant's ``request
 rows of the period (``FINAL``: one row per request attempt, its last version), the
 control audit (``control_signals``) and the budget events, names what it read
 (row counts, digests, event-time range, the contract's and spec's digests) and
-renders the statement as text, JSON or a self-contained HTML page. ``verify``
-recomputes a statement from the store and lists what differs.
+renders the statement as text, JSON or a self-contained HTML page. The contract and
+the SLO spec are recorded by digest and content; ``verify`` recomputes a statement
+from the store with those recorded ones, lists what differs, and says whether files
+an operator names are the recorded ones.
 """
 
 from __future__ import annotations
