@@ -367,7 +367,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.html is not None or args.json:
             from pipeline.report_html import read_html_data
 
-            html_data = read_html_data(store, flt)
+            html_data = read_html_data(store, flt, spec)
         if args.html is not None:
             from pipeline.report_html import render_html
 
@@ -719,7 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
     s.add_argument("--since", type=_report_time, help="from this time (ISO 8601 or unix s)")
     s.add_argument("--until", type=_report_time, help="before this time (ISO 8601 or unix s)")
-    s.add_argument("--model", help="only this model's requests and latency")
+    s.add_argument(
+        "--model",
+        help="only this model: its requests, latency, SLOs (recounted over its requests), "
+        "budget events of the SLOs that select it, its control scope",
+    )
     s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
     s.set_defaults(func=cmd_report)
 

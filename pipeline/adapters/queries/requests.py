@@ -79,6 +79,16 @@ def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int
     )
 
 
+def filter_rows(store: Store, f: ReportFilter, before_unix_ms: int) -> list[Row]:
+    """Whole rows (``REQUEST_COLUMNS``) of the filter's requests that ended before
+    ``before_unix_ms`` (the end of the last closed window: what the windows count)."""
+    return store.query_rows(
+        f"SELECT {_NAMES} FROM {store.database}.requests FINAL WHERE {_where(f)} "
+        "AND end_unix_ns < {before:Int64}",
+        {**params(f), "before": before_unix_ms * 1_000_000},
+    )
+
+
 def last_end(store: Store, from_unix_ns: int, until_unix_ns: int) -> Row:
     """``(max(end_unix_ns), count())`` of every request ending in the range."""
     return store.query_rows(
