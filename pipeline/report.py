@@ -8,6 +8,7 @@ measurement core.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,20 @@ def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
         remaining if remaining is not None else float("inf"),
         (comp - slo["objective"]) if comp is not None else float("inf"),
     )
+
+
+def with_selection(f: ReportFilter, spec: SLOSpec | None) -> ReportFilter:
+    """The filter with the named SLOs' definitions (a blended tier: its primary's), so
+    that the request tables keep the traffic they select and the control directives the
+    scopes of their models. Unchanged without a spec, or when a name is not in it (its
+    windows may be from an older spec: the request tables stay whole)."""
+    if spec is None or not f.slos or f.selects:
+        return f
+    known = {s.name for s in spec.slos}
+    names = [spec.tiers[n].primary if n in spec.tiers else n for n in f.slos]
+    if not all(n in known for n in names):
+        return f
+    return dataclasses.replace(f, selects=tuple(spec.slo(n) for n in dict.fromkeys(names)))
 
 
 def slo_minute_rows(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Row]:
@@ -206,7 +221,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     """The report of the store under the filter; with the SLO ``spec`` the stored windows
     were counted with, each SLO also says how much of its bad requests' time was queueing
     (exact over ``requests``: is its burn load-caused?)."""
-    f = f or ReportFilter()
+    f = with_selection(f or ReportFilter(), spec)
     row = requests.boundary_quantiles(store, f, QUANTILES)
     boundaries = {}
     for i, b in enumerate(BOUNDARIES):
@@ -258,7 +273,9 @@ def describe_filter(f: ReportFilter) -> str | None:
             f.since_unix_s is not None and f"since {_iso(f.since_unix_s)}",
             f.until_unix_s is not None and f"until {_iso(f.until_unix_s)}",
             f.model is not None and f"model {f.model}",
-            bool(f.slos) and f"SLOs {', '.join(f.slos)}",
+            bool(f.slos)
+            and f"SLOs {', '.join(f.slos)}"
+            + (" (the requests and control scopes they select)" if f.selects else ""),
         )
         if x
     ]

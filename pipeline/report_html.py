@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.adapters.queries import budget, control, windows
+from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
 from pipeline.core.timefmt import iso_time
-from pipeline.report import Report, slo_events, slo_minute_rows
+from pipeline.report import Report, slo_events, slo_minute_rows, with_selection
 from pipeline.spec.slo import SLOSpec
 
 LATENCY_BOUNDARIES = (
@@ -87,9 +87,11 @@ def read_html_data(
     store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None
 ) -> HtmlData:
     """The charts' series under the filter; with the SLO ``spec`` a model filter also
-    narrows the SLO series and budget events (as :func:`pipeline.report.read_report`)."""
-    f = f or ReportFilter()
-    rows = windows.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+    narrows the SLO series and budget events, and SLOs their traffic and scopes (as
+    :func:`pipeline.report.read_report`)."""
+    f = with_selection(f or ReportFilter(), spec)
+    series_of = requests.minute_p99_and_means if f.selects else windows.minute_p99_and_means
+    rows = series_of(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
     for t, b, p99, total, n in rows:

@@ -26,6 +26,7 @@ from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import encode_event
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
+from pipeline.report import exact_quantile
 from pipeline.spec.slo import SLOSpec, load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
@@ -113,6 +114,44 @@ def _covers(spec: SLOSpec, name: str, model: str) -> bool:
     return slo.filter is None or slo.filter.model is None or model in slo.filter.model
 
 
+def _selects(spec: SLOSpec, names: list[str], r: RequestRecord) -> bool:
+    """Whether any of the named SLOs (a tier: its primary) selects the record's traffic
+    (the spec's filter, prompt exclusion and attempts), independently of the core."""
+    if not names:
+        return True
+    for name in names:
+        slo = spec.slo(spec.tiers[name].primary if name in spec.tiers else name)
+        f = slo.filter
+        ok = f is None or (
+            (f.model is None or r.model in f.model)
+            and (f.priority is None or r.priority in f.priority)
+            and (f.ctx_bucket is None or r.ctx_bucket in f.ctx_bucket)
+            and (f.tenant is None or r.tenant in f.tenant)
+            and (f.stream is None or r.stream is f.stream)
+        )
+        limit = slo.exclude.prompt_tokens_over if slo.exclude is not None else None
+        ok = ok and (limit is None or r.prompt_tokens is None or r.prompt_tokens <= limit)
+        ok = ok and not (slo.attempts == "last" and r.superseded)
+        if ok:
+            return True
+    return False
+
+
+def _scopes(spec: SLOSpec, names: list[str], model: str | None) -> set[str] | None:
+    """Control scopes kept (None: all): the model's and the named SLOs' models'."""
+    selected: set[str] | None = None
+    for name in names:
+        slo = spec.slo(spec.tiers[name].primary if name in spec.tiers else name)
+        models = slo.filter.model if slo.filter is not None else None
+        if models is None:
+            selected = None
+            break
+        selected = (selected or set()) | set(models)
+    if model is not None:
+        selected = {model} if selected is None or model in selected else set()
+    return None if selected is None else selected | {"*", "fleet"}
+
+
 def _exact_slos(
     spec: SLOSpec, records: list[RequestRecord], model: str | None, slos: list[str]
 ) -> dict[str, tuple[int, int]]:
@@ -132,20 +171,26 @@ def _exact_slos(
     }
 
 
+# (the filter's arguments, whether the request tables must be narrower than the time
+# range alone: the named SLOs select part of the traffic)
 FILTERS = [
-    pytest.param([], id="none"),
-    pytest.param(["--model", LARGE], id="model-large"),
-    pytest.param(["--model", SMALL], id="model-small"),
-    pytest.param(["--since", MID], id="since"),
-    pytest.param(["--until", MID], id="until"),
-    pytest.param(["--slo", "tier1-gateway", "--slo", ONLY_SMALL], id="slos"),
-    pytest.param(["--model", LARGE, "--since", MID], id="model-and-since"),
-    pytest.param(["--model", SMALL, "--until", MID, "--slo", ONLY_SMALL], id="all-three"),
+    pytest.param([], False, id="none"),
+    pytest.param(["--model", LARGE], True, id="model-large"),
+    pytest.param(["--model", SMALL], True, id="model-small"),
+    pytest.param(["--since", MID], False, id="since"),
+    pytest.param(["--until", MID], False, id="until"),
+    pytest.param(["--slo", "tier3-ttft", "--slo", ONLY_SMALL], True, id="slos"),
+    pytest.param(["--slo", ONLY_SMALL], True, id="slo-of-one-model"),
+    pytest.param(["--slo", "blended", "--since", MID], False, id="tier-and-since"),
+    pytest.param(["--model", LARGE, "--since", MID], True, id="model-and-since"),
+    pytest.param(["--model", SMALL, "--until", MID, "--slo", ONLY_SMALL], True, id="all-three"),
 ]
 
 
-@pytest.mark.parametrize("args", FILTERS)
-def test_every_filter_filters_every_table(built: dict[str, Any], args: list[str]) -> None:
+@pytest.mark.parametrize(("args", "narrower"), FILTERS)
+def test_every_filter_filters_every_table(
+    built: dict[str, Any], args: list[str], narrower: bool
+) -> None:
     spec: SLOSpec = built["spec"]
     model = args[args.index("--model") + 1] if "--model" in args else None
     since = MID_S if "--since" in args else None
@@ -160,9 +205,13 @@ def test_every_filter_filters_every_table(built: dict[str, Any], args: list[str]
     records = [
         r
         for r in built["records"]
-        if in_time(r.end_unix_ns / 1e9) and (model is None or r.model == model)
+        if in_time(r.end_unix_ns / 1e9)
+        and (model is None or r.model == model)
+        and _selects(spec, slos, r)
     ]
     assert records, "every filter keeps some requests"
+    in_range = [r for r in built["records"] if in_time(r.end_unix_ns / 1e9)]
+    assert (len(records) < len(in_range)) is narrower
     # requests, sources, outcomes, boundaries, clock skew: the filter's requests
     assert out["requests"] == len(records)
     assert out["by_source"] == dict(sorted(Counter(r.source for r in records).items()))
@@ -170,8 +219,14 @@ def test_every_filter_filters_every_table(built: dict[str, Any], args: list[str]
     assert out["boundaries"]["gateway_total_ms"]["count"] == sum(
         r.gateway_total_ms is not None for r in records
     )
-    joined = sum(r.source == "joined" for r in records)
-    assert sum(e["samples"] for e in out["clock_skew"].values()) <= joined
+    joined = sum(
+        r.source == "joined"
+        and r.gateway_received_unix_ns is not None
+        and r.engine_arrival_unix_ns is not None
+        and r.gateway_overhead_ms is not None
+        for r in records
+    )
+    assert sum(e["samples"] for e in out["clock_skew"].values()) == joined
     # the SLO table (and blended tiers): exact over the filter's requests
     want = _exact_slos(spec, records, model, slos)
     got = {name: (s["total"], s["good"]) for name, s in out["slos"].items()}
@@ -192,12 +247,15 @@ def test_every_filter_filters_every_table(built: dict[str, Any], args: list[str]
     ]
     assert out["budget_events"] == want_events
     # control directives: the model's scope (and fleet-wide ones), in the time range
+    scopes = _scopes(spec, slos, model)
     want_control = [
         c
         for c in full["control"]
-        if in_time(_t(c["event_time"])) and (model is None or c["scope"] in (model, "*", "fleet"))
+        if in_time(_t(c["event_time"])) and (scopes is None or c["scope"] in scopes)
     ]
     assert out["control"] == want_control
+    if scopes is not None:
+        assert len(want_control) < len([c for c in full["control"] if in_time(_t(c["event_time"]))])
     # the charts follow the tables
     series = out["series"]
     assert set(series["budget_remaining_per_minute"]) <= set(out["slos"])
@@ -206,8 +264,20 @@ def test_every_filter_filters_every_table(built: dict[str, Any], args: list[str]
         assert points[-1][1] == pytest.approx(out["slos"][name]["budget_remaining"])
     for points in series["latency_p99_ms_per_minute"].values():
         assert all(in_time(_t(t)) for t, _ in points)
+    if slos:  # recomputed exactly over the selected requests (quantileExact's element)
+        per_minute: dict[int, list[float]] = {}
+        for r in records:
+            if r.gateway_total_ms is not None:
+                per_minute.setdefault(r.end_unix_ns // 60_000_000_000, []).append(
+                    r.gateway_total_ms
+                )
+        want_p99 = {
+            m * 60.0: exact_quantile(sorted(v), 0.99) for m, v in sorted(per_minute.items())
+        }
+        got_p99 = {_t(t): v for t, v in series["latency_p99_ms_per_minute"]["gateway_total_ms"]}
+        assert got_p99 == pytest.approx(want_p99)
     for scope in series["control_timeline"]:
-        assert model is None or scope in (model, "*", "fleet")
+        assert scopes is None or scope in scopes
     assert out["filters"]["model"] == model
     assert out["filters"]["slos"] == slos
     print(args, out["requests"], got, [(e["slo"], e["event"]) for e in out["budget_events"]])
