@@ -768,3 +768,54 @@ def test_an_exhaustion_without_bad_requests_of_the_tenant_is_not_its_incident() 
     )  # fmt: skip
     assert [i["at_ms"] for i in theirs["incidents"]] == [at]
     assert all(i["bad_requests"] > 0 for i in s["incidents"] + theirs["incidents"])
+
+
+# --------------------------------------------------------------------------- #
+# The contract a statement records
+# --------------------------------------------------------------------------- #
+
+
+def test_the_recorded_contract_loads_as_the_files_did() -> None:
+    from pipeline.spec.contract import load_recorded
+
+    files = load_contract_file(SPECS / "contract-example.yaml")
+    again = load_recorded(files.contract_text, files.spec_text)
+    assert (again.contract_digest, again.spec_digest) == (files.contract_digest, files.spec_digest)
+    assert again.contract == files.contract
+    assert again.spec == files.spec
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (None, None),
+        ("contract", "inputs.contract: the recorded content is not the recorded digest"),
+        ("slo_spec", "inputs.slo_spec: the recorded content is not the recorded digest"),
+    ],
+)
+def test_a_recorded_content_that_is_not_its_digest_is_named(
+    edit: str | None, problem: str | None
+) -> None:
+    from pipeline.statement import recorded_contract
+
+    files = load_contract_file(SPECS / "contract-example.yaml")
+    inputs: dict[str, Any] = {
+        "contract": {"digest": files.contract_digest, "content": files.contract_text},
+        "slo_spec": {"digest": files.spec_digest, "content": files.spec_text},
+    }
+    if edit is not None:
+        inputs[edit]["content"] += "\n# edited\n"
+    loaded, problems = recorded_contract({"inputs": inputs})
+    assert problems == (
+        []
+        if problem is None
+        else [problem + f" {inputs[edit]['digest']} (the statement was edited)"]
+    )  # type: ignore[index]
+    assert loaded.contract == files.contract
+
+
+def test_a_statement_without_recorded_content_is_refused() -> None:
+    from pipeline.statement import recorded_contract
+
+    with pytest.raises(TypeError, match="records no content"):
+        recorded_contract({"inputs": {"contract": {"digest": "sha256:x"}, "slo_spec": {}}})
