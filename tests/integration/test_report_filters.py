@@ -34,7 +34,7 @@ from tests.integration.harness import REPO
 from tests.integration.test_statement import exact_records
 from tests.integration.test_tools_cli import tg
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(22)]
 
 START_NS = int(dt.datetime(2026, 11, 3, 9, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
 MID = "2026-11-03T09:06:00Z"  # a minute edge in the overload

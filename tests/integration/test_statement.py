@@ -47,7 +47,7 @@ from producers.simulator.trace import read_trace
 from tests.integration.harness import REPO
 from tests.integration.test_tools_cli import chromium, tg
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(30)]
 
 DAY_NS = 86_400 * 1_000_000_000
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")
