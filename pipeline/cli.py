@@ -367,7 +367,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.html is not None or args.json:
             from pipeline.report_html import read_html_data
 
-            html_data = read_html_data(store, flt)
+            html_data = read_html_data(store, flt, spec)
         if args.html is not None:
             from pipeline.report_html import render_html
 
@@ -394,11 +394,18 @@ def cmd_statement(args: argparse.Namespace) -> int:
     from pipeline.spec.loader import SpecError
     from pipeline.statement import build_statement, render_html, render_text, verify
 
+    doc: dict[str, Any] | None = None
+    loaded = None
+    given: list[tuple[str, str, str]] = []
     try:
-        loaded = load_contract_file(args.contract, args.slo)
+        if args.verify is None or args.contract is not None or args.slo is not None:
+            loaded = load_contract_file(args.contract or DEFAULT_CONTRACT, args.slo)
+            if args.contract is not None:
+                given.append(("contract", str(loaded.path), loaded.contract_digest))
+            if args.contract is not None or args.slo is not None:
+                given.append(("slo_spec", str(loaded.spec_path), loaded.spec_digest))
     except SpecError as exc:
         raise SystemExit(f"tailguard: invalid contract:\n{exc}") from None
-    doc: dict[str, Any] | None = None
     if args.verify is not None:
         try:
             doc = orjson.loads(args.verify.read_bytes())
@@ -414,21 +421,33 @@ def cmd_statement(args: argparse.Namespace) -> int:
     try:
         if doc is not None:
             try:
-                problems = verify(store, loaded, doc)
+                found = verify(store, doc, given=given)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SystemExit(
                     f"tailguard statement --verify: {args.verify} is not a statement: {exc}"
                 ) from None
-            if problems:
-                print(f"MISMATCH: {args.verify} does not match the store:", file=sys.stderr)
-                for p in problems:
+            if found.problems:
+                print(
+                    f"MISMATCH: {args.verify} does not match the store (recomputed with the "
+                    "contract and SLO spec it records):",
+                    file=sys.stderr,
+                )
+                for p in found.problems:
                     print(f"  {p}", file=sys.stderr)
-                return 1
-            print(
-                f"ok: {args.verify} matches the store (tenant {doc['tenant']}, period "
-                f"{doc['period']}, {doc['inputs']['requests_rows']} request rows)"
-            )
-            return 0
+            else:
+                print(
+                    f"ok: {args.verify} matches the store under the contract and SLO spec it "
+                    f"records (tenant {doc['tenant']}, period {doc['period']}, "
+                    f"{doc['inputs']['requests_rows']} request rows)"
+                )
+            if found.files_differ:
+                print(
+                    "DIFFERS: a file given is not the one the statement records:", file=sys.stderr
+                )
+                for p in found.files_differ:
+                    print(f"  {p}", file=sys.stderr)
+            return 0 if found.ok else 1
+        assert loaded is not None
         try:
             st = build_statement(store, loaded, args.tenant, args.period)
         except ValueError as exc:
@@ -700,7 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
     s.add_argument("--since", type=_report_time, help="from this time (ISO 8601 or unix s)")
     s.add_argument("--until", type=_report_time, help="before this time (ISO 8601 or unix s)")
-    s.add_argument("--model", help="only this model's requests and latency")
+    s.add_argument(
+        "--model",
+        help="only this model: its requests, latency, SLOs (recounted over its requests), "
+        "budget events of the SLOs that select it, its control scope",
+    )
     s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
     s.set_defaults(func=cmd_report)
 
@@ -711,9 +734,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tenant", help="the tenant (one of the contract's)")
     s.add_argument("--period", help="billing period, YYYY-MM (calendar month, contract's zone)")
     s.add_argument(
-        "--contract", type=Path, default=DEFAULT_CONTRACT, help="contract (kind: Contract)"
+        "--contract",
+        type=Path,
+        help="contract (kind: Contract; default: the shipped example). With --verify: "
+        "also check that this file is the contract the statement records",
     )
-    s.add_argument("--slo", type=Path, help="SLO spec (default: the contract's slo_spec)")
+    s.add_argument(
+        "--slo", type=Path, help="SLO spec (default: the contract's slo_spec; with --verify: "
+        "compared with the recorded one)",
+    )  # fmt: skip
     s.add_argument("--json", action="store_true", help="the statement as one JSON object")
     s.add_argument("--html", type=Path, help="also write a self-contained HTML statement")
     s.add_argument(

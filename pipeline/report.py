@@ -8,15 +8,19 @@ measurement core.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.adapters.queries import budget, control, requests
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
-from pipeline.adapters.store import Store
+from pipeline.adapters.store import Store, record_from_row
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
+from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
+
+Row = tuple[Any, ...]
 
 QUANTILES = (0.5, 0.99)
 # The controller's rule (ControllerConfig.load_share): from this share of the bad
@@ -87,9 +91,59 @@ def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def read_slos(store: Store, f: ReportFilter) -> dict[str, dict[str, Any]]:
+def with_selection(f: ReportFilter, spec: SLOSpec | None) -> ReportFilter:
+    """The filter with the named SLOs' definitions (a blended tier: its primary's), so
+    that the request tables keep the traffic they select and the control directives the
+    scopes of their models. Unchanged without a spec, or when a name is not in it (its
+    windows may be from an older spec: the request tables stay whole)."""
+    if spec is None or not f.slos or f.selects:
+        return f
+    known = {s.name for s in spec.slos}
+    names = [spec.tiers[n].primary if n in spec.tiers else n for n in f.slos]
+    if not all(n in known for n in names):
+        return f
+    return dataclasses.replace(f, selects=tuple(spec.slo(n) for n in dict.fromkeys(names)))
+
+
+def slo_minute_rows(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Row]:
+    """``(slo, kind, start s, objective, secondary_weight, total, good,
+    good_secondary_only)`` per SLO, kind and minute of the filter, as ``slo_1m`` holds
+    them. SLO windows are per SLO, not per model: with a model (and the ``spec`` the
+    windows were counted with) they are recounted exactly over that model's stored
+    requests in the closed windows, by the stream's own evaluator, and SLOs that do not
+    select the model are left out."""
+    if f.model is None or spec is None:
+        return budget.minute_counts(store, f)
+    last_ms = budget.last_window_end_ms(store)
+    records = [record_from_row(r) for r in requests.filter_rows(store, f, last_ms)]
+    out: list[Row] = []
+    for t_ms, row in minute_rows(records, spec):
+        if f.slos and row.slo not in f.slos:
+            continue
+        if not covers_model(spec, row.slo, f.model):
+            continue
+        out.append(
+            (row.slo, row.kind, t_ms // 1000, row.objective, row.secondary_weight,
+             row.total, row.good, row.good_secondary_only)
+        )  # fmt: skip
+    out.sort(key=lambda r: (r[0], r[1], r[2]))
+    return out
+
+
+def slo_events(store: Store, f: ReportFilter, spec: SLOSpec | None, order: str) -> list[Row]:
+    """``(event_time, slo, event)`` of the filter's budget events; with a model (and the
+    spec), only those of SLOs that select it."""
+    rows = budget.events_in(store, f, order=order)
+    if f.model is None or spec is None:
+        return rows
+    return [r for r in rows if covers_model(spec, str(r[1]), f.model)]
+
+
+def read_slos(
+    store: Store, f: ReportFilter, spec: SLOSpec | None = None
+) -> dict[str, dict[str, Any]]:
     """Per SLO over the filter's windows: compliance, budget and burn rates, worst first."""
-    rows = budget.minute_counts(store, f)
+    rows = slo_minute_rows(store, f, spec)
     end_s = max((float(r[2]) + 60 for r in rows), default=0.0)
     acc: dict[tuple[str, str], dict[str, Any]] = {}
     for name, kind, t, objective, weight, total, good, secondary in rows:
@@ -167,7 +221,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     """The report of the store under the filter; with the SLO ``spec`` the stored windows
     were counted with, each SLO also says how much of its bad requests' time was queueing
     (exact over ``requests``: is its burn load-caused?)."""
-    f = f or ReportFilter()
+    f = with_selection(f or ReportFilter(), spec)
     row = requests.boundary_quantiles(store, f, QUANTILES)
     boundaries = {}
     for i, b in enumerate(BOUNDARIES):
@@ -176,7 +230,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
         boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
     by_source = requests.counts_by(store, f, "source")
     by_outcome = requests.counts_by(store, f, "outcome")
-    slos = read_slos(store, f)
+    slos = read_slos(store, f, spec)
     if spec is not None:
         for slo in spec.slos:
             if slo.name in slos:
@@ -189,7 +243,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     ]  # fmt: skip
     budget_events = [
         {"event_time": str(t), "slo": str(slo), "event": str(ev)}
-        for t, slo, ev in budget.events_in(store, f)
+        for t, slo, ev in slo_events(store, f, spec, "event_time, slo")
     ]
     # The skew estimate of pipeline.core.skew over the stored joined requests (reported,
     # never used to correct a measurement).
@@ -219,7 +273,9 @@ def describe_filter(f: ReportFilter) -> str | None:
             f.since_unix_s is not None and f"since {_iso(f.since_unix_s)}",
             f.until_unix_s is not None and f"until {_iso(f.until_unix_s)}",
             f.model is not None and f"model {f.model}",
-            bool(f.slos) and f"SLOs {', '.join(f.slos)}",
+            bool(f.slos)
+            and f"SLOs {', '.join(f.slos)}"
+            + (" (the requests and control scopes they select)" if f.selects else ""),
         )
         if x
     ]
@@ -292,7 +348,10 @@ def render(report: Report) -> Any:
         ])  # fmt: skip
         styles.append("bold red" if slo["met"] is False else None)
     c = table(
-        "SLO compliance and error budget (closed stream windows; worst first)",
+        "SLO compliance and error budget (closed stream windows; worst first)"
+        if report.filters.model is None
+        else f"SLO compliance and error budget (model {report.filters.model}: exact over its "
+        "requests in the closed windows; worst first)",
         ["slo", "objective", "total", "good", "compliance", "met", "budget left", "burn 5m",
          "burn 1h"],
         slo_rows, styles=styles,

@@ -33,11 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.adapters.queries import budget, control, windows
+from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
 from pipeline.core.timefmt import iso_time
-from pipeline.report import Report
+from pipeline.report import Report, slo_events, slo_minute_rows, with_selection
+from pipeline.spec.slo import SLOSpec
 
 LATENCY_BOUNDARIES = (
     "gateway_total_ms",
@@ -69,9 +70,28 @@ def _ts(v: Any) -> float:
     return float(v)
 
 
-def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
-    f = f or ReportFilter()
-    rows = windows.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+def _slo_series(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Any]:
+    """``(start s, slo, objective, total, good)`` per minute and SLO (kind ``slo``); with
+    a model, recounted over its requests (:func:`pipeline.report.slo_minute_rows`)."""
+    if f.model is None or spec is None:
+        return budget.minute_slo_series(store, f)
+    rows = slo_minute_rows(store, f, spec)
+    return sorted(
+        ((t, slo, obj, total, good) for slo, kind, t, obj, _w, total, good, _s in rows
+         if kind == "slo"),
+        key=lambda r: (r[0], r[1]),
+    )  # fmt: skip
+
+
+def read_html_data(
+    store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None
+) -> HtmlData:
+    """The charts' series under the filter; with the SLO ``spec`` a model filter also
+    narrows the SLO series and budget events, and SLOs their traffic and scopes (as
+    :func:`pipeline.report.read_report`)."""
+    f = with_selection(f or ReportFilter(), spec)
+    series_of = requests.minute_p99_and_means if f.selects else windows.minute_p99_and_means
+    rows = series_of(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
     for t, b, p99, total, n in rows:
@@ -83,7 +103,7 @@ def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
     burn: dict[str, Series] = defaultdict(list)
     recent: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    for t, slo, objective, total, good in budget.minute_slo_series(store, f):
+    for t, slo, objective, total, good in _slo_series(store, f, spec):
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
         cb, ca = cum[slo]
         cum[slo] = (cb + bad, ca + allowed)
@@ -98,7 +118,7 @@ def read_html_data(store: Store, f: ReportFilter | None = None) -> HtmlData:
         if wt > 0 and objective < 1:
             burn[slo].append((float(t), sum(x[1] for x in win) / wt / (1.0 - float(objective))))
     events = [
-        (_ts(t), str(slo), str(ev)) for t, slo, ev in budget.events_in(store, f, order="event_time")
+        (_ts(t), str(slo), str(ev)) for t, slo, ev in slo_events(store, f, spec, "event_time")
     ]
     directives: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
     for scope, t, level, phase, reason in control.directive_timeline(store, f):

@@ -4,14 +4,18 @@ The store's side of :mod:`pipeline.core.statement`: reads the tenant's ``request
 rows of the period (``FINAL``: one row per request attempt, its last version), the
 control audit (``control_signals``) and the budget events, names what it read
 (row counts, digests, event-time range, the contract's and spec's digests) and
-renders the statement as text, JSON or a self-contained HTML page. ``verify``
-recomputes a statement from the store and lists what differs.
+renders the statement as text, JSON or a self-contained HTML page. The contract and
+the SLO spec are recorded by digest and content; ``verify`` recomputes a statement
+from the store with those recorded ones, lists what differs, and says whether files
+an operator names are the recorded ones.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import html
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,7 +32,7 @@ from pipeline.core.statement import (
     rows_digest,
 )
 from pipeline.core.timefmt import iso_time
-from pipeline.spec.contract import LoadedContract, period_bounds_ns
+from pipeline.spec.contract import LoadedContract, digest, load_recorded, period_bounds_ns
 
 _NOT_COMPARED = frozenset({"generated_at"})
 
@@ -73,8 +77,17 @@ def build_statement(
         "control_digest": rows_digest(control),
         "budget_event_rows": len(events),
         "budget_events_digest": rows_digest(events),
-        "contract": {"file": str(loaded.path), "digest": loaded.contract_digest},
-        "slo_spec": {"file": str(loaded.spec_path), "digest": loaded.spec_digest},
+        # by digest and content: --verify recomputes with these, whatever the files say now
+        "contract": {
+            "file": str(loaded.path),
+            "digest": loaded.contract_digest,
+            "content": loaded.contract_text,
+        },
+        "slo_spec": {
+            "file": str(loaded.spec_path),
+            "digest": loaded.spec_digest,
+            "content": loaded.spec_text,
+        },
     }
     return compute_statement(
         tenant=tenant,
@@ -116,35 +129,82 @@ def _diff(a: Any, b: Any, path: str, out: list[str], limit: int = 20) -> None:
         out.append(f"{path}: file {a!r}, recomputed {b!r}")
 
 
-def verify(store: Store, loaded: LoadedContract, doc: dict[str, Any]) -> list[str]:
-    """What differs between a statement and its recomputation from the store ([] = match)."""
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """What ``verify`` found: ``problems`` (the statement does not match the store under
+    the contract and SLO spec it records) and ``files_differ`` (a contract or SLO spec
+    file given to compare with is not the one the statement records)."""
+
+    problems: list[str]
+    files_differ: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.files_differ
+
+
+def recorded_contract(doc: dict[str, Any]) -> tuple[LoadedContract, list[str]]:
+    """The contract and SLO spec a statement records (by digest and content), and what
+    is wrong with them (a content that is not its digest: the statement was edited)."""
+    named = doc["inputs"]
+    problems = []
+    texts = {}
+    for key in ("contract", "slo_spec"):
+        entry = named.get(key)
+        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+            raise TypeError(
+                f"inputs.{key} records no content (a statement made before version 2: "
+                "verify it with the tailguard that made it)"
+            )
+        texts[key] = entry["content"]
+        if digest(entry["content"].encode("utf-8")) != entry.get("digest"):
+            problems.append(
+                f"inputs.{key}: the recorded content is not the recorded digest "
+                f"{entry.get('digest')} (the statement was edited)"
+            )
+    loaded = load_recorded(
+        texts["contract"],
+        texts["slo_spec"],
+        contract_file=str(named["contract"].get("file", "<recorded contract>")),
+        spec_file=str(named["slo_spec"].get("file", "<recorded SLO spec>")),
+    )
+    return loaded, problems
+
+
+def verify(
+    store: Store,
+    doc: dict[str, Any],
+    *,
+    given: Sequence[tuple[str, str, str]] = (),
+) -> Verification:
+    """Recompute a statement from the store with the contract and SLO spec it records and
+    list what differs. ``given``: files an operator named to compare with, as ``(what,
+    path, digest)`` with what ``contract`` or ``slo_spec``; each that is not the one the
+    statement records (by digest) is in ``files_differ``."""
     if not (
         isinstance(doc.get("tenant"), str)
         and isinstance(doc.get("period"), str)
         and isinstance(doc.get("inputs"), dict)
     ):
         raise TypeError("no tenant, period or inputs")
-    problems = []
-    named = doc["inputs"]
-    if named.get("contract", {}).get("digest") != loaded.contract_digest:
-        problems.append(
-            f"contract: the statement names {named.get('contract', {}).get('digest')}, "
-            f"{loaded.path} is {loaded.contract_digest}"
-        )
-    if named.get("slo_spec", {}).get("digest") != loaded.spec_digest:
-        problems.append(
-            f"slo_spec: the statement names {named.get('slo_spec', {}).get('digest')}, "
-            f"{loaded.spec_path} is {loaded.spec_digest}"
-        )
-    again = build_statement(store, loaded, str(doc.get("tenant")), str(doc.get("period")))
+    recorded, problems = recorded_contract(doc)
+    differ: list[str] = []
+    want = {"contract": recorded.contract_digest, "slo_spec": recorded.spec_digest}
+    for what, path, got in given:
+        if got != want[what]:
+            differ.append(
+                f"{what}: {path} is {got}, not the {what} the statement was made with "
+                f"({want[what]}); the statement is checked with the recorded one"
+            )
+    again = build_statement(store, recorded, str(doc["tenant"]), str(doc["period"]))
     mine, theirs = _normal(doc), _normal(again)
-    # file names may differ between the two sides; the digests decide
+    # file names may differ between the two sides; the digests and contents decide
     for side in (mine, theirs):
         for key in ("contract", "slo_spec"):
             side.get("inputs", {}).get(key, {}).pop("file", None)
     out: list[str] = []
     _diff(mine, theirs, "", out)
-    return problems + out
+    return Verification(problems + out, differ)
 
 
 # --------------------------------------------------------------------------- #
@@ -207,8 +267,14 @@ def render_text(st: dict[str, Any]) -> str:
     cr = st["credit"]
     lines += [
         "",
-        f"Control levels (observed until {lv['observed_until']}): "
-        + ", ".join(f"L{k} {_dur(v)}" for k, v in lv["ms_at_level"].items() if k != "0"),
+        f"Control levels while this tenant had traffic in the scope (observed until "
+        f"{lv['observed_until']}): "
+        + ", ".join(f"L{k} {_dur(v)}" for k, v in lv["ms_at_level"].items() if k != "0")
+        + "  (the service's: "
+        + ", ".join(
+            f"L{k} {_dur(v)}" for k, v in lv.get("ms_at_level_service", {}).items() if k != "0"
+        )
+        + ")",
     ]
     for t in lv["timeline"]:
         note = "customer notified" if t["notify_customer"] else "not notified"
@@ -238,6 +304,13 @@ def render_text(st: dict[str, Any]) -> str:
             )
         )
     lines.append(f"Incidents (budget exhausted): {len(st['incidents'])}")
+    others = st.get("budget_exhausted_not_this_tenant", [])
+    if others:
+        named = ", ".join(str(o["slo"]) + " " + str(o["at"]) for o in others[:5])
+        lines.append(
+            f"  not this tenant's (no bad request of it before them): {len(others)} "
+            f"({named}{', ...' if len(others) > 5 else ''})"
+        )
     for i in st["incidents"]:
         lines.append(
             f"  {i['at']}  {i['slo']} ({i['boundary']}): {i['bad_requests']} bad requests of this "
@@ -433,6 +506,7 @@ def render_html(st: dict[str, Any]) -> str:
 <h2>Daily P{rule["percentile"]:g}</h2>
 <table><tr><th>day</th>{head}</tr>{"".join(day_rows)}</table>
 <h2>Control levels</h2>
+<p class="muted">{_e(st["levels"].get("rule", ""))}</p>
 <table><tr><th>level</th><th>from</th><th>to</th><th>scopes</th><th>customer notified</th></tr>
 {level_rows}</table>
 <h2>Cold starts and exemptions</h2>
@@ -443,6 +517,8 @@ def render_html(st: dict[str, Any]) -> str:
     }</p>
 <h2>Incidents</h2>
 {"".join(incidents) or "<p>none</p>"}
+<p class="muted">Budget exhaustions not this tenant's (no bad request of it before them):
+{len(st.get("budget_exhausted_not_this_tenant", []))}</p>
 <h2>Inputs</h2>
 <p class="muted"><code>{inp["requests_rows"]:,} request rows {_e(inp["requests_digest"])}<br>
 event time {_e(inp["event_time_range"]["from"])} .. {_e(inp["event_time_range"]["to"])}<br>

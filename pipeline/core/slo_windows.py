@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.core.slo import SLOEvaluator
 
 if TYPE_CHECKING:
+    from pipeline.core.record import RequestRecord
     from pipeline.spec.slo import SLOSpec
 
 
@@ -65,3 +66,34 @@ def slo_factory(spec: SLOSpec | None) -> Callable[[], WindowSLOCounts] | None:
     if spec is None:
         return None
     return lambda: WindowSLOCounts(spec)
+
+
+def covers_model(spec: SLOSpec, name: str, model: str) -> bool:
+    """Whether the SLO (or blended tier, by its primary) ``name`` selects ``model``'s
+    traffic (no ``filter.model``: every model); False for a name the spec lacks."""
+    tier = spec.tiers.get(name)
+    target = tier.primary if tier is not None else name
+    try:
+        slo = spec.slo(target)
+    except KeyError:
+        return False
+    models = slo.filter.model if slo.filter is not None else None
+    return models is None or model in models
+
+
+def minute_rows(
+    records: Iterable[RequestRecord], spec: SLOSpec, *, minute_ms: int = 60_000
+) -> list[tuple[int, SLOWindowRow]]:
+    """``(minute start, unix ms; row)``: the rows a window of each minute of the records'
+    ends (``end_unix_ns``, the window time) holds, counted by the stream's own
+    evaluator, in (minute, spec) order. An exact recount over stored records (the
+    report's per-model SLO table)."""
+    by_minute: dict[int, WindowSLOCounts] = {}
+    for r in records:
+        t = r.end_unix_ns // 1_000_000
+        start = t - t % minute_ms
+        acc = by_minute.get(start)
+        if acc is None:
+            acc = by_minute[start] = WindowSLOCounts(spec)
+        acc.add(r)
+    return [(t, row) for t in sorted(by_minute) for row in by_minute[t].rows()]

@@ -25,27 +25,38 @@ The rules (``specs/README.md`` "Contracts" documents them for readers of a state
   (the ``ceil(p/100 * n)``-th smallest). Per day whose percentile exceeds the SLO's
   threshold: a breach; above ``severe_above`` x threshold: severe. The period is
   within the rule when breaches <= ``max_breaches`` and none is severe.
-* **Levels and credit.** The service's level at an instant is the highest level of
-  the covered control scopes (each scope holds the level of its latest audit row by
-  event time; before its first row a scope is at 0). Time is counted over
-  [period start, min(period end, observed_until)], ``observed_until`` being the
-  latest event time the store holds for the period (requests of any tenant, audit
-  rows). Billing pauses (below) take precedence. With T = the period's length::
+* **Budget exhaustion: the tenant's.** A ``budget_exhausted`` event of a bound SLO in
+  the period is the tenant's when at least one of the tenant's counted records is bad
+  for that SLO in the ``lookback`` before it (``period``: since the period began);
+  budget events are service-wide, and one without such a record is listed under
+  ``budget_exhausted_not_this_tenant`` and triggers nothing for the tenant. Each of the
+  tenant's exhaustions opens a billing pause (``pause_for``: a duration or until the
+  period ends; overlapping pauses merge) and, with ``incident_report``, an incident:
+  the SLO, its boundary, those bad records (never none), their queue share (sum queue_ms
+  / sum (queue_ms + inference_ms) over those with both) and the worst of them by the
+  boundary's value.
+* **Levels and credit.** Control levels are per scope (a model; ``*`` or ``fleet``: every
+  model of the contract). A scope's level counts for the tenant only while the tenant
+  had traffic in it: in the ``TRAFFIC_SLOT_MS`` (one minute) slots, aligned to the Unix
+  epoch, that one of the tenant's records of the period on the scope's models overlaps
+  from its start to its end (a record whose two times are more than an hour apart: its
+  end's slot only). The tenant's level at an instant is the highest level of the covered
+  scopes it had traffic in (each scope holds the level of its latest audit row by event
+  time; before its first row a scope is at 0); the service's level (every covered
+  scope, traffic or not) is reported beside it and counts for nothing. Time is counted
+  over [period start, min(period end, observed_until)], ``observed_until`` being the
+  latest event time the store holds for the period (requests of any tenant, audit rows).
+  Billing pauses take precedence. With T = the period's length::
 
       credit_percent = 100 * paused_ms / T
                      + sum over levels L of (-fee_change_percent(L)) * ms_at_L_unpaused / T
-
-* **Budget exhaustion.** Each ``budget_exhausted`` event of a bound SLO in the period
-  opens a billing pause (``pause_for``: a duration or until the period ends;
-  overlapping pauses merge) and, with ``incident_report``, an incident: the SLO, its
-  boundary, the tenant's bad records for it in the ``lookback`` before, their queue
-  share (sum queue_ms / sum (queue_ms + inference_ms) over those with both) and the
-  worst of them by the boundary's value.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+import itertools
 import math
 import zoneinfo
 from collections import defaultdict
@@ -64,7 +75,14 @@ from pipeline.spec.contract import Contract, digest, period_bounds_ns
 from pipeline.spec.slo import SLOSpec
 
 _NS_PER_MS: Final = 1_000_000
-STATEMENT_VERSION: Final = 1
+STATEMENT_VERSION: Final = 2
+# A tenant "had traffic in a control scope" during a slot of this length in which one of
+# its requests of the scope's models was in flight (the levels' rule, module docstring).
+TRAFFIC_SLOT_MS: Final = 60_000
+# Longer than this from start to end, a record's two clocks disagree: only its end counts.
+_MAX_SPAN_MS: Final = 3_600_000
+# Control scopes that hold for every model (the contract's ``models``, when it names them).
+FLEET_SCOPES: Final = frozenset({"*", "fleet"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,34 +189,96 @@ def _ns_of(t: dt.datetime) -> int:
     return int(t.timestamp()) * 1_000_000_000 + t.microsecond * 1000
 
 
+def _scope_models(scope: str, models: list[str] | None) -> frozenset[str] | None:
+    """The models whose traffic is in a control scope (None: every model)."""
+    if scope in FLEET_SCOPES:
+        return None if models is None else frozenset(models)
+    return frozenset({scope})
+
+
+def traffic_intervals(
+    records: Sequence[RequestRecord],
+    scopes: Sequence[str],
+    models: list[str] | None,
+    start_ms: int,
+    end_ms: int,
+    *,
+    slot_ms: int = TRAFFIC_SLOT_MS,
+) -> dict[str, list[tuple[int, int]]]:
+    """Per control scope, where in ``[start_ms, end_ms)`` the records' tenant had traffic
+    in it: the ``slot_ms`` slots (aligned to the Unix epoch) that a record of the scope's
+    models overlaps, from its start (``ts_unix_ns``) to its end (``end_unix_ns``); a
+    record whose two times are more than ``_MAX_SPAN_MS`` apart (a clock off) marks only
+    its end's slot. Merged, sorted intervals."""
+    slots: dict[str, set[int]] = defaultdict(set)
+    for r in records:
+        b = r.end_unix_ns // _NS_PER_MS
+        a = min(r.ts_unix_ns // _NS_PER_MS, b)
+        if b - a > _MAX_SPAN_MS:
+            a = b
+        slots[r.model].update(range(a // slot_ms, b // slot_ms + 1))
+    out: dict[str, list[tuple[int, int]]] = {}
+    for scope in scopes:
+        allowed = _scope_models(scope, models)
+        ks: set[int] = set()
+        for model, of_model in slots.items():
+            if allowed is None or model in allowed:
+                ks |= of_model
+        merged: list[tuple[int, int]] = []
+        for k in sorted(ks):
+            a, b = max(start_ms, k * slot_ms), min(end_ms, (k + 1) * slot_ms)
+            if a >= b:
+                continue
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        out[scope] = merged
+    return out
+
+
+def _covers(intervals: list[tuple[int, int]], t: int) -> bool:
+    i = bisect.bisect_right(intervals, t, key=lambda iv: iv[0]) - 1
+    return i >= 0 and intervals[i][0] <= t < intervals[i][1]
+
+
 def _level_timeline(
-    changes: Sequence[LevelChange], models: list[str] | None, start_ms: int, end_ms: int
+    changes: Sequence[LevelChange],
+    models: list[str] | None,
+    start_ms: int,
+    end_ms: int,
+    traffic: dict[str, list[tuple[int, int]]] | None = None,
 ) -> list[tuple[int, int, int, list[str]]]:
     """[(from_ms, to_ms, level, scopes at that level)] covering [start_ms, end_ms): one
-    sweep over the changes in (event time, seq) order."""
+    sweep over the changes in (event time, seq) order. With ``traffic`` (per scope, where
+    the tenant had traffic in it) a scope's level counts only inside its intervals."""
     ordered = sorted(
-        (c for c in changes if models is None or c.scope in models or c.scope == "*"),
+        (c for c in changes if models is None or c.scope in models or c.scope in FLEET_SCOPES),
         key=lambda c: (c.at_ms, c.seq, c.scope),
     )
+    edges = {start_ms, end_ms, *(c.at_ms for c in ordered if start_ms < c.at_ms < end_ms)}
+    if traffic is not None:
+        for ivs in traffic.values():
+            for a, b in ivs:
+                edges.update(x for x in (a, b) if start_ms < x < end_ms)
     current: dict[str, int] = {}
     i = 0
-    while i < len(ordered) and ordered[i].at_ms <= start_ms:
-        current[ordered[i].scope] = ordered[i].level
-        i += 1
     out: list[tuple[int, int, int, list[str]]] = []
-    t = start_ms
-    while t < end_ms:
-        nxt = ordered[i].at_ms if i < len(ordered) and ordered[i].at_ms < end_ms else end_ms
-        level = max(current.values(), default=0)
-        scopes = sorted(s for s, lv in current.items() if lv == level) if level > 0 else []
+    if start_ms >= end_ms:
+        return out
+    for t, nxt in itertools.pairwise(sorted(edges)):
+        while i < len(ordered) and ordered[i].at_ms <= t:
+            current[ordered[i].scope] = ordered[i].level
+            i += 1
+        live = {
+            s: lv for s, lv in current.items() if traffic is None or _covers(traffic.get(s, []), t)
+        }
+        level = max(live.values(), default=0)
+        scopes = sorted(s for s, lv in live.items() if lv == level) if level > 0 else []
         if out and out[-1][2] == level and out[-1][3] == scopes and out[-1][1] == t:
             out[-1] = (out[-1][0], nxt, level, scopes)
         else:
             out.append((t, nxt, level, scopes))
-        while i < len(ordered) and ordered[i].at_ms == nxt:
-            current[ordered[i].scope] = ordered[i].level
-            i += 1
-        t = nxt
     return out
 
 
@@ -329,20 +409,52 @@ def compute_statement(
             "met": None if blended is None else blended >= tier.objective,
         }
 
-    # -- levels, pauses, credit ------------------------------------------------------------
+    # -- budget exhaustions: the tenant's (its bad requests before it) ----------------------
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
     until_ms = p_end_ms
     if observed_until_ns is not None:
         until_ms = max(p_start_ms, min(p_end_ms, observed_until_ns // _NS_PER_MS + 1))
+    terms = contract.budget_exhausted
     exhausted = sorted(
-        (e for e in budget_events if e.event == "budget_exhausted" and e.slo in contract.slos),
+        (
+            e
+            for e in budget_events
+            if e.event == "budget_exhausted"
+            and e.slo in contract.slos
+            and p_start_ms <= e.at_ms < p_end_ms
+        ),
         key=lambda e: (e.at_ms, e.slo),
     )
-    exhausted = [e for e in exhausted if p_start_ms <= e.at_ms < p_end_ms]
-    terms = contract.budget_exhausted
+    mine: list[tuple[BudgetEventRow, list[RequestRecord]]] = []
+    not_mine: list[dict[str, Any]] = []
+    for e in exhausted:
+        verdict_of = SLOMatcher(spec.slo(e.slo)).classify
+        look_ms = (
+            e.at_ms - p_start_ms  # since the period began
+            if terms.lookback == "period"
+            else parse_duration_ms(terms.lookback)
+        )
+        lo_ns, hi_ns = (e.at_ms - look_ms) * _NS_PER_MS, e.at_ms * _NS_PER_MS
+        bad_recs = [
+            r for r in counted if lo_ns <= r.end_unix_ns <= hi_ns and verdict_of(r) == "bad"
+        ]
+        if bad_recs:
+            mine.append((e, bad_recs))
+        else:
+            not_mine.append(
+                {
+                    "at": _iso(e.at_ms * _NS_PER_MS, tz),
+                    "at_ms": e.at_ms,
+                    "slo": e.slo,
+                    "why": f"no counted bad request of this tenant in the {terms.lookback} "
+                    "before it",
+                }
+            )
+
+    # -- levels, pauses, credit ------------------------------------------------------------
     pauses: list[tuple[int, int]] = []
     if terms.pause_billing:
-        for e in exhausted:
+        for e, _ in mine:
             end = (
                 p_end_ms
                 if terms.pause_for == "period"
@@ -350,13 +462,20 @@ def compute_statement(
             )
             pauses.append((e.at_ms, end))
     pauses = _merge(pauses)
-    timeline = _level_timeline(level_changes, contract.models, p_start_ms, until_ms)
+    traffic = traffic_intervals(
+        recs, sorted({c.scope for c in level_changes}), contract.models, p_start_ms, until_ms
+    )
+    timeline = _level_timeline(level_changes, contract.models, p_start_ms, until_ms, traffic)
+    service = _level_timeline(level_changes, contract.models, p_start_ms, until_ms)
     period_ms = p_end_ms - p_start_ms
     ms_at = dict.fromkeys(range(4), 0)
+    ms_service = dict.fromkeys(range(4), 0)
     ms_unpaused = dict.fromkeys(range(4), 0)
     for a, b, lvl, _scopes in timeline:
         ms_at[lvl] += b - a
         ms_unpaused[lvl] += (b - a) - _overlap_ms(a, b, pauses)
+    for a, b, lvl, _scopes in service:
+        ms_service[lvl] += b - a
     paused_ms = sum(b - a for a, b in pauses)
     credit_terms = []
     credit = 100.0 * paused_ms / period_ms
@@ -377,19 +496,8 @@ def compute_statement(
     # -- incidents ---------------------------------------------------------------------------
     incidents: list[dict[str, Any]] = []
     if terms.incident_report:
-        for e in exhausted:
+        for e, bad_recs in mine:
             slo = spec.slo(e.slo)
-            verdict_of = SLOMatcher(slo).classify
-            look_ms = (
-                e.at_ms - p_start_ms  # since the period began
-                if terms.lookback == "period"
-                else parse_duration_ms(terms.lookback)
-            )
-            lo_ns = (e.at_ms - look_ms) * _NS_PER_MS
-            hi_ns = e.at_ms * _NS_PER_MS
-            bad_recs = [
-                r for r in counted if lo_ns <= r.end_unix_ns <= hi_ns and verdict_of(r) == "bad"
-            ]
             both = [
                 (r.queue_ms, r.inference_ms)
                 for r in bad_recs
@@ -461,7 +569,13 @@ def compute_statement(
         },
         "levels": {
             "observed_until": _iso(until_ms * _NS_PER_MS, tz),
+            "rule": (
+                f"a scope's level counts only in the {TRAFFIC_SLOT_MS // 1000} s slots in "
+                "which this tenant had a request of the scope's models in flight"
+            ),
+            "traffic_slot_ms": TRAFFIC_SLOT_MS,
             "ms_at_level": {str(k): v for k, v in ms_at.items()},
+            "ms_at_level_service": {str(k): v for k, v in ms_service.items()},
             "timeline": [
                 {
                     "from": _iso(a * _NS_PER_MS, tz),
@@ -502,5 +616,6 @@ def compute_statement(
         "exempted": exempted,
         "exempted_by_reason": dict(sorted(by_reason.items())),
         "incidents": incidents,
+        "budget_exhausted_not_this_tenant": not_mine,
         "inputs": inputs,
     }

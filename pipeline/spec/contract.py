@@ -35,7 +35,7 @@ from pipeline.spec.loader import (
     validation_report,
 )
 from pipeline.spec.registry import SpecKind
-from pipeline.spec.slo import SLOSpec, load_spec_file
+from pipeline.spec.slo import SLOSpec, load_spec, load_spec_file
 
 KIND: Final = "Contract"
 _PERIOD_RE: Final = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
@@ -226,6 +226,32 @@ class LoadedContract:
     spec_path: Path
     contract_digest: str
     spec_digest: str
+    # the files' text, as a statement records it (``verify`` recomputes with it)
+    contract_text: str
+    spec_text: str
+
+
+def load_recorded(
+    contract_text: str,
+    spec_text: str,
+    *,
+    contract_file: str = "<recorded contract>",
+    spec_file: str = "<recorded SLO spec>",
+) -> LoadedContract:
+    """A contract and its SLO spec from their recorded text (what a statement holds);
+    every problem is a :class:`SpecError`."""
+    spec = load_spec(spec_text, spec_file)
+    contract = load_contract(contract_text, contract_file, spec)
+    return LoadedContract(
+        contract,
+        spec,
+        Path(contract_file),
+        Path(spec_file),
+        digest(contract_text.encode("utf-8")),
+        digest(spec_text.encode("utf-8")),
+        contract_text,
+        spec_text,
+    )
 
 
 def load_contract_file(path: str | Path, spec_path: str | Path | None = None) -> LoadedContract:
@@ -242,7 +268,10 @@ def load_contract_file(path: str | Path, spec_path: str | Path | None = None) ->
     sp = Path(spec_path) if spec_path is not None else path.parent / str(named)
     spec = load_spec_file(sp)
     contract = load_contract(text, str(path), spec)
-    return LoadedContract(contract, spec, path, sp, digest(raw), digest(sp.read_bytes()))
+    spec_raw = read_bytes(sp, "spec")
+    return LoadedContract(
+        contract, spec, path, sp, digest(raw), digest(spec_raw), text, spec_raw.decode("utf-8")
+    )
 
 
 def validate_contract_file(path: str | Path) -> tuple[bool, str]:

@@ -88,12 +88,15 @@ def rec(
     tenant: str = "acme",
     cold: int | None = None,
     host: str = "m-0",
+    model: str = "m",
+    took_ms: int = 1,
 ) -> RequestRecord:
     return msgspec.structs.replace(
         _BASE,
         request_id=rid,
         tenant=tenant,
-        ts_unix_ns=t_ns - 1_000_000,
+        model=model,
+        ts_unix_ns=t_ns - took_ms * 1_000_000,
         end_unix_ns=t_ns,
         gateway_total_ms=total_ms,
         inference_ms=inference_ms,
@@ -429,6 +432,14 @@ def _ms(day: int, minute: int) -> int:
     return UTC_NOV_NS // 1_000_000 + day * 86_400_000 + minute * 60_000
 
 
+def busy(model: str, from_ms: int, to_ms: int, tenant: str = "acme") -> list[RequestRecord]:
+    """One request of ``tenant`` on ``model`` ending in each minute of [from, to)."""
+    return [
+        rec(f"{tenant}-{model}-{t}", (t + 30_000) * 1_000_000, model=model, tenant=tenant)
+        for t in range(from_ms, to_ms, 60_000)
+    ]
+
+
 def test_credit_is_fee_change_times_time_at_the_highest_level_of_the_scopes() -> None:
     changes = [
         LevelChange("m1", _ms(1, 0), 1, 1),  # m1 L1 for 60 min
@@ -438,9 +449,11 @@ def test_credit_is_fee_change_times_time_at_the_highest_level_of_the_scopes() ->
         LevelChange("m1", _ms(0, 0) - 86_400_000, 0, 3),  # October, then back to 0 ...
         LevelChange("m1", _ms(0, 0) - 1000, 0, 0),  # ... before the period: level 0
     ]
-    s = statement([], changes=changes, until_ns=None)
+    traffic = busy("m1", _ms(1, 0), _ms(1, 120)) + busy("m2", _ms(1, 0), _ms(1, 120))
+    s = statement(traffic, changes=changes, until_ns=None)
     at = s["levels"]["ms_at_level"]
     assert (at["1"], at["2"], at["3"]) == (30 * 60_000, 60 * 60_000, 0)
+    assert s["levels"]["ms_at_level_service"] == at
     want = (20 * 30 * 60_000 + 40 * 60 * 60_000) / NOV_MS
     assert s["credit_percent"] == pytest.approx(want, rel=1e-12)
     assert [(t["level"], t["scopes"]) for t in s["levels"]["timeline"]] == [
@@ -452,14 +465,17 @@ def test_credit_is_fee_change_times_time_at_the_highest_level_of_the_scopes() ->
 def test_a_level_held_into_the_period_counts_from_its_start_until_observed() -> None:
     changes = [LevelChange("m1", _ms(0, 0) - 60_000, 1, 3)]  # L3 since before the period
     until = (_ms(0, 0) + 10 * 60_000) * 1_000_000
-    s = statement([], changes=changes, until_ns=until)
+    s = statement(busy("m1", _ms(0, 0), _ms(0, 11)), changes=changes, until_ns=until)
     assert s["levels"]["ms_at_level"]["3"] == 10 * 60_000 + 1  # observed_until is inclusive
     assert s["levels"]["timeline"][0]["notify_customer"] is False  # L3: not notified
 
 
 def test_only_the_contracts_models_count() -> None:
     changes = [LevelChange("m1", _ms(2, 0), 1, 1), LevelChange("m2", _ms(2, 0), 1, 3)]
-    s = statement([], contract(models=["m1"]), changes=changes, until_ns=_ms(2, 10) * 1_000_000)
+    traffic = busy("m1", _ms(2, 0), _ms(2, 11)) + busy("m2", _ms(2, 0), _ms(2, 11))
+    s = statement(
+        traffic, contract(models=["m1"]), changes=changes, until_ns=_ms(2, 10) * 1_000_000
+    )
     assert s["levels"]["ms_at_level"]["3"] == 0
     assert s["levels"]["ms_at_level"]["1"] == 10 * 60_000 + 1
 
@@ -476,6 +492,7 @@ def test_budget_exhaustion_pauses_billing_and_opens_an_incident(
         rec("slower", t - 5 * 60 * 10**9, total_ms=1900, queue_ms=1500, inference_ms=350),
         rec("fine", t - 60 * 10**9, total_ms=100),
         rec("old", t - 2 * HOUR_NS, total_ms=5000),  # before the 1 h lookback
+        *busy("m1", at - HOUR_NS // 1_000_000, at + HOUR_NS // 1_000_000),  # fine ones
     ]
     changes = [LevelChange("m1", at - 30 * 60_000, 1, 1), LevelChange("m1", at + 30 * 60_000, 2, 0)]
     events = [
@@ -622,8 +639,11 @@ def test_time_at_each_level_equals_a_minute_by_minute_count(
             if m <= minute:
                 levels[s_] = lv
         want[max(levels.values(), default=0)] += 60_000
-    got = {int(k): v for k, v in st_["levels"]["ms_at_level"].items()}
+    got = {int(k): v for k, v in st_["levels"]["ms_at_level_service"].items()}
     assert got == want
+    # the tenant had no traffic: none of it is the tenant's
+    assert st_["levels"]["ms_at_level"] == {"0": until * 60_000, "1": 0, "2": 0, "3": 0}
+    assert st_["credit_percent"] == 0.0
 
 
 @pytest.mark.parametrize(("lookback", "bad"), [("1h", 1), ("3h", 2), ("period", 3)])
@@ -639,3 +659,163 @@ def test_an_incident_looks_back_as_the_contract_says(lookback: str, bad: int) ->
     c = contract(budget_exhausted={"lookback": lookback})
     s = statement(records, c, events=[BudgetEventRow("total", "budget_exhausted", at)])
     assert s["incidents"][0]["bad_requests"] == bad
+
+
+# --------------------------------------------------------------------------- #
+# Levels count for a tenant only while it had traffic in the scope
+# --------------------------------------------------------------------------- #
+
+_L1_M1_L3_M2 = [  # minutes 0..60 of Nov 2: m1 at L1, m2 at L3
+    LevelChange("m1", _ms(1, 0), 1, 1),
+    LevelChange("m1", _ms(1, 60), 2, 0),
+    LevelChange("m2", _ms(1, 0), 1, 3),
+    LevelChange("m2", _ms(1, 60), 2, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("records", "changes", "want_ms"),
+    [
+        pytest.param(busy("m1", _ms(1, 0), _ms(1, 60)), _L1_M1_L3_M2, {1: 60, 3: 0},
+                     id="traffic only on m1: m2's L3 is not the tenant's"),
+        pytest.param(busy("m1", _ms(1, 0), _ms(1, 60)) + busy("m2", _ms(1, 10), _ms(1, 20)),
+                     _L1_M1_L3_M2, {1: 50, 3: 10}, id="m2 for ten minutes: L3 for ten"),
+        pytest.param(busy("m1", _ms(1, 0), _ms(1, 60)) + busy("m2", _ms(1, 0), _ms(1, 60), "other"),
+                     _L1_M1_L3_M2, {1: 60, 3: 0}, id="another tenant's traffic is not its"),
+        pytest.param([], _L1_M1_L3_M2, {1: 0, 3: 0}, id="no traffic: no level"),
+        pytest.param(busy("m9", _ms(1, 0), _ms(1, 30)),
+                     [LevelChange("*", _ms(1, 0), 1, 2), LevelChange("*", _ms(1, 60), 2, 0)],
+                     {2: 30}, id="a fleet scope holds for any model"),
+        pytest.param([rec("long", (_ms(1, 5) + 10_000) * 1_000_000, model="m2", took_ms=190_000)],
+                     _L1_M1_L3_M2, {3: 4}, id="a request in flight over 4 minutes: 4 minutes"),
+        pytest.param([rec("skewed", (_ms(1, 5) + 10_000) * 1_000_000, model="m2",
+                          took_ms=2 * 3_600_000)],
+                     _L1_M1_L3_M2, {3: 1}, id="clocks 2 h apart: only the end's minute"),
+    ],
+)  # fmt: skip
+def test_a_level_counts_only_while_the_tenant_had_traffic_in_its_scope(
+    records: list[RequestRecord], changes: list[LevelChange], want_ms: dict[int, int]
+) -> None:
+    s = statement(records, changes=changes, until_ns=_ms(2, 0) * 1_000_000)
+    got = {lvl: s["levels"]["ms_at_level"][str(lvl)] // 60_000 for lvl in want_ms}
+    assert got == want_ms
+    fees = {1: 20, 2: 40, 3: 60}
+    want_credit = sum(fees[lv] * m * 60_000 for lv, m in want_ms.items()) / NOV_MS
+    assert s["credit_percent"] == pytest.approx(want_credit, rel=1e-12, abs=1e-15)
+    # the service's own levels are reported beside the tenant's, whatever its traffic
+    assert s["levels"]["ms_at_level_service"]["3"] == (
+        60 * 60_000 if any(c.level == 3 for c in changes) else 0
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    changes=st.lists(
+        st.tuples(st.sampled_from(["m1", "m2", "*"]), st.integers(-5, 40), st.integers(0, 3)),
+        max_size=12,
+    ),
+    active=st.lists(st.tuples(st.sampled_from(["m1", "m2", "m3"]), st.integers(-3, 44)),
+                    max_size=30),
+)  # fmt: skip
+def test_the_tenants_level_time_equals_a_minute_by_minute_count(
+    changes: list[tuple[str, int, int]], active: list[tuple[str, int]]
+) -> None:
+    until = 40
+    rows = [LevelChange(s, _ms(1, m), i, lv) for i, (s, m, lv) in enumerate(changes)]
+    records = [
+        rec(f"r{i}", (_ms(1, m) + 20_000) * 1_000_000, model=model)
+        for i, (model, m) in enumerate(active)
+    ]
+    st_ = statement(records, changes=rows, until_ns=_ms(1, until) * 1_000_000 - 1_000_000)
+    want = dict.fromkeys(range(4), 0)
+    start = (_ms(1, 0) - _ms(0, 0)) // 60_000
+    for minute in range(start + until):  # from the period's start
+        m_rel = minute - start
+        levels: dict[str, int] = {}
+        for s_, m, lv in sorted(changes, key=lambda c: c[1]):
+            if m <= m_rel:
+                levels[s_] = lv
+        live = {model for model, m in active if m == m_rel}
+        mine = [lv for s_, lv in levels.items() if (s_ == "*" and live) or s_ in live]
+        want[max(mine, default=0)] += 60_000
+    assert {int(k): v for k, v in st_["levels"]["ms_at_level"].items()} == want
+
+
+def test_an_exhaustion_without_bad_requests_of_the_tenant_is_not_its_incident() -> None:
+    at = _ms(3, 0)
+    t = at * 1_000_000
+    records = [
+        rec("fine", t - 60 * 10**9, total_ms=100),  # the tenant's: good
+        rec("theirs", t - 60 * 10**9, total_ms=5000, tenant="other"),  # bad, not its
+        rec("mine", t + HOUR_NS, total_ms=5000),  # bad, after the second exhaustion
+    ]
+    events = [
+        BudgetEventRow("total", "budget_exhausted", at),
+        BudgetEventRow("total", "budget_exhausted", at + HOUR_NS // 1_000_000 + 60_000),
+    ]
+    s = statement(records, events=events, until_ns=t + 2 * HOUR_NS)
+    [inc] = s["incidents"]
+    assert inc["at_ms"] == at + HOUR_NS // 1_000_000 + 60_000
+    assert inc["bad_requests"] == 1
+    assert [p["from_ms"] for p in s["billing_pauses"]] == [inc["at_ms"]]
+    [other] = s["budget_exhausted_not_this_tenant"]
+    assert (other["at_ms"], other["slo"]) == (at, "total")
+    assert "no counted bad request of this tenant" in other["why"]
+    # and for the other tenant it is the other way round
+    theirs = compute_statement(
+        tenant="other", period="2026-11", contract=contract(), spec=SPEC, records=records,
+        level_changes=[], budget_events=events, observed_until_ns=t + 2 * HOUR_NS, inputs={},
+    )  # fmt: skip
+    assert [i["at_ms"] for i in theirs["incidents"]] == [at]
+    assert all(i["bad_requests"] > 0 for i in s["incidents"] + theirs["incidents"])
+
+
+# --------------------------------------------------------------------------- #
+# The contract a statement records
+# --------------------------------------------------------------------------- #
+
+
+def test_the_recorded_contract_loads_as_the_files_did() -> None:
+    from pipeline.spec.contract import load_recorded
+
+    files = load_contract_file(SPECS / "contract-example.yaml")
+    again = load_recorded(files.contract_text, files.spec_text)
+    assert (again.contract_digest, again.spec_digest) == (files.contract_digest, files.spec_digest)
+    assert again.contract == files.contract
+    assert again.spec == files.spec
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (None, None),
+        ("contract", "inputs.contract: the recorded content is not the recorded digest"),
+        ("slo_spec", "inputs.slo_spec: the recorded content is not the recorded digest"),
+    ],
+)
+def test_a_recorded_content_that_is_not_its_digest_is_named(
+    edit: str | None, problem: str | None
+) -> None:
+    from pipeline.statement import recorded_contract
+
+    files = load_contract_file(SPECS / "contract-example.yaml")
+    inputs: dict[str, Any] = {
+        "contract": {"digest": files.contract_digest, "content": files.contract_text},
+        "slo_spec": {"digest": files.spec_digest, "content": files.spec_text},
+    }
+    if edit is not None:
+        inputs[edit]["content"] += "\n# edited\n"
+    loaded, problems = recorded_contract({"inputs": inputs})
+    assert problems == (
+        []
+        if problem is None
+        else [problem + f" {inputs[edit]['digest']} (the statement was edited)"]
+    )  # type: ignore[index]
+    assert loaded.contract == files.contract
+
+
+def test_a_statement_without_recorded_content_is_refused() -> None:
+    from pipeline.statement import recorded_contract
+
+    with pytest.raises(TypeError, match="records no content"):
+        recorded_contract({"inputs": {"contract": {"digest": "sha256:x"}, "slo_spec": {}}})

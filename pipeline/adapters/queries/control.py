@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.queries.filters import ReportFilter, scope_models, time_where
 from pipeline.adapters.store import Store
 
 Row = tuple[Any, ...]
 
 
-def _where(f: ReportFilter) -> str:
-    """The filter's time range; with a model, the directives of its scope, ``*`` and
-    ``fleet``."""
+def _where(f: ReportFilter) -> tuple[str, dict[str, Any]]:
+    """The filter's time range; with a model or SLOs that select models, the directives
+    of those models' scopes, ``*`` and ``fleet``."""
     where = time_where("event_time", f)
-    if f.model is not None:
-        where += " AND scope IN ({model:String}, '*', 'fleet')"
-    return where
+    models = scope_models(f)
+    if models is None:
+        return where, {}
+    return where + " AND scope IN {scopes:Array(String)}", {"scopes": [*models, "*", "fleet"]}
 
 
 def directives(store: Store, f: ReportFilter) -> list[Row]:
@@ -34,10 +35,11 @@ def directive_timeline(store: Store, f: ReportFilter) -> list[Row]:
 
 
 def _directives(store: Store, f: ReportFilter, columns: str, order: str) -> list[Row]:
+    where, bound = _where(f)
     return store.query_rows(
         f"SELECT {columns} FROM {store.database}.control_signals FINAL "
-        f"WHERE NOT heartbeat AND {_where(f)} ORDER BY {order}",
-        params(f),
+        f"WHERE NOT heartbeat AND {where} ORDER BY {order}",
+        bound,
     )
 
 

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.timefmt import iso_time
+from pipeline.spec.slo import SLO
 
 
 @dataclass(frozen=True, slots=True)
 class ReportFilter:
-    """What ``tailguard report`` looks at: request end times / window starts in
-    ``[since, until)`` (unix seconds), one model (requests and latency; SLO windows are
-    per SLO, whose scope names its models), some SLOs (by name)."""
+    """What ``tailguard report`` looks at: request end times / window starts / event
+    times in ``[since, until)`` (unix seconds), one model (its requests; SLOs recounted
+    over them; its control scope), some SLOs (by name; with their definitions in
+    ``selects``, the request tables keep the traffic they select and the control
+    directives the scopes of their models)."""
 
     since_unix_s: float | None = None
     until_unix_s: float | None = None
     model: str | None = None
     slos: tuple[str, ...] = ()
+    # the named SLOs' definitions (the spec's), for their traffic selection
+    selects: tuple[SLO, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,3 +71,54 @@ def params(f: ReportFilter) -> dict[str, Any]:
     if f.slos:
         out["slos"] = list(f.slos)
     return out
+
+
+def selection_sql(slos: Sequence[SLO], prefix: str = "sel") -> tuple[str, dict[str, Any]]:
+    """The traffic the SLOs select (their ``filter``: models, priorities, context
+    buckets, tenants, stream; the prompt exclusion; ``attempts: last``) as one SQL
+    condition over ``requests`` (any of them), with its bound parameters."""
+    if not slos:
+        return "1", {}
+    ors: list[str] = []
+    p: dict[str, Any] = {}
+    for i, slo in enumerate(slos):
+        conds = ["1"]
+        flt = slo.filter
+        if flt is not None:
+            for col, vals, typ in (
+                ("model", flt.model, "String"),
+                ("priority", flt.priority, "Int64"),
+                ("ctx_bucket", flt.ctx_bucket, "String"),
+                ("tenant", flt.tenant, "String"),
+            ):
+                if vals is not None:
+                    name = f"{prefix}{i}_{col}"
+                    conds.append(f"{col} IN {{{name}:Array({typ})}}")
+                    p[name] = list(vals)
+            if flt.stream is not None:
+                conds.append("stream" if flt.stream else "NOT stream")
+        if slo.exclude is not None and slo.exclude.prompt_tokens_over is not None:
+            conds.append(
+                f"(prompt_tokens IS NULL OR prompt_tokens <= {int(slo.exclude.prompt_tokens_over)})"
+            )
+        if slo.attempts == "last":
+            conds.append("NOT superseded")
+        ors.append("(" + " AND ".join(conds) + ")")
+    return "(" + " OR ".join(ors) + ")", p
+
+
+def scope_models(f: ReportFilter) -> list[str] | None:
+    """The models whose control scopes the filter keeps (None: every scope): its model,
+    and of those the named SLOs select (an SLO without a model filter selects any)."""
+    selected: set[str] | None = None  # None: any model
+    if f.selects:
+        selected = set()
+        for slo in f.selects:
+            models = slo.filter.model if slo.filter is not None else None
+            if models is None:
+                selected = None
+                break
+            selected |= set(models)
+    if f.model is None:
+        return None if selected is None else sorted(selected)
+    return [f.model] if selected is None or f.model in selected else []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.queries.filters import ReportFilter, params, selection_sql, time_where
 from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.spec.slo import SLO
@@ -15,7 +15,19 @@ _NAMES: Final = ", ".join(n for n, _ in REQUEST_COLUMNS)
 
 
 def _where(f: ReportFilter) -> str:
-    return time_where("end_unix_ns", f, unit="ns", model_column="model")
+    """The filter's time range and model, and the traffic its SLOs select (bound
+    parameters: :func:`_params`)."""
+    where = time_where("end_unix_ns", f, unit="ns", model_column="model")
+    if f.selects:
+        where += " AND " + selection_sql(f.selects)[0]
+    return where
+
+
+def _params(f: ReportFilter) -> dict[str, Any]:
+    out = params(f)
+    if f.selects:
+        out.update(selection_sql(f.selects)[1])
+    return out
 
 
 def boundary_quantiles(store: Store, f: ReportFilter, quantiles: Sequence[float]) -> Row:
@@ -28,7 +40,7 @@ def boundary_quantiles(store: Store, f: ReportFilter, quantiles: Sequence[float]
     return store.query_rows(
         f"SELECT count(), {', '.join(parts)} FROM {store.database}.requests FINAL "
         f"WHERE {_where(f)}",
-        params(f),
+        _params(f),
     )[0]
 
 
@@ -40,7 +52,7 @@ def counts_by(store: Store, f: ReportFilter, column: str) -> dict[Any, Any]:
         store.query_rows(
             f"SELECT {column}, count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
             f"GROUP BY {column} ORDER BY {column}",
-            params(f),
+            _params(f),
         )
     )
 
@@ -50,7 +62,7 @@ def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
     ((n,),) = store.query_rows(
         f"SELECT count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
         f"AND end_unix_ns >= {from_unix_ms * 1_000_000}",
-        params(f),
+        _params(f),
     )
     return int(n)
 
@@ -65,7 +77,7 @@ def clock_skew(store: Store, f: ReportFilter) -> list[Row]:
         "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
         "AND gateway_overhead_ms IS NOT NULL "
         "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
-        params(f),
+        _params(f),
     )
 
 
@@ -76,6 +88,37 @@ def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int
         "WHERE tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64} "
         "ORDER BY request_id, attempt",
         {"t": tenant, "a": from_unix_ns, "b": until_unix_ns},
+    )
+
+
+def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
+    """``(start s, boundary, p99, sum, count)`` per minute (of the end) and boundary of the
+    filter's requests, exact (``quantileExact``): the latency series when the filter
+    selects traffic the rollups cannot (the named SLOs' selection)."""
+    for b in boundaries:
+        if b not in BOUNDARIES:
+            raise ValueError(f"unknown boundary {b!r}")
+    parts = ", ".join(
+        f"('{b}', quantileExactIf(0.99)({b}, {b} IS NOT NULL), sumIf({b}, {b} IS NOT NULL), "
+        f"count({b}))"
+        for b in boundaries
+    )
+    rows = store.query_rows(
+        f"SELECT toUnixTimestamp(toStartOfMinute(toDateTime64(end_unix_ns / 1e9, 3, 'UTC'))) "
+        f"AS t, [{parts}] FROM {store.database}.requests FINAL WHERE {_where(f)} "
+        "GROUP BY t ORDER BY t",
+        _params(f),
+    )
+    return [(t, b, p99 if n else None, total, n) for t, per in rows for b, p99, total, n in per]
+
+
+def filter_rows(store: Store, f: ReportFilter, before_unix_ms: int) -> list[Row]:
+    """Whole rows (``REQUEST_COLUMNS``) of the filter's requests that ended before
+    ``before_unix_ms`` (the end of the last closed window: what the windows count)."""
+    return store.query_rows(
+        f"SELECT {_NAMES} FROM {store.database}.requests FINAL WHERE {_where(f)} "
+        "AND end_unix_ns < {before:Int64}",
+        {**_params(f), "before": before_unix_ms * 1_000_000},
     )
 
 
@@ -130,26 +173,9 @@ def bad_time_split(store: Store, f: ReportFilter, slo: SLO) -> tuple[int, float,
     conds = [f"{b} IS NOT NULL", f"{b} > {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"]
     outcomes = ["ok", "client_abort"] if slo.client_abort == "measure" else ["ok"]
     conds.append("outcome IN {bt_outcomes:Array(String)}")
-    p: dict[str, Any] = {**params(f), "bt_outcomes": outcomes}
-    flt = slo.filter
-    if flt is not None:
-        for col, vals, typ in (
-            ("model", flt.model, "String"),
-            ("priority", flt.priority, "Int64"),
-            ("ctx_bucket", flt.ctx_bucket, "String"),
-            ("tenant", flt.tenant, "String"),
-        ):
-            if vals is not None:
-                conds.append(f"{col} IN {{bt_{col}:Array({typ})}}")
-                p[f"bt_{col}"] = list(vals)
-        if flt.stream is not None:
-            conds.append("stream" if flt.stream else "NOT stream")
-    if slo.exclude is not None and slo.exclude.prompt_tokens_over is not None:
-        conds.append(
-            f"(prompt_tokens IS NULL OR prompt_tokens <= {int(slo.exclude.prompt_tokens_over)})"
-        )
-    if slo.attempts == "last":
-        conds.append("NOT superseded")
+    selected, bound = selection_sql([slo], prefix="bt")
+    conds.append(selected)
+    p: dict[str, Any] = {**_params(f), **bound, "bt_outcomes": outcomes}
     cond = " AND ".join(conds)
     row = store.query_rows(
         f"SELECT countIf({cond}), sumIf(queue_ms, {cond}), sumIf({b}, {cond}) "
