@@ -243,3 +243,15 @@ def explain(r: RequestRecord, spec: SLOSpec, directives: Iterable[Directive]) ->
         tiers=tier_verdicts(spec, per_slo),
         control=control_at(directives, r.model, r.end_unix_ns // 1_000_000),
     )
+
+
+def conflict_note(r: RequestRecord) -> str | None:
+    """What ``explain`` says of a record whose terminal events conflicted (None: none)."""
+    if not r.conflicts:
+        return None
+    n = r.conflicts
+    return (
+        f"{n} conflicting terminal event{'' if n == 1 else 's'} (this request, another event "
+        "id, other outcome or values): the record holds the worse of each kind (a failure "
+        "over a client abort over ok, then the longer latency), and the SLOs count that"
+    )

@@ -19,8 +19,22 @@ Rules
 * A partner arriving after its partial record was emitted, while the request
   id is still remembered, upgrades it to a joined record (revision 1; the
   store keeps the highest revision).
-* A repeated ``event_id`` is a duplicate and is ignored; a second terminal event of
-  the same kind with another id is a conflict, counted and ignored.
+* A repeated ``event_id`` is a duplicate and is ignored, and so is a terminal event
+  with another id but the same content (every field but ``event_id`` equal: a producer
+  that re-sent it under a new id).
+* **Conflicts.** A second terminal event of the same kind with another id and other
+  content (two ``gateway.completed`` for one request, ok then error 500) is a conflict:
+  counted (``JoinCounters.conflicts``), flagged on the record (``RequestRecord.conflicts``,
+  the ``requests.conflicts`` column) and resolved to the *worse* event of the two, kept
+  whole (fields of two events are never mixed): a failure beats a client abort, which
+  beats ok; then the longer gateway total (engine: end-to-end), then the longer first
+  byte (engine: inference, then queue), then the larger event id (so the result does not
+  depend on the order the events arrive in). A conflict after the record was emitted
+  corrects it like a late partner upgrades a partial (``Emitted.previous`` taken back,
+  counted in ``JoinCounters.conflicts_corrected``): the join keeps a fully joined
+  request's events ``conflict_ttl_ms`` after its record (a failed or partial one: as long
+  as it is remembered). Later than that, nothing tells a conflict from a duplicate (the
+  join holds only the request id): it counts as a duplicate.
 * **Attempts.** A client that retries with the same ``X-Request-Id`` sends another
   ``gateway.received`` (another ``event_id``): that starts attempt 2 (3, ...) of the
   request, joined and recorded on its own (``RequestRecord.attempt``). A terminal
@@ -43,6 +57,7 @@ without losing any state that lives only in memory.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +85,7 @@ _RESOLVED_EXPIRY_MASK: Final = (1 << _RESOLVED_HASH_SHIFT) - 1
 # timers differ slightly) and still belong to that attempt.
 _ENGINE_FIT_SLACK_MS: Final = 50.0
 _COMPACT_SLACK: Final = 1024
+_MAX_CONFLICTS: Final = 65_535  # requests.conflicts is a UInt16
 
 # A request in flight (gateway.received only: the bulk of the join state) is held as
 # one int packing what a record takes from the event, little-endian bytes of
@@ -130,6 +146,17 @@ class JoinConfig:
     resolved_ttl_ms: int = 600_000
     max_pending: int = 1_000_000
     max_resolved: int = 2_000_000
+    # How long a fully joined request's events are kept for a conflicting terminal event
+    # to correct its record (see "Conflicts"); 0: not kept (such a conflict then counts
+    # as a duplicate); at most resolved_ttl_ms. Memory: a request's three events per
+    # request joined in it.
+    conflict_ttl_ms: int = 15_000
+
+    @property
+    def conflict_keep_ms(self) -> int:
+        """How long joined requests' events are kept (conflict_ttl_ms, at most
+        resolved_ttl_ms: a request forgotten has no record left to correct)."""
+        return min(self.conflict_ttl_ms, self.resolved_ttl_ms)
 
     def __post_init__(self) -> None:
         for name in (
@@ -141,6 +168,8 @@ class JoinConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
+        if self.conflict_ttl_ms < 0:
+            raise ValueError(f"join.conflict_ttl_ms must be >= 0, got {self.conflict_ttl_ms}")
 
 
 Parts = tuple["ReceivedFields | None", AnyCompleted | None, AnyFinished | None]
@@ -181,7 +210,12 @@ class Emitted(msgspec.Struct, frozen=True, gc=False):
         if (revision >= 2 and (cpl is None or fin is None)) or (cpl is None and fin is None):
             return None
         rec = self.record
-        out = build_record(rec.request_id, rcv, cpl, fin, attempt=rec.attempt, retried=superseded)
+        # (the conflicts of the version counted are taken to be this one's: the events
+        # set aside are not kept)
+        out = build_record(
+            rec.request_id, rcv, cpl, fin, attempt=rec.attempt, retried=superseded,
+            conflicts=rec.conflicts,
+        )  # fmt: skip
         if out.superseded != superseded:
             return None
         return out
@@ -191,7 +225,8 @@ class Emitted(msgspec.Struct, frozen=True, gc=False):
 class JoinCounters:
     events: int = 0
     duplicates: int = 0
-    conflicts: int = 0
+    conflicts: int = 0  # conflicting terminal events (see "Conflicts")
+    conflicts_corrected: int = 0  # of them, after the record was emitted: corrected
     joined: int = 0
     gateway_only: int = 0
     engine_only: int = 0
@@ -243,6 +278,8 @@ class _Pending(msgspec.Struct, gc=False):
     deadline_ms: int = 0
     wall_deadline_ms: int = 0
     terminal_ms: int = 0  # event time of its first terminal event (0: none yet)
+    conflicts: int = 0  # conflicting terminal events set aside (see "Conflicts")
+    seen: tuple[int, ...] = ()  # after a conflict: _marks of its terminal events
 
 
 class _Resolved(msgspec.Struct, gc=False):
@@ -261,6 +298,8 @@ class _Resolved(msgspec.Struct, gc=False):
     # it, so that a worker resuming before that window is written re-reads every event
     # the upgraded record needs (-1: unknown)
     first_offset: int = -1
+    conflicts: int = 0
+    seen: tuple[int, ...] = ()
 
 
 _GENERATIONS: Final = 8  # a resolved memory's generations per resolved_ttl_ms (see below)
@@ -382,8 +421,58 @@ def _rid_of(key: str, attempt: int) -> str:
     return key if attempt == 1 else key.rpartition(ATTEMPT_SEP)[0]
 
 
-def _build(key: str, attempt: int, retried: bool, parts: Parts) -> RequestRecord:
-    return build_record(_rid_of(key, attempt), *parts, attempt=attempt, retried=retried)
+def _build(
+    key: str, attempt: int, retried: bool, parts: Parts, conflicts: int = 0
+) -> RequestRecord:
+    return record_of(_rid_of(key, attempt), *parts, attempt, retried, conflicts)
+
+
+# Outcomes by how bad they are for a conflict (any other outcome, a failure: 2).
+_OUTCOME_RANK: Final = {"ok": 0, "client_abort": 1}
+_FINISH_RANK: Final = {"stop": 0, "length": 0, "abort": 1}
+
+
+def _badness(ev: AnyCompleted | AnyFinished) -> tuple[int, float, float, float, str]:
+    """How bad a terminal event is for its request (see "Conflicts": the larger, the
+    worse; a total order over events of one kind, ties broken by the event id)."""
+    if ev.kind == "gateway.completed":
+        ttfb = ev.ttfb_ms
+        return (
+            _OUTCOME_RANK.get(ev.outcome, 2), ev.total_ms,
+            math.inf if ttfb is None else ttfb, float(ev.http_status),
+            ev.event_id,
+        )  # fmt: skip
+    fin: AnyFinished = ev
+    return (
+        _FINISH_RANK.get(fin.finish_reason, 2), fin.e2e_ms, fin.inference_ms, fin.queue_ms,
+        fin.event_id,
+    )  # fmt: skip
+
+
+def worse_terminal(a: AnyCompleted | AnyFinished, b: AnyCompleted | AnyFinished) -> bool:
+    """Whether terminal event ``a`` is worse than ``b`` (same kind; see "Conflicts")."""
+    return _badness(a) > _badness(b)
+
+
+def _content(ev: AnyLifecycle) -> dict[str, object]:
+    """An event's fields but its id (and kind): equal content, another id, is a duplicate."""
+    d: dict[str, object] = (
+        msgspec.structs.asdict(ev) if isinstance(ev, msgspec.Struct) else ev.model_dump()
+    )
+    d.pop("event_id", None)
+    d.pop("kind", None)
+    return d
+
+
+def _repeats(slot: AnyLifecycle, event: AnyLifecycle) -> bool:
+    """A terminal event the join holds already: the same id, or the same content."""
+    return slot.event_id == event.event_id or _content(slot) == _content(event)
+
+
+def _marks(ev: AnyLifecycle) -> tuple[int, int]:
+    """Hashes of an event's id and of its content: a repeat of an event set aside as
+    conflicting is a duplicate too, so the conflict count does not depend on the order."""
+    return hash(ev.event_id), hash(tuple(_content(ev).items()))
 
 
 def _terminal_key(entry: _Pending | int) -> int | None:
@@ -438,6 +527,9 @@ class Joiner:
     # A fully joined request is remembered by its expiry alone (an int: ~3x smaller
     # than a _Resolved); requests whose events are kept hold a _Resolved.
     _resolved: ResolvedMemory = field(init=False)
+    # Fully joined requests' events, for conflict_ttl_ms after their record (their entry
+    # in _resolved is an int): a conflicting terminal event corrects the record.
+    _recent: ResolvedMemory = field(init=False)
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _terminals: list[tuple[int, str]] = field(default_factory=list)
@@ -462,6 +554,9 @@ class Joiner:
 
     def __post_init__(self) -> None:
         self._resolved = ResolvedMemory(self.config.resolved_ttl_ms, self.config.max_resolved)
+        self._recent = ResolvedMemory(
+            max(self.config.conflict_keep_ms, 1), self.config.max_resolved
+        )
 
     def _string_id(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -712,7 +807,10 @@ class Joiner:
         done = self._resolved.get(key)
         if done is not None:
             if isinstance(done, int):
-                self._count_repeat(event, None)  # joined requests keep no events
+                recent = self._recent.get(key) if event.kind != "gateway.received" else None
+                if isinstance(recent, _Resolved):
+                    return self._after_resolved(recent, key, event)
+                self._count_repeat(event, None)  # its events are no longer kept
                 return None
             return self._after_resolved(done, key, event)
         entry = self._pending.get(key)
@@ -762,7 +860,7 @@ class Joiner:
         attempt = entry.attempt
         rec = record_of(
             key if attempt == 1 else _rid_of(key, attempt), received, completed, finished,
-            attempt, entry.retried,
+            attempt, entry.retried, entry.conflicts,
         )  # fmt: skip
         if rec.superseded:
             self.counters.superseded += 1
@@ -779,6 +877,12 @@ class Joiner:
                 (ts_ms + self.config.resolved_ttl_ms)
                 | (((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT),
             )
+            if self.config.conflict_keep_ms:
+                self._recent.put(key, _Resolved(
+                    ts_ms + self.config.conflict_keep_ms, received, completed, finished,
+                    attempt=attempt, retried=entry.retried, first_offset=entry.first_offset,
+                    conflicts=entry.conflicts, seen=entry.seen,
+                ))  # fmt: skip
         return Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
 
     def _state(self, key: str) -> _Pending | _Resolved | int | None:
@@ -852,11 +956,11 @@ class Joiner:
             return None  # joined and ok (never superseded), or forgotten
         done.retried = True
         parts = (done.received, done.completed, done.finished)
-        before = _build(key, done.attempt, False, parts)
+        before = _build(key, done.attempt, False, parts, done.conflicts)
         if before.outcome == "ok":
             return None
         self.counters.superseded += 1
-        after = _build(key, done.attempt, True, parts)
+        after = _build(key, done.attempt, True, parts, done.conflicts)
         return Emitted(after, done.first_offset, upgrade=True, previous=before, parts=parts)
 
     def _route(self, rid: str, n: int, event: AnyLifecycle) -> tuple[str, int]:
@@ -928,11 +1032,49 @@ class Joiner:
                 return True
         if _same_id(slot, event):
             self.counters.duplicates += 1
+        elif isinstance(slot, _Received):
+            self.counters.conflicts += 1  # (another received of an attempt that has one)
         else:
-            self.counters.conflicts += 1
+            self._set_aside(entry, slot, event)
         return False
 
+    def _set_aside(self, st: _Pending | _Resolved, slot: AnyLifecycle, event: AnyLifecycle) -> bool:
+        """A terminal event of a kind the request has: a repeat of one it holds or set
+        aside (a duplicate: False), or a conflict (True: counted, the worse one kept)."""
+        if _repeats(slot, event):
+            self.counters.duplicates += 1
+            return False
+        marks = _marks(event)
+        if st.seen and (marks[0] in st.seen or marks[1] in st.seen):
+            self.counters.duplicates += 1
+            return False
+        self.counters.conflicts += 1
+        held = _marks(slot)
+        st.seen = (*st.seen, *(() if held[0] in st.seen else held), *marks)
+        st.conflicts = min(st.conflicts + 1, _MAX_CONFLICTS)
+        if worse_terminal(event, slot):  # type: ignore[arg-type]
+            if event.kind == "gateway.completed":
+                st.completed = event
+            else:
+                st.finished = event  # type: ignore[assignment]
+        return True
+
+    def _conflict(
+        self, done: _Resolved, key: str, event: AnyLifecycle, slot: AnyLifecycle
+    ) -> Emitted | None:
+        """A terminal event of a request whose record was emitted, of a kind it has: a
+        repeat (ignored), or a conflict that corrects the record (see "Conflicts")."""
+        previous = self._record(key, done)
+        if not self._set_aside(done, slot, event):
+            return None
+        self.counters.conflicts_corrected += 1
+        return self._upgrade(key, done, previous)
+
     def _after_resolved(self, done: _Resolved, key: str, event: AnyLifecycle) -> Emitted | None:
+        if event.kind == "gateway.completed" and done.completed is not None:
+            return self._conflict(done, key, event, done.completed)
+        if event.kind == "engine.finished" and done.finished is not None:
+            return self._conflict(done, key, event, done.finished)
         if not done.partial:
             if event.kind == "gateway.received" and done.completed is not None:
                 if done.received is None:
@@ -968,12 +1110,13 @@ class Joiner:
     @staticmethod
     def _record(key: str, done: _Resolved) -> RequestRecord:
         return _build(
-            key, done.attempt, done.retried, (done.received, done.completed, done.finished)
-        )
+            key, done.attempt, done.retried, (done.received, done.completed, done.finished),
+            done.conflicts,
+        )  # fmt: skip
 
     def _upgrade(self, key: str, done: _Resolved, previous: RequestRecord) -> Emitted:
         parts = (done.received, done.completed, done.finished)
-        rec = _build(key, done.attempt, done.retried, parts)
+        rec = _build(key, done.attempt, done.retried, parts, done.conflicts)
         if rec.superseded and not previous.superseded:
             self.counters.superseded += 1
         return Emitted(rec, done.first_offset, upgrade=True, previous=previous, parts=parts)
@@ -1007,6 +1150,7 @@ class Joiner:
             self._resolved.put(key, _Resolved(
                 expires, entry.received, entry.completed, entry.finished, partial=partial,
                 attempt=entry.attempt, retried=entry.retried, first_offset=entry.first_offset,
+                conflicts=entry.conflicts, seen=entry.seen,
             ))  # fmt: skip
 
     def _resolve_partial(self, key: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
@@ -1020,7 +1164,7 @@ class Joiner:
         else:
             self.counters.engine_only += 1
         parts = (entry.received, entry.completed, entry.finished)
-        rec = _build(key, entry.attempt, entry.retried, parts)
+        rec = _build(key, entry.attempt, entry.retried, parts, entry.conflicts)
         if rec.superseded:
             self.counters.superseded += 1
         return Emitted(rec, entry.first_offset, parts=parts)
@@ -1079,6 +1223,7 @@ class Joiner:
             if rec is not None:
                 out.append(rec)
         self._resolved.expire(now_ms)
+        self._recent.expire(now_ms)
         return out
 
     def drain(self) -> list[RequestRecord]:
