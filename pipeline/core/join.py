@@ -124,6 +124,8 @@ _BUCKET_BITS: Final = 14
 # one dict lookup instead of pushed through two heaps of tuples and popped (or
 # compacted) from them again (~17 tuple comparisons on scattered memory a pop).
 _TERMINAL_BITS: Final = 12
+# Joined requests' events are kept (for conflicts) in generations of 2**_RECENT_BITS ms.
+_RECENT_BITS: Final = 12
 
 
 _SAME: Final = object()
@@ -527,9 +529,17 @@ class Joiner:
     # A fully joined request is remembered by its expiry alone (an int: ~3x smaller
     # than a _Resolved); requests whose events are kept hold a _Resolved.
     _resolved: ResolvedMemory = field(init=False)
-    # Fully joined requests' events, for conflict_ttl_ms after their record (their entry
-    # in _resolved is an int): a conflicting terminal event corrects the record.
-    _recent: ResolvedMemory = field(init=False)
+    # Fully joined requests' records and events, for conflict_ttl_ms after their record
+    # (their entry in _resolved is an int): a conflicting terminal event corrects the
+    # record. Generations by join time (>> _RECENT_BITS) of key -> (join ms, the Emitted,
+    # or the _Resolved it became once looked up); dropped whole once expired. Storing
+    # the Emitted the join returns anyway costs one dict store a request (a _Resolved put
+    # in a ResolvedMemory cost ~2 µs a request).
+    _recent: dict[int, dict[str, tuple[int, Emitted | _Resolved]]] = field(default_factory=dict)
+    _recent_gen: dict[str, tuple[int, Emitted | _Resolved]] = field(default_factory=dict)
+    _recent_at: int = -1  # the generation _recent_gen is
+    _recent_now: int = 0  # the clock at the last advance: entries expired by then are gone
+    _conflict_ms: int = 0  # JoinConfig.conflict_keep_ms
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _terminals: list[tuple[int, str]] = field(default_factory=list)
@@ -554,9 +564,7 @@ class Joiner:
 
     def __post_init__(self) -> None:
         self._resolved = ResolvedMemory(self.config.resolved_ttl_ms, self.config.max_resolved)
-        self._recent = ResolvedMemory(
-            max(self.config.conflict_keep_ms, 1), self.config.max_resolved
-        )
+        self._conflict_ms = self.config.conflict_keep_ms
 
     def _string_id(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -807,8 +815,8 @@ class Joiner:
         done = self._resolved.get(key)
         if done is not None:
             if isinstance(done, int):
-                recent = self._recent.get(key) if event.kind != "gateway.received" else None
-                if isinstance(recent, _Resolved):
+                recent = self._recent_get(key) if event.kind != "gateway.received" else None
+                if recent is not None:
                     return self._after_resolved(recent, key, event)
                 self._count_repeat(event, None)  # its events are no longer kept
                 return None
@@ -877,13 +885,57 @@ class Joiner:
                 (ts_ms + self.config.resolved_ttl_ms)
                 | (((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT),
             )
-            if self.config.conflict_keep_ms:
-                self._recent.put(key, _Resolved(
-                    ts_ms + self.config.conflict_keep_ms, received, completed, finished,
-                    attempt=attempt, retried=entry.retried, first_offset=entry.first_offset,
+            if self._conflict_ms:
+                out = Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
+                at = ts_ms >> _RECENT_BITS
+                if at != self._recent_at:
+                    self._recent_at = at
+                    self._recent_gen = self._recent.setdefault(at, {})
+                self._recent_gen[key] = (ts_ms, out if not entry.seen else _Resolved(
+                    ts_ms + self._conflict_ms, received, completed, finished, attempt=attempt,
+                    retried=entry.retried, first_offset=entry.first_offset,
                     conflicts=entry.conflicts, seen=entry.seen,
                 ))  # fmt: skip
+                return out
         return Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
+
+    def _recent_get(self, key: str) -> _Resolved | None:
+        """A fully joined request's events, while kept (see ``_recent``), as the
+        :class:`_Resolved` a conflict updates."""
+        for at in sorted(self._recent, reverse=True):
+            gen = self._recent[at]
+            item = gen.get(key)
+            if item is None:
+                continue
+            ts_ms, held = item
+            if ts_ms + self._conflict_ms <= self._recent_now:
+                return None
+            if isinstance(held, _Resolved):
+                return held
+            rec = held.record
+            assert held.parts is not None
+            received, completed, finished = held.parts
+            done = _Resolved(
+                ts_ms + self._conflict_ms,
+                received,  # type: ignore[arg-type]  # (the join's _Received: see _join)
+                completed, finished, attempt=rec.attempt,
+                retried=self._attempts.get(rec.request_id, 1) > rec.attempt,
+                first_offset=held.first_offset, conflicts=rec.conflicts,
+            )  # fmt: skip
+            gen[key] = (ts_ms, done)
+            return done
+        return None
+
+    def _recent_expire(self, now_ms: int) -> None:
+        """Event time is ``now_ms``: forget the joined requests' events kept until then."""
+        if now_ms <= self._recent_now:
+            return
+        self._recent_now = now_ms
+        horizon = now_ms - self._conflict_ms  # joined at or before it: expired
+        for at in [at for at in self._recent if ((at + 1) << _RECENT_BITS) - 1 <= horizon]:
+            del self._recent[at]
+            if at == self._recent_at:
+                self._recent_at, self._recent_gen = -1, {}
 
     def _state(self, key: str) -> _Pending | _Resolved | int | None:
         """What the join holds of one attempt: pending (an int: in flight, received
@@ -1223,7 +1275,8 @@ class Joiner:
             if rec is not None:
                 out.append(rec)
         self._resolved.expire(now_ms)
-        self._recent.expire(now_ms)
+        if self._recent:
+            self._recent_expire(now_ms)
         return out
 
     def drain(self) -> list[RequestRecord]:
