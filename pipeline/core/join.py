@@ -150,8 +150,8 @@ class JoinConfig:
     max_resolved: int = 2_000_000
     # How long a fully joined request's events are kept for a conflicting terminal event
     # to correct its record (see "Conflicts"); 0: not kept (such a conflict then counts
-    # as a duplicate); at most resolved_ttl_ms. Memory: a request's three events per
-    # request joined in it.
+    # as a duplicate); at most resolved_ttl_ms. Memory: a request's record and events per
+    # request joined in it; CPU: ~0.4 µs/event (README, "Duplicates and conflicting ...").
     conflict_ttl_ms: int = 15_000
 
     @property
