@@ -632,6 +632,9 @@ def spec_document(spec: SLOSpec) -> dict[str, Any]:
     doc: dict[str, Any] = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     if not doc.get("tiers"):
         doc.pop("tiers", None)
+    for slo in doc["slos"]:
+        if slo.get("threshold_strict") is False:
+            del slo["threshold_strict"]  # the default (<=): written only when strict
     return doc
 
 
