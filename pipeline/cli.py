@@ -299,6 +299,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if rejected:
                 _append_rejected(dlq_path, rejected, args.events.name)
                 summary["store_rejected"] = len(rejected)
+                summary["dead_letters"] += len(rejected)  # each is a line of the DLQ file
             acc = settings.window_config().relative_accuracy
             token = f"replay/{uuid.uuid4().hex}"
             write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})

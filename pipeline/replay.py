@@ -310,10 +310,9 @@ def replay_file(
                 _feed(proc, batch, result, dlq_out)
                 batch = []
         _feed(proc, batch, result, dlq_out)
-    drained = proc.drain()
-    result._take(drained)
-    if result.control is not None:
-        result.control.feed(drained)
+    # End of input: events still held ahead of the clock are quarantined here; they are
+    # dead letters like any other (counted and written with their reason).
+    _take(proc.drain(), result, dlq_out)
     j = proc.join_counters()
     w, c = proc.window_counters(), proc.counters
     result.counters = {
@@ -336,7 +335,12 @@ def _feed(
     result: ReplayResult,
     dlq_out: IO[bytes] | None,
 ) -> None:
-    out = proc.process(batch, wall_ms=None)  # event time only in a replay
+    _take(proc.process(batch, wall_ms=None), result, dlq_out)  # event time only in a replay
+
+
+def _take(out: Output, result: ReplayResult, dlq_out: IO[bytes] | None) -> None:
+    """One output of the processor: into the result, the control run and the DLQ file
+    (every dead letter the result counts is a line of the file)."""
     result._take(out)
     if result.control is not None:
         result.control.feed(out)

@@ -37,7 +37,7 @@ def render_summary(summary: dict[str, Any]) -> Any:
         f"join: {join.get('events', 0):,} events, {join.get('joined', 0):,} joined, "
         f"{join.get('gateway_only', 0):,} gateway only, {join.get('engine_only', 0):,} engine "
         f"only, {join.get('duplicates', 0):,} duplicates, {join.get('conflicts', 0):,} "
-        "conflicts",
+        f"conflicts ({join.get('conflicts_corrected', 0):,} corrected a record emitted)",
         f"windows: {windows.get('closed', 0):,} closed, {windows.get('corrections', 0):,} "
         f"corrections ({windows.get('corrected_records', 0):,} late records corrected, "
         f"{windows.get('retracted_records', 0):,} retracted), "

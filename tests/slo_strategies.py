@@ -97,6 +97,8 @@ def slo_dicts(draw: st.DrawFn, name: str) -> dict[str, Any]:
         errors=draw(st.sampled_from(["bad", "exclude"])),
         client_abort=draw(st.sampled_from(["measure", "exclude"])),
     )
+    if draw(st.booleans()):
+        data["threshold_strict"] = True  # good iff value < threshold (OpenSLO op: lt)
     if filt:
         data["filter"] = filt
     if draw(st.booleans()):

@@ -29,7 +29,7 @@ from msgspec import Raw
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.contract.wire import AnyEvent, EventBytes, event_slices
 from pipeline.core.processor import KeptMessage
-from pipeline.core.record import RequestRecord
+from pipeline.core.record import CONFLICTED_VERSION, RequestRecord, revision_of_version
 from pipeline.core.sketch import SketchColumns
 from pipeline.core.windows import ClosedWindow, WindowKey
 from pipeline.settings import Settings
@@ -444,6 +444,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("slo_ttft_ms", "Nullable(Float64)"),  # 0009: llm-d per-request objectives
     ("slo_tpot_ms", "Nullable(Float64)"),
     ("cold_start_unix_ns", "Nullable(Int64)"),  # 0010
+    ("conflicts", "UInt16"),  # 0012: conflicting terminal events (pipeline.core.join)
 )
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 
@@ -474,7 +475,7 @@ def record_from_row(row: Sequence[Any]) -> RequestRecord:
     for k in _EMPTY_IF_NONE:
         d[k] = d[k] or None
     d["flags"] = tuple(d["flags"])
-    d["revision"] = d["revision"] // 2  # the store version: see store_version
+    d["revision"] = revision_of_version(d["revision"])  # the store version: see store_version
     return RequestRecord(**d)
 
 
@@ -486,7 +487,7 @@ def record_from_row(row: Sequence[Any]) -> RequestRecord:
 # What the column-wise path does in Python, the SELECT does by name: the store version
 # (pipeline.core.record.store_version; a test keeps the two equal) and "" for a missing
 # tenant or host.
-REQUEST_VERSION_SQL = "revision * 2 + superseded"
+REQUEST_VERSION_SQL = f"revision * 2 + superseded + if(conflicts > 0, {CONFLICTED_VERSION}, 0)"
 _REQUEST_STRUCTURE = ", ".join(
     f"{n} {'Nullable(String)' if n in _EMPTY_IF_NONE else t}" for n, t in REQUEST_COLUMNS
 )

@@ -7,6 +7,9 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.dead_letters`` (counter): rejected events/messages sent to the DLQ
 * ``tailguard.records`` (counter): request records written
 * ``tailguard.join.timeouts`` (counter, attribute ``side``): partial records
+* ``tailguard.join.conflicts`` (counter, attribute ``when``): conflicting terminal events
+  (``pipeline.core.join``, "Conflicts"): ``before_record`` (resolved before the record was
+  emitted) or ``after_record`` (the record emitted was corrected)
 * ``tailguard.windows.lateness`` (counter, attribute ``kind``): ``corrected`` (records
   that arrived after their window closed, written as corrections), ``retracted``
   (partials taken back when upgraded), ``quarantined`` (events out of range of the
@@ -141,6 +144,7 @@ class WorkerTelemetry:
         self.dead_letters = m.create_counter("tailguard.dead_letters", unit="{event}")
         self.records = m.create_counter("tailguard.records", unit="{record}")
         self.join_timeouts = m.create_counter("tailguard.join.timeouts", unit="{record}")
+        self.join_conflicts = m.create_counter("tailguard.join.conflicts", unit="{event}")
         self.lateness = m.create_counter("tailguard.windows.lateness", unit="{record}")
         self.windows_closed = m.create_counter("tailguard.windows.closed", unit="{window}")
         self.write_duration = m.create_histogram("tailguard.clickhouse.write.duration", unit="ms")

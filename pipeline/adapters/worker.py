@@ -151,6 +151,7 @@ class WorkerShell:
         self._commit_floor: dict[int, int] = {}  # per partition: checkpointed at assignment
         self._progress_sent: dict[int, int] = {}
         self._timeouts_seen = (0, 0)
+        self._conflicts_seen = (0, 0)  # join conflicts (before, after the record) counted
         self._seen_counts: dict[str, int] = {}
         self.write_retries = 0
         self.store_rejected = 0  # rows the store refused, sent to the DLQ
@@ -618,6 +619,13 @@ class WorkerShell:
         if j.engine_only > en:
             self.telemetry.join_timeouts.add(j.engine_only - en, {"side": "engine_only"})
         self._timeouts_seen = (j.gateway_only, j.engine_only)
+        before, after = j.conflicts - j.conflicts_corrected, j.conflicts_corrected
+        seen_before, seen_after = self._conflicts_seen
+        if before > seen_before:
+            self.telemetry.join_conflicts.add(before - seen_before, {"when": "before_record"})
+        if after > seen_after:
+            self.telemetry.join_conflicts.add(after - seen_after, {"when": "after_record"})
+        self._conflicts_seen = (before, after)
         w = self.processor.window_counters()
         c = self.processor.counters
         for name, value in (
@@ -641,12 +649,13 @@ class WorkerShell:
         w = self.processor.window_counters()
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
-            "joined=%d gateway_only=%d engine_only=%d duplicates=%d windows_closed=%d "
+            "joined=%d gateway_only=%d engine_only=%d duplicates=%d conflicts=%d "
+            "windows_closed=%d "
             "corrected=%d retracted=%d quarantined=%d replayed=%d flagged=%d write_retries=%d",
             c.messages, c.events, c.records, self.rows_written, c.dead_letters,
             self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
-            w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed, c.flagged,
-            self.write_retries,
+            j.conflicts, w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
+            c.flagged, self.write_retries,
         )  # fmt: skip
         skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 60_000}
         if skew:

@@ -134,15 +134,16 @@ def breakdown(r: RequestRecord) -> tuple[Segment, ...]:
 
 def _reason(slo: SLO, r: RequestRecord, verdict: Verdict, value: float | None) -> str:
     thr = f"{slo.threshold_ms:g} ms"
+    good_op, bad_op = ("<", ">=") if slo.threshold_strict else ("<=", ">")
     if verdict == "good":
-        return f"{value:.1f} ms <= {thr}" if value is not None else "good"
+        return f"{value:.1f} ms {good_op} {thr}" if value is not None else "good"
     if verdict == "bad":
         if r.outcome in _FAILED or r.outcome not in ("ok", "client_abort"):
             return f"outcome {r.outcome} counts as bad"
         if value is None:
             total = r.gateway_total_ms
             return f"no first byte, and the client waited {total or 0:.1f} ms > {thr}"
-        return f"{value:.1f} ms > {thr}{_load_cause(slo, r, value)}"
+        return f"{value:.1f} ms {bad_op} {thr}{_load_cause(slo, r, value)}"
     # skip: say which rule took it out
     f = slo.filter
     if f is not None:
@@ -241,4 +242,16 @@ def explain(r: RequestRecord, spec: SLOSpec, directives: Iterable[Directive]) ->
         verdicts=per_slo,
         tiers=tier_verdicts(spec, per_slo),
         control=control_at(directives, r.model, r.end_unix_ns // 1_000_000),
+    )
+
+
+def conflict_note(r: RequestRecord) -> str | None:
+    """What ``explain`` says of a record whose terminal events conflicted (None: none)."""
+    if not r.conflicts:
+        return None
+    n = r.conflicts
+    return (
+        f"{n} conflicting terminal event{'' if n == 1 else 's'} (this request, another event "
+        "id, other outcome or values): the record holds the worse of each kind (a failure "
+        "over a client abort over ok, then the longer latency), and the SLOs count that"
     )

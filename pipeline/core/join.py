@@ -19,8 +19,22 @@ Rules
 * A partner arriving after its partial record was emitted, while the request
   id is still remembered, upgrades it to a joined record (revision 1; the
   store keeps the highest revision).
-* A repeated ``event_id`` is a duplicate and is ignored; a second terminal event of
-  the same kind with another id is a conflict, counted and ignored.
+* A repeated ``event_id`` is a duplicate and is ignored, and so is a terminal event
+  with another id but the same content (every field but ``event_id`` equal: a producer
+  that re-sent it under a new id).
+* **Conflicts.** A second terminal event of the same kind with another id and other
+  content (two ``gateway.completed`` for one request, ok then error 500) is a conflict:
+  counted (``JoinCounters.conflicts``), flagged on the record (``RequestRecord.conflicts``,
+  the ``requests.conflicts`` column) and resolved to the *worse* event of the two, kept
+  whole (fields of two events are never mixed): a failure beats a client abort, which
+  beats ok; then the longer gateway total (engine: end-to-end), then the longer first
+  byte (engine: inference, then queue), then the larger event id (so the result does not
+  depend on the order the events arrive in). A conflict after the record was emitted
+  corrects it like a late partner upgrades a partial (``Emitted.previous`` taken back,
+  counted in ``JoinCounters.conflicts_corrected``): the join keeps a fully joined
+  request's events ``conflict_ttl_ms`` after its record (a failed or partial one: as long
+  as it is remembered). Later than that, nothing tells a conflict from a duplicate (the
+  join holds only the request id): it counts as a duplicate.
 * **Attempts.** A client that retries with the same ``X-Request-Id`` sends another
   ``gateway.received`` (another ``event_id``): that starts attempt 2 (3, ...) of the
   request, joined and recorded on its own (``RequestRecord.attempt``). A terminal
@@ -43,6 +57,7 @@ without losing any state that lives only in memory.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +85,7 @@ _RESOLVED_EXPIRY_MASK: Final = (1 << _RESOLVED_HASH_SHIFT) - 1
 # timers differ slightly) and still belong to that attempt.
 _ENGINE_FIT_SLACK_MS: Final = 50.0
 _COMPACT_SLACK: Final = 1024
+_MAX_CONFLICTS: Final = 65_535  # requests.conflicts is a UInt16
 
 # A request in flight (gateway.received only: the bulk of the join state) is held as
 # one int packing what a record takes from the event, little-endian bytes of
@@ -108,6 +124,8 @@ _BUCKET_BITS: Final = 14
 # one dict lookup instead of pushed through two heaps of tuples and popped (or
 # compacted) from them again (~17 tuple comparisons on scattered memory a pop).
 _TERMINAL_BITS: Final = 12
+# Joined requests' events are kept (for conflicts) in generations of 2**_RECENT_BITS ms.
+_RECENT_BITS: Final = 12
 
 
 _SAME: Final = object()
@@ -130,6 +148,17 @@ class JoinConfig:
     resolved_ttl_ms: int = 600_000
     max_pending: int = 1_000_000
     max_resolved: int = 2_000_000
+    # How long a fully joined request's events are kept for a conflicting terminal event
+    # to correct its record (see "Conflicts"); 0: not kept (such a conflict then counts
+    # as a duplicate); at most resolved_ttl_ms. Memory: a request's record and events per
+    # request joined in it; CPU: ~0.4 µs/event (README, "Duplicates and conflicting ...").
+    conflict_ttl_ms: int = 15_000
+
+    @property
+    def conflict_keep_ms(self) -> int:
+        """How long joined requests' events are kept (conflict_ttl_ms, at most
+        resolved_ttl_ms: a request forgotten has no record left to correct)."""
+        return min(self.conflict_ttl_ms, self.resolved_ttl_ms)
 
     def __post_init__(self) -> None:
         for name in (
@@ -141,6 +170,8 @@ class JoinConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
+        if self.conflict_ttl_ms < 0:
+            raise ValueError(f"join.conflict_ttl_ms must be >= 0, got {self.conflict_ttl_ms}")
 
 
 Parts = tuple["ReceivedFields | None", AnyCompleted | None, AnyFinished | None]
@@ -181,7 +212,12 @@ class Emitted(msgspec.Struct, frozen=True, gc=False):
         if (revision >= 2 and (cpl is None or fin is None)) or (cpl is None and fin is None):
             return None
         rec = self.record
-        out = build_record(rec.request_id, rcv, cpl, fin, attempt=rec.attempt, retried=superseded)
+        # (the conflicts of the version counted are taken to be this one's: the events
+        # set aside are not kept)
+        out = build_record(
+            rec.request_id, rcv, cpl, fin, attempt=rec.attempt, retried=superseded,
+            conflicts=rec.conflicts,
+        )  # fmt: skip
         if out.superseded != superseded:
             return None
         return out
@@ -191,7 +227,8 @@ class Emitted(msgspec.Struct, frozen=True, gc=False):
 class JoinCounters:
     events: int = 0
     duplicates: int = 0
-    conflicts: int = 0
+    conflicts: int = 0  # conflicting terminal events (see "Conflicts")
+    conflicts_corrected: int = 0  # of them, after the record was emitted: corrected
     joined: int = 0
     gateway_only: int = 0
     engine_only: int = 0
@@ -243,6 +280,8 @@ class _Pending(msgspec.Struct, gc=False):
     deadline_ms: int = 0
     wall_deadline_ms: int = 0
     terminal_ms: int = 0  # event time of its first terminal event (0: none yet)
+    conflicts: int = 0  # conflicting terminal events set aside (see "Conflicts")
+    seen: tuple[int, ...] = ()  # after a conflict: _marks of its terminal events
 
 
 class _Resolved(msgspec.Struct, gc=False):
@@ -261,6 +300,8 @@ class _Resolved(msgspec.Struct, gc=False):
     # it, so that a worker resuming before that window is written re-reads every event
     # the upgraded record needs (-1: unknown)
     first_offset: int = -1
+    conflicts: int = 0
+    seen: tuple[int, ...] = ()
 
 
 _GENERATIONS: Final = 8  # a resolved memory's generations per resolved_ttl_ms (see below)
@@ -382,8 +423,58 @@ def _rid_of(key: str, attempt: int) -> str:
     return key if attempt == 1 else key.rpartition(ATTEMPT_SEP)[0]
 
 
-def _build(key: str, attempt: int, retried: bool, parts: Parts) -> RequestRecord:
-    return build_record(_rid_of(key, attempt), *parts, attempt=attempt, retried=retried)
+def _build(
+    key: str, attempt: int, retried: bool, parts: Parts, conflicts: int = 0
+) -> RequestRecord:
+    return record_of(_rid_of(key, attempt), *parts, attempt, retried, conflicts)
+
+
+# Outcomes by how bad they are for a conflict (any other outcome, a failure: 2).
+_OUTCOME_RANK: Final = {"ok": 0, "client_abort": 1}
+_FINISH_RANK: Final = {"stop": 0, "length": 0, "abort": 1}
+
+
+def _badness(ev: AnyCompleted | AnyFinished) -> tuple[int, float, float, float, str]:
+    """How bad a terminal event is for its request (see "Conflicts": the larger, the
+    worse; a total order over events of one kind, ties broken by the event id)."""
+    if ev.kind == "gateway.completed":
+        ttfb = ev.ttfb_ms
+        return (
+            _OUTCOME_RANK.get(ev.outcome, 2), ev.total_ms,
+            math.inf if ttfb is None else ttfb, float(ev.http_status),
+            ev.event_id,
+        )  # fmt: skip
+    fin: AnyFinished = ev
+    return (
+        _FINISH_RANK.get(fin.finish_reason, 2), fin.e2e_ms, fin.inference_ms, fin.queue_ms,
+        fin.event_id,
+    )  # fmt: skip
+
+
+def worse_terminal(a: AnyCompleted | AnyFinished, b: AnyCompleted | AnyFinished) -> bool:
+    """Whether terminal event ``a`` is worse than ``b`` (same kind; see "Conflicts")."""
+    return _badness(a) > _badness(b)
+
+
+def _content(ev: AnyLifecycle) -> dict[str, object]:
+    """An event's fields but its id (and kind): equal content, another id, is a duplicate."""
+    d: dict[str, object] = (
+        msgspec.structs.asdict(ev) if isinstance(ev, msgspec.Struct) else ev.model_dump()
+    )
+    d.pop("event_id", None)
+    d.pop("kind", None)
+    return d
+
+
+def _repeats(slot: AnyLifecycle, event: AnyLifecycle) -> bool:
+    """A terminal event the join holds already: the same id, or the same content."""
+    return slot.event_id == event.event_id or _content(slot) == _content(event)
+
+
+def _marks(ev: AnyLifecycle) -> tuple[int, int]:
+    """Hashes of an event's id and of its content: a repeat of an event set aside as
+    conflicting is a duplicate too, so the conflict count does not depend on the order."""
+    return hash(ev.event_id), hash(tuple(_content(ev).items()))
 
 
 def _terminal_key(entry: _Pending | int) -> int | None:
@@ -438,6 +529,17 @@ class Joiner:
     # A fully joined request is remembered by its expiry alone (an int: ~3x smaller
     # than a _Resolved); requests whose events are kept hold a _Resolved.
     _resolved: ResolvedMemory = field(init=False)
+    # Fully joined requests' records and events, for conflict_ttl_ms after their record
+    # (their entry in _resolved is an int): a conflicting terminal event corrects the
+    # record. Generations by join time (>> _RECENT_BITS) of key -> (join ms, the Emitted,
+    # or the _Resolved it became once looked up); dropped whole once expired. Storing
+    # the Emitted the join returns anyway costs one dict store a request (a _Resolved put
+    # in a ResolvedMemory cost ~2 µs a request).
+    _recent: dict[int, dict[str, tuple[int, Emitted | _Resolved]]] = field(default_factory=dict)
+    _recent_gen: dict[str, tuple[int, Emitted | _Resolved]] = field(default_factory=dict)
+    _recent_at: int = -1  # the generation _recent_gen is
+    _recent_now: int = 0  # the clock at the last advance: entries expired by then are gone
+    _conflict_ms: int = 0  # JoinConfig.conflict_keep_ms
     _deadlines: list[tuple[int, str]] = field(default_factory=list)
     _wall_waits: list[tuple[int, int, str]] = field(default_factory=list)
     _terminals: list[tuple[int, str]] = field(default_factory=list)
@@ -462,6 +564,7 @@ class Joiner:
 
     def __post_init__(self) -> None:
         self._resolved = ResolvedMemory(self.config.resolved_ttl_ms, self.config.max_resolved)
+        self._conflict_ms = self.config.conflict_keep_ms
 
     def _string_id(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -712,7 +815,10 @@ class Joiner:
         done = self._resolved.get(key)
         if done is not None:
             if isinstance(done, int):
-                self._count_repeat(event, None)  # joined requests keep no events
+                recent = self._recent_get(key) if event.kind != "gateway.received" else None
+                if recent is not None:
+                    return self._after_resolved(recent, key, event)
+                self._count_repeat(event, None)  # its events are no longer kept
                 return None
             return self._after_resolved(done, key, event)
         entry = self._pending.get(key)
@@ -762,7 +868,7 @@ class Joiner:
         attempt = entry.attempt
         rec = record_of(
             key if attempt == 1 else _rid_of(key, attempt), received, completed, finished,
-            attempt, entry.retried,
+            attempt, entry.retried, entry.conflicts,
         )  # fmt: skip
         if rec.superseded:
             self.counters.superseded += 1
@@ -779,7 +885,57 @@ class Joiner:
                 (ts_ms + self.config.resolved_ttl_ms)
                 | (((received.id_hash & 0xFFFFFFFF) + 1) << _RESOLVED_HASH_SHIFT),
             )
+            if self._conflict_ms:
+                out = Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
+                at = ts_ms >> _RECENT_BITS
+                if at != self._recent_at:
+                    self._recent_at = at
+                    self._recent_gen = self._recent.setdefault(at, {})
+                self._recent_gen[key] = (ts_ms, out if not entry.seen else _Resolved(
+                    ts_ms + self._conflict_ms, received, completed, finished, attempt=attempt,
+                    retried=entry.retried, first_offset=entry.first_offset,
+                    conflicts=entry.conflicts, seen=entry.seen,
+                ))  # fmt: skip
+                return out
         return Emitted(rec, entry.first_offset, False, None, (received, completed, finished))
+
+    def _recent_get(self, key: str) -> _Resolved | None:
+        """A fully joined request's events, while kept (see ``_recent``), as the
+        :class:`_Resolved` a conflict updates."""
+        for at in sorted(self._recent, reverse=True):
+            gen = self._recent[at]
+            item = gen.get(key)
+            if item is None:
+                continue
+            ts_ms, held = item
+            if ts_ms + self._conflict_ms <= self._recent_now:
+                return None
+            if isinstance(held, _Resolved):
+                return held
+            rec = held.record
+            assert held.parts is not None
+            received, completed, finished = held.parts
+            done = _Resolved(
+                ts_ms + self._conflict_ms,
+                received,  # type: ignore[arg-type]  # (the join's _Received: see _join)
+                completed, finished, attempt=rec.attempt,
+                retried=self._attempts.get(rec.request_id, 1) > rec.attempt,
+                first_offset=held.first_offset, conflicts=rec.conflicts,
+            )  # fmt: skip
+            gen[key] = (ts_ms, done)
+            return done
+        return None
+
+    def _recent_expire(self, now_ms: int) -> None:
+        """Event time is ``now_ms``: forget the joined requests' events kept until then."""
+        if now_ms <= self._recent_now:
+            return
+        self._recent_now = now_ms
+        horizon = now_ms - self._conflict_ms  # joined at or before it: expired
+        for at in [at for at in self._recent if ((at + 1) << _RECENT_BITS) - 1 <= horizon]:
+            del self._recent[at]
+            if at == self._recent_at:
+                self._recent_at, self._recent_gen = -1, {}
 
     def _state(self, key: str) -> _Pending | _Resolved | int | None:
         """What the join holds of one attempt: pending (an int: in flight, received
@@ -852,11 +1008,11 @@ class Joiner:
             return None  # joined and ok (never superseded), or forgotten
         done.retried = True
         parts = (done.received, done.completed, done.finished)
-        before = _build(key, done.attempt, False, parts)
+        before = _build(key, done.attempt, False, parts, done.conflicts)
         if before.outcome == "ok":
             return None
         self.counters.superseded += 1
-        after = _build(key, done.attempt, True, parts)
+        after = _build(key, done.attempt, True, parts, done.conflicts)
         return Emitted(after, done.first_offset, upgrade=True, previous=before, parts=parts)
 
     def _route(self, rid: str, n: int, event: AnyLifecycle) -> tuple[str, int]:
@@ -928,11 +1084,49 @@ class Joiner:
                 return True
         if _same_id(slot, event):
             self.counters.duplicates += 1
+        elif isinstance(slot, _Received):
+            self.counters.conflicts += 1  # (another received of an attempt that has one)
         else:
-            self.counters.conflicts += 1
+            self._set_aside(entry, slot, event)
         return False
 
+    def _set_aside(self, st: _Pending | _Resolved, slot: AnyLifecycle, event: AnyLifecycle) -> bool:
+        """A terminal event of a kind the request has: a repeat of one it holds or set
+        aside (a duplicate: False), or a conflict (True: counted, the worse one kept)."""
+        if _repeats(slot, event):
+            self.counters.duplicates += 1
+            return False
+        marks = _marks(event)
+        if st.seen and (marks[0] in st.seen or marks[1] in st.seen):
+            self.counters.duplicates += 1
+            return False
+        self.counters.conflicts += 1
+        held = _marks(slot)
+        st.seen = (*st.seen, *(() if held[0] in st.seen else held), *marks)
+        st.conflicts = min(st.conflicts + 1, _MAX_CONFLICTS)
+        if worse_terminal(event, slot):  # type: ignore[arg-type]
+            if event.kind == "gateway.completed":
+                st.completed = event
+            else:
+                st.finished = event  # type: ignore[assignment]
+        return True
+
+    def _conflict(
+        self, done: _Resolved, key: str, event: AnyLifecycle, slot: AnyLifecycle
+    ) -> Emitted | None:
+        """A terminal event of a request whose record was emitted, of a kind it has: a
+        repeat (ignored), or a conflict that corrects the record (see "Conflicts")."""
+        previous = self._record(key, done)
+        if not self._set_aside(done, slot, event):
+            return None
+        self.counters.conflicts_corrected += 1
+        return self._upgrade(key, done, previous)
+
     def _after_resolved(self, done: _Resolved, key: str, event: AnyLifecycle) -> Emitted | None:
+        if event.kind == "gateway.completed" and done.completed is not None:
+            return self._conflict(done, key, event, done.completed)
+        if event.kind == "engine.finished" and done.finished is not None:
+            return self._conflict(done, key, event, done.finished)
         if not done.partial:
             if event.kind == "gateway.received" and done.completed is not None:
                 if done.received is None:
@@ -968,12 +1162,13 @@ class Joiner:
     @staticmethod
     def _record(key: str, done: _Resolved) -> RequestRecord:
         return _build(
-            key, done.attempt, done.retried, (done.received, done.completed, done.finished)
-        )
+            key, done.attempt, done.retried, (done.received, done.completed, done.finished),
+            done.conflicts,
+        )  # fmt: skip
 
     def _upgrade(self, key: str, done: _Resolved, previous: RequestRecord) -> Emitted:
         parts = (done.received, done.completed, done.finished)
-        rec = _build(key, done.attempt, done.retried, parts)
+        rec = _build(key, done.attempt, done.retried, parts, done.conflicts)
         if rec.superseded and not previous.superseded:
             self.counters.superseded += 1
         return Emitted(rec, done.first_offset, upgrade=True, previous=previous, parts=parts)
@@ -1007,6 +1202,7 @@ class Joiner:
             self._resolved.put(key, _Resolved(
                 expires, entry.received, entry.completed, entry.finished, partial=partial,
                 attempt=entry.attempt, retried=entry.retried, first_offset=entry.first_offset,
+                conflicts=entry.conflicts, seen=entry.seen,
             ))  # fmt: skip
 
     def _resolve_partial(self, key: str, entry: _Pending | int, now_ms: int) -> Emitted | None:
@@ -1020,7 +1216,7 @@ class Joiner:
         else:
             self.counters.engine_only += 1
         parts = (entry.received, entry.completed, entry.finished)
-        rec = _build(key, entry.attempt, entry.retried, parts)
+        rec = _build(key, entry.attempt, entry.retried, parts, entry.conflicts)
         if rec.superseded:
             self.counters.superseded += 1
         return Emitted(rec, entry.first_offset, parts=parts)
@@ -1079,6 +1275,8 @@ class Joiner:
             if rec is not None:
                 out.append(rec)
         self._resolved.expire(now_ms)
+        if self._recent:
+            self._recent_expire(now_ms)
         return out
 
     def drain(self) -> list[RequestRecord]:

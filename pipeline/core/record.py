@@ -101,10 +101,21 @@ def attempt_key(request_id: str, attempt: int) -> str:
     return request_id if attempt == 1 else f"{request_id}{ATTEMPT_SEP}{attempt}"
 
 
-def store_version(revision: int, superseded: bool) -> int:
+# A record whose terminal events conflicted (``RequestRecord.conflicts``) ranks above the
+# same revision without: a late conflict's correction replaces the row it corrects.
+CONFLICTED_VERSION: Final = 8
+
+
+def store_version(revision: int, superseded: bool, conflicted: bool = False) -> int:
     """The store's version of a record (``requests.revision``; the highest replaces):
-    twice the revision, plus 1 once a retry superseded it."""
-    return 2 * revision + (1 if superseded else 0)
+    twice the revision, plus 1 once a retry superseded it, plus 8 once its terminal events
+    conflicted (``pipeline.core.join``; revision <= 3, so the three never mix)."""
+    return 2 * revision + (1 if superseded else 0) + (CONFLICTED_VERSION if conflicted else 0)
+
+
+def revision_of_version(version: int) -> int:
+    """The revision in a store version (:func:`store_version`)."""
+    return (version % CONFLICTED_VERSION) // 2
 
 
 class RequestRecord(msgspec.Struct, frozen=True, gc=False):
@@ -160,11 +171,15 @@ class RequestRecord(msgspec.Struct, frozen=True, gc=False):
     # Served during a cold start of its engine: the engine's (re)start time, engine clock
     # (engine.finished ``cold_start_unix_ns``); contracts may exempt it
     cold_start_unix_ns: int | None = None
+    # Terminal events of this attempt that conflicted with the ones kept (same kind,
+    # another event id, other content: e.g. two gateway.completed, ok then error 500).
+    # The record holds the worse of each kind (see pipeline.core.join, "Conflicts").
+    conflicts: int = 0
 
     @property
     def version(self) -> int:
         """What the store orders versions of this attempt by (see store_version)."""
-        return store_version(self.revision, self.superseded)
+        return store_version(self.revision, self.superseded, self.conflicts > 0)
 
     @property
     def direct_traffic(self) -> bool:
@@ -184,11 +199,12 @@ def build_record(
     *,
     attempt: int = 1,
     retried: bool = False,
+    conflicts: int = 0,
 ) -> RequestRecord:
     """Combine the events of one request (one attempt of it) into its record (pure).
     ``retried``: a later attempt of the request exists (a failed attempt is then
-    superseded)."""
-    return record_of(request_id, received, completed, finished, attempt, retried)
+    superseded). ``conflicts``: terminal events set aside as conflicting (the join's)."""
+    return record_of(request_id, received, completed, finished, attempt, retried, conflicts)
 
 
 def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per record)
@@ -198,6 +214,7 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
     finished: AnyFinished | None,
     attempt: int,
     retried: bool,
+    conflicts: int = 0,
 ) -> RequestRecord:
     """:func:`build_record`, every argument positional (the join's call: keyword
     arguments cost a Python call ~0.1 µs more). Built positionally (field order of
@@ -328,4 +345,5 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         slo_ttft,
         slo_tpot,
         cold_start,
+        conflicts,
     )

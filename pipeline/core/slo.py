@@ -30,7 +30,8 @@ For one SLO and one record, :meth:`SLOMatcher.classify` says ``"good"``, ``"bad"
    judged like a success, by the time the client waited at that boundary.
    vLLM does not report aborts, so engine boundaries usually have no value and
    the abort is skipped there. ``client_abort: exclude``: skip.
-4. **Latency.** Good iff ``value <= threshold_ms`` (equality is good). No value
+4. **Latency.** Good iff ``value <= threshold_ms`` (equality is good); with
+   ``threshold_strict`` good iff ``value < threshold_ms`` (equality is bad). No value
    at the boundary -> skip. One refinement: ``gateway_ttfb_ms`` is missing when
    no byte was ever sent; the client then waited ``gateway_total_ms`` without
    a first byte, so if *that* exceeds the threshold the first byte was
@@ -184,6 +185,7 @@ class SLOMatcher:
         "observed",
         "priorities",
         "stream",
+        "strict",
         "tenants",
         "threshold",
     )
@@ -204,6 +206,7 @@ class SLOMatcher:
         self.aborts_measured = slo.client_abort == "measure"
         self.last_attempt_only = slo.attempts == "last"
         self.threshold = slo.threshold_ms
+        self.strict = slo.threshold_strict
         self.boundary = slo.boundary
         self.get: Callable[[RequestRecord], float | None] = attrgetter(slo.boundary)
         lower = _LOWER_BOUND.get(slo.boundary)
@@ -253,6 +256,8 @@ class SLOMatcher:
                 if waited is not None and waited > self.threshold:
                     return "bad"
             return "skip"
+        if self.strict:
+            return "good" if value < self.threshold else "bad"
         return "good" if value <= self.threshold else "bad"
 
     def classify_many(self, cols: RecordColumns) -> tuple[BoolArray, BoolArray]:
@@ -281,8 +286,12 @@ class SLOMatcher:
         measured = ok | abort if self.aborts_measured else ok
         # 4. latency
         value = cols.boundary(self.boundary)
-        good = measured & (value <= self.threshold)  # NaN compares False
-        late = value > self.threshold
+        if self.strict:
+            good = measured & (value < self.threshold)  # NaN compares False
+            late = value >= self.threshold
+        else:
+            good = measured & (value <= self.threshold)
+            late = value > self.threshold
         if self.lower_bound is not None:
             late |= np.isnan(value) & (cols.boundary(_LOWER_BOUND[self.boundary]) > self.threshold)
         bad = measured & late

@@ -10,9 +10,11 @@ OpenSLO v1                                 tailguard/v1
 ``spec.description``                       ``description``
 ``indicator`` / ``indicatorRef`` -> ``SLI``  ``boundary``: ``thresholdMetric.metricSource``
   ``thresholdMetric``                      ``{type: tailguard, spec: {boundary, unit}}``
-                                           (``unit`` ``ms`` (default) or ``s``)
-``objectives: [{op: lte, value, target}]``  ``threshold_ms`` (``value``), ``objective``
-  (exactly one; ``targetPercent`` too)     (``target``)
+                                           (or annotation ``x-tailguard/boundary``)
+``objectives: [{op, value, target}]``      ``threshold_ms`` (``value``, in ms: see units),
+  (exactly one; ``targetPercent`` too)     ``objective`` (``target``); ``op: lte`` ->
+                                           good iff value <= threshold, ``op: lt`` ->
+                                           ``threshold_strict: true`` (good iff <)
 ``budgetingMethod: Occurrences``           (the only method: a request is good or bad)
 ``timeWindow: [{duration, isRolling}]``     ``window: {rolling: <duration>}``; calendar
                                            ``1M`` -> ``{calendar: month}``, ``1w`` ->
@@ -40,10 +42,20 @@ has no field for; each is optional on import:
   express: ``budget_fraction``, ``compliance_below``), ``x-tailguard/budget-events``
   (JSON), ``x-tailguard/rules-description``.
 
+Units of ``value``, from the source, never assumed: ``metricSource.spec.unit`` or the
+SLO's annotation ``x-tailguard/unit`` (``ms``, ``s``, ``us`` and their long names), else
+for ``type: tailguard`` ``ms`` (what export writes), else for ``type: Prometheus`` the
+base-unit suffix of the metric the query names (``..._seconds_bucket`` -> s,
+``..._milliseconds`` / ``..._ms`` -> ms: Prometheus's naming convention). A unit that is
+unknown, missing or contradicted by the metric's name is refused with its field path.
+The conversion is decimal (``value: 0.3`` s is exactly ``300`` ms, not 300.00000000000006,
+which would move requests at 300 ms across the threshold).
+
 Anything else that cannot be mapped is refused with the document's field path and the
 reason (:class:`OpenSLOError`): ratio or raw metrics, ``Timeslices`` budgeting, several
-objectives, ``op`` other than ``lte``, ``alertAfter``, a calendar other than a month or
-a week, rolling months/quarters/years, unknown kinds.
+objectives, ``op: gt | gte`` (good when *slower* than the value: a tailguard latency SLO
+is good below its threshold), ``alertAfter``, a calendar other than a month or a week,
+rolling months/quarters/years, unknown kinds.
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -68,6 +81,19 @@ POLICY_NAME: Final = "tailguard-burn-rules"
 SEVERITIES: Final = ("page", "ticket")
 _OPENSLO_DURATION: Final = re.compile(r"^([1-9][0-9]*)([mhdwMQY])$")
 CALENDAR_START: Final = "2024-01-01 00:00:00"  # a Monday, 1st of a month: both calendars
+# An objective's ``value`` unit -> milliseconds per unit (decimal: the conversion is exact).
+UNIT_MS: Final[Mapping[str, Decimal]] = {
+    "ms": Decimal(1), "millisecond": Decimal(1), "milliseconds": Decimal(1),
+    "s": Decimal(1000), "second": Decimal(1000), "seconds": Decimal(1000),
+    "us": Decimal("0.001"), "microsecond": Decimal("0.001"), "microseconds": Decimal("0.001"),
+}  # fmt: skip
+# ``op`` of a thresholdMetric objective -> threshold_strict (good iff value < / <= threshold).
+OPS_STRICT: Final[Mapping[str, bool]] = {"lte": False, "lt": True}
+# A Prometheus metric name's base-unit suffix (the naming convention), histogram parts too.
+_PROM_UNIT: Final = re.compile(
+    r"[A-Za-z_:][A-Za-z0-9_:]*?_(seconds|milliseconds|ms|microseconds)"
+    r"(?:_bucket|_sum|_count|_total)?(?![A-Za-z0-9_:])"
+)
 
 
 class OpenSLOError(ValueError):
@@ -146,7 +172,13 @@ def export_openslo(
             },
             "timeWindow": [_window_out(s)],
             "budgetingMethod": "Occurrences",
-            "objectives": [{"op": "lte", "value": s.threshold_ms, "target": s.objective}],
+            "objectives": [
+                {
+                    "op": "lt" if s.threshold_strict else "lte",
+                    "value": s.threshold_ms,
+                    "target": s.objective,
+                }
+            ],
         }
         if s.description is not None:
             body = {"description": s.description, **body}
@@ -315,7 +347,7 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
             "(tailguard counts requests, good or bad; no time slices)",
         )
     sli, sli_path = _indicator(doc, path, slis, issues)
-    unit = "ms"
+    unit: str | None = None
     if sli is not None:
         sli_spec = _get(sli, "spec")
         threshold = _get(sli_spec, "thresholdMetric")
@@ -331,7 +363,7 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
             boundary = ann.get(X + "boundary")
             if _get(source, "type") == SOURCE_TYPE:
                 boundary = _get(_get(source, "spec"), "boundary") or boundary
-                unit = str(_get(_get(source, "spec"), "unit") or "ms")
+            unit = _source_unit(source, sp, ann, path, issues)
             if boundary is None:
                 issues.add(
                     sp,
@@ -339,8 +371,6 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
                     f"spec.boundary, or annotation {X}boundary",
                 )
             out["boundary"] = boundary
-            if unit not in ("ms", "s"):
-                issues.add(f"{sp}.spec.unit", f"{unit!r}: ms or s")
     objectives = _get(spec, "objectives")
     if not isinstance(objectives, list) or len(objectives) != 1:
         issues.add(
@@ -350,15 +380,22 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
         )
     else:
         o, op_path = objectives[0], f"{path}.spec.objectives[0]"
-        if _get(o, "op") != "lte":
+        op = _get(o, "op")
+        if op in OPS_STRICT:
+            if OPS_STRICT[op]:
+                out["threshold_strict"] = True
+        elif op in ("gt", "gte"):
             issues.add(
                 f"{op_path}.op",
-                f"{_get(o, 'op')!r}: only lte maps (a request is good "
-                "when its latency is <= the threshold)",
+                f"{op!r}: good when the latency is above the value does not map "
+                "(a tailguard latency SLO is good below its threshold: lt or lte)",
             )
+        else:
+            issues.add(f"{op_path}.op", f"{op!r}: one of lt, lte, gt, gte")
         value = _get(o, "value")
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out["threshold_ms"] = float(value) * (1000.0 if unit == "s" else 1.0)
+            if unit is not None:
+                out["threshold_ms"] = float(Decimal(repr(value)) * UNIT_MS[unit])
         else:
             issues.add(f"{op_path}.value", "a number (the latency threshold) is needed")
         target = _get(o, "target")
@@ -379,6 +416,50 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
     if X + "client-abort" in ann:
         out["client_abort"] = ann[X + "client-abort"]
     return out
+
+
+def _source_unit(
+    source: Any, sp: str, ann: Mapping[str, str], path: str, issues: _Issues
+) -> str | None:
+    """The unit of the objective's ``value`` (a key of :data:`UNIT_MS`), from the source
+    (see the module's doc); None, with an issue naming the field, when it is unknown."""
+    given: list[tuple[str, str]] = []  # (unit, field path)
+    src_spec = _get(source, "spec")
+    if _get(src_spec, "unit") is not None:
+        given.append((str(_get(src_spec, "unit")), f"{sp}.spec.unit"))
+    if X + "unit" in ann:
+        given.append((ann[X + "unit"], f"{path}.metadata.annotations.{X}unit"))
+    for unit, where in given:
+        if unit not in UNIT_MS:
+            issues.add(where, f"unknown unit {unit!r}: one of {', '.join(UNIT_MS)}")
+            return None
+    kind = str(_get(source, "type") or "")
+    named: list[tuple[str, str]] = []
+    if kind.lower() == "prometheus":
+        for key in ("query", "promql"):
+            query = _get(src_spec, key)
+            if isinstance(query, str):
+                suffixes = {m.group(1) for m in _PROM_UNIT.finditer(query)}
+                named += [(u, f"{sp}.spec.{key}") for u in sorted(suffixes)]
+    units = {UNIT_MS[u] for u, _ in given + named}
+    if len(units) > 1:
+        where = ", ".join(f"{u} ({w})" for u, w in given + named)
+        issues.add(given[0][1] if given else named[0][1], f"units disagree: {where}")
+        return None
+    if given:
+        return given[0][0]
+    if named:
+        return named[0][0]
+    if kind == SOURCE_TYPE:
+        return "ms"  # tailguard's own boundaries are in ms (what export writes)
+    why = " (its query names no metric with a unit suffix, e.g. _seconds)"
+    issues.add(
+        f"{sp}.spec.unit",
+        f"the unit of the objective's value is unknown for a {kind or 'typeless'} source"
+        f"{why if kind.lower() == 'prometheus' else ''}: give spec.unit "
+        f"({', '.join(UNIT_MS)}) or annotation {X}unit",
+    )
+    return None
 
 
 def _condition_in(doc: Any, path: str, issues: _Issues) -> dict[str, Any] | None:
@@ -551,6 +632,9 @@ def spec_document(spec: SLOSpec) -> dict[str, Any]:
     doc: dict[str, Any] = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     if not doc.get("tiers"):
         doc.pop("tiers", None)
+    for slo in doc["slos"]:
+        if slo.get("threshold_strict") is False:
+            del slo["threshold_strict"]  # the default (<=): written only when strict
     return doc
 
 

@@ -121,12 +121,16 @@ class Exclude(SpecModel):
 
 
 class SLO(SpecModel):
-    """One latency SLO: ``objective`` of the selected requests have ``boundary <= threshold_ms``."""
+    """One latency SLO: ``objective`` of the selected requests have ``boundary <= threshold_ms``
+    (``boundary < threshold_ms`` with ``threshold_strict: true``)."""
 
     name: Name
     description: str | None = None
     boundary: Annotated[str, AfterValidator(_check_boundary)]
     threshold_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    # A strict threshold: good iff the value is < threshold_ms (OpenSLO ``op: lt``); a
+    # value exactly at the threshold is then bad. Default: good iff <= (``op: lte``).
+    threshold_strict: bool = False
     objective: Objective
     window: Window = Field(default_factory=lambda: Window(rolling="30d"))
     # Requests expected per window (per 30 d for rolling 30d, per month for calendar

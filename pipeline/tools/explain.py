@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.adapters.queries import control, events, requests
 from pipeline.adapters.store import Store, record_from_row
-from pipeline.core.explain import Directive, Explanation, explain
+from pipeline.core.explain import Directive, Explanation, conflict_note, explain
 from pipeline.core.record import RequestRecord
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
@@ -66,6 +66,9 @@ def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens,
         "end": _iso(r.end_unix_ns / 1e6),
+        # terminal events that conflicted (pipeline.core.join, "Conflicts"): 0 = none
+        "conflicts": r.conflicts,
+        "conflict_note": conflict_note(r),
         # served during a cold start of its engine (contracts may exempt it): the start
         "cold_start": None
         if r.cold_start_unix_ns is None
@@ -149,6 +152,9 @@ def render(e: Explanation, events: list[dict[str, Any]]) -> Any:
         f"(since {_iso(c.event_time_unix_ms)}, seq {c.seq}): {c.reason}"
     )
     parts: list[Any] = [head, tl, bd, sl, ctl]
+    note = conflict_note(r)
+    if note is not None:
+        parts.append(Text(note, style="bold yellow"))
     if r.cold_start_unix_ns is not None:
         parts.append(
             Text(

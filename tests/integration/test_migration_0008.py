@@ -26,7 +26,15 @@ pytestmark = pytest.mark.integration
 OLD = [
     n
     for n, _ in REQUEST_COLUMNS
-    if n not in {"attempt", "superseded", "slo_ttft_ms", "slo_tpot_ms", "cold_start_unix_ns"}
+    if n
+    not in {
+        "attempt",
+        "superseded",
+        "slo_ttft_ms",
+        "slo_tpot_ms",
+        "cold_start_unix_ns",
+        "conflicts",
+    }
 ]
 
 

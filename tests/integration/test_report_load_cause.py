@@ -53,7 +53,23 @@ def test_bad_time_split_equals_the_core_attribution(tmp_path: Path) -> None:
     try:
         migrate(store)
         write_requests(store, records)
-        for spec in (load_spec_file(DEFAULT_SLO_SPEC), CHAT):
+        # a threshold exactly at a measured value: strict (op: lt) counts that request bad
+        at = next(
+            r.gateway_total_ms for r in records
+            if r.outcome == "ok" and r.gateway_total_ms and r.queue_ms is not None
+        )  # fmt: skip
+        at_value = [
+            SLOSpec.model_validate(
+                {"apiVersion": "tailguard/v1", "kind": "SLOSpec", "slos": [
+                    {"name": "at", "boundary": "gateway_total_ms", "threshold_ms": at,
+                     "objective": 0.99, "threshold_strict": strict}]}
+            )
+            for strict in (False, True)
+        ]  # fmt: skip
+        lte_n = bad_time_split(store, ReportFilter(), at_value[0].slos[0])[0]
+        lt_n = bad_time_split(store, ReportFilter(), at_value[1].slos[0])[0]
+        assert lt_n > lte_n
+        for spec in (load_spec_file(DEFAULT_SLO_SPEC), CHAT, *at_value):
             ev = SLOEvaluator(spec)
             for r in records:
                 ev.add(r)

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from pipeline.adapters import store as st
-from pipeline.core.record import RequestRecord, build_record, store_version
+from pipeline.core.record import RequestRecord, build_record, revision_of_version, store_version
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
 
@@ -108,9 +108,12 @@ def test_version_sql_is_store_version(tmp_path: Path) -> None:
     try:
         for revision in range(4):
             for superseded in (False, True):
-                sql = f"SELECT {st.REQUEST_VERSION_SQL} FROM (SELECT {revision} AS revision, "
-                sql += f"CAST({int(superseded)}, 'Bool') AS superseded)"
-                want = store_version(revision, superseded)
-                assert store.query_rows(sql) == [(want,)], (revision, superseded)
+                for conflicts in (0, 1, 3):
+                    sql = f"SELECT {st.REQUEST_VERSION_SQL} FROM (SELECT {revision} AS revision, "
+                    sql += f"CAST({int(superseded)}, 'Bool') AS superseded, "
+                    sql += f"CAST({conflicts}, 'UInt16') AS conflicts)"
+                    want = store_version(revision, superseded, conflicts > 0)
+                    assert store.query_rows(sql) == [(want,)], (revision, superseded, conflicts)
+                    assert revision_of_version(want) == revision
     finally:
         store.close()

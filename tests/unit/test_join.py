@@ -44,9 +44,11 @@ def test_duplicates_and_conflicts_are_ignored_and_counted() -> None:
     assert j.add(received("r1"), 0) is None
     assert j.add(received("r1"), 1) is None  # same event_id
     assert j.add(completed("r1"), 2) is None
-    assert j.add(completed("r1", eid="other"), 3) is None  # same kind, other id
+    # same kind, other id, other content: a conflict (tests/unit/test_join_conflicts.py)
+    assert j.add(completed("r1", total_ms=150.0, eid="other"), 3) is None
     rec = j.add(finished("r1"), 4)
     assert rec is not None
+    assert (rec.conflicts, rec.gateway_total_ms) == (1, 150.0)  # the worse one
     assert j.add(finished("r1"), 5) is None  # after the join: still a duplicate
     assert j.counters.duplicates == 2
     assert j.counters.conflicts == 1

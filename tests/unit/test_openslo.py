@@ -7,13 +7,18 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
+from msgspec.structs import replace  # records are msgspec Structs
 
 from pipeline.cli import main
+from pipeline.core.record import RequestRecord
+from pipeline.core.slo import RecordColumns, SLOCounts, SLOEvaluator
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.openslo import OpenSLOError, export_openslo, import_openslo, spec_document
-from pipeline.spec.slo import load_spec, load_spec_file
+from pipeline.spec.slo import SLOSpec, load_spec, load_spec_file, validate_file
+from tests.slo_strategies import JOINED
 
 SPECS = ["specs/slo-default.yaml", "specs/slo-example.yaml"]
 
@@ -131,9 +136,57 @@ def test_plain_openslo_imports() -> None:
             "exactly one objective",
         ),
         (
-            {"spec__objectives": [{"op": "lt", "value": 1, "target": 0.9}]},
+            {"spec__objectives": [{"op": "gt", "value": 1, "target": 0.9}]},
             "[0].spec.objectives[0].op",
-            "only lte",
+            "good below its threshold",
+        ),
+        (
+            {"spec__objectives": [{"op": "gte", "value": 1, "target": 0.9}]},
+            "[0].spec.objectives[0].op",
+            "good below its threshold",
+        ),
+        (
+            {"spec__objectives": [{"op": "le", "value": 1, "target": 0.9}]},
+            "[0].spec.objectives[0].op",
+            "one of lt, lte, gt, gte",
+        ),
+        (
+            {"spec__indicator__spec__thresholdMetric__metricSource__spec__unit": "minutes"},
+            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            "unknown unit 'minutes'",
+        ),
+        (
+            {
+                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
+                "spec__indicator__spec__thresholdMetric__metricSource": {
+                    "type": "Prometheus",
+                    "spec": {"query": "sum(rate(http_request_latency_bucket[5m]))"},
+                },
+            },
+            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            "no metric with a unit suffix",
+        ),
+        (
+            {
+                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
+                "spec__indicator__spec__thresholdMetric__metricSource": {
+                    "type": "Datadog",
+                    "spec": {"query": "avg:trace.http.request.duration{*}"},
+                },
+            },
+            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            "unknown for a Datadog source",
+        ),
+        (
+            {
+                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
+                "spec__indicator__spec__thresholdMetric__metricSource": {
+                    "type": "Prometheus",
+                    "spec": {"query": "http_request_duration_seconds_bucket", "unit": "ms"},
+                },
+            },
+            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            "units disagree",
         ),
         (
             {"spec__timeWindow": [{"duration": "1M", "isRolling": True}]},
@@ -246,3 +299,99 @@ def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     bad.write_text(yaml.safe_dump(doc))
     assert main(["openslo", "import", str(bad)]) == 1
     assert "[0].spec.budgetingMethod" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- #
+# op: lt | lte, exactly; units from the source
+# --------------------------------------------------------------------------- #
+
+# gateway_total_ms straddling 400 ms: just under, exactly at, just over, well under
+STRADDLE = [replace(JOINED, gateway_total_ms=v) for v in (399.999, 400.0, 400.001, 100.0)]
+
+
+def _counts(spec: SLOSpec, recs: list[RequestRecord]) -> tuple[SLOCounts, SLOCounts]:
+    """(per-record, columnar) counts of the spec's only SLO."""
+    (s,) = spec.slos
+    one = SLOEvaluator(spec)
+    for r in recs:
+        one.add(r)
+    batch = SLOEvaluator(spec)
+    n = len(recs)
+    batch.add_batch(RecordColumns(recs), np.arange(n, dtype=np.int64), np.ones(n, np.int64))
+    return one.counts()[s.name], batch.counts()[s.name]
+
+
+def _tailguard(strict: bool) -> SLOSpec:
+    return load_spec(
+        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: lat\n"
+        "    boundary: gateway_total_ms\n    threshold_ms: 400\n    objective: 0.995\n"
+        f"    threshold_strict: {str(strict).lower()}\n    window: {{rolling: 28d}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "strict", "good"), [("lt", True, 2), ("lte", False, 3)], ids=["lt", "lte"]
+)
+def test_op_imports_validates_and_counts_like_the_tailguard_spec(
+    op: str, strict: bool, good: int, tmp_path: Path
+) -> None:
+    doc = _slo(
+        spec__indicator__spec__thresholdMetric__metricSource__spec={
+            "boundary": "gateway_total_ms", "unit": "s"},
+        spec__objectives=[{"op": op, "value": 0.4, "targetPercent": 99.5}],
+    )  # fmt: skip
+    spec, _ = import_openslo([doc])
+    twin = _tailguard(strict)
+    assert spec == twin
+    assert spec.slos[0].threshold_ms == 400.0  # 0.4 s, exactly (not 400.00000000000006)
+    out = tmp_path / "spec.yaml"
+    out.write_text(yaml.safe_dump(spec_document(spec)))
+    assert validate_file(out)[0]
+    expected = SLOCounts(total=4, good=good)  # 400.0 is bad under lt, good under lte
+    assert _counts(spec, STRADDLE) == _counts(twin, STRADDLE) == (expected, expected)
+    # and back: export writes the op it imported
+    (back,) = export_openslo(spec)
+    assert back["spec"]["objectives"][0]["op"] == op
+    assert import_openslo([back])[0] == spec
+
+
+def _prometheus(query: str, value: float, **source_spec: Any) -> dict[str, Any]:
+    return _slo(
+        metadata__annotations={"x-tailguard/boundary": "gateway_total_ms"},
+        spec__indicator__spec__thresholdMetric__metricSource={
+            "type": "Prometheus", "spec": {"query": query, **source_spec}},
+        spec__objectives=[{"op": "lt", "value": value, "target": 0.99}],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("query", "value", "source_spec", "threshold_ms"),
+    [
+        ('sum(rate(http_request_duration_seconds_bucket{le="8"}[5m]))', 8, {}, 8000.0),
+        ("histogram_quantile(0.99, rate(llm_ttft_seconds_bucket[5m]))", 0.3, {}, 300.0),
+        ("rate(gateway_latency_seconds_sum[5m]) / rate(gateway_latency_seconds_count[5m])",
+         2.5, {}, 2500.0),
+        ("rate(request_duration_milliseconds_bucket[1m])", 250, {}, 250.0),
+        ("rate(request_duration_ms_bucket[1m])", 250, {}, 250.0),
+        ("rate(request_latency_bucket[1m])", 8, {"unit": "s"}, 8000.0),
+        ("rate(request_latency_bucket[1m])", 8, {"unit": "seconds"}, 8000.0),
+        ("rate(request_duration_seconds_bucket[1m])", 8, {"unit": "s"}, 8000.0),
+        ("rate(request_latency_bucket[1m])", 1500, {"unit": "us"}, 1.5),
+    ],
+)  # fmt: skip
+def test_units_come_from_the_source(
+    query: str, value: float, source_spec: dict[str, Any], threshold_ms: float
+) -> None:
+    spec, _ = import_openslo([_prometheus(query, value, **source_spec)])
+    (s,) = spec.slos
+    assert (s.threshold_ms, s.threshold_strict) == (threshold_ms, True)
+
+
+def test_unit_from_the_annotation() -> None:
+    doc = _prometheus("rate(request_latency_bucket[1m])", 8)
+    doc["metadata"]["annotations"]["x-tailguard/unit"] = "s"
+    assert import_openslo([doc])[0].slos[0].threshold_ms == 8000.0
+    doc["metadata"]["annotations"]["x-tailguard/unit"] = "h"
+    with pytest.raises(OpenSLOError) as info:
+        import_openslo([doc])
+    assert [i.path for i in info.value.issues] == ["[0].metadata.annotations.x-tailguard/unit"]

@@ -268,6 +268,24 @@ CASES: list[tuple[str, dict[str, Any], RequestRecord, str]] = [
     ("fast-ok", {}, JOINED, "good"),
     ("equal-threshold-is-good", {}, _joined(gateway_total_ms=400.0), "good"),
     ("just-over-is-bad", {}, _joined(gateway_total_ms=400.001), "bad"),
+    (
+        "strict-equal-threshold-is-bad",
+        {"threshold_strict": True},
+        _joined(gateway_total_ms=400.0),
+        "bad",
+    ),
+    (
+        "strict-just-under-is-good",
+        {"threshold_strict": True},
+        _joined(gateway_total_ms=399.999),
+        "good",
+    ),
+    (
+        "strict-no-first-byte-waited-long",
+        {**TTFB, "threshold_strict": True},
+        _joined(gateway_ttfb_ms=None, gateway_total_ms=700.0),
+        "bad",
+    ),
     ("compute-boundary", COMPUTE, _joined(gateway_total_ms=5000.0), "good"),
     ("compute-boundary-bad", COMPUTE, _joined(inference_ms=250.5), "bad"),
     # filters
@@ -515,6 +533,8 @@ def reference_verdict(slo: SLO, r: RequestRecord) -> str:
         if slo.boundary == "gateway_ttfb_ms" and waited is not None and waited > slo.threshold_ms:
             return "bad"
         return "skip"
+    if slo.threshold_strict:
+        return "good" if value < slo.threshold_ms else "bad"
     return "good" if value <= slo.threshold_ms else "bad"
 
 

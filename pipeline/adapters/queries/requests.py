@@ -170,7 +170,8 @@ def bad_time_split(store: Store, f: ReportFilter, slo: SLO) -> tuple[int, float,
     b = slo.boundary
     if b not in BOUNDARIES:
         raise ValueError(f"unknown boundary {b!r}")
-    conds = [f"{b} IS NOT NULL", f"{b} > {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"]
+    late = ">=" if slo.threshold_strict else ">"  # pipeline.core.slo rule 4
+    conds = [f"{b} IS NOT NULL", f"{b} {late} {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"]
     outcomes = ["ok", "client_abort"] if slo.client_abort == "measure" else ["ok"]
     conds.append("outcome IN {bt_outcomes:Array(String)}")
     selected, bound = selection_sql([slo], prefix="bt")

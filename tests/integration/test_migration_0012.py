@@ -1,0 +1,66 @@
+"""Migration 0012 (``requests.conflicts``) upgrades a store written before it: every row
+kept, with no conflicts; after it, a record corrected by a late conflicting terminal
+event (same revision, ``conflicts`` > 0) replaces the row it corrects, whichever way the
+rows were written (JSON into the embedded engine, or column-wise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.store import (
+    REQUEST_COLUMNS,
+    load_migrations,
+    migrate,
+    open_store,
+    record_from_row,
+    request_columns,
+    write_requests,
+)
+from pipeline.core.record import build_record
+from pipeline.settings import Settings
+from tests.factories import completed, finished, received
+
+pytestmark = pytest.mark.integration
+
+NAMES = ", ".join(n for n, _ in REQUEST_COLUMNS)
+OLD = [n for n, _ in REQUEST_COLUMNS if n != "conflicts"]  # 0011's table
+
+
+@pytest.mark.parametrize("json_path", [True, False], ids=["json", "columns"])
+def test_0012_keeps_old_rows_and_a_correction_replaces_its_row(
+    tmp_path: Path, json_path: bool
+) -> None:
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        old_dir = tmp_path / "sql-old"
+        old_dir.mkdir()
+        for m in load_migrations():
+            if m.version < 12:
+                (old_dir / f"{m.name}.sql").write_text(m.sql)
+        migrate(store, sql_dir=old_dir)
+        ok = build_record("a", received("a"), completed("a"), finished("a"))
+        other = build_record("b", received("b"), completed("b"), finished("b"))
+        cols = dict(zip([n for n, _ in REQUEST_COLUMNS], request_columns([ok, other]), strict=True))
+        types = dict(REQUEST_COLUMNS)
+        store.insert_columns("requests", [cols[n] for n in OLD], OLD, [types[n] for n in OLD])
+        assert migrate(store) == ["0012_conflicts"]
+        sql = f"SELECT {NAMES} FROM {store.database}.requests FINAL ORDER BY request_id"
+        assert [record_from_row(r) for r in store.query_rows(sql)] == [ok, other]
+        # a late gateway.completed error 500: the corrected record, same revision
+        error = completed("a", outcome="error", http_status=500, eid="a:c2")
+        fixed = build_record("a", received("a"), error, finished("a"), conflicts=1)
+        assert fixed.revision == ok.revision
+        if json_path:
+            write_requests(store, [fixed])
+            write_requests(store, [ok])  # the older version again (a re-delivery)
+        else:
+            store.insert_columns("requests", request_columns([fixed, ok]),
+                                 [n for n, _ in REQUEST_COLUMNS],
+                                 [t for _, t in REQUEST_COLUMNS])  # fmt: skip
+        rows = [record_from_row(r) for r in store.query_rows(sql)]
+        assert rows == [fixed, other]
+        assert rows[0].outcome == "error"
+    finally:
+        store.close()
