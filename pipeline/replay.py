@@ -323,6 +323,8 @@ def replay_file(
             "quarantined_events": c.quarantined,
             "flagged_records": c.flagged,
             "replayed_records": c.replayed,
+            # records of requests the join had forgotten that windows counted already
+            "counted_before_records": c.beyond_memory,
         },
         "flags": dict(sorted(c.by_flag.items())),
     }

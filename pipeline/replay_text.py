@@ -41,7 +41,9 @@ def render_summary(summary: dict[str, Any]) -> Any:
         f"windows: {windows.get('closed', 0):,} closed, {windows.get('corrections', 0):,} "
         f"corrections ({windows.get('corrected_records', 0):,} late records corrected, "
         f"{windows.get('retracted_records', 0):,} retracted), "
-        f"{windows.get('quarantined_events', 0):,} events quarantined",
+        f"{windows.get('quarantined_events', 0):,} events quarantined, "
+        f"{windows.get('counted_before_records', 0):,} repeats found counted after the join "
+        "forgot them",
     ]
     if summary.get("store"):
         lines.append(f"written to the store {summary['store']}")

@@ -14,7 +14,8 @@ Instruments (meter ``tailguard.worker``):
   that arrived after their window closed, written as corrections), ``retracted``
   (partials taken back when upgraded), ``quarantined`` (events out of range of the
   partition clock, dead-lettered), ``replayed`` (records a worker taking a partition
-  over found already counted)
+  over found already counted), ``counted_before`` (repeats of requests the join had
+  forgotten that the windows counted already: ``pipeline.core.counted``)
 * ``tailguard.windows.closed`` (counter)
 * ``tailguard.clickhouse.write.duration`` (histogram, ms): one flush's writes
 * ``tailguard.clickhouse.write.retries`` (counter)

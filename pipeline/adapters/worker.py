@@ -633,6 +633,7 @@ class WorkerShell:
             ("retracted", w.retracted),
             ("quarantined", c.quarantined),
             ("replayed", c.replayed),
+            ("counted_before", c.beyond_memory),
         ):
             seen = self._seen_counts.get(name, 0)
             if value > seen:
@@ -651,11 +652,12 @@ class WorkerShell:
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
             "joined=%d gateway_only=%d engine_only=%d duplicates=%d conflicts=%d "
             "windows_closed=%d "
-            "corrected=%d retracted=%d quarantined=%d replayed=%d flagged=%d write_retries=%d",
+            "corrected=%d retracted=%d quarantined=%d replayed=%d counted_before=%d flagged=%d "
+            "write_retries=%d",
             c.messages, c.events, c.records, self.rows_written, c.dead_letters,
             self.processor.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
             j.conflicts, w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
-            c.flagged, self.write_retries,
+            c.beyond_memory, c.flagged, self.write_retries,
         )  # fmt: skip
         skew = {h: d for h, d in self.processor.host_skew_ms().items() if abs(d) >= 60_000}
         if skew:

@@ -153,6 +153,12 @@ class JoinConfig:
     # as a duplicate); at most resolved_ttl_ms. Memory: a request's record and events per
     # request joined in it; CPU: ~0.4 µs/event (README, "Duplicates and conflicting ...").
     conflict_ttl_ms: int = 15_000
+    # After the join forgets a request, what the windows counted of it is remembered
+    # this long (event time), for at most max_counted requests per partition, ~9 bytes
+    # each: a repeat that late is then not counted twice (pipeline/core/counted.py).
+    # 0 in either: not remembered past resolved_ttl_ms.
+    counted_ttl_ms: int = 86_400_000
+    max_counted: int = 1_000_000
 
     @property
     def conflict_keep_ms(self) -> int:
@@ -170,6 +176,9 @@ class JoinConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"join.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("counted_ttl_ms", "max_counted"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"join.{name} must be >= 0, got {getattr(self, name)}")
         if self.conflict_ttl_ms < 0:
             raise ValueError(f"join.conflict_ttl_ms must be >= 0, got {self.conflict_ttl_ms}")
 

@@ -23,6 +23,7 @@ from pipeline.contract.wire import (
     decode_fast,
     event_bytes,
 )
+from pipeline.core.counted import CountedArchive
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
 from pipeline.core.ledger import RETRACTED, code_order, unpack
@@ -49,6 +50,8 @@ class ProcessorCounters:
     replayed: int = 0  # records a worker taking a partition over found counted already
     replay_conflicts: int = 0  # replayed partials that disagree with the counted one
     replayed_events: int = 0  # gateway.received of requests counted complete, re-read
+    # records of requests the join had forgotten, found counted already by the archive
+    beyond_memory: int = 0
     flagged: int = 0  # records whose events contradict each other (RequestRecord.flags)
     by_flag: dict[str, int] = field(default_factory=dict)
 
@@ -70,6 +73,8 @@ class _PartitionState:
     quarantined: int = 0
     replayed: int = 0
     advanced_at_ms: int = -1  # watermark at the last per-event advance
+    # what closed windows counted, after the join forgets it (pipeline/core/counted.py)
+    counted: CountedArchive | None = None
 
 
 class KeptMessage(NamedTuple):
@@ -149,6 +154,7 @@ class StreamProcessor:
             WindowAggregator(partition, self.window_config, self.slo_factory),
             PartitionClock(self.clock_config),
             ledger={rid: unpack(packed)[0] for rid, packed in led.items()},
+            counted=CountedArchive(self.join_config.counted_ttl_ms, self.join_config.max_counted),
         )
 
     def restore_inflight(self, partition: int, received: Iterable[tuple[int, Event]]) -> int:
@@ -173,6 +179,19 @@ class StreamProcessor:
         rec = emitted.record
         previous = emitted.previous
         written = False  # previous was counted by an earlier owner (the store has it)
+        if (
+            previous is None
+            and rec.end_unix_ns // 1_000_000
+            <= st.clock.watermark_ms - self.join_config.resolved_ttl_ms
+            and st.counted is not None
+        ):
+            # Old enough that the join may have forgotten it: counted before?
+            key = ledger_key(rec)
+            if key not in st.ledger:
+                code = st.counted.get(key)
+                if code is not None:
+                    self.counters.beyond_memory += 1
+                    st.ledger[key] = code
         if st.ledger:
             key = ledger_key(rec)
             code = st.ledger.get(key)
@@ -211,6 +230,16 @@ class StreamProcessor:
         if previous is not None:
             st.windows.add(previous, -1, sign=-1, written=written)
         st.windows.add(rec, emitted.first_offset)
+
+    @staticmethod
+    def _closed(st: _PartitionState, closed: list[ClosedWindow], now_ms: int, out: Output) -> None:
+        """Windows going out: their ledgers are what the archive remembers."""
+        counted = st.counted
+        if closed and counted is not None and counted.enabled:
+            for w in closed:
+                counted.add(w.ledger, w.start_ms + w.size_ms)
+            counted.expire(now_ms)
+        out.windows.extend(closed)
 
     def _count_flags(self, rec: RequestRecord) -> None:
         c = self.counters
@@ -459,7 +488,7 @@ class StreamProcessor:
             # A terminal event at or after horizon + size_ms holds no window the horizon
             # reaches (see WindowAggregator.close): only older ones are looked up.
             hold = joiner.oldest_terminal_before(horizon + cfg.size_ms)
-            out.windows.extend(windows.close(now, hold))
+            self._closed(st, windows.close(now, hold), now, out)
 
     def _advance(
         self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output,
@@ -476,7 +505,7 @@ class StreamProcessor:
         now = st.clock.now(wall_ms, caught_up)
         st.now_ms = max(st.now_ms, now)
         self._advance_to(st, now, wall_ms, out)
-        out.windows.extend(st.windows.take_corrections())
+        self._closed(st, st.windows.take_corrections(), now, out)
 
     def tick(self, wall_ms: int, lagging: frozenset[int] = frozenset()) -> Output:
         """Advance every partition's clock (resolves timeouts, closes windows while idle)."""
@@ -520,7 +549,7 @@ class StreamProcessor:
                 self._quarantine_ahead(p, st, out)
             for emitted in st.joiner.drain_emitted():
                 self._window(st, emitted, out)
-            out.windows.extend(st.windows.drain())
+            self._closed(st, st.windows.drain(), st.clock.watermark_ms, out)
         self.counters.records += len(out.records)
         return out
 

@@ -42,7 +42,7 @@ class _Reference(StreamProcessor):
     def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
         for emitted in st.joiner.advance_emitted(now, wall_ms):
             self._window(st, emitted, out)
-        out.windows.extend(st.windows.close(now, st.joiner.oldest_terminal_ms()))
+        self._closed(st, st.windows.close(now, st.joiner.oldest_terminal_ms()), now, out)
 
 
 # One request: gap after the previous one (ms), engine time (ms), hosts (0-2), and the
