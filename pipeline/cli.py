@@ -119,7 +119,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pipeline.demo import sim_config_from_args, simulate_to
+    from pipeline.app.demo import sim_config_from_args, simulate_to
 
     _need_file(args.trace)
     config = sim_config_from_args(args)
@@ -220,8 +220,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from pipeline.backtest import render_text, run_backtest
-    from pipeline.demo import sim_config_from_args
+    from pipeline.app.backtest import render_text, run_backtest
+    from pipeline.app.demo import sim_config_from_args
     from producers.simulator.trace import read_trace
 
     _need_file(args.trace)
@@ -244,7 +244,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.replay import replay_file
+    from pipeline.app.replay import replay_file
 
     _need_file(args.events)
     settings = _settings(args)
@@ -316,8 +316,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     else:
-        from pipeline.replay_text import render_summary
-        from pipeline.report import print_wide
+        from pipeline.app.replay_text import render_summary
+        from pipeline.app.report import print_wide
 
         print_wide(render_summary(summary))
     return 0
@@ -356,7 +356,7 @@ def _report_time(text: str) -> float:
 def cmd_report(args: argparse.Namespace) -> int:
     from pipeline.adapters.queries.filters import ReportFilter
     from pipeline.adapters.query_server import open_reader
-    from pipeline.report import print_wide, read_report, render
+    from pipeline.app.report import print_wide, read_report, render
 
     flt = ReportFilter(args.since, args.until, args.model, tuple(args.slo or ()))
     settings = _settings(args)
@@ -366,18 +366,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         report = read_report(store, flt, spec)
         html_data = None
         if args.html is not None or args.json:
-            from pipeline.report_html import read_html_data
+            from pipeline.app.report_html import read_html_data
 
             html_data = read_html_data(store, flt, spec)
         if args.html is not None:
-            from pipeline.report_html import render_html
+            from pipeline.app.report_html import render_html
 
             args.html.write_text(render_html(report, html_data), encoding="utf-8")
             print(f"HTML report: {args.html}", file=sys.stderr)
     finally:
         store.close()
     if args.json:
-        from pipeline.report_html import series_json
+        from pipeline.app.report_html import series_json
 
         print(orjson.dumps(report.to_json() | {"series": series_json(html_data)}).decode())
     else:
@@ -393,7 +393,7 @@ def cmd_statement(args: argparse.Namespace) -> int:
     from pipeline.adapters.query_server import open_reader
     from pipeline.spec.contract import load_contract_file
     from pipeline.spec.loader import SpecError
-    from pipeline.statement import build_statement, render_html, render_text, verify
+    from pipeline.app.statement import build_statement, render_html, render_text, verify
 
     doc: dict[str, Any] | None = None
     loaded = None
@@ -473,7 +473,7 @@ def _now_iso() -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipeline.demo import run_demo, sim_config_from_args
+    from pipeline.app.demo import run_demo, sim_config_from_args
 
     _need_file(args.trace)
     return run_demo(

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.core.budget import BUDGET_EVENTS, HOUR_MS, min_observed_ms
-from pipeline.replay import replay_file
+from pipeline.app.replay import replay_file
 from pipeline.settings import Settings
 from pipeline.shipped import DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file

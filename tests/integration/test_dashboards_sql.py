@@ -20,7 +20,7 @@ import pytest
 from pipeline.adapters.store import ClickHouseStore, open_store
 from pipeline.cli import main
 from pipeline.core.sketch import QuantileSketch
-from pipeline.replay import replay_file
+from pipeline.app.replay import replay_file
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
 from tools.dev.dashboards import (

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pipeline.cli import DEFAULT_TRACE
-from pipeline.demo import run_demo
+from pipeline.app.demo import run_demo
 from producers.simulator.model import SimConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(130)]

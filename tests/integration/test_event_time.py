@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.adapters.store import open_store
-from pipeline.replay import replay_file
-from pipeline.report import read_report
+from pipeline.app.replay import replay_file
+from pipeline.app.report import read_report
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
 from tests.disorder import (

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from pipeline.adapters.store import open_store
-from pipeline.demo import kafka_sink
+from pipeline.app.demo import kafka_sink
 from pipeline.settings import Settings
 from tests.factories import finished
 from tests.gateway_fixtures import serve, wait_for

@@ -26,7 +26,7 @@ from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import encode_event
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
-from pipeline.report import exact_quantile
+from pipeline.app.report import exact_quantile
 from pipeline.spec.slo import SLOSpec, load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace

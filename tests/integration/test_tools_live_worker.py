@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from pipeline.adapters.query_server import DISCOVERY_FILE
 from pipeline.contract.codec import encode_event
-from pipeline.demo import kafka_sink
+from pipeline.app.demo import kafka_sink
 from tests.factories import completed, finished, received
 from tests.integration.harness import WorkerProcess, make_settings, tailguard
 

@@ -11,7 +11,7 @@ import pytest
 from pipeline.adapters.kafka_admin import group_progress
 from pipeline.adapters.store import open_store
 from pipeline.cli import DEFAULT_TRACE
-from pipeline.demo import kafka_sink
+from pipeline.app.demo import kafka_sink
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.integration.harness import WorkerProcess, make_settings

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from pipeline.adapters.store import open_store
 from pipeline.contract.codec import encode_event
-from pipeline.demo import kafka_sink
+from pipeline.app.demo import kafka_sink
 from tests.factories import completed, finished, received
 from tests.integration.harness import WorkerProcess, make_settings, read_all
 

@@ -213,7 +213,7 @@ def test_healthy_queue_from_the_slo_sets_the_excess() -> None:
 def test_report_load_cause(
     split: tuple[int, float, float], queue_inclusive: bool, share: float | None, text: str | None
 ) -> None:
-    from pipeline.report import load_cause
+    from pipeline.app.report import load_cause
 
     got = load_cause(split, queue_inclusive)
     assert got["bad_queue_share"] == (None if share is None else pytest.approx(share))

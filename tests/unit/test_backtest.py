@@ -8,7 +8,7 @@ import json
 from functools import cache
 from typing import Any
 
-from pipeline.backtest import render_text, run_backtest
+from pipeline.app.backtest import render_text, run_backtest
 from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE, main
 from pipeline.settings import DEFAULT_SLO_SPEC
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
@@ -90,7 +90,7 @@ def test_every_scope_enters_and_returns_to_l0() -> None:
 
 
 def test_render_text_side_by_side() -> None:
-    from pipeline.backtest import Backtest
+    from pipeline.app.backtest import Backtest
 
     doc = _backtest()
     text = render_text(Backtest(doc["runs"]))
@@ -114,7 +114,7 @@ def test_a_burn_that_is_not_load_caused_alerts_and_sheds_nothing(tmp_path: Any) 
     """Normal load, an SLO on whole-response time <= 400 ms for chat: it burns because
     answers are long, not because of load. tailguard notices it and sheds nothing; its
     SLOs are exactly open loop's (the static levels shed and make the others worse)."""
-    from pipeline.backtest import run_loop
+    from pipeline.app.backtest import run_loop
     from pipeline.spec.slo import SLOSpec
 
     spec = SLOSpec.model_validate(
@@ -165,7 +165,7 @@ def test_simulator_applies_cap_and_retries_with_backoff() -> None:
 def test_shipped_defaults_are_quiet_on_the_shared_trace_at_normal_load() -> None:
     """Every default SLO meets its objective over the hour and the default policy
     stays at L0 throughout (the issue: the old defaults cried wolf)."""
-    from pipeline.backtest import run_loop
+    from pipeline.app.backtest import run_loop
 
     spec = load_spec_file(DEFAULT_SLO_SPEC)
     run = run_loop(

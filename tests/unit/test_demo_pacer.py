@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pipeline.adapters.kafka_admin import GroupProgress
-from pipeline.demo import _Pacer
+from pipeline.app.demo import _Pacer
 
 S = 1_000_000_000  # ns per simulated second
 

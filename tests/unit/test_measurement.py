@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pipeline.core.sketch import exact_quantile_lower
-from pipeline.replay import ReplayResult, replay_file
+from pipeline.app.replay import ReplayResult, replay_file
 from pipeline.spec.slo import load_spec
 from tests.measurement_fixtures import load_events, simulate_jsonl
 

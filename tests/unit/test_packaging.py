@@ -432,4 +432,4 @@ def test_the_shipped_package_does_not_import_the_dev_tools_or_tests() -> None:
         if d.startswith(("tools", "tests"))
     }
     # only the demo's local broker, imported where it is needed, guarded by ImportError
-    assert outside == {("pipeline.demo", "tools.dev.kafka_local")}
+    assert outside == {("pipeline.app.demo", "tools.dev.kafka_local")}

@@ -8,7 +8,7 @@ from pipeline.cli import main
 from pipeline.contract.codec import encode_batch, encode_event
 from pipeline.core.join import JoinConfig
 from pipeline.core.processor import StreamProcessor
-from pipeline.replay import replay_file
+from pipeline.app.replay import replay_file
 from tests.factories import completed, finished, received
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from pipeline.replay_text import render_summary
+from pipeline.app.replay_text import render_summary
 
 SUMMARY = {
     "requests": 127,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pipeline.report import _badness
-from pipeline.report_html import _Chart, _dates, line_chart, log_floor, with_gaps
+from pipeline.app.report import _badness
+from pipeline.app.report_html import _Chart, _dates, line_chart, log_floor, with_gaps
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_worst_slo_first() -> None:
 
 
 def test_open_windows_are_announced() -> None:
-    from pipeline.report import Report, open_windows_hint
+    from pipeline.app.report import Report, open_windows_hint
 
     def report(after: int) -> Report:
         return Report(

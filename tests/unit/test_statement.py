@@ -796,7 +796,7 @@ def test_the_recorded_contract_loads_as_the_files_did() -> None:
 def test_a_recorded_content_that_is_not_its_digest_is_named(
     edit: str | None, problem: str | None
 ) -> None:
-    from pipeline.statement import recorded_contract
+    from pipeline.app.statement import recorded_contract
 
     files = load_contract_file(SPECS / "contract-example.yaml")
     inputs: dict[str, Any] = {
@@ -815,7 +815,7 @@ def test_a_recorded_content_that_is_not_its_digest_is_named(
 
 
 def test_a_statement_without_recorded_content_is_refused() -> None:
-    from pipeline.statement import recorded_contract
+    from pipeline.app.statement import recorded_contract
 
     with pytest.raises(TypeError, match="records no content"):
         recorded_contract({"inputs": {"contract": {"digest": "sha256:x"}, "slo_spec": {}}})

@@ -37,7 +37,7 @@ from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
 from pipeline.core.timefmt import iso_time
-from pipeline.report import Report, slo_events, slo_minute_rows, with_selection
+from pipeline.app.report import Report, slo_events, slo_minute_rows, with_selection
 from pipeline.spec.slo import SLOSpec
 
 LATENCY_BOUNDARIES = (
@@ -72,7 +72,7 @@ def _ts(v: Any) -> float:
 
 def _slo_series(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Any]:
     """``(start s, slo, objective, total, good)`` per minute and SLO (kind ``slo``); with
-    a model, recounted over its requests (:func:`pipeline.report.slo_minute_rows`)."""
+    a model, recounted over its requests (:func:`pipeline.app.report.slo_minute_rows`)."""
     if f.model is None or spec is None:
         return budget.minute_slo_series(store, f)
     rows = slo_minute_rows(store, f, spec)
@@ -88,7 +88,7 @@ def read_html_data(
 ) -> HtmlData:
     """The charts' series under the filter; with the SLO ``spec`` a model filter also
     narrows the SLO series and budget events, and SLOs their traffic and scopes (as
-    :func:`pipeline.report.read_report`)."""
+    :func:`pipeline.app.report.read_report`)."""
     f = with_selection(f or ReportFilter(), spec)
     series_of = requests.minute_p99_and_means if f.selects else windows.minute_p99_and_means
     rows = series_of(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
@@ -399,7 +399,7 @@ def _counts(d: dict[str, int]) -> str:
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
-    from pipeline.report import describe_filter, open_windows_hint
+    from pipeline.app.report import describe_filter, open_windows_hint
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
 

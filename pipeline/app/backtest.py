@@ -50,7 +50,7 @@ from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOEvaluator, SLOMatcher
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
-from pipeline.replay import ReplayResult, _ControlRun
+from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec

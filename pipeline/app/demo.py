@@ -247,7 +247,7 @@ def run_demo(
     another policy)."""
     from pipeline.adapters.kafka_admin import ensure_topics, group_progress
     from pipeline.adapters.store import open_store
-    from pipeline.report import read_report, render
+    from pipeline.app.report import read_report, render
 
     console = Console(stderr=True)
     workdir = workdir.resolve()

@@ -1,0 +1,9 @@
+"""The user's commands, one module each (``tailguard <command>``): what they compute and
+print, over the core and the adapters. ``pipeline.cli`` only parses and dispatches.
+
+* ``replay`` / ``replay_text``: the core over a file, and its summary as text
+* ``report`` / ``report_html``: the SRE report from the store, as text, JSON or HTML
+* ``statement``: a tenant's contract statement for a billing month
+* ``backtest``: a trace through the simulator once per control loop
+* ``demo``: broker, simulator, worker and store together, then the report
+"""
