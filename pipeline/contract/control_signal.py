@@ -170,24 +170,41 @@ class Actions(_Frozen):
     """What the serving layer does at this directive (all off by default)."""
 
     shed_priorities_at_or_above: Level | None = Field(
+        json_schema_extra={"policy": True, "turns_away": True},
         default=None,
         description="Reject (503) requests whose priority >= this (0 = highest ... 3).",
     )
     cap_context_tokens: int | None = Field(
-        default=None, ge=1, description="Pass a max-context cap upstream."
+        json_schema_extra={"policy": True},
+        default=None,
+        ge=1,
+        description="Pass a max-context cap upstream.",
     )
     fallback_model: str | None = Field(
-        default=None, min_length=1, max_length=256, description="Route to this (smaller) model."
+        json_schema_extra={"policy": True},
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Route to this (smaller) model.",
     )
     reject_new_sessions: bool = Field(
+        json_schema_extra={"policy": True, "turns_away": True},
         default=False,
         description="503 requests of new sessions, except priority 0 (real-time).",
     )
     retry_after_s: int = Field(
-        default=5, ge=0, le=86_400, description="Retry-After on a 503 caused by this directive."
+        json_schema_extra={"policy": True},
+        default=5,
+        ge=0,
+        le=86_400,
+        description="Retry-After on a 503 caused by this directive.",
     )
     rate_limit_rps: float | None = Field(
-        default=None, gt=0.0, allow_inf_nan=False, description="Advisory token-bucket rate."
+        json_schema_extra={"policy": True, "turns_away": True},
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="Advisory token-bucket rate.",
     )
     admit_fraction: float | None = Field(
         default=None,
@@ -241,6 +258,25 @@ class Actions(_Frozen):
     def to_json(self) -> dict[str, Any]:
         """Every field (``null`` where unset), as signed on the wire."""
         return self.model_dump()
+
+
+def marked_fields(actions: type[Actions], mark: str) -> tuple[str, ...]:
+    """The fields of ``actions`` whose ``json_schema_extra`` sets ``mark``."""
+    return tuple(
+        name
+        for name, f in actions.model_fields.items()
+        if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(mark)
+    )
+
+
+# The fields a control policy sets per level (``json_schema_extra={"policy": True}``):
+# the policy's ActionsSpec is derived from them (pipeline/spec/policy.py), so a field
+# added here with the mark is a policy field too, validated the same, and reaches the
+# directive (one definition). The others the controller fills in (admit_fraction,
+# admit_rps, admit_gateways, queue_timeout_ms).
+POLICY_FIELDS: Final = marked_fields(Actions, "policy")
+# Policy fields that turn requests away when set (ActionsSpec.turns_away, the load gate).
+TURNS_AWAY_FIELDS: Final = marked_fields(Actions, "turns_away")
 
 
 class Decision(_Frozen):

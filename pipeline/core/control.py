@@ -573,17 +573,9 @@ class Controller:
 
 
 def held_key(d: Evaluation) -> tuple[str, ...]:
-    """What keeps a level, without the running times: ``"x 200 < 250 (3m of 5m)"`` ->
-    ``"x < 250"`` -- the directive is re-issued when this changes, not every tick."""
-    out = []
-    for h in d.held_because:
-        head = h.split(" (", 1)[0]
-        prefix = "entry " if head.startswith("entry ") else ""
-        parts = head.removeprefix(prefix).split(" ")
-        # "<signal> <value> <op> <threshold>" -> "<signal> <op> <threshold>"
-        kept = [parts[0], *parts[2:]] if len(parts) == 4 else parts
-        out.append(prefix + " ".join(kept))
-    return tuple(out)
+    """What keeps a level, without the running values and times (``Hold.key``): the
+    directive is re-issued when this changes, not every tick."""
+    return tuple(h.key for h in d.holds)
 
 
 RATE_STEP: Final = 0.1  # a directive is re-issued when admit_rps moves by this share

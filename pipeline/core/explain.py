@@ -66,7 +66,7 @@ class TierVerdict:
 
 
 @dataclass(frozen=True, slots=True)
-class Directive:
+class AuditedDirective:
     """One control signal as audited (``control_signals``)."""
 
     scope: str
@@ -84,7 +84,7 @@ class Explanation:
     breakdown: tuple[Segment, ...]
     verdicts: tuple[SLOVerdict, ...]
     tiers: tuple[TierVerdict, ...]
-    control: Directive | None  # None: no directive for the model before it ended (level 0)
+    control: AuditedDirective | None  # None: no directive for the model before it ended (level 0)
 
 
 def timeline(r: RequestRecord) -> tuple[Instant, ...]:
@@ -222,9 +222,11 @@ def tier_verdicts(spec: SLOSpec, per_slo: Iterable[SLOVerdict]) -> tuple[TierVer
     return tuple(out)
 
 
-def control_at(directives: Iterable[Directive], scope: str, t_unix_ms: int) -> Directive | None:
+def control_at(
+    directives: Iterable[AuditedDirective], scope: str, t_unix_ms: int
+) -> AuditedDirective | None:
     """The directive in force for ``scope`` at ``t_unix_ms`` (latest event time, then seq)."""
-    best: Directive | None = None
+    best: AuditedDirective | None = None
     for d in directives:
         if d.scope != scope or d.event_time_unix_ms > t_unix_ms:
             continue
@@ -233,7 +235,7 @@ def control_at(directives: Iterable[Directive], scope: str, t_unix_ms: int) -> D
     return best
 
 
-def explain(r: RequestRecord, spec: SLOSpec, directives: Iterable[Directive]) -> Explanation:
+def explain(r: RequestRecord, spec: SLOSpec, directives: Iterable[AuditedDirective]) -> Explanation:
     per_slo = verdicts(r, spec)
     return Explanation(
         record=r,

@@ -154,9 +154,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Final, Generic, TypeVar, cast, overload
 
-from pipeline.contract.control_signal import MAX_FIGURES, REASON_MAX_CHARS, Actions, Decision
+from pipeline.contract.control_signal import (
+    MAX_FIGURES,
+    REASON_MAX_CHARS,
+    Actions,
+    Decision,
+    Phase,
+)
 from pipeline.core.durations import format_ms
 from pipeline.spec.policy import (
     ALERT_SIGNALS,
@@ -170,7 +176,6 @@ from pipeline.spec.policy import (
     num_text,
 )
 
-Phase = Literal["normal", "degraded", "half_open"]
 T = TypeVar("T")
 SignalValue = float | int | bool | None
 Signals = Mapping[str, SignalValue]
@@ -225,9 +230,9 @@ class Evaluation:
     overdue: bool  # held past its max_duration without escalating (L3, or entry gone)
     previous_level: int
     previous_phase: Phase
-    # On an evaluation that keeps a degraded or half-open state: what keeps it, e.g.
-    # "p99.ttft_engine_ms 4120 >= 2500 (exit needs < 2500 for 3m)", "min_dwell (2m of 5m)".
-    held_because: tuple[str, ...] = ()
+    # On an evaluation that keeps a degraded or half-open state: what keeps it (texts such
+    # as "p99.ttft_engine_ms 4120 >= 2500 (needs < 2500 for 3m)", "min_dwell (2m of 5m)").
+    holds: tuple[Hold, ...] = ()
 
     level = _FromDecision[int]()
     phase = _FromDecision[Phase]()
@@ -235,6 +240,10 @@ class Evaluation:
     reason = _FromDecision[str]()
     notify_customer = _FromDecision[bool]()
     budget_exhausted = _FromDecision[bool]()  # passed through; never changes the level
+
+    @property
+    def held_because(self) -> tuple[str, ...]:
+        return tuple(h.text for h in self.holds)
 
     @property
     def figures(self) -> Mapping[str, float | bool | None]:
@@ -259,6 +268,16 @@ class Evaluation:
             "previous_phase": self.previous_phase,
             "held_because": list(self.held_because),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One reason a level is kept, as data: ``key`` names it without its running value
+    or time (a directive is re-issued when the set of keys changes, not every tick:
+    ``pipeline.core.control.held_key``); ``text`` says it to a person."""
+
+    key: str  # e.g. "entry p99.x > 300", "p99.x >= 250", "half-open", "min_dwell"
+    text: str  # e.g. "entry p99.x 412 > 300 (3m of 5m)", "min_dwell (1m of 5m)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +501,7 @@ class PolicyEngine:
         prev_level, prev_phase = s.level, s.phase
         held = now_ms - s.since_ms
         overdue = False
-        held_because: list[str] = []
+        held_because: list[Hold] = []
         reason: str
         figs: list[_Cond]
 
@@ -514,7 +533,9 @@ class PolicyEngine:
                 reason = f"half-open {format_ms(self._ho_ms)} passed without relapse -> normal"
             else:
                 figs = []
-                held_because.append(f"half-open ({format_ms(held)} of {format_ms(self._ho_ms)})")
+                held_because.append(
+                    Hold("half-open", f"half-open ({format_ms(held)} of {format_ms(self._ho_ms)})")
+                )
                 reason = (
                     f"half-open since {s.since_ms}: admitting {self._admit:.0%} of shed "
                     f"traffic until {s.since_ms + self._ho_ms}; relapse if "
@@ -532,13 +553,20 @@ class PolicyEngine:
             failing = [c for c in exits if not holds[c.index]]
             if justified >= lv:
                 held_because.extend(
-                    f"entry {_held_text(c, signals, now_ms, clocks[c.index])}"
+                    _hold(c, signals, now_ms, clocks[c.index], prefix="entry ")
                     for c in self._enter[lv]
                     if holds[c.index] and not c.alert
                 )
-            held_because.extend(_held_text(c, signals, now_ms, clocks[c.index]) for c in failing)
+            held_because.extend(_hold(c, signals, now_ms, clocks[c.index]) for c in failing)
             held_because.extend(
-                f"opened by {_held_text(c, signals, now_ms, clocks[c.index])}, still measured"
+                _hold(
+                    c,
+                    signals,
+                    now_ms,
+                    clocks[c.index],
+                    prefix="opened by ",
+                    suffix=", still measured",
+                )
                 for c in openers
                 if not (justified >= lv and holds[c.index] and c in self._enter[lv])
             )
@@ -574,7 +602,10 @@ class PolicyEngine:
             else:
                 if held < self._dwell_ms and not failing and justified < lv:
                     held_because.append(
-                        f"min_dwell ({format_ms(held)} of {format_ms(self._dwell_ms)})"
+                        Hold(
+                            "min_dwell",
+                            f"min_dwell ({format_ms(held)} of {format_ms(self._dwell_ms)})",
+                        )
                     )
                 if held >= self._max_ms[lv]:
                     # Past max_duration: notified; it escalates only while its entry holds
@@ -594,7 +625,9 @@ class PolicyEngine:
                     body = f"L{lv} entry holds: {_texts(figs, signals)}"
                 elif not exit_ok:
                     figs = failing
-                    body = f"L{lv} held, waiting for exit: {'; '.join(held_because)}"
+                    body = (
+                        f"L{lv} held, waiting for exit: {'; '.join(h.text for h in held_because)}"
+                    )
                 else:
                     figs = exits
                     body = (
@@ -640,7 +673,7 @@ class PolicyEngine:
             overdue=overdue,
             previous_level=prev_level,
             previous_phase=prev_phase,
-            held_because=() if changed or level == 0 else tuple(held_because),
+            holds=() if changed or level == 0 else tuple(held_because),
         )
         s.last = evaluation
         return evaluation
@@ -673,22 +706,31 @@ def _value(c: _Cond, signals: Signals) -> float | bool | None:
 _NEGATED: Final = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
 
 
-def _held_text(c: _Cond, signals: Signals, now_ms: int, since: int | None) -> str:
-    """Why a condition is where it is: ``"p99.x 412 >= 250 (exit needs < 250 for 5m)"``,
-    ``"p99.x 200 < 250 (3m of 5m)"``, ``"burn.page unknown (needs is false)"``."""
+def _hold(
+    c: _Cond, signals: Signals, now_ms: int, since: int | None, *, prefix: str = "",
+    suffix: str = "",
+) -> Hold:  # fmt: skip
+    """Why a condition is where it is. Texts: ``"p99.x 412 >= 250 (needs < 250 for
+    5m)"``, ``"p99.x 200 < 250 (3m of 5m)"``, ``"burn.page unknown (needs is false)"``;
+    keys: the same without the value and the time (``"p99.x >= 250"``, ``"p99.x < 250"``,
+    ``"burn.page unknown"``; a boolean keeps its value: ``"load.burning is true"``)."""
     v = _value(c, signals)
+    needs = c.text.removeprefix(c.signal + " ")
     if v is None:
-        return f"{c.signal} unknown (needs {c.text.removeprefix(c.signal + ' ')})"
-    shown = str(v).lower() if isinstance(v, bool) else num_text(v)
-    if since is None:  # the comparison does not hold now
+        key, text = f"{c.signal} unknown", f"{c.signal} unknown (needs {needs})"
+    else:
+        shown = str(v).lower() if isinstance(v, bool) else num_text(v)
         if c.boolean:
-            return f"{c.signal} is {shown} (needs {c.text.removeprefix(c.signal + ' ')})"
-        return (
-            f"{c.signal} {shown} {_NEGATED[c.op]} {num_text(c.value)} "
-            f"(needs {c.text.removeprefix(c.signal + ' ')})"
-        )
-    cmp = f"is {shown}" if c.boolean else f"{shown} {c.op} {num_text(c.value)}"
-    return f"{c.signal} {cmp} ({format_ms(now_ms - since)} of {format_ms(c.for_ms)})"
+            key = head = f"{c.signal} is {shown}"
+        else:
+            op = c.op if since is not None else _NEGATED[c.op]
+            key = f"{c.signal} {op} {num_text(c.value)}"
+            head = f"{c.signal} {shown} {op} {num_text(c.value)}"
+        if since is None:  # the comparison does not hold now
+            text = f"{head} (needs {needs})"
+        else:
+            text = f"{head} ({format_ms(now_ms - since)} of {format_ms(c.for_ms)})"
+    return Hold(prefix + key, prefix + text + suffix)
 
 
 def _texts(conds: Iterable[_Cond], signals: Signals, *, probe: bool = False) -> str:

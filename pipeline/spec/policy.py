@@ -12,14 +12,22 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping
+from copy import copy
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal
 
 from annotated_types import MinLen
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    model_validator,
+)
 
 from pipeline.contract.boundaries import BOUNDARIES
-from pipeline.contract.control_signal import Actions
+from pipeline.contract.control_signal import Actions, marked_fields
 from pipeline.core.durations import format_ms
 from pipeline.shipped import DEFAULT_POLICY, EXAMPLE_POLICY
 from pipeline.spec.fields import Duration, DurationMs, HoldDuration, duration_or_none
@@ -211,16 +219,16 @@ class Condition(_Model):
         return text if self.for_ms == 0 or not with_for else f"{text} for {self.for_}"
 
 
-class ActionsSpec(_Model):
-    """What the serving layer does at a level (every field optional; default = nothing)."""
+class _ActionsSpecBase(_Model):
+    """What the serving layer does at a level (every field optional; default = nothing).
 
-    shed_priorities_at_or_above: Annotated[int, Field(ge=0, le=3)] | None = None
-    cap_context_tokens: Annotated[int, Field(gt=0)] | None = None
-    fallback_model: Annotated[str, MinLen(1)] | None = None
-    reject_new_sessions: bool = False
-    # The same default as the wire's Actions (one Actions type: control_signal.Actions).
-    retry_after_s: Annotated[int, Field(ge=0)] = DEFAULT_RETRY_AFTER_S
-    rate_limit_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    The fields are the directive's own (``pipeline.contract.control_signal.Actions``,
+    those marked ``policy``: shed_priorities_at_or_above, cap_context_tokens,
+    fallback_model, reject_new_sessions, retry_after_s, rate_limit_rps), with their
+    types, bounds and defaults, so a field added there is a policy field too and reaches
+    the gateway without a second definition; plus two the policy alone has:
+    """
+
     # Capacity-aware admission: the directive carries admit_rps (pipeline.core.admission),
     # measured and corrected by feedback at every evaluation; gateways admit by priority.
     admission: bool = False
@@ -229,22 +237,43 @@ class ActionsSpec(_Model):
     # filled in by the controller): "return 503 after 2 s in queue", from the SLO spec.
     queue_cutoff: bool = False
 
+    # the directive type these actions become (the one it was derived from)
+    actions_type: ClassVar[type[Actions]] = Actions
+
     def to_actions(self, admit_fraction: float | None = None) -> Actions:
         """The directive's actions (the one type the wire signs and the serving side reads):
-        these fields, named as on :class:`Actions`, and the half-open ``admit_fraction``
-        (``admission`` becomes ``admit_rps``, filled in by the controller)."""
-        return Actions(
+        the policy fields as they are, and the half-open ``admit_fraction`` (``admission``
+        becomes ``admit_rps``, filled in by the controller)."""
+        return self.actions_type(
             **self.model_dump(exclude={"admission", "queue_cutoff"}), admit_fraction=admit_fraction
         )
 
     def turns_away(self) -> bool:
-        """Whether these actions turn requests away (shed, reject, rate-limit, admit)."""
-        return (
-            self.shed_priorities_at_or_above is not None
-            or self.reject_new_sessions
-            or self.rate_limit_rps is not None
-            or self.admission
+        """Whether these actions turn requests away (admission, or a field marked
+        ``turns_away`` set: shed, reject new sessions, rate-limit)."""
+        return self.admission or any(
+            getattr(self, name) not in (None, False)
+            for name in marked_fields(self.actions_type, "turns_away")
         )
+
+
+def derive_actions_spec(actions: type[Actions] = Actions) -> type[_ActionsSpecBase]:
+    """The policy's actions model from the directive's: every field marked ``policy``,
+    with its type, bounds, default and description."""
+    fields: dict[str, Any] = {
+        name: (actions.model_fields[name].annotation, copy(actions.model_fields[name]))
+        for name in marked_fields(actions, "policy")
+    }
+    model = create_model("ActionsSpec", __base__=_ActionsSpecBase, __module__=__name__, **fields)
+    model.__doc__ = _ActionsSpecBase.__doc__
+    model.actions_type = actions
+    return model
+
+
+if TYPE_CHECKING:
+    ActionsSpec = _ActionsSpecBase
+else:
+    ActionsSpec = derive_actions_spec()
 
 
 class Level(_Model):

@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.adapters.queries import control, events, requests
 from pipeline.adapters.store import Store, record_from_row
-from pipeline.core.explain import Directive, Explanation, conflict_note, explain
+from pipeline.core.explain import AuditedDirective, Explanation, conflict_note, explain
 from pipeline.core.record import RequestRecord
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
@@ -24,11 +24,12 @@ def read_record(store: Store, request_id: str) -> RequestRecord:
     return record_from_row(row)
 
 
-def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[Directive]:
+def read_directives(store: Store, scope: str, until_unix_ms: int) -> list[AuditedDirective]:
     """The latest directives of ``scope`` up to ``until_unix_ms`` (event time)."""
     rows = control.latest_of_scope(store, scope, until_unix_ms)
     return [
-        Directive(str(s), int(q), int(lv), str(p), int(t), str(r)) for s, q, lv, p, t, r in rows
+        AuditedDirective(str(s), int(q), int(lv), str(p), int(t), str(r))
+        for s, q, lv, p, t, r in rows
     ]
 
 

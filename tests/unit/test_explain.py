@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace  # records are msgspec Structs
 
-from pipeline.core.explain import Directive, breakdown, control_at, explain, timeline
+from pipeline.core.explain import AuditedDirective, breakdown, control_at, explain, timeline
 from pipeline.core.record import build_record
 from pipeline.settings import EXAMPLE_SLO_SPEC
 from pipeline.spec.slo import load_spec_file
@@ -93,14 +93,14 @@ def test_failed_request_is_bad_whatever_its_latency() -> None:
 def test_control_level_in_force_is_the_last_directive_at_or_before_the_end() -> None:
     end_ms = T0_NS // 1_000_000 + 500
     ds = [
-        Directive("m", 1, 1, "degraded", end_ms - 60_000, "L1"),
-        Directive("m", 2, 2, "degraded", end_ms - 1_000, "L2"),
-        Directive("m", 3, 0, "normal", end_ms + 1, "recovered after the request"),
-        Directive("other", 9, 3, "degraded", end_ms - 10, "another model"),
+        AuditedDirective("m", 1, 1, "degraded", end_ms - 60_000, "L1"),
+        AuditedDirective("m", 2, 2, "degraded", end_ms - 1_000, "L2"),
+        AuditedDirective("m", 3, 0, "normal", end_ms + 1, "recovered after the request"),
+        AuditedDirective("other", 9, 3, "degraded", end_ms - 10, "another model"),
     ]
     assert control_at(ds, "m", end_ms) == ds[1]
     assert control_at(ds, "m", end_ms - 120_000) is None
     assert explain(_joined(), SPEC, ds).control == ds[1]
     # same event time: the higher sequence number is the later directive
-    tie = [*ds, Directive("m", 4, 1, "half_open", end_ms - 1_000, "half-open")]
+    tie = [*ds, AuditedDirective("m", 4, 1, "half_open", end_ms - 1_000, "half-open")]
     assert control_at(tie, "m", end_ms) == tie[-1]
