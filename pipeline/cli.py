@@ -391,9 +391,9 @@ DEFAULT_CONTRACT = EXAMPLE_CONTRACT
 def cmd_statement(args: argparse.Namespace) -> int:
     """A tenant's contract statement for a billing period, or --verify one."""
     from pipeline.adapters.query_server import open_reader
+    from pipeline.app.statement import build_statement, render_html, render_text, verify
     from pipeline.spec.contract import load_contract_file
     from pipeline.spec.loader import SpecError
-    from pipeline.app.statement import build_statement, render_html, render_text, verify
 
     doc: dict[str, Any] | None = None
     loaded = None

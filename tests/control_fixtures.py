@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from pipeline.adapters.controller import ControllerShell
+from pipeline.app.demo import kafka_sink
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import event_to_dict
-from pipeline.app.demo import kafka_sink
 from pipeline.settings import Settings
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace

@@ -11,13 +11,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.adapters.kafka_admin import wait_partitions
 from pipeline.adapters.reliable import ReliableProducer
-from pipeline.core.ledger import (
-    LedgerEntry,
-    counted_since,
-    decode_ledger,
-    encode_ledger,
-    ledger_entries,
-)
+from pipeline.contract.ledger import LedgerEntry, decode_ledger, encode_ledger
+from pipeline.core.ledger import counted_since, ledger_entries
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import Settings
 

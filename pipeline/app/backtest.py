@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.contract.codec import encode_event
 from pipeline.core.control import (
     Controller,
@@ -50,7 +51,6 @@ from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOEvaluator, SLOMatcher
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
-from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec

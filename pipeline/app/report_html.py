@@ -36,8 +36,8 @@ from typing import Any
 from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
-from pipeline.core.timefmt import iso_time
 from pipeline.app.report import Report, slo_events, slo_minute_rows, with_selection
+from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
 
 LATENCY_BOUNDARIES = (

@@ -9,65 +9,16 @@ with ``through > C``, so it is not counted again (``pipeline.core.processor``).
 
 The ledger lives in two places: on the ``__slo__`` row of each window insert (atomic with
 the counts: what one store needs) and on the ``tailguard.ledger`` topic (partition =
-source partition), which is what workers with separate stores share. This module holds
-the topic's wire format; pure.
+source partition), which is what workers with separate stores share. The topic's wire
+format is ``pipeline.contract.ledger``; this module holds what the ledger means; pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Final, Protocol
 
-import orjson
-
-LEDGER_VERSION: Final = 1
-MAX_IDS_PER_MESSAGE: Final = 20_000  # ~0.5 MB of JSON: under the broker's 1 MB default
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One message of the ledger topic: ``{"v": 1, "topic", "partition", "through",
-    "ids": [...], "versions": [...]}`` (ids and versions side by side)."""
-
-    topic: str
-    partition: int
-    through: int
-    versions: Mapping[str, int]
-    end_ms: int = 0  # the latest window end these requests were counted in
-
-
-def encode_ledger(entry: LedgerEntry) -> Iterator[bytes]:
-    """The entry as one or more messages (at most ``MAX_IDS_PER_MESSAGE`` ids each)."""
-    ids = list(entry.versions)
-    versions = list(entry.versions.values())  # (in the ids' order: one C call, no lookups)
-    for i in range(0, max(len(ids), 1), MAX_IDS_PER_MESSAGE):
-        yield orjson.dumps(
-            {
-                "v": LEDGER_VERSION,
-                "topic": entry.topic,
-                "partition": entry.partition,
-                "through": entry.through,
-                "end_ms": entry.end_ms,
-                "ids": ids[i : i + MAX_IDS_PER_MESSAGE],
-                "versions": versions[i : i + MAX_IDS_PER_MESSAGE],
-            }
-        )
-
-
-def decode_ledger(raw: bytes) -> LedgerEntry:
-    """Raises ValueError/KeyError/TypeError on a malformed message (an internal topic)."""
-    d = orjson.loads(raw)
-    if d.get("v") != LEDGER_VERSION:
-        raise ValueError(f"unsupported ledger version {d.get('v')!r}")
-    ids, versions = d["ids"], d["versions"]
-    if len(ids) != len(versions):
-        raise ValueError("ids and versions differ in length")
-    return LedgerEntry(
-        str(d["topic"]), int(d["partition"]), int(d["through"]),
-        {str(i): int(v) for i, v in zip(ids, versions, strict=True)}, int(d.get("end_ms", 0)),
-    )  # fmt: skip
-
+from pipeline.contract.ledger import LedgerEntry
 
 CODE_BITS: Final = 5  # a ledger code: see pipeline.core.windows.ledger_code
 CODE_MASK: Final = (1 << CODE_BITS) - 1

@@ -163,7 +163,7 @@ from pipeline.contract.control_signal import (
     Decision,
     Phase,
 )
-from pipeline.core.durations import format_ms
+from pipeline.spec.durations import format_ms
 from pipeline.spec.policy import (
     ALERT_SIGNALS,
     BUDGET_SIGNAL,

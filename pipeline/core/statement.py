@@ -67,11 +67,11 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from pipeline.core.durations import parse_duration_ms
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import Contract, digest, period_bounds_ns
+from pipeline.spec.durations import parse_duration_ms
 from pipeline.spec.slo import SLOSpec
 
 _NS_PER_MS: Final = 1_000_000

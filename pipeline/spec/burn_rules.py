@@ -12,8 +12,8 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
-from pipeline.core.durations import parse_duration_ms, unit_required
 from pipeline.shipped import DEFAULT_BURN_RULES
+from pipeline.spec.durations import parse_duration_ms, unit_required
 from pipeline.spec.fields import DurationMs, check_name, duration_or_none
 from pipeline.spec.loader import (
     API_VERSION,

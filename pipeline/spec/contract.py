@@ -24,7 +24,7 @@ from typing import Annotated, Final, Literal
 from annotated_types import MinLen
 from pydantic import AfterValidator, Field
 
-from pipeline.core.durations import parse_duration_ms
+from pipeline.spec.durations import parse_duration_ms
 from pipeline.spec.loader import (
     SpecError,
     SpecIssue,

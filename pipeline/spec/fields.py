@@ -7,7 +7,7 @@ from typing import Annotated, Final, overload
 
 from pydantic import AfterValidator, BeforeValidator
 
-from pipeline.core.durations import parse_duration_ms, unit_required
+from pipeline.spec.durations import parse_duration_ms, unit_required
 
 NAME_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 

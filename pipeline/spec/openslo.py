@@ -69,8 +69,8 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from pipeline.core.durations import format_ms, parse_duration_ms
 from pipeline.spec.burn_rules import BurnRateRule, BurnRules
+from pipeline.spec.durations import format_ms, parse_duration_ms
 from pipeline.spec.loader import SpecIssue
 from pipeline.spec.slo import SLO, SLOSpec
 

@@ -28,8 +28,8 @@ from pydantic import (
 
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.control_signal import Actions, marked_fields
-from pipeline.core.durations import format_ms
 from pipeline.shipped import DEFAULT_POLICY, EXAMPLE_POLICY
+from pipeline.spec.durations import format_ms
 from pipeline.spec.fields import Duration, DurationMs, HoldDuration, duration_or_none
 from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 

@@ -18,7 +18,7 @@ from annotated_types import MinLen
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from pipeline.contract.boundaries import BOUNDARIES, CTX_BUCKETS
-from pipeline.core.durations import parse_duration_ms
+from pipeline.spec.durations import parse_duration_ms
 from pipeline.spec.fields import Duration, check_name, one_or_many
 from pipeline.spec.loader import SpecFormat, SpecIssue, SpecModel
 

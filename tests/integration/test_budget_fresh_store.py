@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.budget import BUDGET_EVENTS, HOUR_MS, min_observed_ms
-from pipeline.app.replay import replay_file
 from pipeline.settings import Settings
 from pipeline.shipped import DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file

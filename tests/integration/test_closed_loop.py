@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.cli import DEFAULT_TRACE
 from pipeline.app.demo import run_demo
+from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import OverloadEpisode, SimConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(110)]

@@ -18,9 +18,9 @@ import orjson
 import pytest
 
 from pipeline.adapters.store import ClickHouseStore, open_store
+from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.sketch import QuantileSketch
-from pipeline.app.replay import replay_file
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
 from tools.dev.dashboards import (

@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.app.demo import DEMO_JOIN_TIMEOUT_MS, DEMO_WINDOW_GRACE_MS, run_demo
+from pipeline.app.replay import replay_file
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.core.join import JoinConfig
 from pipeline.core.windows import WindowConfig
-from pipeline.app.demo import DEMO_JOIN_TIMEOUT_MS, DEMO_WINDOW_GRACE_MS, run_demo
-from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_POLICY, DEFAULT_SLO_SPEC
 from pipeline.spec.policy import load_policy, load_policy_file
 from pipeline.spec.slo import load_spec_file

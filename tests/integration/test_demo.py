@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.cli import DEFAULT_TRACE
 from pipeline.app.demo import run_demo
+from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import SimConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(130)]

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from pipeline.app.report import exact_quantile
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import encode_event
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
-from pipeline.app.report import exact_quantile
 from pipeline.spec.slo import SLOSpec, load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace

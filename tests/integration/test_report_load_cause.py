@@ -11,10 +11,10 @@ import pytest
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.requests import bad_time_split
 from pipeline.adapters.store import migrate, open_store, write_requests
+from pipeline.app.replay import replay_file
 from pipeline.contract.codec import encode_event
 from pipeline.core.join import JoinConfig
 from pipeline.core.slo import SLOEvaluator
-from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.shipped import DEFAULT_TRACE
 from pipeline.spec.slo import SLOSpec, load_spec_file

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.adapters.kafka_admin import group_progress
 from pipeline.adapters.store import open_store
-from pipeline.cli import DEFAULT_TRACE
 from pipeline.app.demo import kafka_sink
+from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.integration.harness import WorkerProcess, make_settings

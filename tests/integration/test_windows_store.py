@@ -10,9 +10,9 @@ import pytest
 
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql, quantile_key_sql, quantile_sql
 from pipeline.adapters.store import open_store
+from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.sketch import QuantileSketch
-from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
 from tests.measurement_fixtures import simulate_and_replay

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Producer
 
 from pipeline.adapters.store import open_store
-from pipeline.contract.codec import encode_event
 from pipeline.app.demo import kafka_sink
+from pipeline.contract.codec import encode_event
 from tests.factories import completed, finished, received
 from tests.integration.harness import WorkerProcess, make_settings, read_all
 

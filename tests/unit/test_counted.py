@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.app.replay import replay_file
 from pipeline.core.counted import FREEZE_AT, CountedArchive
 from pipeline.core.join import JoinConfig
-from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC
 from pipeline.spec.slo import load_spec_file
 from tests.disorder import duplicate, write_layout

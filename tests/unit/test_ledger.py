@@ -7,15 +7,12 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline.contract.codec import encode_event
+from pipeline.contract.ledger import MAX_IDS_PER_MESSAGE, LedgerEntry, decode_ledger, encode_ledger
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.ledger import (
-    MAX_IDS_PER_MESSAGE,
     RETRACTED,
-    LedgerEntry,
     counted_since,
-    decode_ledger,
-    encode_ledger,
     ledger_entries,
     merge_versions,
     pack,

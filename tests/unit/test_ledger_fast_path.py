@@ -11,16 +11,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core import ledger
-from pipeline.core.ledger import (
-    CODE_MASK,
-    LEDGER_VERSION,
-    LedgerEntry,
-    code_order,
-    decode_ledger,
-    encode_ledger,
-    merge_versions,
-)
+from pipeline.contract import ledger
+from pipeline.contract.ledger import LEDGER_VERSION, LedgerEntry, decode_ledger, encode_ledger
+from pipeline.core.ledger import CODE_MASK, code_order, merge_versions
 
 _IDS = st.text("abcdef", min_size=1, max_size=3)
 # ledger codes with an end of window packed above them, as the worker's dicts hold them

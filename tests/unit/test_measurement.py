@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.core.sketch import exact_quantile_lower
 from pipeline.app.replay import ReplayResult, replay_file
+from pipeline.core.sketch import exact_quantile_lower
 from pipeline.spec.slo import load_spec
 from tests.measurement_fixtures import load_events, simulate_jsonl
 

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from pipeline.core.durations import parse_duration_ms
 from pipeline.core.policy import (
     NO_ACTIONS,
     Evaluation,
@@ -26,6 +25,7 @@ from pipeline.core.policy import (
     Transition,
     transitions,
 )
+from pipeline.spec.durations import parse_duration_ms
 from pipeline.spec.loader import SpecError
 from pipeline.spec.policy import (
     DEFAULT_POLICY_PATH,

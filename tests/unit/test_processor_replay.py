@@ -4,11 +4,11 @@ from pathlib import Path
 
 import orjson
 
+from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.contract.codec import encode_batch, encode_event
 from pipeline.core.join import JoinConfig
 from pipeline.core.processor import StreamProcessor
-from pipeline.app.replay import replay_file
 from tests.factories import completed, finished, received
 
 

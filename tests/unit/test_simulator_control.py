@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.app.demo import parse_overload, sim_config_from_args
 from pipeline.cli import build_parser
 from pipeline.contract.events import EngineFinished, Event, GatewayCompleted, GatewayReceived
-from pipeline.app.demo import parse_overload, sim_config_from_args
 from producers.simulator.gate import GateActions, GatewayGate
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
