@@ -17,6 +17,7 @@ from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
+from pipeline.core.budget import period_at, window_budget
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
 
@@ -78,6 +79,16 @@ def exact_quantile(sorted_values: list[float], q: float) -> float:
     """ClickHouse ``quantileExact`` semantics: element ``floor(q * n)`` (clamped)."""
     n = len(sorted_values)
     return sorted_values[min(int(q * n), n - 1)]
+
+
+def _budget_cell(slo: dict[str, Any]) -> str:
+    """``92.5% (30d*)``: left of the SLO window's budget, the window, * when projected."""
+    cell = _pct(slo.get("budget_remaining"))
+    window = slo.get("budget_window")
+    if window is None or slo.get("budget_remaining") is None:
+        return cell
+    mark = "*" if slo.get("budget_basis") == "projected" else ""
+    return f"{cell} ({window}{mark})"
 
 
 def _badness(slo: dict[str, Any]) -> tuple[Any, ...]:
@@ -182,9 +193,56 @@ def read_slos(
             "budget_bad": bad,
             "budget_allowed": allowed,
             "budget_remaining": (1.0 - bad / allowed) if allowed > 0 else None,
+            "budget_basis": "range",  # without the spec: over the range shown
+            "budget_window": None,
             "burn_rate": burn,
         }
+    if spec is not None and rows:
+        _window_budgets(store, f, spec, slos, end_s)
     return dict(sorted(slos.items(), key=lambda kv: _badness(kv[1])))
+
+
+def _window_budgets(
+    store: Store, f: ReportFilter, spec: SLOSpec, slos: dict[str, dict[str, Any]], end_s: float
+) -> None:
+    """Each SLO's budget over its own window (30 days, the calendar month, ...) at the end
+    of the last minute the report shows, not over the report's range: the counts of that
+    window so far, and the allowance the controller uses (projected over the whole window
+    until a whole window is seen: ``pipeline.core.budget.window_budget``, docs/budgets.md).
+    Without this, one
+    hour of a fresh store against a 30-day objective read "-5,426 % left"."""
+    end_ms = int(1000 * end_s)  # the end of the last minute shown (as the charts)
+    windows = {}
+    for name in slos:
+        slo_name = spec.tiers[name].primary if name in spec.tiers else name
+        if slo_name in {x.name for x in spec.slos}:
+            windows[name] = spec.slo(slo_name)
+    if not windows:
+        return
+    start_ms = min(period_at(w.window, end_ms)[0] for w in windows.values())
+    period = dataclasses.replace(f, since_unix_s=start_ms / 1000, until_unix_s=end_ms / 1000)
+    per: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
+    for name, kind, t, _obj, weight, total, good, secondary in slo_minute_rows(store, period, spec):
+        good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
+        per.setdefault((str(name), str(kind)), []).append(
+            (int(t) * 1000, float(total), float(total) - float(good_w))
+        )
+    for name, slo in windows.items():
+        row = slos[name]
+        p_start, _ = period_at(slo.window, end_ms)
+        mine = [m for m in per.get((name, row["kind"]), []) if m[0] >= p_start]
+        total = int(sum(m[1] for m in mine))
+        bad = sum(m[2] for m in mine)
+        first = min((m[0] for m in mine), default=end_ms)
+        left, allowance = window_budget(
+            row["objective"], slo.window, total=total, bad=bad, first_ms=first, now_ms=end_ms,
+            expected_requests=slo.expected_requests if name == slo.name else None,
+        )  # fmt: skip
+        row["budget_bad"] = bad
+        row["budget_allowed"] = None if allowance is None else allowance.allowed
+        row["budget_remaining"] = left
+        row["budget_basis"] = None if allowance is None else allowance.basis
+        row["budget_window"] = slo.window.rolling or slo.window.calendar
 
 
 def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
@@ -344,7 +402,7 @@ def render(report: Report) -> Any:
             name, f"{slo['objective']:g}", str(slo["total"]), str(slo["good"]),
             "-" if slo["compliance"] is None else f"{slo['compliance']:.4f}",
             "-" if slo["met"] is None else ("yes" if slo["met"] else "NO"),
-            _pct(slo.get("budget_remaining")), _burn(burn.get("5m")), _burn(burn.get("1h")),
+            _budget_cell(slo), _burn(burn.get("5m")), _burn(burn.get("1h")),
         ])  # fmt: skip
         styles.append("bold red" if slo["met"] is False else None)
     c = table(
@@ -358,6 +416,15 @@ def render(report: Report) -> Any:
     )  # fmt: skip
     parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
     parts += [t, c]
+    if any(x.get("budget_basis") not in (None, "range") for x in report.slos.values()):
+        parts.append(
+            Text(
+                "  budget left: over each SLO's own window at the report's end (the window "
+                "in brackets); * projected over the whole window from the traffic seen, "
+                "until a whole window is (docs/budgets.md)",
+                style="dim",
+            )
+        )
     for name, slo in report.slos.items():
         if slo.get("met") is False and slo.get("load"):
             parts.append(Text(f"  {name} — {slo['load']}", style="yellow"))

@@ -23,12 +23,13 @@ headless-browser test reads back.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import html
 import io
 import math
 import re
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
 from pipeline.app.report import Report, slo_events, slo_minute_rows, with_selection
+from pipeline.core.budget import period_at, window_budget
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
 
@@ -83,6 +85,53 @@ def _slo_series(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Any
     )  # fmt: skip
 
 
+def _window_remaining(
+    store: Store, f: ReportFilter, spec: SLOSpec, shown: list[Any]
+) -> dict[str, Series]:
+    """Per SLO and minute shown, the budget left of the SLO's own window at the end of
+    that minute (as the SLO table: :func:`pipeline.core.budget.window_budget`, projected
+    until a whole window is seen); the counts from the window's start, before the range
+    too."""
+    if not shown:
+        return {}
+    first_s = min(float(r[0]) for r in shown)
+    last_s = max(float(r[0]) for r in shown)
+    slos = {x.name: x for x in spec.slos}
+    starts = [period_at(x.window, int(first_s * 1000) + 60_000)[0] for x in slos.values()]
+    wide = dataclasses.replace(
+        f, since_unix_s=min(starts) / 1000, until_unix_s=last_s + 60
+    )  # the counts of every window the minutes shown fall in
+    per: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for t, slo, _obj, total, good in _slo_series(store, wide, spec):
+        per[str(slo)].append((int(float(t)) * 1000, float(total), float(total) - float(good)))
+    out: dict[str, Series] = {}
+    for name, minutes in per.items():
+        slo = slos.get(name)
+        if slo is None:
+            continue
+        points: Series = []
+        held: deque[tuple[int, float, float]] = deque()
+        total = bad = 0.0
+        for t_ms, n, b in minutes:
+            held.append((t_ms, n, b))
+            total, bad = total + n, bad + b
+            now_ms = t_ms + 60_000
+            start_ms = period_at(slo.window, now_ms)[0]
+            while held and held[0][0] < start_ms:
+                _, n0, b0 = held.popleft()
+                total, bad = total - n0, bad - b0
+            if t_ms < first_s * 1000 or not held:
+                continue
+            left, _ = window_budget(
+                slo.objective, slo.window, total=round(total), bad=bad, first_ms=held[0][0],
+                now_ms=now_ms, expected_requests=slo.expected_requests,
+            )  # fmt: skip
+            if left is not None:
+                points.append((t_ms / 1000, left))
+        out[name] = points
+    return out
+
+
 def read_html_data(
     store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None
 ) -> HtmlData:
@@ -103,13 +152,17 @@ def read_html_data(
     burn: dict[str, Series] = defaultdict(list)
     recent: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    for t, slo, objective, total, good in _slo_series(store, f, spec):
+    series = _slo_series(store, f, spec)
+    if spec is not None:
+        remaining.update(_window_remaining(store, f, spec, series))
+    for t, slo, objective, total, good in series:
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
-        cb, ca = cum[slo]
-        cum[slo] = (cb + bad, ca + allowed)
-        cb, ca = cum[slo]
-        if ca > 0:
-            remaining[slo].append((float(t), 1.0 - cb / ca))
+        if spec is None:  # no windows known: cumulative over the data shown
+            cb, ca = cum[slo]
+            cum[slo] = (cb + bad, ca + allowed)
+            cb, ca = cum[slo]
+            if ca > 0:
+                remaining[slo].append((float(t), 1.0 - cb / ca))
         win = recent[slo]
         win.append((float(t), bad, float(total)))
         while win and win[0][0] <= float(t) - BURN_WINDOW_MIN * 60:
@@ -445,7 +498,9 @@ def render_html(
             data.breakdown, "mean (ms)",
         ),
         line_chart(
-            "budget", "Error budget remaining (fraction, cumulative over the data)",
+            "budget",
+            "Error budget remaining (fraction of each SLO window's budget, projected until a "
+            "whole window is seen)",
             data.budget_remaining, "budget remaining", y_min=0.0,
             markers=[(t, f"{slo}: {ev}") for t, slo, ev in data.budget_events],
         ),

@@ -579,6 +579,50 @@ def _period_ms(window: Window, now_ms: int) -> tuple[int, int]:
     return start_ms, int(end.timestamp()) * 1000
 
 
+def window_span_ms(window: Window) -> int:
+    """The length of an SLO window (a calendar month counts 31 days)."""
+    return _compliance_span_ms(window)
+
+
+def period_at(window: Window, now_ms: int) -> tuple[int, int]:
+    """``(start, end)`` of the SLO window at ``now_ms`` (rolling: ``end = now``)."""
+    return _period_ms(window, now_ms)
+
+
+def window_budget(
+    objective: float,
+    window: Window,
+    *,
+    total: int,
+    bad: float,
+    first_ms: int,
+    now_ms: int,
+    expected_requests: int | None = None,
+    floor_ms: int = DEFAULT_MIN_OBSERVED_MS,
+) -> tuple[float | None, Allowance | None]:
+    """The share of an SLO window's budget left at ``now_ms`` (1 = untouched, < 0 =
+    overspent) from the counts of the window so far (``total``, ``bad``; data from
+    ``first_ms``), with the allowance the controller uses: projected over the whole
+    window until a whole window is seen (:func:`budget_allowance`). ``(None, None)``
+    without traffic."""
+    if total <= 0:
+        return None, None
+    start_ms, _ = period_at(window, now_ms)
+    span = window_span_ms(window)
+    observed = now_ms - max(start_ms, first_ms)
+    expected = None if expected_requests is None else (1 - objective) * expected_requests
+    allowance = budget_allowance(
+        (1 - objective) * total,
+        period_ms=span,
+        observed_ms=max(observed, 0),
+        min_observed_ms=min_observed_ms(span, floor_ms),
+        expected_allowed=expected,
+    )
+    if allowance.allowed <= 0:
+        return None, allowance
+    return 1.0 - bad / allowance.allowed, allowance
+
+
 def min_observed_ms(period_ms: int, floor_ms: int = DEFAULT_MIN_OBSERVED_MS) -> int:
     """The least observed span a projection divides by: ``floor_ms`` (1 h), or a twelfth
     of the window when that is shorter (5 min for a 1 h window)."""

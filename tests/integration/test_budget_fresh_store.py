@@ -156,3 +156,31 @@ def test_a_rolling_hour_is_spent_once_at_the_exact_evaluation(
         assert sorted(kinds) == sorted(set(kinds)), (slo, events)  # at most once each
         for _, at in events:
             assert start + 20 * 60_000 < at <= start + 60 * 60_000, (slo, events)
+
+
+def test_the_report_shows_the_budget_the_replay_tracked(
+    traces: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``tailguard report`` on the stored replay: each SLO's budget left is over its own
+    window (30 days, the month) with the same projected allowance as the replay's budget
+    tracker, not over the report's hour (which read -5,426 % before)."""
+    from pipeline.adapters.store import open_store
+    from pipeline.app.report import read_report
+    from pipeline.settings import DEFAULT_SLO_SPEC, Settings
+    from pipeline.spec.slo import load_spec_file
+
+    store_dir = tmp_path / "store"
+    capsys.readouterr()
+    assert main(["replay", str(traces["overload"]), "--store", str(store_dir), "--json"]) == 0
+    summary: dict[str, Any] = orjson.loads(capsys.readouterr().out)
+    store = open_store(Settings(store_dir=store_dir))
+    try:
+        report = read_report(store, spec=load_spec_file(DEFAULT_SLO_SPEC))
+    finally:
+        store.close()
+    for name, b in summary["budgets"].items():
+        row = report.slos[name]
+        assert row["budget_basis"] == "projected", name
+        assert row["budget_window"] in ("30d", "month"), name
+        assert row["budget_remaining"] == pytest.approx(b["remaining_fraction"], abs=0.002), name
+        assert row["budget_remaining"] > 0, name

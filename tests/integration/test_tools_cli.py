@@ -283,7 +283,7 @@ REPORT_KEYS = {
 }  # fmt: skip
 SLO_KEYS = {
     "kind", "objective", "total", "good", "compliance", "met", "budget_bad", "budget_allowed",
-    "budget_remaining", "burn_rate",
+    "budget_remaining", "budget_basis", "budget_window", "burn_rate",
 }  # fmt: skip
 # with the SLO spec the windows were counted with: is each SLO's burn load-caused?
 LOAD_KEYS = {"bad_measured", "bad_queue_share", "load"}
