@@ -1,4 +1,4 @@
-# tailguard image: the same CLI as the README (`tailguard ...`), used by docker-compose.yml.
+# tailguard image: the same CLI as docs/commands.md (`tailguard ...`), used by docker-compose.yml.
 # Installed in place (editable) so that sql/, specs/ and data/ resolve next to the code,
 # as they do in a checkout.
 FROM python:3.11-slim

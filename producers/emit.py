@@ -202,7 +202,8 @@ class KafkaSink:
         conf.setdefault("compression.type", "lz4")
         # Keep events through broker outages of minutes (issue 12): nothing expires in
         # librdkafka's queue; its size (256 MiB of batched JSON, ~3 min at 1,000
-        # gateway requests/s uses about 1/3 of it, see the README) bounds the memory.
+        # gateway requests/s uses about 1/3 of it, see docs/measurement.md, "Producers")
+        # bounds the memory.
         conf.setdefault("message.timeout.ms", 0)  # 0 = never
         conf.setdefault("queue.buffering.max.messages", 1_000_000)
         conf.setdefault("queue.buffering.max.kbytes", 262_144)

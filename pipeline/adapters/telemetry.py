@@ -27,7 +27,7 @@ Instruments (meter ``tailguard.worker``):
 Request latency (``request_metrics=True``, on unless the exporter is ``none``), under
 OpenTelemetry's semantic-convention names and units (seconds), one histogram per
 boundary that has a metric convention (:data:`pipeline.core.otel_names.BOUNDARY_NAMES`,
-the README's table): ``gen_ai.server.request.duration`` (engine end-to-end),
+docs/integrations.md's table): ``gen_ai.server.request.duration`` (engine end-to-end),
 ``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``, and
 ``http.server.request.duration`` (the gateway's total), with ``gen_ai.request.model``
 and ``gen_ai.operation.name`` (plus ``http.request.method`` / ``http.response.status_code``

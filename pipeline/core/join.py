@@ -151,7 +151,8 @@ class JoinConfig:
     # How long a fully joined request's events are kept for a conflicting terminal event
     # to correct its record (see "Conflicts"); 0: not kept (such a conflict then counts
     # as a duplicate); at most resolved_ttl_ms. Memory: a request's record and events per
-    # request joined in it; CPU: ~0.4 µs/event (README, "Duplicates and conflicting ...").
+    # request joined in it; CPU: ~0.4 µs/event (docs/measurement.md, "Duplicates and
+    # conflicting ...").
     conflict_ttl_ms: int = 15_000
     # After the join forgets a request, what the windows counted of it is remembered
     # this long (event time), for at most max_counted requests per partition, ~9 bytes

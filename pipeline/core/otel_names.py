@@ -1,6 +1,6 @@
 """tailguard's latency boundaries under OpenTelemetry's names (GenAI semantic conventions).
 
-One table, :data:`BOUNDARY_NAMES` (reproduced in the README): each boundary of
+One table, :data:`BOUNDARY_NAMES` (reproduced in docs/integrations.md): each boundary of
 :data:`pipeline.core.record.BOUNDARIES` -> the GenAI / HTTP metric it is (unit seconds),
 or, where the conventions have no metric yet, vLLM's ``gen_ai.latency.*`` span attribute
 that measures the same interval, or a ``tailguard.*`` name where neither exists.
