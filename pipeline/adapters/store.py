@@ -302,7 +302,9 @@ class PartialWriteInjectingStore(ClickHouseStore):
     ``latency_1h``), targets of the materialized views, carry a ``CHECK 0`` constraint
     (:attr:`OutageInjectingStore.CONSTRAINT`): an insert into ``window_sketches`` then lands
     in the base table and in the views the engine pushed to before, and fails with
-    ``VIOLATED_CONSTRAINT`` in the blocked one, through the real driver. A line ``kill``:
+    ``VIOLATED_CONSTRAINT`` in the blocked one, through the real driver (the constraints
+    follow the flag file at each insert into ``window_sketches`` and each ``INSERT``
+    statement). A line ``kill``:
     right after such a failure the process SIGKILLs itself, before any retry (a worker
     killed between the base table and a view). Once the file is gone, the next insert
     drops the constraints (also those a killed process left behind).
@@ -330,7 +332,22 @@ class PartialWriteInjectingStore(ClickHouseStore):
         return tables or {"latency_1h"}, "kill" in lines
 
     def _before_insert(self, table: str) -> None:
-        """Add or drop the injected constraints to match the flag file (under the lock)."""
+        """Add or drop the injected constraints to match the flag file (under the lock),
+        before an insert into the views' base table (other inserts: untouched; during the
+        migrations the rollups may not exist yet)."""
+        if table == "window_sketches":
+            self._follow_flag()
+
+    def command(self, sql: str) -> Any:
+        """A statement; an ``INSERT`` (the rollups' repair) meets the injected constraints
+        as the flag file has them."""
+        if not sql.lstrip().upper().startswith("INSERT"):
+            return super().command(sql)
+        with self._lock:
+            self._follow_flag()
+            return self._client.command(sql)
+
+    def _follow_flag(self) -> None:
         wanted, self._kill = self._wanted()
         stale = set(self.ROLLUPS) if not self._cleared else self._blocked
         for t in sorted(stale - wanted):
