@@ -167,8 +167,13 @@ def test_replay_cut_short_between_the_base_table_and_a_view_is_set_right_by_the_
     flag = tmp_path / "partial"
     flag.write_text("latency_1h\nslo_windows\n")
     monkeypatch.setenv("TAILGUARD_FAULT_STORE_PARTIAL_FILE", str(flag))
-    assert main(["replay", str(events), "--store", str(store_dir), "--json"]) != 0
-    assert "VIOLATED_CONSTRAINT" in capsys.readouterr().err
+    try:
+        rc = main(["replay", str(events), "--store", str(store_dir), "--json"])
+        error = capsys.readouterr().err
+    except Exception as exc:  # the write before this fix: not through with_retry
+        rc, error = 1, str(exc)
+    assert rc != 0
+    assert "VIOLATED_CONSTRAINT" in error
     flag.unlink()
     assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
     capsys.readouterr()
