@@ -12,7 +12,6 @@ import pytest
 
 from pipeline.adapters.rollups import check_rollups, repair_rollups, write_windows_repairing
 from pipeline.adapters.store import (
-    ClickHouseStore,
     PartialWriteInjectingStore,
     migrate,
     open_store,
@@ -23,49 +22,10 @@ from pipeline.core.windows import ClosedWindow
 from pipeline.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
+from tests.integration.faults import rollup_drift
 from tests.measurement_fixtures import simulate_jsonl
 
 pytestmark = pytest.mark.integration
-
-ALL = "model = '*' AND priority = '*' AND ctx_bucket = '*'"
-
-
-def drift(store: ClickHouseStore) -> dict[str, tuple[int, ...]]:
-    """What ../shared/tools/store-check compares, where it differs: per boundary the
-    all-traffic count of window_sketches, latency_1m and latency_1h; per SLO total and good
-    of slo_windows, slo_1m and slo_1h. Empty: every rollup equals its source."""
-    db = store.database
-    out: dict[str, tuple[int, ...]] = {}
-    for (b,) in store.query_rows(
-        f"SELECT DISTINCT boundary FROM {db}.window_sketches WHERE boundary != '__slo__'"
-    ):
-        where = f"boundary = '{b}' AND {ALL}"
-        counts = tuple(
-            int(store.query_rows(f"SELECT sum(count) FROM {db}.{t} WHERE {where}")[0][0])
-            for t in ("window_sketches", "latency_1m", "latency_1h")
-        )
-        if len(set(counts)) > 1:
-            out[b] = counts
-    for slo, total, good in store.query_rows(
-        f"SELECT slo, sum(total), sum(good) FROM {db}.slo_windows GROUP BY slo"
-    ):
-        sums = [(int(total), int(good))]
-        for t in ("slo_1m", "slo_1h"):
-            row = store.query_rows(
-                f"SELECT sum(total), sum(good) FROM {db}.{t} WHERE slo = {{s:String}}", {"s": slo}
-            )[0]
-            sums.append((int(row[0]), int(row[1])))
-        if len(set(sums)) > 1:
-            out[f"slo {slo}"] = tuple(x for s in sums for x in s)
-    # the SLO counts of the '__slo__' rows themselves (slo_windows is a view's target too)
-    base = store.query_rows(
-        f"SELECT sum(v.total) FROM {db}.window_sketches AS w "
-        "ARRAY JOIN mapValues(w.slo_counts) AS v WHERE w.boundary = '__slo__'"
-    )[0][0]
-    spread = store.query_rows(f"SELECT sum(total) FROM {db}.slo_windows")[0][0]
-    if int(base or 0) != int(spread or 0):
-        out["slo_windows"] = (int(base or 0), int(spread or 0))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +52,7 @@ def test_a_write_killed_between_the_base_table_and_a_view_is_set_right_at_start(
     half = len(windows) // 2
     store = _open(tmp_path, flag)
     write_windows(store, windows[:half], "t", 0.01, "tok-1", through_offsets={0: 1})
-    assert drift(store) == {}
+    assert rollup_drift(store) == {}
     flag.write_text(f"{blocked}\n")
     with pytest.raises(Exception, match="VIOLATED_CONSTRAINT"):
         write_windows(store, windows[half:], "t", 0.01, "tok-2", through_offsets={0: 1})
@@ -102,7 +62,7 @@ def test_a_write_killed_between_the_base_table_and_a_view_is_set_right_at_start(
         f"SELECT sum(records) FROM {db}.window_sketches WHERE boundary = '__slo__'"
     )
     assert int(n[0][0]) == sum(w.records.get(("*", "*", "*"), 0) for w in windows)
-    short = drift(store)
+    short = rollup_drift(store)
     assert short, "the injected failure left every rollup whole"
     store.close()  # killed: the write is never retried (the windows are never emitted again)
 
@@ -111,7 +71,7 @@ def test_a_write_killed_between_the_base_table_and_a_view_is_set_right_at_start(
     try:
         first = check_rollups(store)
         assert first.total > 0
-        assert drift(store) == {}, short
+        assert rollup_drift(store) == {}, short
         assert repair_rollups(store).total == 0  # nothing left anywhere, nothing added twice
     finally:
         store.close()
@@ -147,7 +107,7 @@ def test_a_write_retried_through_a_partial_failure_lands_once(
             )
         assert retries == 2
         assert all("VIOLATED_CONSTRAINT" in f for f in failures), failures
-        assert drift(store) == {}
+        assert rollup_drift(store) == {}
         assert "write of" in caplog.text
         assert "every rollup equals its source" in caplog.text
         assert repair_rollups(store).total == 0
@@ -181,6 +141,6 @@ def test_replay_cut_short_between_the_base_table_and_a_view_is_set_right_by_the_
     try:
         n = store.query_rows("SELECT count() FROM tailguard.window_sketches")[0][0]
         assert int(n) > 0
-        assert drift(store) == {}
+        assert rollup_drift(store) == {}
     finally:
         store.close()
