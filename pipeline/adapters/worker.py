@@ -160,6 +160,7 @@ class WorkerShell:
         # Back pressure: set while ClickHouse takes writes; while it fails, the
         # lifecycle partitions are paused and no new batch is processed.
         self._store_up = asyncio.Event()
+        self._rollups_unchecked = False  # the start-up check of the rollups failed
         self._store_up.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
@@ -181,7 +182,14 @@ class WorkerShell:
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         # a write of windows cut short by a kill left its rollups short: set them right
-        check_rollups(self.store)
+        # (a store that cannot take the repair yet, full: after the first write of windows)
+        try:
+            check_rollups(self.store)
+        except Exception as exc:
+            if is_data_error(exc):
+                raise
+            log.warning("rollups not checked at start-up (%s): checked after a write", exc)
+            self._rollups_unchecked = True
         # Tools read the embedded store through this port while the worker owns it.
         self.query_server = start_query_server(self.settings, self.store)
         self.dlq = DeadLetterSink(self.settings)
@@ -435,6 +443,9 @@ class WorkerShell:
                 store, windows, s.lifecycle_topic, acc, token, through_offsets=through,
                 retry=self._retry,
             )  # fmt: skip
+            if self._rollups_unchecked:  # the start-up check, put off (see open)
+                retries += self._retry(lambda: check_rollups(store), "check of rollups")
+                self._rollups_unchecked = False
             # Workers with their own stores learn from the topic what this one counted.
             assert self.ledger is not None
             self.ledger.publish(windows, through)  # acknowledged below, before the commit

@@ -49,6 +49,7 @@ def _shell(calls: list[str]) -> WorkerShell:
     sh.store = object()  # type: ignore[assignment]
     sh.stopping = threading.Event()
     sh._progress_sent = {}
+    sh._rollups_unchecked = False
     sh._writing = []
     sh._loop = None
     sh.ledger = SimpleNamespace(  # type: ignore[assignment]
