@@ -75,10 +75,26 @@ def window_hours(starts_ms: Iterable[int]) -> set[int]:
 
 
 def _scope(column: str, hours: set[int] | None) -> str:
+    """SQL: ``column`` in one of ``hours`` (None: true), as ranges of consecutive hours
+    (the engine skips the monthly partitions and the granules outside them; a condition
+    on a function of the column read every row: 4.6 s for one hour of a store of 2 M
+    window rows)."""
     if hours is None:
         return "1"
-    listed = ", ".join(str(h) for h in sorted(hours))
-    return f"toUnixTimestamp(toStartOfHour({column})) IN ({listed})"
+    ranges: list[list[int]] = []
+    for h in sorted(hours):
+        if ranges and ranges[-1][1] == h:
+            ranges[-1][1] = h + 3600
+        else:
+            ranges.append([h, h + 3600])
+    return (
+        "("
+        + " OR ".join(
+            f"({column} >= toDateTime({a}, 'UTC') AND {column} < toDateTime({b}, 'UTC'))"
+            for a, b in ranges
+        )
+        + ")"
+    )
 
 
 def _differs(a: str, b: str) -> str:
