@@ -25,7 +25,8 @@ which are compared after).
 
 It needs to be the store's only writer while it runs (a write of another process landing
 between its read and its insert would be counted twice): the embedded store (one process
-per directory) is; see docs/reliability.md for a shared server.
+per directory) is. Workers sharing one ClickHouse server are not covered: a repair there
+can race another worker's insert between its base table and its views.
 """
 
 from __future__ import annotations
