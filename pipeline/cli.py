@@ -256,10 +256,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     store = None
     if not args.no_store:
         from pipeline.adapters.queries.windows import read_ledger
+        from pipeline.adapters.rollups import check_rollups
         from pipeline.adapters.store import migrate, open_store
 
         store = open_store(settings)
         migrate(store, settings.cluster)
+        # an earlier write of windows cut short left its rollups short: set them right
+        check_rollups(store)
         # A second replay of the same file into this store counts nothing twice.
         ledger = read_ledger(store, topic, 0, -1)
     with dlq_path.open("wb") as dlq:
@@ -278,13 +281,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = result.summary()
     summary["dlq_file"] = str(dlq_path)
     if store is not None:
+        from pipeline.adapters.rollups import write_windows_repairing
         from pipeline.adapters.store import (
             is_data_error,
             with_retry,
             write_audit,
             write_isolating,
             write_requests,
-            write_windows,
         )
 
         try:
@@ -302,7 +305,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 summary["dead_letters"] += len(rejected)  # each is a line of the DLQ file
             acc = settings.window_config().relative_accuracy
             token = f"replay/{uuid.uuid4().hex}"
-            write_windows(store, result.windows, topic, acc, token, through_offsets={0: 1})
+            write_windows_repairing(
+                store, result.windows, topic, acc, token, through_offsets={0: 1},
+                retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
+            )  # fmt: skip
             summary["windows"]["written"] = len(result.windows)
             if result.control is not None:  # the control audit, as a worker writes it
                 from pipeline.adapters.controller import replay_audit_rows

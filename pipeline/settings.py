@@ -102,6 +102,12 @@ class Settings(EmitterSettings):
     """TAILGUARD_FAULT_STORE_OUTAGE_FILE: fault injection, for tests only: while this file exists,
     ClickHouse rejects the worker's inserts (see pipeline.adapters.store.OutageInjectingStore).
     Never set in production."""
+    fault_store_partial_file: Path | None = None
+    """TAILGUARD_FAULT_STORE_PARTIAL_FILE: fault injection, for tests only: while this file
+    exists, the rollups it names (one table a line; none named: latency_1h) reject every
+    insert, so that a write of windows lands in window_sketches and fails in a view (a real
+    partial write); a line ``kill``: the process SIGKILLs itself right after such a write
+    (see pipeline.adapters.store.PartialWriteInjectingStore). Never set in production."""
     worker_web_port: Annotated[int | None, Field(ge=1, le=65535)] = None
     """TAILGUARD_WORKER_WEB_PORT: Faust web UI (off when unset)."""
     query_port: Annotated[int, Field(ge=-1, le=65535)] = 0

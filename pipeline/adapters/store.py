@@ -13,6 +13,7 @@ import math
 import operator
 import os
 import re
+import signal
 import string
 import tempfile
 import threading
@@ -242,6 +243,10 @@ def open_store(settings: Settings) -> ClickHouseStore:
                 "(chDB allows one process per data directory: is a worker running on it?)"
             ) from exc
     embedded = not settings.clickhouse_url
+    if settings.fault_store_partial_file is not None:
+        return PartialWriteInjectingStore(
+            client, settings.database, settings.fault_store_partial_file, embedded=embedded
+        )
     if settings.fault_store_outage_file is not None:
         return OutageInjectingStore(
             client, settings.database, settings.fault_store_outage_file, embedded=embedded
@@ -287,6 +292,95 @@ class OutageInjectingStore(ClickHouseStore):
             if t in self._blocked:
                 log.warning("injected outage over: inserts into %s.%s work again", self.database, t)
         self._blocked.clear()
+
+
+class PartialWriteInjectingStore(ClickHouseStore):
+    """Fault injection, for tests only (``TAILGUARD_FAULT_STORE_PARTIAL_FILE``): a write
+    that fails after the base table took its rows.
+
+    While the flag file exists, the tables it names (one a line; none named:
+    ``latency_1h``), targets of the materialized views, carry a ``CHECK 0`` constraint
+    (:attr:`OutageInjectingStore.CONSTRAINT`): an insert into ``window_sketches`` then lands
+    in the base table and in the views the engine pushed to before, and fails with
+    ``VIOLATED_CONSTRAINT`` in the blocked one, through the real driver (the constraints
+    follow the flag file at each insert into ``window_sketches`` and each ``INSERT``
+    statement). A line ``kill``:
+    right after such a failure the process SIGKILLs itself, before any retry (a worker
+    killed between the base table and a view). Once the file is gone, the next insert
+    drops the constraints (also those a killed process left behind).
+    """
+
+    CONSTRAINT = "tailguard_injected_outage"  # an outage, not a data error (is_data_error)
+    ROLLUPS = ("slo_windows", "latency_1m", "latency_1h", "slo_1m", "slo_1h")
+
+    def __init__(self, client: Any, database: str, flag: Path, *, embedded: bool = False) -> None:
+        super().__init__(client, database, embedded=embedded)
+        self._flag = flag
+        self._blocked: set[str] = set()
+        self._cleared = False  # constraints left by an earlier process dropped
+        self._kill = False
+
+    def _wanted(self) -> tuple[set[str], bool]:
+        try:
+            lines = {x.strip() for x in self._flag.read_text().splitlines() if x.strip()}
+        except FileNotFoundError:
+            return set(), False
+        tables = lines - {"kill"}
+        unknown = tables - set(self.ROLLUPS)
+        if unknown:
+            raise StoreError(f"{self._flag}: not a rollup: {sorted(unknown)}")
+        return tables or {"latency_1h"}, "kill" in lines
+
+    def _before_insert(self, table: str) -> None:
+        """Add or drop the injected constraints to match the flag file (under the lock),
+        before an insert into the views' base table (other inserts: untouched; during the
+        migrations the rollups may not exist yet)."""
+        if table == "window_sketches":
+            self._follow_flag()
+
+    def command(self, sql: str) -> Any:
+        """A statement; an ``INSERT`` (the rollups' repair) meets the injected constraints
+        as the flag file has them."""
+        if not sql.lstrip().upper().startswith("INSERT"):
+            return super().command(sql)
+        with self._lock:
+            self._follow_flag()
+            return self._client.command(sql)
+
+    def _follow_flag(self) -> None:
+        wanted, self._kill = self._wanted()
+        stale = set(self.ROLLUPS) if not self._cleared else self._blocked
+        for t in sorted(stale - wanted):
+            self._client.command(
+                f"ALTER TABLE {self.database}.{t} DROP CONSTRAINT IF EXISTS {self.CONSTRAINT}"
+            )
+            if t in self._blocked:
+                log.warning("injected partial writes over: %s.%s takes inserts", self.database, t)
+        self._cleared = True
+        self._blocked &= wanted
+        for t in sorted(wanted - self._blocked):
+            self._client.command(
+                f"ALTER TABLE {self.database}.{t} ADD CONSTRAINT {self.CONSTRAINT} CHECK 0"
+            )
+            self._blocked.add(t)
+            log.warning("injected partial writes: inserts into %s.%s now fail", self.database, t)
+
+    def insert_columns(
+        self,
+        table: str,
+        columns: Sequence[Sequence[Any]],
+        names: Sequence[str],
+        types: Sequence[str],
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        try:
+            super().insert_columns(table, columns, names, types, settings)
+        except Exception as exc:
+            if self._kill and self.CONSTRAINT in str(exc):
+                log.error("injected partial write into %s: killing this process", table)  # noqa: TRY400
+                logging.shutdown()
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise
 
 
 # --- migrations ------------------------------------------------------------

@@ -49,6 +49,7 @@ from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
 from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
+from pipeline.adapters.rollups import check_rollups, write_windows_repairing
 from pipeline.adapters.stop_signal import PromptStop
 from pipeline.adapters.store import (
     BudgetEventRow,
@@ -66,7 +67,6 @@ from pipeline.adapters.store import (
     write_isolating,
     write_raw_isolating,
     write_requests,
-    write_windows,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
@@ -160,6 +160,7 @@ class WorkerShell:
         # Back pressure: set while ClickHouse takes writes; while it fails, the
         # lifecycle partitions are paused and no new batch is processed.
         self._store_up = asyncio.Event()
+        self._rollups_unchecked = False  # the start-up check of the rollups failed
         self._store_up.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
@@ -180,6 +181,15 @@ class WorkerShell:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
+        # a write of windows cut short by a kill left its rollups short: set them right
+        # (a store that cannot take the repair yet, full: after the first write of windows)
+        try:
+            check_rollups(self.store)
+        except Exception as exc:
+            if is_data_error(exc):
+                raise
+            log.warning("rollups not checked at start-up (%s): checked after a write", exc)
+            self._rollups_unchecked = True
         # Tools read the embedded store through this port while the worker owns it.
         self.query_server = start_query_server(self.settings, self.store)
         self.dlq = DeadLetterSink(self.settings)
@@ -427,12 +437,15 @@ class WorkerShell:
         if windows:
             acc = s.window_config().relative_accuracy
             token = f"{s.group_id}/{s.lifecycle_topic}/{uuid.uuid4().hex}"  # same on every retry
-            retries += self._retry(
-                lambda: write_windows(
-                    store, windows, s.lifecycle_topic, acc, token, through_offsets=through
-                ),
-                f"write of {len(windows)} windows",
-            )
+            # a failed attempt may have landed in window_sketches and not in every view:
+            # the rollups of its hours are set right once it succeeded
+            retries += write_windows_repairing(
+                store, windows, s.lifecycle_topic, acc, token, through_offsets=through,
+                retry=self._retry,
+            )  # fmt: skip
+            if self._rollups_unchecked:  # the start-up check, put off (see open)
+                retries += self._retry(lambda: check_rollups(store), "check of rollups")
+                self._rollups_unchecked = False
             # Workers with their own stores learn from the topic what this one counted.
             assert self.ledger is not None
             self.ledger.publish(windows, through)  # acknowledged below, before the commit

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from bench.common import send
 from pipeline.adapters.kafka_admin import wait_partitions
-from pipeline.adapters.store import open_store
+from pipeline.adapters.store import Store, open_store
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import encode_batch
 from pipeline.contract.events import Event
@@ -225,3 +225,44 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
                 time.sleep(0.2)
     finally:
         c.close()
+
+
+ALL = "model = '*' AND priority = '*' AND ctx_bucket = '*'"
+
+
+def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
+    """What ../shared/tools/store-check compares, where it differs: per boundary the
+    all-traffic count of window_sketches, latency_1m and latency_1h; per SLO total and good
+    of slo_windows, slo_1m and slo_1h. Empty: every rollup equals its source."""
+    db = store.database
+    out: dict[str, tuple[int, ...]] = {}
+    for (b,) in store.query_rows(
+        f"SELECT DISTINCT boundary FROM {db}.window_sketches WHERE boundary != '__slo__'"
+    ):
+        where = f"boundary = '{b}' AND {ALL}"
+        counts = tuple(
+            int(store.query_rows(f"SELECT sum(count) FROM {db}.{t} WHERE {where}")[0][0])
+            for t in ("window_sketches", "latency_1m", "latency_1h")
+        )
+        if len(set(counts)) > 1:
+            out[b] = counts
+    for slo, total, good in store.query_rows(
+        f"SELECT slo, sum(total), sum(good) FROM {db}.slo_windows GROUP BY slo"
+    ):
+        sums = [(int(total), int(good))]
+        for t in ("slo_1m", "slo_1h"):
+            row = store.query_rows(
+                f"SELECT sum(total), sum(good) FROM {db}.{t} WHERE slo = {{s:String}}", {"s": slo}
+            )[0]
+            sums.append((int(row[0]), int(row[1])))
+        if len(set(sums)) > 1:
+            out[f"slo {slo}"] = tuple(x for s in sums for x in s)
+    # the SLO counts of the '__slo__' rows themselves (slo_windows is a view's target too)
+    base = store.query_rows(
+        f"SELECT sum(v.total) FROM {db}.window_sketches AS w "
+        "ARRAY JOIN mapValues(w.slo_counts) AS v WHERE w.boundary = '__slo__'"
+    )[0][0]
+    spread = store.query_rows(f"SELECT sum(total) FROM {db}.slo_windows")[0][0]
+    if int(base or 0) != int(spread or 0):
+        out["slo_windows"] = (int(base or 0), int(spread or 0))
+    return out

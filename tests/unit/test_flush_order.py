@@ -36,7 +36,7 @@ def _closed_windows() -> tuple[list[Any], list[Any]]:
 
 _WRITES = {  # the worker module's store writes, by what they write
     "write_requests": "rows",
-    "write_windows": "windows",
+    "write_windows_repairing": "windows",  # write_windows, rollups set right on a failure
     "write_raw_isolating": "raw events",
     "write_checkpoints": "checkpoints",
 }
@@ -49,6 +49,7 @@ def _shell(calls: list[str]) -> WorkerShell:
     sh.store = object()  # type: ignore[assignment]
     sh.stopping = threading.Event()
     sh._progress_sent = {}
+    sh._rollups_unchecked = False
     sh._writing = []
     sh._loop = None
     sh.ledger = SimpleNamespace(  # type: ignore[assignment]
@@ -72,7 +73,7 @@ def _fake_writes(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: str
             if name == stop_at:
                 raise _StoppedError(name)
             calls.append(name)
-            return (0, []) if name == "raw events" else None
+            return (0, []) if name == "raw events" else 0 if name == "windows" else None
 
         return write
 
