@@ -13,9 +13,13 @@ API whether they open the directory themselves or go through the worker.
   that answers for this directory, and opens the directory directly otherwise.
 * **Authenticated.** Every start draws a fresh random token, kept in the
   discovery file (mode 0600, so only the store's owner can read it); a query
-  without it is refused (``516``, HTTP 401). clickhouse-connect sends it as
-  the password (HTTP basic auth); ``X-ClickHouse-Key`` works too. Only
-  ``/ping`` answers without it.
+  without it is refused (``516``, HTTP 401). It travels in headers only:
+  clickhouse-connect sends it as the password (HTTP basic auth);
+  ``X-ClickHouse-Key`` works too. A ``password`` in the URL (ClickHouse's
+  ``?password=``) is refused (HTTP 400, the value not echoed) whether right or
+  wrong, so that the token never sits in a URL, a shell history or a log; the
+  port's own request log never writes a query string. Only ``/ping`` answers
+  without the token.
 * **The store's own tables only.** Before it runs, a query's AST (ClickHouse's
   ``EXPLAIN AST``) is walked: no table function anywhere (``file``, ``url``,
   ``s3``, ``executable``, ``remote``, ``python``, ... in any statement kind,
@@ -95,17 +99,18 @@ _TRANSPORT_PARAMS = frozenset(
         "buffer_size",
         "role",
         "user",
-        "password",
     }
 )
 _TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
 _CODE_RE = re.compile(r"Code: (\d+)")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL_QUERY_RE = re.compile(r"(\S*?)\?\S*")  # a URL's query string, in a request line
 
 READONLY = 164  # ClickHouse error codes
 SYNTAX_ERROR = 62
 UNKNOWN_SETTING = 115
 AUTHENTICATION_FAILED = 516
+BAD_ARGUMENTS = 36  # a token in the URL
 
 # Tables outside the store's database a query may name: what clickhouse-connect reads
 # when it connects (the session's settings) and the one-row table.
@@ -425,7 +430,7 @@ def _http_status(code: int) -> int:
         return 403
     if code == AUTHENTICATION_FAILED:
         return 401
-    if code in (SYNTAX_ERROR, UNKNOWN_SETTING, 457):
+    if code in (SYNTAX_ERROR, UNKNOWN_SETTING, BAD_ARGUMENTS, 457):
         return 400
     if code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
         return 404
@@ -438,7 +443,23 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("query port: " + format, *args)
+        # The request line's query string may hold a URL token (refused, but sent):
+        # never write it, at any level.
+        text = _URL_QUERY_RE.sub(r"\1?<query not logged>", format % args)
+        log.debug("query port: %s", text)
+
+    def _url_token_refused(self) -> bool:
+        """A ``password`` in the URL is refused (HTTP 400) before anything else, whether
+        it is the token or not, and its value is not echoed."""
+        names = {k.lower() for k, _ in parse_qsl(urlsplit(self.path).query, keep_blank_values=True)}
+        if "password" not in names:
+            return False
+        self._error(
+            BAD_ARGUMENTS,
+            "the query port takes its token in headers only (HTTP basic auth password or "
+            "X-ClickHouse-Key), never as the password parameter of the URL",
+        )
+        return True
 
     def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(status)
@@ -457,16 +478,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _authorized(self) -> bool:
-        """The request carries the port's token: as the password (HTTP basic auth, what
-        clickhouse-connect sends), ``X-ClickHouse-Key``, or the ``password`` parameter."""
+        """The request carries the port's token in a header: as the password (HTTP basic
+        auth, what clickhouse-connect sends) or ``X-ClickHouse-Key``."""
         offered: list[str] = []
         auth = self.headers.get("Authorization") or ""
         if auth[:6].lower() == "basic ":
             with contextlib.suppress(ValueError):
                 offered.append(base64.b64decode(auth[6:]).decode().partition(":")[2])
         offered.append(self.headers.get("X-ClickHouse-Key") or "")
-        args = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
-        offered.append(args.get("password", ""))
         token = self.server.token.encode()
         ok = False
         for candidate in offered:  # compare every one, in constant time each
@@ -475,12 +494,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(
                 AUTHENTICATION_FAILED,
                 "Authentication failed: the query port needs the token of the store's "
-                f"{DISCOVERY_FILE} as the password",
+                f"{DISCOVERY_FILE} in a header (the basic auth password or X-ClickHouse-Key)",
             )
         return ok
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
+        if self._url_token_refused():
+            return
         if path == "/ping":
             self._send(200, b"Ok.\n", {"Content-Type": "text/plain"})
         elif not self._authorized():
@@ -496,7 +517,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        if self._authorized():
+        if not self._url_token_refused() and self._authorized():
             self._query(body)
 
     def _query(self, body: bytes) -> None:

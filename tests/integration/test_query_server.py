@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import stat
 import threading
@@ -378,21 +379,45 @@ def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
         client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
 
 
-def test_with_the_token_by_any_of_clickhouses_ways(served_shared) -> None:
+def test_with_the_token_in_either_header(served_shared) -> None:
     _settings, _store, server, _client = served_shared
     basic = base64.b64encode(f"tailguard:{server.token}".encode()).decode()
-    for headers, query in (
-        ({"X-ClickHouse-Key": server.token}, ""),
-        ({"Authorization": f"Basic {basic}"}, ""),
-        ({}, f"?password={server.token}"),
-    ):
+    for headers in ({"X-ClickHouse-Key": server.token}, {"Authorization": f"Basic {basic}"}):
         request = urllib.request.Request(
-            f"http://127.0.0.1:{server.port}/{query}",
+            f"http://127.0.0.1:{server.port}/",
             data=b"SELECT count() FROM requests FINAL",
             headers=headers,
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.read() == b"10\n"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("headers", ["none", "key"])
+def test_a_token_in_the_url_is_refused_not_echoed_not_logged(
+    served_shared, caplog: pytest.LogCaptureFixture, method: str, headers: str
+) -> None:
+    """``?password=`` puts the token in URLs and logs: refused (400) even when it is the
+    right token and a header carries it too; neither the answer nor the log holds it."""
+    _settings, _store, server, _client = served_shared
+    caplog.set_level(logging.DEBUG, logger="tailguard.query_server")
+    sent = {"X-ClickHouse-Key": server.token} if headers == "key" else {}
+    for path in ("/", "/tailguard", "/ping"):
+        query = "?query=SELECT%201" if method == "GET" and path == "/" else "?"
+        url = f"http://127.0.0.1:{server.port}{path}{query}&password={server.token}"
+        data = b"SELECT count() FROM requests FINAL" if method == "POST" else None
+        request = urllib.request.Request(url, data=data, headers=sent, method=method)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 400
+        assert exc.value.headers["X-ClickHouse-Exception-Code"] == "36"
+        body = exc.value.read()
+        assert b"headers only" in body
+        assert server.token.encode() not in body
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "query port:" in logged  # the request log ran, at DEBUG
+    assert server.token not in logged
+    assert "password" not in logged
 
 
 @pytest.mark.parametrize(
