@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=0.5, help="flush period")
     ap.add_argument("--chunks", type=int, default=6, help="slices of the workload")
     ap.add_argument("--max-execution-s", type=int, default=10)
+    ap.add_argument(
+        "--old-lock",
+        action="store_true",
+        help="queries hold the writer's lock, as before issue 37 (for comparison)",
+    )
     ap.add_argument("--hostile", nargs=2, metavar=("PORT", "SECONDS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.hostile:
@@ -102,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         store = st.open_store(s.model_copy(update={"store_dir": tmp / "store"}))
         st.migrate(store, raw_ttl_days=3650)  # the workload's events are from 2025
         server = QueryServer(tmp / "store", store.lock, limits=limits).start(publish=False)
+        own_lock = server.session._lock
+        if args.old_lock:
+            server.session._lock = store.lock
         try:
             j = 0
             for _ in range(args.rounds):
@@ -131,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                         out = child.stdout.read()
                         child.wait()
                         answers.extend(tuple(json.loads(line)) for line in out.splitlines())
+            # nothing lost nor mixed up by the concurrent sessions: every request and event
+            stored = store.query_rows(
+                "SELECT (SELECT count() FROM tailguard.requests FINAL), "
+                "(SELECT count() FROM tailguard.lifecycle_events FINAL)"
+            )[0]
         finally:
+            server.session._lock = own_lock
             server.stop()
             store.close()
     finally:
@@ -145,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{phase:5s}: {len(xs)} flushes, p50 {statistics.median(xs) * 1000:.0f} ms, "
             f"p99 {_pct(xs, 0.99) * 1000:.0f} ms, max {max(xs) * 1000:.0f} ms"
         )
+    print(
+        f"stored: {stored[0]} requests of {len(records)}, {stored[1]} events of {n}"
+        + (" (queries held the writer's lock)" if args.old_lock else "")
+    )
     ratio = _pct(phases["heavy"], 0.99) / _pct(phases["quiet"], 0.99)
     print(f"p99 heavy / quiet: {ratio:.2f}")
     for kind in ("memory", "time"):
