@@ -113,6 +113,18 @@ class Settings(EmitterSettings):
     query_port: Annotated[int, Field(ge=-1, le=65535)] = 0
     """TAILGUARD_QUERY_PORT: the worker's read-only query port on 127.0.0.1 for tools reading its
     embedded store (0 = an ephemeral port, -1 = off)."""
+    query_max_execution_s: Annotated[int, Field(ge=1, le=3600)] = 30
+    """TAILGUARD_QUERY_MAX_EXECUTION_S: a query on the query port is stopped after this
+    (max_execution_time; the port answers 159 itself 1 s later should the engine not)."""
+    query_max_memory_mb: Annotated[int, Field(ge=16)] = 512
+    """TAILGUARD_QUERY_MAX_MEMORY_MB: memory one query on the query port may use in the worker's
+    process (max_memory_usage; past it the engine stops it, code 241)."""
+    query_max_result_mb: Annotated[int, Field(ge=1)] = 256
+    """TAILGUARD_QUERY_MAX_RESULT_MB: the largest answer of one query on the query port
+    (max_result_bytes; past it code 396)."""
+    query_max_threads: Annotated[int, Field(ge=0, le=1024)] = 0
+    """TAILGUARD_QUERY_MAX_THREADS: engine threads of one query on the query port (0 = a quarter
+    of the cores, at least 1), so that a heavy query leaves the writer its cores."""
     session_timeout_ms: Annotated[int, Field(ge=6000)] = 10_000
     """TAILGUARD_SESSION_TIMEOUT_MS: a dead worker's partitions move after this."""
     window_size_ms: Annotated[int, Field(gt=0)] = 10_000
@@ -154,7 +166,11 @@ class Settings(EmitterSettings):
     """TAILGUARD_CONTROL_DECISION_DELAY_MS: with snapshots, decide on a window this long after every
     partition's clock passed its end."""
     control_heartbeat_ms: Annotated[int, Field(ge=100)] = 10_000
-    """TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives."""
+    """TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives (a signal lives 3 of them)."""
+    control_max_ttl_ms: Annotated[int, Field(ge=1000)] = 300_000
+    """TAILGUARD_CONTROL_MAX_TTL_MS: the controller never signs a signal that lives longer (it
+    must cover 3 heartbeats); give the serving side's ControlClient(max_ttl_ms=) the same value,
+    its default too: clients enforce no signal longer than that after it was issued."""
     store_raw_events: bool = True
     """TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."""
     raw_events_ttl_days: Annotated[int, Field(ge=1)] = 7
@@ -185,6 +201,11 @@ class Settings(EmitterSettings):
         if self.control_active_kid and self.control_keys is None:
             raise ValueError(
                 "control_active_kid goes with control_keys (a keys file names its own active key)"
+            )
+        if 3 * self.control_heartbeat_ms > self.control_max_ttl_ms:
+            raise ValueError(
+                f"control_heartbeat_ms {self.control_heartbeat_ms}: a signal lives 3 heartbeats, "
+                f"longer than control_max_ttl_ms {self.control_max_ttl_ms}"
             )
         if self.alert_webhook_url and not (
             self.alert_webhook_secret and self.alert_webhook_secret.get_secret_value()

@@ -24,13 +24,24 @@ service) -- see the rationale in :mod:`pipeline.contract.control_signal`. Each
 such expiry is counted once, as ``expired`` and, when the directive was
 level >= 1 (so service was actually relaxed), as ``failed_open`` too.
 
+Maximum lifetime
+----------------
+A directive is enforced for at most ``max_ttl_ms`` (default
+:data:`~pipeline.contract.control_signal.DEFAULT_MAX_TTL_MS`, 5 minutes) after the
+signal's ``issued_at_unix_ms``, whatever expiry it claims: a longer one is clamped,
+counted as ``clamped`` and logged (at most once a minute per scope). A client started
+later that reads an old signal from the compacted topic applies the same clamp, so a
+correctly signed 365-day signal is over ``max_ttl_ms`` after it was issued, for every
+client. Set ``max_ttl_ms`` to the issuers' ``TAILGUARD_CONTROL_MAX_TTL_MS``.
+
 Counters
 --------
 ``accepted``; rejections: ``forged`` (= ``unknown_kid`` + ``bad_signature``,
 both also counted separately), ``replayed``, ``stale``, ``expired`` (signals
 that arrived already expired *plus* directives that expired in place),
 ``not_yet_valid``, ``malformed``; ``failed_open`` (level >= 1 directives that
-expired in place); ``seq_resets`` (see :class:`~pipeline.contract.control_signal.SequenceGuard`);
+expired in place); ``clamped`` (accepted signals whose expiry was cut to
+``max_ttl_ms``); ``seq_resets`` (see :class:`~pipeline.contract.control_signal.SequenceGuard`);
 ``errors`` (internal exceptions, never raised to callers). The client adds
 ``messages``, ``tombstones``, ``consumer_errors``, ``metadata_errors``.
 """
@@ -48,6 +59,7 @@ from typing import Any, Final
 from pipeline.contract.control_signal import (
     ALL_SCOPES,
     DEFAULT_MAX_SKEW_MS,
+    DEFAULT_MAX_TTL_MS,
     Actions,
     ControlSignal,
     Keyring,
@@ -75,6 +87,7 @@ COUNTER_NAMES: Final = (
     "not_yet_valid",
     "malformed",
     "failed_open",
+    "clamped",
     "seq_resets",
     "errors",
 )
@@ -96,7 +109,8 @@ class Directive:
     budget_exhausted: bool = False
 
     @classmethod
-    def from_signal(cls, s: ControlSignal) -> Directive:
+    def from_signal(cls, s: ControlSignal, expires_at_unix_ms: int | None = None) -> Directive:
+        """``expires_at_unix_ms``: the effective expiry, when the verifier clamped it."""
         return cls(
             level=s.level,
             phase=s.phase,
@@ -104,7 +118,9 @@ class Directive:
             scope=s.scope,
             seq=s.seq,
             issued_at_unix_ms=s.issued_at_unix_ms,
-            expires_at_unix_ms=s.expires_at_unix_ms,
+            expires_at_unix_ms=(
+                s.expires_at_unix_ms if expires_at_unix_ms is None else expires_at_unix_ms
+            ),
             reason=s.reason,
             notify_customer=s.notify_customer,
             budget_exhausted=s.budget_exhausted,
@@ -127,6 +143,8 @@ class DirectiveStore:
     """Verified directives per scope. ``apply`` from one thread, ``current`` from any.
 
     ``keyring`` may be swapped at run time (:meth:`set_keyring`) for rotation.
+    ``max_ttl_ms``: the longest a signal is enforced after it was issued (see the
+    module's docstring).
     """
 
     def __init__(
@@ -134,11 +152,16 @@ class DirectiveStore:
         keyring: Keyring,
         *,
         max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
+        max_ttl_ms: int = DEFAULT_MAX_TTL_MS,
         max_scopes: int = 10_000,
         allow_seq_reset_after_expiry: bool = True,
     ) -> None:
+        if max_ttl_ms < 1:
+            raise ValueError(f"max_ttl_ms must be >= 1, got {max_ttl_ms}")
         self._keyring = keyring
         self.max_skew_ms = max_skew_ms
+        self.max_ttl_ms = max_ttl_ms
+        self._clamp_logged_ms: dict[str, int] = {}  # per scope, bounded like the directives
         self._guard = SequenceGuard(
             max_scopes, allow_reset_after_expiry=allow_seq_reset_after_expiry
         )
@@ -160,12 +183,14 @@ class DirectiveStore:
         try:
             if raw is None:
                 return self._reject(Rejection(RejectReason.MALFORMED, "empty value"))
-            res = decode_and_verify(raw, self._keyring, now_ms, max_skew_ms=self.max_skew_ms)
+            res = decode_and_verify(
+                raw, self._keyring, now_ms, max_skew_ms=self.max_skew_ms, max_ttl_ms=self.max_ttl_ms
+            )
             if not isinstance(res, VerifiedSignal):
                 return self._reject(res)
             s = res.signal
             with self._lock:
-                verdict = self._guard.admit(s, now_ms)
+                verdict = self._guard.admit(s, now_ms, expires_at_unix_ms=res.expires_at_unix_ms)
                 if verdict is not None:
                     return self._reject_locked(
                         Rejection(
@@ -176,7 +201,10 @@ class DirectiveStore:
                 old = self._directives.get(s.scope)
                 if old is not None:
                     self._expire_if_due_locked(s.scope, old, now_ms)
-                d = Directive.from_signal(s)
+                d = Directive.from_signal(s, res.expires_at_unix_ms)
+                if res.clamped:
+                    self._counts["clamped"] += 1
+                    self._log_clamp_locked(res, now_ms)
                 self._directives[s.scope] = d
                 if len(self._directives) > self._max_scopes:
                     # Bounded like the guard: drop the directive expiring first.
@@ -189,6 +217,27 @@ class DirectiveStore:
             with self._lock:
                 self._counts["errors"] += 1
             return Rejection(RejectReason.MALFORMED, f"internal error: {type(e).__name__}")
+
+    def _log_clamp_locked(self, res: VerifiedSignal, now_ms: int) -> None:
+        s = res.signal
+        last = self._clamp_logged_ms.get(s.scope)
+        if last is not None and now_ms - last < 60_000:
+            return
+        if len(self._clamp_logged_ms) >= self._max_scopes:
+            self._clamp_logged_ms.clear()
+        self._clamp_logged_ms[s.scope] = now_ms
+        log.warning(
+            "control: signal for %r (seq %d, kid %s) claims to live %d ms, more than "
+            "max_ttl_ms %d: enforced until %d only (issued at %d + max_ttl_ms), not %d",
+            s.scope,
+            s.seq,
+            s.kid,
+            s.expires_at_unix_ms - s.issued_at_unix_ms,
+            self.max_ttl_ms,
+            res.expires_at_unix_ms,
+            s.issued_at_unix_ms,
+            s.expires_at_unix_ms,
+        )
 
     def _reject(self, r: Rejection) -> Rejection:
         with self._lock:
@@ -303,6 +352,9 @@ class ControlClient:
     nothing here raises into a request handler: :meth:`directive` returns
     level 0 on any internal error.
 
+    ``max_ttl_ms``: the longest a directive is enforced after its signal was issued
+    (used when no ``store`` is given; a store has its own).
+
     ``consumer_factory`` (default: ``confluent_kafka.Consumer``) lets tests
     drive the loop with a fake consumer. Tombstones (``null`` values) are
     counted and ignored: they cannot be signed, so they cannot lift a directive.
@@ -316,6 +368,7 @@ class ControlClient:
         clock: Callable[[], float] = time.time,
         *,
         store: DirectiveStore | None = None,
+        max_ttl_ms: int = DEFAULT_MAX_TTL_MS,
         poll_timeout_s: float = 0.5,
         metadata_refresh_s: float = 30.0,
         consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -323,7 +376,7 @@ class ControlClient:
         if store is None:
             if keyring is None:
                 raise ValueError("ControlClient needs a keyring (or a store)")
-            store = DirectiveStore(keyring)
+            store = DirectiveStore(keyring, max_ttl_ms=max_ttl_ms)
         self.store = store
         self.topic = topic
         self._clock = clock

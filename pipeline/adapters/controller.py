@@ -196,7 +196,10 @@ class ControllerShell:
         self.loop.clock.partitions = wait_partitions(self.settings, [lc])[lc]
         seqs = resume_seqs(read_topic(self.settings, self.settings.control_topic), self.keyring)
         self.issuer = SignalIssuer(
-            self.keyring, heartbeat_ms=self.settings.control_heartbeat_ms, initial_seqs=seqs
+            self.keyring,
+            heartbeat_ms=self.settings.control_heartbeat_ms,
+            initial_seqs=seqs,
+            max_ttl_ms=self.settings.control_max_ttl_ms,
         )
         conf = self.settings.kafka_config() | {"linger.ms": 5, "enable.idempotence": True}
         self.producer = Producer(conf)

@@ -326,6 +326,7 @@ def run_demo(
                 settings.kafka_config(),
                 topic=settings.control_topic,
                 keyring=keyring_from_file(keys),
+                max_ttl_ms=settings.control_max_ttl_ms,
             )
             client.start()
             stack.callback(client.stop)

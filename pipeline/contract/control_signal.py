@@ -68,6 +68,23 @@ signal is rejected as ``expired`` when ``now >= expires_at_unix_ms`` and as
 Both clocks are wall clocks of different hosts: they must be NTP-synchronised
 to well under ``max_skew_ms``.
 
+Maximum lifetime (``max_ttl_ms``)
+---------------------------------
+A verifier never enforces a signal for longer than ``max_ttl_ms`` after its
+``issued_at_unix_ms`` (default :data:`DEFAULT_MAX_TTL_MS` = 5 minutes, ten times
+the default ``ttl_ms``: an issuer may raise its heartbeat to ``max_ttl_ms`` / 3
+= 100 s and still be obeyed in full). A signal that claims a longer expiry is
+*clamped*, not refused: its effective expiry is ``issued_at_unix_ms +
+max_ttl_ms`` (:attr:`VerifiedSignal.expires_at_unix_ms`), the serving side
+counts and logs it, and it still verifies (the signature covers the claimed
+expiry, which is kept as sent). So a correctly signed signal with a 365-day
+expiry -- a misconfigured issuer, or one captured and re-published -- holds
+for at most ``max_ttl_ms`` after it was issued, also for a verifier that starts
+later and reads it from the compacted topic; and an issuer whose ``ttl_ms`` is
+a little long still gets its directives enforced, renewed by its heartbeats.
+The issuer refuses to sign beyond its own ``max_ttl_ms`` (:func:`sign`,
+:class:`SignalIssuer`): configure both sides alike.
+
 When the current directive of a scope expires without a newer valid signal,
 the serving side **fails open to level 0** (normal service) and counts it.
 Why: shedding turns paying traffic away; only a live controller that still
@@ -138,6 +155,7 @@ SIGNAL_VERSION: Final = 1
 DEFAULT_HEARTBEAT_MS: Final = 10_000
 DEFAULT_TTL_MS: Final = 3 * DEFAULT_HEARTBEAT_MS
 DEFAULT_MAX_SKEW_MS: Final = 5_000
+DEFAULT_MAX_TTL_MS: Final = 10 * DEFAULT_TTL_MS  # 5 minutes
 MAX_SIGNAL_BYTES: Final = 65_536
 REASON_MAX_CHARS: Final = 1024
 MAX_FIGURES: Final = 64
@@ -494,11 +512,20 @@ def _mac(secret: bytes, canonical: bytes) -> bytes:
     return hmac.new(secret, canonical, hashlib.sha256).digest()
 
 
-def sign(signal: UnsignedSignal, keyring: Keyring) -> ControlSignal:
+def sign(
+    signal: UnsignedSignal, keyring: Keyring, *, max_ttl_ms: int = DEFAULT_MAX_TTL_MS
+) -> ControlSignal:
     """Sign with the keyring's active key (sets ``kid`` and ``sig``).
 
     A :class:`ControlSignal` may be passed: its old ``kid``/``sig`` are replaced.
+    Refuses (``ValueError``) a signal that would live longer than ``max_ttl_ms``
+    (verifiers would clamp it anyway; see the module's docstring).
     """
+    ttl = signal.expires_at_unix_ms - signal.issued_at_unix_ms
+    if ttl > max_ttl_ms:
+        raise ValueError(
+            f"refusing to sign a signal that lives {ttl} ms: more than max_ttl_ms {max_ttl_ms}"
+        )
     body = signal.model_dump(mode="json", exclude={"kid", "sig"})
     body["kid"] = keyring.active_kid
     secret = keyring.secret(keyring.active_kid)
@@ -529,7 +556,26 @@ class RejectReason(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class VerifiedSignal:
+    """A signal that verified; ``max_ttl_ms``: the verifier's cap on its lifetime."""
+
     signal: ControlSignal
+    max_ttl_ms: int = DEFAULT_MAX_TTL_MS
+
+    @property
+    def expires_at_unix_ms(self) -> int:
+        """When the verifier stops enforcing it: the signal's own expiry, at most
+        ``max_ttl_ms`` after it was issued."""
+        return effective_expiry_ms(self.signal, self.max_ttl_ms)
+
+    @property
+    def clamped(self) -> bool:
+        """It claimed a longer life than ``max_ttl_ms``."""
+        return self.expires_at_unix_ms < self.signal.expires_at_unix_ms
+
+
+def effective_expiry_ms(signal: UnsignedSignal, max_ttl_ms: int) -> int:
+    """``expires_at_unix_ms``, at most ``max_ttl_ms`` after ``issued_at_unix_ms``."""
+    return min(signal.expires_at_unix_ms, signal.issued_at_unix_ms + max_ttl_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,25 +629,39 @@ def decode_and_verify(
     now_ms: int,
     *,
     max_skew_ms: int = DEFAULT_MAX_SKEW_MS,
+    max_ttl_ms: int = DEFAULT_MAX_TTL_MS,
 ) -> VerifiedSignal | Rejection:
     """Bytes -> verified signal, or the first reason to reject it. Never raises.
 
     Checks, in order: size, JSON object, ``v == 1``, ``kid``/``sig`` present
     (``malformed``); ``kid`` known (``unknown_kid``); HMAC (``bad_signature``);
-    schema (``malformed``); ``now >= expires_at`` (``expired``);
+    schema (``malformed``); ``now >=`` the effective expiry (``expired``:
+    ``expires_at``, at most ``issued_at + max_ttl_ms``);
     ``issued_at > now + max_skew_ms`` (``not_yet_valid``). Sequence rules are
     :class:`SequenceGuard`'s.
     """
+    if max_ttl_ms < 1:
+        raise ValueError(f"max_ttl_ms must be >= 1, got {max_ttl_ms}")
     try:
         out = _verify(bytes(raw), keyring)
     except Exception as e:  # defensive: bad input must never raise
         return Rejection(RejectReason.MALFORMED, f"{type(e).__name__}")
     if isinstance(out, Rejection):
         return out
+    out = VerifiedSignal(out.signal, max_ttl_ms)
     s = out.signal
-    if now_ms >= s.expires_at_unix_ms:
+    if now_ms >= out.expires_at_unix_ms:
+        clamp = (
+            f" (issued at {s.issued_at_unix_ms} + max_ttl_ms {max_ttl_ms}; "
+            f"the signal claims {s.expires_at_unix_ms})"
+            if out.clamped
+            else ""
+        )
         return Rejection(
-            RejectReason.EXPIRED, f"expired at {s.expires_at_unix_ms}, now {now_ms}", s.scope, s.seq
+            RejectReason.EXPIRED,
+            f"expired at {out.expires_at_unix_ms}{clamp}, now {now_ms}",
+            s.scope,
+            s.seq,
         )
     if s.issued_at_unix_ms > now_ms + max_skew_ms:
         return Rejection(
@@ -664,17 +724,20 @@ class SequenceGuard:
             return None
         return RejectReason.REPLAYED if signal.seq == last.seq else RejectReason.STALE
 
-    def admit(self, signal: UnsignedSignal, now_ms: int) -> RejectReason | None:
-        """Check and, when it passes, record the signal as the scope's last."""
+    def admit(
+        self, signal: UnsignedSignal, now_ms: int, *, expires_at_unix_ms: int | None = None
+    ) -> RejectReason | None:
+        """Check and, when it passes, record the signal as the scope's last;
+        ``expires_at_unix_ms``: its effective expiry, if clamped
+        (:attr:`VerifiedSignal.expires_at_unix_ms`)."""
         verdict = self.check(signal, now_ms)
         if verdict is not None:
             return verdict
         last = self._last.get(signal.scope)
         if last is not None and signal.seq <= last.seq:
             self.resets += 1
-        self._last[signal.scope] = _Last(
-            signal.seq, signal.issued_at_unix_ms, signal.expires_at_unix_ms
-        )
+        expires = signal.expires_at_unix_ms if expires_at_unix_ms is None else expires_at_unix_ms
+        self._last[signal.scope] = _Last(signal.seq, signal.issued_at_unix_ms, expires)
         self._last.move_to_end(signal.scope)
         while len(self._last) > self.max_scopes:
             self._last.popitem(last=False)
@@ -695,13 +758,14 @@ class SignalIssuer:
     """Pure publisher core: per-scope ``seq`` counters, signing, heartbeats.
 
     ``issue`` signs a new directive for a scope (``seq + 1``, expiry
-    ``now + ttl_ms``); ``due_heartbeats`` re-signs the current directive of
-    every scope whose last signal is ``heartbeat_ms`` old or older (fresh
-    ``seq`` and expiry, same decision), so the serving side can tell "still L1"
-    from "controller dead". ``initial_seqs`` (from :func:`resume_seqs` over the
-    compacted topic) make the counters survive a restart; :meth:`observe_seq`
-    raises a counter later. The caller publishes with key :func:`message_key`
-    and value :func:`encode`. Not thread-safe (one owner).
+    ``now + ttl_ms``; ``ttl_ms`` at most ``max_ttl_ms``, checked here);
+    ``due_heartbeats`` re-signs the current directive of every scope whose last
+    signal is ``heartbeat_ms`` old or older (fresh ``seq`` and expiry, same
+    decision), so the serving side can tell "still L1" from "controller dead".
+    ``initial_seqs`` (from :func:`resume_seqs` over the compacted topic) make the
+    counters survive a restart; :meth:`observe_seq` raises a counter later. The
+    caller publishes with key :func:`message_key` and value :func:`encode`. Not
+    thread-safe (one owner).
     """
 
     def __init__(
@@ -710,6 +774,8 @@ class SignalIssuer:
         ttl_ms: int | None = None,
         heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
         initial_seqs: Mapping[str, int] | None = None,
+        *,
+        max_ttl_ms: int = DEFAULT_MAX_TTL_MS,
     ) -> None:
         if heartbeat_ms < 1:
             raise ValueError("heartbeat_ms must be >= 1")
@@ -719,8 +785,14 @@ class SignalIssuer:
                 f"ttl_ms ({ttl}) must exceed heartbeat_ms ({heartbeat_ms}), "
                 "or directives expire between heartbeats"
             )
+        if ttl > max_ttl_ms:
+            raise ValueError(
+                f"ttl_ms ({ttl}) must not exceed max_ttl_ms ({max_ttl_ms}): verifiers "
+                "clamp longer signals, the issuer refuses to sign them"
+            )
         self.keyring = keyring
         self.ttl_ms = ttl
+        self.max_ttl_ms = max_ttl_ms
         self.heartbeat_ms = heartbeat_ms
         self._seq: dict[str, int] = {}
         self._current: dict[str, _Current] = {}
@@ -760,6 +832,7 @@ class SignalIssuer:
                 }
             ),
             self.keyring,
+            max_ttl_ms=self.max_ttl_ms,
         )
         self._seq[scope] = seq
         self._current[scope] = _Current(d, now_ms)

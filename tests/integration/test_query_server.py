@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import stat
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from pipeline.adapters.query_server import (
     DISCOVERY_FILE,
+    QueryLimits,
     QueryRefusedError,
     QueryServer,
     find_live_worker,
@@ -42,12 +44,12 @@ def _records(start: int, n: int) -> list:
     ]
 
 
-def _serve(tmp_path: Path):
+def _serve(tmp_path: Path, limits: QueryLimits | None = None):
     settings = Settings(store_dir=tmp_path / "store")
     store = open_store(settings)
     migrate(store)
     write_requests(store, _records(0, 10))
-    server = QueryServer(settings.store_dir, store.lock).start()
+    server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
     client = clickhouse_connect.get_client(
         host="127.0.0.1", port=server.port, compress=False, password=server.token
     )
@@ -143,9 +145,9 @@ def test_setting_changes_are_refused(served) -> None:
     _settings, _store, server, client = served
     # clickhouse-connect already knows (system.settings says readonly) ...
     with pytest.raises(Exception, match=r"(?i)read-?only"):
-        client.query("SELECT 1", settings={"max_threads": 1})
+        client.query("SELECT 1", settings={"max_threads": 7})
     # ... and a plain HTTP client is refused by the port and by the engine
-    url = f"http://127.0.0.1:{server.port}/?max_threads=1"
+    url = f"http://127.0.0.1:{server.port}/?max_threads=7"
     request = urllib.request.Request(
         url, data=b"SELECT 1", headers={"X-ClickHouse-Key": server.token}
     )
@@ -155,6 +157,10 @@ def test_setting_changes_are_refused(served) -> None:
     assert exc.value.headers["X-ClickHouse-Exception-Code"] == "164"
     with pytest.raises(Exception, match=r"(?i)readonly"):
         client.query("SELECT 1 SETTINGS readonly = 0")
+    # nor can a query lift its own limits
+    for setting in ("max_memory_usage = 0", "max_execution_time = 0", "max_threads = 64"):
+        with pytest.raises(Exception, match=r"(?i)readonly"):
+            client.query(f"SELECT 1 SETTINGS {setting}")
 
 
 def test_queries_interleave_with_writes_of_the_owning_process(served) -> None:
@@ -184,6 +190,97 @@ def test_queries_interleave_with_writes_of_the_owning_process(served) -> None:
     assert all((n - 10) % size == 0 for n in seen)
     assert seen[-1] == 10 + batches * size
     assert len(set(seen)) > 1  # some queries ran between writes
+
+
+# --- limits: a query cannot starve the writer ------------------------------------------
+
+
+@pytest.fixture
+def served_limited(tmp_path: Path):
+    yield from _serve(
+        tmp_path,
+        QueryLimits(max_execution_time_s=2, max_memory_bytes=256 << 20, max_result_bytes=1 << 20),
+    )
+
+
+def test_a_query_is_stopped_at_its_memory_limit(served_limited) -> None:
+    """One block of 10^8 numbers (the engine does not check the time inside a block):
+    the memory limit stops it, in the worker's process, before it is built."""
+    _settings, store, _server, client = served_limited
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match=r"code: 241\b") as exc:
+        client.query("SELECT arrayMap(x -> x, range(100000000))")
+    assert "MEMORY_LIMIT_EXCEEDED" in str(exc.value)
+    assert time.monotonic() - t0 < 2
+    assert _count(store) == 10
+
+
+def test_an_answer_larger_than_its_limit_is_refused(served_limited) -> None:
+    """Many blocks: the engine stops at the limit; one block (one row of 10^6 numbers,
+    which the engine does not check): the port refuses it before copying it."""
+    _settings, _store, _server, client = served_limited
+    with pytest.raises(Exception, match=r"code: 396\b"):
+        client.query("SELECT request_id FROM requests ARRAY JOIN range(100000) AS n")
+    with pytest.raises(Exception, match=r"code: 396\b"):
+        client.query("SELECT arrayMap(x -> x, range(1000000))")
+    assert client.query("SELECT arrayMap(x -> x, range(1000))").result_rows[0][0][-1] == 999
+
+
+# 10 copies of the 10 requests joined: 10^10 rows, in blocks (the engine checks the time
+# between them)
+CROSS_JOIN = "SELECT count() FROM " + ", ".join(f"requests AS t{i}" for i in range(10))
+
+
+def test_a_query_is_stopped_at_its_time_limit(served_limited) -> None:
+    _settings, _store, _server, client = served_limited
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match=r"code: 159\b"):
+        client.query(CROSS_JOIN)
+    assert 1.9 < time.monotonic() - t0 < 3.0
+
+
+def test_writes_go_on_while_a_query_runs(served_limited) -> None:
+    """The port's queries do not take the store's lock: a write while one runs (1.5 s
+    of sleep in the engine) takes its usual time, not the query's."""
+    _settings, store, server, client = served_limited
+    result: list[object] = []
+    reader = threading.Thread(
+        target=lambda: result.append(client.query("SELECT sleep(1.5)").result_rows)
+    )
+    reader.start()
+    assert server.session.busy.wait(5)
+    t0 = time.monotonic()
+    write_requests(store, _records(100, 50))
+    write_s = time.monotonic() - t0
+    still_running = server.session.busy.is_set()
+    reader.join()
+    assert result == [[(0,)]]
+    assert still_running, "the write waited for the query"
+    assert write_s < 1.0
+    assert _count(store) == 60
+
+
+def test_the_port_answers_at_its_limit_when_the_engine_does_not(served_limited) -> None:
+    """A query the engine keeps computing past the limit is answered 159 by the port
+    (limit + grace); the port's next query waits for the engine, then runs."""
+    _settings, _store, server, _client = served_limited
+    session = server.session
+    release = threading.Event()
+
+    def stuck() -> int:  # an engine call that does not return by itself in time
+        release.wait(30)
+        return 1
+
+    t0 = time.monotonic()
+    with pytest.raises(QueryRefusedError) as exc:
+        session._run(stuck)
+    waited = time.monotonic() - t0
+    assert exc.value.code == 159
+    assert 2.9 < waited < 4.0  # max_execution_time 2 s + 1 s of grace
+    assert session.overruns == 1
+    assert session.busy.is_set()  # still in the "engine"
+    release.set()
+    assert session.execute("SELECT count() FROM requests FINAL").body == b"10\n"
 
 
 def test_discovery_file_and_live_worker_lookup(served, tmp_path: Path) -> None:
@@ -378,21 +475,45 @@ def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
         client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
 
 
-def test_with_the_token_by_any_of_clickhouses_ways(served_shared) -> None:
+def test_with_the_token_in_either_header(served_shared) -> None:
     _settings, _store, server, _client = served_shared
     basic = base64.b64encode(f"tailguard:{server.token}".encode()).decode()
-    for headers, query in (
-        ({"X-ClickHouse-Key": server.token}, ""),
-        ({"Authorization": f"Basic {basic}"}, ""),
-        ({}, f"?password={server.token}"),
-    ):
+    for headers in ({"X-ClickHouse-Key": server.token}, {"Authorization": f"Basic {basic}"}):
         request = urllib.request.Request(
-            f"http://127.0.0.1:{server.port}/{query}",
+            f"http://127.0.0.1:{server.port}/",
             data=b"SELECT count() FROM requests FINAL",
             headers=headers,
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.read() == b"10\n"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("headers", ["none", "key"])
+def test_a_token_in_the_url_is_refused_not_echoed_not_logged(
+    served_shared, caplog: pytest.LogCaptureFixture, method: str, headers: str
+) -> None:
+    """``?password=`` puts the token in URLs and logs: refused (400) even when it is the
+    right token and a header carries it too; neither the answer nor the log holds it."""
+    _settings, _store, server, _client = served_shared
+    caplog.set_level(logging.DEBUG, logger="tailguard.query_server")
+    sent = {"X-ClickHouse-Key": server.token} if headers == "key" else {}
+    for path in ("/", "/tailguard", "/ping"):
+        query = "?query=SELECT%201" if method == "GET" and path == "/" else "?"
+        url = f"http://127.0.0.1:{server.port}{path}{query}&password={server.token}"
+        data = b"SELECT count() FROM requests FINAL" if method == "POST" else None
+        request = urllib.request.Request(url, data=data, headers=sent, method=method)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 400
+        assert exc.value.headers["X-ClickHouse-Exception-Code"] == "36"
+        body = exc.value.read()
+        assert b"headers only" in body
+        assert server.token.encode() not in body
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "query port:" in logged  # the request log ran, at DEBUG
+    assert server.token not in logged
+    assert "password" not in logged
 
 
 @pytest.mark.parametrize(

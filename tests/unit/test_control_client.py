@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -15,12 +16,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from pipeline.contract.control_signal import (
+    DEFAULT_MAX_TTL_MS,
     Actions,
     Decision,
     Keyring,
     RejectReason,
     SignalIssuer,
+    UnsignedSignal,
     encode,
+    sign,
 )
 from producers.asgi_control import (
     ControlMiddleware,
@@ -240,6 +244,105 @@ def test_star_expiry_leaves_the_model_directive() -> None:
     store.apply(encode(_issuer().issue("*", _decision(3), T0)), T0)
     assert store.current("m", T0 + 1).level == 3
     assert store.current("m", T0 + 30_000).level == 1
+
+
+# --------------------------------------------------------------------------- max_ttl
+
+YEAR_MS = 365 * 86_400_000
+
+
+def _long_lived(level: int = 3, *, seq: int = 1, issued: int = T0, ttl: int = YEAR_MS) -> bytes:
+    """A correctly signed signal with a long expiry, as an issuer configured with a
+    longer max_ttl_ms than the client's (or another implementation) signs it."""
+    unsigned = UnsignedSignal.model_validate(
+        {**_decision(level).model_dump(), "scope": "m", "seq": seq,
+         "issued_at_unix_ms": issued, "expires_at_unix_ms": issued + ttl}
+    )  # fmt: skip
+    return encode(sign(unsigned, KR, max_ttl_ms=ttl))
+
+
+def test_the_default_max_ttl_fits_the_issuers_cadence() -> None:
+    """5 minutes: ten times the default ttl (3 heartbeats of 10 s)."""
+    assert DEFAULT_MAX_TTL_MS == 300_000 == 10 * 3 * SignalIssuer(KR).heartbeat_ms
+    assert DirectiveStore(KR).max_ttl_ms == DEFAULT_MAX_TTL_MS
+
+
+def test_a_365_day_signal_is_enforced_for_max_ttl_only(caplog: pytest.LogCaptureFixture) -> None:
+    store = DirectiveStore(KR)
+    raw = _long_lived()
+    with caplog.at_level(logging.WARNING, logger="producers.control_client"):
+        res = store.apply(raw, T0 + 1)
+    assert isinstance(res, Accepted)
+    assert res.signal.expires_at_unix_ms == T0 + YEAR_MS  # kept as signed
+    assert res.directive.expires_at_unix_ms == T0 + DEFAULT_MAX_TTL_MS
+    assert store.counters()["clamped"] == 1
+    assert "more than max_ttl_ms 300000" in caplog.text
+    assert store.current("m", T0 + DEFAULT_MAX_TTL_MS - 1).level == 3
+    assert store.current("m", T0 + DEFAULT_MAX_TTL_MS) == NORMAL  # not a year later
+    assert store.current("m", T0 + YEAR_MS - 1) == NORMAL
+    counts = store.counters()
+    assert (counts["expired"], counts["failed_open"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("now", "want"),
+    [
+        (T0 + 1, 3),  # a fresh client within max_ttl of the issue: enforced, clamped
+        (T0 + DEFAULT_MAX_TTL_MS - 1, 3),
+        (T0 + DEFAULT_MAX_TTL_MS, 0),  # from then on: expired, whatever it claims
+        (T0 + 86_400_000, 0),
+        (T0 + YEAR_MS - 1, 0),
+    ],
+)
+def test_a_fresh_client_reading_the_long_signal_later(now: int, want: int) -> None:
+    """A client started at ``now`` reads the compacted topic's (only) signal."""
+    store = DirectiveStore(KR)
+    res = store.apply(_long_lived(), now)
+    assert store.current("m", now).level == want
+    if want == 0:
+        assert isinstance(res, Rejected)
+        assert res.reason is RejectReason.EXPIRED
+        assert "max_ttl_ms 300000" in res.detail
+    else:
+        assert store.current("m", T0 + DEFAULT_MAX_TTL_MS) == NORMAL
+
+
+def test_max_ttl_is_configurable_on_the_client() -> None:
+    store = DirectiveStore(KR, max_ttl_ms=60_000)
+    store.apply(_long_lived(), T0)
+    assert store.current("m", T0 + 59_999).level == 3
+    assert store.current("m", T0 + 60_000) == NORMAL
+    # a signal within the cap is left as it is
+    wide = DirectiveStore(KR, max_ttl_ms=YEAR_MS)
+    wide.apply(_long_lived(), T0)
+    assert wide.current("m", T0 + YEAR_MS - 1).level == 3
+    assert wide.counters()["clamped"] == 0
+    client = ControlClient({}, "t", KR, max_ttl_ms=60_000)
+    assert client.store.max_ttl_ms == 60_000
+    with pytest.raises(ValueError, match="max_ttl_ms"):
+        DirectiveStore(KR, max_ttl_ms=0)
+
+
+def test_after_a_clamped_expiry_a_restarted_issuer_is_accepted() -> None:
+    """The replay guard keeps the clamped expiry: an issuer that lost its counters is
+    obeyed again max_ttl after the long signal, not a year after."""
+    store = DirectiveStore(KR)
+    store.apply(_long_lived(seq=50), T0)
+    later = T0 + DEFAULT_MAX_TTL_MS + 1
+    fresh = SignalIssuer(KR).issue("m", _decision(1), later)  # seq 1 < 50
+    assert isinstance(store.apply(encode(fresh), later), Accepted)
+    assert store.current("m", later).level == 1
+
+
+def test_clamped_signals_are_logged_once_a_minute_per_scope(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = DirectiveStore(KR)
+    with caplog.at_level(logging.WARNING, logger="producers.control_client"):
+        for i in range(10):  # heartbeats of a misconfigured issuer, every 10 s
+            store.apply(_long_lived(seq=i + 1, issued=T0 + i * 10_000), T0 + i * 10_000)
+    assert store.counters()["clamped"] == 10
+    assert caplog.text.count("more than max_ttl_ms") == 2  # at T0 and T0 + 60 s
 
 
 def test_keyring_rotation_at_run_time() -> None:

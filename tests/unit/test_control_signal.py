@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pipeline.adapters.control_keys import keyring_from_environ, keyring_from_file
 from pipeline.contract.control_signal import (
+    DEFAULT_MAX_TTL_MS,
     Actions,
     ControlSignal,
     Decision,
@@ -646,3 +647,54 @@ def test_models_are_frozen() -> None:
     s = _sig(1)
     with pytest.raises(ValueError):  # noqa: PT011
         s.level = 3  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- max_ttl
+
+DAY_MS = 86_400_000
+
+
+@pytest.mark.parametrize(
+    ("ttl", "max_ttl", "now", "verdict"),
+    [
+        # (claimed ttl, verifier's max_ttl, now - issued) -> accepted (effective expiry) or why not
+        (30_000, DEFAULT_MAX_TTL_MS, 29_999, T0 + 30_000),
+        (30_000, DEFAULT_MAX_TTL_MS, 30_000, RejectReason.EXPIRED),
+        (DEFAULT_MAX_TTL_MS, DEFAULT_MAX_TTL_MS, 1, T0 + DEFAULT_MAX_TTL_MS),  # the cap itself
+        (365 * DAY_MS, DEFAULT_MAX_TTL_MS, 1, T0 + DEFAULT_MAX_TTL_MS),  # clamped
+        (365 * DAY_MS, DEFAULT_MAX_TTL_MS, DEFAULT_MAX_TTL_MS, RejectReason.EXPIRED),
+        (365 * DAY_MS, DEFAULT_MAX_TTL_MS, 364 * DAY_MS, RejectReason.EXPIRED),
+        (365 * DAY_MS, 60_000, 59_999, T0 + 60_000),
+        (365 * DAY_MS, 400 * DAY_MS, 364 * DAY_MS, T0 + 365 * DAY_MS),  # within a wide cap
+    ],
+)
+def test_verifiers_clamp_the_lifetime_to_max_ttl(
+    ttl: int, max_ttl: int, now: int, verdict: int | RejectReason
+) -> None:
+    raw = encode(sign(_unsigned(ttl=ttl), KR, max_ttl_ms=ttl))
+    res = decode_and_verify(raw, KR, T0 + now, max_ttl_ms=max_ttl)
+    if isinstance(verdict, RejectReason):
+        assert isinstance(res, Rejection)
+        assert res.reason is verdict
+    else:
+        assert isinstance(res, VerifiedSignal)
+        assert res.expires_at_unix_ms == verdict
+        assert res.clamped == (ttl > max_ttl)
+        assert res.signal.expires_at_unix_ms == T0 + ttl  # what was signed, unchanged
+
+
+def test_the_issuer_refuses_to_sign_beyond_max_ttl() -> None:
+    year = _unsigned(ttl=365 * DAY_MS)
+    with pytest.raises(ValueError, match="more than max_ttl_ms 300000"):
+        sign(year, KR)
+    with pytest.raises(ValueError, match="more than max_ttl_ms 60000"):
+        sign(_unsigned(ttl=60_001), KR, max_ttl_ms=60_000)
+    assert sign(_unsigned(ttl=DEFAULT_MAX_TTL_MS), KR).expires_at_unix_ms == T0 + DEFAULT_MAX_TTL_MS
+    with pytest.raises(ValueError, match="must not exceed max_ttl_ms"):
+        SignalIssuer(KR, ttl_ms=DEFAULT_MAX_TTL_MS + 1, heartbeat_ms=10_000)
+    with pytest.raises(ValueError, match="must not exceed max_ttl_ms"):
+        SignalIssuer(KR, heartbeat_ms=101_000)  # ttl 3 x heartbeat = 303 s
+    with pytest.raises(ValueError, match="must not exceed max_ttl_ms"):
+        SignalIssuer(KR, ttl_ms=90_000, max_ttl_ms=60_000)
+    iss = SignalIssuer(KR, heartbeat_ms=100_000)  # the longest heartbeat the default allows
+    assert iss.issue("a", L1, T0).expires_at_unix_ms == T0 + 300_000

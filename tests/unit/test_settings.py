@@ -139,3 +139,28 @@ def test_no_keys_is_a_clear_error_when_the_controller_starts() -> None:
         load_keyring(Settings())
     with pytest.raises(KeyConfigError, match="not valid base64"):
         load_keyring(Settings(control_keys="k1:***", control_active_kid="k1"))  # type: ignore[arg-type]
+
+
+def test_a_heartbeat_whose_signals_outlive_max_ttl_fails_at_start() -> None:
+    assert Settings(control_heartbeat_ms=100_000).control_max_ttl_ms == 300_000
+    with pytest.raises(ValidationError, match="longer than control_max_ttl_ms 300000"):
+        Settings(control_heartbeat_ms=100_001)
+    assert Settings(control_heartbeat_ms=200_000, control_max_ttl_ms=600_000)
+
+
+def test_query_port_limits_come_from_settings() -> None:
+    from pipeline.adapters.query_server import QueryLimits
+
+    limits = QueryLimits.from_settings(
+        Settings(query_max_execution_s=5, query_max_memory_mb=64, query_max_result_mb=8)
+    )
+    assert limits.settings() | {"max_threads": 0} == {
+        "max_execution_time": 5,
+        "timeout_overflow_mode": "throw",
+        "max_memory_usage": 64 << 20,
+        "max_result_bytes": 8 << 20,
+        "result_overflow_mode": "throw",
+        "max_threads": 0,
+        "os_thread_priority": 19,
+    }
+    assert QueryLimits.from_settings(Settings()).threads >= 1
