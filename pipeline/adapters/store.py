@@ -18,11 +18,13 @@ import string
 import tempfile
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 import msgspec
 from msgspec import Raw
@@ -500,46 +502,59 @@ def _attr_columns(rows: Sequence[Any], names: Iterable[str]) -> list[list[Any]]:
 
 # --- request records ---------------------------------------------------------
 
-REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("request_id", "String"),
-    ("attempt", "UInt16"),
-    ("revision", "UInt8"),
-    ("superseded", "Bool"),
-    ("source", "LowCardinality(String)"),
-    ("ts_unix_ns", "Int64"),
-    ("end_unix_ns", "Int64"),
-    ("model", "LowCardinality(String)"),
-    ("priority", "Nullable(UInt8)"),
-    ("tenant", "LowCardinality(String)"),
-    ("ctx_bucket", "LowCardinality(String)"),
-    ("outcome", "LowCardinality(String)"),
-    ("http_status", "Nullable(UInt16)"),
-    ("finish_reason", "LowCardinality(Nullable(String))"),
-    ("stream", "Nullable(Bool)"),
-    ("gateway_host", "LowCardinality(String)"),
-    ("engine_host", "LowCardinality(String)"),
-    ("gateway_received_unix_ns", "Nullable(Int64)"),
-    ("engine_arrival_unix_ns", "Nullable(Int64)"),
-    ("prompt_tokens", "Nullable(UInt32)"),
-    ("output_tokens", "Nullable(UInt32)"),
-    ("cached_tokens", "Nullable(UInt32)"),
-    ("preemptions", "Nullable(UInt16)"),
-    ("gateway_total_ms", "Nullable(Float64)"),
-    ("gateway_ttfb_ms", "Nullable(Float64)"),
-    ("engine_e2e_ms", "Nullable(Float64)"),
-    ("queue_ms", "Nullable(Float64)"),
-    ("prefill_ms", "Nullable(Float64)"),
-    ("decode_ms", "Nullable(Float64)"),
-    ("inference_ms", "Nullable(Float64)"),
-    ("ttft_engine_ms", "Nullable(Float64)"),
-    ("tpot_ms", "Nullable(Float64)"),
-    ("gateway_overhead_ms", "Nullable(Float64)"),
-    ("flags", "Array(LowCardinality(String))"),
-    ("slo_ttft_ms", "Nullable(Float64)"),  # 0009: llm-d per-request objectives
-    ("slo_tpot_ms", "Nullable(Float64)"),
-    ("cold_start_unix_ns", "Nullable(Int64)"),  # 0010
-    ("conflicts", "UInt16"),  # 0012: conflicting terminal events (pipeline.core.join)
-)
+# The requests table's columns are the record's fields, in its order (one list: a field
+# added to RequestRecord is a column; tests/integration/test_request_columns.py checks
+# the migrated table against this). A field's ClickHouse type follows its annotation
+# (str String, int Int64, float Float64, bool Bool, X | None Nullable(X), tuple[str, ...]
+# Array(String), a Literal of strings LowCardinality(String)); these narrow it:
+_NARROWER: Final[dict[str, str]] = {
+    "attempt": "UInt16",
+    "revision": "UInt8",
+    "model": "LowCardinality(String)",
+    "priority": "Nullable(UInt8)",
+    "tenant": "LowCardinality(String)",
+    "ctx_bucket": "LowCardinality(String)",
+    "outcome": "LowCardinality(String)",
+    "http_status": "Nullable(UInt16)",
+    "finish_reason": "LowCardinality(Nullable(String))",
+    "gateway_host": "LowCardinality(String)",
+    "engine_host": "LowCardinality(String)",
+    "prompt_tokens": "Nullable(UInt32)",
+    "output_tokens": "Nullable(UInt32)",
+    "cached_tokens": "Nullable(UInt32)",
+    "preemptions": "Nullable(UInt16)",
+    "flags": "Array(LowCardinality(String))",
+    "conflicts": "UInt16",
+}
+_PLAIN: Final[dict[Any, str]] = {str: "String", int: "Int64", float: "Float64", bool: "Bool"}
+
+
+def clickhouse_type(annotation: Any) -> str:
+    """The ClickHouse type of a record field's annotation (see above)."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return f"Nullable({clickhouse_type(inner)})"
+    if origin is typing.Literal and all(isinstance(a, str) for a in args):
+        return "LowCardinality(String)"
+    if origin is tuple and args[-1:] == (Ellipsis,):
+        return f"Array({clickhouse_type(args[0])})"
+    if annotation in _PLAIN:
+        return _PLAIN[annotation]
+    raise TypeError(f"no ClickHouse type for a record field of type {annotation!r}")
+
+
+def record_columns(record_type: type[Any]) -> tuple[tuple[str, str], ...]:
+    """``(name, ClickHouse type)`` of each field of ``record_type`` (a msgspec Struct)."""
+    hints = typing.get_type_hints(record_type)
+    return tuple(
+        (name, _NARROWER.get(name) or clickhouse_type(hints[name]))
+        for name in record_type.__struct_fields__
+    )
+
+
+REQUEST_COLUMNS: Final[tuple[tuple[str, str], ...]] = record_columns(RequestRecord)
 _EMPTY_IF_NONE = frozenset({"tenant", "gateway_host", "engine_host"})
 
 
