@@ -31,13 +31,16 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
 import msgspec
 import orjson
+from aiokafka import errors as aiokafka_errors
+from aiokafka.structs import OffsetAndMetadata
+from aiokafka.structs import TopicPartition as AioTopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -72,6 +75,12 @@ from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.contract.summary import Progress, StatsSample, encode_summary
+from pipeline.core.generation import (
+    CommitMeta,
+    commit_applies,
+    commit_metadata,
+    parse_commit_metadata,
+)
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import KeptMessage, Output, StreamProcessor
 from pipeline.core.record import RequestRecord
@@ -175,9 +184,20 @@ class WorkerShell:
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
+        # Set when the topic's generation changed (deleted, or deleted and created again)
+        # until the group's next assignment: the state and positions before it belong to
+        # a generation that is gone, so nothing is committed meanwhile (see check_topic).
+        self._fenced = False
+        self.commits_dropped = 0  # commits not made: their topic generation was gone
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
+        self._admin = admin(self.settings)
+        try:  # the generation the first commits are made for (see check_topic)
+            self._topic_id = topic_id(self._admin, self.settings.lifecycle_topic)
+            self._topic_checked = True
+        except Exception as exc:  # the broker answers later: check_topic sets it
+            log.warning("could not read the lifecycle topic's id at start-up: %s", exc)
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         # Tools read the embedded store through this port while the worker owns it.
@@ -522,7 +542,9 @@ class WorkerShell:
             self._hurry.clear()
             self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
-            # after this point is covered by the commit below.
+            # after this point is covered by the commit below, which is made only for
+            # the topic generation these offsets were read from.
+            generation = None if self._fenced else self._topic_id
             offsets = self._floored(self.processor.safe_offsets())
             through = self.processor.next_offsets()
             horizons = self.processor.horizons()
@@ -566,14 +588,85 @@ class WorkerShell:
             await loop.run_in_executor(self._executor, self.dlq.flush, self.stopping)
             changed = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
             if changed:
-                topic = self.settings.lifecycle_topic
-                # Faust's commit path for explicit offsets (assignment-checked).
-                await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
-                    {TP(topic, p): o for p, o in changed.items()}
-                )
-                self._committed.update(changed)
+                await self._commit(changed, generation)
             self._count_timeouts()
             self._maybe_log()
+
+    async def _commit(self, offsets: dict[int, int], generation: str | None) -> None:
+        """Commit ``offsets`` of the lifecycle topic, read from its generation ``generation``
+        (topic id; None: gone), once, with the id in the commit's metadata.
+
+        Never for a generation that is gone: dropped when the worker has seen the topic
+        change since they were read, or when the topic's id is not ``generation`` just
+        before the commit; and not retried when the broker does not know the topic (a
+        retried commit of the old offsets was accepted once the topic existed again, and
+        the group read the new topic from them). A commit that fails is not retried
+        either: the next flush commits again, from its own snapshot. Should a commit
+        still land on a new generation (deleted and created again within its round
+        trip), its metadata names the old id and the assignment ignores it (see
+        :meth:`gate_committed`)."""
+        topic = self.settings.lifecycle_topic
+        if generation is None or self._fenced or generation != self._topic_id:
+            self._drop_commit(offsets, generation, self._topic_id)
+            return
+        try:
+            current = await asyncio.to_thread(topic_id, self._admin, topic)
+        except Exception as exc:
+            log.warning("commit deferred: topic %s's id could not be read (%s)", topic, exc)
+            return
+        if current != generation:
+            self._drop_commit(offsets, generation, current)
+            return
+        if self.stopping.is_set():
+            return  # nothing is committed after a stop signal
+        thread: _ConsumerThread = self.app.consumer._thread  # type: ignore[attr-defined]
+        meta = commit_metadata(CommitMeta(generation))
+        try:
+            done = await thread.commit_tagged({TP(topic, p): o for p, o in offsets.items()}, meta)
+        except aiokafka_errors.UnknownTopicOrPartitionError:
+            self._drop_commit(offsets, generation, None)
+            return
+        except (aiokafka_errors.KafkaError, aiokafka_errors.IllegalStateError) as exc:
+            log.warning("commit of %s failed (%r): the next flush commits again", offsets, exc)
+            return
+        self._committed.update({p: o for p, o in offsets.items() if p in done})
+
+    def _drop_commit(self, offsets: dict[int, int], was: str | None, now: str | None) -> None:
+        self.commits_dropped += 1
+        log.warning(
+            "commit of %s dropped: read from topic %s's generation %s, which is gone "
+            "(current: %s)",
+            offsets, self.settings.lifecycle_topic, was, now,
+        )  # fmt: skip
+
+    async def gate_committed(self, offsets: dict[Any, Any]) -> dict[Any, Any]:
+        """The committed offsets the consumer fetched (``{TopicPartition:
+        OffsetAndMetadata}``), without those of the lifecycle topic made for another
+        generation of it: such a partition is read from its first offset (the reset
+        policy's ``earliest``). Runs on the consumer's thread, on every fetch of committed
+        offsets (assignment, seek to committed)."""
+        topic = self.settings.lifecycle_topic
+        ours = {tp: om for tp, om in offsets.items() if tp.topic == topic}
+        if not ours:
+            return offsets
+        loop = asyncio.get_running_loop()
+        try:
+            current = await loop.run_in_executor(None, topic_id, self._admin, topic)
+        except Exception as exc:  # retriable: the consumer asks again
+            raise aiokafka_errors.RequestTimedOutError(
+                f"topic {topic}'s id could not be read: {exc}"
+            ) from exc
+        out = dict(offsets)
+        for tp, om in ours.items():
+            if not commit_applies(om.metadata, current):
+                meta = parse_commit_metadata(om.metadata)
+                log.warning(
+                    "partition %d: committed offset %d belongs to topic %s's generation %s, "
+                    "not to the current one (%s): reading it from its first offset",
+                    tp.partition, om.offset, topic, meta.topic_id if meta else None, current,
+                )  # fmt: skip
+                del out[tp]
+        return out
 
     def _floored(self, offsets: dict[int, int]) -> dict[int, int]:
         """Commits never move back: a request whose lone received was skipped by an earlier
@@ -806,20 +899,35 @@ class WorkerShell:
                 topic, before, now,
             )  # fmt: skip
         # Records completed from the old topic are kept (written at the next flush);
-        # pending joins and open windows of it are dropped, and nothing is committed for
-        # partitions this worker no longer holds state for.
+        # pending joins and open windows of it are dropped, and nothing is committed until
+        # the group's next assignment: messages read meanwhile may be of either generation,
+        # at positions of the old one. The rejoin makes that assignment now; it fetches the
+        # committed offsets again (the gate drops the old generation's) and Faust discards
+        # what was fetched before it.
+        self._fenced = True
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
         self._commit_floor.clear()
-        self._refresh_metadata()
+        self._refresh_metadata(rejoin=True)
 
-    def _refresh_metadata(self) -> None:
-        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin)."""
+    def on_assigned(self) -> None:
+        """The group assigned partitions (positions from the committed offsets, through
+        :meth:`gate_committed`): commits resume."""
+        if self._fenced:
+            log.info("partitions assigned after the topic changed: commits resume")
+        self._fenced = False
+
+    def _refresh_metadata(self, rejoin: bool = False) -> None:
+        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin), and
+        with ``rejoin`` to rejoin the group whatever the metadata shows (a topic created
+        again with as many partitions looks unchanged to it)."""
         try:
             thread = self.app.consumer._thread  # type: ignore[attr-defined]  # faust's aiokafka driver
-            client = thread._ensure_consumer()._client
-            thread.thread_loop.call_soon_threadsafe(client.force_metadata_update)
+            consumer = thread._ensure_consumer()
+            thread.thread_loop.call_soon_threadsafe(consumer._client.force_metadata_update)
+            if rejoin:
+                thread.thread_loop.call_soon_threadsafe(consumer._coordinator.request_rejoin)
         except Exception as exc:  # a newer Faust: the metadata refresh period still applies
             log.warning("could not refresh the consumer's metadata (%s)", exc)
 
@@ -975,13 +1083,61 @@ def _credentials(settings: Settings) -> Any:
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread with the broker's fetch wait the app's settings give
-    (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms."""
+    (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms; with the app's gate
+    on every fetch of committed offsets (``commit_gate``); and with a commit that carries
+    metadata and is tried once (:meth:`commit_tagged`)."""
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        gate = getattr(self.app, "commit_gate", None)
+        if gate is not None:
+            _gate_committed_fetches(self._ensure_consumer()._coordinator, gate)
+
+    async def commit_tagged(self, offsets: Mapping[TP, int], metadata: str) -> set[int]:
+        """Commit ``offsets`` with ``metadata``, one attempt (aiokafka's own commit retries
+        a retriable error such as an unknown topic until it succeeds); the partitions
+        committed (those assigned). Raises aiokafka's errors."""
+        result: set[int] = await self.call_thread(self._commit_tagged, offsets, metadata)
+        return result
+
+    async def _commit_tagged(self, offsets: Mapping[TP, int], metadata: str) -> set[int]:
+        consumer = self._ensure_consumer()
+        subscription = consumer._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return set()
+        todo = {
+            AioTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, metadata)
+            for tp, offset in offsets.items()
+            if AioTopicPartition(tp.topic, tp.partition) in assignment.tps
+        }
+        if not todo:
+            return set()
+        coordinator = consumer._coordinator
+        await coordinator.ensure_coordinator_known()
+        async with coordinator._commit_lock:
+            await asyncio.shield(coordinator._do_commit_offsets(assignment, todo))
+        return {tp.partition for tp in todo}
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         wait_ms = getattr(self.app, "fetch_max_wait_ms", 1500)  # _App's (Faust's own: 1500)
         consumer._fetch_max_wait_ms = wait_ms  # read when its fetcher starts
         return consumer
+
+
+def _gate_committed_fetches(
+    coordinator: Any, gate: Callable[[dict[Any, Any]], Awaitable[dict[Any, Any]]]
+) -> None:
+    """Pass every fetch of committed offsets by ``coordinator`` (aiokafka's; the
+    assignment's positions and seeks to committed all read them through
+    ``_do_fetch_commit_offsets``) through ``gate``."""
+    fetch = coordinator._do_fetch_commit_offsets
+
+    async def gated(partitions: Any) -> dict[Any, Any]:
+        return await gate(await fetch(partitions))
+
+    coordinator._do_fetch_commit_offsets = gated
 
 
 class _Consumer(faust_aiokafka.Consumer):
@@ -997,6 +1153,8 @@ class _App(faust.App):
     """The Faust app whose consumer sets the broker's fetch wait (see _ConsumerThread)."""
 
     fetch_max_wait_ms = 1500  # Faust's own; build_app sets the settings' value
+    # build_app sets the shell's WorkerShell.gate_committed (see _ConsumerThread)
+    commit_gate: Callable[[dict[Any, Any]], Awaitable[dict[Any, Any]]] | None = None
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
@@ -1026,6 +1184,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     )
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms
     shell = WorkerShell(settings, app)
+    app.commit_gate = shell.gate_committed
     topic = app.topic(
         settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False
     )
@@ -1086,6 +1245,10 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     @app.timer(interval=settings.topic_check_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def check_topic() -> None:
         await shell.check_topic()
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        shell.on_assigned()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
