@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import uuid
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from pipeline.contract.codec import DeadLetter
 from pipeline.kafka_settings import KafkaSettings
@@ -49,16 +52,18 @@ class ReliableProducer:
         self._topic = topic
         self._what = what
         self._failed_lock = threading.Lock()
-        self._resend: list[tuple[bytes, Headers | None, KafkaError, int | None]] = []
+        self._resend: list[tuple[bytes, Headers | None, KafkaError, int | None, bytes | None]] = []
         self.failed = 0  # delivery failures (each one was sent again)
 
-    def _callback(self, value: bytes, headers: Headers | None, partition: int | None) -> Any:
+    def _callback(
+        self, value: bytes, headers: Headers | None, partition: int | None, key: bytes | None
+    ) -> Any:
         def on_delivery(err: Any, _msg: Any) -> None:
             if err is None:
                 return
             with self._failed_lock:
                 self.failed += 1
-                self._resend.append((value, headers, err, partition))
+                self._resend.append((value, headers, err, partition, key))
             log.error("%s delivery failed (%s): will send it again", self._what, err)
 
         return on_delivery
@@ -70,18 +75,25 @@ class ReliableProducer:
         )
 
     def send(
-        self, value: bytes, headers: Headers | None = None, partition: int | None = None
+        self,
+        value: bytes,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        key: bytes | None = None,
     ) -> None:
         """Produce one message (to ``partition``, else the default partitioner's choice)."""
         while True:
             try:
-                cb = self._callback(value, headers, partition)
+                cb = self._callback(value, headers, partition, key)
                 if partition is None:
-                    self._producer.produce(self._topic, value, headers=headers, on_delivery=cb)
+                    self._producer.produce(
+                        self._topic, value, key=key, headers=headers, on_delivery=cb
+                    )
                 else:
                     self._producer.produce(
-                        self._topic, value, headers=headers, on_delivery=cb, partition=partition
-                    )
+                        self._topic, value, key=key, headers=headers, on_delivery=cb,
+                        partition=partition,
+                    )  # fmt: skip
                 break
             except BufferError:
                 self._producer.poll(0.1)
@@ -116,11 +128,11 @@ class ReliableProducer:
             if not again:
                 return
             log.warning("sending %d %s messages again", len(again), self._what)
-            for value, headers, err, partition in again:
+            for value, headers, err, partition, key in again:
                 if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    self.send(*self.shrink(value, headers), partition=partition)
+                    self.send(*self.shrink(value, headers), partition=partition, key=key)
                 else:
-                    self.send(value, headers, partition=partition)
+                    self.send(value, headers, partition=partition, key=key)
 
     def abandon(self) -> None:
         """At shutdown, drop what the broker has not acknowledged (nothing was committed
@@ -150,15 +162,17 @@ class DeadLetterSink(ReliableProducer):
             return super().shrink(value, headers)
         return truncate_dead(value, headers, len(value) // 2)
 
-    def send_dead(self, dead: list[DeadLetter]) -> None:
+    def send_dead(self, dead: list[DeadLetter], topic_id: str | None = None) -> None:
+        """Send dead letters (of the generation ``topic_id`` of their source topic, when
+        known), each keyed by its source position."""
         for d in dead:
-            value, headers = dead_letter_message(d)
+            value, headers = dead_letter_message(d, topic_id)
             if len(value) > self.max_value_bytes:
                 value, headers = truncate_dead(value, headers, self.max_value_bytes)
-            self.send(value, headers)
+            self.send(value, headers, key=dead_letter_key(d))
 
 
-def dead_letter_message(d: DeadLetter) -> tuple[bytes, Headers]:
+def dead_letter_message(d: DeadLetter, topic_id: str | None = None) -> tuple[bytes, Headers]:
     """The DLQ message of a dead letter: its raw bytes, reason and source as headers."""
     headers: Headers = [
         ("tailguard.reason", d.reason[:MAX_REASON_CHARS].encode()),
@@ -168,7 +182,96 @@ def dead_letter_message(d: DeadLetter) -> tuple[bytes, Headers]:
     ]
     if d.index is not None:
         headers.append(("tailguard.source.index", str(d.index).encode()))
+    if topic_id is not None:
+        headers.append(("tailguard.source.topic_id", topic_id.encode()))
     return d.raw, headers
+
+
+def dead_letter_key(d: DeadLetter) -> bytes | None:
+    """A dead letter's message key: its source position, ``topic/partition/offset`` (and
+    ``/index`` for one element of a batch); None for a letter with no position (a
+    record the store refused, built from several messages)."""
+    if d.source.partition < 0 or d.source.offset < 0:
+        return None
+    key = f"{d.source.topic}/{d.source.partition}/{d.source.offset}"
+    return (key if d.index is None else f"{key}/{d.index}").encode()
+
+
+def _dead_position(
+    headers: list[Any], topic: str, topic_id: str | None
+) -> tuple[int, int, int | None] | None:
+    """(partition, offset, index) of a DLQ message's source, when it is ``topic`` (of the
+    generation ``topic_id``: letters without one are taken as its)."""
+    h = {k: bytes(v).decode(errors="replace") for k, v in headers if v is not None}
+    if h.get("tailguard.source.topic") != topic:
+        return None
+    gen = h.get("tailguard.source.topic_id")
+    if topic_id is not None and gen is not None and gen != topic_id:
+        return None
+    try:
+        index = h.get("tailguard.source.index")
+        return (
+            int(h["tailguard.source.partition"]),
+            int(h["tailguard.source.offset"]),
+            int(index) if index is not None else None,
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def read_dead_positions(
+    settings: KafkaSettings,
+    topic: str,
+    topic_id: str | None,
+    since_ms: int | None,
+    timeout_s: float = 30.0,
+) -> list[tuple[int, int, int | None, int]]:
+    """The source positions of ``topic`` (of its generation ``topic_id``; letters without
+    one are taken as its) that have a letter on the DLQ stamped at or after ``since_ms``
+    (None: the whole DLQ): ``(partition, offset, index, timestamp_ms)``. Reads the DLQ
+    from that time to its end at the call."""
+    c = Consumer(
+        settings.kafka_config()
+        | {"group.id": f"tailguard-dlq-scan-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    try:
+        dlq = settings.dlq_topic
+        parts = c.list_topics(dlq, timeout=timeout_s).topics[dlq].partitions or {}
+        ends: dict[int, int] = {}
+        starts: list[KafkaTopicPartition] = []
+        for q in parts:
+            lo, hi = c.get_watermark_offsets(KafkaTopicPartition(dlq, q), timeout=timeout_s)
+            if hi > lo:
+                ends[q] = hi
+                starts.append(
+                    KafkaTopicPartition(dlq, q, OFFSET_BEGINNING if since_ms is None else since_ms)
+                )
+        if since_ms is not None and starts:
+            starts = c.offsets_for_times(starts, timeout=timeout_s)
+            for tp in starts:
+                if tp.offset < 0:  # nothing stamped that late
+                    ends.pop(tp.partition, None)
+            starts = [tp for tp in starts if tp.partition in ends]
+        if not starts:
+            return []
+        c.assign(starts)
+        out: list[tuple[int, int, int | None, int]] = []
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {dlq} back"))
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            q, off = msg.partition() or 0, msg.offset() or 0
+            if off + 1 >= ends.get(q, 0):
+                ends.pop(q, None)
+            found = _dead_position(list(msg.headers() or []), topic, topic_id)
+            if found is not None:
+                out.append((*found, msg.timestamp()[1]))
+        return out
+    finally:
+        c.close()
 
 
 def truncate_dead(value: bytes, headers: Headers | None, size: int) -> tuple[bytes, Headers]:

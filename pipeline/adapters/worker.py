@@ -51,7 +51,12 @@ from pipeline.adapters.prometheus import MetricsServer, MetricsState
 from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
-from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
+from pipeline.adapters.reliable import (
+    DeadLetterSink,
+    ReliableProducer,
+    ShuttingDownError,
+    read_dead_positions,
+)
 from pipeline.adapters.stop_signal import PromptStop
 from pipeline.adapters.store import (
     BudgetEventRow,
@@ -75,6 +80,7 @@ from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.contract.summary import Progress, StatsSample, encode_summary
+from pipeline.core.dead_positions import DeadPositions
 from pipeline.core.generation import (
     CommitMeta,
     commit_applies,
@@ -98,6 +104,10 @@ CLOSE_GRACE_S = 2.0  # ... plus at most this long waiting for a store write in f
 # waits for a flush to take it: the writer then always has the next flush ready (a loop
 # that waited on every full buffer spent ~20 % of a catch-up run idle, see _flush_behind).
 BEHIND_BUFFERS = 3
+# A worker taking a partition reads the DLQ back from this long before the time the last
+# commit recorded (``dlq_since_ms``): the clocks of the worker that sent a letter and of
+# the one reading it back may differ by up to this much.
+DLQ_SCAN_MARGIN_MS = 60_000
 # A flush writes its raw events in chunks of about this many events, so that a window
 # closing meanwhile waits for one chunk, not for all of them (see _write's ``hurry``).
 RAW_CHUNK_EVENTS = 16_384
@@ -189,6 +199,15 @@ class WorkerShell:
         # a generation that is gone, so nothing is committed meanwhile (see check_topic).
         self._fenced = False
         self.commits_dropped = 0  # commits not made: their topic generation was gone
+        # One dead letter per source position, across restarts: the positions at or after
+        # the committed offset that have their letter on the DLQ (sent by this worker, or
+        # found there when it took the partition); their letters are not sent again.
+        self._dead_positions = DeadPositions()
+        self._dead_lock = threading.Lock()  # the event loop's and the writer's letters
+        self.dead_repeats = 0  # letters not sent again (their position had one)
+        # Per lifecycle partition: the committed offset's metadata the assignment read
+        # (set on the consumer's thread by gate_committed; None: none, or not applying).
+        self._resume_meta: dict[int, CommitMeta | None] = {}
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
@@ -271,6 +290,7 @@ class WorkerShell:
             return out
 
         ledgers = await loop.run_in_executor(self._executor, counted)
+        await self._read_dead_back(first_offsets)
         for p, first in first_offsets.items():
             ledger = ledgers[p]
             self.processor.init_partition(p, ledger)
@@ -278,6 +298,63 @@ class WorkerShell:
                 "partition %d: resuming at offset %d, %d requests already counted",
                 p, first, len(ledger),
             )  # fmt: skip
+
+    async def _read_dead_back(self, first_offsets: dict[int, int]) -> None:
+        """New partitions, each read from ``first_offsets[p]`` on: the positions from there
+        on that already have a dead letter on the DLQ (an earlier run's, sent before it
+        stopped without committing them), so that re-reading them sends none again. The
+        DLQ is read from the time the last commit recorded (less ``DLQ_SCAN_MARGIN_MS``);
+        from its start when there is no such commit."""
+        s = self.settings
+        since: list[int | None] = []
+        for p in first_offsets:
+            meta = self._resume_meta.get(p)
+            since.append(meta.dlq_since_ms if meta is not None else None)
+        since_ms = None if None in since else min(x for x in since if x is not None)
+        if since_ms is not None:
+            since_ms = max(0, since_ms - DLQ_SCAN_MARGIN_MS)
+        gen = self._topic_id
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._executor,
+                lambda: read_dead_positions(s, s.lifecycle_topic, gen, since_ms),
+            )
+        except Exception as exc:  # the DLQ unreadable: at worst a letter is sent twice
+            log.warning("could not read the DLQ back (%s): a position may get a second letter", exc)
+            return
+        with self._dead_lock:
+            for p in first_offsets:
+                self._dead_positions.drop(p)
+            for p, off, index, ts_ms in found:
+                if p in first_offsets and off >= first_offsets[p]:
+                    self._dead_positions.add(p, off, index, ts_ms)
+        for p, first in first_offsets.items():
+            n = self._dead_positions.count(p)
+            if n:
+                log.info(
+                    "partition %d: %d positions from offset %d on already dead-lettered",
+                    p, n, first,
+                )  # fmt: skip
+
+    def _send_dead(self, dead: list[DeadLetter]) -> int:
+        """Send dead letters, but none for a lifecycle position that has one; the number
+        sent (from the event loop and the writer thread)."""
+        topic = self.settings.lifecycle_topic
+        now_ms = int(time.time() * 1000)
+        fresh: list[DeadLetter] = []
+        with self._dead_lock:
+            for d in dead:
+                src = d.source
+                if src.topic == topic and src.partition >= 0 and src.offset >= 0:
+                    if self._dead_positions.known(src.partition, src.offset, d.index):
+                        self.dead_repeats += 1
+                        continue
+                    self._dead_positions.add(src.partition, src.offset, d.index, now_ms)
+                fresh.append(d)
+        if fresh:
+            assert self.dlq is not None
+            self.dlq.send_dead(fresh, topic_id=self._topic_id)
+        return len(fresh)
 
     async def _restore_inflight(self, starts: dict[int, int]) -> None:
         """New partitions, each read from ``starts[p]`` on: the gateway.received events
@@ -304,9 +381,7 @@ class WorkerShell:
         # The payload is the event's bytes as the producer sent them (no re-encoding).
         self._events.extend(out.kept)
         if out.dead:
-            assert self.dlq is not None
-            self.dlq.send_dead(out.dead)
-            self.telemetry.dead_letters.add(len(out.dead))
+            self.telemetry.dead_letters.add(self._send_dead(out.dead))
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
         self._raise_failed_flush()
@@ -520,9 +595,7 @@ class WorkerShell:
     def _dead_rows(self, dead: list[DeadLetter]) -> None:
         """Rows the store refused, to the DLQ (counted)."""
         if dead:
-            assert self.dlq is not None
-            self.dlq.send_dead(dead)
-            self.telemetry.dead_letters.add(len(dead))
+            self.telemetry.dead_letters.add(self._send_dead(dead))
             self.store_rejected += len(dead)
 
     async def flush_and_commit(self, may_yield: bool = True) -> None:
@@ -620,9 +693,15 @@ class WorkerShell:
         if self.stopping.is_set():
             return  # nothing is committed after a stop signal
         thread: _ConsumerThread = self.app.consumer._thread  # type: ignore[attr-defined]
-        meta = commit_metadata(CommitMeta(generation))
+        now_ms = int(time.time() * 1000)
+        with self._dead_lock:
+            since = {p: self._dead_positions.scan_from_ms(p, o, now_ms) for p, o in offsets.items()}
+        tagged = {
+            TP(topic, p): (o, commit_metadata(CommitMeta(generation, since[p])))
+            for p, o in offsets.items()
+        }
         try:
-            done = await thread.commit_tagged({TP(topic, p): o for p, o in offsets.items()}, meta)
+            done = await thread.commit_tagged(tagged)
         except aiokafka_errors.UnknownTopicOrPartitionError:
             self._drop_commit(offsets, generation, None)
             return
@@ -630,6 +709,9 @@ class WorkerShell:
             log.warning("commit of %s failed (%r): the next flush commits again", offsets, exc)
             return
         self._committed.update({p: o for p, o in offsets.items() if p in done})
+        with self._dead_lock:
+            for p in done:
+                self._dead_positions.committed(p, offsets[p])
 
     def _drop_commit(self, offsets: dict[int, int], was: str | None, now: str | None) -> None:
         self.commits_dropped += 1
@@ -658,7 +740,11 @@ class WorkerShell:
             ) from exc
         out = dict(offsets)
         for tp, om in ours.items():
-            if not commit_applies(om.metadata, current):
+            applies = commit_applies(om.metadata, current)
+            self._resume_meta[tp.partition] = (
+                parse_commit_metadata(om.metadata) if applies else None
+            )
+            if not applies:
                 meta = parse_commit_metadata(om.metadata)
                 log.warning(
                     "partition %d: committed offset %d belongs to topic %s's generation %s, "
@@ -909,7 +995,9 @@ class WorkerShell:
         for p in parts:
             self._committed.pop(p, None)
         self._commit_floor.clear()
-        self._refresh_metadata(rejoin=True)
+        with self._dead_lock:  # positions of the old generation (the new one's: read back)
+            self._dead_positions.clear()
+        self._refresh_metadata(rejoin=False)
 
     def on_assigned(self) -> None:
         """The group assigned partitions (positions from the committed offsets, through
@@ -939,6 +1027,9 @@ class WorkerShell:
         for p in parts:
             self._committed.pop(p, None)
             self._commit_floor.pop(p, None)
+        with self._dead_lock:  # the next owner reads them back from the DLQ
+            for p in parts:
+                self._dead_positions.drop(p)
 
     async def stop(self) -> None:
         """Write buffered records (idempotent) and the audit rows of the signals
@@ -1093,14 +1184,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if gate is not None:
             _gate_committed_fetches(self._ensure_consumer()._coordinator, gate)
 
-    async def commit_tagged(self, offsets: Mapping[TP, int], metadata: str) -> set[int]:
-        """Commit ``offsets`` with ``metadata``, one attempt (aiokafka's own commit retries
+    async def commit_tagged(self, offsets: Mapping[TP, tuple[int, str]]) -> set[int]:
+        """Commit ``{tp: (offset, metadata)}``, one attempt (aiokafka's own commit retries
         a retriable error such as an unknown topic until it succeeds); the partitions
         committed (those assigned). Raises aiokafka's errors."""
-        result: set[int] = await self.call_thread(self._commit_tagged, offsets, metadata)
+        result: set[int] = await self.call_thread(self._commit_tagged, offsets)
         return result
 
-    async def _commit_tagged(self, offsets: Mapping[TP, int], metadata: str) -> set[int]:
+    async def _commit_tagged(self, offsets: Mapping[TP, tuple[int, str]]) -> set[int]:
         consumer = self._ensure_consumer()
         subscription = consumer._subscription.subscription
         assignment = subscription.assignment if subscription is not None else None
@@ -1108,7 +1199,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             return set()
         todo = {
             AioTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, metadata)
-            for tp, offset in offsets.items()
+            for tp, (offset, metadata) in offsets.items()
             if AioTopicPartition(tp.topic, tp.partition) in assignment.tps
         }
         if not todo:

@@ -8,9 +8,10 @@ one and make a reader skip its first messages. The worker therefore writes the
 generation's id into each commit's metadata, and a committed offset whose id is not the
 topic's current one is ignored: the partition is read from its first offset.
 
-The metadata also carries, per partition, where the DLQ scan starts on a restart (see
-``dlq_from``): dead letters for positions at or after the committed offset may already
-be on the DLQ, and are not produced twice.
+The metadata also carries, per partition, from when the DLQ is read back when a worker
+takes the partition (``dlq_since_ms``, see :mod:`pipeline.core.dead_positions`): dead
+letters for positions at or after the committed offset may already be on the DLQ, and
+are not produced twice.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ class CommitMeta:
     """What a tailguard commit says about the offset it commits."""
 
     topic_id: str
-    dlq_from: int | None = None  # DLQ offset before which no letter is for a later position
+    # the DLQ holds every letter for a position at or after this offset from this time on
+    dlq_since_ms: int | None = None
 
 
 def commit_metadata(meta: CommitMeta) -> str:
     """The metadata string of a commit (well under the broker's 4096-byte default limit)."""
     text = f"{TAG};topic_id={meta.topic_id}"
-    if meta.dlq_from is not None:
-        text += f";dlq_from={meta.dlq_from}"
+    if meta.dlq_since_ms is not None:
+        text += f";dlq_since_ms={meta.dlq_since_ms}"
     return text
 
 
@@ -50,12 +52,12 @@ def parse_commit_metadata(text: str | None) -> CommitMeta | None:
     topic_id = fields.get("topic_id")
     if not topic_id:
         return None
-    dlq = fields.get("dlq_from")
+    dlq = fields.get("dlq_since_ms")
     try:
-        dlq_from = int(dlq) if dlq is not None else None
+        dlq_since_ms = int(dlq) if dlq is not None else None
     except ValueError:
-        dlq_from = None
-    return CommitMeta(topic_id, dlq_from)
+        dlq_since_ms = None
+    return CommitMeta(topic_id, dlq_since_ms)
 
 
 def commit_applies(metadata: str | None, current_topic_id: str | None) -> bool:

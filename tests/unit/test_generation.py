@@ -15,7 +15,11 @@ from pipeline.core.generation import (
 
 @pytest.mark.parametrize(
     "meta",
-    [CommitMeta("AAAAAAAAAAAAAAAAAAAAAA"), CommitMeta("x-y_z", dlq_from=0), CommitMeta("q", 1234)],
+    [
+        CommitMeta("AAAAAAAAAAAAAAAAAAAAAA"),
+        CommitMeta("x-y_z", dlq_since_ms=0),
+        CommitMeta("q", 1234),
+    ],
 )
 def test_metadata_round_trips(meta: CommitMeta) -> None:
     text = commit_metadata(meta)
@@ -32,8 +36,8 @@ def test_metadata_round_trips(meta: CommitMeta) -> None:
         ("tailguard/1;", None),  # no topic id
         ("tailguard/1;topic_id=", None),
         ("tailguard/1;topic_id=abc", CommitMeta("abc")),
-        ("tailguard/1;topic_id=abc;dlq_from=x", CommitMeta("abc")),
-        ("tailguard/1;topic_id=abc;future=1;dlq_from=7", CommitMeta("abc", 7)),
+        ("tailguard/1;topic_id=abc;dlq_since_ms=x", CommitMeta("abc")),
+        ("tailguard/1;topic_id=abc;future=1;dlq_since_ms=7", CommitMeta("abc", 7)),
         ("tailguard/2;topic_id=abc", None),
     ],
 )
