@@ -108,6 +108,11 @@ BEHIND_BUFFERS = 3
 # commit recorded (``dlq_since_ms``): the clocks of the worker that sent a letter and of
 # the one reading it back may differ by up to this much.
 DLQ_SCAN_MARGIN_MS = 60_000
+# A worker whose partitions are of another generation of its lifecycle topic than the
+# topic's for this many topic checks in a row makes the group rejoin (see
+# WorkerShell._check_assigned_generation); the consumer's own metadata refresh period is
+# five checks.
+STALE_CHECKS = 10
 # A flush writes its raw events in chunks of about this many events, so that a window
 # closing meanwhile waits for one chunk, not for all of them (see _write's ``hurry``).
 RAW_CHUNK_EVENTS = 16_384
@@ -194,10 +199,11 @@ class WorkerShell:
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
-        # Set when the topic's generation changed (deleted, or deleted and created again)
-        # until the group's next assignment: the state and positions before it belong to
-        # a generation that is gone, so nothing is committed meanwhile (see check_topic).
-        self._fenced = False
+        # The lifecycle topic's id when the group last assigned partitions to this worker:
+        # the generation its positions and state are of, and the only one it commits for
+        # (None: unknown or gone; see _commit and check_topic).
+        self._assigned_gen: str | None = None
+        self._stale_checks = 0  # topic checks in a row that found another generation
         self.commits_dropped = 0  # commits not made: their topic generation was gone
         # One dead letter per source position, across restarts: the positions at or after
         # the committed offset that have their letter on the DLQ (sent by this worker, or
@@ -212,11 +218,6 @@ class WorkerShell:
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
         self._admin = admin(self.settings)
-        try:  # the generation the first commits are made for (see check_topic)
-            self._topic_id = topic_id(self._admin, self.settings.lifecycle_topic)
-            self._topic_checked = True
-        except Exception as exc:  # the broker answers later: check_topic sets it
-            log.warning("could not read the lifecycle topic's id at start-up: %s", exc)
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         # Tools read the embedded store through this port while the worker owns it.
@@ -617,7 +618,7 @@ class WorkerShell:
             # Snapshot offsets, horizons and buffers together: nothing processed
             # after this point is covered by the commit below, which is made only for
             # the topic generation these offsets were read from.
-            generation = None if self._fenced else self._topic_id
+            generation = self._assigned_gen
             offsets = self._floored(self.processor.safe_offsets())
             through = self.processor.next_offsets()
             horizons = self.processor.horizons()
@@ -669,9 +670,9 @@ class WorkerShell:
         """Commit ``offsets`` of the lifecycle topic, read from its generation ``generation``
         (topic id; None: gone), once, with the id in the commit's metadata.
 
-        Never for a generation that is gone: dropped when the worker has seen the topic
-        change since they were read, or when the topic's id is not ``generation`` just
-        before the commit; and not retried when the broker does not know the topic (a
+        Never for a generation that is gone: dropped when the topic's id is not
+        ``generation`` (the one the group's last assignment was made on) just before the
+        commit; and not retried when the broker does not know the topic (a
         retried commit of the old offsets was accepted once the topic existed again, and
         the group read the new topic from them). A commit that fails is not retried
         either: the next flush commits again, from its own snapshot. Should a commit
@@ -679,7 +680,7 @@ class WorkerShell:
         trip), its metadata names the old id and the assignment ignores it (see
         :meth:`gate_committed`)."""
         topic = self.settings.lifecycle_topic
-        if generation is None or self._fenced or generation != self._topic_id:
+        if generation is None:
             self._drop_commit(offsets, generation, self._topic_id)
             return
         try:
@@ -969,6 +970,7 @@ class WorkerShell:
             return
         before, self._topic_id = self._topic_id, now
         first, self._topic_checked = not self._topic_checked, True
+        self._check_assigned_generation(now)
         if first or before == now:
             return
         parts = sorted(self.processor.next_offsets())
@@ -984,27 +986,58 @@ class WorkerShell:
                 "reading it from its first offset",
                 topic, before, now,
             )  # fmt: skip
+        if now is not None and now == self._assigned_gen:
+            # The consumer saw it first: the group was assigned the new topic (the state
+            # of the old one dropped at the revocation before, the positions from the
+            # gated committed offsets), and reads it from its first offset already.
+            return
         # Records completed from the old topic are kept (written at the next flush);
-        # pending joins and open windows of it are dropped, and nothing is committed until
-        # the group's next assignment: messages read meanwhile may be of either generation,
-        # at positions of the old one. The rejoin makes that assignment now; it fetches the
-        # committed offsets again (the gate drops the old generation's) and Faust discards
-        # what was fetched before it.
-        self._fenced = True
+        # pending joins and open windows of it are dropped. Nothing is committed until
+        # the group is assigned the new topic (the commits name the generation of the
+        # last assignment, see _commit): the rebalance the metadata change makes fetches
+        # the committed offsets again (the gate drops the old generation's), and Faust
+        # discards what was fetched before it.
+        self._drop_topic_state(parts)
+        self._refresh_metadata()
+
+    def _drop_topic_state(self, parts: list[int]) -> None:
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
         self._commit_floor.clear()
         with self._dead_lock:  # positions of the old generation (the new one's: read back)
             self._dead_positions.clear()
-        self._refresh_metadata(rejoin=False)
 
-    def on_assigned(self) -> None:
+    def _check_assigned_generation(self, now: str | None) -> None:
+        """The consumer holds lifecycle partitions of a generation that is not the topic's
+        (it did not notice the change: the topic deleted and created again between two
+        of its metadata refreshes, with as many partitions) for ``STALE_CHECKS`` checks
+        in a row: make the group rejoin, so that it reads the topic from its first
+        offset (until then nothing is committed)."""
+        held = now is not None and self._assigned_gen != now and bool(self._lifecycle_tps())
+        self._stale_checks = self._stale_checks + 1 if held else 0
+        if self._stale_checks == STALE_CHECKS:
+            log.error(
+                "lifecycle topic %s is generation %s, but this worker was assigned its "
+                "partitions on %s: rejoining the group",
+                self.settings.lifecycle_topic, now, self._assigned_gen,
+            )  # fmt: skip
+            self._drop_topic_state(sorted(self.processor.next_offsets()))
+            self._refresh_metadata(rejoin=True)
+
+    async def on_assigned(self) -> None:
         """The group assigned partitions (positions from the committed offsets, through
-        :meth:`gate_committed`): commits resume."""
-        if self._fenced:
-            log.info("partitions assigned after the topic changed: commits resume")
-        self._fenced = False
+        :meth:`gate_committed`): they are of the topic's generation now, the one the
+        commits name from here on."""
+        try:
+            gen = await asyncio.to_thread(topic_id, self._admin, self.settings.lifecycle_topic)
+        except Exception as exc:  # nothing committed until the next assignment
+            log.warning("could not read the lifecycle topic's id at the assignment: %s", exc)
+            gen = None
+        if gen != self._assigned_gen:
+            log.info("partitions assigned on the lifecycle topic's generation %s", gen)
+        self._assigned_gen = gen
+        self._stale_checks = 0
 
     def _refresh_metadata(self, rejoin: bool = False) -> None:
         """Ask the consumer for fresh metadata now (a changed topic makes it rejoin), and
@@ -1339,7 +1372,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
-        shell.on_assigned()
+        await shell.on_assigned()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

@@ -172,7 +172,7 @@ def _loop_shell(write: Any, commits: list[dict[int, int]]) -> WorkerShell:
     )  # fmt: skip
     sh.dlq = SimpleNamespace(flush=lambda _s: None)  # type: ignore[assignment]
 
-    sh._fenced, sh._topic_id = False, "generation-1"
+    sh._assigned_gen = "generation-1"
 
     async def commit(offsets: dict[int, int], generation: str | None) -> None:
         assert generation == "generation-1"
