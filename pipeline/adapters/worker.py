@@ -109,7 +109,7 @@ BEHIND_BUFFERS = 3
 # the one reading it back may differ by up to this much.
 DLQ_SCAN_MARGIN_MS = 60_000
 # A worker whose partitions are of another generation of its lifecycle topic than the
-# topic's for this many topic checks in a row makes the group rejoin (see
+# topic's for this many topic checks in a row logs an error (see
 # WorkerShell._check_assigned_generation); the consumer's own metadata refresh period is
 # five checks.
 STALE_CHECKS = 10
@@ -1012,18 +1012,21 @@ class WorkerShell:
         """The consumer holds lifecycle partitions of a generation that is not the topic's
         (it did not notice the change: the topic deleted and created again between two
         of its metadata refreshes, with as many partitions) for ``STALE_CHECKS`` checks
-        in a row: make the group rejoin, so that it reads the topic from its first
-        offset (until then nothing is committed)."""
+        in a row: log an error. Nothing is committed meanwhile (the commits name the
+        assigned generation), so a restart reads the new topic from its first offset.
+
+        (Forcing a rejoin from here was tried: in one of two 10-cycle runs of
+        ``test_fault_topic_cycles.py`` with a rejoin at every change, 16 requests of a
+        new generation were taken for duplicates and never stored; not understood yet.)"""
         held = now is not None and self._assigned_gen != now and bool(self._lifecycle_tps())
         self._stale_checks = self._stale_checks + 1 if held else 0
         if self._stale_checks == STALE_CHECKS:
             log.error(
-                "lifecycle topic %s is generation %s, but this worker was assigned its "
-                "partitions on %s: rejoining the group",
+                "lifecycle topic %s is generation %s, but this worker's partitions were "
+                "assigned on %s and no rebalance came: nothing is committed; restart the "
+                "worker to read the topic from its first offset",
                 self.settings.lifecycle_topic, now, self._assigned_gen,
             )  # fmt: skip
-            self._drop_topic_state(sorted(self.processor.next_offsets()))
-            self._refresh_metadata(rejoin=True)
 
     async def on_assigned(self) -> None:
         """The group assigned partitions (positions from the committed offsets, through
@@ -1039,16 +1042,12 @@ class WorkerShell:
         self._assigned_gen = gen
         self._stale_checks = 0
 
-    def _refresh_metadata(self, rejoin: bool = False) -> None:
-        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin), and
-        with ``rejoin`` to rejoin the group whatever the metadata shows (a topic created
-        again with as many partitions looks unchanged to it)."""
+    def _refresh_metadata(self) -> None:
+        """Ask the consumer for fresh metadata now (a changed topic makes it rejoin)."""
         try:
             thread = self.app.consumer._thread  # type: ignore[attr-defined]  # faust's aiokafka driver
             consumer = thread._ensure_consumer()
             thread.thread_loop.call_soon_threadsafe(consumer._client.force_metadata_update)
-            if rejoin:
-                thread.thread_loop.call_soon_threadsafe(consumer._coordinator.request_rejoin)
         except Exception as exc:  # a newer Faust: the metadata refresh period still applies
             log.warning("could not refresh the consumer's metadata (%s)", exc)
 
