@@ -1,0 +1,29 @@
+"""The worker's pieces for a lifecycle topic deleted and created again (no broker): Faust's
+read offsets are not tracked for it, and a partition being moved to the new topic's first
+offset drops what was fetched from the old positions until that offset comes."""
+
+from __future__ import annotations
+
+from faust.types import TP
+
+from pipeline.adapters.worker import WorkerShell, _ReadOffsets
+
+
+def test_no_read_offset_is_known_for_the_lifecycle_topic() -> None:
+    r = _ReadOffsets(frozenset({"lc"}))
+    r[TP("lc", 0)] = 50  # a message of the old generation, delivered after a revocation
+    r[TP("stats", 0)] = 7
+    assert r[TP("lc", 0)] is None  # Faust drops nothing below it: the new topic's 0..49 pass
+    assert r.get(TP("lc", 0)) is None
+    assert r[TP("stats", 0)] == 7  # other topics as Faust keeps them
+    assert r[TP("stats", 1)] is None  # (Faust's defaultdict(lambda: None))
+    assert r.get(TP("stats", 1), 3) == 3
+
+
+def test_messages_before_the_new_first_offset_are_dropped_until_it_comes() -> None:
+    sh = object.__new__(WorkerShell)
+    sh._barrier = {0: 0, 1: -1}  # partition 1: its first offset not known yet
+    batch = [(0, 47, b"a"), (1, 12, b"b"), (0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
+    assert sh._past_barrier(batch) == [(0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
+    assert sh._barrier == {1: -1}
+    assert sh._past_barrier([(0, 48, b"f"), (1, 0, b"g")]) == [(0, 48, b"f")]
