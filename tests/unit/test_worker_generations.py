@@ -27,3 +27,30 @@ def test_messages_before_the_new_first_offset_are_dropped_until_it_comes() -> No
     assert sh._past_barrier(batch) == [(0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
     assert sh._barrier == {1: -1}
     assert sh._past_barrier([(0, 48, b"f"), (1, 0, b"g")]) == [(0, 48, b"f")]
+
+
+def test_a_partition_started_past_where_reading_starts_is_read_again() -> None:
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any
+
+    seeks: list[dict[int, int]] = []
+
+    async def earliest_offsets(*tps: Any) -> dict[Any, int]:
+        return dict.fromkeys(tps, 0) | {TP("lc", 2): 5}  # partition 2: retention passed 0..4
+
+    async def seek_wait(offsets: dict[Any, int]) -> None:
+        seeks.append({tp.partition: o for tp, o in offsets.items()})
+
+    sh = object.__new__(WorkerShell)
+    sh.settings = SimpleNamespace(lifecycle_topic="lc")  # type: ignore[assignment]
+    sh.app = SimpleNamespace(  # type: ignore[assignment]
+        consumer=SimpleNamespace(earliest_offsets=earliest_offsets, seek_wait=seek_wait)
+    )
+    sh._barrier = {}
+    sh._resume_at = {1: 40}  # partition 1 resumed from its committed offset 40
+    first = {0: 3, 1: 40, 2: 5, 3: 0}  # partition 0: the consumer skipped 0..2
+    skipped = asyncio.run(sh._skipped_at_start(first))
+    assert skipped == {0}
+    assert seeks == [{0: 0}]
+    assert sh._barrier == {0: 0}
