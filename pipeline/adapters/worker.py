@@ -15,6 +15,11 @@ Delivery guarantee: at-least-once with idempotent writes.
   our own commit.)
 * On a rebalance the state of revoked partitions is dropped; the new owner
   rebuilds it from the committed offset.
+* Each commit carries, in its metadata, the id of the topic generation it was
+  read from (a topic deleted and created again is a new generation), is tried
+  once and dropped when that generation is gone; a committed offset of another
+  generation is ignored at assignment (the partition is read from its first
+  offset). See ``check_topic``, ``_commit`` and ``gate_committed``.
 """
 
 from __future__ import annotations
