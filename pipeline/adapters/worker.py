@@ -1399,13 +1399,13 @@ class _ReadOffsets(dict[Any, Any]):
     """Faust's last-delivered offset per partition (``Consumer._read_offset``), except
     for the topics in ``untracked``: for those, none is ever known.
 
-    Faust drops a fetched message below that offset (a re-delivery after a seek). For
-    the lifecycle topic the worker tracks its offsets itself (acks disabled, its own
-    commits), and the value goes stale across a topic deleted and created again: set
-    by a message of the old generation (or one delivered just before a rebalance) after
-    the revocation cleared it, it made Faust drop the new generation's first messages
-    (1 of 2 runs of ``test_fault_topic_cycles.py``: 4 messages, 16 requests). Messages
-    delivered twice are duplicates to the join instead."""
+    Faust drops a fetched message below that offset (a re-delivery after a seek). The
+    worker tracks the lifecycle topic's offsets itself (acks disabled, its own commits)
+    and seeks it back itself (``_reposition``, ``_skipped_at_start``): a delivery in
+    flight sets Faust's value again after the seek cleared it, and Faust then dropped
+    the very messages the seek went back for (without this class, 1 of 2 runs of
+    ``test_fault_topic_cycles.py`` stalled that way). Messages delivered twice are
+    duplicates to the join instead."""
 
     def __init__(self, untracked: frozenset[str]) -> None:
         super().__init__()
