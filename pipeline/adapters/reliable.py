@@ -9,22 +9,34 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import uuid
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from pipeline.contract.codec import DeadLetter
+from pipeline.contract.codec import (
+    DLQ_INDEX,
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_TOPIC_HEADER,
+    DLQ_TOPIC_ID,
+    DeadLetter,
+    Headers,
+    dead_letter_key,
+    dead_letter_message,
+    truncate_dead,
+)
 from pipeline.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-Headers = list[tuple[str, str | bytes | None]]
 
 # A dead letter's value is cut to this size, so that the DLQ takes it whatever its size
 # (Kafka's default limit is ~1 MB per message); its original size is in a header.
 DLQ_MAX_VALUE_BYTES: Final = 256 * 1024
 _MIN_VALUE_BYTES: Final = 1024  # shrinking stops here (headers alone must then fit)
-MAX_REASON_CHARS: Final = 2000
 
 
 class ShuttingDownError(Exception):
@@ -49,16 +61,18 @@ class ReliableProducer:
         self._topic = topic
         self._what = what
         self._failed_lock = threading.Lock()
-        self._resend: list[tuple[bytes, Headers | None, KafkaError, int | None]] = []
+        self._resend: list[tuple[bytes, Headers | None, KafkaError, int | None, bytes | None]] = []
         self.failed = 0  # delivery failures (each one was sent again)
 
-    def _callback(self, value: bytes, headers: Headers | None, partition: int | None) -> Any:
+    def _callback(
+        self, value: bytes, headers: Headers | None, partition: int | None, key: bytes | None
+    ) -> Any:
         def on_delivery(err: Any, _msg: Any) -> None:
             if err is None:
                 return
             with self._failed_lock:
                 self.failed += 1
-                self._resend.append((value, headers, err, partition))
+                self._resend.append((value, headers, err, partition, key))
             log.error("%s delivery failed (%s): will send it again", self._what, err)
 
         return on_delivery
@@ -70,18 +84,25 @@ class ReliableProducer:
         )
 
     def send(
-        self, value: bytes, headers: Headers | None = None, partition: int | None = None
+        self,
+        value: bytes,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        key: bytes | None = None,
     ) -> None:
         """Produce one message (to ``partition``, else the default partitioner's choice)."""
         while True:
             try:
-                cb = self._callback(value, headers, partition)
+                cb = self._callback(value, headers, partition, key)
                 if partition is None:
-                    self._producer.produce(self._topic, value, headers=headers, on_delivery=cb)
+                    self._producer.produce(
+                        self._topic, value, key=key, headers=headers, on_delivery=cb
+                    )
                 else:
                     self._producer.produce(
-                        self._topic, value, headers=headers, on_delivery=cb, partition=partition
-                    )
+                        self._topic, value, key=key, headers=headers, on_delivery=cb,
+                        partition=partition,
+                    )  # fmt: skip
                 break
             except BufferError:
                 self._producer.poll(0.1)
@@ -116,11 +137,11 @@ class ReliableProducer:
             if not again:
                 return
             log.warning("sending %d %s messages again", len(again), self._what)
-            for value, headers, err, partition in again:
+            for value, headers, err, partition, key in again:
                 if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    self.send(*self.shrink(value, headers), partition=partition)
+                    self.send(*self.shrink(value, headers), partition=partition, key=key)
                 else:
-                    self.send(value, headers, partition=partition)
+                    self.send(value, headers, partition=partition, key=key)
 
     def abandon(self) -> None:
         """At shutdown, drop what the broker has not acknowledged (nothing was committed
@@ -150,31 +171,88 @@ class DeadLetterSink(ReliableProducer):
             return super().shrink(value, headers)
         return truncate_dead(value, headers, len(value) // 2)
 
-    def send_dead(self, dead: list[DeadLetter]) -> None:
+    def send_dead(self, dead: list[DeadLetter], topic_id: str | None = None) -> None:
+        """Send dead letters (of the generation ``topic_id`` of their source topic, when
+        known), each keyed by its source position."""
         for d in dead:
-            value, headers = dead_letter_message(d)
+            value, headers = dead_letter_message(d, topic_id)
             if len(value) > self.max_value_bytes:
                 value, headers = truncate_dead(value, headers, self.max_value_bytes)
-            self.send(value, headers)
+            self.send(value, headers, key=dead_letter_key(d))
 
 
-def dead_letter_message(d: DeadLetter) -> tuple[bytes, Headers]:
-    """The DLQ message of a dead letter: its raw bytes, reason and source as headers."""
-    headers: Headers = [
-        ("tailguard.reason", d.reason[:MAX_REASON_CHARS].encode()),
-        ("tailguard.source.topic", d.source.topic.encode()),
-        ("tailguard.source.partition", str(d.source.partition).encode()),
-        ("tailguard.source.offset", str(d.source.offset).encode()),
-    ]
-    if d.index is not None:
-        headers.append(("tailguard.source.index", str(d.index).encode()))
-    return d.raw, headers
+def _dead_position(
+    headers: list[Any], topic: str, topic_id: str | None
+) -> tuple[int, int, int | None] | None:
+    """(partition, offset, index) of a DLQ message's source, when it is ``topic`` (of the
+    generation ``topic_id``: letters without one are taken as its)."""
+    h = {k: bytes(v).decode(errors="replace") for k, v in headers if v is not None}
+    if h.get(DLQ_TOPIC_HEADER) != topic:
+        return None
+    gen = h.get(DLQ_TOPIC_ID)
+    if topic_id is not None and gen is not None and gen != topic_id:
+        return None
+    try:
+        index = h.get(DLQ_INDEX)
+        return (
+            int(h[DLQ_PARTITION]),
+            int(h[DLQ_OFFSET]),
+            int(index) if index is not None else None,
+        )
+    except (KeyError, ValueError):
+        return None
 
 
-def truncate_dead(value: bytes, headers: Headers | None, size: int) -> tuple[bytes, Headers]:
-    """The first ``size`` bytes of a dead letter, its original size kept in a header."""
-    out = [h for h in headers or [] if h[0] not in ("tailguard.truncated",)]
-    if not any(h[0] == "tailguard.original.size" for h in out):
-        out.append(("tailguard.original.size", str(len(value)).encode()))
-    out.append(("tailguard.truncated", str(size).encode()))
-    return value[:size], out
+def read_dead_positions(
+    settings: KafkaSettings,
+    topic: str,
+    topic_id: str | None,
+    since_ms: int | None,
+    timeout_s: float = 30.0,
+) -> list[tuple[int, int, int | None, int]]:
+    """The source positions of ``topic`` (of its generation ``topic_id``; letters without
+    one are taken as its) that have a letter on the DLQ stamped at or after ``since_ms``
+    (None: the whole DLQ): ``(partition, offset, index, timestamp_ms)``. Reads the DLQ
+    from that time to its end at the call."""
+    c = Consumer(
+        settings.kafka_config()
+        | {"group.id": f"tailguard-dlq-scan-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    try:
+        dlq = settings.dlq_topic
+        parts = c.list_topics(dlq, timeout=timeout_s).topics[dlq].partitions or {}
+        ends: dict[int, int] = {}
+        starts: list[KafkaTopicPartition] = []
+        for q in parts:
+            lo, hi = c.get_watermark_offsets(KafkaTopicPartition(dlq, q), timeout=timeout_s)
+            if hi > lo:
+                ends[q] = hi
+                starts.append(
+                    KafkaTopicPartition(dlq, q, OFFSET_BEGINNING if since_ms is None else since_ms)
+                )
+        if since_ms is not None and starts:
+            starts = c.offsets_for_times(starts, timeout=timeout_s)
+            for tp in starts:
+                if tp.offset < 0:  # nothing stamped that late
+                    ends.pop(tp.partition, None)
+            starts = [tp for tp in starts if tp.partition in ends]
+        if not starts:
+            return []
+        c.assign(starts)
+        out: list[tuple[int, int, int | None, int]] = []
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {dlq} back"))
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            q, off = msg.partition() or 0, msg.offset() or 0
+            if off + 1 >= ends.get(q, 0):
+                ends.pop(q, None)
+            found = _dead_position(list(msg.headers() or []), topic, topic_id)
+            if found is not None:
+                out.append((*found, msg.timestamp()[1]))
+        return out
+    finally:
+        c.close()

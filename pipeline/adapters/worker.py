@@ -15,6 +15,11 @@ Delivery guarantee: at-least-once with idempotent writes.
   our own commit.)
 * On a rebalance the state of revoked partitions is dropped; the new owner
   rebuilds it from the committed offset.
+* Each commit carries, in its metadata, the id of the topic generation it was
+  read from (a topic deleted and created again is a new generation), is tried
+  once and dropped when that generation is gone; a committed offset of another
+  generation is ignored at assignment (the partition is read from its first
+  offset). See ``check_topic``, ``_commit`` and ``gate_committed``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,16 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
 import msgspec
 import orjson
+from aiokafka import errors as aiokafka_errors
+from aiokafka.structs import OffsetAndMetadata
+from aiokafka.structs import TopicPartition as AioTopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -48,7 +56,12 @@ from pipeline.adapters.prometheus import MetricsServer, MetricsState
 from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.query_server import QueryServer, start_query_server
-from pipeline.adapters.reliable import DeadLetterSink, ReliableProducer, ShuttingDownError
+from pipeline.adapters.reliable import (
+    DeadLetterSink,
+    ReliableProducer,
+    ShuttingDownError,
+    read_dead_positions,
+)
 from pipeline.adapters.rollups import check_rollups, write_windows_repairing
 from pipeline.adapters.stop_signal import PromptStop
 from pipeline.adapters.store import (
@@ -72,6 +85,13 @@ from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.contract.summary import Progress, StatsSample, encode_summary
+from pipeline.core.dead_positions import DeadPositions
+from pipeline.core.generation import (
+    CommitMeta,
+    commit_applies,
+    commit_metadata,
+    parse_commit_metadata,
+)
 from pipeline.core.ledger import merge_versions
 from pipeline.core.processor import KeptMessage, Output, StreamProcessor
 from pipeline.core.record import RequestRecord
@@ -89,6 +109,15 @@ CLOSE_GRACE_S = 2.0  # ... plus at most this long waiting for a store write in f
 # waits for a flush to take it: the writer then always has the next flush ready (a loop
 # that waited on every full buffer spent ~20 % of a catch-up run idle, see _flush_behind).
 BEHIND_BUFFERS = 3
+# A worker taking a partition reads the DLQ back from this long before the time the last
+# commit recorded (``dlq_since_ms``): the clocks of the worker that sent a letter and of
+# the one reading it back may differ by up to this much.
+DLQ_SCAN_MARGIN_MS = 60_000
+# A worker whose partitions are of another generation of its lifecycle topic than the
+# topic's for this many topic checks in a row logs an error (see
+# WorkerShell._check_assigned_generation); the consumer's own metadata refresh period is
+# five checks.
+STALE_CHECKS = 10
 # A flush writes its raw events in chunks of about this many events, so that a window
 # closing meanwhile waits for one chunk, not for all of them (see _write's ``hurry``).
 RAW_CHUNK_EVENTS = 16_384
@@ -181,9 +210,34 @@ class WorkerShell:
         self._topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._topic_checked = False
         self._admin: Any = None
+        # The lifecycle topic's id when the group last assigned partitions to this worker:
+        # the generation its positions and state are of, and the only one it commits for
+        # (None: unknown or gone; see _commit and check_topic).
+        self._assigned_gen: str | None = None
+        self._stale_checks = 0  # topic checks in a row that found another generation
+        self._assignments = 0  # assignments seen (a reposition spanning one gives up)
+        # Per lifecycle partition: the committed offset the last assignment resumed from
+        # (set on the consumer's thread by gate_committed; absent: none, read from the
+        # first offset). See _skipped_at_start.
+        self._resume_at: dict[int, int] = {}
+        # Per lifecycle partition being repositioned onto a new generation (see
+        # _reposition): messages are dropped until the one at this offset (-1: not known
+        # yet), the new generation's first, comes from the seek.
+        self._barrier: dict[int, int] = {}
+        self.commits_dropped = 0  # commits not made: their topic generation was gone
+        # One dead letter per source position, across restarts: the positions at or after
+        # the committed offset that have their letter on the DLQ (sent by this worker, or
+        # found there when it took the partition); their letters are not sent again.
+        self._dead_positions = DeadPositions()
+        self._dead_lock = threading.Lock()  # the event loop's and the writer's letters
+        self.dead_repeats = 0  # letters not sent again (their position had one)
+        # Per lifecycle partition: the committed offset's metadata the assignment read
+        # (set on the consumer's thread by gate_committed; None: none, or not applying).
+        self._resume_meta: dict[int, CommitMeta | None] = {}
 
     def open(self) -> None:
         """Open the store (applying migrations) and the DLQ producer; before consuming."""
+        self._admin = admin(self.settings)
         self.store = open_store(self.settings)
         migrate(self.store, self.settings.cluster, raw_ttl_days=self.settings.raw_events_ttl_days)
         # a write of windows cut short by a kill left its rollups short: set them right
@@ -266,6 +320,7 @@ class WorkerShell:
             return out
 
         ledgers = await loop.run_in_executor(self._executor, counted)
+        await self._read_dead_back(first_offsets)
         for p, first in first_offsets.items():
             ledger = ledgers[p]
             self.processor.init_partition(p, ledger)
@@ -273,6 +328,63 @@ class WorkerShell:
                 "partition %d: resuming at offset %d, %d requests already counted",
                 p, first, len(ledger),
             )  # fmt: skip
+
+    async def _read_dead_back(self, first_offsets: dict[int, int]) -> None:
+        """New partitions, each read from ``first_offsets[p]`` on: the positions from there
+        on that already have a dead letter on the DLQ (an earlier run's, sent before it
+        stopped without committing them), so that re-reading them sends none again. The
+        DLQ is read from the time the last commit recorded (less ``DLQ_SCAN_MARGIN_MS``);
+        from its start when there is no such commit."""
+        s = self.settings
+        since: list[int | None] = []
+        for p in first_offsets:
+            meta = self._resume_meta.get(p)
+            since.append(meta.dlq_since_ms if meta is not None else None)
+        since_ms = None if None in since else min(x for x in since if x is not None)
+        if since_ms is not None:
+            since_ms = max(0, since_ms - DLQ_SCAN_MARGIN_MS)
+        gen = self._topic_id
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._executor,
+                lambda: read_dead_positions(s, s.lifecycle_topic, gen, since_ms),
+            )
+        except Exception as exc:  # the DLQ unreadable: at worst a letter is sent twice
+            log.warning("could not read the DLQ back (%s): a position may get a second letter", exc)
+            return
+        with self._dead_lock:
+            for p in first_offsets:
+                self._dead_positions.drop(p)
+            for p, off, index, ts_ms in found:
+                if p in first_offsets and off >= first_offsets[p]:
+                    self._dead_positions.add(p, off, index, ts_ms)
+        for p, first in first_offsets.items():
+            n = self._dead_positions.count(p)
+            if n:
+                log.info(
+                    "partition %d: %d positions from offset %d on already dead-lettered",
+                    p, n, first,
+                )  # fmt: skip
+
+    def _send_dead(self, dead: list[DeadLetter]) -> int:
+        """Send dead letters, but none for a lifecycle position that has one; the number
+        sent (from the event loop and the writer thread)."""
+        topic = self.settings.lifecycle_topic
+        now_ms = int(time.time() * 1000)
+        fresh: list[DeadLetter] = []
+        with self._dead_lock:
+            for d in dead:
+                src = d.source
+                if src.topic == topic and src.partition >= 0 and src.offset >= 0:
+                    if self._dead_positions.known(src.partition, src.offset, d.index):
+                        self.dead_repeats += 1
+                        continue
+                    self._dead_positions.add(src.partition, src.offset, d.index, now_ms)
+                fresh.append(d)
+        if fresh:
+            assert self.dlq is not None
+            self.dlq.send_dead(fresh, topic_id=self._topic_id)
+        return len(fresh)
 
     async def _restore_inflight(self, starts: dict[int, int]) -> None:
         """New partitions, each read from ``starts[p]`` on: the gateway.received events
@@ -299,17 +411,24 @@ class WorkerShell:
         # The payload is the event's bytes as the producer sent them (no re-encoding).
         self._events.extend(out.kept)
         if out.dead:
-            assert self.dlq is not None
-            self.dlq.send_dead(out.dead)
-            self.telemetry.dead_letters.add(len(out.dead))
+            self.telemetry.dead_letters.add(self._send_dead(out.dead))
 
     async def on_batch(self, messages: list[tuple[int, int, bytes]]) -> None:
         self._raise_failed_flush()
         await self._store_up.wait()  # back pressure: hold this batch while the store is down
+        if self._barrier:
+            messages = self._past_barrier(messages)
+            if not messages:
+                return
         new: dict[int, int] = {}
         for p, off, _ in messages:
             if not self.processor.has_partition(p) and p not in new:
                 new[p] = off
+        if new:
+            skipped = await self._skipped_at_start(new)
+            if skipped:
+                messages = [m for m in messages if m[0] not in skipped]
+                new = {p: o for p, o in new.items() if p not in skipped}
         if new:
             await self._init_partitions(new)
             if self.settings.store_raw_events:
@@ -518,9 +637,7 @@ class WorkerShell:
     def _dead_rows(self, dead: list[DeadLetter]) -> None:
         """Rows the store refused, to the DLQ (counted)."""
         if dead:
-            assert self.dlq is not None
-            self.dlq.send_dead(dead)
-            self.telemetry.dead_letters.add(len(dead))
+            self.telemetry.dead_letters.add(self._send_dead(dead))
             self.store_rejected += len(dead)
 
     async def flush_and_commit(self, may_yield: bool = True) -> None:
@@ -540,7 +657,9 @@ class WorkerShell:
             self._hurry.clear()
             self._collect(self.processor.tick(int(time.time() * 1000), lagging))
             # Snapshot offsets, horizons and buffers together: nothing processed
-            # after this point is covered by the commit below.
+            # after this point is covered by the commit below, which is made only for
+            # the topic generation these offsets were read from.
+            generation = self._assigned_gen
             offsets = self._floored(self.processor.safe_offsets())
             through = self.processor.next_offsets()
             horizons = self.processor.horizons()
@@ -584,14 +703,105 @@ class WorkerShell:
             await loop.run_in_executor(self._executor, self.dlq.flush, self.stopping)
             changed = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
             if changed:
-                topic = self.settings.lifecycle_topic
-                # Faust's commit path for explicit offsets (assignment-checked).
-                await self.app.consumer._commit_offsets(  # type: ignore[attr-defined]
-                    {TP(topic, p): o for p, o in changed.items()}
-                )
-                self._committed.update(changed)
+                await self._commit(changed, generation)
             self._count_timeouts()
             self._maybe_log()
+
+    async def _commit(self, offsets: dict[int, int], generation: str | None) -> None:
+        """Commit ``offsets`` of the lifecycle topic, read from its generation ``generation``
+        (topic id; None: gone), once, with the id in the commit's metadata.
+
+        Never for a generation that is gone: dropped when the topic's id is not
+        ``generation`` (the one the group's last assignment was made on) just before the
+        commit; and not retried when the broker does not know the topic (a
+        retried commit of the old offsets was accepted once the topic existed again, and
+        the group read the new topic from them). A commit that fails is not retried
+        either: the next flush commits again, from its own snapshot. Should a commit
+        still land on a new generation (deleted and created again within its round
+        trip), its metadata names the old id and the assignment ignores it (see
+        :meth:`gate_committed`)."""
+        topic = self.settings.lifecycle_topic
+        if generation is None:
+            self._drop_commit(offsets, generation, self._topic_id)
+            return
+        try:
+            current = await asyncio.to_thread(topic_id, self._admin, topic)
+        except Exception as exc:
+            log.warning("commit deferred: topic %s's id could not be read (%s)", topic, exc)
+            return
+        if current != generation:
+            self._drop_commit(offsets, generation, current)
+            return
+        if self.stopping.is_set():
+            return  # nothing is committed after a stop signal
+        thread: _ConsumerThread = self.app.consumer._thread  # type: ignore[attr-defined]
+        now_ms = int(time.time() * 1000)
+        with self._dead_lock:
+            since = {p: self._dead_positions.scan_from_ms(p, o, now_ms) for p, o in offsets.items()}
+        tagged = {
+            TP(topic, p): (o, commit_metadata(CommitMeta(generation, since[p])))
+            for p, o in offsets.items()
+        }
+        try:
+            done = await thread.commit_tagged(tagged)
+        except aiokafka_errors.UnknownTopicOrPartitionError:
+            self._drop_commit(offsets, generation, None)
+            return
+        except (aiokafka_errors.KafkaError, aiokafka_errors.IllegalStateError) as exc:
+            log.warning("commit of %s failed (%r): the next flush commits again", offsets, exc)
+            return
+        self._committed.update({p: o for p, o in offsets.items() if p in done})
+        with self._dead_lock:
+            for p in done:
+                self._dead_positions.committed(p, offsets[p])
+
+    def _drop_commit(self, offsets: dict[int, int], was: str | None, now: str | None) -> None:
+        self.commits_dropped += 1
+        log.warning(
+            "commit of %s dropped: read from topic %s's generation %s, which is gone "
+            "(current: %s)",
+            offsets, self.settings.lifecycle_topic, was, now,
+        )  # fmt: skip
+
+    async def gate_committed(self, asked: Any, offsets: dict[Any, Any]) -> dict[Any, Any]:
+        """The committed offsets the consumer fetched (``{TopicPartition:
+        OffsetAndMetadata}``), without those of the lifecycle topic made for another
+        generation of it: such a partition is read from its first offset (the reset
+        policy's ``earliest``). Runs on the consumer's thread, on every fetch of committed
+        offsets (assignment, seek to committed)."""
+        topic = self.settings.lifecycle_topic
+        ours = {tp: om for tp, om in offsets.items() if tp.topic == topic}
+        for tp in asked:  # those without a commit are read from the first offset
+            if tp.topic == topic and tp not in ours:
+                self._resume_at.pop(tp.partition, None)
+        if not ours:
+            return offsets
+        loop = asyncio.get_running_loop()
+        try:
+            current = await loop.run_in_executor(None, topic_id, self._admin, topic)
+        except Exception as exc:  # retriable: the consumer asks again
+            raise aiokafka_errors.RequestTimedOutError(
+                f"topic {topic}'s id could not be read: {exc}"
+            ) from exc
+        out = dict(offsets)
+        for tp, om in ours.items():
+            applies = commit_applies(om.metadata, current)
+            self._resume_meta[tp.partition] = (
+                parse_commit_metadata(om.metadata) if applies else None
+            )
+            if applies:
+                self._resume_at[tp.partition] = om.offset
+            else:
+                self._resume_at.pop(tp.partition, None)
+            if not applies:
+                meta = parse_commit_metadata(om.metadata)
+                log.warning(
+                    "partition %d: committed offset %d belongs to topic %s's generation %s, "
+                    "not to the current one (%s): reading it from its first offset",
+                    tp.partition, om.offset, topic, meta.topic_id if meta else None, current,
+                )  # fmt: skip
+                del out[tp]
+        return out
 
     def _floored(self, offsets: dict[int, int]) -> dict[int, int]:
         """Commits never move back: a request whose lone received was skipped by an earlier
@@ -846,6 +1056,7 @@ class WorkerShell:
             return
         before, self._topic_id = self._topic_id, now
         first, self._topic_checked = not self._topic_checked, True
+        self._check_assigned_generation(now)
         if first or before == now:
             return
         parts = sorted(self.processor.next_offsets())
@@ -861,21 +1072,168 @@ class WorkerShell:
                 "reading it from its first offset",
                 topic, before, now,
             )  # fmt: skip
+        if now is not None and now == self._assigned_gen:
+            # The consumer saw it first: the group was assigned the new topic (the state
+            # of the old one dropped at the revocation before, the positions from the
+            # gated committed offsets), and reads it from its first offset already.
+            return
         # Records completed from the old topic are kept (written at the next flush);
-        # pending joins and open windows of it are dropped, and nothing is committed for
-        # partitions this worker no longer holds state for.
+        # pending joins and open windows of it are dropped. Nothing is committed until
+        # the worker reads the new topic (the commits name the generation of the last
+        # assignment, see _commit): the rebalance the metadata change makes fetches the
+        # committed offsets again (the gate drops the old generation's), and Faust
+        # discards what was fetched before it; a consumer that saw no change is moved
+        # to the new topic's first offsets (_reposition).
+        self._drop_topic_state(parts)
+        self._refresh_metadata()
+        if now is not None:
+            await self._reposition(now, parts)
+
+    def _drop_topic_state(self, parts: list[int]) -> None:
+        self._resume_at.clear()  # the old generation's commits
         self.processor.revoke(parts)
         for p in parts:
             self._committed.pop(p, None)
         self._commit_floor.clear()
-        self._refresh_metadata()
+        with self._dead_lock:  # positions of the old generation (the new one's: read back)
+            self._dead_positions.clear()
+
+    async def _skipped_at_start(self, first: dict[int, int]) -> set[int]:
+        """Partitions whose first message read (``first[p]``, as this worker starts them)
+        lies past where reading starts: the committed offset the assignment resumed from
+        (``_resume_at``, set by the gate), else the partition's first offset. Those are
+        moved back there (their messages until then dropped, see ``_barrier``).
+
+        Faust's fetch loop drops records it fetched while the group's generation changed
+        (``Consumer.getmany``: "Cancelling getmany"), and seeks back only to a committed
+        offset: a partition without one (a topic created again) lost its first messages
+        that way (1 of 2 runs of ``test_fault_topic_cycles.py``: 3-4 messages)."""
+        topic = self.settings.lifecycle_topic
+        tps = [TP(topic, p) for p in first]
+        try:
+            earliest = await self.app.consumer.earliest_offsets(*tps)
+        except Exception as exc:  # nothing to compare with: go on
+            log.warning("could not read the first offsets of %s: %s", sorted(first), exc)
+            return set()
+        back: dict[Any, int] = {}
+        for tp in tps:
+            p = tp.partition
+            start = max(self._resume_at.get(p) or 0, int(earliest.get(tp) or 0))
+            if first[p] > start:
+                back[tp] = start
+        if not back:
+            return set()
+        log.warning(
+            "messages skipped by the consumer at the start of partitions %s (first read "
+            "%s): reading them again from %s",
+            sorted(tp.partition for tp in back), {tp.partition: first[tp.partition] for tp in back},
+            {tp.partition: o for tp, o in back.items()},
+        )  # fmt: skip
+        self._barrier.update({tp.partition: o for tp, o in back.items()})
+        try:
+            await self.app.consumer.seek_wait(back)
+        except Exception:
+            log.exception("could not seek back: restart the worker to read them")
+            for tp in back:
+                self._barrier.pop(tp.partition, None)
+            return set()
+        return {tp.partition for tp in back}
+
+    def _past_barrier(self, messages: list[tuple[int, int, bytes]]) -> list[tuple[int, int, bytes]]:
+        """``messages`` without those of partitions being repositioned that came before
+        the one at the new generation's first offset (fetched from the old positions)."""
+        barrier = self._barrier
+        out = []
+        for m in messages:
+            p, off = m[0], m[1]
+            if p in barrier:
+                if off != barrier[p]:
+                    continue
+                del barrier[p]
+            out.append(m)
+        return out
+
+    async def _reposition(self, gen: str, parts: list[int]) -> None:
+        """The topic is the generation ``gen`` and the consumer still holds its partitions
+        from the old one, at the old positions (it did not notice: deleted and created
+        again between two of its metadata refreshes, as many partitions). Seek them to
+        the new generation's first offsets; messages fetched from the old positions are
+        dropped until the seek's first one comes (``_barrier``); the generation is then
+        the one commits are made for. The state was dropped before (``parts``). A
+        rebalance meanwhile does all this itself: this gives up."""
+        tps = sorted(self._lifecycle_tps())
+        if not tps:
+            return
+        self._barrier.update(dict.fromkeys((tp.partition for tp in tps), -1))
+        self._drop_topic_state(sorted(set(parts) | set(self.processor.next_offsets())))
+        assignments = self._assignments
+        consumer = self.app.consumer
+        try:
+            first = await consumer.earliest_offsets(*tps)
+            if self._assignments != assignments:
+                return
+            targets = {tp: int(first.get(tp) or 0) for tp in tps}
+            self._barrier.update({tp.partition: o for tp, o in targets.items()})
+            await consumer.seek_wait(targets)
+        except Exception:
+            log.exception(
+                "could not seek to the new topic's first offsets: nothing is committed; "
+                "restart the worker to read the topic from its first offset"
+            )
+            self._barrier.clear()
+            return
+        if self._assignments != assignments:
+            return
+        self._assigned_gen = gen
+        log.error(
+            "lifecycle topic %s: the consumer had not noticed generation %s; its partitions "
+            "are read from their first offsets %s",
+            self.settings.lifecycle_topic, gen, {tp.partition: o for tp, o in targets.items()},
+        )  # fmt: skip
+
+    def _check_assigned_generation(self, now: str | None) -> None:
+        """The consumer holds lifecycle partitions of a generation that is not the topic's
+        (it did not notice the change: the topic deleted and created again between two
+        of its metadata refreshes, with as many partitions) for ``STALE_CHECKS`` checks
+        in a row, although check_topic moved it (_reposition failed): log an error.
+        Nothing is committed meanwhile (the commits name the assigned generation), so a
+        restart reads the new topic from its first offset.
+
+        (Forcing a rejoin at every change was tried instead of _reposition: in one of
+        two 10-cycle runs of ``test_fault_topic_cycles.py``, 16 requests of a new
+        generation were taken for duplicates and never stored; not understood yet.)"""
+        held = now is not None and self._assigned_gen != now and bool(self._lifecycle_tps())
+        self._stale_checks = self._stale_checks + 1 if held else 0
+        if self._stale_checks == STALE_CHECKS:
+            log.error(
+                "lifecycle topic %s is generation %s, but this worker's partitions were "
+                "assigned on %s and no rebalance came: nothing is committed; restart the "
+                "worker to read the topic from its first offset",
+                self.settings.lifecycle_topic, now, self._assigned_gen,
+            )  # fmt: skip
+
+    async def on_assigned(self) -> None:
+        """The group assigned partitions (positions from the committed offsets, through
+        :meth:`gate_committed`): they are of the topic's generation now, the one the
+        commits name from here on."""
+        try:
+            gen = await asyncio.to_thread(topic_id, self._admin, self.settings.lifecycle_topic)
+        except Exception as exc:  # nothing committed until the next assignment
+            log.warning("could not read the lifecycle topic's id at the assignment: %s", exc)
+            gen = None
+        if gen != self._assigned_gen:
+            log.info("partitions assigned on the lifecycle topic's generation %s", gen)
+        self._assigned_gen = gen
+        self._stale_checks = 0
+        self._assignments += 1
+        self._barrier.clear()  # Faust dropped what was fetched before the assignment
 
     def _refresh_metadata(self) -> None:
         """Ask the consumer for fresh metadata now (a changed topic makes it rejoin)."""
         try:
             thread = self.app.consumer._thread  # type: ignore[attr-defined]  # faust's aiokafka driver
-            client = thread._ensure_consumer()._client
-            thread.thread_loop.call_soon_threadsafe(client.force_metadata_update)
+            consumer = thread._ensure_consumer()
+            thread.thread_loop.call_soon_threadsafe(consumer._client.force_metadata_update)
         except Exception as exc:  # a newer Faust: the metadata refresh period still applies
             log.warning("could not refresh the consumer's metadata (%s)", exc)
 
@@ -887,6 +1245,11 @@ class WorkerShell:
         for p in parts:
             self._committed.pop(p, None)
             self._commit_floor.pop(p, None)
+        with self._dead_lock:  # the next owner reads them back from the DLQ
+            for p in parts:
+                self._dead_positions.drop(p)
+        for p in parts:
+            self._barrier.pop(p, None)
 
     async def stop(self) -> None:
         """Write buffered records (idempotent) and the audit rows of the signals
@@ -1038,7 +1401,41 @@ def _credentials(settings: Settings) -> Any:
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread with the broker's fetch wait the app's settings give
-    (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms."""
+    (``fetch_max_wait_ms``): Faust passes aiokafka a fixed 1500 ms; with the app's gate
+    on every fetch of committed offsets (``commit_gate``); and with a commit that carries
+    metadata and is tried once (:meth:`commit_tagged`)."""
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        gate = getattr(self.app, "commit_gate", None)
+        if gate is not None:
+            _gate_committed_fetches(self._ensure_consumer()._coordinator, gate)
+
+    async def commit_tagged(self, offsets: Mapping[TP, tuple[int, str]]) -> set[int]:
+        """Commit ``{tp: (offset, metadata)}``, one attempt (aiokafka's own commit retries
+        a retriable error such as an unknown topic until it succeeds); the partitions
+        committed (those assigned). Raises aiokafka's errors."""
+        result: set[int] = await self.call_thread(self._commit_tagged, offsets)
+        return result
+
+    async def _commit_tagged(self, offsets: Mapping[TP, tuple[int, str]]) -> set[int]:
+        consumer = self._ensure_consumer()
+        subscription = consumer._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return set()
+        todo = {
+            AioTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, metadata)
+            for tp, (offset, metadata) in offsets.items()
+            if AioTopicPartition(tp.topic, tp.partition) in assignment.tps
+        }
+        if not todo:
+            return set()
+        coordinator = consumer._coordinator
+        await coordinator.ensure_coordinator_known()
+        async with coordinator._commit_lock:
+            await asyncio.shield(coordinator._do_commit_offsets(assignment, todo))
+        return {tp.partition for tp in todo}
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -1047,7 +1444,56 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
+def _gate_committed_fetches(
+    coordinator: Any, gate: Callable[[Any, dict[Any, Any]], Awaitable[dict[Any, Any]]]
+) -> None:
+    """Pass every fetch of committed offsets by ``coordinator`` (aiokafka's; the
+    assignment's positions and seeks to committed all read them through
+    ``_do_fetch_commit_offsets``) through ``gate``."""
+    fetch = coordinator._do_fetch_commit_offsets
+
+    async def gated(partitions: Any) -> dict[Any, Any]:
+        return await gate(partitions, await fetch(partitions))
+
+    coordinator._do_fetch_commit_offsets = gated
+
+
+class _ReadOffsets(dict[Any, Any]):
+    """Faust's last-delivered offset per partition (``Consumer._read_offset``), except
+    for the topics in ``untracked``: for those, none is ever known.
+
+    Faust drops a fetched message below that offset (a re-delivery after a seek). The
+    worker tracks the lifecycle topic's offsets itself (acks disabled, its own commits)
+    and seeks it back itself (``_reposition``, ``_skipped_at_start``): a delivery in
+    flight sets Faust's value again after the seek cleared it, and Faust then dropped
+    the very messages the seek went back for (without this class, 1 of 2 runs of
+    ``test_fault_topic_cycles.py`` stalled that way). Messages delivered twice are
+    duplicates to the join instead."""
+
+    def __init__(self, untracked: frozenset[str]) -> None:
+        super().__init__()
+        self._untracked = untracked
+
+    def __missing__(self, key: Any) -> None:
+        return None
+
+    def __getitem__(self, key: Any) -> Any:
+        if getattr(key, "topic", None) in self._untracked:
+            return None
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if getattr(key, "topic", None) in self._untracked:
+            return None
+        return super().get(key, default)
+
+
 class _Consumer(faust_aiokafka.Consumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        untracked: frozenset[str] = getattr(self.app, "untracked_read_offsets", frozenset())
+        self._read_offset = _ReadOffsets(untracked)
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -1060,6 +1506,9 @@ class _App(faust.App):
     """The Faust app whose consumer sets the broker's fetch wait (see _ConsumerThread)."""
 
     fetch_max_wait_ms = 1500  # Faust's own; build_app sets the settings' value
+    # build_app sets the shell's WorkerShell.gate_committed (see _ConsumerThread)
+    untracked_read_offsets: frozenset[str] = frozenset()  # see _ReadOffsets
+    commit_gate: Callable[[Any, dict[Any, Any]], Awaitable[dict[Any, Any]]] | None = None
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
@@ -1089,6 +1538,8 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     )
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms
     shell = WorkerShell(settings, app)
+    app.commit_gate = shell.gate_committed
+    app.untracked_read_offsets = frozenset({settings.lifecycle_topic})
     topic = app.topic(
         settings.lifecycle_topic, value_type=bytes, value_serializer="raw", acks=False
     )
@@ -1149,6 +1600,10 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     @app.timer(interval=settings.topic_check_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def check_topic() -> None:
         await shell.check_topic()
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        await shell.on_assigned()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

@@ -181,3 +181,52 @@ def dead_letter_record(d: DeadLetter) -> dict[str, object]:
     else:
         out["raw_hex"] = d.raw.hex()
     return out
+
+
+# --- the DLQ topic's messages (tailguard.dlq) ------------------------------------------
+# A dead letter is the bytes as received, keyed by its source position, with these
+# headers (read back by pipeline.adapters.reliable.read_dead_positions).
+Headers = list[tuple[str, str | bytes | None]]
+MAX_REASON_CHARS: Final = 2000
+DLQ_REASON: Final = "tailguard.reason"  # why it is a dead letter
+DLQ_TOPIC_HEADER: Final = "tailguard.source.topic"  # where it was read
+DLQ_PARTITION: Final = "tailguard.source.partition"
+DLQ_OFFSET: Final = "tailguard.source.offset"
+DLQ_INDEX: Final = "tailguard.source.index"  # the element of a JSON array message
+DLQ_TOPIC_ID: Final = "tailguard.source.topic_id"  # the source topic's generation
+DLQ_ORIGINAL_SIZE: Final = "tailguard.original.size"  # a value cut to fit the topic
+DLQ_TRUNCATED: Final = "tailguard.truncated"
+
+
+def dead_letter_message(d: DeadLetter, topic_id: str | None = None) -> tuple[bytes, Headers]:
+    """The DLQ message of a dead letter: its raw bytes, reason and source as headers."""
+    headers: Headers = [
+        (DLQ_REASON, d.reason[:MAX_REASON_CHARS].encode()),
+        (DLQ_TOPIC_HEADER, d.source.topic.encode()),
+        (DLQ_PARTITION, str(d.source.partition).encode()),
+        (DLQ_OFFSET, str(d.source.offset).encode()),
+    ]
+    if d.index is not None:
+        headers.append((DLQ_INDEX, str(d.index).encode()))
+    if topic_id is not None:
+        headers.append((DLQ_TOPIC_ID, topic_id.encode()))
+    return d.raw, headers
+
+
+def dead_letter_key(d: DeadLetter) -> bytes | None:
+    """A dead letter's message key: its source position, ``topic/partition/offset`` (and
+    ``/index`` for one element of a batch); None for a letter with no position (a
+    record the store refused, built from several messages)."""
+    if d.source.partition < 0 or d.source.offset < 0:
+        return None
+    key = f"{d.source.topic}/{d.source.partition}/{d.source.offset}"
+    return (key if d.index is None else f"{key}/{d.index}").encode()
+
+
+def truncate_dead(value: bytes, headers: Headers | None, size: int) -> tuple[bytes, Headers]:
+    """The first ``size`` bytes of a dead letter, its original size kept in a header."""
+    out = [h for h in headers or [] if h[0] not in (DLQ_TRUNCATED,)]
+    if not any(h[0] == DLQ_ORIGINAL_SIZE for h in out):
+        out.append((DLQ_ORIGINAL_SIZE, str(len(value)).encode()))
+    out.append((DLQ_TRUNCATED, str(size).encode()))
+    return value[:size], out

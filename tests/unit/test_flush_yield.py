@@ -172,10 +172,14 @@ def _loop_shell(write: Any, commits: list[dict[int, int]]) -> WorkerShell:
     )  # fmt: skip
     sh.dlq = SimpleNamespace(flush=lambda _s: None)  # type: ignore[assignment]
 
-    async def commit(offsets: dict[Any, int]) -> None:
-        commits.append({tp.partition: o for tp, o in offsets.items()})
+    sh._assigned_gen = "generation-1"
 
-    sh.app = SimpleNamespace(consumer=SimpleNamespace(_commit_offsets=commit))  # type: ignore[assignment]
+    async def commit(offsets: dict[int, int], generation: str | None) -> None:
+        assert generation == "generation-1"
+        commits.append(dict(offsets))
+        sh._committed.update(offsets)
+
+    sh._commit = commit  # type: ignore[method-assign]
     return sh
 
 

@@ -13,6 +13,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 
 from pipeline.adapters.reliable import (
     DLQ_MAX_VALUE_BYTES,
+    _dead_position,
+    dead_letter_key,
     dead_letter_message,
     truncate_dead,
 )
@@ -287,3 +289,26 @@ def test_pending_joins_are_bounded_per_worker_not_per_partition(
         assert proc.pending() <= limit
     assert proc.pending() == min(limit, sent)
     assert proc.join_counters().evicted == max(0, sent - limit)
+
+
+@pytest.mark.parametrize(
+    ("source", "index", "key"),
+    [
+        (SourceRef("lc", 3, 17), None, b"lc/3/17"),
+        (SourceRef("lc", 3, 17), 4, b"lc/3/17/4"),
+        (SourceRef("lc", -1, -1), None, None),  # a record the store refused: no position
+    ],
+)
+def test_a_dead_letter_is_keyed_by_its_source_position(
+    source: SourceRef, index: int | None, key: bytes | None
+) -> None:
+    d = DeadLetter(b"x", "bad", source, index)
+    assert dead_letter_key(d) == key
+    _value, headers = dead_letter_message(d, "gen-1")
+    assert ("tailguard.source.topic_id", b"gen-1") in headers
+    # ... and read back from the DLQ as that position, for that topic and generation
+    assert _dead_position(headers, "lc", "gen-1") == (source.partition, source.offset, index)
+    assert _dead_position(headers, "lc", "gen-2") is None  # another generation's
+    assert _dead_position(headers, "other", "gen-1") is None
+    _value, untagged = dead_letter_message(d)  # a letter from before generations
+    assert _dead_position(untagged, "lc", "gen-2") == (source.partition, source.offset, index)
