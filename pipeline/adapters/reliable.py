@@ -26,6 +26,7 @@ from pipeline.contract.codec import (
     Headers,
     dead_letter_key,
     dead_letter_message,
+    dead_subposition,
     truncate_dead,
 )
 from pipeline.kafka_settings import KafkaSettings
@@ -182,8 +183,8 @@ class DeadLetterSink(ReliableProducer):
 
 
 def _dead_position(
-    headers: list[Any], topic: str, topic_id: str | None
-) -> tuple[int, int, int | None] | None:
+    headers: list[Any], topic: str, topic_id: str | None, value: bytes = b""
+) -> tuple[int, int, int] | None:
     """(partition, offset, index) of a DLQ message's source, when it is ``topic`` (of the
     generation ``topic_id``: letters without one are taken as its)."""
     h = {k: bytes(v).decode(errors="replace") for k, v in headers if v is not None}
@@ -197,7 +198,7 @@ def _dead_position(
         return (
             int(h[DLQ_PARTITION]),
             int(h[DLQ_OFFSET]),
-            int(index) if index is not None else None,
+            dead_subposition(int(index) if index is not None else None, value),
         )
     except (KeyError, ValueError):
         return None
@@ -209,7 +210,7 @@ def read_dead_positions(
     topic_id: str | None,
     since_ms: int | None,
     timeout_s: float = 30.0,
-) -> list[tuple[int, int, int | None, int]]:
+) -> list[tuple[int, int, int, int]]:
     """The source positions of ``topic`` (of its generation ``topic_id``; letters without
     one are taken as its) that have a letter on the DLQ stamped at or after ``since_ms``
     (None: the whole DLQ): ``(partition, offset, index, timestamp_ms)``. Reads the DLQ
@@ -239,7 +240,7 @@ def read_dead_positions(
         if not starts:
             return []
         c.assign(starts)
-        out: list[tuple[int, int, int | None, int]] = []
+        out: list[tuple[int, int, int, int]] = []
         deadline = time.monotonic() + timeout_s
         while ends:
             if time.monotonic() > deadline:
@@ -250,7 +251,7 @@ def read_dead_positions(
             q, off = msg.partition() or 0, msg.offset() or 0
             if off + 1 >= ends.get(q, 0):
                 ends.pop(q, None)
-            found = _dead_position(list(msg.headers() or []), topic, topic_id)
+            found = _dead_position(list(msg.headers() or []), topic, topic_id, msg.value() or b"")
             if found is not None:
                 out.append((*found, msg.timestamp()[1]))
         return out

@@ -82,7 +82,7 @@ from pipeline.adapters.store import (
     write_requests,
 )
 from pipeline.adapters.telemetry import WorkerTelemetry
-from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
+from pipeline.contract.codec import DeadLetter, SourceRef, dead_subposition, decode_message
 from pipeline.contract.events import EVENT_ADAPTER, EngineStats
 from pipeline.contract.summary import Progress, StatsSample, encode_summary
 from pipeline.core.dead_positions import DeadPositions
@@ -376,10 +376,13 @@ class WorkerShell:
             for d in dead:
                 src = d.source
                 if src.topic == topic and src.partition >= 0 and src.offset >= 0:
-                    if self._dead_positions.known(src.partition, src.offset, d.index):
+                    # (several events of one message may each be a letter: see
+                    # dead_subposition)
+                    sub = dead_subposition(d.index, d.raw)
+                    if self._dead_positions.known(src.partition, src.offset, sub):
                         self.dead_repeats += 1
                         continue
-                    self._dead_positions.add(src.partition, src.offset, d.index, now_ms)
+                    self._dead_positions.add(src.partition, src.offset, sub, now_ms)
                 fresh.append(d)
         if fresh:
             assert self.dlq is not None

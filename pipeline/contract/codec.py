@@ -9,6 +9,7 @@ reason, and one bad event in a batch does not reject its valid neighbours.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -230,3 +231,17 @@ def truncate_dead(value: bytes, headers: Headers | None, size: int) -> tuple[byt
         out.append((DLQ_ORIGINAL_SIZE, str(len(value)).encode()))
     out.append((DLQ_TRUNCATED, str(size).encode()))
     return value[:size], out
+
+
+SUBPOSITION_BYTES: Final = 1024  # a truncated letter keeps at least this much
+
+
+def dead_subposition(index: int | None, raw: bytes) -> int:
+    """Which letter of a source message a dead letter is (with its topic, partition and
+    offset, what one letter per position is keyed by): its event's ``index`` in the
+    message when known; else (a whole message, or an event held and quarantined, whose
+    index the processor does not keep) -1 less a checksum of its first bytes, the same
+    for the same bytes read again, and the same once truncated."""
+    if index is not None:
+        return index
+    return -1 - (zlib.crc32(bytes(raw[:SUBPOSITION_BYTES])) & 0x7FFFFFFF)

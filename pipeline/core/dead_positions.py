@@ -10,7 +10,7 @@ commit records from when the DLQ must be read back for its partition (:meth:`sca
 
 from __future__ import annotations
 
-Position = tuple[int, int | None]  # (offset, index inside the message; None: whole message)
+Position = tuple[int, int | None]  # (offset, which letter of the message: see dead_subposition)
 
 
 class DeadPositions:

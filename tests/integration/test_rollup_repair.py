@@ -19,7 +19,7 @@ from pipeline.adapters.store import (
 )
 from pipeline.cli import main
 from pipeline.core.windows import ClosedWindow
-from pipeline.replay import replay_file
+from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
 from tests.integration.faults import rollup_drift

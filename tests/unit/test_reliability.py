@@ -16,6 +16,7 @@ from pipeline.adapters.reliable import (
     _dead_position,
     dead_letter_key,
     dead_letter_message,
+    dead_subposition,
     truncate_dead,
 )
 from pipeline.adapters.store import StoreError, is_data_error, with_retry, write_isolating
@@ -307,8 +308,30 @@ def test_a_dead_letter_is_keyed_by_its_source_position(
     _value, headers = dead_letter_message(d, "gen-1")
     assert ("tailguard.source.topic_id", b"gen-1") in headers
     # ... and read back from the DLQ as that position, for that topic and generation
-    assert _dead_position(headers, "lc", "gen-1") == (source.partition, source.offset, index)
-    assert _dead_position(headers, "lc", "gen-2") is None  # another generation's
-    assert _dead_position(headers, "other", "gen-1") is None
+    sub = dead_subposition(index, d.raw)
+    assert _dead_position(headers, "lc", "gen-1", d.raw) == (source.partition, source.offset, sub)
+    assert _dead_position(headers, "lc", "gen-2", d.raw) is None  # another generation's
+    assert _dead_position(headers, "other", "gen-1", d.raw) is None
     _value, untagged = dead_letter_message(d)  # a letter from before generations
-    assert _dead_position(untagged, "lc", "gen-2") == (source.partition, source.offset, index)
+    assert _dead_position(untagged, "lc", "gen-2", d.raw) == (
+        source.partition, source.offset, sub,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("index", "raw_a", "raw_b", "same"),
+    [
+        (3, b"a", b"b", True),  # an event's index names it, whatever its bytes
+        (None, b'{"event_id":"e1"}', b'{"event_id":"e1"}', True),  # the same bytes again
+        (None, b'{"event_id":"e1"}', b'{"event_id":"e2"}', False),  # two events held
+        (None, b"x" * 5000, b"x" * 5000 + b"tail", True),  # the same once truncated
+    ],
+)
+def test_letters_of_one_message_are_told_apart(
+    index: int | None, raw_a: bytes, raw_b: bytes, same: bool
+) -> None:
+    """Two events of one message quarantined (no index kept) are two letters; the same
+    one read again after a restart is one."""
+    assert (dead_subposition(index, raw_a) == dead_subposition(index, raw_b)) is same
+    if index is None:
+        assert dead_subposition(None, raw_a) < 0  # never an event's index
