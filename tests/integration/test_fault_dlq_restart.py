@@ -28,7 +28,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings, read_all, run_until_caught_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(75)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(50)]
 
 POISON_PER_ROUND = 40
 

@@ -18,7 +18,7 @@ from tests.factories import T0_NS, completed, finished, received
 from tests.integration.faults import produce_batches
 from tests.integration.harness import WorkerProcess, make_settings, run_until_caught_up
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
 
 LONE = 20_000
 PARTNERED = 200

@@ -25,7 +25,7 @@ from tests.integration.harness import (
     run_until_caught_up,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 
 _REPAIRED = re.compile(r"rollups checked at start-up: buckets repaired: ([^\n]*)")
 

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.faults import after, assert_exactly_once, lifecycle_events, produce_batches
 from tests.integration.harness import WorkerProcess, make_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(80)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(75)]
 
 FLAPS = 9  # outage 1.5 s, then 0.7 s of store, this many times
 

@@ -14,7 +14,7 @@ from pipeline.adapters.kafka_admin import ensure_topics
 from tests.integration.faults import after, lifecycle_events, produce_batches, wait_for
 from tests.integration.harness import make_settings, running_caught_up
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
 
 
 def _stored(s) -> set[str]:  # type: ignore[no-untyped-def]
