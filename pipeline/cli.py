@@ -757,7 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_statement)
 
-    from pipeline.tools.commands import register as register_tools
+    from pipeline.app.tool_commands import register as register_tools
 
     register_tools(sub, _add_store)  # explain, capacity, sql
 

@@ -1,6 +1,6 @@
 """Settings built at the CLI: its flags over the ``TAILGUARD_*`` environment.
 
-Shared by :mod:`pipeline.cli` and :mod:`pipeline.tools.commands` (so neither imports the
+Shared by :mod:`pipeline.cli` and :mod:`pipeline.app.tool_commands` (so neither imports the
 other). The emitters' commands build :class:`~pipeline.kafka_settings.EmitterSettings`
 (the base install: no core, no numpy); the worker's commands the full
 :class:`~pipeline.settings.Settings`, imported only then.

@@ -6,4 +6,6 @@ print, over the core and the adapters. ``pipeline.cli`` only parses and dispatch
 * ``statement``: a tenant's contract statement for a billing month
 * ``backtest``: a trace through the simulator once per control loop
 * ``demo``: broker, simulator, worker and store together, then the report
+* ``explain``, ``capacity``, ``sql`` (registered by ``tool_commands``): one request's
+  story, the capacity model, read-only SQL over the store
 """

@@ -17,9 +17,9 @@ from pipeline.adapters.store import (
     open_store,
     write_windows,
 )
+from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.windows import ClosedWindow
-from pipeline.app.replay import replay_file
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
 from tests.integration.faults import rollup_drift

@@ -256,7 +256,7 @@ def test_sql_defaults_to_the_stores_database_and_speaks_plainly(
         for leak in ("\n", "127.0.0.1", "FORMAT Native", "formatQuerySingleLine", "Traceback"):
             assert leak not in err, err
     # TSV: odd values stay on their row and read back as the JSON output has them
-    from pipeline.tools.sql import parse_tsv
+    from pipeline.app.sql import parse_tsv
 
     tsv = tg("sql", ODD, "--store", str(store), "--format", "tsv").stdout
     assert tsv.count("\n") == 2

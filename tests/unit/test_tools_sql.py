@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.tools.sql import clean_error, parse_tsv, to_tsv, tsv_field, user_format
+from pipeline.app.sql import clean_error, parse_tsv, to_tsv, tsv_field, user_format
 
 
 @pytest.mark.parametrize(

@@ -34,9 +34,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import open_reader
     from pipeline.adapters.store import StoreError
+    from pipeline.app.explain import NotFoundError, explain_request, render, to_json
     from pipeline.spec.loader import SpecError
     from pipeline.spec.slo import load_spec_file
-    from pipeline.tools.explain import NotFoundError, explain_request, render, to_json
 
     settings = _settings(args)
     spec_path = args.slo or settings.slo_spec
@@ -70,7 +70,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import open_reader
     from pipeline.adapters.store import StoreError
-    from pipeline.tools.capacity import capacity, render, to_json
+    from pipeline.app.capacity import capacity, render, to_json
 
     settings = _settings(args)
     try:
@@ -104,7 +104,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     from pipeline.adapters.query_server import read_only_client
     from pipeline.adapters.store import StoreError
-    from pipeline.tools.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
+    from pipeline.app.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
 
     settings = _settings(args)
     own_format = user_format(args.query)

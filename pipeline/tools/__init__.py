@@ -1,1 +1,0 @@
-"""Operator tools over the store: explain, capacity, sql, the HTML report."""
