@@ -21,7 +21,7 @@ Memory: ~9 bytes a request once frozen (a sorted ``uint64`` hash and a ``uint8``
 code), plus a dict for the newest ``FREEZE_AT`` entries; lookups (rare: only for
 records that old) are a binary search per generation. Keys are compared by a 64-bit
 hash: two request ids that share one (about one chance in 10^7 at 10^6 entries held)
-would make the later look counted; the counters say how often the archive answered.
+would make the later look counted; ``counted_before_records`` says how often it answered.
 
 Pure: time is passed in, no I/O.
 """
@@ -71,7 +71,7 @@ class CountedArchive:
     """Request key -> the furthest ledger code a closed window counted (see module)."""
 
     __slots__ = (
-        "_buffer", "_buffer_end_ms", "_gens", "_len", "_max", "_ttl_ms", "answered", "enabled",
+        "_buffer", "_buffer_end_ms", "_gens", "_len", "_max", "_ttl_ms", "enabled",
     )  # fmt: skip
 
     def __init__(self, ttl_ms: int, max_entries: int) -> None:
@@ -83,7 +83,6 @@ class CountedArchive:
         self._buffer_end_ms = 0
         self._gens: list[_Generation] = []  # oldest first
         self._len = 0  # entries in the generations
-        self.answered = 0  # lookups that found a request (each a count not repeated)
         self.enabled = max_entries > 0 and ttl_ms > 0
 
     def __len__(self) -> int:
@@ -117,8 +116,6 @@ class CountedArchive:
                 code = gen.get(h)
                 if code is not None:
                     break
-        if code is not None:
-            self.answered += 1
         return code
 
     def expire(self, now_ms: int) -> None:
