@@ -19,7 +19,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pipeline.core.join as join_module
+import pipeline.core.join_timers as timers_module
 from pipeline.contract.codec import encode_event
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig, Joiner
@@ -170,9 +170,9 @@ def test_processor_equals_its_reference_on_messy_traffic(  # noqa: PLR0917
         WindowConfig(size_ms=window[0], grace_ms=window[1]),
         ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
     )  # fmt: skip
-    saved = join_module._BUCKET_BITS, join_module._TERMINAL_BITS
-    join_module._BUCKET_BITS, join_module._TERMINAL_BITS = bits  # type: ignore[misc]
+    saved = timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS
+    timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = bits  # type: ignore[misc]
     try:
         assert _run(StreamProcessor, steps, configs) == _run(_Reference, steps, configs)
     finally:
-        join_module._BUCKET_BITS, join_module._TERMINAL_BITS = saved  # type: ignore[misc]
+        timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = saved  # type: ignore[misc]
