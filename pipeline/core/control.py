@@ -72,10 +72,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
+from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.summary import StatsSample, WindowSummary
 from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
+from pipeline.core.load_cause import SLOCoverage, attribute_burn, not_load_caused
 from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.summary import ALL_MODELS
@@ -86,10 +87,6 @@ from pipeline.spec.slo import SLOSpec
 FIVE_MIN_MS: Final = 300_000
 # The healthy queue: what the engines serve in this share of the queue cut-off.
 HEALTHY_QUEUE_SHARE: Final = 0.1
-# The boundaries a queue cut-off is derived from (the queue counts, and so does more).
-CUTOFF_BOUNDARIES: Final = frozenset(
-    {"gateway_ttfb_ms", "ttft_engine_ms", "gateway_total_ms", "engine_e2e_ms"}
-)
 
 Signals = dict[str, float | bool | None]
 
@@ -187,6 +184,7 @@ class Controller:
         self.config = config or ControllerConfig()
         self.policy = PolicyEngine(policy)
         self.spec = spec
+        self.coverage = SLOCoverage(spec)
         self.book = (
             BudgetBook(spec, burn_rules or BurnRules.empty(), base_ms=self.config.budget_base_ms)
             if spec is not None
@@ -300,15 +298,6 @@ class Controller:
             if xs and xs[0].ts_ms < stats_from:
                 self._stats[host] = [x for x in xs if x.ts_ms >= stats_from]
 
-    def _covers(self, slo_name: str, model: str) -> bool:
-        if self.spec is None:
-            return False
-        for slo in self.spec.slos:
-            if slo.name == slo_name:
-                models = slo.filter.model if slo.filter is not None else None
-                return models is None or model in models
-        return True  # a blended tier covers everything
-
     def signals(self, model: str, now_ms: int, budgets: list[BudgetStatus]) -> Signals:
         out: Signals = {}
         lo = now_ms - self.config.latency_window_ms
@@ -330,7 +319,7 @@ class Controller:
 
         page = ticket = exhausted = False
         for st in budgets:
-            if not self._covers(st.slo, model):
+            if not self.coverage.covers(st.slo, model):
                 continue
             page = page or any(a.severity == "page" for a in st.alerts)
             ticket = ticket or any(a.severity == "ticket" for a in st.alerts)
@@ -421,65 +410,20 @@ class Controller:
                     for i in range(4):
                         tot[i] += acc[i]
         p99_queue = out.get("p99.queue_ms")
-        fast = caused = False
-        worst: tuple[float, str, float | None] | None = None  # (burn, slo, queue share)
-        share_q = share_all = 0.0
-        tightest: float | None = None
-        for slo in self.spec.slos if self.spec is not None else ():
-            if not self._covers(slo.name, model):
-                continue
-            queue_inclusive = slo.boundary in QUEUE_BOUNDARIES
-            if queue_inclusive:
-                t = slo.threshold_ms
-                tightest = t if tightest is None else min(tightest, t)
-            total, bad, bad_q, bad_ms = sums.get(slo.name, (0.0, 0.0, 0.0, 0.0))
-            if queue_inclusive:
-                share_q += bad_q
-                share_all += bad_ms
-            if total < cfg.fast_burn_min_requests or total <= 0:
-                continue
-            burn = (bad / total) / max(1e-9, 1 - slo.objective)
-            if burn < cfg.fast_burn:
-                continue
-            fast = True
-            share = bad_q / bad_ms if queue_inclusive and bad_ms > 0 else None
-            if (
-                share is not None
-                and share >= cfg.load_share
-                and isinstance(p99_queue, float | int)
-                and p99_queue >= 0.5 * slo.threshold_ms
-            ):
-                caused = True
-            elif (
-                share is not None  # None: its bad requests were refused, not measured slow
-                and share < cfg.load_share
-                and (worst is None or burn > worst[0])
-            ):
-                # not load-caused (a queue-heavy burn whose queue has gone is neither)
-                worst = (burn, slo.name, share if queue_inclusive else 0.0)
-        if (
-            depth is not None
-            and depth >= 1.0
-            and tightest is not None
-            and wait_ms is not None
-            and wait_ms > tightest
-        ):
-            caused = True
-        out["load.queue_share"] = share_q / share_all if share_all > 0 else None
-        out["slo.fast_burn"] = fast
-        out["load.burning"] = caused
-        out["load.caused"] = caused
-        if fast and not caused and worst is not None:
-            burn, name, share = worst
-            share = share or 0.0
-            why = (
-                f"{100 * (1 - share):.0f} % of the bad requests' time was compute "
-                f"(prefill + decode), {100 * share:.0f} % queueing"
-            )
-            self._notices[model] = LoadNotice(
-                now_ms, model, name, share,
-                f"{name} burning {burn:.0f}x on {model}, not load-caused: {why}; nothing shed",
-            )  # fmt: skip
+        burn = attribute_burn(
+            self.coverage.covering(model), sums,
+            p99_queue_ms=float(p99_queue) if isinstance(p99_queue, float | int) else None,
+            depth_ratio=depth, wait_ms=wait_ms, fast_burn=cfg.fast_burn,
+            min_requests=cfg.fast_burn_min_requests, load_share=cfg.load_share,
+        )  # fmt: skip
+        out["load.queue_share"] = burn.queue_share
+        out["slo.fast_burn"] = burn.fast
+        out["load.burning"] = burn.caused
+        out["load.caused"] = burn.caused
+        if burn.fast and not burn.caused and burn.worst is not None:
+            rate, name, share = burn.worst
+            text = not_load_caused(model, name, rate, share)
+            self._notices[model] = LoadNotice(now_ms, model, name, share or 0.0, text)
 
     def evaluate(self, now_ms: int) -> ControlStep:
         self._prune(now_ms)
@@ -501,34 +445,12 @@ class Controller:
         return ControlStep(now_ms, decisions, budgets, events, signals, notices)
 
     def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
-        """The tightest threshold of the SLOs that cover ``priority`` on ``model`` at a
-        first-byte or whole-response boundary (queue included): a request queued
-        longer is bad on it already. None without one."""
-        if self.spec is None:
-            return None
-        out: float | None = None
-        for slo in self.spec.slos:
-            if slo.boundary not in CUTOFF_BOUNDARIES or not self._covers(slo.name, model):
-                continue
-            prios = slo.filter.priority if slo.filter is not None else None
-            if prios is not None and priority not in prios:
-                continue
-            out = slo.threshold_ms if out is None else min(out, slo.threshold_ms)
-        return out
+        """See :meth:`SLOCoverage.queue_cutoff_ms`."""
+        return self.coverage.queue_cutoff_ms(model, priority)
 
     def queue_cutoffs_ms(self, model: str) -> list[float | None] | None:
-        """The queue cut-off per priority (``Actions.queue_timeout_ms``): priority 0 is
-        never cut; priority p is cut once it is bad on the tightest SLO covering it, and
-        never before priority 0's threshold (the queue priority 0 may wait behind); a
-        priority no SLO covers is cut at priority 0's. None when no SLO covers priority 0."""
-        c0 = self.queue_cutoff_ms(model, 0)
-        if c0 is None:
-            return None
-        out: list[float | None] = [None]
-        for p in (1, 2, 3):
-            t = self.queue_cutoff_ms(model, p)
-            out.append(c0 if t is None else max(c0, t))
-        return out
+        """See :meth:`SLOCoverage.queue_cutoffs_ms`."""
+        return self.coverage.queue_cutoffs_ms(model)
 
     def _admit(self, model: str, now_ms: int, d: Evaluation) -> Evaluation:
         """Capacity-aware admission: the rate a level with ``admission`` carries.

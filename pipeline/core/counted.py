@@ -14,8 +14,9 @@ and at most ``max_entries`` requests (the oldest forgotten first). When the join
 a record for a request it does not remember, and the record is old enough that the
 join could have forgotten it (its end at or before the clock less ``resolved_ttl_ms``),
 the processor asks the archive; a request found there is handled like one counted by
-an earlier owner of the partition (``StreamProcessor._window``): the same version or an
-older one is not counted again, a further one replaces what was counted.
+an earlier owner of the partition (``_PartitionState.window`` in
+``pipeline.core.processor``): the same version or an older one is not counted again, a
+further one replaces what was counted.
 
 Memory: ~9 bytes a request once frozen (a sorted ``uint64`` hash and a ``uint8``
 code), plus a dict for the newest ``FREEZE_AT`` entries; lookups (rare: only for

@@ -56,27 +56,6 @@ class ProcessorCounters:
     by_flag: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _PartitionState:
-    joiner: Joiner
-    windows: WindowAggregator
-    clock: PartitionClock
-    next_offset: int = 0
-    # request_id -> ledger code of requests counted before this worker took the partition
-    ledger: dict[str, int] = field(default_factory=dict)
-    # events held while the clock bootstraps (offset, event)
-    boot: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
-    # events out of range of the clock, held until a quorum confirms a jump (offset, event)
-    ahead: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
-    since_ahead: int = 0  # events in range processed since the first held one
-    now_ms: int = 0  # the clock at the last advance (with idle wall time)
-    quarantined: int = 0
-    replayed: int = 0
-    advanced_at_ms: int = -1  # watermark at the last per-event advance
-    # what closed windows counted, after the join forgets it (pipeline/core/counted.py)
-    counted: CountedArchive | None = None
-
-
 class KeptMessage(NamedTuple):
     """A message's valid events with their bytes as received (``keep_events``): what the
     raw events table stores, one per message, not one tuple per event."""
@@ -127,6 +106,9 @@ class StreamProcessor:
         self._parts: dict[int, _PartitionState] = {}
         self._retired = JoinCounters()  # counters of partitions handed away
         self._retired_windows = WindowCounters()
+        self._context = _Context(
+            topic, self.counters, self.clock_config, self.join_config.resolved_ttl_ms
+        )
 
     def has_partition(self, partition: int) -> bool:
         return partition in self._parts
@@ -139,7 +121,7 @@ class StreamProcessor:
         already counts that this worker may meet again: re-read from the offset it resumes
         at, or repeated (duplicates) within the join's memory. They are not counted again:
         complete ones are remembered by the join as resolved (a repeat is a duplicate),
-        partial ones are checked when their record comes out (see ``_window``).
+        partial ones are checked when their record comes out (``_PartitionState.window``).
         ``seed_join=False`` (a replay of a whole file, which re-reads every event): all are
         checked when their record comes out, so the replay still reports them."""
         joiner = Joiner(self.join_config)
@@ -150,6 +132,8 @@ class StreamProcessor:
             if packed & (2 | RETRACTED) == 2 and seed_join:
                 joiner.seed_resolved(rid, unpack(packed)[1] + ttl)
         self._parts[partition] = _PartitionState(
+            self._context,
+            partition,
             joiner,
             WindowAggregator(partition, self.window_config, self.slo_factory),
             PartitionClock(self.clock_config),
@@ -174,181 +158,6 @@ class StreamProcessor:
             self.init_partition(partition)
             st = self._parts[partition]
         return st
-
-    def _window(self, st: _PartitionState, emitted: Emitted, out: Output) -> None:
-        rec = emitted.record
-        previous = emitted.previous
-        written = False  # previous was counted by an earlier owner (the store has it)
-        if (
-            previous is None
-            and rec.end_unix_ns // 1_000_000
-            <= st.clock.watermark_ms - self.join_config.resolved_ttl_ms
-            and st.counted is not None
-        ):
-            # Old enough that the join may have forgotten it: counted before?
-            key = ledger_key(rec)
-            if key not in st.ledger:
-                code = st.counted.get(key)
-                if code is not None:
-                    self.counters.beyond_memory += 1
-                    st.ledger[key] = code
-        if st.ledger:
-            key = ledger_key(rec)
-            code = st.ledger.get(key)
-            if code is not None:
-                mine = ledger_code(rec)
-                if code & RETRACTED:
-                    # The furthest version written is a take-back: its replacement was
-                    # never written (a written one ranks higher), so the store holds the
-                    # add and its take-back, net nothing. Count this record, whatever
-                    # its version, and take nothing back.
-                    previous = None
-                elif code_order(mine) <= code_order(code):
-                    # Counted before this worker took the partition (a replayed input).
-                    if code_order(mine) == code_order(code) and mine != code:
-                        # The other side's partial: the store holds this request's first
-                        # side, which this worker never saw; keep the stored row.
-                        self.counters.replay_conflicts += 1
-                    else:
-                        self.counters.replayed += 1
-                        st.replayed += 1
-                        out.records.append(rec)  # the same row again (or an older one)
-                    return
-                else:
-                    # An upgrade of what was counted: take that version back.
-                    previous = emitted.version(code)
-                    if previous is None:
-                        self.counters.replay_conflicts += 1
-                        return
-                    # A version an earlier owner wrote: its take-back goes out with the
-                    # next write, never after this add (see WindowAggregator.add).
-                    written = True
-                st.ledger[key] = mine
-        out.records.append(rec)
-        if rec.flags:
-            self._count_flags(rec)
-        if previous is not None:
-            st.windows.add(previous, -1, sign=-1, written=written)
-        st.windows.add(rec, emitted.first_offset)
-
-    @staticmethod
-    def _closed(st: _PartitionState, closed: list[ClosedWindow], now_ms: int, out: Output) -> None:
-        """Windows going out: their ledgers are what the archive remembers."""
-        counted = st.counted
-        if closed and counted is not None and counted.enabled:
-            for w in closed:
-                counted.add(w.ledger, w.start_ms + w.size_ms)
-            counted.expire(now_ms)
-        out.windows.extend(closed)
-
-    def _count_flags(self, rec: RequestRecord) -> None:
-        c = self.counters
-        c.flagged += 1
-        for f in rec.flags:
-            c.by_flag[f] = c.by_flag.get(f, 0) + 1
-
-    def _quarantine(self, partition: int, offset: int, ev: AnyLifecycle, out: Output) -> None:
-        st = self._parts[partition]
-        wm = st.clock.watermark_ms
-        ts_ms = ev.ts_unix_ns // 1_000_000
-        out.dead.append(
-            DeadLetter(
-                event_bytes(ev),
-                f"ts_out_of_range: {ev.host} stamped {ev.kind} {ts_ms - wm} ms ahead of the "
-                f"partition clock {wm} (max {self.clock_config.max_ahead_ms})",
-                SourceRef(self.topic, partition, offset),
-                None,
-            )
-        )
-        self.counters.quarantined += 1
-        self.counters.dead_letters += 1
-        st.quarantined += 1
-
-    def _event(  # noqa: PLR0917  (the hot path: one call per event)
-        self, partition: int, st: _PartitionState, offset: int, ev: AnyLifecycle,
-        wall_ms: int | None, out: Output,
-    ) -> None:  # fmt: skip
-        clock = st.clock
-        ts_ms = ev.ts_unix_ns // 1_000_000
-        if not clock.in_range(ts_ms, st.now_ms):
-            st.ahead.append((offset, ev))
-            self._check_jump(partition, st, wall_ms, out)
-            return
-        if st.ahead:
-            st.since_ahead += 1
-            if st.since_ahead >= self.clock_config.hold_events:
-                self._quarantine_ahead(partition, st, out)
-        clock.observe(ev.host, ts_ms, wall_ms or 0)
-        if st.ledger and ev.kind == "gateway.received":
-            code = st.ledger.get(ev.request_id)
-            if code is not None and code & (3 | RETRACTED) == 3:
-                # Re-read after a takeover, of a request counted complete: a lone received
-                # here would only wait out the in-flight TTL (holding the commit back).
-                self.counters.replayed_events += 1
-                return
-        emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
-        if emitted is not None:
-            self._window(st, emitted, out)
-        wm = clock.watermark_ms
-        if wm != st.advanced_at_ms:
-            # Per event, so that what is late depends on the order of events only.
-            st.advanced_at_ms = wm
-            self._advance_to(st, wm, wall_ms, out)
-
-    def _check_jump(
-        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
-    ) -> None:
-        """Held events ahead of the clock: the traffic jumped (a gap, another day) when
-        ``quorum`` of them from three hosts or more fall within ``max_ahead_ms`` of each
-        other, or when ``hold_events`` are held with nothing in range between them. Then
-        the clock moves there and they are processed; a stray request (two hosts) or one
-        host's wrong clock never moves it."""
-        held = st.ahead
-        cfg = self.clock_config
-        if len(held) < cfg.quorum:
-            return
-        times = sorted((ev.ts_unix_ns // 1_000_000, ev.host) for _, ev in held)
-        target = None
-        if len(held) >= cfg.hold_events:
-            target = times[(len(times) - 1) // 2][0]
-        else:
-            lo = 0
-            for hi in range(len(times)):
-                while times[hi][0] - times[lo][0] > cfg.max_ahead_ms:
-                    lo += 1
-                span = times[lo : hi + 1]
-                if len(span) >= cfg.quorum and len({h for _, h in span}) >= 3:
-                    target = span[0][0]
-                    break
-        if target is None:
-            return
-        st.clock.jump(target, wall_ms or 0)
-        st.ahead, st.since_ahead = [], 0
-        for offset, ev in held:
-            self._event(partition, st, offset, ev, wall_ms, out)
-
-    def _quarantine_ahead(self, partition: int, st: _PartitionState, out: Output) -> None:
-        """Nothing confirmed the held events' time: they go to the DLQ."""
-        for offset, ev in st.ahead:
-            self._quarantine(partition, offset, ev, out)
-        st.ahead, st.since_ahead = [], 0
-
-    def _release_boot(
-        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output
-    ) -> None:
-        """The clock is established: process the events held while it bootstrapped."""
-        held, st.boot = st.boot, []
-        clock = st.clock
-        for offset, ev in held:
-            if not clock.in_range(ev.ts_unix_ns // 1_000_000, st.now_ms):
-                st.ahead.append((offset, ev))
-                self._check_jump(partition, st, wall_ms, out)
-                continue
-            emitted = st.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
-            if emitted is not None:
-                self._window(st, emitted, out)
-        st.advanced_at_ms = clock.watermark_ms
-        self._advance_to(st, clock.watermark_ms, wall_ms, out)
 
     def process(
         self,
@@ -389,82 +198,22 @@ class StreamProcessor:
                     out.kept.append(KeptMessage(partition, offset, evs, raws or raw))
             counters.events += len(evs)
             if st.ahead or st.clock.bootstrapping:
-                self._events(partition, st, offset, iter(evs), wall_ms, out)
+                st.events(offset, iter(evs), wall_ms, out)
             else:
-                self._events_fast(partition, st, offset, evs, wall_ms, out)
+                st.events_fast(offset, evs, wall_ms, out)
             st.next_offset = offset + 1
             touched.add(partition)
         if self.max_pending is not None:
             self._bound_pending(self.max_pending)
         for p in touched:
-            self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
+            self._parts[p].advance(wall_ms, out, p not in lagging)
         if self.max_pending is not None and self.pending() > self.max_pending:
             # events held while a clock bootstrapped joined in the advance above
             self._bound_pending(self.max_pending)
             for p in touched:
-                self._advance(p, self._parts[p], wall_ms, out, p not in lagging)
+                self._parts[p].advance(wall_ms, out, p not in lagging)
         counters.records += len(out.records)
         return out
-
-    def _events(  # noqa: PLR0917
-        self, partition: int, st: _PartitionState, offset: int, evs: Iterator[WireEvent],
-        wall_ms: int | None, out: Output,
-    ) -> None:  # fmt: skip
-        """One message's events, one :meth:`_event` at a time (the clock bootstraps, or
-        events ahead of it are held)."""
-        for ev in evs:
-            if ev.kind == "engine.stats":
-                self.counters.stats_events += 1
-                out.stats.append(ev)
-                continue
-            if st.clock.bootstrapping:
-                st.boot.append((offset, ev))
-                st.clock.observe(ev.host, ev.ts_unix_ns // 1_000_000, wall_ms or 0)
-                if not st.clock.bootstrapping:
-                    self._release_boot(partition, st, wall_ms, out)
-                continue
-            self._event(partition, st, offset, ev, wall_ms, out)
-
-    def _events_fast(  # noqa: PLR0917  (the hot path: one call per message)
-        self, partition: int, st: _PartitionState, offset: int, evs: list[WireEvent],
-        wall_ms: int | None, out: Output,
-    ) -> None:  # fmt: skip
-        """:meth:`_events` of a partition whose clock runs and holds nothing ahead: the
-        same steps as :meth:`_event`, inlined, until an event falls out of range (it and
-        the rest of the message then take :meth:`_events`)."""
-        clock = st.clock
-        observe = clock.observe
-        add = st.joiner.add_emitted
-        ledger = st.ledger
-        wall = wall_ms or 0
-        limit = clock.ahead_limit_ms(st.now_ms)
-        advanced = st.advanced_at_ms
-        it = iter(evs)
-        for ev in it:
-            kind = ev.kind
-            if kind == "engine.stats":
-                self.counters.stats_events += 1
-                out.stats.append(ev)  # type: ignore[arg-type]
-                continue
-            ts_ms = ev.ts_unix_ns // 1_000_000
-            if ts_ms > limit:
-                self._events(partition, st, offset, chain((ev,), it), wall_ms, out)
-                return
-            wm = observe(ev.host, ts_ms, wall)
-            if ledger and kind == "gateway.received":
-                code = ledger.get(ev.request_id)
-                if code is not None and code & (3 | RETRACTED) == 3:
-                    # see _event (a watermark it moved: ``limit`` stays lower, which only
-                    # sends an event to _events, which judges it again)
-                    self.counters.replayed_events += 1
-                    continue
-            emitted = add(ev, offset, wall_ms, wm)  # type: ignore[arg-type]
-            if emitted is not None:
-                self._window(st, emitted, out)
-            if wm != advanced:
-                st.advanced_at_ms = advanced = wm
-                self._advance_to(st, wm, wall_ms, out)
-                limit = clock.ahead_limit_ms(st.now_ms)
 
     def _bound_pending(self, limit: int) -> None:
         """Over ``limit`` pending joins in all: evict the oldest of the fullest partitions
@@ -477,41 +226,11 @@ class StreamProcessor:
             st.joiner.evict(n)
             excess -= n
 
-    def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
-        joiner = st.joiner
-        for emitted in joiner.advance_emitted(now, wall_ms):
-            self._window(st, emitted, out)
-        windows = st.windows
-        cfg = windows.config
-        horizon = now - cfg.grace_ms
-        if horizon > windows.horizon_ms:
-            # A terminal event at or after horizon + size_ms holds no window the horizon
-            # reaches (see WindowAggregator.close): only older ones are looked up.
-            hold = joiner.oldest_terminal_before(horizon + cfg.size_ms)
-            self._closed(st, windows.close(now, hold), now, out)
-
-    def _advance(
-        self, partition: int, st: _PartitionState, wall_ms: int | None, out: Output,
-        caught_up: bool = True,
-    ) -> None:  # fmt: skip
-        if st.boot and wall_ms is not None and caught_up:
-            # A quiet partition in a live worker: establish the clock with what it has.
-            st.clock.establish(wall_ms)
-            self._release_boot(partition, st, wall_ms, out)
-        if st.ahead and wall_ms is not None and caught_up:
-            # A live partition that has caught up: its clock runs on wall time too, so
-            # events still ahead of it at the end of what was sent are not a jump.
-            self._quarantine_ahead(partition, st, out)
-        now = st.clock.now(wall_ms, caught_up)
-        st.now_ms = max(st.now_ms, now)
-        self._advance_to(st, now, wall_ms, out)
-        self._closed(st, st.windows.take_corrections(), now, out)
-
     def tick(self, wall_ms: int, lagging: frozenset[int] = frozenset()) -> Output:
         """Advance every partition's clock (resolves timeouts, closes windows while idle)."""
         out = Output()
         for p, st in self._parts.items():
-            self._advance(p, st, wall_ms, out, p not in lagging)
+            st.advance(wall_ms, out, p not in lagging)
         self.counters.records += len(out.records)
         return out
 
@@ -541,15 +260,15 @@ class StreamProcessor:
     def drain(self) -> Output:
         """End of input: resolve everything still pending and close every window."""
         out = Output()
-        for p, st in self._parts.items():
+        for st in self._parts.values():
             if st.boot:
                 st.clock.establish()
-                self._release_boot(p, st, None, out)
+                st.release_boot(None, out)
             if st.ahead:
-                self._quarantine_ahead(p, st, out)
+                st.quarantine_ahead(out)
             for emitted in st.joiner.drain_emitted():
-                self._window(st, emitted, out)
-            self._closed(st, st.windows.drain(), st.clock.watermark_ms, out)
+                st.window(emitted, out)
+            st.closed(st.windows.drain(), st.clock.watermark_ms, out)
         self.counters.records += len(out.records)
         return out
 
@@ -635,3 +354,298 @@ class StreamProcessor:
         for st in self._parts.values():
             total.add(st.joiner.counters)
         return total
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every partition of a processor shares."""
+
+    topic: str
+    counters: ProcessorCounters  # the processor's, counted into by every partition
+    clock_config: ClockConfig
+    resolved_ttl_ms: int  # JoinConfig.resolved_ttl_ms
+
+
+@dataclass(slots=True)
+class _PartitionState:
+    """One partition's state and the path of its events: clock -> join -> windows.
+
+    The processor decodes each message and hands its events to :meth:`events_fast`
+    (the clock runs and nothing is held ahead of it) or :meth:`events` (one
+    :meth:`event` at a time: the clock bootstraps, or events ahead of it are held).
+    """
+
+    ctx: _Context
+    partition: int
+    joiner: Joiner
+    windows: WindowAggregator
+    clock: PartitionClock
+    next_offset: int = 0
+    # request_id -> ledger code of requests counted before this worker took the partition
+    ledger: dict[str, int] = field(default_factory=dict)
+    # events held while the clock bootstraps (offset, event)
+    boot: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
+    # events out of range of the clock, held until a quorum confirms a jump (offset, event)
+    ahead: list[tuple[int, AnyLifecycle]] = field(default_factory=list)
+    since_ahead: int = 0  # events in range processed since the first held one
+    now_ms: int = 0  # the clock at the last advance (with idle wall time)
+    quarantined: int = 0
+    replayed: int = 0
+    advanced_at_ms: int = -1  # watermark at the last per-event advance
+    # what closed windows counted, after the join forgets it (pipeline/core/counted.py)
+    counted: CountedArchive | None = None
+
+    def window(self, emitted: Emitted, out: Output) -> None:
+        """A record the join emitted: to the windows (its previous version taken back),
+        unless an earlier owner of the partition counted it (the takeover ledger)."""
+        rec = emitted.record
+        previous = emitted.previous
+        written = False  # previous was counted by an earlier owner (the store has it)
+        if (
+            previous is None
+            and rec.end_unix_ns // 1_000_000 <= self.clock.watermark_ms - self.ctx.resolved_ttl_ms
+            and self.counted is not None
+        ):
+            # Old enough that the join may have forgotten it: counted before?
+            key = ledger_key(rec)
+            if key not in self.ledger:
+                code = self.counted.get(key)
+                if code is not None:
+                    self.ctx.counters.beyond_memory += 1
+                    self.ledger[key] = code
+        if self.ledger:
+            key = ledger_key(rec)
+            code = self.ledger.get(key)
+            if code is not None:
+                mine = ledger_code(rec)
+                if code & RETRACTED:
+                    # The furthest version written is a take-back: its replacement was
+                    # never written (a written one ranks higher), so the store holds the
+                    # add and its take-back, net nothing. Count this record, whatever
+                    # its version, and take nothing back.
+                    previous = None
+                elif code_order(mine) <= code_order(code):
+                    # Counted before this worker took the partition (a replayed input).
+                    if code_order(mine) == code_order(code) and mine != code:
+                        # The other side's partial: the store holds this request's first
+                        # side, which this worker never saw; keep the stored row.
+                        self.ctx.counters.replay_conflicts += 1
+                    else:
+                        self.ctx.counters.replayed += 1
+                        self.replayed += 1
+                        out.records.append(rec)  # the same row again (or an older one)
+                    return
+                else:
+                    # An upgrade of what was counted: take that version back.
+                    previous = emitted.version(code)
+                    if previous is None:
+                        self.ctx.counters.replay_conflicts += 1
+                        return
+                    # A version an earlier owner wrote: its take-back goes out with the
+                    # next write, never after this add (see WindowAggregator.add).
+                    written = True
+                self.ledger[key] = mine
+        out.records.append(rec)
+        if rec.flags:
+            self.count_flags(rec)
+        if previous is not None:
+            self.windows.add(previous, -1, sign=-1, written=written)
+        self.windows.add(rec, emitted.first_offset)
+
+    def closed(self, closed: list[ClosedWindow], now_ms: int, out: Output) -> None:
+        """Windows going out: their ledgers are what the archive remembers."""
+        counted = self.counted
+        if closed and counted is not None and counted.enabled:
+            for w in closed:
+                counted.add(w.ledger, w.start_ms + w.size_ms)
+            counted.expire(now_ms)
+        out.windows.extend(closed)
+
+    def count_flags(self, rec: RequestRecord) -> None:
+        c = self.ctx.counters
+        c.flagged += 1
+        for f in rec.flags:
+            c.by_flag[f] = c.by_flag.get(f, 0) + 1
+
+    def quarantine(self, offset: int, ev: AnyLifecycle, out: Output) -> None:
+        wm = self.clock.watermark_ms
+        ts_ms = ev.ts_unix_ns // 1_000_000
+        out.dead.append(
+            DeadLetter(
+                event_bytes(ev),
+                f"ts_out_of_range: {ev.host} stamped {ev.kind} {ts_ms - wm} ms ahead of the "
+                f"partition clock {wm} (max {self.ctx.clock_config.max_ahead_ms})",
+                SourceRef(self.ctx.topic, self.partition, offset),
+                None,
+            )
+        )
+        self.ctx.counters.quarantined += 1
+        self.ctx.counters.dead_letters += 1
+        self.quarantined += 1
+
+    def event(self, offset: int, ev: AnyLifecycle, wall_ms: int | None, out: Output) -> None:
+        """One event, the clock running (see :meth:`events`)."""
+        clock = self.clock
+        ts_ms = ev.ts_unix_ns // 1_000_000
+        if not clock.in_range(ts_ms, self.now_ms):
+            self.ahead.append((offset, ev))
+            self.check_jump(wall_ms, out)
+            return
+        if self.ahead:
+            self.since_ahead += 1
+            if self.since_ahead >= self.ctx.clock_config.hold_events:
+                self.quarantine_ahead(out)
+        clock.observe(ev.host, ts_ms, wall_ms or 0)
+        if self.ledger and ev.kind == "gateway.received":
+            code = self.ledger.get(ev.request_id)
+            if code is not None and code & (3 | RETRACTED) == 3:
+                # Re-read after a takeover, of a request counted complete: a lone received
+                # here would only wait out the in-flight TTL (holding the commit back).
+                self.ctx.counters.replayed_events += 1
+                return
+        emitted = self.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
+        if emitted is not None:
+            self.window(emitted, out)
+        wm = clock.watermark_ms
+        if wm != self.advanced_at_ms:
+            # Per event, so that what is late depends on the order of events only.
+            self.advanced_at_ms = wm
+            self.advance_to(wm, wall_ms, out)
+
+    def check_jump(self, wall_ms: int | None, out: Output) -> None:
+        """Held events ahead of the clock: the traffic jumped (a gap, another day) when
+        ``quorum`` of them from three hosts or more fall within ``max_ahead_ms`` of each
+        other, or when ``hold_events`` are held with nothing in range between them. Then
+        the clock moves there and they are processed; a stray request (two hosts) or one
+        host's wrong clock never moves it."""
+        held = self.ahead
+        cfg = self.ctx.clock_config
+        if len(held) < cfg.quorum:
+            return
+        times = sorted((ev.ts_unix_ns // 1_000_000, ev.host) for _, ev in held)
+        target = None
+        if len(held) >= cfg.hold_events:
+            target = times[(len(times) - 1) // 2][0]
+        else:
+            lo = 0
+            for hi in range(len(times)):
+                while times[hi][0] - times[lo][0] > cfg.max_ahead_ms:
+                    lo += 1
+                span = times[lo : hi + 1]
+                if len(span) >= cfg.quorum and len({h for _, h in span}) >= 3:
+                    target = span[0][0]
+                    break
+        if target is None:
+            return
+        self.clock.jump(target, wall_ms or 0)
+        self.ahead, self.since_ahead = [], 0
+        for offset, ev in held:
+            self.event(offset, ev, wall_ms, out)
+
+    def quarantine_ahead(self, out: Output) -> None:
+        """Nothing confirmed the held events' time: they go to the DLQ."""
+        for offset, ev in self.ahead:
+            self.quarantine(offset, ev, out)
+        self.ahead, self.since_ahead = [], 0
+
+    def release_boot(self, wall_ms: int | None, out: Output) -> None:
+        """The clock is established: process the events held while it bootstrapped."""
+        held, self.boot = self.boot, []
+        clock = self.clock
+        for offset, ev in held:
+            if not clock.in_range(ev.ts_unix_ns // 1_000_000, self.now_ms):
+                self.ahead.append((offset, ev))
+                self.check_jump(wall_ms, out)
+                continue
+            emitted = self.joiner.add_emitted(ev, offset, wall_ms, clock.watermark_ms)
+            if emitted is not None:
+                self.window(emitted, out)
+        self.advanced_at_ms = clock.watermark_ms
+        self.advance_to(clock.watermark_ms, wall_ms, out)
+
+    def events(
+        self, offset: int, evs: Iterator[WireEvent], wall_ms: int | None, out: Output
+    ) -> None:
+        """One message's events, one :meth:`event` at a time (the clock bootstraps, or
+        events ahead of it are held)."""
+        for ev in evs:
+            if ev.kind == "engine.stats":
+                self.ctx.counters.stats_events += 1
+                out.stats.append(ev)
+                continue
+            if self.clock.bootstrapping:
+                self.boot.append((offset, ev))
+                self.clock.observe(ev.host, ev.ts_unix_ns // 1_000_000, wall_ms or 0)
+                if not self.clock.bootstrapping:
+                    self.release_boot(wall_ms, out)
+                continue
+            self.event(offset, ev, wall_ms, out)
+
+    def events_fast(  # (the hot path: one call per message)
+        self, offset: int, evs: list[WireEvent], wall_ms: int | None, out: Output
+    ) -> None:
+        """:meth:`events` of a partition whose clock runs and holds nothing ahead: the
+        same steps as :meth:`event`, inlined, until an event falls out of range (it and
+        the rest of the message then take :meth:`events`)."""
+        clock = self.clock
+        observe = clock.observe
+        add = self.joiner.add_emitted
+        ledger = self.ledger
+        wall = wall_ms or 0
+        limit = clock.ahead_limit_ms(self.now_ms)
+        advanced = self.advanced_at_ms
+        it = iter(evs)
+        for ev in it:
+            kind = ev.kind
+            if kind == "engine.stats":
+                self.ctx.counters.stats_events += 1
+                out.stats.append(ev)  # type: ignore[arg-type]
+                continue
+            ts_ms = ev.ts_unix_ns // 1_000_000
+            if ts_ms > limit:
+                self.events(offset, chain((ev,), it), wall_ms, out)
+                return
+            wm = observe(ev.host, ts_ms, wall)
+            if ledger and kind == "gateway.received":
+                code = ledger.get(ev.request_id)
+                if code is not None and code & (3 | RETRACTED) == 3:
+                    # see event (a watermark it moved: ``limit`` stays lower, which only
+                    # sends an event to events, which judges it again)
+                    self.ctx.counters.replayed_events += 1
+                    continue
+            emitted = add(ev, offset, wall_ms, wm)  # type: ignore[arg-type]
+            if emitted is not None:
+                self.window(emitted, out)
+            if wm != advanced:
+                self.advanced_at_ms = advanced = wm
+                self.advance_to(wm, wall_ms, out)
+                limit = clock.ahead_limit_ms(self.now_ms)
+
+    def advance_to(self, now: int, wall_ms: int | None, out: Output) -> None:
+        joiner = self.joiner
+        for emitted in joiner.advance_emitted(now, wall_ms):
+            self.window(emitted, out)
+        windows = self.windows
+        cfg = windows.config
+        horizon = now - cfg.grace_ms
+        if horizon > windows.horizon_ms:
+            # A terminal event at or after horizon + size_ms holds no window the horizon
+            # reaches (see WindowAggregator.close): only older ones are looked up.
+            hold = joiner.oldest_terminal_before(horizon + cfg.size_ms)
+            self.closed(windows.close(now, hold), now, out)
+
+    def advance(self, wall_ms: int | None, out: Output, caught_up: bool = True) -> None:
+        """Advance the clock (wall time too, when ``caught_up``): resolve timeouts, close
+        windows, release or quarantine held events."""
+        if self.boot and wall_ms is not None and caught_up:
+            # A quiet partition in a live worker: establish the clock with what it has.
+            self.clock.establish(wall_ms)
+            self.release_boot(wall_ms, out)
+        if self.ahead and wall_ms is not None and caught_up:
+            # A live partition that has caught up: its clock runs on wall time too, so
+            # events still ahead of it at the end of what was sent are not a jump.
+            self.quarantine_ahead(out)
+        now = self.clock.now(wall_ms, caught_up)
+        self.now_ms = max(self.now_ms, now)
+        self.advance_to(now, wall_ms, out)
+        self.closed(self.windows.take_corrections(), now, out)

@@ -165,6 +165,84 @@ _HEADER: Final = struct.Struct("<4sBBdqqdddII")
 _FLAG_WIDE_COUNTS: Final = 1
 
 
+def _encode(c: SketchColumns, relative_accuracy: float) -> bytes:
+    """The checkpoint bytes of a sketch's columns (see ``QuantileSketch.to_bytes``)."""
+    wide = any(n > 0xFFFFFFFF for n in (*c.pos_counts, *c.neg_counts))
+    count_dtype = "<u8" if wide else "<u4"
+    header = _HEADER.pack(
+        _MAGIC, _VERSION, _FLAG_WIDE_COUNTS if wide else 0, relative_accuracy, c.count,
+        c.zero_count, c.sum, c.min, c.max, len(c.pos_keys), len(c.neg_keys),
+    )  # fmt: skip
+    return b"".join(
+        (
+            header,
+            np.asarray(c.pos_keys, dtype="<i4").tobytes(),
+            np.asarray(c.pos_counts, dtype=count_dtype).tobytes(),
+            np.asarray(c.neg_keys, dtype="<i4").tobytes(),
+            np.asarray(c.neg_counts, dtype=count_dtype).tobytes(),
+        )
+    )
+
+
+def _decode(data: bytes) -> tuple[SketchColumns, float]:
+    """The columns and relative accuracy of checkpoint bytes; :class:`ValueError` on
+    anything malformed (the columns themselves are checked by ``from_columns``)."""
+    if len(data) < _HEADER.size:
+        raise ValueError("sketch bytes too short")
+    (magic, version, flags, rel_acc, count, zero, total, lo, hi, n_pos, n_neg) = (
+        _HEADER.unpack_from(data)
+    )
+    if magic != _MAGIC or version != _VERSION:
+        raise ValueError(f"not a version-{_VERSION} sketch (magic {magic!r}, v{version})")
+    width = 8 if flags & _FLAG_WIDE_COUNTS else 4
+    count_dtype = "<u8" if width == 8 else "<u4"
+    if len(data) != _HEADER.size + (n_pos + n_neg) * (4 + width):
+        raise ValueError("sketch bytes have the wrong length")
+    off = _HEADER.size
+    arrays: list[list[int]] = []
+    for n, dtype, size in (
+        (n_pos, "<i4", 4),
+        (n_pos, count_dtype, width),
+        (n_neg, "<i4", 4),
+        (n_neg, count_dtype, width),
+    ):
+        arrays.append(np.frombuffer(data, dtype=dtype, count=n, offset=off).tolist())
+        off += n * size
+    return SketchColumns(count, total, lo, hi, zero, *arrays), rel_acc
+
+
+def _stores(
+    cols: SketchColumns, relative_accuracy: float, *, delta: bool
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The positive and negative stores of a sketch's columns; :class:`ValueError` if
+    the columns are inconsistent (``delta``: counts may be negative, not 0)."""
+    consts = mapping_constants(relative_accuracy)
+    lo, hi = consts.min_key, consts.max_key
+    stores = []
+    for name, keys, counts in (
+        ("pos", cols.pos_keys, cols.pos_counts),
+        ("neg", cols.neg_keys, cols.neg_counts),
+    ):
+        if len(keys) != len(counts):
+            raise ValueError(f"{name}_keys and {name}_counts differ in length")
+        store = {int(k): int(c) for k, c in zip(keys, counts, strict=True)}
+        if len(store) != len(keys):
+            raise ValueError(f"duplicate {name}_keys")
+        if store and (min(store) < lo or max(store) > hi):
+            raise ValueError(f"{name}_keys outside [{lo}, {hi}]")
+        if any(c <= 0 for c in store.values()) and not (
+            delta and all(c != 0 for c in store.values())
+        ):
+            raise ValueError(f"{name}_counts must be positive")
+        stores.append(store)
+    zero, count = int(cols.zero_count), int(cols.count)
+    if (zero < 0 and not delta) or count != zero + sum(stores[0].values()) + sum(
+        stores[1].values()
+    ):
+        raise ValueError("count must equal zero_count + sum(pos_counts) + sum(neg_counts)")
+    return stores[0], stores[1]
+
+
 # --- the sketch --------------------------------------------------------------
 
 
@@ -259,28 +337,13 @@ class QuantileSketch:
 
         All-or-nothing: if any value is invalid, :class:`ValueError` and nothing is added.
         """
-        arr = np.asarray(values, dtype=np.float64).ravel()
-        if arr.size == 0:
+        checked = _checked(values, self._mapping, "add", "to")
+        if checked is None:
             return
-        m = self._mapping
-        mags = np.abs(arr)
-        if not bool((mags <= m.max_possible).all()):  # NaN compares False
-            bad = arr[~(mags <= m.max_possible)][0]
-            raise ValueError(f"cannot add {bad!r} to a sketch: not finite or beyond the mapping")
-        pos = arr > m.min_possible
-        neg = arr < -m.min_possible
-        n_pos, n_neg = int(np.count_nonzero(pos)), int(np.count_nonzero(neg))
-        if n_pos:
-            _bump(self._pos, self._keys(arr[pos] if n_pos < arr.size else arr))
-        if n_neg:
-            _bump(self._neg, self._keys(mags[neg] if n_neg < arr.size else mags))
-        self._zero += arr.size - n_pos - n_neg
+        arr, mags = checked
+        self._zero += arr.size - self._bump_signed(arr, mags, 1)
         self._count += int(arr.size)
-        # add.accumulate is a left fold: the same additions, in the same order, as `add`
-        acc = np.empty(arr.size + 1, dtype=np.float64)
-        acc[0] = self._sum
-        acc[1:] = arr
-        self._sum = float(np.add.accumulate(acc)[-1])
+        self._sum = _fold(self._sum, arr)
         lo, hi = float(arr.min()), float(arr.max())
         self._min = min(self._min, lo)
         self._max = max(self._max, hi)
@@ -292,27 +355,26 @@ class QuantileSketch:
         sketch is only ever merged into the one holding the values, never read alone.
         ``min``/``max`` cannot be taken back: they stay bounds of what was added.
         """
-        arr = np.asarray(values, dtype=np.float64).ravel()
-        if arr.size == 0:
+        checked = _checked(values, self._mapping, "remove", "from")
+        if checked is None:
             return
+        arr, mags = checked
+        self._zero -= arr.size - self._bump_signed(arr, mags, -1)
+        self._count -= int(arr.size)
+        self._sum = _fold(self._sum, -arr)
+
+    def _bump_signed(self, arr: FloatArray, mags: FloatArray, sign: int) -> int:
+        """Count (``sign`` -1: take out) the non-zero values of ``arr`` (``mags``: their
+        magnitudes) into the stores; returns how many there were."""
         m = self._mapping
-        mags = np.abs(arr)
-        if not bool((mags <= m.max_possible).all()):
-            bad = arr[~(mags <= m.max_possible)][0]
-            raise ValueError(f"cannot remove {bad!r} from a sketch: not finite")
         pos = arr > m.min_possible
         neg = arr < -m.min_possible
         n_pos, n_neg = int(np.count_nonzero(pos)), int(np.count_nonzero(neg))
         if n_pos:
-            _bump(self._pos, self._keys(arr[pos]), -1)
+            _bump(self._pos, self._keys(arr[pos] if n_pos < arr.size else arr), sign)
         if n_neg:
-            _bump(self._neg, self._keys(mags[neg]), -1)
-        self._zero -= arr.size - n_pos - n_neg
-        self._count -= int(arr.size)
-        acc = np.empty(arr.size + 1, dtype=np.float64)
-        acc[0] = self._sum
-        acc[1:] = -arr
-        self._sum = float(np.add.accumulate(acc)[-1])
+            _bump(self._neg, self._keys(mags[neg] if n_neg < arr.size else mags), sign)
+        return n_pos + n_neg
 
     def _keys(self, mags: FloatArray) -> IntArray:
         """``mapping.key`` of each (positive, indexable) magnitude, vectorised.
@@ -435,34 +497,11 @@ class QuantileSketch:
 
         ``delta``: the columns of a correction, whose counts may be negative (not 0).
         """
+        pos, neg = _stores(cols, relative_accuracy, delta=delta)
         sketch = cls(relative_accuracy)
-        consts = mapping_constants(relative_accuracy)
-        lo, hi = consts.min_key, consts.max_key
-        stores = []
-        for name, keys, counts in (
-            ("pos", cols.pos_keys, cols.pos_counts),
-            ("neg", cols.neg_keys, cols.neg_counts),
-        ):
-            if len(keys) != len(counts):
-                raise ValueError(f"{name}_keys and {name}_counts differ in length")
-            store = {int(k): int(c) for k, c in zip(keys, counts, strict=True)}
-            if len(store) != len(keys):
-                raise ValueError(f"duplicate {name}_keys")
-            if store and (min(store) < lo or max(store) > hi):
-                raise ValueError(f"{name}_keys outside [{lo}, {hi}]")
-            if any(c <= 0 for c in store.values()) and not (
-                delta and all(c != 0 for c in store.values())
-            ):
-                raise ValueError(f"{name}_counts must be positive")
-            stores.append(store)
-        zero, count = int(cols.zero_count), int(cols.count)
-        if (zero < 0 and not delta) or count != zero + sum(stores[0].values()) + sum(
-            stores[1].values()
-        ):
-            raise ValueError("count must equal zero_count + sum(pos_counts) + sum(neg_counts)")
-        sketch._pos, sketch._neg = stores
-        sketch._zero = zero
-        sketch._count = count
+        sketch._pos, sketch._neg = pos, neg
+        sketch._zero = int(cols.zero_count)
+        sketch._count = int(cols.count)
         sketch._sum = float(cols.sum)
         sketch._min = float(cols.min)
         sketch._max = float(cols.max)
@@ -470,58 +509,36 @@ class QuantileSketch:
 
     def to_bytes(self) -> bytes:
         """Compact checkpoint form (keys as int32, counts as uint32 or uint64)."""
-        c = self.to_columns()
-        wide = any(n > 0xFFFFFFFF for n in (*c.pos_counts, *c.neg_counts))
-        count_dtype = "<u8" if wide else "<u4"
-        header = _HEADER.pack(
-            _MAGIC,
-            _VERSION,
-            _FLAG_WIDE_COUNTS if wide else 0,
-            self.relative_accuracy,
-            c.count,
-            c.zero_count,
-            c.sum,
-            c.min,
-            c.max,
-            len(c.pos_keys),
-            len(c.neg_keys),
-        )
-        return b"".join(
-            (
-                header,
-                np.asarray(c.pos_keys, dtype="<i4").tobytes(),
-                np.asarray(c.pos_counts, dtype=count_dtype).tobytes(),
-                np.asarray(c.neg_keys, dtype="<i4").tobytes(),
-                np.asarray(c.neg_counts, dtype=count_dtype).tobytes(),
-            )
-        )
+        return _encode(self.to_columns(), self.relative_accuracy)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Self:
         """Inverse of :meth:`to_bytes`; :class:`ValueError` on anything malformed."""
-        if len(data) < _HEADER.size:
-            raise ValueError("sketch bytes too short")
-        (magic, version, flags, rel_acc, count, zero, total, lo, hi, n_pos, n_neg) = (
-            _HEADER.unpack_from(data)
-        )
-        if magic != _MAGIC or version != _VERSION:
-            raise ValueError(f"not a version-{_VERSION} sketch (magic {magic!r}, v{version})")
-        width = 8 if flags & _FLAG_WIDE_COUNTS else 4
-        count_dtype = "<u8" if width == 8 else "<u4"
-        if len(data) != _HEADER.size + (n_pos + n_neg) * (4 + width):
-            raise ValueError("sketch bytes have the wrong length")
-        off = _HEADER.size
-        arrays: list[list[int]] = []
-        for n, dtype, size in (
-            (n_pos, "<i4", 4),
-            (n_pos, count_dtype, width),
-            (n_neg, "<i4", 4),
-            (n_neg, count_dtype, width),
-        ):
-            arrays.append(np.frombuffer(data, dtype=dtype, count=n, offset=off).tolist())
-            off += n * size
-        cols = SketchColumns(count, total, lo, hi, zero, *arrays)
-        return cls.from_columns(cols, rel_acc)
+        return cls.from_columns(*_decode(data))
+
+
+def _checked(
+    values: Sequence[float] | FloatArray, m: LogarithmicMapping, verb: str, prep: str
+) -> tuple[FloatArray, FloatArray] | None:
+    """``values`` as a flat float64 array and their magnitudes (None: empty);
+    :class:`ValueError` when one is NaN, infinite or beyond the mapping."""
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if arr.size == 0:
+        return None
+    mags = np.abs(arr)
+    if not bool((mags <= m.max_possible).all()):  # NaN compares False
+        bad = arr[~(mags <= m.max_possible)][0]
+        raise ValueError(f"cannot {verb} {bad!r} {prep} a sketch: not finite or beyond the mapping")
+    return arr, mags
+
+
+def _fold(total: float, arr: FloatArray) -> float:
+    """``total`` plus each value of ``arr`` in order (add.accumulate is a left fold: the
+    same additions, in the same order, as ``add`` one by one)."""
+    acc = np.empty(arr.size + 1, dtype=np.float64)
+    acc[0] = total
+    acc[1:] = arr
+    return float(np.add.accumulate(acc)[-1])
 
 
 def _bump(store: dict[int, int], keys: IntArray, sign: int = 1) -> None:

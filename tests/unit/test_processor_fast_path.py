@@ -1,7 +1,8 @@
 """The processor's per-watermark work (issue 14, session 7) against its reference.
 
-``StreamProcessor._advance_to`` looks up only the terminal events that can hold a window
-the close horizon reaches (``Joiner.oldest_terminal_before``), and the join keeps first
+The processor's partitions (``_PartitionState.advance_to``) look up only the terminal
+events that can hold a window the close horizon reaches
+(``Joiner.oldest_terminal_before``), and the join keeps first
 terminal events and their partners' deadlines in time buckets until event time nears
 them (most are joined and dropped unseen). The reference below is the processor before
 that: every watermark move asks for the exact oldest terminal event, and its joins take
@@ -13,13 +14,14 @@ dead letters, offsets and counters, call by call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pipeline.core.join as join_module
+import pipeline.core.join_timers as timers_module
 from pipeline.contract.codec import encode_event
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig, Joiner
@@ -32,17 +34,23 @@ class _GeneralJoiner(Joiner):
     _fast = False
 
 
+@dataclass(slots=True)
+class _ReferencePartition(_PartitionState):
+    def advance_to(self, now: int, wall_ms: int | None, out: Output) -> None:
+        for emitted in self.joiner.advance_emitted(now, wall_ms):
+            self.window(emitted, out)
+        self.closed(self.windows.close(now, self.joiner.oldest_terminal_ms()), now, out)
+
+
 class _Reference(StreamProcessor):
     def init_partition(
         self, partition: int, ledger: dict[str, int] | None = None, *, seed_join: bool = True
     ) -> None:
         super().init_partition(partition, ledger, seed_join=seed_join)
-        self._parts[partition].joiner = _GeneralJoiner(self.join_config)
-
-    def _advance_to(self, st: _PartitionState, now: int, wall_ms: int | None, out: Output) -> None:
-        for emitted in st.joiner.advance_emitted(now, wall_ms):
-            self._window(st, emitted, out)
-        self._closed(st, st.windows.close(now, st.joiner.oldest_terminal_ms()), now, out)
+        st = self._parts[partition]
+        ref = _ReferencePartition(**{f.name: getattr(st, f.name) for f in fields(st)})
+        ref.joiner = _GeneralJoiner(self.join_config)
+        self._parts[partition] = ref
 
 
 # One request: gap after the previous one (ms), engine time (ms), hosts (0-2), and the
@@ -170,9 +178,9 @@ def test_processor_equals_its_reference_on_messy_traffic(  # noqa: PLR0917
         WindowConfig(size_ms=window[0], grace_ms=window[1]),
         ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
     )  # fmt: skip
-    saved = join_module._BUCKET_BITS, join_module._TERMINAL_BITS
-    join_module._BUCKET_BITS, join_module._TERMINAL_BITS = bits  # type: ignore[misc]
+    saved = timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS
+    timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = bits  # type: ignore[misc]
     try:
         assert _run(StreamProcessor, steps, configs) == _run(_Reference, steps, configs)
     finally:
-        join_module._BUCKET_BITS, join_module._TERMINAL_BITS = saved  # type: ignore[misc]
+        timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = saved  # type: ignore[misc]
