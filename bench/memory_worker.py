@@ -256,9 +256,9 @@ def main() -> int:
     if os.environ.get("TAILGUARD_MEM_KEEP_INSERT_CONTEXTS") == "1":
         # the store as it was before it released clickhouse-connect's insert contexts
         # (for a before/after comparison in one tree)
-        import pipeline.adapters.store as store_mod
+        import pipeline.adapters.store.client as store_client
 
-        store_mod._release = lambda context: None  # type: ignore[assignment]
+        store_client._release = lambda context: None  # type: ignore[assignment]
     if ttl := os.environ.get("TAILGUARD_MEM_RESOLVED_TTL_MS"):
         # a shorter memory of resolved requests: the warm-up ends sooner
         from pipeline.settings import Settings

@@ -12,7 +12,7 @@ which holds the GIL, plus the engine's work on that thread, which does not).
 
     PYTHONPATH=$PWD python bench/store_speed.py [--base main] [--instances 1] [--repeat 9]
 
-Not part of ``./tg bench``: a yardstick for changes to ``pipeline/adapters/store.py``
+Not part of ``./tg bench``: a yardstick for changes to ``pipeline/adapters/store/``
 and ``sql/``. Another process's load moves both sides alike, not equally: run it on a
 quiet machine for figures to quote.
 """
@@ -55,9 +55,19 @@ def base_tree(ref: str, into: Path) -> Path:
 
 
 def load_store_module(tree: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "tailguard_base_store", tree / "pipeline" / "adapters" / "store.py"
-    )
+    """The store of ``tree``: the package ``pipeline/adapters/store/`` (its modules import
+    each other relatively, so they come from ``tree`` too), or an older tree's module."""
+    package = tree / "pipeline" / "adapters" / "store"
+    if (package / "__init__.py").is_file():
+        spec = importlib.util.spec_from_file_location(
+            "tailguard_base_store",
+            package / "__init__.py",
+            submodule_search_locations=[str(package)],
+        )
+    else:
+        spec = importlib.util.spec_from_file_location(
+            "tailguard_base_store", tree / "pipeline" / "adapters" / "store.py"
+        )
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -135,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         base = load_store_module(base_tree(args.base, tmp))
         store = this.open_store(s.model_copy(update={"store_dir": tmp / "store"}))
         this.migrate(store, raw_ttl_days=3650)  # the workload's events are from 2025
-        base_store = base.ClickHouseStore(store._client, "tailguard_base", embedded=True)
+        if hasattr(base, "EmbeddedStore"):
+            base_store = base.EmbeddedStore(store._client, "tailguard_base")
+        else:  # an older store module: one class, a flag
+            base_store = base.ClickHouseStore(store._client, "tailguard_base", embedded=True)
         base_store._lock = store.lock  # one engine, one lock
         base.migrate(base_store, sql_dir=tmp / "sql", raw_ttl_days=3650)
         sides = {"base": (base, base_store), "this": (this, store)}

@@ -1,0 +1,288 @@
+"""The port itself: ClickHouse's HTTP interface, as much of it as clickhouse-connect's
+HTTP client uses, over a :class:`~pipeline.adapters.query_server.session.ReadOnlySession`
+(token in headers only, settings refused), and the discovery file that names it."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from pipeline.adapters.query_server.session import (
+    AUTHENTICATION_FAILED,
+    BAD_ARGUMENTS,
+    READONLY,
+    SYNTAX_ERROR,
+    UNKNOWN_SETTING,
+    QueryLimits,
+    QueryRefusedError,
+    ReadOnlySession,
+)
+
+log = logging.getLogger("tailguard.query_server")
+
+DISCOVERY_FILE = "tailguard-query.json"
+HOST = "127.0.0.1"
+
+
+# HTTP parameters that are transport, not query settings (clickhouse-connect
+# sends some of them with every request). Any other parameter would be a
+# setting change, which the read-only session refuses.
+_TRANSPORT_PARAMS = frozenset(
+    {
+        "query",
+        "database",
+        "default_format",
+        "wait_end_of_query",
+        "query_id",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "quota_key",
+        "compress",
+        "decompress",
+        "client_protocol_version",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+        "enable_http_compression",
+        "buffer_size",
+        "role",
+        "user",
+    }
+)
+_URL_QUERY_RE = re.compile(r"(\S*?)\?\S*")  # a URL's query string, in a request line
+
+
+def _http_status(code: int) -> int:
+    """ClickHouse's own mapping for the codes this port produces."""
+    if code == READONLY:
+        return 403
+    if code == AUTHENTICATION_FAILED:
+        return 401
+    if code in (SYNTAX_ERROR, UNKNOWN_SETTING, BAD_ARGUMENTS, 457):
+        return 400
+    if code in (60, 81):  # UNKNOWN_TABLE, UNKNOWN_DATABASE
+        return 404
+    return 500
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # The request line's query string may hold a URL token (refused, but sent):
+        # never write it, at any level.
+        text = _URL_QUERY_RE.sub(r"\1?<query not logged>", format % args)
+        log.debug("query port: %s", text)
+
+    def _url_token_refused(self) -> bool:
+        """A ``password`` in the URL is refused (HTTP 400) before anything else, whether
+        it is the token or not, and its value is not echoed."""
+        names = {k.lower() for k, _ in parse_qsl(urlsplit(self.path).query, keep_blank_values=True)}
+        if "password" not in names:
+            return False
+        self._error(
+            BAD_ARGUMENTS,
+            "the query port takes its token in headers only (HTTP basic auth password or "
+            "X-ClickHouse-Key), never as the password parameter of the URL",
+        )
+        return True
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, code: int, message: str) -> None:
+        body = f"Code: {code}. DB::Exception: {message}\n".encode()
+        self._send(
+            _http_status(code),
+            body,
+            {"X-ClickHouse-Exception-Code": str(code), "Content-Type": "text/plain"},
+        )
+
+    def _authorized(self) -> bool:
+        """The request carries the port's token in a header: as the password (HTTP basic
+        auth, what clickhouse-connect sends) or ``X-ClickHouse-Key``."""
+        offered: list[str] = []
+        auth = self.headers.get("Authorization") or ""
+        if auth[:6].lower() == "basic ":
+            with contextlib.suppress(ValueError):
+                offered.append(base64.b64decode(auth[6:]).decode().partition(":")[2])
+        offered.append(self.headers.get("X-ClickHouse-Key") or "")
+        token = self.server.token.encode()
+        ok = False
+        for candidate in offered:  # compare every one, in constant time each
+            ok |= hmac.compare_digest(candidate.encode(), token)
+        if not ok:
+            self._error(
+                AUTHENTICATION_FAILED,
+                "Authentication failed: the query port needs the token of the store's "
+                f"{DISCOVERY_FILE} in a header (the basic auth password or X-ClickHouse-Key)",
+            )
+        return ok
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if self._url_token_refused():
+            return
+        if path == "/ping":
+            self._send(200, b"Ok.\n", {"Content-Type": "text/plain"})
+        elif not self._authorized():
+            return
+        elif path == "/tailguard":
+            info = {"pid": os.getpid(), "store": self.server.session.path}
+            self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
+        elif path == "/":
+            self._query(b"")
+        else:
+            self._error(1000, f"no such path {path}")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if not self._url_token_refused() and self._authorized():
+            self._query(body)
+
+    def _query(self, body: bytes) -> None:
+        url = urlsplit(self.path)
+        if url.path != "/":
+            self._error(1000, f"no such path {url.path}")
+            return
+        args = dict(parse_qsl(url.query, keep_blank_values=True))
+        parts = [args.get("query", ""), body.decode(errors="replace")]
+        sql = "\n".join(p for p in parts if p).strip()
+        if not sql:
+            self._error(SYNTAX_ERROR, "empty query")
+            return
+        params = {k[6:]: v for k, v in args.items() if k.startswith("param_")}
+        settings = [k for k in args if k not in _TRANSPORT_PARAMS and not k.startswith("param_")]
+        if settings:
+            self._error(
+                READONLY,
+                f"Cannot modify {', '.join(sorted(settings))}: the query port is read-only",
+            )
+            return
+        try:
+            result = self.server.session.execute(
+                sql,
+                default_format=args.get("default_format", "TabSeparated"),
+                database=args.get("database") or None,
+                params=params,
+            )
+        except QueryRefusedError as exc:
+            self._error(exc.code, str(exc))
+            return
+        summary = {
+            "read_rows": str(result.rows_read),
+            "read_bytes": str(result.bytes_read),
+            "elapsed_ns": str(int(result.elapsed_s * 1e9)),
+        }
+        self.server.queries += 1
+        self._send(
+            200,
+            result.body,
+            {
+                "X-ClickHouse-Format": result.fmt,
+                "X-ClickHouse-Timezone": self.server.session.timezone,
+                "X-ClickHouse-Summary": json.dumps(summary),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, session: ReadOnlySession, token: str) -> None:
+        super().__init__((HOST, port), _Handler)
+        self.session = session
+        self.token = token
+        self.queries = 0
+
+
+class QueryServer:
+    """The read-only port: a thread serving :class:`ReadOnlySession` over HTTP."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        lock: threading.Lock,
+        *,
+        database: str = "tailguard",
+        port: int = 0,
+        limits: QueryLimits | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.session = ReadOnlySession(self.store_dir, lock, database=database, limits=limits)
+        # Fresh on every start; readers find it in the discovery file (mode 0600).
+        self.token = secrets.token_urlsafe(32)
+        try:
+            self._server = _Server(port, self.session, self.token)
+        except Exception:
+            self.session.close()
+            raise
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="tailguard-query-port", daemon=True
+        )
+        self.discovery = self.store_dir / DISCOVERY_FILE
+
+    @property
+    def queries(self) -> int:
+        return self._server.queries
+
+    def start(self, *, publish: bool = True) -> QueryServer:
+        """Serve; ``publish``: write the discovery file (the worker does, a tool does not)."""
+        self._thread.start()
+        if not publish:
+            return self
+        tmp = self.discovery.with_suffix(f".{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        info = {"port": self.port, "pid": os.getpid(), "store": self.session.path}
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the token is a secret
+        with os.fdopen(fd, "w") as fh:
+            json.dump(info | {"token": self.token}, fh)
+        tmp.replace(self.discovery)
+        log.info("read-only query port on %s:%d (%s)", HOST, self.port, self.discovery)
+        return self
+
+    def stop(self) -> None:
+        """Remove the discovery file (if ours), stop serving, close the session."""
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(self.discovery.read_text()).get("pid") == os.getpid():
+                self.discovery.unlink()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self.session.close()
+
+
+def start_query_server(settings: Any, store: Any) -> QueryServer | None:
+    """The worker's port, or None (a ClickHouse server needs none; port -1 = off)."""
+    if settings.clickhouse_url or settings.query_port < 0:
+        return None
+    return QueryServer(
+        settings.store_dir,
+        store.lock,
+        database=settings.database,
+        port=settings.query_port,
+        limits=QueryLimits.from_settings(settings),
+    ).start()
