@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import heapq
+import signal
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 
 from bench.common import send
@@ -20,6 +23,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.integration.harness import WorkerProcess
 from tests.measurement_fixtures import START_NS
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
@@ -266,3 +270,24 @@ def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
     if int(base or 0) != int(spread or 0):
         out["slo_windows"] = (int(base or 0), int(spread or 0))
     return out
+
+
+STOP_WITHIN_S = 10.0  # a SIGTERMed worker exits within this, in every state
+
+
+def sigterm_exit_s(worker: WorkerProcess) -> float:
+    """SIGTERM; seconds until the process exited (killed and failed after 60 s)."""
+    t0 = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        worker.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.stop(signal.SIGKILL)
+        pytest.fail(f"SIGTERM ignored for 60 s:\n{worker.log_tail()}")
+    took = time.monotonic() - t0
+    worker.stop()  # closes its log
+    return took
+
+
+def log_has(worker: WorkerProcess, text: str) -> bool:
+    return text in worker.log_path.read_text(errors="replace")
