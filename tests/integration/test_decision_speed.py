@@ -24,7 +24,7 @@ from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec_file
 from tests.integration.decisions import demo_directives
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(65)]
 
 
 def test_same_directives_at_60x_and_at_max_speed_and_in_replay(kafka, tmp_path: Path) -> None:

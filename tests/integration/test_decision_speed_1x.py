@@ -23,7 +23,7 @@ from pipeline.spec.slo import load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig
 from tests.integration.decisions import START_NS, demo_directives
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(200)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(185)]
 
 
 # 1x: the trace's first 640 arrivals (~160 s) with arrivals x4 from 10 s to 40 s.

@@ -28,7 +28,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings, running_caught_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(200)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(140)]
 
 
 @contextmanager
