@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from bench.common import send
 from pipeline.adapters.kafka_admin import wait_partitions
@@ -201,14 +201,22 @@ def assert_exactly_once(settings: Settings, request_ids: set[str]) -> None:
         store.close()
 
 
-def committed_offsets(settings: Settings) -> dict[int, int]:
-    """Per partition of the lifecycle topic, the worker group's committed offset (0: none)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-    topic = settings.lifecycle_topic
-    c = Consumer(
+def group_consumer(settings: Settings) -> Consumer:
+    """A consumer with the worker group's id that never subscribes (so never joins): one
+    for a loop of :func:`committed_offsets` instead of a client per question."""
+    return Consumer(
         settings.kafka_config() | {"group.id": settings.group_id, "enable.auto.commit": False}
     )
+
+
+def committed_offsets(settings: Settings, consumer: Consumer | None = None) -> dict[int, int]:
+    """Per partition of the lifecycle topic, the worker group's committed offset (0: none).
+
+    On ``consumer`` (:func:`group_consumer`, left open) when given, else on its own."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    topic = settings.lifecycle_topic
+    c = consumer or group_consumer(settings)
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
@@ -228,7 +236,8 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
                     raise
                 time.sleep(0.2)
     finally:
-        c.close()
+        if consumer is None:
+            c.close()
 
 
 ALL = "model = '*' AND priority = '*' AND ctx_bucket = '*'"
