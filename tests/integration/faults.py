@@ -216,7 +216,7 @@ def committed_offsets(settings: Settings, consumer: Consumer | None = None) -> d
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     topic = settings.lifecycle_topic
-    c = consumer or group_consumer(settings)
+    c = consumer if consumer is not None else group_consumer(settings)
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
