@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     first.
 
     Workers take whole modules in collection order (``--dist loadfile``), so a module that
-    waits for minutes by design (a 3-minute outage, a trace at 1x) started last would be the
+    waits for minutes by design (a trace at 1x, a store outage) started last would be the
     suite's tail. Only the order changes, and only under xdist: every test still runs.
     """
     if "PYTEST_XDIST_WORKER" not in os.environ:

@@ -31,6 +31,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
 from tools.dev.kafka_local import LocalKafka, repo_root
 
 ENV_EXTERNAL_BOOTSTRAP = "TAILGUARD_TEST_BOOTSTRAP"
+# The tests' brokers JIT-compile with C1 only: C2's compiler threads are what a broker spends
+# most of its first CPU seconds on, on a machine where four brokers share 2 cores with the
+# tests. Measured here (load 17-20), start to ready: 16.7-20.8 s and 3.6-4.4 CPU s with the
+# JVM's default, 10.2-13.1 s and 2.2-2.5 CPU s with C1 only; a restart 14.0-16.1 s against
+# 8.7-10.5 s. A test broker moves megabytes, not gigabytes: C2's peak speed buys nothing.
+# The demo and the benchmarks keep the JVM's default (tools/dev/kafka_local.py).
+TEST_JVM_OPTS = ("-XX:TieredStopAtLevel=1",)
 
 
 class KafkaUnderTest:
@@ -108,7 +115,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
     if external:
         yield KafkaUnderTest(external, None)
         return
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), jvm_opts=TEST_JVM_OPTS)
     watchdog = broker_watchdog(broker.run_dir)
     try:
         broker.start()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import heapq
+import signal
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import Consumer, Producer
 
 from bench.common import send
 from pipeline.adapters.kafka_admin import wait_partitions
@@ -20,6 +23,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.integration.harness import WorkerProcess
 from tests.measurement_fixtures import START_NS
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
@@ -197,14 +201,22 @@ def assert_exactly_once(settings: Settings, request_ids: set[str]) -> None:
         store.close()
 
 
-def committed_offsets(settings: Settings) -> dict[int, int]:
-    """Per partition of the lifecycle topic, the worker group's committed offset (0: none)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-    topic = settings.lifecycle_topic
-    c = Consumer(
+def group_consumer(settings: Settings) -> Consumer:
+    """A consumer with the worker group's id that never subscribes (so never joins): one
+    for a loop of :func:`committed_offsets` instead of a client per question."""
+    return Consumer(
         settings.kafka_config() | {"group.id": settings.group_id, "enable.auto.commit": False}
     )
+
+
+def committed_offsets(settings: Settings, consumer: Consumer | None = None) -> dict[int, int]:
+    """Per partition of the lifecycle topic, the worker group's committed offset (0: none).
+
+    On ``consumer`` (:func:`group_consumer`, left open) when given, else on its own."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    topic = settings.lifecycle_topic
+    c = consumer if consumer is not None else group_consumer(settings)
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
@@ -224,7 +236,8 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
                     raise
                 time.sleep(0.2)
     finally:
-        c.close()
+        if consumer is None:
+            c.close()
 
 
 ALL = "model = '*' AND priority = '*' AND ctx_bucket = '*'"
@@ -266,3 +279,24 @@ def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
     if int(base or 0) != int(spread or 0):
         out["slo_windows"] = (int(base or 0), int(spread or 0))
     return out
+
+
+STOP_WITHIN_S = 10.0  # a SIGTERMed worker exits within this, in every state
+
+
+def sigterm_exit_s(worker: WorkerProcess) -> float:
+    """SIGTERM; seconds until the process exited (killed and failed after 60 s)."""
+    t0 = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        worker.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.stop(signal.SIGKILL)
+        pytest.fail(f"SIGTERM ignored for 60 s:\n{worker.log_tail()}")
+    took = time.monotonic() - t0
+    worker.stop()  # closes its log
+    return took
+
+
+def log_has(worker: WorkerProcess, text: str) -> bool:
+    return text in worker.log_path.read_text(errors="replace")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.adapters.kafka_admin import ensure_topics, group_progress
+from pipeline.adapters.kafka_admin import ensure_topics, group_progress_probe
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,13 +68,14 @@ class WorkerProcess:
     def wait_caught_up(self, timeout_s: float = 120.0) -> None:
         """Until the group's committed offsets reach the topic's end (all written)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.alive(), f"worker died:\n{self.log_tail()}"
-            prog = group_progress(self.settings, self.settings.lifecycle_topic)
-            if prog.end > 0 and prog.lag == 0:
-                return
-            assert time.monotonic() < deadline, f"not caught up: {prog}\n{self.log_tail()}"
-            time.sleep(0.2)
+        with group_progress_probe(self.settings) as progress:  # one consumer for the wait
+            while True:
+                assert self.alive(), f"worker died:\n{self.log_tail()}"
+                prog = progress(self.settings.lifecycle_topic)
+                if prog.end > 0 and prog.lag == 0:
+                    return
+                assert time.monotonic() < deadline, f"not caught up: {prog}\n{self.log_tail()}"
+                time.sleep(0.2)
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:]

@@ -26,7 +26,7 @@ from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(50)]
 
 LIMIT = 20_600  # requests of the shared trace: about an hour (3,570 simulated s)
 OVERLOAD = "1200:1800:4"  # arrivals x4 from minute 20 to minute 30

@@ -13,7 +13,7 @@ from pipeline.app.demo import run_demo
 from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import SimConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(130)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(80)]
 
 
 def _exact(values: list[float], q: float) -> float:

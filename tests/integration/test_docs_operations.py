@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(50)]
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "operations.md"

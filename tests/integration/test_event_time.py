@@ -31,7 +31,7 @@ from tests.disorder import (
 )
 from tests.measurement_fixtures import load_events, replay_into, simulate_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
 SPEC = load_spec_file(DEFAULT_SLO_SPEC)
 
 

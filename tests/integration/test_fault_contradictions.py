@@ -11,7 +11,7 @@ from pipeline.adapters.store import open_store
 from tests.integration.faults import lifecycle_events, produce_batches
 from tests.integration.harness import make_settings, run_until_caught_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(40)]
 
 
 def test_contradictory_events_are_flagged_and_counted(kafka, tmp_path: Path) -> None:

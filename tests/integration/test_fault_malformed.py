@@ -17,7 +17,7 @@ from tests.integration.faults import batches, flush, lifecycle_events, producer,
 from tests.integration.harness import WorkerProcess, make_settings, read_all
 from tests.integration.malformed import Malformed, generate
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(160)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(85)]
 
 N_MALFORMED = 10_000
 MAX_MESSAGE_BYTES = 128 * 1024

@@ -22,7 +22,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import make_settings, running_caught_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(160)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(110)]
 
 OUTAGE_S = 30.0
 MAX_DELAY_S = 10.0  # with_retry's cap

@@ -25,7 +25,7 @@ from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.integration.harness import REPO, tailguard
 from tests.integration.test_query_server import ESCAPES, ESCAPES_LEAK
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHARTS = ("latency", "breakdown", "budget", "burn", "control")

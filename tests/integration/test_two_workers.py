@@ -17,7 +17,7 @@ from producers.simulator.trace import read_trace
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.measurement_fixtures import START_NS
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(65)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(55)]
 REQUESTS = 6000
 
 

@@ -8,6 +8,8 @@ import json
 from functools import cache
 from typing import Any
 
+import pytest
+
 from pipeline.app.backtest import render_text, run_backtest
 from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE, main
 from pipeline.settings import DEFAULT_SLO_SPEC
@@ -16,6 +18,9 @@ from pipeline.spec.slo import load_spec_file
 from producers.simulator.gate import GateActions, GatewayGate
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
+
+# CPU-bound backtests (~45 s in all): started first under xdist
+pytestmark = pytest.mark.long(45)
 
 LIMIT = 6000
 

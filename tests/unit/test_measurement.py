@@ -14,6 +14,9 @@ from pipeline.core.sketch import exact_quantile_lower
 from pipeline.spec.slo import load_spec
 from tests.measurement_fixtures import load_events, simulate_jsonl
 
+# CPU-bound replays of the shared trace (~50 s in all): started first under xdist
+pytestmark = pytest.mark.long(50)
+
 QS = (0.5, 0.9, 0.95, 0.99)
 
 
