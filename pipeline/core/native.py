@@ -15,7 +15,8 @@ toolchain), the Python references run.
 The choice is made once, at start, by the CLI (setting ``core_impl``, see
 :func:`select`): ``auto`` takes the extension when it imports, ``python`` forces the
 references (differential tests, benches), ``native`` requires the extension (a start
-error without it). Until then the process runs the references.
+error without it). Until then (a library user, a test) the process runs what ``auto``
+picks.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ NATIVE: Final[CoreImpl | None] = (
     CoreImpl("native", _ext.PartitionClock, _ext.sketch_bump) if _ext is not None else None
 )
 
-_active: list[CoreImpl] = [PYTHON]  # the selection (see select)
+_active: list[CoreImpl] = [NATIVE or PYTHON]  # the selection (see select): auto at first
 
 
 def resolve(requested: CoreImplName) -> CoreImpl:
