@@ -225,8 +225,7 @@ impl PartitionClock {
         top.insert(at, ts_ms);
         let new = top[0];
         let wm = self.watermark_ms;
-        if self.settled_ms == Some(wm)
-            && (old > wm || (new <= wm && old >= wm - self.host_idle_ms))
+        if self.settled_ms == Some(wm) && (old > wm || (new <= wm && old >= wm - self.host_idle_ms))
         {
             return wm;
         }
@@ -294,10 +293,14 @@ fn sketch_bump(
     sum0: f64,
 ) -> PyResult<(i64, i64, f64)> {
     if sign != 1 && sign != -1 {
-        return Err(PyValueError::new_err(format!("sign must be 1 or -1, got {sign}")));
+        return Err(PyValueError::new_err(format!(
+            "sign must be 1 or -1, got {sign}"
+        )));
     }
     let vals: Vec<f64> = values.to_vec(py)?;
     for (i, v) in vals.iter().enumerate() {
+        // negated on purpose: NaN fails it too, as in the reference
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !(v.abs() <= max_possible) {
             return Ok((i as i64, 0, sum0));
         }
