@@ -7,9 +7,9 @@ Same hypothesis-generated inputs through both implementations, identical outputs
 * the sketch kernel: bins (as dicts), zero count, count, sum, min and max after any
   sequence of ``add_many`` / ``remove_many`` batches, and the same error for a bad value;
 * the whole processor on messy traffic (disorder, duplicates, lost and late partners,
-  hosts with skewed clocks, far-ahead events, failed requests, two partitions): records,
-  dead letters, windows (counts, sketch columns, ledgers), SLO counts, offsets,
-  watermarks and counters, call by call.
+  gateway hosts with skewed clocks, far-ahead events, failures, client aborts, retries
+  under the same request id, two partitions): records, dead letters, windows (counts,
+  sketch columns, ledgers), SLO counts, offsets, watermarks and counters, call by call.
 
 Skipped (with the reason) where the extension is not built: ``./tg`` builds it when a
 Rust toolchain is present; ``pip install ./native`` builds it by hand.
@@ -23,10 +23,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.contract.codec import encode_event
 from pipeline.core import native
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import JoinConfig
@@ -36,7 +38,7 @@ from pipeline.core.slo_windows import slo_factory
 from pipeline.core.windows import ClosedWindow, WindowConfig
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
-from tests.unit.test_processor_fast_path import _REQUEST, _traffic
+from tests.factories import completed, finished, received
 
 pytestmark = pytest.mark.skipif(
     native.NATIVE is None,
@@ -215,6 +217,70 @@ def test_a_bad_value_fails_alike_and_changes_nothing(
 
 # --- the whole processor --------------------------------------------------------
 
+# One request: gap after the previous one (ms), engine time (ms), hosts (0-2), the fate
+# of each of its three events (0 as sent, 1 lost, 2 twice, 3 late: sent ``late_ms``
+# after it was stamped, 4 stamped far ahead: a wrong clock), how its first attempt ends
+# (ok, a 502, a client abort) and whether the client retries it (a second attempt under
+# the same request id, which ends well).
+_REQUEST = st.tuples(
+    st.integers(0, 400),
+    st.integers(20, 3_000),
+    st.integers(0, 2),
+    st.tuples(*[st.sampled_from([0, 0, 0, 0, 1, 2, 3, 4])] * 3),
+    st.sampled_from(["ok", "ok", "error", "abort"]),
+    st.booleans(),
+)
+
+
+def _attempt(rid: str, n: int, t: int, e2e: int, host: int, *, end: str) -> list[Any]:
+    """(event, host) of one attempt starting at ``t``."""
+    done = t + e2e + 5
+    status, outcome = {"ok": (200, "ok"), "error": (502, "error"), "abort": (0, "client_abort")}[
+        end
+    ]
+    return [
+        (received(rid, t, eid=f"{rid}:r{n}"), f"gw-{host}"),
+        (finished(rid, done - 1, decode_ms=e2e - 18.0, eid=f"{rid}:f{n}"), f"m-{host}"),
+        (
+            completed(rid, done, total_ms=e2e + 5.0, http_status=status, outcome=outcome,
+                      eid=f"{rid}:c{n}"),
+            f"gw-{(host + 1) % 3}",
+        ),
+    ]  # fmt: skip
+
+
+def _traffic(
+    requests: list[Any], late_ms: int, skew_ms: tuple[int, int, int]
+) -> list[tuple[int, dict[str, Any]]]:
+    """(send time ms, event dict) in send order; host ``gw-i`` stamps ``skew_ms[i]`` off."""
+    out: list[tuple[int, int, dict[str, Any]]] = []
+    t = 0
+    for i, (gap, e2e, host, fates, end, retry) in enumerate(requests):
+        t += gap
+        rid = f"r{i}"
+        events = _attempt(rid, 1, t, e2e, host, end=end)
+        if retry and end != "ok":
+            events += _attempt(rid, 2, t + e2e + 50, e2e, (host + 1) % 3, end="ok")
+        for k, (ev, h) in enumerate(events):
+            d = orjson.loads(encode_event(ev))
+            d["host"] = h
+            sent = d["ts_unix_ns"] // 1_000_000
+            if h.startswith("gw-"):
+                d["ts_unix_ns"] += skew_ms[int(h[3:])] * 1_000_000
+            fate = fates[k % 3]
+            if fate == 1:
+                continue
+            if fate == 3:
+                sent += late_ms
+            if fate == 4:
+                d["ts_unix_ns"] += 600_000 * 1_000_000
+                sent += 1
+            out.append((sent, len(out), d))
+            if fate == 2:
+                out.append((sent + 50, len(out), d))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(sent, d) for sent, _, d in out]
+
 
 def _seen_window(w: ClosedWindow) -> tuple[Any, ...]:
     slos = w.slos.rows() if w.slos is not None else None
@@ -259,16 +325,16 @@ def _run(steps: list[Any], configs: tuple[Any, ...]) -> list[Any]:
     st.sampled_from([200, 1_000, 15_000]),  # join timeout
     st.sampled_from([(500, 0), (1_000, 300), (2_000, 3_000)]),  # window size, grace
     st.sampled_from([1, 3, 5]),  # clock quorum
+    st.sampled_from([(0, 0, 0), (0, 2_500, 0), (-4_000, 0, 90_000)]),  # gateway clock skews
     st.randoms(use_true_random=False),
 )
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PLR0917
     requests: list[Any], late_ms: int, per_call: int,
-    wall_step: int | None, timeout_ms: int, window: tuple[int, int], quorum: int, rnd: Any,
+    wall_step: int | None, timeout_ms: int, window: tuple[int, int], quorum: int,
+    skew_ms: tuple[int, int, int], rnd: Any,
 ) -> None:  # fmt: skip
-    import orjson
-
-    traffic = _traffic(requests, late_ms)
+    traffic = _traffic(requests, late_ms, skew_ms)
     steps: list[Any] = []
     wall = 1_000_000
     i = 0
