@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyByteArray, PyDict, PySequence, PyString};
 
 // ---------------------------------------------------------------------------
 // partition clock
@@ -358,10 +358,43 @@ fn bump(store: &Bound<'_, PyDict>, keys: &mut [i64], sign: i64) -> PyResult<()> 
     Ok(())
 }
 
+// ---------------------------------------------------------------------------
+// boundary table
+// ---------------------------------------------------------------------------
+
+/// The records' boundary values as one row-major `(n, len(names))` float64 buffer:
+/// `getattr(record, name)` for each record and name, None as NaN, a number as
+/// `float(v)` (what `pipeline.core.slo.boundary_table` builds with `np.fromiter`).
+/// Returned as a bytearray (a writable buffer for `np.frombuffer`).
+#[pyfunction]
+fn boundary_table<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    names: Vec<Bound<'py, PyString>>,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let seq = records.downcast::<PySequence>()?;
+    let n = seq.len()?;
+    let mut out: Vec<f64> = Vec::with_capacity(n * names.len());
+    for i in 0..n {
+        let rec = seq.get_item(i)?;
+        for name in &names {
+            let v = rec.getattr(name)?;
+            out.push(if v.is_none() {
+                f64::NAN
+            } else {
+                v.extract::<f64>()?
+            });
+        }
+    }
+    let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    Ok(PyByteArray::new(py, &bytes))
+}
+
 #[pymodule]
 fn tailguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionClock>()?;
     m.add_function(wrap_pyfunction!(sketch_bump, m)?)?;
+    m.add_function(wrap_pyfunction!(boundary_table, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

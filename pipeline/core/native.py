@@ -6,7 +6,9 @@ ports of two pure-Python references that stay in the tree:
 * ``PartitionClock``: :class:`pipeline.core.eventtime.PartitionClock`, the per-partition
   event clock the processor calls on every event;
 * ``sketch_bump``: the bin update of :meth:`pipeline.core.sketch.QuantileSketch.add_many`
-  and ``remove_many`` (the windows' sketch accumulation).
+  and ``remove_many`` (the windows' sketch accumulation);
+* ``boundary_table``: :func:`pipeline.core.slo.boundary_table`, the records' boundary
+  values as the float table the windows and SLO counts of a batch read.
 
 Both give results identical to the references (``tests/unit/test_native_diff.py``
 compares them on hypothesis-generated inputs). Where the extension is not built (no Rust
@@ -48,6 +50,7 @@ class CoreImpl:
     name: Literal["python", "native"]
     clock: Callable[[ClockConfig], Any]  # a PartitionClock (either kind)
     sketch_bump: Any  # tailguard_native.sketch_bump, or None for the reference
+    boundary_table: Any  # tailguard_native.boundary_table, or None for the reference
 
     def describe(self) -> str:
         """One line for the start log: which implementation runs, and why."""
@@ -57,9 +60,11 @@ class CoreImpl:
         return f"core hot path: python ({why})"
 
 
-PYTHON: Final = CoreImpl("python", PartitionClock, None)
+PYTHON: Final = CoreImpl("python", PartitionClock, None, None)
 NATIVE: Final[CoreImpl | None] = (
-    CoreImpl("native", _ext.PartitionClock, _ext.sketch_bump) if _ext is not None else None
+    CoreImpl("native", _ext.PartitionClock, _ext.sketch_bump, _ext.boundary_table)
+    if _ext is not None
+    else None
 )
 
 _active: list[CoreImpl] = [NATIVE or PYTHON]  # the selection (see select): auto at first
@@ -101,3 +106,9 @@ def sketch_kernel() -> Callable[..., tuple[int, int, float]] | None:
     """The native sketch kernel when the native implementation is selected, else None."""
     bump: Callable[..., tuple[int, int, float]] | None = _active[0].sketch_bump
     return bump
+
+
+def table_kernel() -> Callable[[Any, tuple[str, ...]], bytearray] | None:
+    """The native boundary table when the native implementation is selected, else None."""
+    table: Callable[[Any, tuple[str, ...]], bytearray] | None = _active[0].boundary_table
+    return table

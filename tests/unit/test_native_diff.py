@@ -6,6 +6,7 @@ Same hypothesis-generated inputs through both implementations, identical outputs
   the last advance, event count, bootstrap flag, marks, limits);
 * the sketch kernel: bins (as dicts), zero count, count, sum, min and max after any
   sequence of ``add_many`` / ``remove_many`` batches, and the same error for a bad value;
+* the boundary table of a batch of records, bit for bit;
 * the whole processor on messy traffic (disorder, duplicates, lost and late partners,
   gateway hosts with skewed clocks, far-ahead events, failures, client aborts, retries
   under the same request id, two partitions): records, dead letters, windows (counts,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,9 @@ from pipeline.core import native
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import JoinConfig
 from pipeline.core.processor import Output, StreamProcessor
+from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
+from pipeline.core.slo import boundary_table
 from pipeline.core.slo_windows import slo_factory
 from pipeline.core.windows import ClosedWindow, WindowConfig
 from pipeline.settings import Settings
@@ -213,6 +217,31 @@ def test_a_bad_value_fails_alike_and_changes_nothing(
         states.append(_sketch_state(s))
     assert errors[0] == errors[1]
     assert states[0] == states[1]
+
+
+# --- boundary table -------------------------------------------------------------
+
+_BOUNDARY = (
+    st.none()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(2**60), 2**60)
+    | st.sampled_from([0.0, -0.0, 1e-320])
+)
+
+
+@given(st.lists(st.lists(_BOUNDARY, min_size=len(BOUNDARIES), max_size=len(BOUNDARIES)),
+                max_size=40))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_boundary_table_equals_the_reference(rows: list[list[float | int | None]]) -> None:
+    records = [SimpleNamespace(**dict(zip(BOUNDARIES, r, strict=True))) for r in rows]
+    with _selected("python"):
+        want = boundary_table(records)  # type: ignore[arg-type]
+    with _selected("native"):
+        got = boundary_table(records)  # type: ignore[arg-type]
+    assert got.shape == want.shape == (len(rows), len(BOUNDARIES))
+    assert got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()  # bit for bit: NaN, -0.0, int rounding
+    got[:1] = 0.0  # writable, as the reference's table
 
 
 # --- the whole processor --------------------------------------------------------
