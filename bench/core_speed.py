@@ -384,8 +384,9 @@ def run(ctx: Context) -> Section:
         "This tree is measured with both implementations of the core's hot path (issue "
         "39, `pipeline.core.native`), alternately repeat by repeat in one process "
         '(`--impl both`): "after" is the pure-Python reference, "native hot path" the '
-        "Rust extension `tailguard_native` (the partition clock and the sketch bin update "
-        "in this phase). Without the extension built only the reference is measured."
+        "Rust extension `tailguard_native` (the partition clock, the sketch bin update "
+        "and the batch's boundary table in this phase). Without the extension built only "
+        "the reference is measured."
         if nat is not None
         else "The native hot path (issue 39) is not built here: only the pure-Python "
         "reference is measured."
