@@ -154,6 +154,7 @@ def throughput(ctx: Context) -> Section:
             _landed(r, label),
         ]
         sec.commands.append(_worker_command(for_group(s, ctx.workdir, key)))
+    _python_core(ctx, sec)
     # Context: what storing the raw events costs (the same data, a worker that keeps none).
     s, pre = _preloaded(ctx, "batched")
     label = "batched, raw events not stored (context)"
@@ -214,6 +215,47 @@ def throughput(ctx: Context) -> Section:
         "ours do (`producers/emit.py` `BatchPolicy`: up to 200 events or 50 ms per message)."
     )
     return sec
+
+
+# Issue 39's target for the native hot path: events per worker CPU-second against the
+# pure-Python core's, the same data in the same run.
+NATIVE_SPEEDUP_TARGET = 2.0
+
+
+def _python_core(ctx: Context, sec: Section) -> None:
+    """The batched run again with the pure-Python core (``core_impl=python``) when the
+    native hot path is built (the run above took it: ``core_impl=auto``), side by side."""
+    from pipeline.core import native
+
+    if native.NATIVE is None:
+        sec.text.append(
+            "The native hot path (issue 39, `tailguard_native`) is not built here: the "
+            "worker runs the pure-Python core."
+        )
+        return
+    s, pre = _preloaded(ctx, "batched")
+    nat = _one_worker(ctx, "batched")
+    py = for_group(s.model_copy(update={"core_impl": "python"}), ctx.workdir, "python-core")
+    ref = run_workers(py, pre, 1, ctx.workdir)
+    label = "batched, pure-Python core (reference)"
+    per_cpu_nat, per_cpu_ref = nat.events / nat.cpu_s, ref.events / ref.cpu_s
+    sec.figures += [
+        Figure(f"{label}: worker events/s", ref.events_per_s, "events/s",
+               note=f"TAILGUARD_CORE_IMPL=python, {ref.seconds:.1f} s"),
+        Figure(f"{label}: events per worker CPU-second", per_cpu_ref, "events/s"),
+        _loop_figure(ref, label),
+        _landed(ref, label),
+        at_least("batched: native / pure-Python core, events per worker CPU-second",
+                 per_cpu_nat / per_cpu_ref, "×", NATIVE_SPEEDUP_TARGET,
+                 f"{per_cpu_nat:,.0f} vs {per_cpu_ref:,.0f} events/s; wall: "
+                 f"{nat.events_per_s / ref.events_per_s:.2f} ×"),
+    ]  # fmt: skip
+    sec.text.append(
+        "The batched rows above ran the native hot path (`tailguard_native`, built by "
+        "./tg; `TAILGUARD_CORE_IMPL=auto`); the pure-Python core's rows are the same data "
+        "through a fresh consumer group in the same run (`TAILGUARD_CORE_IMPL=python`). "
+        f"Target ≥ {NATIVE_SPEEDUP_TARGET:g} × events per worker CPU-second (issue 39)."
+    )
 
 
 @register("scaling", "Scaling: two worker processes vs one", order=20)

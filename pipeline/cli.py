@@ -30,6 +30,18 @@ def _settings(args: argparse.Namespace) -> Settings:
     return worker_settings(args)
 
 
+def _select_core(settings: Settings) -> None:
+    """Pick the core's hot path (setting ``core_impl``) for this process and say which
+    runs; ``native`` without the extension is a start error."""
+    from pipeline.core import native
+
+    try:
+        impl = native.select(settings.core_impl)
+    except ValueError as exc:
+        raise SystemExit(f"tailguard: {exc}") from None
+    logging.getLogger("tailguard").info("%s", impl.describe())
+
+
 def _need_file(path: Path | None) -> None:
     """A missing input fails before anything is created (one line, via main)."""
     import errno
@@ -114,7 +126,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.adapters.worker import run_worker
 
-    run_worker(_settings(args), loglevel=args.loglevel)
+    settings = _settings(args)
+    _select_core(settings)
+    run_worker(settings, loglevel=args.loglevel)
     return 0
 
 
@@ -226,6 +240,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     _need_file(args.trace)
     settings = _settings(args)
+    _select_core(settings)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     if policy is None:
@@ -248,6 +263,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     _need_file(args.events)
     settings = _settings(args)
+    _select_core(settings)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")

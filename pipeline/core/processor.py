@@ -23,6 +23,7 @@ from pipeline.contract.wire import (
     decode_fast,
     event_bytes,
 )
+from pipeline.core import native
 from pipeline.core.counted import CountedArchive
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
@@ -136,7 +137,7 @@ class StreamProcessor:
             partition,
             joiner,
             WindowAggregator(partition, self.window_config, self.slo_factory),
-            PartitionClock(self.clock_config),
+            native.active().clock(self.clock_config),  # the reference or its native port
             ledger={rid: unpack(packed)[0] for rid, packed in led.items()},
             counted=CountedArchive(self.join_config.counted_ttl_ms, self.join_config.max_counted),
         )

@@ -28,8 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 _NOT_COPIED = shutil.ignore_patterns(
-    ".git", ".venv*", ".cache", "var", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
-)
+    ".git", ".venv*", ".cache", "var", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
+    "target",  # native/target: the Rust build directory (not in the wheel)
+)  # fmt: skip
 
 _CHECK_REQUIREMENTS = """
 import sys

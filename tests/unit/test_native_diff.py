@@ -1,0 +1,398 @@
+"""The native hot path (``tailguard_native``, issue 39) against its Python references.
+
+Same hypothesis-generated inputs through both implementations, identical outputs:
+
+* the partition clock, operation by operation (return values, watermark, wall time of
+  the last advance, event count, bootstrap flag, marks, limits);
+* the sketch kernel: bins (as dicts), zero count, count, sum, min and max after any
+  sequence of ``add_many`` / ``remove_many`` batches, and the same error for a bad value;
+* the boundary table of a batch of records, bit for bit;
+* the whole processor on messy traffic (disorder, duplicates, lost and late partners,
+  gateway hosts with skewed clocks, far-ahead events, failures, client aborts, retries
+  under the same request id, two partitions): records, dead letters, windows (counts,
+  sketch columns, ledgers), SLO counts, offsets, watermarks and counters, call by call.
+
+Skipped (with the reason) where the extension is not built: ``./tg`` builds it when a
+Rust toolchain is present; ``pip install ./native`` builds it by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.contract.codec import encode_event
+from pipeline.core import native
+from pipeline.core.eventtime import ClockConfig, PartitionClock
+from pipeline.core.join import JoinConfig
+from pipeline.core.processor import Output, StreamProcessor
+from pipeline.core.record import BOUNDARIES
+from pipeline.core.sketch import QuantileSketch
+from pipeline.core.slo import boundary_table
+from pipeline.core.slo_windows import slo_factory
+from pipeline.core.windows import ClosedWindow, WindowConfig
+from pipeline.settings import Settings
+from pipeline.spec.slo import load_spec_file
+from tests.factories import completed, finished, received
+
+pytestmark = pytest.mark.skipif(
+    native.NATIVE is None,
+    reason="tailguard_native is not built (no Rust toolchain when ./tg ran; "
+    "`pip install ./native` builds it)",
+)
+
+
+@contextmanager
+def _selected(name: native.CoreImplName) -> Iterator[None]:
+    before = native.active()
+    native.select(name)
+    try:
+        yield
+    finally:
+        native.select(before.name)
+
+
+@pytest.fixture
+def restore_impl() -> Iterator[None]:
+    with _selected(native.active().name):
+        yield
+
+
+# --- selection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "runs"), [("auto", "native"), ("native", "native"), ("python", "python")]
+)
+def test_selection_names_what_runs(restore_impl: None, requested: Any, runs: str) -> None:
+    impl = native.select(requested)
+    assert (impl.name, native.active().name) == (runs, runs)
+    assert impl.describe().startswith(f"core hot path: {runs}")
+    assert (native.sketch_kernel() is None) == (runs == "python")
+
+
+def test_an_unknown_implementation_is_a_start_error() -> None:
+    with pytest.raises(ValueError, match="core_impl must be one of"):
+        native.resolve("rust")  # type: ignore[arg-type]
+
+
+# --- partition clock ----------------------------------------------------------
+
+_CLOCK_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["observe"] * 10 + ["jump", "establish", "now", "now_lagging"]),
+        st.integers(0, 4),  # host
+        st.integers(0, 400_000),  # event time (ms)
+        st.integers(0, 20_000) | st.none(),  # wall time (ms)
+    ),
+    max_size=400,
+)
+
+
+def _clock_state(c: Any) -> tuple[Any, ...]:
+    return (
+        c.watermark_ms, c.wall_at_advance_ms, c.events, c.bootstrapping, c.host_marks(),
+        c.newest_ms, c.ahead_limit_ms(), c.ahead_limit_ms(123_456), c.in_range(350_000),
+    )  # fmt: skip
+
+
+@given(_CLOCK_OPS, st.sampled_from([1, 2, 3, 5]), st.sampled_from([1_000, 60_000]))
+@settings(max_examples=500, deadline=None)
+def test_clock_equals_the_reference(
+    ops: list[tuple[str, int, int, int | None]], quorum: int, idle_ms: int
+) -> None:
+    cfg = ClockConfig(max_ahead_ms=100_000, quorum=quorum, host_idle_ms=idle_ms)
+    assert native.NATIVE is not None
+    ref, nat = PartitionClock(cfg), native.NATIVE.clock(cfg)
+    assert nat.config is cfg
+    for op, host, ts, wall in ops:
+        got = []
+        for c in (ref, nat):
+            if op == "observe":
+                got.append(c.observe(f"h{host}", ts, wall or 0))
+            elif op == "jump":
+                got.append(c.jump(ts, wall or 0))
+            elif op == "establish":
+                got.append(c.establish(wall or 0))
+            else:
+                got.append(c.now(wall, caught_up=op == "now"))
+            got.append(_clock_state(c))
+        assert got[:2] == got[2:], (op, host, ts, wall)
+
+
+def test_clock_attributes_can_be_set_as_on_the_reference() -> None:
+    assert native.NATIVE is not None
+    c = native.NATIVE.clock(ClockConfig())
+    c.watermark_ms, c.wall_at_advance_ms = 5, 7
+    assert (c.watermark_ms, c.wall_at_advance_ms, c.now(10), c.now(None)) == (5, 7, 8, 5)
+
+
+# --- sketch kernel ------------------------------------------------------------
+
+_FLOATS = (
+    st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False)
+    | st.floats(-1e-300, 1e-300)  # the zero bucket and the smallest keys
+    | st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, 250.0, 1e300, -1e300])  # no overflow to inf
+)
+_BATCHES = st.lists(
+    st.tuples(st.booleans(), st.lists(_FLOATS, max_size=60)),  # (take back?, values)
+    max_size=8,
+)
+
+
+def _sketch_state(s: QuantileSketch) -> tuple[Any, ...]:
+    return (s._pos, s._neg, s.zero_count, s.count, s.sum, s.min, s.max, s.to_columns())
+
+
+def _run_sketch(batches: list[tuple[bool, list[float]]], rel_acc: float) -> list[Any]:
+    s = QuantileSketch(rel_acc)
+    seen: list[Any] = []
+    for remove, values in batches:
+        arr = np.asarray(values, dtype=np.float64)
+        if remove:
+            s.remove_many(arr)
+        else:
+            s.add_many(arr)
+        seen.append(_sketch_state(s))
+    return seen
+
+
+@given(_BATCHES, st.sampled_from([0.01, 0.02, 0.005]))
+@settings(max_examples=400, deadline=None)
+def test_sketch_kernel_equals_the_reference(
+    batches: list[tuple[bool, list[float]]], rel_acc: float
+) -> None:
+    with _selected("python"):
+        want = _run_sketch(batches, rel_acc)
+    with _selected("native"):
+        assert _run_sketch(batches, rel_acc) == want
+
+
+@pytest.mark.parametrize("rel_acc", [0.01, 0.001])
+def test_sketch_kernel_keys_at_bucket_edges_are_the_librarys(rel_acc: float) -> None:
+    """Where ``ceil`` is most sensitive: values at the edges between buckets (``gamma``
+    to an integer power) and one ulp either side, over the whole range of magnitudes."""
+    assert native.NATIVE is not None
+    m = QuantileSketch(rel_acc)._mapping
+    top = int(1_020 * m._multiplier)  # 2 ** 1020: within the mapping
+    edges = [2.0 ** (k / m._multiplier) for k in range(-top, top, max(1, top // 3_000))]
+    edges = [e for e in edges if m.min_possible < e <= m.max_possible / 2]
+    values = np.array(
+        [v for e in edges for v in (np.nextafter(e, 0.0), e, np.nextafter(e, np.inf))]
+    )
+    pos: dict[int, int] = {}
+    bad, zero, _ = native.NATIVE.sketch_bump(
+        pos, {}, values, 1, m._multiplier, m._offset, math.log(2.0), m.min_possible,
+        m.max_possible, 0.0,
+    )  # fmt: skip
+    want: dict[int, int] = {}
+    for v in values.tolist():
+        want[m.key(v)] = want.get(m.key(v), 0) + 1
+    assert (bad, zero, len(values)) == (-1, 0, 3 * len(edges))
+    assert pos == want
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1.8e308])
+@pytest.mark.parametrize("remove", [False, True])
+def test_a_bad_value_fails_alike_and_changes_nothing(
+    restore_impl: None, bad: float, remove: bool
+) -> None:
+    errors, states = [], []
+    for impl in ("python", "native"):
+        native.select(impl)  # type: ignore[arg-type]
+        s = QuantileSketch()
+        s.add_many(np.array([1.0, 2.0]))
+        with pytest.raises(ValueError, match="cannot") as e:
+            (s.remove_many if remove else s.add_many)(np.array([3.0, bad, 4.0]))
+        errors.append(str(e.value))
+        states.append(_sketch_state(s))
+    assert errors[0] == errors[1]
+    assert states[0] == states[1]
+
+
+# --- boundary table -------------------------------------------------------------
+
+_BOUNDARY = (
+    st.none()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(2**60), 2**60)
+    | st.sampled_from([0.0, -0.0, 1e-320])
+)
+
+
+@given(st.lists(st.lists(_BOUNDARY, min_size=len(BOUNDARIES), max_size=len(BOUNDARIES)),
+                max_size=40))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_boundary_table_equals_the_reference(rows: list[list[float | int | None]]) -> None:
+    records = [SimpleNamespace(**dict(zip(BOUNDARIES, r, strict=True))) for r in rows]
+    with _selected("python"):
+        want = boundary_table(records)  # type: ignore[arg-type]
+    with _selected("native"):
+        got = boundary_table(records)  # type: ignore[arg-type]
+    assert got.shape == want.shape == (len(rows), len(BOUNDARIES))
+    assert got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()  # bit for bit: NaN, -0.0, int rounding
+    got[:1] = 0.0  # writable, as the reference's table
+
+
+# --- the whole processor --------------------------------------------------------
+
+# One request: gap after the previous one (ms), engine time (ms), hosts (0-2), the fate
+# of each of its three events (0 as sent, 1 lost, 2 twice, 3 late: sent ``late_ms``
+# after it was stamped, 4 stamped far ahead: a wrong clock), how its first attempt ends
+# (ok, a 502, a client abort) and whether the client retries it (a second attempt under
+# the same request id, which ends well).
+_REQUEST = st.tuples(
+    st.integers(0, 400),
+    st.integers(20, 3_000),
+    st.integers(0, 2),
+    st.tuples(*[st.sampled_from([0, 0, 0, 0, 1, 2, 3, 4])] * 3),
+    st.sampled_from(["ok", "ok", "error", "abort"]),
+    st.booleans(),
+)
+
+
+def _attempt(rid: str, n: int, t: int, e2e: int, host: int, *, end: str) -> list[Any]:
+    """(event, host) of one attempt starting at ``t``."""
+    done = t + e2e + 5
+    status, outcome = {"ok": (200, "ok"), "error": (502, "error"), "abort": (0, "client_abort")}[
+        end
+    ]
+    return [
+        (received(rid, t, eid=f"{rid}:r{n}"), f"gw-{host}"),
+        (finished(rid, done - 1, decode_ms=e2e - 18.0, eid=f"{rid}:f{n}"), f"m-{host}"),
+        (
+            completed(rid, done, total_ms=e2e + 5.0, http_status=status, outcome=outcome,
+                      eid=f"{rid}:c{n}"),
+            f"gw-{(host + 1) % 3}",
+        ),
+    ]  # fmt: skip
+
+
+def _traffic(
+    requests: list[Any], late_ms: int, skew_ms: tuple[int, int, int]
+) -> list[tuple[int, dict[str, Any]]]:
+    """(send time ms, event dict) in send order; host ``gw-i`` stamps ``skew_ms[i]`` off."""
+    out: list[tuple[int, int, dict[str, Any]]] = []
+    t = 0
+    for i, (gap, e2e, host, fates, end, retry) in enumerate(requests):
+        t += gap
+        rid = f"r{i}"
+        events = _attempt(rid, 1, t, e2e, host, end=end)
+        if retry and end != "ok":
+            events += _attempt(rid, 2, t + e2e + 50, e2e, (host + 1) % 3, end="ok")
+        for k, (ev, h) in enumerate(events):
+            d = orjson.loads(encode_event(ev))
+            d["host"] = h
+            sent = d["ts_unix_ns"] // 1_000_000
+            if h.startswith("gw-"):
+                d["ts_unix_ns"] += skew_ms[int(h[3:])] * 1_000_000
+            fate = fates[k % 3]
+            if fate == 1:
+                continue
+            if fate == 3:
+                sent += late_ms
+            if fate == 4:
+                d["ts_unix_ns"] += 600_000 * 1_000_000
+                sent += 1
+            out.append((sent, len(out), d))
+            if fate == 2:
+                out.append((sent + 50, len(out), d))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(sent, d) for sent, _, d in out]
+
+
+def _seen_window(w: ClosedWindow) -> tuple[Any, ...]:
+    slos = w.slos.rows() if w.slos is not None else None
+    return (
+        w.partition, w.start_ms, list(w.records.items()), w.sketches, w.correction, w.ledger,
+        slos,
+    )  # fmt: skip
+
+
+def _seen(out: Output) -> tuple[Any, ...]:
+    return (
+        out.records,
+        [(d.reason, d.source) for d in out.dead],
+        [_seen_window(w) for w in out.windows],
+    )
+
+
+_SLOS = slo_factory(load_spec_file(Settings().slo_spec))
+
+
+def _run(steps: list[Any], configs: tuple[Any, ...]) -> list[Any]:
+    join, windows, clock = configs
+    p = StreamProcessor(
+        "t", join, window_config=windows, clock_config=clock, max_pending=join.max_pending,
+        slo_factory=_SLOS,
+    )  # fmt: skip
+    seen: list[Any] = []
+    for kind, arg, wall_ms, lagging in steps:
+        out = p.process(arg, wall_ms, lagging) if kind == "process" else p.tick(wall_ms, lagging)
+        seen.append(_seen(out))
+        seen.append((p.safe_offsets(), p.watermarks(), p.pending(), p.horizons()))
+    seen.append(_seen(p.drain()))
+    seen.append((p.counters, p.join_counters(), p.window_counters()))
+    return seen
+
+
+@given(
+    st.lists(_REQUEST, min_size=1, max_size=80),
+    st.sampled_from([0, 2_000, 20_000]),  # late_ms
+    st.integers(1, 6),  # messages per process call
+    st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
+    st.sampled_from([200, 1_000, 15_000]),  # join timeout
+    st.sampled_from([(500, 0), (1_000, 300), (2_000, 3_000)]),  # window size, grace
+    st.sampled_from([1, 3, 5]),  # clock quorum
+    st.sampled_from([(0, 0, 0), (0, 2_500, 0), (-4_000, 0, 90_000)]),  # gateway clock skews
+    st.randoms(use_true_random=False),
+)
+@settings(max_examples=80, deadline=None)
+def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PLR0917
+    requests: list[Any], late_ms: int, per_call: int,
+    wall_step: int | None, timeout_ms: int, window: tuple[int, int], quorum: int,
+    skew_ms: tuple[int, int, int], rnd: Any,
+) -> None:  # fmt: skip
+    traffic = _traffic(requests, late_ms, skew_ms)
+    steps: list[Any] = []
+    wall = 1_000_000
+    i = 0
+    while i < len(traffic):
+        batch = []
+        for _ in range(per_call):
+            chunk = traffic[i : i + rnd.randint(1, 4)]
+            if not chunk:
+                break
+            offset = i
+            i += len(chunk)
+            body = orjson.dumps([d for _, d in chunk] if len(chunk) > 1 else chunk[0][1])
+            batch.append((rnd.randint(0, 1), offset, body))
+        if not batch:
+            break
+        if wall_step is not None:
+            wall = max(wall, 1_000_000 + traffic[i - 1][0]) + wall_step
+        lagging = frozenset({0}) if rnd.random() < 0.2 else frozenset()
+        steps.append(("process", batch, None if wall_step is None else wall, lagging))
+        if wall_step is not None and rnd.random() < 0.2:
+            wall += rnd.choice([100, 1_000, 20_000])
+            steps.append(("tick", None, wall, frozenset()))
+    configs = (
+        JoinConfig(timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms,
+                   resolved_ttl_ms=3 * timeout_ms),
+        WindowConfig(size_ms=window[0], grace_ms=window[1]),
+        ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
+    )  # fmt: skip
+    with _selected("python"):
+        want = _run(steps, configs)
+    with _selected("native"):
+        assert _run(steps, configs) == want
