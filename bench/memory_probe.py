@@ -171,7 +171,7 @@ class Probe:
             store = open_store(s)
             migrate(store, raw_ttl_days=s.raw_events_ttl_days)
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
-        from pipeline.adapters.worker import tune_gc
+        from pipeline.adapters.faust_wiring import tune_gc
 
         tune_gc()  # the worker's garbage-collector settings
 

@@ -112,7 +112,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.adapters.worker import run_worker
+    from pipeline.adapters.faust_wiring import run_worker
 
     run_worker(_settings(args), loglevel=args.loglevel)
     return 0
