@@ -8,7 +8,7 @@ time = the processing clock, as for a live worker reading a live stream), batche
 join, windows, SLO spec, raw events kept), and with ``--store`` the worker's writes into
 a real embedded ClickHouse (chDB) every ``flush_interval_ms`` of event time or
 ``flush_max_rows`` records: requests, raw events, windows, checkpoints (as
-``WorkerShell._write``, less the Kafka topics). The worker's GC tuning applies.
+``FlushWriter.write``, less the Kafka topics). The worker's GC tuning applies.
 
 Every ``--sample-s`` of event time it records, per sample: RSS; Python's allocated
 blocks (``sys.getallocatedblocks``); glibc malloc's arena (``mallinfo2``: in use, free,
