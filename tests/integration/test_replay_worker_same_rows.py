@@ -3,9 +3,9 @@
 Both write through one writer in one order (``pipeline.adapters.flush.FlushWriter``). A
 small messy input file (partners apart, requests late for their window, a gateway's clock
 off, duplicates, a malformed line) goes, line by line, to a one-partition lifecycle topic
-on the real broker; a worker consumes it until its close horizon passes the last window (the idle wall time of a
-caught-up partition closes the last windows); the same file is replayed with ``replay
---store`` into a second store. The stores are then compared table by table.
+on the real broker; a worker consumes it until its close horizon passes the last window
+(the idle wall time of a caught-up partition closes the last windows); the same file is
+replayed with ``replay --store`` into a second store. The stores are then compared table by table.
 
 Columns left out, because they differ by construction: ``window_sketches.source_topic``
 (the lifecycle topic, against ``replay:<file>``), ``through_offset`` (Kafka offsets from
