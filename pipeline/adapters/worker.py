@@ -105,7 +105,7 @@ class WorkerSettings:
 
 # Per new partition: the ledger of what the topic's ledger counts from an offset on
 # (read_topic_ledgers: ``{partition: first offset}``, memory_ms -> ``{partition: ledger}``).
-ReadLedgers = Callable[[Mapping[int, int], int], Mapping[int, dict[str, int]]]
+ReadLedgers = Callable[[dict[int, int], int], Mapping[int, dict[str, int]]]
 
 
 @dataclass

@@ -73,7 +73,9 @@ TABLES = {
 def _messy_file(path: Path) -> None:
     """Simulated requests, made messy, as JSON arrays of 1-50 events a line, with a
     malformed line in the middle (a dead letter to both)."""
-    evs = [event_to_dict(e) for e in lifecycle_events(300, seed=38, prefix="same-")]
+    evs: list[dict[str, Any]] = [
+        event_to_dict(e) for e in lifecycle_events(300, seed=38, prefix="same-")
+    ]
     evs = delay(evs, lambda e: e["kind"] == "engine.finished" and hash(e["request_id"]) % 17 == 0,
                 1_500)  # fmt: skip  # partners apart (within the test's join timeout)
     evs = delay(evs, lambda e: hash(e["request_id"]) % 23 == 0, 8_000)  # late requests
@@ -110,7 +112,7 @@ def _wait_horizon(s: Settings, worker: WorkerProcess, horizon_ms: int, timeout_s
             msg = c.poll(1.0)
             if msg is None or msg.error() is not None:
                 continue
-            summary = decode_summary(msg.value())
+            summary = decode_summary(msg.value() or b"")
             if isinstance(summary, Progress) and summary.partition == 0:
                 seen = max(seen, summary.horizon_ms)
     finally:

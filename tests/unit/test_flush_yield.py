@@ -59,7 +59,7 @@ def _writer() -> FlushWriter:
         0.01,
         retry=lambda fn, what: (fn(), 0)[1],
         dead_rows=lambda dead: None,
-        told=SimpleNamespace(windows_stored=lambda *_a: None, flush=lambda _s: None),  # type: ignore[arg-type]
+        told=SimpleNamespace(windows_stored=lambda *_a: None, flush=lambda _s: None),
     )
 
 
@@ -234,7 +234,7 @@ def _loop_shell(
     sh.open(
         WorkerPorts(
             store=SimpleNamespace(close=lambda: None),  # type: ignore[arg-type]
-            dead=DeadLetters("t", sink, lambda *_a: []),  # type: ignore[arg-type]
+            dead=DeadLetters("t", sink, lambda *_a: []),
             feed=None,
             ledger=None,
             read_ledgers=lambda *_a: {},
