@@ -239,9 +239,9 @@ def main() -> None:
     args = ap.parse_args()
     msgs, _n = load(args.instances)
     # The worker's garbage-collector settings, as the measured commit has them
-    # (pipeline/adapters/worker.py tune_gc).
+    # (pipeline/adapters/faust_wiring.py tune_gc).
     try:
-        from pipeline.adapters.worker import tune_gc
+        from pipeline.adapters.faust_wiring import tune_gc
     except ImportError:  # pragma: no cover - a commit without it
         gc.collect()
         gc.freeze()

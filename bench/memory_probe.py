@@ -8,7 +8,7 @@ time = the processing clock, as for a live worker reading a live stream), batche
 join, windows, SLO spec, raw events kept), and with ``--store`` the worker's writes into
 a real embedded ClickHouse (chDB) every ``flush_interval_ms`` of event time or
 ``flush_max_rows`` records: requests, raw events, windows, checkpoints (as
-``WorkerShell._write``, less the Kafka topics). The worker's GC tuning applies.
+``FlushWriter.write``, less the Kafka topics). The worker's GC tuning applies.
 
 Every ``--sample-s`` of event time it records, per sample: RSS; Python's allocated
 blocks (``sys.getallocatedblocks``); glibc malloc's arena (``mallinfo2``: in use, free,
@@ -172,7 +172,7 @@ class Probe:
             store = open_store(s)
             migrate(store, raw_ttl_days=s.raw_events_ttl_days)
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
-        from pipeline.adapters.worker import tune_gc
+        from pipeline.adapters.faust_wiring import tune_gc
 
         tune_gc()  # the worker's garbage-collector settings
 

@@ -1,7 +1,7 @@
 """The store side of the worker's memory alone: a real chDB insert loop at the worker's rates.
 
 Per simulated second (``--rate`` events/s, a third of them completing a request): one
-flush as ``WorkerShell._write`` makes it (requests as JSON the engine parses, raw events
+flush as ``FlushWriter.write`` makes it (requests as JSON the engine parses, raw events
 as columns, checkpoints) on a writer thread, the same prebuilt batch every time (the
 engine deduplicates rows at merges; what the writer path allocates is the same). No
 windows (their rows are a small share). Samples RSS, glibc malloc (``mallinfo2``) and

@@ -218,9 +218,9 @@ def _sample(
             break
         except RuntimeError:
             continue
-    if shell.store is not None:
+    if shell.ports is not None:
         try:
-            row |= chdb_metrics(shell.store)
+            row |= chdb_metrics(shell.ports.store)
         except Exception as exc:  # a sample, not the worker's job
             row["chdb_error"] = repr(exc)
     if tracemalloc.is_tracing():
@@ -248,9 +248,9 @@ def main() -> int:
     shells: list[Any] = []
     opened = worker_mod.WorkerShell.open
 
-    def open_and_keep(self: Any) -> None:
+    def open_and_keep(self: Any, ports: Any) -> None:
         shells.append(self)
-        opened(self)
+        opened(self, ports)
 
     worker_mod.WorkerShell.open = open_and_keep  # type: ignore[method-assign]
     if os.environ.get("TAILGUARD_MEM_KEEP_INSERT_CONTEXTS") == "1":

@@ -123,7 +123,7 @@ def _worker_gc() -> None:
     """The worker's garbage-collector settings where this tree has them (``tune_gc``,
     issue 14), else the workload frozen out of the collector's way."""
     try:
-        from pipeline.adapters.worker import tune_gc
+        from pipeline.adapters.faust_wiring import tune_gc
     except ImportError:
         gc.collect()
         gc.freeze()

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import logging
 import sys
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +123,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.adapters.worker import run_worker
+    from pipeline.adapters.faust_wiring import run_worker
 
     settings = _settings(args)
     _select_core(settings)
@@ -259,7 +258,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.app.replay import replay_file
+    from pipeline.app.replay import run_replay
 
     _need_file(args.events)
     settings = _settings(args)
@@ -267,74 +266,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
-    topic = f"replay:{args.events.name}"
-    ledger: dict[str, int] = {}
-    store = None
-    if not args.no_store:
-        from pipeline.adapters.queries.windows import read_ledger
-        from pipeline.adapters.rollups import check_rollups
-        from pipeline.adapters.store import migrate, open_store
-
-        store = open_store(settings)
-        migrate(store, settings.cluster)
-        # an earlier write of windows cut short left its rollups short: set them right
-        check_rollups(store)
-        # A second replay of the same file into this store counts nothing twice.
-        ledger = read_ledger(store, topic, 0, -1)
-    with dlq_path.open("wb") as dlq:
-        result = replay_file(
-            args.events,
-            settings.join_config(),
-            spec=spec,
-            window_config=settings.window_config(),
-            clock_config=settings.clock_config(),
-            policy=policy,
-            burn_rules=rules,
-            queue_capacity=settings.queue_capacity,
-            dlq_out=dlq,
-            ledger=ledger,
-        )
-    summary = result.summary()
-    summary["dlq_file"] = str(dlq_path)
-    if store is not None:
-        from pipeline.adapters.rollups import write_windows_repairing
-        from pipeline.adapters.store import (
-            is_data_error,
-            with_retry,
-            write_audit,
-            write_isolating,
-            write_requests,
-        )
-
-        try:
-            # A record the store rejects is isolated and goes to the DLQ file, the rest
-            # is written (the store is local: no retries).
-            _, rejected = write_isolating(
-                lambda rows: write_requests(store, rows),
-                result.emitted,
-                "write of records",
-                retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
-            )
-            if rejected:
-                _append_rejected(dlq_path, rejected, args.events.name)
-                summary["store_rejected"] = len(rejected)
-                summary["dead_letters"] += len(rejected)  # each is a line of the DLQ file
-            acc = settings.window_config().relative_accuracy
-            token = f"replay/{uuid.uuid4().hex}"
-            write_windows_repairing(
-                store, result.windows, topic, acc, token, through_offsets={0: 1},
-                retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
-            )  # fmt: skip
-            summary["windows"]["written"] = len(result.windows)
-            if result.control is not None:  # the control audit, as a worker writes it
-                from pipeline.adapters.controller import replay_audit_rows
-
-                write_audit(
-                    store, *replay_audit_rows(result.control.decisions, result.control.events)
-                )
-        finally:
-            store.close()
-        summary["store"] = str(settings.store_dir)
+    summary = run_replay(
+        args.events, settings, spec=spec, policy=policy, burn_rules=rules, dlq_path=dlq_path,
+        store=not args.no_store,
+    )  # fmt: skip
     if args.json:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     else:
@@ -343,19 +278,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         print_wide(render_summary(summary))
     return 0
-
-
-def _append_rejected(dlq_path: Path, rejected: list[tuple[Any, str]], source: str) -> None:
-    """Records the store refused, as dead letters in the replay's DLQ file."""
-    import msgspec
-
-    from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
-
-    with dlq_path.open("ab") as fh:
-        for rec, reason in rejected:
-            raw = orjson.dumps(msgspec.structs.asdict(rec))
-            dead = DeadLetter(raw, reason, SourceRef(source, 0, -1), None)
-            fh.write(orjson.dumps(dead_letter_record(dead)) + b"\n")
 
 
 def _report_time(text: str) -> float:

@@ -11,11 +11,15 @@ serving side can tell "still degraded" from "controller gone" (see
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Executor
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -24,7 +28,7 @@ from pipeline.adapters import control_keys
 from pipeline.adapters.alerting import AlertDelivery, Webhook
 from pipeline.adapters.prometheus import MetricsState
 from pipeline.adapters.queries import budget as budget_queries
-from pipeline.adapters.store import BudgetEventRow, ClickHouseStore, ControlRow
+from pipeline.adapters.store import BudgetEventRow, ClickHouseStore, ControlRow, with_retry
 from pipeline.contract.control_signal import (
     ControlSignal,
     Keyring,
@@ -48,6 +52,9 @@ from pipeline.settings import Settings
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec_file
+
+if TYPE_CHECKING:
+    from pipeline.adapters.flush import FlushWriter
 
 log = logging.getLogger("tailguard.controller")
 
@@ -291,6 +298,83 @@ class ControllerShell:
     @staticmethod
     def _event_row(e: BudgetEvent) -> BudgetEventRow:
         return _budget_event_row(e.to_json())
+
+
+class ControlHost:
+    """The controller as a worker hosts it: its input (summaries, heartbeats), and the
+    audit of what it published (``control_signals``, ``budget_events``), written by the
+    flush's writer on the writer thread (``executor``) once the signals are delivered.
+
+    Audit rows leave the pending lists only once written: a write that fails, gives up
+    at stop (``sleep`` raises then), or is cancelled before it ran (the controller agent
+    stopped while it waited for the writer thread) leaves them to :meth:`write_audit`
+    at stop."""
+
+    def __init__(
+        self, shell: ControllerShell, executor: Executor, sleep: Callable[[float], None]
+    ) -> None:
+        self.shell = shell
+        self._executor = executor
+        self._sleep = sleep
+        self._writer: FlushWriter | None = None
+        self._lock = threading.Lock()
+        self._control: list[ControlRow] = []
+        self._events: list[BudgetEventRow] = []
+
+    @property
+    def metrics(self) -> MetricsState:
+        return self.shell.metrics
+
+    def open(self, store: ClickHouseStore, writer: FlushWriter) -> None:
+        """The budgets rebuilt from the store; the control producer started."""
+        self._writer = writer
+        self.shell.load_history(store)
+        self.shell.start()
+
+    async def on_summaries(self, raws: list[bytes]) -> int:
+        """The controller's input (this worker owns the summaries partition); the write
+        retries its audit took."""
+        return await self._audit(*self.shell.on_summaries(raws))
+
+    async def on_heartbeat(self) -> int:
+        return await self._audit(self.shell.heartbeats(), [])
+
+    async def _audit(self, control_rows: list[ControlRow], event_rows: list[BudgetEventRow]) -> int:
+        if not control_rows and not event_rows:
+            return 0
+        with self._lock:
+            self._control.extend(control_rows)
+            self._events.extend(event_rows)
+
+        def write() -> int:
+            self.shell.flush()  # the audit says what was delivered
+            return self.write_audit()
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, write)
+
+    def write_audit(self, attempts: int | None = None) -> int:
+        """Write the pending audit rows (every signal published so far whose rows are not
+        written); the retries it took."""
+        writer = self._writer
+        if writer is None:
+            return 0
+        with self._lock:
+            control_rows, event_rows = self._control, self._events
+            self._control, self._events = [], []
+        try:
+            return writer.write_audit(
+                control_rows,
+                event_rows,
+                retry=lambda fn, what: with_retry(fn, what, attempts=attempts, sleep=self._sleep),
+            )
+        except BaseException:
+            with self._lock:
+                self._control[:0] = control_rows
+                self._events[:0] = event_rows
+            raise
+
+    def close(self) -> None:
+        self.shell.close()
 
 
 def _budget_event_row(event: dict[str, Any]) -> BudgetEventRow:

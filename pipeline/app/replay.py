@@ -8,15 +8,16 @@ had passed, and every window is closed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
 from pipeline.contract.boundaries import BOUNDARIES
-from pipeline.contract.codec import dead_letter_record
+from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
 from pipeline.contract.summary import StatsSample
 from pipeline.core.budget import BudgetStatus
 from pipeline.core.control import (
@@ -40,6 +41,10 @@ from pipeline.core.windows import ClosedWindow, WindowConfig
 from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
+
+if TYPE_CHECKING:
+    from pipeline.adapters.store import ClickHouseStore
+    from pipeline.settings import Settings
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 
@@ -349,3 +354,93 @@ def _take(out: Output, result: ReplayResult, dlq_out: IO[bytes] | None) -> None:
     if dlq_out is not None:
         for d in out.dead:
             dlq_out.write(orjson.dumps(dead_letter_record(d)) + b"\n")
+
+
+def replay_topic(path: Path) -> str:
+    """The topic a replayed file's rows are stored under (its ledger's, its windows')."""
+    return f"replay:{path.name}"
+
+
+def run_replay(
+    events: Path,
+    settings: Settings,
+    *,
+    spec: SLOSpec | None,
+    policy: ControlPolicy | None,
+    burn_rules: BurnRules | None,
+    dlq_path: Path,
+    store: bool,
+) -> dict[str, Any]:
+    """``tailguard replay``: replay ``events``, dead letters to ``dlq_path``; with
+    ``store``, write what it built into the settings' store as a worker writes a flush
+    (:func:`store_replay`). Returns the summary."""
+    topic = replay_topic(events)
+    ledger: dict[str, int] = {}
+    opened = None
+    if store:
+        from pipeline.adapters.queries.windows import read_ledger
+        from pipeline.adapters.rollups import check_rollups
+        from pipeline.adapters.store import migrate, open_store
+
+        opened = open_store(settings)
+        migrate(opened, settings.cluster)
+        # an earlier write of windows cut short left its rollups short: set them right
+        check_rollups(opened)
+        # A second replay of the same file into this store counts nothing twice.
+        ledger = read_ledger(opened, topic, 0, -1)
+    with dlq_path.open("wb") as dlq:
+        result = replay_file(
+            events,
+            settings.join_config(),
+            spec=spec,
+            window_config=settings.window_config(),
+            clock_config=settings.clock_config(),
+            policy=policy,
+            burn_rules=burn_rules,
+            queue_capacity=settings.queue_capacity,
+            dlq_out=dlq,
+            ledger=ledger,
+        )
+    summary = result.summary()
+    summary["dlq_file"] = str(dlq_path)
+    if opened is not None:
+        try:
+            rejected = store_replay(opened, result, topic, settings.window_config())
+        finally:
+            opened.close()
+        if rejected:
+            with dlq_path.open("ab") as fh:  # each is a line of the DLQ file
+                for d in rejected:
+                    letter = dataclasses.replace(d, source=SourceRef(events.name, 0, -1))
+                    fh.write(orjson.dumps(dead_letter_record(letter)) + b"\n")
+            summary["store_rejected"] = len(rejected)
+            summary["dead_letters"] += len(rejected)
+        summary["windows"]["written"] = len(result.windows)
+        summary["store"] = str(settings.store_dir)
+    return summary
+
+
+def store_replay(
+    store: ClickHouseStore, result: ReplayResult, topic: str, window_config: WindowConfig
+) -> list[DeadLetter]:
+    """Write a replay's records, windows (with their ledger, covering its one partition)
+    and control audit through the worker's writer, in the worker's order
+    (:class:`pipeline.adapters.flush.FlushWriter`); the records the store rejected, as
+    dead letters (the rest is written; the store is local: no retries)."""
+    from pipeline.adapters.controller import replay_audit_rows
+    from pipeline.adapters.flush import Flush, FlushWriter
+    from pipeline.adapters.store import is_data_error, with_retry
+
+    rejected: list[DeadLetter] = []
+    writer = FlushWriter(
+        store,
+        "replay",
+        topic,
+        window_config.relative_accuracy,
+        retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
+        dead_rows=rejected.extend,
+    )
+    writer.write(Flush(result.emitted, result.windows, through={0: 1}))
+    if result.control is not None:  # the control audit, as a worker writes it
+        writer.write_audit(*replay_audit_rows(result.control.decisions, result.control.events))
+    return rejected

@@ -1,5 +1,5 @@
 """test_crash with a small buffer: every flush is started by the batch that fills it and
-runs behind the next batches (``WorkerShell._flush_behind``); a SIGKILL then lands while
+runs behind the next batches (``FlushBehind.after_batch``); a SIGKILL then lands while
 flushes overlap processing. Its own module, so that the parallel suite runs it beside the
 timer variant."""
 

@@ -7,7 +7,7 @@ records of a partition it no longer counts active from a fetch it is handing ove
 the Kafka client moved its position past them, so messages were skipped and a later
 commit covered them (5,276 of 45,000 requests lost), or the input stalled for good
 (committed 484 of 678 messages, minutes after the store came back). The pause is now the
-Kafka client's own (``WorkerShell._pause_input``)."""
+Kafka client's own (``LifecycleInput.pause``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker's flush coordination (``WorkerShell._flush_behind``): a full buffer starts a
+"""The worker's flush coordination (``FlushBehind.after_batch``): a full buffer starts a
 flush that runs behind the next batches; while it runs, batches go on until
 ``BEHIND_BUFFERS`` x ``flush_max_rows`` records are buffered, and then wait only until a
 flush has taken the buffer, not until it is written. The writer is a fake flush that
@@ -7,29 +7,35 @@ snapshots the buffer and then waits for its own gate (the writer thread's write)
 from __future__ import annotations
 
 import asyncio
-import threading
-from types import SimpleNamespace
 
 import pytest
 
-from pipeline.adapters.worker import BEHIND_BUFFERS, WorkerShell
+from pipeline.adapters.flush import BEHIND_BUFFERS, FlushBehind
 
 MAX = 10
 
 
-class _Writes:
-    """Fake ``flush_and_commit``: takes the buffer at once, then waits for its gate."""
+class _Buffer:
+    """The worker's buffered records, as the chain sees them (their count)."""
 
-    def __init__(self, shell: WorkerShell) -> None:
-        self.shell = shell
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+
+class _Writes:
+    """Fake flush: takes the buffer at once, then waits for its gate."""
+
+    def __init__(self, buffer: _Buffer) -> None:
+        self.buffer = buffer
+        self.chain: FlushBehind | None = None
         self.taken: list[int] = []
         self.gates: list[asyncio.Event] = []
         self.fail_next = False
 
     async def __call__(self) -> None:
-        sh = self.shell
-        rows, sh._records = sh._records, []
-        sh._taken.set()
+        assert self.chain is not None
+        rows, self.buffer.rows = self.buffer.rows, []
+        self.chain.took()
         self.taken.append(len(rows))
         gate = asyncio.Event()
         self.gates.append(gate)
@@ -38,17 +44,19 @@ class _Writes:
             raise RuntimeError("store down")
 
 
-def _shell() -> tuple[WorkerShell, _Writes]:
-    sh = object.__new__(WorkerShell)
-    sh.settings = SimpleNamespace(flush_max_rows=MAX)  # type: ignore[assignment]
-    sh._records = []
-    sh._behind = None
-    sh._flush_again = False
-    sh._taken = asyncio.Event()
-    sh._hurry = threading.Event()
-    writes = _Writes(sh)
-    sh.flush_and_commit = writes  # type: ignore[method-assign]
-    return sh, writes
+class _Shell:
+    """The chain over a buffer and the fake flush (what the worker gives it)."""
+
+    def __init__(self) -> None:
+        self.buffer = _Buffer()
+        self.writes = _Writes(self.buffer)
+        self.chain = FlushBehind(self.writes, lambda: len(self.buffer.rows), MAX)
+        self.writes.chain = self.chain
+
+
+def _shell() -> tuple[_Shell, _Writes]:
+    sh = _Shell()
+    return sh, sh.writes
 
 
 async def _settle() -> None:
@@ -57,11 +65,11 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _first_flush_running() -> tuple[WorkerShell, _Writes]:
+async def _first_flush_running() -> tuple[_Shell, _Writes]:
     """A shell whose full buffer started a flush that is now being written (gate closed)."""
     sh, writes = _shell()
-    sh._records = [0] * MAX
-    await sh._flush_behind()
+    sh.buffer.rows = [0] * MAX
+    await sh.chain.after_batch()
     await _settle()
     return sh, writes
 
@@ -75,15 +83,15 @@ def test_a_batch_below_the_bound_does_not_wait_for_the_running_flush(extra: int)
     async def go() -> None:
         sh, writes = await _first_flush_running()
         assert writes.taken == [MAX]
-        sh._records += [0] * extra  # full again while the first flush is written
-        await sh._flush_behind()  # returns at once: the gate is still closed
-        assert sh._flush_again
+        sh.buffer.rows += [0] * extra  # full again while the first flush is written
+        await sh.chain.after_batch()  # returns at once: the gate is still closed
+        assert sh.chain.again
         assert writes.taken == [MAX]
         writes.gates[0].set()
         await _settle()
         assert writes.taken == [MAX, extra]  # the next flush followed at once
         writes.gates[1].set()
-        await sh._behind  # type: ignore[misc]
+        await sh.chain.running  # type: ignore[misc]
 
     _run(go())
 
@@ -91,17 +99,17 @@ def test_a_batch_below_the_bound_does_not_wait_for_the_running_flush(extra: int)
 def test_a_batch_at_the_bound_waits_until_a_flush_takes_the_buffer_not_until_written() -> None:
     async def go() -> None:
         sh, writes = await _first_flush_running()
-        sh._records += [0] * (BEHIND_BUFFERS * MAX)
-        batch = asyncio.ensure_future(sh._flush_behind())
+        sh.buffer.rows += [0] * (BEHIND_BUFFERS * MAX)
+        batch = asyncio.ensure_future(sh.chain.after_batch())
         await _settle()
         assert not batch.done()  # the bound: it waits
         writes.gates[0].set()  # the first flush is written; the chain takes the buffer
         await batch  # ... and the batch goes on while that one is written
         assert writes.taken == [MAX, BEHIND_BUFFERS * MAX]
         assert not writes.gates[1].is_set()
-        assert sh._records == []
+        assert sh.buffer.rows == []
         writes.gates[1].set()
-        await sh._behind  # type: ignore[misc]
+        await sh.chain.running  # type: ignore[misc]
 
     _run(go())
 
@@ -109,8 +117,8 @@ def test_a_batch_at_the_bound_waits_until_a_flush_takes_the_buffer_not_until_wri
 def test_a_failed_flush_fails_the_batch_waiting_at_the_bound() -> None:
     async def go() -> None:
         sh, writes = await _first_flush_running()
-        sh._records += [0] * (BEHIND_BUFFERS * MAX)
-        batch = asyncio.ensure_future(sh._flush_behind())
+        sh.buffer.rows += [0] * (BEHIND_BUFFERS * MAX)
+        batch = asyncio.ensure_future(sh.chain.after_batch())
         await _settle()
         writes.fail_next = True
         writes.gates[0].set()
@@ -123,13 +131,13 @@ def test_a_failed_flush_fails_the_batch_waiting_at_the_bound() -> None:
 def test_a_closed_window_while_a_flush_runs_asks_for_the_next_flush() -> None:
     async def go() -> None:
         sh, writes = await _first_flush_running()
-        sh._records += [0]
-        await sh._flush_behind(closed=True)
-        assert sh._flush_again
+        sh.buffer.rows += [0]
+        await sh.chain.after_batch(closed=True)
+        assert sh.chain.again
         writes.gates[0].set()
         await _settle()
         assert writes.taken == [MAX, 1]
         writes.gates[1].set()
-        await sh._behind  # type: ignore[misc]
+        await sh.chain.running  # type: ignore[misc]
 
     _run(go())

@@ -1,4 +1,4 @@
-"""The order of one flush's writes (``WorkerShell._write``, the writer thread): request
+"""The order of one flush's writes (``FlushWriter.write``, the writer thread): request
 rows before the windows and their ledger, because the ledger tells the next owner of a
 partition that those requests are counted, and a complete request it then re-reads is a
 duplicate to it (its record, and so its row, never comes out again). A stop between two
@@ -7,18 +7,16 @@ writes must leave no request that the ledger counts without its row."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pipeline.adapters import worker as worker_module
-from pipeline.adapters.worker import WorkerShell
+from pipeline.adapters import flush as flush_module
+from pipeline.adapters.flush import Flush, FlushWriter
 from pipeline.contract.codec import encode_event
 from pipeline.core.processor import KeptMessage, StreamProcessor
 from pipeline.core.windows import WindowConfig
-from pipeline.settings import Settings
 from tests.factories import completed, finished, received
 
 
@@ -34,7 +32,7 @@ def _closed_windows() -> tuple[list[Any], list[Any]]:
     return out.records + drained.records, out.windows + drained.windows
 
 
-_WRITES = {  # the worker module's store writes, by what they write
+_WRITES = {  # the flush module's store writes, by what they write
     "write_requests": "rows",
     "write_windows_repairing": "windows",  # write_windows, rollups set right on a failure
     "write_raw_isolating": "raw events",
@@ -42,27 +40,25 @@ _WRITES = {  # the worker module's store writes, by what they write
 }
 
 
-def _shell(calls: list[str]) -> WorkerShell:
-    """A shell whose ledger and summaries producer note what they are given."""
-    sh = object.__new__(WorkerShell)
-    sh.settings = Settings()
-    sh.store = object()  # type: ignore[assignment]
-    sh.stopping = threading.Event()
-    sh._progress_sent = {}
-    sh._rollups_unchecked = False
-    sh._writing = []
-    sh._loop = None
-    sh.ledger = SimpleNamespace(  # type: ignore[assignment]
-        publish=lambda *_a: calls.append("ledger"), flush=lambda: None
+def _writer(calls: list[str], **kwargs: Any) -> FlushWriter:
+    """A writer whose ledger and controller feed note what they are given."""
+    told = SimpleNamespace(
+        windows_stored=lambda *_a: calls.append("summary"), flush=lambda _stop: None
     )
-    sh.summaries = SimpleNamespace(  # type: ignore[assignment]
-        send=lambda _raw: calls.append("summary") if "summary" not in calls else None,
-        flush=lambda _stopping: None,
+    ports: dict[str, Any] = {
+        "ledger": SimpleNamespace(publish=lambda *_a: calls.append("ledger"), flush=lambda: None),
+        "told": told,
+    }
+    ports.update(kwargs)
+    return FlushWriter(
+        object(),  # type: ignore[arg-type]  # the store: every write is faked
+        "g",
+        "t",
+        0.01,
+        retry=lambda fn, what: (fn(), 0)[1],
+        dead_rows=lambda dead: None,
+        **ports,
     )
-    sh._write_rows = lambda write, rows, what, to_dead: (write(rows), 0)[1]  # type: ignore[method-assign]
-    sh._retry = lambda fn, what: (fn(), 0)[1]  # type: ignore[method-assign]
-    sh._dead_rows = lambda dead: None  # type: ignore[method-assign]
-    return sh
 
 
 def _fake_writes(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: str | None) -> None:
@@ -78,18 +74,18 @@ def _fake_writes(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: str
         return write
 
     for attr, name in _WRITES.items():
-        monkeypatch.setattr(worker_module, attr, fake(name))
+        monkeypatch.setattr(flush_module, attr, fake(name))
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> list[str]:
     calls: list[str] = []
     _fake_writes(monkeypatch, calls, stop_at)
-    sh = _shell(calls)
+    writer = _writer(calls)
     records, windows = _closed_windows()
     assert records
     assert windows
     with contextlib.suppress(_StoppedError):
-        sh._write(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3})
+        writer.write(Flush(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3}))
     return calls
 
 
@@ -118,25 +114,31 @@ def test_the_ledger_is_acknowledged_with_the_summaries_and_the_clocks_follow_at_
     after their summaries (on the event loop), not at the next provisional tick."""
     calls: list[str] = []
     _fake_writes(monkeypatch, calls, None)
-    sh = _shell(calls)
-    sh.settings = Settings(control_enabled=True, control_provisional_ms=100)
-    sh.ledger = SimpleNamespace(  # type: ignore[assignment]
-        publish=lambda *_a: calls.append("ledger"), flush=lambda: calls.append("ledger acked")
+    writer = _writer(
+        calls,
+        ledger=SimpleNamespace(
+            publish=lambda *_a: calls.append("ledger"), flush=lambda: calls.append("ledger acked")
+        ),
+        told=SimpleNamespace(
+            windows_stored=lambda *_a: None, flush=lambda _stop: calls.append("summaries acked")
+        ),
+        on_told=lambda windows: calls.append(f"clocks after {len(windows)} windows"),
     )
-    sh.summaries = SimpleNamespace(  # type: ignore[assignment]
-        send=lambda _raw: None, flush=lambda _stopping: calls.append("summaries acked")
-    )
-
-    def soon(fn: Any) -> None:
-        assert fn == sh._send_provisional
-        assert sh._writing == []  # the written windows no longer cap the clocks
-        calls.append("clocks")
-
-    sh._loop = SimpleNamespace(call_soon_threadsafe=soon)  # type: ignore[assignment]
     records, windows = _closed_windows()
-    sh._writing = list(windows)
-    sh._write(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3})
+    writer.write(Flush(records, windows, [KeptMessage(0, 3, [], b"[]")], [], {0: 3}))
     assert calls == [
-        "rows", "windows", "ledger", "summaries acked", "ledger acked", "clocks",
-        "raw events", "checkpoints",
+        "rows", "windows", "ledger", "summaries acked", "ledger acked",
+        f"clocks after {len(windows)} windows", "raw events", "checkpoints",
     ]  # fmt: skip
+
+
+def test_a_replay_writes_the_same_rows_in_the_same_order_without_kafka(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``replay --store`` has no ledger topic and no controller to tell: its writer writes
+    the rows, then the windows, then (nothing: no raw events) the checkpoints (none)."""
+    calls: list[str] = []
+    _fake_writes(monkeypatch, calls, None)
+    records, windows = _closed_windows()
+    _writer(calls, ledger=None, told=None).write(Flush(records, windows, through={0: 1}))
+    assert calls == ["rows", "windows", "checkpoints"]

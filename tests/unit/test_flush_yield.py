@@ -5,22 +5,23 @@ be stored (``DecisionClock``), and a flush spends most of its time on raw events
 writer writes them in chunks (``raw_chunks``), and once the event loop has set ``hurry``
 (a batch closed a window) it leaves the rest of them and its checkpoints to the next
 flush, which writes its own rows and windows first, then the raw events left to it and
-its own, then checkpoints, and commits for both (``WorkerShell._write``,
-``flush_and_commit``). Never twice in a row, so raw events and commits cannot be put
+its own, then checkpoints, and commits for both (``FlushWriter.write``,
+``WorkerShell.flush_and_commit``). Never twice in a row, so raw events and commits cannot be put
 off for ever by windows that keep closing."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pipeline.adapters import worker as worker_module
-from pipeline.adapters.worker import WorkerShell, raw_chunks
+from pipeline.adapters import flush as flush_module
+from pipeline.adapters.dead_letters import DeadLetters
+from pipeline.adapters.flush import Flush, FlushBehind, FlushSettings, FlushWriter, raw_chunks
+from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import KeptMessage
 
 
@@ -47,20 +48,19 @@ def test_raw_chunks_cover_every_message_once_in_order(
     assert list(raw_chunks(_msgs(*sizes), per_chunk)) == want
 
 
-# --- the writer thread: _write ----------------------------------------------------------
+# --- the writer thread: FlushWriter.write -----------------------------------------------
 
 
-def _writer_shell() -> WorkerShell:
-    sh = object.__new__(WorkerShell)
-    sh.settings = SimpleNamespace(lifecycle_topic="t", group_id="g")  # type: ignore[assignment]
-    sh.store = object()  # type: ignore[assignment]
-    sh.stopping = threading.Event()
-    sh._progress_sent = {}
-    sh._writing = []
-    sh.summaries = SimpleNamespace(send=lambda _raw: None, flush=lambda _s: None)  # type: ignore[assignment]
-    sh._retry = lambda fn, what: (fn(), 0)[1]  # type: ignore[method-assign]
-    sh._dead_rows = lambda dead: None  # type: ignore[method-assign]
-    return sh
+def _writer() -> FlushWriter:
+    return FlushWriter(
+        object(),  # type: ignore[arg-type]  # the store: every write is faked
+        "g",
+        "t",
+        0.01,
+        retry=lambda fn, what: (fn(), 0)[1],
+        dead_rows=lambda dead: None,
+        told=SimpleNamespace(windows_stored=lambda *_a: None, flush=lambda _s: None),
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_hurry_leaves_the_remaining_raw_events_and_the_checkpoints(
     written: list[tuple[int, int]],
     left_from: int | None,
 ) -> None:
-    monkeypatch.setattr(worker_module, "RAW_CHUNK_EVENTS", 10)
+    monkeypatch.setattr(flush_module, "RAW_CHUNK_EVENTS", 10)
     events = _msgs(5, 5, 5, 5, 5)
     hurry = threading.Event()
     calls: list[Any] = []
@@ -89,12 +89,11 @@ def test_hurry_leaves_the_remaining_raw_events_and_the_checkpoints(
             hurry.set()
         return 0, []
 
-    monkeypatch.setattr(worker_module, "write_raw_isolating", raw)
-    monkeypatch.setattr(worker_module, "write_checkpoints", lambda *_a: calls.append("checkpoints"))
+    monkeypatch.setattr(flush_module, "write_raw_isolating", raw)
+    monkeypatch.setattr(flush_module, "write_checkpoints", lambda *_a: calls.append("checkpoints"))
     if hurry_after_chunks == 0:
         hurry.set()
-    sh = _writer_shell()
-    _retries, left = sh._write([], [], events, [], {}, hurry=hurry)
+    _retries, left = _writer().write(Flush([], [], events), hurry=hurry)
     if left_from is None:
         assert calls == [*written, "checkpoints"]
         assert left == []
@@ -107,13 +106,13 @@ def test_hurry_leaves_the_remaining_raw_events_and_the_checkpoints(
 
 
 def test_without_hurry_the_raw_events_are_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "RAW_CHUNK_EVENTS", 10)
+    monkeypatch.setattr(flush_module, "RAW_CHUNK_EVENTS", 10)
     calls: list[Any] = []
     monkeypatch.setattr(
-        worker_module, "write_raw_isolating", lambda *_a, **_k: (calls.append("raw"), (0, []))[1]
+        flush_module, "write_raw_isolating", lambda *_a, **_k: (calls.append("raw"), (0, []))[1]
     )
-    monkeypatch.setattr(worker_module, "write_checkpoints", lambda *_a: calls.append("checkpoints"))
-    _retries, left = _writer_shell()._write([], [], _msgs(5, 5, 5), [], {}, hurry=None)
+    monkeypatch.setattr(flush_module, "write_checkpoints", lambda *_a: calls.append("checkpoints"))
+    _retries, left = _writer().write(Flush([], [], _msgs(5, 5, 5)), hurry=None)
     assert left == []
     assert calls == ["raw", "checkpoints"]
 
@@ -122,22 +121,27 @@ def test_without_hurry_the_raw_events_are_one_write(monkeypatch: pytest.MonkeyPa
 
 
 class _Processor:
-    """The processor's side of a flush: offsets advance by what was buffered."""
+    """The processor's side of a flush: offsets advance by what was buffered; ``tick``
+    hands over the raw events given to it (``kept``), as the real one's output does."""
 
     def __init__(self) -> None:
         self.offset = 0
+        self.kept: list[KeptMessage] = []
+        self.partitions = [0]
+        self.counters = SimpleNamespace(quarantined=0, replayed=0, beyond_memory=0, events=0)
 
     def tick(self, *_a: Any) -> Any:
-        return SimpleNamespace(records=[], windows=[], kept=[], dead=[])
+        kept, self.kept = self.kept, []
+        return SimpleNamespace(records=[], windows=[], kept=kept, dead=[])
 
     def next_offsets(self) -> dict[int, int]:
-        return {0: self.offset}
+        return dict.fromkeys(self.partitions, self.offset)
 
     def safe_offsets(self) -> dict[int, int]:
-        return {0: self.offset}
+        return dict.fromkeys(self.partitions, self.offset)
 
     def horizons(self) -> dict[int, int]:
-        return {0: 0}
+        return dict.fromkeys(self.partitions, 0)
 
     def watermarks(self) -> dict[int, int]:
         return {}
@@ -145,68 +149,124 @@ class _Processor:
     def lateness_by_partition(self) -> dict[int, tuple[int, int, int]]:
         return {}
 
+    def join_counters(self) -> Any:
+        return SimpleNamespace(gateway_only=0, engine_only=0, conflicts=0, conflicts_corrected=0)
 
-def _loop_shell(write: Any, commits: list[dict[int, int]]) -> WorkerShell:
-    sh = object.__new__(WorkerShell)
-    sh.processor = _Processor()  # type: ignore[assignment]
-    sh.settings = SimpleNamespace(lifecycle_topic="t", take_max_messages=2)  # type: ignore[assignment]
-    sh._flush_lock = asyncio.Lock()
-    sh._hurry = threading.Event()
-    sh._yielded = False
-    sh._records, sh._windows, sh._events, sh._writing = [], [], [], []
-    sh._taken = asyncio.Event()
-    sh._behind = None
-    sh._committed, sh._commit_floor = {}, {}
-    sh._executor = ThreadPoolExecutor(max_workers=1)
-    sh._write = write  # type: ignore[method-assign]
-    sh._resume_input = lambda: None  # type: ignore[method-assign]
-    sh._count_timeouts = lambda: None  # type: ignore[method-assign]
-    sh._maybe_log = lambda force=False: None  # type: ignore[method-assign]
-    sh._lags = lambda offsets: dict.fromkeys(offsets, 0)  # type: ignore[method-assign]
-    sh.stopping = threading.Event()
-    sh.write_retries = sh.rows_written = 0
-    noop = SimpleNamespace(record=lambda *_a: None, add=lambda *_a: None)
-    sh.telemetry = SimpleNamespace(  # type: ignore[assignment]
-        write_duration=noop, write_retries=noop, records=noop, windows_closed=noop,
-        record_latencies=lambda _r: None,
-    )  # fmt: skip
-    sh.dlq = SimpleNamespace(flush=lambda _s: None)  # type: ignore[assignment]
+    def window_counters(self) -> Any:
+        return SimpleNamespace(corrected=0, retracted=0)
 
-    sh._assigned_gen = "generation-1"
 
-    async def commit(offsets: dict[int, int], generation: str | None) -> None:
+class _Input:
+    """The lifecycle input: the consumer's lags per partition (None: unknown), the store up."""
+
+    def __init__(self, lags: dict[int, int | None]) -> None:
+        self.lags_now = lags
+        self.store_up = asyncio.Event()
+        self.store_up.set()
+
+    def lags(self, _next_offsets: Any) -> dict[int, int | None]:
+        return dict(self.lags_now)
+
+    def resume(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        raise AssertionError("no write fails here")
+
+
+class _Commits:
+    """Commits noted, of the generation the shell was assigned."""
+
+    def __init__(self, made: list[dict[int, int]]) -> None:
+        self.made = made
+        self.committed: dict[int, int] = {}
+
+    def floored(self, offsets: dict[int, int]) -> dict[int, int]:
+        return offsets
+
+    def changed(self, offsets: dict[int, int]) -> dict[int, int]:
+        return {p: o for p, o in offsets.items() if self.committed.get(p) != o}
+
+    async def commit(self, offsets: dict[int, int], generation: str | None, *_a: Any) -> None:
         assert generation == "generation-1"
-        commits.append(dict(offsets))
-        sh._committed.update(offsets)
+        self.made.append(dict(offsets))
+        self.committed.update(offsets)
 
-    sh._commit = commit  # type: ignore[method-assign]
-    return sh
+
+class _Writer:
+    """A writer whose ``write(flush, hurry=)`` is the test's."""
+
+    def __init__(self, write: Any) -> None:
+        self.write = write
+
+
+def _loop_shell(
+    write: Any, commits: list[dict[int, int]], lags: dict[int, int | None] | None = None
+) -> tuple[WorkerShell, _Processor]:
+    """A shell built through its constructor, its adapters fakes; opened on fake ports."""
+    noop = SimpleNamespace(record=lambda *_a: None, add=lambda *_a: None)
+    telemetry = SimpleNamespace(
+        write_duration=noop, write_retries=noop, records=noop, windows_closed=noop,
+        record_latencies=lambda _r: None, dead_letters=noop,
+    )  # fmt: skip
+    lags = {0: 0} if lags is None else lags
+    processor = _Processor()
+    processor.partitions = sorted(lags)
+    settings = WorkerSettings(
+        flush=FlushSettings("g", "t", 0.01, flush_max_rows=100, take_max_messages=2),
+        engine_stats_topic="s", max_message_bytes=1 << 20, store_raw_events=True,
+        inflight_ttl_ms=0, join_memory_ms=0, provisional=False,
+    )  # fmt: skip
+
+    def no_ids() -> str | None:
+        raise AssertionError("the topic id is not read here")
+
+    sh = WorkerShell(
+        settings,
+        SimpleNamespace(),
+        processor,  # type: ignore[arg-type]
+        telemetry,  # type: ignore[arg-type]
+        topic_ids=no_ids,
+        lifecycle_input=_Input(lags),  # type: ignore[arg-type]
+        commits=_Commits(commits),  # type: ignore[arg-type]
+    )
+    sink = SimpleNamespace(flush=lambda _s: None, send_dead=lambda *_a, **_k: None)
+    sh.open(
+        WorkerPorts(
+            store=SimpleNamespace(close=lambda: None),  # type: ignore[arg-type]
+            dead=DeadLetters("t", sink, lambda *_a: []),
+            feed=None,
+            ledger=None,
+            read_ledgers=lambda *_a: {},
+            writer=_Writer(write),
+        )
+    )
+    sh.watch.assigned_gen = "generation-1"  # the group's last assignment
+    return sh, processor
 
 
 def test_a_flush_that_made_way_commits_nothing_and_the_next_writes_its_events_first() -> None:
     seen: list[tuple[list[KeptMessage], bool]] = []
     commits: list[dict[int, int]] = []
 
-    def write(_r: Any, _w: Any, events: list[KeptMessage], _c: Any, _t: Any, *, hurry: Any) -> Any:
-        seen.append((list(events), hurry is not None))
+    def write(flush: Flush, *, hurry: Any) -> Any:
+        events = list(flush.events)
+        seen.append((events, hurry is not None))
         if len(seen) == 1:
             return 0, events[1:]  # a window closed after the first chunk
         return 0, []
 
     async def go() -> None:
-        sh = _loop_shell(write, commits)
+        sh, proc = _loop_shell(write, commits)
         first, second = _msgs(1, 1, 1), [KeptMessage(0, 9, [], b"[]")]
-        sh._events = list(first)
-        sh.processor.offset = 3  # type: ignore[attr-defined]
+        proc.kept, proc.offset = list(first), 3
         await sh.flush_and_commit()
         assert commits == []  # its raw events are not all stored
-        assert sh._events == first[1:]
-        sh._events += second
-        sh.processor.offset = 10  # type: ignore[attr-defined]
+        proc.kept, proc.offset = list(second), 10
         await sh.flush_and_commit()
         assert seen[1] == (first[1:] + second, False)  # never twice in a row
         assert commits == [{0: 10}]
-        sh._events = []
+        proc.kept = _msgs(1)
         await sh.flush_and_commit()
         assert seen[2][1]  # it may make way again
 
@@ -217,14 +277,13 @@ def _hurry_given(lags: dict[int, int | None], *, may_yield: bool = True) -> bool
     """Whether one flush of a shell with these consumer lags was given ``hurry``."""
     seen: list[bool] = []
 
-    def write(*_a: Any, hurry: Any) -> Any:
+    def write(_flush: Flush, *, hurry: Any) -> Any:
         seen.append(hurry is not None)
         return 0, []
 
     async def go() -> None:
-        sh = _loop_shell(write, [])
-        sh._lags = lambda _o: lags  # type: ignore[method-assign]
-        sh._events = _msgs(1)
+        sh, proc = _loop_shell(write, [], lags)
+        proc.kept = _msgs(1)
         await sh.flush_and_commit(may_yield=may_yield)
 
     asyncio.run(asyncio.wait_for(go(), 10))
@@ -239,26 +298,19 @@ def test_a_flush_before_a_revocation_never_makes_way() -> None:
 
 def test_a_batch_closing_a_window_sets_hurry() -> None:
     async def go() -> None:
-        sh = object.__new__(WorkerShell)
-        sh.settings = SimpleNamespace(flush_max_rows=10)  # type: ignore[assignment]
-        sh._records = []
-        sh._behind = None
-        sh._flush_again = False
-        sh._taken = asyncio.Event()
-        sh._hurry = threading.Event()
         gate = asyncio.Event()
 
         async def flush() -> None:
             await gate.wait()
 
-        sh.flush_and_commit = flush  # type: ignore[method-assign]
-        await sh._flush_behind(closed=False)
-        assert not sh._hurry.is_set()
-        await sh._flush_behind(closed=True)
-        assert sh._hurry.is_set()
+        chain = FlushBehind(flush, lambda: 0, 10)
+        await chain.after_batch(closed=False)
+        assert not chain.hurry.is_set()
+        await chain.after_batch(closed=True)
+        assert chain.hurry.is_set()
         gate.set()
-        if sh._behind is not None:
-            await sh._behind
+        if chain.running is not None:
+            await chain.running
 
     asyncio.run(asyncio.wait_for(go(), 10))
 

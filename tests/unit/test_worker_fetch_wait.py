@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapters.worker import build_app
+from pipeline.adapters.faust_wiring import build_app
 from pipeline.settings import Settings
 
 

@@ -4,9 +4,24 @@ offset drops what was fetched from the old positions until that offset comes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from faust.types import TP
 
-from pipeline.adapters.worker import WorkerShell, _ReadOffsets
+from pipeline.adapters.faust_wiring import _ReadOffsets
+from pipeline.adapters.generations import Commits, TopicWatch
+
+
+def _watch(app: Any = None) -> TopicWatch:
+    """A topic watch over ``app``'s consumer (no broker: its topic id is never read)."""
+
+    def no_ids() -> str | None:
+        raise AssertionError("the topic id is not read here")
+
+    return TopicWatch(
+        "lc", app, no_ids, Commits("lc", app, no_ids),
+        partitions=list, drop_state=lambda _parts: None,
+    )  # fmt: skip
 
 
 def test_no_read_offset_is_known_for_the_lifecycle_topic() -> None:
@@ -21,18 +36,17 @@ def test_no_read_offset_is_known_for_the_lifecycle_topic() -> None:
 
 
 def test_messages_before_the_new_first_offset_are_dropped_until_it_comes() -> None:
-    sh = object.__new__(WorkerShell)
-    sh._barrier = {0: 0, 1: -1}  # partition 1: its first offset not known yet
+    watch = _watch()
+    watch.barrier.update({0: 0, 1: -1})  # partition 1: its first offset not known yet
     batch = [(0, 47, b"a"), (1, 12, b"b"), (0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
-    assert sh._past_barrier(batch) == [(0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
-    assert sh._barrier == {1: -1}
-    assert sh._past_barrier([(0, 48, b"f"), (1, 0, b"g")]) == [(0, 48, b"f")]
+    assert watch.past_barrier(batch) == [(0, 0, b"c"), (0, 1, b"d"), (2, 5, b"e")]
+    assert watch.barrier == {1: -1}
+    assert watch.past_barrier([(0, 48, b"f"), (1, 0, b"g")]) == [(0, 48, b"f")]
 
 
 def test_a_partition_started_past_where_reading_starts_is_read_again() -> None:
     import asyncio
     from types import SimpleNamespace
-    from typing import Any
 
     seeks: list[dict[int, int]] = []
 
@@ -42,15 +56,14 @@ def test_a_partition_started_past_where_reading_starts_is_read_again() -> None:
     async def seek_wait(offsets: dict[Any, int]) -> None:
         seeks.append({tp.partition: o for tp, o in offsets.items()})
 
-    sh = object.__new__(WorkerShell)
-    sh.settings = SimpleNamespace(lifecycle_topic="lc")  # type: ignore[assignment]
-    sh.app = SimpleNamespace(  # type: ignore[assignment]
-        consumer=SimpleNamespace(earliest_offsets=earliest_offsets, seek_wait=seek_wait)
+    watch = _watch(
+        SimpleNamespace(
+            consumer=SimpleNamespace(earliest_offsets=earliest_offsets, seek_wait=seek_wait)
+        )
     )
-    sh._barrier = {}
-    sh._resume_at = {1: 40}  # partition 1 resumed from its committed offset 40
+    watch.commits.resume_at[1] = 40  # partition 1 resumed from its committed offset 40
     first = {0: 3, 1: 40, 2: 5, 3: 0}  # partition 0: the consumer skipped 0..2
-    skipped = asyncio.run(sh._skipped_at_start(first))
+    skipped = asyncio.run(watch.skipped_at_start(first))
     assert skipped == {0}
     assert seeks == [{0: 0}]
-    assert sh._barrier == {0: 0}
+    assert watch.barrier == {0: 0}

@@ -1,0 +1,101 @@
+"""The worker's counters, as metrics (the processor's cumulative counts, added to the
+telemetry's counters by what changed since the last flush) and as a periodic log line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pipeline.adapters.telemetry import WorkerTelemetry
+from pipeline.core.processor import StreamProcessor
+
+log = logging.getLogger("tailguard.worker")
+
+LOG_EVERY_S = 10.0
+
+
+class WorkerCounts:
+    """Counts of ``processor`` into ``telemetry``, and the log line every ``LOG_EVERY_S``."""
+
+    def __init__(self, processor: StreamProcessor, telemetry: WorkerTelemetry | Any) -> None:
+        self.processor = processor
+        self.telemetry = telemetry
+        self._timeouts_seen = (0, 0)
+        self._conflicts_seen = (0, 0)  # join conflicts (before, after the record) counted
+        self._seen: dict[str, int] = {}
+        self._last_log = time.monotonic()
+        self.rows_written = 0
+        self.write_retries = 0
+        self.store_rejected = 0  # rows the store refused, sent to the DLQ
+
+    def written(self, rows: int, retries: int) -> None:
+        self.rows_written += rows
+        self.write_retries += retries
+
+    def health(self, lag: int, lifecycle_input: Any) -> dict[str, float]:
+        """The worker's own health for /metrics (``tailguard_worker_<name>``)."""
+        return {
+            "consumer_lag_messages": lag,
+            "join_pending_requests": self.processor.pending(),
+            "events_consumed": self.processor.counters.events,
+            "rows_written": self.rows_written,
+            "store_write_retries": self.write_retries,
+            "store_rejected_rows": self.store_rejected,
+            "store_up": 1.0 if lifecycle_input.store_up.is_set() else 0.0,
+        }
+
+    def count(self) -> None:
+        """Join timeouts, conflicts and lateness counted since the last call, as metrics."""
+        t = self.telemetry
+        j = self.processor.join_counters()
+        gw, en = self._timeouts_seen
+        if j.gateway_only > gw:
+            t.join_timeouts.add(j.gateway_only - gw, {"side": "gateway_only"})
+        if j.engine_only > en:
+            t.join_timeouts.add(j.engine_only - en, {"side": "engine_only"})
+        self._timeouts_seen = (j.gateway_only, j.engine_only)
+        before, after = j.conflicts - j.conflicts_corrected, j.conflicts_corrected
+        seen_before, seen_after = self._conflicts_seen
+        if before > seen_before:
+            t.join_conflicts.add(before - seen_before, {"when": "before_record"})
+        if after > seen_after:
+            t.join_conflicts.add(after - seen_after, {"when": "after_record"})
+        self._conflicts_seen = (before, after)
+        w = self.processor.window_counters()
+        c = self.processor.counters
+        for name, value in (
+            ("corrected", w.corrected),
+            ("retracted", w.retracted),
+            ("quarantined", c.quarantined),
+            ("replayed", c.replayed),
+            ("counted_before", c.beyond_memory),
+        ):
+            seen = self._seen.get(name, 0)
+            if value > seen:
+                t.lateness.add(value - seen, {"kind": name})
+                self._seen[name] = value
+
+    def maybe_log(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last_log < LOG_EVERY_S and not force:
+            return
+        self._last_log = now
+        proc = self.processor
+        c = proc.counters
+        j = proc.join_counters()
+        w = proc.window_counters()
+        log.info(
+            "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
+            "joined=%d gateway_only=%d engine_only=%d duplicates=%d conflicts=%d "
+            "windows_closed=%d "
+            "corrected=%d retracted=%d quarantined=%d replayed=%d counted_before=%d flagged=%d "
+            "write_retries=%d",
+            c.messages, c.events, c.records, self.rows_written, c.dead_letters,
+            proc.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
+            j.conflicts, w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
+            c.beyond_memory, c.flagged, self.write_retries,
+        )  # fmt: skip
+        skew = {h: d for h, d in proc.host_skew_ms().items() if abs(d) >= 60_000}
+        if skew:
+            log.warning("hosts whose clocks stand apart from their partitions (ms): %s", skew)
