@@ -25,24 +25,22 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.contract.codec import encode_event
 from pipeline.core import native
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import JoinConfig
-from pipeline.core.processor import Output, StreamProcessor
+from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.slo import boundary_table
 from pipeline.core.slo_windows import slo_factory
-from pipeline.core.windows import ClosedWindow, WindowConfig
+from pipeline.core.windows import WindowConfig
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
-from tests.factories import completed, finished, received
+from tests.messy_steps import REQUEST, run_steps, steps_of, traffic
 
 pytestmark = pytest.mark.skipif(
     native.NATIVE is None,
@@ -244,88 +242,7 @@ def test_boundary_table_equals_the_reference(rows: list[list[float | int | None]
     got[:1] = 0.0  # writable, as the reference's table
 
 
-# --- the whole processor --------------------------------------------------------
-
-# One request: gap after the previous one (ms), engine time (ms), hosts (0-2), the fate
-# of each of its three events (0 as sent, 1 lost, 2 twice, 3 late: sent ``late_ms``
-# after it was stamped, 4 stamped far ahead: a wrong clock), how its first attempt ends
-# (ok, a 502, a client abort) and whether the client retries it (a second attempt under
-# the same request id, which ends well).
-_REQUEST = st.tuples(
-    st.integers(0, 400),
-    st.integers(20, 3_000),
-    st.integers(0, 2),
-    st.tuples(*[st.sampled_from([0, 0, 0, 0, 1, 2, 3, 4])] * 3),
-    st.sampled_from(["ok", "ok", "error", "abort"]),
-    st.booleans(),
-)
-
-
-def _attempt(rid: str, n: int, t: int, e2e: int, host: int, *, end: str) -> list[Any]:
-    """(event, host) of one attempt starting at ``t``."""
-    done = t + e2e + 5
-    status, outcome = {"ok": (200, "ok"), "error": (502, "error"), "abort": (0, "client_abort")}[
-        end
-    ]
-    return [
-        (received(rid, t, eid=f"{rid}:r{n}"), f"gw-{host}"),
-        (finished(rid, done - 1, decode_ms=e2e - 18.0, eid=f"{rid}:f{n}"), f"m-{host}"),
-        (
-            completed(rid, done, total_ms=e2e + 5.0, http_status=status, outcome=outcome,
-                      eid=f"{rid}:c{n}"),
-            f"gw-{(host + 1) % 3}",
-        ),
-    ]  # fmt: skip
-
-
-def _traffic(
-    requests: list[Any], late_ms: int, skew_ms: tuple[int, int, int]
-) -> list[tuple[int, dict[str, Any]]]:
-    """(send time ms, event dict) in send order; host ``gw-i`` stamps ``skew_ms[i]`` off."""
-    out: list[tuple[int, int, dict[str, Any]]] = []
-    t = 0
-    for i, (gap, e2e, host, fates, end, retry) in enumerate(requests):
-        t += gap
-        rid = f"r{i}"
-        events = _attempt(rid, 1, t, e2e, host, end=end)
-        if retry and end != "ok":
-            events += _attempt(rid, 2, t + e2e + 50, e2e, (host + 1) % 3, end="ok")
-        for k, (ev, h) in enumerate(events):
-            d = orjson.loads(encode_event(ev))
-            d["host"] = h
-            sent = d["ts_unix_ns"] // 1_000_000
-            if h.startswith("gw-"):
-                d["ts_unix_ns"] += skew_ms[int(h[3:])] * 1_000_000
-            fate = fates[k % 3]
-            if fate == 1:
-                continue
-            if fate == 3:
-                sent += late_ms
-            if fate == 4:
-                d["ts_unix_ns"] += 600_000 * 1_000_000
-                sent += 1
-            out.append((sent, len(out), d))
-            if fate == 2:
-                out.append((sent + 50, len(out), d))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [(sent, d) for sent, _, d in out]
-
-
-def _seen_window(w: ClosedWindow) -> tuple[Any, ...]:
-    slos = w.slos.rows() if w.slos is not None else None
-    return (
-        w.partition, w.start_ms, list(w.records.items()), w.sketches, w.correction, w.ledger,
-        slos,
-    )  # fmt: skip
-
-
-def _seen(out: Output) -> tuple[Any, ...]:
-    return (
-        out.records,
-        [(d.reason, d.source) for d in out.dead],
-        [_seen_window(w) for w in out.windows],
-    )
-
+# --- the whole processor (tests/messy_steps.py: the traffic) ----------------------
 
 _SLOS = slo_factory(load_spec_file(Settings().slo_spec))
 
@@ -336,18 +253,11 @@ def _run(steps: list[Any], configs: tuple[Any, ...]) -> list[Any]:
         "t", join, window_config=windows, clock_config=clock, max_pending=join.max_pending,
         slo_factory=_SLOS,
     )  # fmt: skip
-    seen: list[Any] = []
-    for kind, arg, wall_ms, lagging in steps:
-        out = p.process(arg, wall_ms, lagging) if kind == "process" else p.tick(wall_ms, lagging)
-        seen.append(_seen(out))
-        seen.append((p.safe_offsets(), p.watermarks(), p.pending(), p.horizons()))
-    seen.append(_seen(p.drain()))
-    seen.append((p.counters, p.join_counters(), p.window_counters()))
-    return seen
+    return run_steps(p, steps)
 
 
 @given(
-    st.lists(_REQUEST, min_size=1, max_size=80),
+    st.lists(REQUEST, min_size=1, max_size=80),
     st.sampled_from([0, 2_000, 20_000]),  # late_ms
     st.integers(1, 6),  # messages per process call
     st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
@@ -363,29 +273,7 @@ def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PL
     wall_step: int | None, timeout_ms: int, window: tuple[int, int], quorum: int,
     skew_ms: tuple[int, int, int], rnd: Any,
 ) -> None:  # fmt: skip
-    traffic = _traffic(requests, late_ms, skew_ms)
-    steps: list[Any] = []
-    wall = 1_000_000
-    i = 0
-    while i < len(traffic):
-        batch = []
-        for _ in range(per_call):
-            chunk = traffic[i : i + rnd.randint(1, 4)]
-            if not chunk:
-                break
-            offset = i
-            i += len(chunk)
-            body = orjson.dumps([d for _, d in chunk] if len(chunk) > 1 else chunk[0][1])
-            batch.append((rnd.randint(0, 1), offset, body))
-        if not batch:
-            break
-        if wall_step is not None:
-            wall = max(wall, 1_000_000 + traffic[i - 1][0]) + wall_step
-        lagging = frozenset({0}) if rnd.random() < 0.2 else frozenset()
-        steps.append(("process", batch, None if wall_step is None else wall, lagging))
-        if wall_step is not None and rnd.random() < 0.2:
-            wall += rnd.choice([100, 1_000, 20_000])
-            steps.append(("tick", None, wall, frozenset()))
+    steps = steps_of(traffic(requests, late_ms, skew_ms), per_call, wall_step, rnd)
     configs = (
         JoinConfig(timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms,
                    resolved_ttl_ms=3 * timeout_ms),

@@ -17,17 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline.core.join_timers as timers_module
-from pipeline.contract.codec import encode_event
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig, Joiner
 from pipeline.core.processor import Output, StreamProcessor, _PartitionState
-from pipeline.core.windows import ClosedWindow, WindowConfig
-from tests.factories import completed, finished, received
+from pipeline.core.windows import WindowConfig
+from tests.messy_steps import REQUEST, run_steps, steps_of, traffic
 
 
 class _GeneralJoiner(Joiner):
@@ -53,83 +51,14 @@ class _Reference(StreamProcessor):
         self._parts[partition] = ref
 
 
-# One request: gap after the previous one (ms), engine time (ms), hosts (0-2), and the
-# fate of each of its three events: 0 as sent, 1 lost, 2 twice, 3 late (sent
-# ``late_ms`` after it was stamped), 4 stamped far ahead (a wrong clock).
-_REQUEST = st.tuples(
-    st.integers(0, 400),
-    st.integers(20, 3_000),
-    st.integers(0, 2),
-    st.tuples(*[st.sampled_from([0, 0, 0, 0, 1, 2, 3, 4])] * 3),
-    st.booleans(),
-)
-
-
-def _traffic(requests: list[Any], late_ms: int) -> list[tuple[int, dict[str, Any]]]:
-    """(send time ms, event dict) in send order."""
-    out: list[tuple[int, int, dict[str, Any]]] = []
-    t = 0
-    for i, (gap, e2e, host, fates, failed) in enumerate(requests):
-        t += gap
-        rid = f"r{i}"
-        done = t + e2e + 5
-        events = [
-            (received(rid, t), f"gw-{host}"),
-            (finished(rid, done - 1, decode_ms=e2e - 18.0), f"m-{host}"),
-            (
-                completed(rid, done, total_ms=e2e + 5.0, http_status=500, outcome="error")
-                if failed
-                else completed(rid, done, total_ms=e2e + 5.0),
-                f"gw-{(host + 1) % 3}",
-            ),
-        ]
-        for (ev, h), fate in zip(events, fates, strict=True):
-            d = orjson.loads(encode_event(ev))
-            d["host"] = h
-            sent = d["ts_unix_ns"] // 1_000_000
-            if fate == 1:
-                continue
-            if fate == 3:
-                sent += late_ms
-            if fate == 4:
-                d["ts_unix_ns"] += 600_000 * 1_000_000
-                sent += 1
-            out.append((sent, len(out), d))
-            if fate == 2:
-                out.append((sent + 50, len(out), d))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [(s, d) for s, _, d in out]
-
-
-def _seen_window(w: ClosedWindow) -> tuple[Any, ...]:
-    return (
-        w.partition, w.start_ms, list(w.records.items()), w.sketches, w.correction, w.ledger,
-    )  # fmt: skip
-
-
-def _seen(out: Output) -> tuple[Any, ...]:
-    return (
-        out.records,
-        [(d.reason, d.source) for d in out.dead],
-        [_seen_window(w) for w in out.windows],
-    )
-
-
 def _run(cls: type[StreamProcessor], steps: list[Any], configs: tuple[Any, ...]) -> list[Any]:
     join, windows, clock = configs
     p = cls("t", join, window_config=windows, clock_config=clock, max_pending=join.max_pending)
-    seen: list[Any] = []
-    for kind, arg, wall_ms, lagging in steps:
-        out = p.process(arg, wall_ms, lagging) if kind == "process" else p.tick(wall_ms, lagging)
-        seen.append(_seen(out))
-        seen.append((p.safe_offsets(), p.watermarks(), p.pending(), p.horizons()))
-    seen.append(_seen(p.drain()))
-    seen.append((p.counters, p.join_counters(), p.window_counters()))
-    return seen
+    return run_steps(p, steps)
 
 
 @given(
-    st.lists(_REQUEST, min_size=1, max_size=80),
+    st.lists(REQUEST, min_size=1, max_size=80),
     st.sampled_from([0, 2_000, 20_000]),  # late_ms
     st.integers(1, 6),  # messages per process call
     st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
@@ -145,31 +74,7 @@ def test_processor_equals_its_reference_on_messy_traffic(  # noqa: PLR0917
     requests: list[Any], late_ms: int, per_call: int, wall_step: int | None, timeout_ms: int,
     max_pending: int, window: tuple[int, int], quorum: int, bits: tuple[int, int], rnd: Any,
 ) -> None:  # fmt: skip
-    traffic = _traffic(requests, late_ms)
-    steps: list[Any] = []
-    wall = 1_000_000
-    i = 0
-    while i < len(traffic):
-        batch = []
-        for _ in range(per_call):
-            k = rnd.randint(1, 4)
-            chunk = traffic[i : i + k]
-            if not chunk:
-                break
-            offset = i
-            i += len(chunk)
-            part = rnd.randint(0, 1)
-            body = orjson.dumps([d for _, d in chunk] if len(chunk) > 1 else chunk[0][1])
-            batch.append((part, offset, body))
-        if not batch:
-            break
-        if wall_step is not None:  # wall time follows the traffic, plus the call's work
-            wall = max(wall, 1_000_000 + traffic[i - 1][0]) + wall_step
-        lagging = frozenset({0}) if rnd.random() < 0.2 else frozenset()
-        steps.append(("process", batch, None if wall_step is None else wall, lagging))
-        if wall_step is not None and rnd.random() < 0.2:
-            wall += rnd.choice([100, 1_000, 20_000])
-            steps.append(("tick", None, wall, frozenset()))
+    steps = steps_of(traffic(requests, late_ms), per_call, wall_step, rnd)
     configs = (
         JoinConfig(
             timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms, resolved_ttl_ms=3 * timeout_ms,
