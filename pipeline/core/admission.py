@@ -32,7 +32,13 @@ joining it still gets its first token in time):
   request waits behind is what delays its first token);
 * **queue growing** (``E`` larger than at the previous step): multiplicative
   decrease, ``R = min(C - E / drain_s, decrease * R)`` (AIMD's backoff);
-* **queue over the allowance but shrinking**: ``R = min(R, C - E / drain_s)``;
+* **queue over the allowance but shrinking** (drain):
+  ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest within
+  ``drain_s``, and no less than one decrease below capacity. An entry or decrease
+  facing a queue larger than ``C * drain_s`` (a burst) sets the floor; held there
+  while the queue drains, the gateways would turn requests away for minutes after
+  it has gone while the engines idle (additive increase from the floor takes
+  ``1 / increase`` steps to reach capacity);
 * **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
   ``max_over_capacity * C`` (the level's exit, not the rate, ends admission).
 
@@ -91,7 +97,7 @@ class AdmissionStep:
     rate_rps: float | None  # None: admission off
     capacity_rps: float | None
     excess_queue: float
-    rule: str  # "entry" | "decrease" | "hold" | "increase" | "off"
+    rule: str  # "entry" | "decrease" | "drain" | "increase" | "off"
 
     def describe(self) -> str:
         if self.rate_rps is None:
@@ -171,7 +177,8 @@ class AdmissionControl:
         elif excess > st.excess and excess > 0:
             rate, rule = min(target, cfg.decrease * prev), "decrease"
         elif excess > 0:
-            rate, rule = min(prev, target), "hold"
+            # shrinking: what drains the rest within drain_s, not held below a decrease
+            rate, rule = min(target, max(prev, cfg.decrease * cap)), "drain"
         else:
             rate, rule = min(prev + cfg.increase * cap, cfg.max_over_capacity * cap), "increase"
         rate = max(rate, floor)
