@@ -33,14 +33,19 @@ ADMISSION_TABLE = [
         id="a growing queue: multiplicative decrease (to the floor)",
     ),
     pytest.param(
-        [(8.0, 40, True), (8.0, 39, True)],
-        [("entry", 8.0 - 32 / 10), ("drain", 8.0 - 31 / 10)],
-        id="a queue shrinking slowly: what drains the rest within drain_s",
+        [(8.0, 120, True), (8.0, 60, True)],
+        [("entry", 0.4), ("drain", 8.0 - 52 / 10)],
+        id="from the floor, a queue still long: what drains the rest within drain_s",
     ),
     pytest.param(
         [(8.0, 40, True), (8.0, 20, True)],
-        [("entry", 8.0 - 32 / 10), ("drain", 0.8 * 8.0)],
-        id="a queue shrinking fast: one decrease below capacity, not the entry's rate",
+        [("entry", 8.0 - 32 / 10), ("drain", 8.0 - 32 / 10)],
+        id="a queue shrinking: held at the rate that made it shrink",
+    ),
+    pytest.param(
+        [(8.0, 120, True), (8.0, 20, True)],
+        [("entry", 0.4), ("drain", 0.8 * 8.0)],
+        id="a queue shrinking from the floor: one decrease below capacity, not the floor",
     ),
     pytest.param(
         [(8.0, 80, True), (8.0, 100, True), (8.0, 20, True), (8.0, 0, True)],
