@@ -232,6 +232,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _window_s(text: str) -> tuple[float, float]:
+    """``START_S:END_S`` (trace offsets, seconds) for ``backtest --window``."""
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected START_S:END_S") from None
+    if not (0 <= lo < hi):
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= START_S < END_S")
+    return lo, hi
+
+
 def cmd_backtest(args: argparse.Namespace) -> int:
     from pipeline.app.backtest import render_text, run_backtest
     from pipeline.app.demo import sim_config_from_args
@@ -249,7 +260,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         trace = trace[: args.limit]
     config = dataclasses.replace(sim_config_from_args(args), start_unix_ns=BACKTEST_START_UNIX_NS)
     loops = args.loops if "tailguard" in args.loops else [*args.loops, "tailguard"]
-    bt = run_backtest(trace, config, spec, policy, rules, loops=loops)
+    bt = run_backtest(trace, config, spec, policy, rules, loops=loops, window_s=args.window)
     if args.json:
         print(orjson.dumps(bt.to_json()).decode())
     else:
@@ -791,6 +802,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("open", "static", "aimd", "tailguard"),
         default=["open", "static", "aimd", "tailguard"],
         help="which loops to run side by side (default: all four)",
+    )
+    s.add_argument(
+        "--window",
+        type=_window_s,
+        default=None,
+        metavar="START_S:END_S",
+        help="with --overload none: measure this span as the episode (one the trace "
+        "already has, e.g. make_trace --shape burst's 1500:1560)",
     )
     s.set_defaults(func=cmd_backtest)
 

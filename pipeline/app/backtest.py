@@ -55,7 +55,7 @@ from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 from producers.simulator.gate import GateActions, GatewayGate
-from producers.simulator.model import SimConfig, Simulator
+from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 
 BACKTEST_WINDOW = WindowConfig(grace_ms=5_000)
@@ -110,8 +110,13 @@ def run_backtest(
     *,
     static_policy: ControlPolicy | None = None,
     loops: Sequence[str] = LOOPS,
+    window_s: tuple[float, float] | None = None,
 ) -> Backtest:
-    """Each of ``loops`` over the same trace and seed (see the module docstring)."""
+    """Each of ``loops`` over the same trace and seed (see the module docstring).
+
+    ``window_s``: (start, end) trace offsets measured as the episode when the config
+    has no overload episode (one already in the trace, e.g. ``make_trace --shape
+    burst``'s); ignored when it has one."""
     runs: dict[str, dict[str, Any]] = {}
     for loop in loops:
         if loop == "static":
@@ -120,9 +125,13 @@ def run_backtest(
                 from pipeline.spec.policy import load_policy_file
 
                 static_policy = load_policy_file(STATIC_POLICY)
-            runs[loop] = run_loop(trace, config, spec, static_policy, burn_rules, loop=loop)
+            runs[loop] = run_loop(
+                trace, config, spec, static_policy, burn_rules, loop=loop, window_s=window_s
+            )
         else:
-            runs[loop] = run_loop(trace, config, spec, policy, burn_rules, loop=loop)
+            runs[loop] = run_loop(
+                trace, config, spec, policy, burn_rules, loop=loop, window_s=window_s
+            )
     return Backtest(runs, scheduling=getattr(config, "scheduling", "fcfs"))
 
 
@@ -135,6 +144,7 @@ def run_loop(
     *,
     loop: str = "tailguard",
     queue_capacity: int = 64,
+    window_s: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")
@@ -195,7 +205,13 @@ def run_loop(
     if batch:
         step()
     step(final=True)
-    doc = _run_json(result, control, gate if applies or loop == "aimd" else None, sim, config, spec)
+    ep = config.overload
+    if ep is None and window_s is not None:
+        # measured as an episode, nothing replicated: the trace has its own
+        ep = OverloadEpisode(window_s[0], window_s[1], factor=1.0, shape="step")
+    doc = _run_json(
+        result, control, gate if applies or loop == "aimd" else None, sim, config, spec, ep
+    )
     doc["loop"] = loop
     return doc
 
@@ -231,6 +247,7 @@ def _run_json(  # noqa: PLR0917
     sim: Simulator,
     config: SimConfig,
     spec: SLOSpec,
+    ep: OverloadEpisode | None,
 ) -> dict[str, Any]:
     summary = result.summary()
     slos: dict[str, Any] = {}
@@ -241,7 +258,6 @@ def _run_json(  # noqa: PLR0917
         slos[name] = {**v, "budget_consumed": (bad / allowed) if allowed > 0 else None}
     records = list(result.records.values())
     matchers = [SLOMatcher(x) for x in spec.slos]
-    ep = config.overload
     start_ns = config.start_unix_ns
     span_s = _span_s(records, start_ns)
     in_ep = (
@@ -294,7 +310,7 @@ def _run_json(  # noqa: PLR0917
             "start_s": ep.start_offset_s,
             "end_s": ep.end_offset_s,
             "factor": ep.factor,
-            "shape": getattr(ep, "shape", "step"),
+            "shape": getattr(ep, "shape", "step") if ep.factor > 1 else "in trace",
             "slos": {n: v["compliance"] for n, v in _slo_doc(spec, ep_rs).items()},
             "goodput_rps": _goodput(ep_rs, matchers) / ep_s,
             **_episode_control(control.transitions, start_ns, ep.start_offset_s, ep.end_offset_s),

@@ -32,7 +32,14 @@ joining it still gets its first token in time):
   request waits behind is what delays its first token);
 * **queue growing** (``E`` larger than at the previous step): multiplicative
   decrease, ``R = min(C - E / drain_s, decrease * R)`` (AIMD's backoff);
-* **queue over the allowance but shrinking**: ``R = min(R, C - E / drain_s)``;
+* **queue over the allowance but shrinking** (drain): ``R = min(R, C - E / drain_s)``,
+  held at the rate that made it shrink; but when that rate is the floor (the entry
+  or decrease faced a queue larger than the engines drain within ``drain_s``: a
+  burst), ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest
+  within ``drain_s``, no less than one decrease below capacity. Held at the floor
+  while the queue drains, the gateways would turn requests away for minutes after it
+  has gone while the engines idle (additive increase from the floor takes
+  ``1 / increase`` steps to reach capacity);
 * **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
   ``max_over_capacity * C`` (the level's exit, not the rate, ends admission).
 
@@ -91,7 +98,7 @@ class AdmissionStep:
     rate_rps: float | None  # None: admission off
     capacity_rps: float | None
     excess_queue: float
-    rule: str  # "entry" | "decrease" | "hold" | "increase" | "off"
+    rule: str  # "entry" | "decrease" | "drain" | "increase" | "off"
 
     def describe(self) -> str:
         if self.rate_rps is None:
@@ -111,6 +118,7 @@ class _State:
     rate_rps: float | None = None
     excess: float = 0.0
     rule: str = "off"
+    floored: bool = False  # the last rate was raised to the floor
 
 
 @dataclass
@@ -171,9 +179,14 @@ class AdmissionControl:
         elif excess > st.excess and excess > 0:
             rate, rule = min(target, cfg.decrease * prev), "decrease"
         elif excess > 0:
-            rate, rule = min(prev, target), "hold"
+            # shrinking: held at the rate that made it shrink, unless that rate is the
+            # floor (a queue the engines could not drain within drain_s): then what
+            # drains the rest within drain_s, no less than one decrease below capacity
+            held = max(prev, cfg.decrease * cap) if st.floored else prev
+            rate, rule = min(target, held), "drain"
         else:
             rate, rule = min(prev + cfg.increase * cap, cfg.max_over_capacity * cap), "increase"
+        st.floored = rate < floor
         rate = max(rate, floor)
         st.rate_rps, st.excess, st.rule = rate, excess, rule
         return AdmissionStep(rate, st.capacity_rps, excess, rule)

@@ -33,9 +33,29 @@ ADMISSION_TABLE = [
         id="a growing queue: multiplicative decrease (to the floor)",
     ),
     pytest.param(
+        [(8.0, 120, True), (8.0, 60, True)],
+        [("entry", 0.4), ("drain", 8.0 - 52 / 10)],
+        id="from the floor, a queue still long: what drains the rest within drain_s",
+    ),
+    pytest.param(
         [(8.0, 40, True), (8.0, 20, True)],
-        [("entry", 8.0 - 32 / 10), ("hold", 8.0 - 32 / 10)],
-        id="a shrinking queue: hold",
+        [("entry", 8.0 - 32 / 10), ("drain", 8.0 - 32 / 10)],
+        id="a queue shrinking: held at the rate that made it shrink",
+    ),
+    pytest.param(
+        [(8.0, 120, True), (8.0, 20, True)],
+        [("entry", 0.4), ("drain", 0.8 * 8.0)],
+        id="a queue shrinking from the floor: one decrease below capacity, not the floor",
+    ),
+    pytest.param(
+        [(8.0, 80, True), (8.0, 100, True), (8.0, 20, True), (8.0, 0, True)],
+        [
+            ("entry", 0.8),
+            ("decrease", min(8.0 - 92 / 10, 0.64)),
+            ("drain", 0.8 * 8.0),
+            ("increase", 0.8 * 8.0 + 0.05 * 8.0),
+        ],
+        id="a burst's queue drains: out of the floor at once, not by additive increase",
     ),
     pytest.param(
         [(8.0, 40, True), (8.0, 0, True), (8.0, 0, True)],

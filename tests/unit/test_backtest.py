@@ -216,3 +216,24 @@ def test_simulator_queue_cutoff_cancels_queued_priorities_never_0() -> None:
     assert len(late) >= cancelled
     assert 0 not in {prio2[e.request_id] for e in late}
     assert {e.model for e in late} == {"llama-3-8b"}
+
+
+def test_window_measures_an_episode_the_trace_already_has() -> None:
+    """``--window START:END`` with no overload: the span is reported as the episode
+    (goodput, first action, SLOs during it), nothing replicated; an overload wins."""
+    from pipeline.app.backtest import run_loop
+
+    spec = load_spec_file(DEFAULT_SLO_SPEC)
+    policy = load_policy_file(DEFAULT_POLICY_PATH)
+    trace = _trace()[:1500]
+    plain = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=1)
+    run = run_loop(trace, plain, spec, policy, loop="open", window_s=(60.0, 120.0))
+    bare = run_loop(trace, plain, spec, policy, loop="open")
+    assert "episode" not in bare
+    assert run["requests"] == bare["requests"]  # nothing replicated
+    ep = run["episode"]
+    assert (ep["start_s"], ep["end_s"], ep["factor"], ep["shape"]) == (60.0, 120.0, 1.0, "in trace")
+    assert ep["goodput_rps"] > 0
+    stepped = dataclasses.replace(plain, overload=OverloadEpisode(30, 90, 2.0))
+    run = run_loop(trace, stepped, spec, policy, loop="open", window_s=(60.0, 120.0))
+    assert (run["episode"]["start_s"], run["episode"]["factor"]) == (30, 2.0)

@@ -1,0 +1,217 @@
+"""Run issue 35's scenario matrix through ``tailguard backtest`` and print, per
+scenario, a compact table of every loop side by side and the done-when checks.
+
+    python -m tools.dev.control_matrix                  # every scenario, sequentially
+    python -m tools.dev.control_matrix --only code-x4 burst
+    python -m tools.dev.control_matrix --cached         # re-print var/bt/*.json
+
+Scenarios: the shared trace at normal load, x2 and x4 for 10 minutes; the code shape
+(long prompts, short outputs) at normal load and x4; the rate3 shape (3x the rate all
+hour); the burst shape (60 s x5 at minute 25, measured as the episode with
+``--window``). The shaped traces are built under ``var/traces/`` when missing
+(``tools.dev.make_trace``). Each backtest's JSON is kept in ``var/bt/NAME.json``.
+
+Per scenario: each SLO's compliance over the run and during the episode (all traffic
+and priority 0), goodput over the run and during the episode, requests of priority 0-2
+turned away, the first level after the episode starts, the time every scope is back at
+L0 after it and the levels raised before it; then the checks of issue 35 that apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+BT_DIR: Final = Path("var/bt")
+TRACE_DIR: Final = Path("var/traces")
+FIRST_BYTE_SLO: Final = "ttft-stream"
+# Priority 0's first-token SLOs of the shipped spec (the "p0" checks: >= 97 %, >= open + 10)
+FIRST_BYTE_SLOS: Final = ("ttft-stream", "gold-ttft")
+BASELINES: Final = ("open", "static", "aimd")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    args: tuple[str, ...]
+    shape: str | None = None  # make_trace shape the trace is built with
+    checks: tuple[str, ...] = field(default=())
+
+
+SCENARIOS: Final = (
+    Scenario("normal", ("--overload", "none"), checks=("normal",)),
+    Scenario("x2", ("--overload", "1200:1800:2"), checks=("episode", "p0")),
+    Scenario("x4", ("--overload", "1200:1800:4"), checks=("episode", "p0")),
+    Scenario("code-normal", ("--overload", "none"), shape="code", checks=("normal",)),
+    Scenario("code-x4", ("--overload", "1200:1800:4"), shape="code", checks=("episode", "p0")),
+    Scenario("rate3", ("--overload", "none"), shape="rate3", checks=("baselines",)),
+    Scenario(
+        "burst",
+        ("--overload", "none", "--window", "1500:1560"),
+        shape="burst",
+        checks=("episode", "baselines"),
+    ),
+)
+
+
+def _trace(shape: str) -> Path:
+    path = TRACE_DIR / f"{shape}.csv"
+    if not path.exists():
+        TRACE_DIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "tools.dev.make_trace", "--shape", shape, "--out", str(path)],
+            check=True,
+        )
+    return path
+
+
+def run(sc: Scenario) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pipeline.cli", "backtest", *sc.args, "--json"]
+    if sc.shape is not None:
+        cmd += ["--trace", str(_trace(sc.shape))]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, check=True, capture_output=True).stdout
+    BT_DIR.mkdir(parents=True, exist_ok=True)
+    (BT_DIR / f"{sc.name}.json").write_bytes(out)
+    sys.stderr.write(f"{sc.name}: {' '.join(cmd[2:])} ({time.monotonic() - t0:.0f} s)\n")
+    doc: dict[str, Any] = orjson.loads(out)
+    return doc
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f} s"
+
+
+def _rps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def table(name: str, doc: dict[str, Any]) -> list[str]:
+    runs: dict[str, dict[str, Any]] = doc["runs"]
+    loops = list(runs)
+    first = runs[loops[0]]
+    ep = first.get("episode")
+    out = [f"## {name}", "", "| | " + " | ".join(loops) + " |", "|---|" + "---:|" * len(loops)]
+
+    def row(label: str, cells: list[str]) -> None:
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for slo in first["slos"]:
+        row(f"{slo} run %", [_pct(r["slos"][slo]["compliance"]) for r in runs.values()])
+        if ep is not None:
+            row(f"{slo} episode %", [_pct(r["episode"]["slos"].get(slo)) for r in runs.values()])
+    p0 = [r["by_priority"]["0"] for r in runs.values()]
+    row(f"p0 {FIRST_BYTE_SLO} run %", [_pct(p["slos"].get(FIRST_BYTE_SLO)) for p in p0])
+    if ep is not None:
+        row(
+            f"p0 {FIRST_BYTE_SLO} episode %",
+            [_pct(p.get("episode_slos", {}).get(FIRST_BYTE_SLO)) for p in p0],
+        )
+    row("goodput run /s", [_rps(r.get("goodput_rps")) for r in runs.values()])
+    if ep is not None:
+        row("goodput episode /s", [_rps(r["episode"]["goodput_rps"]) for r in runs.values()])
+    row(
+        "turned away p0-2",
+        [str(sum(r["shed"].get(p, 0) for p in "012")) for r in runs.values()],
+    )
+    if ep is not None:
+        row("first action", [_s(r["episode"]["first_action_s"]) for r in runs.values()])
+        row("back at L0", [_s(r["episode"]["back_at_l0_s"]) for r in runs.values()])
+        row("levels before", [str(r["episode"]["levels_before"]) for r in runs.values()])
+    else:
+        row("levels raised", [str(r.get("levels_raised", 0)) for r in runs.values()])
+    return out
+
+
+def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Issue 35's done-when items that apply to ``sc``: (what, met)."""
+    runs: dict[str, dict[str, Any]] = doc["runs"]
+    tg = runs.get("tailguard")
+    if tg is None:
+        return []
+    out: list[tuple[str, bool]] = []
+    base = [runs[b] for b in BASELINES if b in runs]
+    slos = [s for s, v in tg["slos"].items() if v["compliance"] is not None]
+    if "normal" in sc.checks and "open" in runs:
+        op = runs["open"]
+        worst = min(
+            (tg["slos"][s]["compliance"] - op["slos"][s]["compliance"] for s in slos),
+            default=0.0,
+        )
+        out.append(
+            (f"never worse than open by > 0.5 points (worst {100 * worst:+.2f})", worst >= -0.005)
+        )
+        shed = sum(tg["shed"].get(p, 0) for p in "012")
+        out.append((f"no priority 0-2 turned away ({shed})", shed == 0))
+    if "p0" in sc.checks and "open" in runs:
+        for slo in FIRST_BYTE_SLOS:
+            p0 = tg["by_priority"]["0"]["slos"].get(slo)
+            op0 = runs["open"]["by_priority"]["0"]["slos"].get(slo)
+            if p0 is None or op0 is None:
+                continue
+            out.append((f"p0 {slo} >= 97 % ({100 * p0:.2f})", p0 >= 0.97))
+            if op0 > 0.90:
+                # open + 10 points is above 100 %: nothing to check (the code shape at x4)
+                out.append((f"p0 {slo} >= open + 10: n/a, open is {100 * op0:.2f}", True))
+            else:
+                out.append(
+                    (
+                        f"p0 {slo} >= open + 10 ({100 * p0:.2f} vs {100 * op0:.2f})",
+                        p0 >= op0 + 0.10,
+                    )
+                )
+    if "episode" in sc.checks and "episode" in tg:
+        e = tg["episode"]
+        fa, back = e["first_action_s"], e["back_at_l0_s"]
+        out.append((f"first action <= 30 s ({_s(fa)})", fa is not None and fa <= 30))
+        out.append((f"no level before the episode ({e['levels_before']})", e["levels_before"] == 0))
+        out.append((f"back at L0 <= 600 s ({_s(back)})", back is not None and back <= 600))
+        best = max((b["episode"]["goodput_rps"] for b in base), default=0.0)
+        g = e["goodput_rps"]
+        out.append((f"episode goodput >= best baseline ({g:.2f} vs {best:.2f})", g >= best))
+    if "baselines" in sc.checks:
+        for s in slos:
+            best = max(b["slos"][s]["compliance"] or 0.0 for b in base)
+            c = tg["slos"][s]["compliance"]
+            out.append((f"{s} >= best baseline ({100 * c:.2f} vs {100 * best:.2f})", c >= best))
+        best_g = max(b["goodput_rps"] or 0.0 for b in base)
+        g = tg["goodput_rps"] or 0.0
+        out.append((f"goodput >= best baseline ({g:.2f} vs {best_g:.2f})", g >= best_g))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = [s.name for s in SCENARIOS]
+    ap.add_argument("--only", nargs="+", choices=names, default=names)
+    ap.add_argument("--cached", action="store_true", help="print var/bt/NAME.json, run nothing")
+    args = ap.parse_args(argv)
+    missed = 0
+    for sc in SCENARIOS:
+        if sc.name not in args.only:
+            continue
+        path = BT_DIR / f"{sc.name}.json"
+        doc = orjson.loads(path.read_bytes()) if args.cached else run(sc)
+        print("\n".join(table(sc.name, doc)))
+        print()
+        for what, ok in checks(sc, doc):
+            missed += not ok
+            print(f"- [{'x' if ok else ' '}] {what}")
+        print(flush=True)
+    print(f"{missed} check(s) missed")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
