@@ -250,11 +250,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     _need_file(args.trace)
     settings = _settings(args)
-    _select_core(settings)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     if policy is None:
         raise SystemExit("tailguard backtest: no policy (pass --policy)")
+    _select_core(settings)  # after the inputs: a missing one fails in one line
     trace = read_trace(args.trace)
     if args.limit is not None:
         trace = trace[: args.limit]
@@ -273,9 +273,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     _need_file(args.events)
     settings = _settings(args)
-    _select_core(settings)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
+    _select_core(settings)  # after the inputs: a missing one fails in one line
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
     summary = run_replay(
         args.events, settings, spec=spec, policy=policy, burn_rules=rules, dlq_path=dlq_path,
