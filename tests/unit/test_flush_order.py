@@ -18,6 +18,7 @@ from pipeline.contract.codec import encode_event
 from pipeline.core.processor import KeptMessage, StreamProcessor
 from pipeline.core.windows import WindowConfig
 from tests.factories import completed, finished, received
+from tests.flush_fakes import fake_writer
 
 
 class _StoppedError(Exception):
@@ -50,15 +51,7 @@ def _writer(calls: list[str], **kwargs: Any) -> FlushWriter:
         "told": told,
     }
     ports.update(kwargs)
-    return FlushWriter(
-        object(),  # type: ignore[arg-type]  # the store: every write is faked
-        "g",
-        "t",
-        0.01,
-        retry=lambda fn, what: (fn(), 0)[1],
-        dead_rows=lambda dead: None,
-        **ports,
-    )
+    return fake_writer(**ports)
 
 
 def _fake_writes(monkeypatch: pytest.MonkeyPatch, calls: list[str], stop_at: str | None) -> None:

@@ -23,6 +23,7 @@ from pipeline.adapters.dead_letters import DeadLetters
 from pipeline.adapters.flush import Flush, FlushBehind, FlushSettings, FlushWriter, raw_chunks
 from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import KeptMessage
+from tests.flush_fakes import fake_writer
 
 
 def _msgs(*sizes: int) -> list[KeptMessage]:
@@ -52,15 +53,7 @@ def test_raw_chunks_cover_every_message_once_in_order(
 
 
 def _writer() -> FlushWriter:
-    return FlushWriter(
-        object(),  # type: ignore[arg-type]  # the store: every write is faked
-        "g",
-        "t",
-        0.01,
-        retry=lambda fn, what: (fn(), 0)[1],
-        dead_rows=lambda dead: None,
-        told=SimpleNamespace(windows_stored=lambda *_a: None, flush=lambda _s: None),
-    )
+    return fake_writer(told=SimpleNamespace(windows_stored=lambda *_a: None, flush=lambda _s: None))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +135,11 @@ class PartialWriteInjectingStore(ClickHouseStore):
             self._blocked.add(t)
             log.warning("injected partial writes: inserts into %s.%s now fail", self.database, t)
 
-    def insert_columns(
-        self,
-        table: str,
-        columns: Sequence[Sequence[Any]],
-        names: Sequence[str],
-        types: Sequence[str],
-        settings: dict[str, Any] | None = None,
-    ) -> None:
+    def insert_columns(self, table: str, *args: Any, **kwargs: Any) -> None:
+        """The store's insert; a refusal by the injected constraint kills the process when
+        asked to (a crash between the base table and its views)."""
         try:
-            super().insert_columns(table, columns, names, types, settings)
+            super().insert_columns(table, *args, **kwargs)
         except Exception as exc:
             if self._kill and self.CONSTRAINT in str(exc):
                 log.error("injected partial write into %s: killing this process", table)  # noqa: TRY400
