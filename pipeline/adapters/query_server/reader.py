@@ -73,8 +73,10 @@ def _http_store(live: LiveWorker, database: str) -> Any:
     return ClickHouseStore(_http_client(live.port, live.token, database), database)
 
 
-def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
-    """(store, through_port): the live worker's port, else the directory itself."""
+def _live_or_owner(settings: Any, wait_s: float) -> tuple[LiveWorker | None, Any]:
+    """(the live worker serving ``store_dir``, None), else (None, the store opened here).
+    A directory locked by a process that has not published its port yet (a worker
+    starting) is tried again for up to ``wait_s``."""
     from pipeline.adapters.store import StoreError, open_store
 
     if not Path(settings.store_dir).is_dir():
@@ -86,14 +88,21 @@ def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
             log.debug(
                 "reading %s through worker %d's port %d", settings.store_dir, live.pid, live.port
             )
-            return _http_store(live, settings.database), True
+            return live, None
         try:
-            return open_store(settings), False
+            return None, open_store(settings)
         except StoreError:
-            # Locked by a process that has not published its port yet (a worker starting)?
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+
+
+def _open_embedded_or_port(settings: Any, wait_s: float) -> tuple[Any, bool]:
+    """(store, through_port): the live worker's port, else the directory itself."""
+    live, owner = _live_or_owner(settings, wait_s)
+    if live is not None:
+        return _http_store(live, settings.database), True
+    return owner, False
 
 
 def open_reader(settings: Any, *, wait_s: float = 10.0) -> Any:
@@ -121,8 +130,6 @@ def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
     """
     import clickhouse_connect
 
-    from pipeline.adapters.store import StoreError, open_store
-
     if settings.clickhouse_url:
         client = clickhouse_connect.get_client(
             dsn=settings.clickhouse_url,
@@ -136,25 +143,14 @@ def read_only_client(settings: Any, *, wait_s: float = 10.0) -> Iterator[Any]:
         finally:
             client.close()
         return
-    if not Path(settings.store_dir).is_dir():
-        raise StoreError(f"no store at {settings.store_dir} (run a worker or `replay` first)")
-    deadline = time.monotonic() + wait_s
-    while True:
-        live = find_live_worker(settings.store_dir)
-        if live is not None:
-            client = _http_client(live.port, live.token, settings.database)
-            try:
-                yield client
-            finally:
-                client.close()
-            return
+    live, owner = _live_or_owner(settings, wait_s)
+    if live is not None:
+        client = _http_client(live.port, live.token, settings.database)
         try:
-            owner = open_store(settings)
-            break
-        except StoreError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
+            yield client
+        finally:
+            client.close()
+        return
     try:
         server = QueryServer(
             settings.store_dir,
