@@ -1,7 +1,7 @@
 """Which implementation of the core's hot path runs: the native extension or Python.
 
 The extension ``tailguard_native`` (Rust, PyO3; built from ``native/`` by ``./tg``) holds
-ports of two pure-Python references that stay in the tree:
+ports of three pure-Python references that stay in the tree:
 
 * ``PartitionClock``: :class:`pipeline.core.eventtime.PartitionClock`, the per-partition
   event clock the processor calls on every event;
@@ -10,7 +10,7 @@ ports of two pure-Python references that stay in the tree:
 * ``boundary_table``: :func:`pipeline.core.slo.boundary_table`, the records' boundary
   values as the float table the windows and SLO counts of a batch read.
 
-Both give results identical to the references (``tests/unit/test_native_diff.py``
+All three give results identical to the references (``tests/unit/test_native_diff.py``
 compares them on hypothesis-generated inputs). Where the extension is not built (no Rust
 toolchain), the Python references run.
 

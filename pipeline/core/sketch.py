@@ -385,8 +385,9 @@ class QuantileSketch:
 
     def _native(self, arr: FloatArray, sign: int) -> bool:
         """Bins, zero count, count and sum of ``add_many`` (``sign`` 1) or ``remove_many``
-        (-1) by the native kernel when it is selected; False (nothing done) otherwise, or
-        for an invalid value (the Python path then raises its error)."""
+        (-1) by the native kernel when it is selected; False (nothing done) otherwise.
+        The values were checked before (``_checked``): the kernel's own refusal of an
+        invalid value (False, nothing changed) is a guard, not the error path."""
         bump = native.sketch_kernel()
         if bump is None:
             return False
