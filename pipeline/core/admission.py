@@ -41,7 +41,11 @@ joining it still gets its first token in time):
   has gone while the engines idle (additive increase from the floor takes
   ``1 / increase`` steps to reach capacity);
 * **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
-  ``max_over_capacity * C`` (the level's exit, not the rate, ends admission).
+  ``max_over_capacity * C`` (the level's exit, not the rate, ends admission); when
+  the previous rate was the floor (the burst's queue went from over the floor's reach
+  to healthy between two steps), no less than one decrease below capacity, as in the
+  drain: on the burst trace llama-3-70b's queue was empty from the step after the
+  floor, and additive increase took ~200 s back to capacity while its engines idled.
 
 ``R`` never goes below ``min_fraction * C``. Priority 0 is admitted whatever
 ``R`` is (gateways count it against the rate first), so a rate below priority 0's
@@ -185,7 +189,10 @@ class AdmissionControl:
             held = max(prev, cfg.decrease * cap) if st.floored else prev
             rate, rule = min(target, held), "drain"
         else:
-            rate, rule = min(prev + cfg.increase * cap, cfg.max_over_capacity * cap), "increase"
+            up = prev + cfg.increase * cap
+            if st.floored:  # the queue went from over the floor's reach to healthy at once
+                up = max(up, cfg.decrease * cap)
+            rate, rule = min(up, cfg.max_over_capacity * cap), "increase"
         st.floored = rate < floor
         rate = max(rate, floor)
         st.rate_rps, st.excess, st.rule = rate, excess, rule

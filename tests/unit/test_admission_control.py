@@ -58,6 +58,11 @@ ADMISSION_TABLE = [
         id="a burst's queue drains: out of the floor at once, not by additive increase",
     ),
     pytest.param(
+        [(8.0, 120, True), (8.0, 0, True), (8.0, 0, True)],
+        [("entry", 0.4), ("increase", 0.8 * 8.0), ("increase", 0.8 * 8.0 + 0.05 * 8.0)],
+        id="from the floor to a healthy queue at once: one decrease below capacity",
+    ),
+    pytest.param(
         [(8.0, 40, True), (8.0, 0, True), (8.0, 0, True)],
         [("entry", 4.8), ("increase", 4.8 + 0.05 * 8.0), ("increase", 4.8 + 0.1 * 8.0)],
         id="healthy: additive increase",
