@@ -10,8 +10,9 @@ Invalid settings fail at start-up with the field name in the message.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,12 @@ from pipeline.contract.events import (
     LIFECYCLE_TOPIC,
     SUMMARIES_TOPIC,
 )
+
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Narrow = TypeVar("Narrow", bound="DataclassInstance")
 
 
 class KafkaSettings(BaseSettings):
@@ -99,6 +106,13 @@ class KafkaSettings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """What logs show: secrets masked."""
         return self.model_dump(mode="json")  # SecretStr serialises as '**********'
+
+    def narrowed(self, cls: type[Narrow], **derived: Any) -> Narrow:
+        """An adapter's own settings, the frozen dataclass ``cls``, built once where the
+        worker or the CLI wires the adapter: each field is the setting of its name, but
+        those given in ``derived`` (what the adapter takes computed from the settings)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in derived]
+        return cls(**{name: getattr(self, name) for name in names}, **derived)
 
 
 class EmitterSettings(KafkaSettings):
