@@ -13,6 +13,7 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
+from tests.paths import REPO
 from tools.dev import dashboards as gen
 from tools.dev.grafana_sql import (
     ALL_VALUE,
@@ -26,7 +27,6 @@ from tools.dev.grafana_sql import (
     replace_variables,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(__file__).parent / "testdata" / "grafana-foundation-sdk"
 JSON_DIR = REPO / "dashboards" / "json"
 PROVISIONING = REPO / "dashboards" / "provisioning"

@@ -18,8 +18,8 @@ from jsonschema import Draft7Validator
 from pipeline.adapters.store import load_migrations, template_params
 from pipeline.cli import build_parser, main
 from pipeline.settings import Settings
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TESTDATA = Path(__file__).parent / "testdata"
 
 

@@ -15,8 +15,8 @@ from pipeline.contract.control_signal import KeyConfigError
 from pipeline.kafka_settings import EmitterSettings, KafkaSettings
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_POLICY, DEFAULT_TRACE, SQL_DIR
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 K1 = base64.b64encode(b"1" * 32).decode()
 K2 = base64.b64encode(b"2" * 32).decode()
 

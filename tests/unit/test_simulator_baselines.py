@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +11,8 @@ from producers.simulator.baselines import CONCURRENCY, AIMDGate
 from producers.simulator.gate import GateActions
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.paths import SHARED_TRACE
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_000_000_000_000_000
 
 

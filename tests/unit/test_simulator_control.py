@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,8 @@ from pipeline.contract.events import EngineFinished, Event, GatewayCompleted, Ga
 from producers.simulator.gate import GateActions, GatewayGate
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
+from tests.paths import SHARED_TRACE
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_000_000_000_000_000
 NO_STATS_MS = 1e12
 ONE_SLOT = (ModelConfig("m", 1.0, 1, 1, 0.0, 10.0, 0.0, 1_000_000),)

@@ -38,9 +38,9 @@ from pipeline.spec.slo import (
     validate_file,
 )
 from tests.factories import completed, finished, received
+from tests.paths import REPO
 from tests.slo_strategies import JOINED, records, slo_data, specs
 
-REPO = Path(__file__).resolve().parents[2]
 TESTDATA = Path(__file__).parent / "testdata" / "slo"
 EXAMPLE = REPO / "specs" / "slo-example.yaml"
 

@@ -1,0 +1,8 @@
+"""Where the tests find the checkout's own files: its root and the shared trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACE = REPO / "data" / "azure-llm-2023" / "conv.csv"
