@@ -13,7 +13,7 @@ import pytest
 from pipeline.app.demo import parse_overload, sim_config_from_args
 from pipeline.cli import build_parser
 from pipeline.contract.events import EngineFinished, Event, GatewayCompleted, GatewayReceived
-from producers.simulator.gate import GateActions, GatewayGate
+from producers.simulator.gate import Completion, GateActions, GatewayGate
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
 from tests.paths import SHARED_TRACE
@@ -225,8 +225,8 @@ def test_cli_flags_reach_the_sim_config() -> None:
 class RecordingGate(GatewayGate):
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def on_complete(self, **kw: Any) -> None:
-        self.calls.append(kw)
+    def on_complete(self, done: Completion) -> None:
+        self.calls.append(dataclasses.asdict(done))
 
 
 def _shedding(gate: GatewayGate) -> GatewayGate:
