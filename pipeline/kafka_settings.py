@@ -17,20 +17,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.contract.events import (
-    CONTROL_TOPIC,
-    DLQ_TOPIC,
-    ENGINE_STATS_TOPIC,
-    LEDGER_TOPIC,
-    LIFECYCLE_TOPIC,
-    SUMMARIES_TOPIC,
-)
+from pipeline.contract.topics import TOPICS
 
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 Narrow = TypeVar("Narrow", bound="DataclassInstance")
+
+# Each topic's default name, by the setting that renames it (the table of topics).
+_TOPIC = {t.setting: t.name for t in TOPICS}
 
 
 class KafkaSettings(BaseSettings):
@@ -51,18 +47,18 @@ class KafkaSettings(BaseSettings):
     """TAILGUARD_SASL_PASSWORD (secret)"""
     ssl_cafile: Path | None = None
     """TAILGUARD_SSL_CAFILE: CA bundle for TLS."""
-    lifecycle_topic: str = LIFECYCLE_TOPIC
+    lifecycle_topic: str = _TOPIC["lifecycle_topic"]
     """TAILGUARD_LIFECYCLE_TOPIC"""
-    engine_stats_topic: str = ENGINE_STATS_TOPIC
+    engine_stats_topic: str = _TOPIC["engine_stats_topic"]
     """TAILGUARD_ENGINE_STATS_TOPIC"""
-    dlq_topic: str = DLQ_TOPIC
+    dlq_topic: str = _TOPIC["dlq_topic"]
     """TAILGUARD_DLQ_TOPIC"""
-    summaries_topic: str = SUMMARIES_TOPIC
+    summaries_topic: str = _TOPIC["summaries_topic"]
     """TAILGUARD_SUMMARIES_TOPIC"""
-    ledger_topic: str = LEDGER_TOPIC
+    ledger_topic: str = _TOPIC["ledger_topic"]
     """TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers that take a partition
     over (shared by workers with separate stores)."""
-    control_topic: str = CONTROL_TOPIC
+    control_topic: str = _TOPIC["control_topic"]
     """TAILGUARD_CONTROL_TOPIC"""
 
     @model_validator(mode="after")
