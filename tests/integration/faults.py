@@ -23,7 +23,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
-from tests.integration.harness import WorkerProcess
+from tests.integration.harness import WorkerProcess, make_settings
 from tests.measurement_fixtures import START_NS
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
@@ -144,6 +144,28 @@ def after(events: Sequence[Event], gap_s: float = 120.0) -> int:
     """A start time (ns) ``gap_s`` after the last of ``events``: a later stream that shares
     no window and no pending join with them."""
     return max(ev.ts_unix_ns for ev in events) + int(gap_s * 1e9)
+
+
+def consecutive_events(*sizes: int, seed: int) -> list[list[Event]]:
+    """Streams of :func:`lifecycle_events` of ``sizes`` requests, each :func:`after` the one
+    before: the first with ``seed`` and request ids ``a-...``, the next with ``seed + 1``
+    and ``b-...``, and so on."""
+    streams: list[list[Event]] = []
+    for i, n in enumerate(sizes):
+        start_ns = after(streams[-1]) if streams else START_NS
+        streams.append(lifecycle_events(n, seed=seed + i, prefix=f"{chr(97 + i)}-",
+                                        start_ns=start_ns))  # fmt: skip
+    return streams
+
+
+def store_fault_settings(
+    bootstrap: str, tmp_path: Path, fault: str, **over: object
+) -> tuple[Settings, Path]:
+    """Worker settings (:func:`make_settings`) whose store fails as the flag file says, and
+    that file (``tmp_path / fault``, not created): ``fault`` "outage", every insert fails
+    while it exists; "partial", the inserts it names fail part-way (store/faults.py)."""
+    flag = tmp_path / fault
+    return make_settings(bootstrap, tmp_path, **{f"fault_store_{fault}_file": flag}, **over), flag
 
 
 def rss_bytes(pid: int) -> int:
