@@ -103,6 +103,16 @@ class KafkaSettings(BaseSettings):
         """What logs show: secrets masked."""
         return self.model_dump(mode="json")  # SecretStr serialises as '**********'
 
+    def kafka_only(self) -> KafkaSettings:
+        """These settings' Kafka part alone (the connection and the topics' names), for an
+        adapter that only reaches Kafka: from a worker's or an emitter's settings, a
+        :class:`KafkaSettings` of the same values (not read from the environment again)."""
+        if type(self) is KafkaSettings:
+            return self
+        return KafkaSettings.model_construct(
+            **{name: getattr(self, name) for name in KafkaSettings.model_fields}
+        )
+
     def narrowed(self, cls: type[Narrow], **derived: Any) -> Narrow:
         """An adapter's own settings, the frozen dataclass ``cls``, built once where the
         worker or the CLI wires the adapter: each field is the setting of its name, but
