@@ -47,6 +47,7 @@ from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.slo_windows import slo_factory
+from pipeline.kafka_settings import KafkaSettings
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
 
@@ -148,7 +149,7 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
     return ports
 
 
-def _credentials(settings: Settings) -> Any:
+def _credentials(settings: KafkaSettings) -> Any:
     if settings.security_protocol == "PLAINTEXT":
         return None
     ctx = ssl.create_default_context(
@@ -431,7 +432,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     worker.execute_from_commandline()
 
 
-def _wait_for_broker(settings: Settings) -> bool:
+def _wait_for_broker(settings: KafkaSettings) -> bool:
     """Start-up before the broker: wait for it with backoff, as a service under a
     supervisor should (SIGTERM/SIGINT meanwhile: False, exit cleanly)."""
     stop = threading.Event()
