@@ -35,8 +35,8 @@ from pipeline.spec.slo import SLOSpec, load_spec
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 from tests.factories import completed, finished, received
+from tests.paths import SPECS
 
-SPECS = Path(__file__).resolve().parents[2] / "specs"
 UTC_NOV_NS = int(dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
 HOUR_NS = 3_600 * 1_000_000_000
 DAY_NS = 24 * HOUR_NS
