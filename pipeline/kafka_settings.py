@@ -19,7 +19,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.contract.topics import TOPICS
 
-
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
