@@ -6,9 +6,10 @@ import heapq
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -23,7 +24,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
@@ -112,6 +113,15 @@ def producer(settings: Settings) -> Producer:
 def flush(prod: Producer, timeout_s: float = 120.0) -> None:
     left = prod.flush(timeout_s)
     assert left == 0, f"{left} messages not delivered"
+
+
+def send_all(settings: Settings, messages: Iterable[tuple[str, int, bytes | None]]) -> None:
+    """``(topic, partition, value)`` messages as given, in order (a None value: a null
+    message), on one producer; returns once every one is delivered."""
+    prod = producer(settings)
+    for topic, partition, value in messages:
+        send(prod, topic, partition, value)  # type: ignore[arg-type]  # None: a null message
+    flush(prod)
 
 
 def produce_batches(
@@ -322,3 +332,15 @@ def sigterm_exit_s(worker: WorkerProcess) -> float:
 
 def log_has(worker: WorkerProcess, text: str) -> bool:
     return text in worker.log_path.read_text(errors="replace")
+
+
+def dead_letters(settings: Settings) -> list[dict[str, Any]]:
+    """The DLQ's messages in order: each one's headers (decoded), its ``key`` (text) and its
+    ``value`` (the bytes as received)."""
+    out = []
+    for msg in read_all(settings, settings.dlq_topic):
+        letter: dict[str, Any] = {k: (v or b"").decode() for k, v in msg.headers() or []}
+        letter["key"] = (msg.key() or b"").decode()
+        letter["value"] = msg.value() or b""
+        out.append(letter)
+    return out
