@@ -10,20 +10,22 @@ Invalid settings fail at start-up with the field name in the message.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.contract.events import (
-    CONTROL_TOPIC,
-    DLQ_TOPIC,
-    ENGINE_STATS_TOPIC,
-    LEDGER_TOPIC,
-    LIFECYCLE_TOPIC,
-    SUMMARIES_TOPIC,
-)
+from pipeline.contract.topics import TOPICS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Narrow = TypeVar("Narrow", bound="DataclassInstance")
+
+# Each topic's default name, by the setting that renames it (the table of topics).
+_TOPIC = {t.setting: t.name for t in TOPICS}
 
 
 class KafkaSettings(BaseSettings):
@@ -44,18 +46,18 @@ class KafkaSettings(BaseSettings):
     """TAILGUARD_SASL_PASSWORD (secret)"""
     ssl_cafile: Path | None = None
     """TAILGUARD_SSL_CAFILE: CA bundle for TLS."""
-    lifecycle_topic: str = LIFECYCLE_TOPIC
+    lifecycle_topic: str = _TOPIC["lifecycle_topic"]
     """TAILGUARD_LIFECYCLE_TOPIC"""
-    engine_stats_topic: str = ENGINE_STATS_TOPIC
+    engine_stats_topic: str = _TOPIC["engine_stats_topic"]
     """TAILGUARD_ENGINE_STATS_TOPIC"""
-    dlq_topic: str = DLQ_TOPIC
+    dlq_topic: str = _TOPIC["dlq_topic"]
     """TAILGUARD_DLQ_TOPIC"""
-    summaries_topic: str = SUMMARIES_TOPIC
+    summaries_topic: str = _TOPIC["summaries_topic"]
     """TAILGUARD_SUMMARIES_TOPIC"""
-    ledger_topic: str = LEDGER_TOPIC
+    ledger_topic: str = _TOPIC["ledger_topic"]
     """TAILGUARD_LEDGER_TOPIC: requests counted per partition, for workers that take a partition
     over (shared by workers with separate stores)."""
-    control_topic: str = CONTROL_TOPIC
+    control_topic: str = _TOPIC["control_topic"]
     """TAILGUARD_CONTROL_TOPIC"""
 
     @model_validator(mode="after")
@@ -99,6 +101,23 @@ class KafkaSettings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """What logs show: secrets masked."""
         return self.model_dump(mode="json")  # SecretStr serialises as '**********'
+
+    def kafka_only(self) -> KafkaSettings:
+        """These settings' Kafka part alone (the connection and the topics' names), for an
+        adapter that only reaches Kafka: from a worker's or an emitter's settings, a
+        :class:`KafkaSettings` of the same values (not read from the environment again)."""
+        if type(self) is KafkaSettings:
+            return self
+        return KafkaSettings.model_construct(
+            **{name: getattr(self, name) for name in KafkaSettings.model_fields}
+        )
+
+    def narrowed(self, cls: type[Narrow], **derived: Any) -> Narrow:
+        """An adapter's own settings, the frozen dataclass ``cls``, built once where the
+        worker or the CLI wires the adapter: each field is the setting of its name, but
+        those given in ``derived`` (what the adapter takes computed from the settings)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in derived]
+        return cls(**{name: getattr(self, name) for name in names}, **derived)
 
 
 class EmitterSettings(KafkaSettings):

@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from pipeline.contract.control_signal import (
@@ -110,21 +110,12 @@ class Directive:
 
     @classmethod
     def from_signal(cls, s: ControlSignal, expires_at_unix_ms: int | None = None) -> Directive:
-        """``expires_at_unix_ms``: the effective expiry, when the verifier clamped it."""
-        return cls(
-            level=s.level,
-            phase=s.phase,
-            actions=s.actions,
-            scope=s.scope,
-            seq=s.seq,
-            issued_at_unix_ms=s.issued_at_unix_ms,
-            expires_at_unix_ms=(
-                s.expires_at_unix_ms if expires_at_unix_ms is None else expires_at_unix_ms
-            ),
-            reason=s.reason,
-            notify_customer=s.notify_customer,
-            budget_exhausted=s.budget_exhausted,
-        )
+        """The signal's fields, each by its name; ``expires_at_unix_ms``: the effective
+        expiry, when the verifier clamped it."""
+        signalled = {f.name: getattr(s, f.name) for f in fields(cls)}
+        if expires_at_unix_ms is not None:
+            signalled["expires_at_unix_ms"] = expires_at_unix_ms
+        return cls(**signalled)
 
 
 NORMAL: Final = Directive()

@@ -121,8 +121,24 @@ def _ms(seconds: object) -> float:
     return max(_seconds(seconds), 0.0) * 1000.0
 
 
-def engine_spans_ms(fr: object, e2e_ms: float) -> tuple[float, float, float, float]:
-    """(queue, prefill, decode, inference) ms, with vLLM's unset-timestamp artefacts removed.
+# engine.finished's spans and counts, and the FinishedRequestStats attribute of each
+_SPANS = {
+    "queue_ms": "queued_time",
+    "prefill_ms": "prefill_time",
+    "decode_ms": "decode_time",
+    "inference_ms": "inference_time",
+}
+_COUNTS = {
+    "prompt_tokens": "num_prompt_tokens",
+    "output_tokens": "num_generation_tokens",
+    "cached_tokens": "num_cached_tokens",
+    "preemptions": "num_preemptions",
+}
+
+
+def engine_spans_ms(fr: object, e2e_ms: float) -> dict[str, float]:
+    """``{queue_ms, prefill_ms, decode_ms, inference_ms}``, with vLLM's unset-timestamp
+    artefacts removed.
 
     vLLM computes each span from engine-core timestamps that stay 0.0 until the
     event happens. A request aborted while queued has ``scheduled_ts == 0``:
@@ -134,16 +150,10 @@ def engine_spans_ms(fr: object, e2e_ms: float) -> tuple[float, float, float, flo
     comes from an unset timestamp and is reported as 0.
     """
     if _seconds(getattr(fr, "queued_time", 0.0)) < 0.0:
-        return e2e_ms, 0.0, 0.0, 0.0
+        return dict.fromkeys(_SPANS, 0.0) | {"queue_ms": e2e_ms}
     limit = e2e_ms + _SPAN_SLACK_MS
-    spans = (
-        _ms(getattr(fr, "queued_time", 0.0)),
-        _ms(getattr(fr, "prefill_time", 0.0)),
-        _ms(getattr(fr, "decode_time", 0.0)),
-        _ms(getattr(fr, "inference_time", 0.0)),
-    )
-    q, p, d, i = (v if v <= limit else 0.0 for v in spans)
-    return q, p, d, i
+    spans = {name: _ms(getattr(fr, attr, 0.0)) for name, attr in _SPANS.items()}
+    return {name: v if v <= limit else 0.0 for name, v in spans.items()}
 
 
 def _seconds(value: object) -> float:
@@ -274,8 +284,11 @@ class EngineRecorder:
             )
             return None
         e2e_ms = _ms(getattr(fr, "e2e_latency", 0.0))
-        queue_ms, prefill_ms, decode_ms, inference_ms = engine_spans_ms(fr, e2e_ms)
         finish_ns = int(finish_wall_s * _NS)
+        # the spans and counts (validated with the event, below)
+        measured: dict[str, Any] = engine_spans_ms(fr, e2e_ms) | {
+            name: _count(getattr(fr, attr, 0)) for name, attr in _COUNTS.items()
+        }
         arrival_ns = finish_ns - round(e2e_ms * 1_000_000)
         cold = None
         if (
@@ -293,18 +306,11 @@ class EngineRecorder:
                 host=self.host,
                 model=self.model,
                 arrival_unix_ns=arrival_ns,
-                queue_ms=queue_ms,
-                prefill_ms=prefill_ms,
-                decode_ms=decode_ms,
-                inference_ms=inference_ms,
                 e2e_ms=e2e_ms,
-                prompt_tokens=_count(getattr(fr, "num_prompt_tokens", 0)),
-                output_tokens=_count(getattr(fr, "num_generation_tokens", 0)),
-                cached_tokens=_count(getattr(fr, "num_cached_tokens", 0)),
                 finish_reason=reason,
-                preemptions=_count(getattr(fr, "num_preemptions", 0)),
                 priority=None,  # vLLM's scheduling priority is not in its stats
                 cold_start_unix_ns=cold,
+                **measured,
             )
         except ValidationError as exc:
             self.counters.invalid += 1

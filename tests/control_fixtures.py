@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.adapters.controller import ControllerShell
+from pipeline.adapters.controller import ControllerSettings, ControllerShell
 from pipeline.app.demo import kafka_sink
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import event_to_dict
@@ -82,7 +82,7 @@ def replayed_controller(
     _, store_dir, replayed = simulate_and_replay(tmp_path, capsys, seed=seed, limit=limit)
     keys = write_control_keys(tmp_path / "keys.json", "k")
     settings = Settings(store_dir=store_dir, control_enabled=True, control_keys_file=keys)
-    return replayed, settings, ControllerShell(settings)
+    return replayed, settings, ControllerShell(ControllerSettings.of(settings))
 
 
 def emit_overload(settings: Settings) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,17 @@ def slo_totals(store: Store) -> dict[str, tuple[int, int]]:
             "WHERE kind = 'slo' GROUP BY slo"
         )
     }
+
+
+def assert_store_is_exact(
+    store: Store, spec: SLOSpec | None, slos: Mapping[str, Mapping[str, int]]
+) -> None:
+    """The store's windows equal an exact count over ``requests`` (:func:`store_mismatches`),
+    and its hourly SLO totals are the replay's (``slos``: ``replay --json``'s)."""
+    assert store_mismatches(store, spec) == []
+    totals = slo_totals(store)
+    for name, want in slos.items():
+        assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name
 
 
 def merge_stores(settings: list[Any], into: Path) -> None:

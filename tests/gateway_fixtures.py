@@ -64,3 +64,8 @@ def serve(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def overloaded(reason: str, level: int, retry_after_s: int) -> dict[str, Any]:
+    """The JSON body of a request the gateway turned away (429 or 503)."""
+    return {"error": "overloaded", "reason": reason, "level": level, "retry_after_s": retry_after_s}

@@ -45,6 +45,17 @@ def simulate_and_replay(
     return events, store_dir, replay_into(store_dir, events, capsys)
 
 
+def hourly_spec(source: Path) -> str:
+    """The SLO spec ``source`` with one-hour budget windows (for its 30-day and its monthly
+    SLOs alike): minutes of replayed traffic then fill budgets, and an overload overspends
+    them."""
+    return (
+        source.read_text()
+        .replace("window: {rolling: 30d}", "window: {rolling: 1h}")
+        .replace("window: {calendar: month}", "window: {rolling: 1h}")
+    )
+
+
 def load_events(path: Path) -> list[dict]:
     out = []
     for line in path.read_bytes().splitlines():

@@ -11,14 +11,17 @@ attempt under the same request id, which ends well).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
 from hypothesis import strategies as st
 
 from pipeline.contract.codec import encode_event
+from pipeline.core.eventtime import ClockConfig
+from pipeline.core.join import JoinConfig
 from pipeline.core.processor import Output, StreamProcessor
-from pipeline.core.windows import ClosedWindow
+from pipeline.core.windows import ClosedWindow, WindowConfig
 from tests.factories import completed, finished, received
 
 REQUEST = st.tuples(
@@ -29,6 +32,33 @@ REQUEST = st.tuples(
     st.sampled_from(["ok", "ok", "error", "abort"]),
     st.booleans(),
 )
+
+# The draws both comparisons start with: the requests, then how the traffic reaches the
+# processors and how long the join waits.
+TRAFFIC = (
+    st.lists(REQUEST, min_size=1, max_size=80),
+    st.sampled_from([0, 2_000, 20_000]),  # late_ms
+    st.integers(1, 6),  # messages per process call
+    st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
+    st.sampled_from([200, 1_000, 15_000]),  # join timeout
+)
+QUORUM = st.sampled_from([1, 3, 5])  # the event-time clock's quorum
+
+
+def configs(
+    timeout_ms: int, window: tuple[int, int], quorum: int, max_pending: int | None = None
+) -> tuple[JoinConfig, WindowConfig, ClockConfig]:
+    """The processors' configs for a draw: the join's TTLs scale with its timeout."""
+    join = JoinConfig(timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms,
+                      resolved_ttl_ms=3 * timeout_ms)  # fmt: skip
+    if max_pending is not None:
+        join = dataclasses.replace(join, max_pending=max_pending)
+    return (
+        join,
+        WindowConfig(size_ms=window[0], grace_ms=window[1]),
+        ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
+    )
+
 
 _ENDS = {"ok": (200, "ok"), "error": (502, "error"), "abort": (0, "client_abort")}
 

@@ -18,11 +18,14 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from pydantic import SecretStr
 
 from pipeline.adapters import control_keys
 from pipeline.adapters.alerting import AlertDelivery, Webhook
@@ -48,13 +51,14 @@ from pipeline.core.control import (
     DecisionClock,
 )
 from pipeline.core.policy import Evaluation
-from pipeline.settings import Settings
+from pipeline.kafka_settings import KafkaSettings
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec_file
 
 if TYPE_CHECKING:
     from pipeline.adapters.flush import FlushWriter
+    from pipeline.settings import Settings
 
 log = logging.getLogger("tailguard.controller")
 
@@ -63,20 +67,61 @@ def _dt(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def load_keyring(settings: Settings) -> Keyring:
+@dataclass(frozen=True, slots=True)
+class KeySettings:
+    """Where the controller's signing keys come from (see :class:`Settings`): a keys file,
+    or the keys inline (secret: shown masked). Built once, by :meth:`of`."""
+
+    control_keys_file: Path | None = None
+    control_keys: SecretStr | None = None
+    control_active_kid: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> KeySettings:
+        return settings.narrowed(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """What the controller shell takes of :class:`Settings` (see there for each field):
+    Kafka (``kafka``: the connection and the topics), its keys, the policy, rules and spec
+    it loads, the windows it decides on, and where alerts go. Built once, by :meth:`of`;
+    secrets are shown masked."""
+
+    kafka: KafkaSettings
+    keys: KeySettings
+    policy_file: Path | None
+    burn_rules_file: Path
+    slo_spec: Path | None
+    window_size_ms: int
+    window_grace_ms: int
+    queue_capacity: int
+    gateway_instances: int
+    control_decision_delay_ms: int
+    control_heartbeat_ms: int
+    control_max_ttl_ms: int
+    alertmanager_url: str | None
+    alert_webhook_url: str | None
+    alert_webhook_secret: SecretStr | None
+
+    @classmethod
+    def of(cls, settings: Settings) -> ControllerSettings:
+        return settings.narrowed(cls, kafka=settings.kafka_only(), keys=KeySettings.of(settings))
+
+
+def load_keyring(keys: KeySettings) -> Keyring:
     """The controller's keys, from its settings only (never the process environment): a
     keys file, or the keys inline (``TAILGUARD_CONTROL_KEYS`` + ``_CONTROL_ACTIVE_KID``)."""
-    if settings.control_keys is not None and settings.control_active_kid:
-        return Keyring.from_env_string(
-            settings.control_keys.get_secret_value(), settings.control_active_kid
-        )
-    return control_keys.load_keyring(settings.control_keys_file, environ={})
+    inline, active = keys.control_keys, keys.control_active_kid
+    if inline is not None and active:
+        return Keyring.from_env_string(inline.get_secret_value(), active)
+    return control_keys.load_keyring(keys.control_keys_file, environ={})
 
 
-def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:
+def read_topic(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> list[bytes | None]:
     """Every message value of a (compacted) topic, from the beginning to its end now."""
     c = Consumer(
-        settings.kafka_config()
+        kafka.kafka_config()
         | {
             "group.id": f"tailguard-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
@@ -112,7 +157,7 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[
 
 
 class ControllerShell:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ControllerSettings) -> None:
         if settings.policy_file is None:
             raise ValueError("control is enabled but TAILGUARD_POLICY_FILE is unset")
         self.settings = settings
@@ -120,7 +165,7 @@ class ControllerShell:
         self.policy = load_policy_file(settings.policy_file)
         self.rules = load_burn_rules_file(settings.burn_rules_file)
         self.spec = load_spec_file(settings.slo_spec) if settings.slo_spec else None
-        self.keyring = load_keyring(settings)
+        self.keyring = load_keyring(settings.keys)
         self.controller = Controller(
             self.policy,
             self.spec,
@@ -199,16 +244,17 @@ class ControllerShell:
         """Resume per-scope sequence numbers from the compacted control topic."""
         from pipeline.adapters.kafka_admin import wait_partitions
 
-        lc = self.settings.lifecycle_topic
-        self.loop.clock.partitions = wait_partitions(self.settings, [lc])[lc]
-        seqs = resume_seqs(read_topic(self.settings, self.settings.control_topic), self.keyring)
+        kafka = self.settings.kafka
+        lc = kafka.lifecycle_topic
+        self.loop.clock.partitions = wait_partitions(kafka, [lc])[lc]
+        seqs = resume_seqs(read_topic(kafka, kafka.control_topic), self.keyring)
         self.issuer = SignalIssuer(
             self.keyring,
             heartbeat_ms=self.settings.control_heartbeat_ms,
             initial_seqs=seqs,
             max_ttl_ms=self.settings.control_max_ttl_ms,
         )
-        conf = self.settings.kafka_config() | {"linger.ms": 5, "enable.idempotence": True}
+        conf = self.settings.kafka.kafka_config() | {"linger.ms": 5, "enable.idempotence": True}
         self.producer = Producer(conf)
         log.info("controller started; resumed sequence numbers for %d scopes", len(seqs))
 
@@ -259,7 +305,7 @@ class ControllerShell:
     def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> ControlRow:
         assert self.producer is not None
         value = encode(signal)
-        self.producer.produce(self.settings.control_topic, value, key=message_key(signal))
+        self.producer.produce(self.settings.kafka.control_topic, value, key=message_key(signal))
         self.producer.poll(0)
         self.published += 1
         if not heartbeat:

@@ -26,7 +26,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from pipeline.adapters.control_feed import ControlFeed
-from pipeline.adapters.controller import ControllerShell
+from pipeline.adapters.controller import ControllerSettings, ControllerShell
 from pipeline.adapters.dead_letters import DeadLetters
 from pipeline.adapters.generations import TopicIds
 from pipeline.adapters.kafka_admin import admin, wait_for_broker
@@ -47,6 +47,7 @@ from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.slo_windows import slo_factory
+from pipeline.kafka_settings import KafkaSettings
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
 
@@ -61,6 +62,7 @@ def build_shell(settings: Settings, app: Any) -> WorkerShell:
     I/O: the spec, policy, rules and keys are loaded and checked, so that a bad one fails
     at start-up)."""
     topic = settings.lifecycle_topic
+    kafka = settings.kafka_only()
     processor = StreamProcessor(
         topic,
         settings.join_config(),
@@ -89,9 +91,11 @@ def build_shell(settings: Settings, app: Any) -> WorkerShell:
         app,
         processor,
         telemetry,
-        topic_ids=TopicIds(lambda: admin(settings), topic),
+        topic_ids=TopicIds(lambda: admin(kafka), topic),
         lifecycle_input=lifecycle_input,
-        controller=ControllerShell(settings) if settings.control_enabled else None,
+        controller=ControllerShell(ControllerSettings.of(settings))
+        if settings.control_enabled
+        else None,
     )
 
 
@@ -115,19 +119,20 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
     # Tools read the embedded store through this port while the worker owns it.
     query_server = start_query_server(settings, store)
     topic = settings.lifecycle_topic
-    dlq = DeadLetterSink(settings)
-    summaries = ReliableProducer(settings, settings.summaries_topic, "summaries")
+    kafka = settings.kafka_only()
+    dlq = DeadLetterSink(kafka)
+    summaries = ReliableProducer(kafka, kafka.summaries_topic, "summaries")
     closers = [dlq.abandon, summaries.abandon]
     if query_server is not None:
         closers.append(query_server.stop)
     ports = WorkerPorts(
         store=store,
         dead=DeadLetters(
-            topic, dlq, lambda gen, since_ms: read_dead_positions(settings, topic, gen, since_ms)
+            topic, dlq, lambda gen, since_ms: read_dead_positions(kafka, topic, gen, since_ms)
         ),
         feed=ControlFeed(summaries, settings.window_config().relative_accuracy),
-        ledger=LedgerPublisher(settings),
-        read_ledgers=lambda first, memory_ms: read_topic_ledgers(settings, first, memory_ms),
+        ledger=LedgerPublisher(kafka),
+        read_ledgers=lambda first, memory_ms: read_topic_ledgers(kafka, first, memory_ms),
         closers=closers,
         rollups_unchecked=rollups_unchecked,
     )
@@ -144,7 +149,7 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
     return ports
 
 
-def _credentials(settings: Settings) -> Any:
+def _credentials(settings: KafkaSettings) -> Any:
     if settings.security_protocol == "PLAINTEXT":
         return None
     ctx = ssl.create_default_context(
@@ -427,7 +432,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     worker.execute_from_commandline()
 
 
-def _wait_for_broker(settings: Settings) -> bool:
+def _wait_for_broker(settings: KafkaSettings) -> bool:
     """Start-up before the broker: wait for it with backoff, as a service under a
     supervisor should (SIGTERM/SIGINT meanwhile: False, exit cleanly)."""
     stop = threading.Event()

@@ -73,13 +73,7 @@ class FlushSettings:
 
     @classmethod
     def of(cls, s: Settings) -> FlushSettings:
-        return cls(
-            group_id=s.group_id,
-            lifecycle_topic=s.lifecycle_topic,
-            relative_accuracy=s.window_config().relative_accuracy,
-            flush_max_rows=s.flush_max_rows,
-            take_max_messages=s.take_max_messages,
-        )
+        return s.narrowed(cls, relative_accuracy=s.window_config().relative_accuracy)
 
 
 @dataclass(frozen=True, slots=True)

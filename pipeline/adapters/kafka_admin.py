@@ -15,6 +15,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
+from pipeline.kafka_settings import KafkaSettings
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,12 +25,12 @@ class KafkaAdminError(Exception):
     """Topic or group administration failed."""
 
 
-def admin(settings: Settings) -> AdminClient:
+def admin(settings: KafkaSettings) -> AdminClient:
     return AdminClient(settings.kafka_config())
 
 
 def wait_for_broker(
-    settings: Settings,
+    settings: KafkaSettings,
     stop: threading.Event,
     *,
     base_delay_s: float = 0.5,
@@ -143,7 +144,7 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]
 
 
 def wait_partitions(
-    settings: Settings, topics: list[str], timeout_s: float = 30.0
+    settings: KafkaSettings, topics: list[str], timeout_s: float = 30.0
 ) -> dict[str, int]:
     """Partition count of each topic, waiting until metadata shows them all."""
     a = admin(settings)

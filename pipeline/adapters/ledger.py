@@ -14,24 +14,27 @@ from pipeline.adapters.reliable import ReliableProducer
 from pipeline.contract.ledger import LedgerEntry, decode_ledger, encode_ledger
 from pipeline.core.ledger import counted_since, ledger_entries
 from pipeline.core.windows import ClosedWindow
-from pipeline.settings import Settings
+from pipeline.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 _SCAN_STEP = 64  # messages read per step, backwards from the end
 
 
 class LedgerPublisher:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._producer = ReliableProducer(settings, settings.ledger_topic, "ledger")
+    """Writes the ledger topic; ``kafka``: the connection and the topics' names (it reads
+    ``ledger_topic`` and ``lifecycle_topic``)."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
+        self._producer = ReliableProducer(kafka, kafka.ledger_topic, "ledger")
         self._partitions: int | None = None
 
     def publish(self, windows: Sequence[ClosedWindow], through: dict[int, int]) -> None:
         """Per source partition, the requests these (stored) windows counted."""
         if self._partitions is None:
-            t = self.settings.ledger_topic
-            self._partitions = wait_partitions(self.settings, [t])[t]
-        for entry in ledger_entries(self.settings.lifecycle_topic, windows, through):
+            t = self.kafka.ledger_topic
+            self._partitions = wait_partitions(self.kafka, [t])[t]
+        for entry in ledger_entries(self.kafka.lifecycle_topic, windows, through):
             for raw in encode_ledger(entry):
                 self._producer.send(raw, partition=entry.partition % self._partitions)
 
@@ -40,7 +43,7 @@ class LedgerPublisher:
 
 
 def read_topic_ledgers(
-    settings: Settings, first_offsets: dict[int, int], memory_ms: int
+    kafka: KafkaSettings, first_offsets: dict[int, int], memory_ms: int
 ) -> dict[int, dict[str, int]]:
     """Per lifecycle partition, what the ledger topic says is counted (see
     :func:`pipeline.core.ledger.counted_since`), with one consumer for all of them.
@@ -50,10 +53,10 @@ def read_topic_ledgers(
     (entries of a partition are written in offset order, whichever worker wrote them),
     so the cost is what was written since the commit and within the memory.
     """
-    topic = settings.ledger_topic
-    n = wait_partitions(settings, [topic])[topic]
+    topic = kafka.ledger_topic
+    n = wait_partitions(kafka, [topic])[topic]
     c = Consumer(
-        settings.kafka_config()
+        kafka.kafka_config()
         | {"group.id": f"tailguard-ledger-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
     )
     out: dict[int, dict[str, int]] = {}
@@ -68,7 +71,7 @@ def read_topic_ledgers(
                 step = _read_range(c, topic, tp, start, end)
                 entries.extend(step)
                 mine = [e for e in step if e.partition == partition and
-                        e.topic == settings.lifecycle_topic]  # fmt: skip
+                        e.topic == kafka.lifecycle_topic]  # fmt: skip
                 newest = max((e.end_ms for e in entries if e.partition == partition), default=0)
                 if (
                     mine
@@ -78,7 +81,7 @@ def read_topic_ledgers(
                     break
                 end = start
             out[partition] = counted_since(
-                entries, settings.lifecycle_topic, partition, from_offset, memory_ms
+                entries, kafka.lifecycle_topic, partition, from_offset, memory_ms
             )
         return out
     finally:

@@ -92,12 +92,9 @@ class WorkerSettings:
 
     @classmethod
     def of(cls, s: Settings) -> WorkerSettings:
-        return cls(
+        return s.narrowed(
+            cls,
             flush=FlushSettings.of(s),
-            engine_stats_topic=s.engine_stats_topic,
-            max_message_bytes=s.max_message_bytes,
-            store_raw_events=s.store_raw_events,
-            inflight_ttl_ms=s.inflight_ttl_ms,
             join_memory_ms=s.join_config().resolved_ttl_ms,
             provisional=s.control_enabled and s.control_provisional_ms > 0,
         )

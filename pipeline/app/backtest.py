@@ -35,8 +35,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
+from pipeline.app.figures import figure, percent
 from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.contract.codec import encode_event
 from pipeline.core.control import (
@@ -391,20 +393,10 @@ def _p99s(records: list[RequestRecord], start_ns: int, lo_s: float, hi_s: float)
 # --------------------------------------------------------------------------- #
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f} %"
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f} ms"
-
-
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f} s"
-
-
-def _rps(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}/s"
+_pct = partial(percent, spec=".2f", unit=" %")
+_ms = partial(figure, spec=",.0f", unit=" ms")
+_s = partial(figure, spec=",.0f", unit=" s")
+_rps = partial(figure, spec=".2f", unit="/s")
 
 
 def render_text(bt: Backtest) -> str:

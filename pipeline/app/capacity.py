@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from pipeline.adapters.queries import requests
 from pipeline.adapters.store import Store
-from pipeline.core.capacity import UTILISATION, ModelCapacity, Sample, fit
+from pipeline.core.capacity import FitOptions, ModelCapacity, Sample, fit
 
 
 def read_samples(store: Store, boundary: str, model: str | None = None) -> list[Sample]:
@@ -23,20 +23,10 @@ def capacity(
     *,
     target_p99_ms: float,
     boundary: str,
-    target_qps: Sequence[float] = (),
-    bucket_ms: float = 10_000.0,
-    min_requests: int = 100,
-    utilisation: float = UTILISATION,
     model: str | None = None,
+    **options: Unpack[FitOptions],
 ) -> list[ModelCapacity]:
-    return fit(
-        read_samples(store, boundary, model),
-        target_p99_ms,
-        bucket_ms=bucket_ms,
-        min_requests=min_requests,
-        target_qps=target_qps,
-        utilisation=utilisation,
-    )
+    return fit(read_samples(store, boundary, model), target_p99_ms, **options)
 
 
 def to_json(models: Sequence[ModelCapacity], boundary: str) -> dict[str, Any]:

@@ -7,8 +7,10 @@ the control timeline. ``--json`` prints the whole summary as one JSON object ins
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from pipeline.app.figures import figure
 from pipeline.core.timefmt import iso_time
 
 
@@ -18,8 +20,7 @@ def _t(ns: int | float | None) -> str:
     return iso_time(ns / 1e9, timespec="seconds", sep=" ", offset=False)
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+_ms = partial(figure, spec=".1f")
 
 
 def render_summary(summary: dict[str, Any]) -> Any:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pipeline.adapters.queries import budget, control, requests
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
+from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, window_budget
 from pipeline.core.slo_windows import covers_model, minute_rows
@@ -83,7 +85,7 @@ def exact_quantile(sorted_values: list[float], q: float) -> float:
 
 def _budget_cell(slo: dict[str, Any]) -> str:
     """``92.5% (30d*)``: left of the SLO window's budget, the window, * when projected."""
-    cell = _pct(slo.get("budget_remaining"))
+    cell = percent(slo.get("budget_remaining"))
     window = slo.get("budget_window")
     if window is None or slo.get("budget_remaining") is None:
         return cell
@@ -315,12 +317,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     )  # fmt: skip
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def _burn(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+_burn = partial(figure, spec=".2f", unit="x")
 
 
 def describe_filter(f: ReportFilter) -> str | None:

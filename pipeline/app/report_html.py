@@ -32,11 +32,13 @@ import re
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
+from pipeline.app.figures import figure, percent
 from pipeline.app.report import Report, slo_events, slo_minute_rows, with_selection
 from pipeline.core.budget import period_at, window_budget
 from pipeline.core.timefmt import iso_time
@@ -54,6 +56,8 @@ SEGMENTS = ("queue_ms", "prefill_ms", "decode_ms", "gateway_overhead_ms")
 BURN_WINDOW_MIN = 5
 
 Series = list[tuple[float, float]]  # (unix seconds, value)
+_ms = partial(figure, spec=".1f")
+_burn = partial(figure, spec=".2f", unit="x")
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,19 +459,9 @@ def render_html(
     from pipeline.app.report import describe_filter, open_windows_hint
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
-
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}"
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
-
-    def burn(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}x"
-
     boundaries = _table(
         ("boundary", "count", "P50 ms", "P99 ms"),
-        [(k, b.count, ms(b.p50), ms(b.p99)) for k, b in report.boundaries.items()],
+        [(k, b.count, _ms(b.p50), _ms(b.p99)) for k, b in report.boundaries.items()],
     )
     slos = _table(
         ("SLO", "objective", "total", "good", "compliance", "met", "budget left", "burn 5m",
@@ -480,9 +474,9 @@ def render_html(
                 s["good"],
                 "-" if s["compliance"] is None else f"{s['compliance']:.4f}",
                 "-" if s["met"] is None else ("yes" if s["met"] else '<span class="bad">NO</span>'),
-                pct(s.get("budget_remaining")),
-                burn(s.get("burn_rate", {}).get("5m")),
-                burn(s.get("burn_rate", {}).get("1h")),
+                percent(s.get("budget_remaining")),
+                _burn(s.get("burn_rate", {}).get("5m")),
+                _burn(s.get("burn_rate", {}).get("1h")),
             )
             for name, s in report.slos.items()
         ],

@@ -226,6 +226,16 @@ def _dur(ms: int) -> str:
 
 
 def render_text(st: dict[str, Any]) -> str:
+    sections = (_slo_lines, _breach_lines, _control_lines, _incident_lines, _input_lines)
+    return "\n".join(line for section in sections for line in section(st))
+
+
+def _met_text(met: bool | None) -> str:
+    return "-" if met is None else ("yes" if met else "NO")
+
+
+def _slo_lines(st: dict[str, Any]) -> list[str]:
+    """The title, the counts and the SLO table (tiers after the SLOs)."""
     lines = [
         f"Statement  tenant {st['tenant']}  period {st['period']} ({st['timezone']}: "
         f"{st['period_start']} .. {st['period_end']})",
@@ -238,34 +248,44 @@ def render_text(st: dict[str, Any]) -> str:
     ]
     for name, s in st["slos"].items():
         p = st["percentiles"][name]["period"]
-        met = "-" if s["met"] is None else ("yes" if s["met"] else "NO")
+        met = _met_text(s["met"])
         lines.append(
             f"  {name:<18} {s['boundary']:<18} {s['threshold_ms']:>6.0f} ms {s['total']:>10,} "
             f"{s['good']:>10,} {_pct(s['compliance']):>12} {_pct(s['objective'], 1):>11}  "
             f"{met:<4} {_ms(p)}"
         )
     for name, t in st.get("tiers", {}).items():
-        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
+        met = _met_text(t["met"])
         lines.append(
             f"  {name:<18} {t['primary']} + {t['secondary_weight']:g} x {t['secondary']} only"
             f"{'':>3}{t['total']:>10,} {_pct(t['compliance']):>23} "
             f"{_pct(t['objective'], 1):>11}  {met}"
         )
+    return lines
+
+
+def _breach_lines(st: dict[str, Any]) -> list[str]:
+    """The breach rule's verdict, then each breach."""
     rule = st["breach_rule"]
-    lines += [
+    verdict = "within the contract" if rule["within"] else "BREACHED"
+    return [
         "",
         f"Breaches (daily P{rule['percentile']:g} above target; severe above "
         f"{rule['severe_above']:g} x): {rule['breaches']} of at most {rule['max_breaches']}, "
-        f"{rule['severe']} severe -> {'within the contract' if rule['within'] else 'BREACHED'}",
+        f"{rule['severe']} severe -> {verdict}",
+    ] + [
+        f"  {b['day']}  {b['slo']:<18} P{rule['percentile']:g} {_ms(b['p_ms'])} vs "
+        f"{b['target_ms']:.0f} ms ({b['ratio']:.2f} x){'  SEVERE' if b['severe'] else ''}"
+        for b in st["breaches"]
     ]
-    for b in st["breaches"]:
-        lines.append(
-            f"  {b['day']}  {b['slo']:<18} P{rule['percentile']:g} {_ms(b['p_ms'])} vs "
-            f"{b['target_ms']:.0f} ms ({b['ratio']:.2f} x){'  SEVERE' if b['severe'] else ''}"
-        )
+
+
+def _control_lines(st: dict[str, Any]) -> list[str]:
+    """Time at each control level, the levels' timeline, billing pauses, the credit and
+    the cold starts."""
     lv = st["levels"]
     cr = st["credit"]
-    lines += [
+    lines = [
         "",
         f"Control levels while this tenant had traffic in the scope (observed until "
         f"{lv['observed_until']}): "
@@ -281,8 +301,7 @@ def render_text(st: dict[str, Any]) -> str:
         lines.append(
             f"  L{t['level']} {t['from']} .. {t['to']}  {', '.join(t['scopes'])}  ({note})"
         )
-    for p in st["billing_pauses"]:
-        lines.append(f"  billing paused {p['from']} .. {p['to']}")
+    lines += [f"  billing paused {p['from']} .. {p['to']}" for p in st["billing_pauses"]]
     lines += [
         f"Credit: {st['credit_percent']:.6f} % of the period's fee  "
         f"(paused {_dur(cr['paused_ms'])}; "
@@ -303,7 +322,13 @@ def render_text(st: dict[str, Any]) -> str:
                 else f"NOT exempted ({c['nth_of_day']} of the day: over the cap)"
             )
         )
-    lines.append(f"Incidents (budget exhausted): {len(st['incidents'])}")
+    return lines
+
+
+def _incident_lines(st: dict[str, Any]) -> list[str]:
+    """Budget exhaustions: those not this tenant's, then each of its incidents with its
+    worst requests."""
+    lines = [f"Incidents (budget exhausted): {len(st['incidents'])}"]
     others = st.get("budget_exhausted_not_this_tenant", [])
     if others:
         named = ", ".join(str(o["slo"]) + " " + str(o["at"]) for o in others[:5])
@@ -317,14 +342,19 @@ def render_text(st: dict[str, Any]) -> str:
             f"tenant before it; queue {_pct(i['queue_share'], 1)}, compute "
             f"{_pct(i['compute_share'], 1)}"
         )
-        for w in i["worst"]:
-            lines.append(
-                f"    {w['request_id']:<22} {_ms(w['value_ms']):>14}  queue {_ms(w['queue_ms'])}"
-                f"  -> {w['explain']}"
-            )
+        lines += [
+            f"    {w['request_id']:<22} {_ms(w['value_ms']):>14}  queue {_ms(w['queue_ms'])}"
+            f"  -> {w['explain']}"
+            for w in i["worst"]
+        ]
+    return lines
+
+
+def _input_lines(st: dict[str, Any]) -> list[str]:
+    """What the statement was computed from, and how to check it."""
     inp = st["inputs"]
     rng = inp["event_time_range"]
-    lines += [
+    return [
         "",
         f"Inputs: {inp['requests_rows']:,} request rows {inp['requests_digest'][:19]}..., "
         f"event time {rng['from']} .. {rng['to']}; {inp['control_rows']} control rows, "
@@ -332,7 +362,6 @@ def render_text(st: dict[str, Any]) -> str:
         f"  contract {inp['contract']['digest'][:19]}...  spec {inp['slo_spec']['digest'][:19]}...",
         "  check it: tailguard statement --verify STATEMENT.json",
     ]
-    return "\n".join(lines)
 
 
 _CSS = """
@@ -401,30 +430,30 @@ def _period_start_ms(st: dict[str, Any]) -> int:
     return int(t.timestamp() * 1000)
 
 
+def _met_cell(met: bool | None) -> str:
+    """An objective's verdict as a table cell: met, missed, or ``-`` (no traffic)."""
+    cls, text = ("muted", "-") if met is None else (("ok", "met") if met else ("bad", "missed"))
+    return f"<td class='{cls}'>{text}</td>"
+
+
 def render_html(st: dict[str, Any]) -> str:
     """One self-contained page (inline CSS and SVG, no scripts, no external links)."""
     rule = st["breach_rule"]
     rows = []
     for name, s in st["slos"].items():
-        met = s["met"]
-        cls = "muted" if met is None else ("ok" if met else "bad")
         rows.append(
             f"<tr><td>{_e(name)}</td><td>{_e(s['boundary'])}</td><td>{s['threshold_ms']:.0f} ms"
             f"</td><td>{s['total']:,}</td><td>{s['good']:,}</td><td>{_pct(s['compliance'])}</td>"
-            f"<td>{_pct(s['objective'], 1)}</td><td class='{cls}'>"
-            f"{'-' if met is None else ('met' if met else 'missed')}</td>"
+            f"<td>{_pct(s['objective'], 1)}</td>{_met_cell(s['met'])}"
             f"<td>{_ms(st['percentiles'][name]['period'])}</td></tr>"
         )
     for name, t in st.get("tiers", {}).items():
-        met = t["met"]
-        cls = "muted" if met is None else ("ok" if met else "bad")
         rows.append(
             f"<tr><td>{_e(name)}</td><td colspan='2'>blended: {_e(t['primary'])} + "
             f"{t['secondary_weight']:g} x {_e(t['secondary'])} only</td><td>{t['total']:,}</td>"
             f"<td>{t['good_primary']:,} + {t['good_secondary_only']:,}</td>"
             f"<td>{_pct(t['compliance'])}</td><td>{_pct(t['objective'], 1)}</td>"
-            f"<td class='{cls}'>{'-' if met is None else ('met' if met else 'missed')}</td>"
-            "<td></td></tr>"
+            f"{_met_cell(t['met'])}<td></td></tr>"
         )
     days = sorted({d for p in st["percentiles"].values() for d in p["days"]})
     day_rows = []

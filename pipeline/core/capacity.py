@@ -40,7 +40,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, TypedDict, Unpack
 
 UTILISATION: Final = 0.7
 
@@ -248,14 +248,17 @@ def fit_model(
     )
 
 
+class FitOptions(TypedDict, total=False):
+    """:func:`fit_model`'s keyword arguments, which :func:`fit` passes on (defaults there)."""
+
+    bucket_ms: float
+    min_requests: int
+    target_qps: Sequence[float]
+    utilisation: float
+
+
 def fit(
-    samples: Iterable[Sample],
-    target_p99_ms: float,
-    *,
-    bucket_ms: float = 10_000.0,
-    min_requests: int = 100,
-    target_qps: Sequence[float] = (),
-    utilisation: float = UTILISATION,
+    samples: Iterable[Sample], target_p99_ms: float, **options: Unpack[FitOptions]
 ) -> list[ModelCapacity]:
     """:func:`fit_model` per model. Without ``target_qps``, each model is sized
     for its own observed peak."""
@@ -264,17 +267,10 @@ def fit(
         per_model[s.model].append(s)
     out = []
     for model in sorted(per_model):
-        m = fit_model(
-            model,
-            per_model[model],
-            target_p99_ms,
-            bucket_ms=bucket_ms,
-            min_requests=min_requests,
-            target_qps=target_qps,
-            utilisation=utilisation,
-        )
-        if not target_qps and m.chosen is not None:
-            peak = {m.peak_qps: instances_needed(m.peak_qps, m.chosen.throughput_rps, utilisation)}
+        m = fit_model(model, per_model[model], target_p99_ms, **options)
+        if not options.get("target_qps") and m.chosen is not None:
+            need = instances_needed(m.peak_qps, m.chosen.throughput_rps, m.utilisation)
+            peak = {m.peak_qps: need}
             m = replace(m, instances_needed=peak)
         out.append(m)
     return out

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from producers.simulator.gate import GatewayGate, Verdict
+from producers.simulator.gate import Arrival, Completion, GatewayGate, Verdict
 
 __all__ = ["CONCURRENCY", "AIMDGate"]
 
@@ -72,46 +72,25 @@ class AIMDGate(GatewayGate):
     def in_flight_total(self) -> int:
         return sum(self.in_flight.values())
 
-    def decide(
-        self,
-        *,
-        model: str,
-        priority: int,
-        request_id: str,
-        session_id: str,
-        gateway: str,
-        prompt_tokens: int,
-        t_ms: float,
-    ) -> Verdict:
-        key = (gateway, model)
+    def decide(self, arrival: Arrival) -> Verdict:
+        key = (arrival.gateway, arrival.model)
         n = self.in_flight.get(key, 0)
         if n >= self.limits.get(key, self.initial_limit):
-            self.rejected[(priority, CONCURRENCY)] += 1
+            self.rejected[(arrival.priority, CONCURRENCY)] += 1
             return Verdict(reject="rate_limit", retry_after_s=self.retry_after_s)
         self.in_flight[key] = n + 1
-        self._samples[request_id] = n + 1
+        self._samples[arrival.request_id] = n + 1
         return _ADMIT
 
-    def on_complete(
-        self,
-        *,
-        model: str,
-        gateway: str,
-        priority: int,
-        request_id: str,
-        t_ms: float,
-        ttfb_ms: float | None,
-        total_ms: float,
-        outcome: str,
-    ) -> None:
-        key = (gateway, model)
-        sample = self._samples.pop(request_id, None)
+    def on_complete(self, done: Completion) -> None:
+        key = (done.gateway, done.model)
+        sample = self._samples.pop(done.request_id, None)
         if sample is None:
             return  # not admitted here
         self.in_flight[key] -= 1
         limit = self.limits.get(key, self.initial_limit)
-        latency = total_ms if ttfb_ms is None else ttfb_ms
-        if outcome != "ok" or latency > self.timeout_ms:
+        latency = done.total_ms if done.ttfb_ms is None else done.ttfb_ms
+        if done.outcome != "ok" or latency > self.timeout_ms:
             self.drops += 1
             new = min(limit - 1, math.floor(limit * self.backoff_ratio))
         elif 2 * sample >= limit:

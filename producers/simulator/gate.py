@@ -111,6 +111,37 @@ class Verdict:
 ADMIT: Final = Verdict()
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request as the gateway asks a gate about it (:meth:`GatewayGate.decide`)."""
+
+    model: str
+    priority: int
+    request_id: str
+    session_id: str
+    gateway: str
+    prompt_tokens: int
+    t_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A request a gate admitted, reported once when its ``gateway.completed`` is emitted
+    (:meth:`GatewayGate.on_complete`): ``model`` as passed to ``decide`` (before any
+    fallback), ``t_ms`` the completion time, ``ttfb_ms`` and ``total_ms`` as recorded
+    (``ttfb_ms`` None when the client left before the first byte), ``outcome`` ok,
+    client_abort or rejected (queue timeout)."""
+
+    model: str
+    gateway: str
+    priority: int
+    request_id: str
+    t_ms: float
+    ttfb_ms: float | None
+    total_ms: float
+    outcome: str
+
+
 @dataclass
 class GatewayGate:
     new_session_fraction: float = 0.3
@@ -135,18 +166,11 @@ class GatewayGate:
     def actions(self, model: str) -> GateActions:
         return self.scopes.get(model) or self.scopes.get(ALL_SCOPES) or NORMAL
 
-    def decide(
-        self,
-        *,
-        model: str,
-        priority: int,
-        request_id: str,
-        session_id: str,
-        gateway: str,
-        prompt_tokens: int,
-        t_ms: float,
-    ) -> Verdict:
-        a = self.actions(model)
+    def decide(self, arrival: Arrival) -> Verdict:
+        priority, request_id, gateway, t_ms = (
+            arrival.priority, arrival.request_id, arrival.gateway, arrival.t_ms
+        )  # fmt: skip
+        a = self.actions(arrival.model)
         if a.level <= 0:
             return ADMIT
         reject: Reject | None = None
@@ -155,8 +179,8 @@ class GatewayGate:
         elif (
             a.reject_new_sessions
             and priority > 0  # priority 0 (real-time) is never turned away by a directive
-            and session_id == request_id
-            and hash_admits(f"session:{session_id}", self.new_session_fraction)
+            and arrival.session_id == request_id
+            and hash_admits(f"session:{arrival.session_id}", self.new_session_fraction)
         ):
             reject = "new_session"
         if (
@@ -170,15 +194,16 @@ class GatewayGate:
         if (
             reject is None
             and a.rate_limit_rps is not None
-            and not self._take_token(gateway, model, a.rate_limit_rps, t_ms)
+            and not self._take_token(gateway, arrival.model, a.rate_limit_rps, t_ms)
             and priority > 0  # priority 0 takes a token when there is one, never waits
         ):
             reject = "rate_limit"
         retry_after_s = a.retry_after_s
         if reject is None and a.admit_rps is not None:
-            admission = self._admissions.get((gateway, model))
+            key = (gateway, arrival.model)
+            admission = self._admissions.get(key)
             if admission is None:
-                admission = self._admissions[(gateway, model)] = PriorityAdmission()
+                admission = self._admissions[key] = PriorityAdmission()
             admit = admission.decide(
                 priority, a.admit_rps / (a.admit_gateways or 1), t_ms, a.retry_after_s
             )
@@ -188,7 +213,7 @@ class GatewayGate:
             self.rejected[(priority, reject)] += 1
             return Verdict(reject=reject, retry_after_s=retry_after_s)
         cap = a.cap_context_tokens
-        if cap is not None and prompt_tokens > cap:
+        if cap is not None and arrival.prompt_tokens > cap:
             self.capped[priority] += 1
         else:
             cap = None
@@ -205,24 +230,10 @@ class GatewayGate:
             queue_timeout_ms=cutoff,
         )
 
-    def on_complete(
-        self,
-        *,
-        model: str,
-        gateway: str,
-        priority: int,
-        request_id: str,
-        t_ms: float,
-        ttfb_ms: float | None,
-        total_ms: float,
-        outcome: str,
-    ) -> None:
+    def on_complete(self, done: Completion) -> None:
         """The simulator reports a request this gate admitted (``decide`` returned no
-        reject) once, when its ``gateway.completed`` is emitted: ``model`` as passed to
-        ``decide`` (before any fallback), ``t_ms`` the completion time, ``ttfb_ms`` and
-        ``total_ms`` as recorded (``ttfb_ms`` None when the client left before the first
-        byte), ``outcome`` ok, client_abort or rejected (queue timeout). Directives need
-        no feedback: a no-op here; adaptive baselines override it."""
+        reject) once, when its ``gateway.completed`` is emitted. Directives need no
+        feedback: a no-op here; adaptive baselines override it."""
         return
 
     def _take_token(self, gateway: str, scope: str, rps: float, t_ms: float) -> bool:

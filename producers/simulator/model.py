@@ -96,7 +96,7 @@ from pipeline.contract.events import (
     GatewayReceived,
     Outcome,
 )
-from producers.simulator.gate import GatewayGate
+from producers.simulator.gate import Arrival, Completion, GatewayGate
 from producers.simulator.trace import TraceRequest
 
 __all__ = [
@@ -776,13 +776,15 @@ class Simulator:
         verdict = None
         if self._gate is not None:
             verdict = self._gate.decide(
-                model=cfg.models[req.model_idx].name,
-                priority=req.priority,
-                request_id=req.request_id,
-                session_id=req.session or req.request_id,
-                gateway=req.gateway,
-                prompt_tokens=req.prompt_tokens,
-                t_ms=req.t_gateway_ms,
+                Arrival(
+                    model=cfg.models[req.model_idx].name,
+                    priority=req.priority,
+                    request_id=req.request_id,
+                    session_id=req.session or req.request_id,
+                    gateway=req.gateway,
+                    prompt_tokens=req.prompt_tokens,
+                    t_ms=req.t_gateway_ms,
+                )
             )
             if verdict.reject is None:
                 req.gate_model = cfg.models[req.model_idx].name
@@ -942,14 +944,16 @@ class Simulator:
         )
         if req.gate_model and self._gate is not None:
             self._gate.on_complete(
-                model=req.gate_model,
-                gateway=req.gateway,
-                priority=req.priority,
-                request_id=req.request_id,
-                t_ms=t_done_ms,
-                ttfb_ms=ttfb,
-                total_ms=total,
-                outcome=outcome,
+                Completion(
+                    model=req.gate_model,
+                    gateway=req.gateway,
+                    priority=req.priority,
+                    request_id=req.request_id,
+                    t_ms=t_done_ms,
+                    ttfb_ms=ttfb,
+                    total_ms=total,
+                    outcome=outcome,
+                )
             )
 
     def _on_patience(self, req: _Req) -> None:

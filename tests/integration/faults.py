@@ -6,9 +6,10 @@ import heapq
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -23,7 +24,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
-from tests.integration.harness import WorkerProcess
+from tests.integration.harness import WorkerProcess, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
@@ -114,6 +115,15 @@ def flush(prod: Producer, timeout_s: float = 120.0) -> None:
     assert left == 0, f"{left} messages not delivered"
 
 
+def send_all(settings: Settings, messages: Iterable[tuple[str, int, bytes | None]]) -> None:
+    """``(topic, partition, value)`` messages as given, in order (a None value: a null
+    message), on one producer; returns once every one is delivered."""
+    prod = producer(settings)
+    for topic, partition, value in messages:
+        send(prod, topic, partition, value)  # type: ignore[arg-type]  # None: a null message
+    flush(prod)
+
+
 def produce_batches(
     settings: Settings,
     events: Sequence[Event],
@@ -144,6 +154,28 @@ def after(events: Sequence[Event], gap_s: float = 120.0) -> int:
     """A start time (ns) ``gap_s`` after the last of ``events``: a later stream that shares
     no window and no pending join with them."""
     return max(ev.ts_unix_ns for ev in events) + int(gap_s * 1e9)
+
+
+def consecutive_events(*sizes: int, seed: int) -> list[list[Event]]:
+    """Streams of :func:`lifecycle_events` of ``sizes`` requests, each :func:`after` the one
+    before: the first with ``seed`` and request ids ``a-...``, the next with ``seed + 1``
+    and ``b-...``, and so on."""
+    streams: list[list[Event]] = []
+    for i, n in enumerate(sizes):
+        start_ns = after(streams[-1]) if streams else START_NS
+        streams.append(lifecycle_events(n, seed=seed + i, prefix=f"{chr(97 + i)}-",
+                                        start_ns=start_ns))  # fmt: skip
+    return streams
+
+
+def store_fault_settings(
+    bootstrap: str, tmp_path: Path, fault: str, **over: object
+) -> tuple[Settings, Path]:
+    """Worker settings (:func:`make_settings`) whose store fails as the flag file says, and
+    that file (``tmp_path / fault``, not created): ``fault`` "outage", every insert fails
+    while it exists; "partial", the inserts it names fail part-way (store/faults.py)."""
+    flag = tmp_path / fault
+    return make_settings(bootstrap, tmp_path, **{f"fault_store_{fault}_file": flag}, **over), flag
 
 
 def rss_bytes(pid: int) -> int:
@@ -300,3 +332,15 @@ def sigterm_exit_s(worker: WorkerProcess) -> float:
 
 def log_has(worker: WorkerProcess, text: str) -> bool:
     return text in worker.log_path.read_text(errors="replace")
+
+
+def dead_letters(settings: Settings) -> list[dict[str, Any]]:
+    """The DLQ's messages in order: each one's headers (decoded), its ``key`` (text) and its
+    ``value`` (the bytes as received)."""
+    out = []
+    for msg in read_all(settings, settings.dlq_topic):
+        letter: dict[str, Any] = {k: (v or b"").decode() for k, v in msg.headers() or []}
+        letter["key"] = (msg.key() or b"").decode()
+        letter["value"] = msg.value() or b""
+        out.append(letter)
+    return out

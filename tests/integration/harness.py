@@ -16,8 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.adapters.kafka_admin import ensure_topics, group_progress_probe
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:

@@ -25,6 +25,7 @@ from pipeline.shipped import DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec
+from tests.measurement_fixtures import hourly_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(50)]
 
@@ -71,11 +72,8 @@ def test_a_fresh_hour_spends_no_long_budget(
 
 
 def _hourly_spec(tmp: Path) -> Path:
-    text = DEFAULT_SLO_SPEC.read_text()
-    text = text.replace("window: {rolling: 30d}", "window: {rolling: 1h}")
-    text = text.replace("window: {calendar: month}", "window: {rolling: 1h}")
     spec = tmp / "slo-hourly.yaml"
-    spec.write_text(text)
+    spec.write_text(hourly_spec(DEFAULT_SLO_SPEC))
     return spec
 
 

@@ -19,7 +19,7 @@ from pipeline.adapters.store import open_store
 from pipeline.cli import main
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
-from tests.disorder import slo_totals, store_mismatches, write_layout
+from tests.disorder import assert_store_is_exact, write_layout
 from tests.measurement_fixtures import load_events, simulate_jsonl
 
 pytestmark = pytest.mark.integration
@@ -91,10 +91,7 @@ def test_conflicts_are_kept_counted_and_explained(
             {"r": list(conflicted)},
         )
         assert {r[0]: r[1:] for r in rows} == dict.fromkeys(conflicted, ("error", 500, 1))
-        assert store_mismatches(store, SPEC) == []  # windows == an exact count over requests
-        totals = slo_totals(store)
-        for name, want in summary["slos"].items():
-            assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name
+        assert_store_is_exact(store, SPEC, summary["slos"])
     finally:
         store.close()
     rid = next(r for r, gap in conflicted.items() if gap == LATE)

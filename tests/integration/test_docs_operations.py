@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
+
 pytestmark = [pytest.mark.integration, pytest.mark.long(50)]
 
-REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "operations.md"
 
 

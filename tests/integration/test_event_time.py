@@ -21,12 +21,11 @@ from pipeline.spec.slo import load_spec_file
 from tests.disorder import (
     HOUR_NS,
     YEAR_NS,
+    assert_store_is_exact,
     delay,
     duplicate,
     skew_host,
-    slo_totals,
     stamp_request,
-    store_mismatches,
     write_layout,
 )
 from tests.measurement_fixtures import load_events, replay_into, simulate_jsonl
@@ -70,11 +69,8 @@ def test_messy_traffic_store_equals_exact_count(
     assert out["windows"]["corrected_records"] > 0  # the 5-minute-slow gateway's partials...
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        assert store_mismatches(store, SPEC) == []
         # replay --json, the store's rollups and the exact count agree per SLO
-        totals = slo_totals(store)
-        for name, want in out["slos"].items():
-            assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name
+        assert_store_is_exact(store, SPEC, out["slos"])
         n = store.query_rows("SELECT count() FROM tailguard.requests FINAL")[0][0]
         assert n == out["requests"] == 2998
         # the report shows each engine's clock against each gateway's (never corrected):
@@ -149,10 +145,7 @@ def test_duplicates_far_down_the_stream_store_equals_exact_count(
     out = replay_into(tmp_path / "store", events, capsys)
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        assert store_mismatches(store, SPEC) == []
-        totals = slo_totals(store)
-        for name, want in out["slos"].items():
-            assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name
+        assert_store_is_exact(store, SPEC, out["slos"])
     finally:
         store.close()
     assert out["windows"]["counted_before_records"] > 0  # repeats past the join's memory

@@ -19,11 +19,10 @@ import pytest
 from pipeline.settings import Settings
 from tests.integration.faults import (
     committed_offsets,
-    flush,
+    dead_letters,
     lifecycle_events,
     produce_batches,
-    producer,
-    send,
+    send_all,
     wait_for,
 )
 from tests.integration.harness import WorkerProcess, make_settings, read_all, run_until_caught_up
@@ -36,10 +35,8 @@ POISON_PER_ROUND = 40
 def _poison(s: Settings, round_: int) -> set[tuple[int, int]]:
     """``POISON_PER_ROUND`` messages that are not JSON, over the partitions; their
     (partition, offset)."""
-    prod = producer(s)
-    for i in range(POISON_PER_ROUND):
-        send(prod, s.lifecycle_topic, i % s.topic_partitions, f"not json {round_}-{i}".encode())
-    flush(prod)
+    send_all(s, [(s.lifecycle_topic, i % s.topic_partitions, f"not json {round_}-{i}".encode())
+                 for i in range(POISON_PER_ROUND)])  # fmt: skip
     return {
         (m.partition(), m.offset())
         for m in read_all(s, s.lifecycle_topic)
@@ -49,10 +46,9 @@ def _poison(s: Settings, round_: int) -> set[tuple[int, int]]:
 
 def _letters(s: Settings) -> list[tuple[int, int]]:
     out = []
-    for m in read_all(s, s.dlq_topic):
-        h = {k: (v or b"").decode() for k, v in m.headers() or []}
-        pos = (int(h["tailguard.source.partition"]), int(h["tailguard.source.offset"]))
-        assert (m.key() or b"").decode() == f"{s.lifecycle_topic}/{pos[0]}/{pos[1]}"
+    for d in dead_letters(s):
+        pos = (int(d["tailguard.source.partition"]), int(d["tailguard.source.offset"]))
+        assert d["key"] == f"{s.lifecycle_topic}/{pos[0]}/{pos[1]}"
         out.append(pos)
     return out
 

@@ -13,8 +13,15 @@ import pytest
 from pipeline.adapters.store import open_store
 from pipeline.contract.codec import SourceRef, decode_message, encode_batch, event_to_dict
 from pipeline.settings import Settings
-from tests.integration.faults import batches, flush, lifecycle_events, producer, send
-from tests.integration.harness import WorkerProcess, make_settings, read_all
+from tests.integration.faults import (
+    batches,
+    dead_letters,
+    flush,
+    lifecycle_events,
+    producer,
+    send_all,
+)
+from tests.integration.harness import WorkerProcess, make_settings
 from tests.integration.malformed import Malformed, generate
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(85)]
@@ -129,10 +136,7 @@ def test_malformed_messages_go_to_the_dlq_and_change_nothing(kafka, tmp_path: Pa
     carriers = list(batches(events, dirty.topic_partitions, PER_MESSAGE))
     plan = _plan(bad, carriers, dirty.topic_partitions)
     coords = _produce(dirty, plan)
-    prod = producer(clean)
-    for p, chunk in carriers:
-        send(prod, clean.lifecycle_topic, p, encode_batch(chunk))
-    flush(prod)
+    send_all(clean, [(clean.lifecycle_topic, p, encode_batch(chunk)) for p, chunk in carriers])
     expected: dict[Key, str] = {}
     for (p, off), (_, _, dead, _) in zip(coords, plan, strict=True):
         for index, reason in dead:
@@ -156,8 +160,7 @@ def test_malformed_messages_go_to_the_dlq_and_change_nothing(kafka, tmp_path: Pa
     assert "Traceback" not in w_dirty.log_path.read_text(errors="replace")
 
     got: dict[Key, str] = {}
-    for msg in read_all(dirty, dirty.dlq_topic):
-        h = {k: (v or b"").decode() for k, v in msg.headers() or []}
+    for h in dead_letters(dirty):
         assert h["tailguard.source.topic"] == dirty.lifecycle_topic
         index = int(h["tailguard.source.index"]) if "tailguard.source.index" in h else None
         key = (int(h["tailguard.source.partition"]), int(h["tailguard.source.offset"]), index)
@@ -165,9 +168,9 @@ def test_malformed_messages_go_to_the_dlq_and_change_nothing(kafka, tmp_path: Pa
         assert h["tailguard.reason"], f"dead letter {key} without a reason"
         got[key] = h["tailguard.reason"]
         if index is None:
-            assert msg.value() == whole_raw[key[:2]], f"dead letter {key}: not the raw message"
+            assert h["value"] == whole_raw[key[:2]], f"dead letter {key}: not the raw message"
     assert got == expected
-    assert read_all(clean, clean.dlq_topic) == []
+    assert dead_letters(clean) == []
 
     dirty_requests, dirty_windows = _results(dirty)
     clean_requests, clean_windows = _results(clean)

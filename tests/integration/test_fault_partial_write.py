@@ -8,20 +8,23 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.adapters.store import open_store
+from pipeline.contract.events import Event
+from pipeline.settings import Settings
 from tests.integration.faults import (
     assert_exactly_once,
     lifecycle_events,
     produce_batches,
     rollup_drift,
+    store_fault_settings,
     wait_for,
 )
 from tests.integration.harness import (
     WorkerProcess,
-    make_settings,
     run_until_caught_up,
 )
 
@@ -38,17 +41,24 @@ def _assert_no_drift(settings: object) -> None:
         store.close()
 
 
+def _failing_writes(
+    kafka: Any, tmp_path: Path, fails: str, *, seed: int
+) -> tuple[Settings, Path, list[Event], WorkerProcess]:
+    """A worker started on 3,000 requests' events, its store's writes of windows failing
+    as the flag file's lines ``fails`` say: its settings, the flag file, the events."""
+    s, flag = store_fault_settings(kafka.bootstrap_servers, tmp_path, "partial")
+    flag.write_text(fails)
+    events = lifecycle_events(3_000, seed=seed, prefix=f"s{seed}-")
+    produce_batches(s, events)
+    return s, flag, events, WorkerProcess(s, tmp_path / "worker.log")
+
+
 def test_a_worker_killed_between_the_base_table_and_a_view(kafka, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """SIGKILLed right after its first write of windows landed in window_sketches and failed
     in latency_1h: the next worker resumes past those windows (their close horizon is read
     from window_sketches) and never writes them again; its start-up check sets the rollups
     right. Before the check they stayed short for good."""
-    flag = tmp_path / "partial"
-    flag.write_text("latency_1h\nkill\n")
-    s = make_settings(kafka.bootstrap_servers, tmp_path, fault_store_partial_file=flag)
-    events = lifecycle_events(3_000, seed=31, prefix="k-")
-    produce_batches(s, events)
-    worker = WorkerProcess(s, tmp_path / "killed.log")
+    s, flag, events, worker = _failing_writes(kafka, tmp_path, "latency_1h\nkill\n", seed=31)
     try:
         worker.proc.wait(timeout=90)
     except subprocess.TimeoutExpired:
@@ -72,12 +82,7 @@ def test_a_worker_retrying_partial_writes(kafka, tmp_path: Path) -> None:  # typ
     slo_windows took their rows) until the flag goes, then work again: each is retried
     with its token until it lands, the rollups of its hours compared after, and nothing is
     counted twice or missed."""
-    flag = tmp_path / "partial"
-    flag.write_text("latency_1m\nslo_1h\n")
-    s = make_settings(kafka.bootstrap_servers, tmp_path, fault_store_partial_file=flag)
-    events = lifecycle_events(3_000, seed=33, prefix="b-")
-    produce_batches(s, events)
-    worker = WorkerProcess(s, tmp_path / "worker.log")
+    s, flag, events, worker = _failing_writes(kafka, tmp_path, "latency_1m\nslo_1h\n", seed=33)
     try:
         wait_for(
             lambda: "ClickHouse write of" in worker.log_tail(200_000), "a failed window write", 60

@@ -20,7 +20,6 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -38,16 +37,15 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from tests.integration.faults import (
     committed_offsets,
-    flush,
+    dead_letters,
     lifecycle_events,
     produce_batches,
     producer,
-    send,
+    send_all,
 )
 from tests.integration.harness import (
     REPO,
     make_settings,
-    read_all,
     run_until_caught_up,
     settings_env,
 )
@@ -55,15 +53,6 @@ from tests.integration.harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.long(95)]
 
 STRICT = "ifNull(preemptions, 0) < 60000"  # a store stricter than the contract (<= 65535)
-
-
-def _dlq(s: Settings) -> list[dict[str, Any]]:
-    out = []
-    for msg in read_all(s, s.dlq_topic):
-        h = {k: (v or b"").decode() for k, v in msg.headers() or []}
-        h["value"] = msg.value() or b""
-        out.append(h)
-    return out
 
 
 def _stored_requests(s: Settings) -> set[str]:
@@ -121,18 +110,20 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
     by_part: dict[int, list[Event]] = {}
     for ev in nan_events:
         by_part.setdefault(partition_for(ev.request_id, n), []).append(ev)
-    prod = producer(s)
     poison = [ev for ev in events if ev.kind == "engine.finished"][:3]
     sent_poison = [
         ("preemptions", _single(poison[0], preemptions=70_000, request_id="p-1")),
         ("output_tokens", _single(poison[1], output_tokens=2**32, request_id="p-2")),
         ("ts_unix_ns", _single(poison[2], ts_unix_ns=2**63, request_id="p-3")),
     ]
-    for _, raw in sent_poison:
-        send(prod, s.lifecycle_topic, 0, raw)
-    send(prod, s.lifecycle_topic, 1, None)  # type: ignore[arg-type]  # a null value
-    send(prod, s.lifecycle_topic, 2, b"")
-    send(prod, s.engine_stats_topic, 0, None)  # type: ignore[arg-type]  # the stats topic too
+    messages: list[tuple[str, int, bytes | None]] = [
+        (s.lifecycle_topic, 0, raw) for _, raw in sent_poison
+    ]
+    messages += [
+        (s.lifecycle_topic, 1, None),  # a null value
+        (s.lifecycle_topic, 2, b""),
+        (s.engine_stats_topic, 0, None),  # the stats topic too
+    ]
     nan_rid = None
     for p, evs in sorted(by_part.items()):
         items = [orjson.dumps(event_to_dict(ev)) for ev in evs]
@@ -141,15 +132,15 @@ def test_poison_numbers_null_messages_and_nan_are_dead_letters_nothing_valid_los
             nan_rid = bad.request_id
             i = evs.index(bad)
             items[i] = items[i].replace(b'"total_ms":', b'"total_ms":NaN,"was":', 1)
-        send(prod, s.lifecycle_topic, p, b"[" + b",".join(items) + b"]")
-    flush(prod)
+        messages.append((s.lifecycle_topic, p, b"[" + b",".join(items) + b"]"))
+    send_all(s, messages)
     # The NaN event's request still completes: its engine.finished joins as engine-only.
     valid |= {ev.request_id for ev in nan_events}
 
     log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
 
-    dlq = _dlq(s)
+    dlq = dead_letters(s)
     reasons = sorted(d["tailguard.reason"] for d in dlq)
     print("dead letters:", reasons)
     for field, raw in sent_poison:
@@ -191,7 +182,7 @@ def test_a_10_mib_message_lands_in_a_64_kib_dlq_truncated_before_its_offset_comm
     log_text = run_until_caught_up(s, tmp_path / "worker.log")
     assert "Traceback" not in log_text, log_text[-3000:]
     assert committed_offsets(s)[0] > 0
-    [d] = _dlq(s)
+    [d] = dead_letters(s)
     assert d["tailguard.reason"].startswith("oversize"), d["tailguard.reason"]
     assert d["tailguard.original.size"] == str(len(big))
     assert len(d["value"]) <= 64 * 1024

@@ -17,16 +17,16 @@ from pipeline.adapters.kafka_admin import group_progress
 from pipeline.settings import Settings
 from tests.integration.faults import (
     STOP_WITHIN_S,
-    after,
     assert_exactly_once,
     committed_offsets,
-    lifecycle_events,
+    consecutive_events,
     log_has,
     produce_batches,
     sigterm_exit_s,
+    store_fault_settings,
     wait_for,
 )
-from tests.integration.harness import WorkerProcess, make_settings, running_caught_up
+from tests.integration.harness import WorkerProcess, running_caught_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(140)]
 
@@ -52,11 +52,8 @@ def _committed(s: Settings) -> dict[int, int]:
 
 
 def test_sigterm_stops_the_worker_within_seconds_in_every_state(kafka, tmp_path: Path) -> None:
-    flag = tmp_path / "store-outage"
-    s = make_settings(kafka.bootstrap_servers, tmp_path, fault_store_outage_file=flag)
-    a = lifecycle_events(30_000, seed=81, prefix="a-")
-    b = lifecycle_events(5_000, seed=82, prefix="b-", start_ns=after(a))
-    c = lifecycle_events(5_000, seed=83, prefix="c-", start_ns=after(b))
+    s, flag = store_fault_settings(kafka.bootstrap_servers, tmp_path, "outage")
+    a, b, c = consecutive_events(30_000, 5_000, 5_000, seed=81)
     produce_batches(s, a)
     took: dict[str, float] = {}
 

@@ -16,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.faults import after, assert_exactly_once, lifecycle_events, produce_batches
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.faults import (
+    assert_exactly_once,
+    consecutive_events,
+    produce_batches,
+    store_fault_settings,
+)
+from tests.integration.harness import WorkerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(75)]
 
@@ -25,12 +30,10 @@ FLAPS = 9  # outage 1.5 s, then 0.7 s of store, this many times
 
 
 def test_a_store_failing_on_and_off_loses_nothing(kafka, tmp_path: Path) -> None:
-    flag = tmp_path / "outage"
-    s = make_settings(
-        kafka.bootstrap_servers, tmp_path, flush_interval_ms=200, fault_store_outage_file=flag
+    s, flag = store_fault_settings(
+        kafka.bootstrap_servers, tmp_path, "outage", flush_interval_ms=200
     )
-    before = lifecycle_events(5_000, seed=21, prefix="a-")
-    during = lifecycle_events(40_000, seed=22, prefix="b-", start_ns=after(before))
+    before, during = consecutive_events(5_000, 40_000, seed=21)
     produce_batches(s, before)
     worker = WorkerProcess(s, tmp_path / "worker.log")
     try:

@@ -12,15 +12,15 @@ import pytest
 
 from pipeline.adapters.kafka_admin import group_progress
 from tests.integration.faults import (
-    after,
     assert_exactly_once,
     committed_offsets,
-    lifecycle_events,
+    consecutive_events,
     produce_batches,
     rss_bytes,
+    store_fault_settings,
     wait_for,
 )
-from tests.integration.harness import make_settings, running_caught_up
+from tests.integration.harness import running_caught_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(110)]
 
@@ -40,12 +40,10 @@ _RETRY = re.compile(r"ClickHouse (write of [^\n]*?) failed \(.*?\); retry (\d+) 
 
 
 def test_store_outage_backs_off_pauses_input_and_loses_nothing(kafka, tmp_path: Path) -> None:
-    flag = tmp_path / "store-outage"
-    s = make_settings(
-        kafka.bootstrap_servers, tmp_path, flush_interval_ms=200, fault_store_outage_file=flag
+    s, flag = store_fault_settings(
+        kafka.bootstrap_servers, tmp_path, "outage", flush_interval_ms=200
     )
-    before = lifecycle_events(5_000, seed=21, prefix="a-")
-    during = lifecycle_events(60_000, seed=22, prefix="b-", start_ns=after(before))
+    before, during = consecutive_events(5_000, 60_000, seed=21)
     produce_batches(s, before)
     with running_caught_up(s, tmp_path / "worker.log") as worker:
         rss_start = rss_bytes(worker.proc.pid)

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from pipeline.adapters.kafka_admin import ensure_topics
-from tests.integration.faults import after, lifecycle_events, produce_batches, wait_for
+from tests.integration.faults import consecutive_events, produce_batches, wait_for
 from tests.integration.harness import make_settings, running_caught_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
@@ -29,8 +29,7 @@ def _stored(s) -> set[str]:  # type: ignore[no-untyped-def]
 
 def test_a_deleted_and_recreated_topic_is_detected_and_resubscribed(kafka, tmp_path: Path) -> None:
     s = make_settings(kafka.bootstrap_servers, tmp_path)
-    first = lifecycle_events(2_000, seed=91, prefix="a-")
-    second = lifecycle_events(2_000, seed=92, prefix="b-", start_ns=after(first))
+    first, second = consecutive_events(2_000, 2_000, seed=91)
     produce_batches(s, first)
     with running_caught_up(s, tmp_path / "worker.log") as worker:
         a = AdminClient(s.kafka_config())

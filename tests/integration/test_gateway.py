@@ -16,7 +16,7 @@ import pytest
 from pipeline.contract.control_signal import Actions
 from producers.control_client import Directive
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
-from tests.gateway_fixtures import MemorySink, serve, wait_for
+from tests.gateway_fixtures import MemorySink, overloaded, serve, wait_for
 from tools.dev.fake_openai import FakeOpenAI, read_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -228,12 +228,7 @@ def test_admission_429_with_retry_after_and_priority_0_always_passes() -> None:
             r = post(3, 0.0)
             assert r.status_code == 429
             assert r.headers["retry-after"] == "1"  # the next token in 0.2 s
-            assert r.json() == {
-                "error": "overloaded",
-                "reason": "admission",
-                "level": 1,
-                "retry_after_s": 1,
-            }
+            assert r.json() == overloaded("admission", 1, 1)
             assert [post(0, 0.0).status_code for _ in range(3)] == [200] * 3
             # then priority 0 asks for 10 rps, twice the rate: all of it passes, and
             # priority 3 is turned away for as long as the directive allows
@@ -327,12 +322,7 @@ def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_b
                 )
                 assert r3.status_code == 503
                 assert r3.headers["retry-after"] == "12"
-                assert r3.json() == {
-                    "error": "overloaded",
-                    "reason": "queue_timeout",
-                    "level": 1,
-                    "retry_after_s": 12,
-                }
+                assert r3.json() == overloaded("queue_timeout", 1, 12)
                 # the cut-off closed p3's upstream request: the upstream sees it go
                 # before anything is released (else a release could race the disconnect)
                 wait_for(lambda: "p3" in upstream.abandoned, what="the cut-off to close upstream")

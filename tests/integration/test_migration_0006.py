@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.store import load_migrations, migrate, open_store
+from pipeline.adapters.store import migrate, open_store
 from pipeline.settings import Settings
+from tests.integration.migrations import migrate_before
 
 pytestmark = pytest.mark.integration
 
@@ -16,12 +17,7 @@ pytestmark = pytest.mark.integration
 def test_0006_keeps_what_0003_stored(tmp_path: Path) -> None:
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        old = [m for m in load_migrations() if m.version < 6]
-        old_dir = tmp_path / "sql-old"
-        old_dir.mkdir()
-        for m in old:
-            (old_dir / f"{m.name}.sql").write_text(m.sql)
-        migrate(store, sql_dir=old_dir)
+        migrate_before(store, tmp_path, 6)
         start = datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC)
         slo = {"s1": ("slo", "gateway_total_ms", 300.0, 0.99, 7, 5, 0, 0.0)}
         store.insert_columns(

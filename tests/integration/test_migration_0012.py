@@ -11,20 +11,23 @@ import pytest
 
 from pipeline.adapters.store import (
     REQUEST_COLUMNS,
-    load_migrations,
     migrate,
     open_store,
-    record_from_row,
     request_columns,
     write_requests,
 )
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
+from tests.integration.migrations import (
+    NAMES,
+    insert_old_requests,
+    migrate_before,
+    stored_requests,
+)
 
 pytestmark = pytest.mark.integration
 
-NAMES = ", ".join(n for n, _ in REQUEST_COLUMNS)
 OLD = [n for n, _ in REQUEST_COLUMNS if n != "conflicts"]  # 0011's table
 
 
@@ -34,20 +37,12 @@ def test_0012_keeps_old_rows_and_a_correction_replaces_its_row(
 ) -> None:
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        old_dir = tmp_path / "sql-old"
-        old_dir.mkdir()
-        for m in load_migrations():
-            if m.version < 12:
-                (old_dir / f"{m.name}.sql").write_text(m.sql)
-        migrate(store, sql_dir=old_dir)
+        migrate_before(store, tmp_path, 12)
         ok = build_record("a", received("a"), completed("a"), finished("a"))
         other = build_record("b", received("b"), completed("b"), finished("b"))
-        cols = dict(zip([n for n, _ in REQUEST_COLUMNS], request_columns([ok, other]), strict=True))
-        types = dict(REQUEST_COLUMNS)
-        store.insert_columns("requests", [cols[n] for n in OLD], OLD, [types[n] for n in OLD])
+        insert_old_requests(store, [ok, other], OLD)
         assert migrate(store) == ["0012_conflicts"]
-        sql = f"SELECT {NAMES} FROM {store.database}.requests FINAL ORDER BY request_id"
-        assert [record_from_row(r) for r in store.query_rows(sql)] == [ok, other]
+        assert stored_requests(store) == [ok, other]
         # a late gateway.completed error 500: the corrected record, same revision
         error = completed("a", outcome="error", http_status=500, eid="a:c2")
         fixed = build_record("a", received("a"), error, finished("a"), conflicts=1)
@@ -56,10 +51,9 @@ def test_0012_keeps_old_rows_and_a_correction_replaces_its_row(
             write_requests(store, [fixed])
             write_requests(store, [ok])  # the older version again (a re-delivery)
         else:
-            store.insert_columns("requests", request_columns([fixed, ok]),
-                                 [n for n, _ in REQUEST_COLUMNS],
+            store.insert_columns("requests", request_columns([fixed, ok]), NAMES,
                                  [t for _, t in REQUEST_COLUMNS])  # fmt: skip
-        rows = [record_from_row(r) for r in store.query_rows(sql)]
+        rows = stored_requests(store)
         assert rows == [fixed, other]
         assert rows[0].outcome == "error"
     finally:

@@ -40,7 +40,7 @@ from pipeline.contract.summary import Progress, decode_summary
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
 from tests.disorder import delay, duplicate, skew_host, write_layout
-from tests.integration.faults import flush, lifecycle_events, producer, send
+from tests.integration.faults import lifecycle_events, send_all
 from tests.integration.harness import REPO, WorkerProcess, make_settings, settings_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
@@ -96,10 +96,7 @@ def _messy_file(path: Path) -> None:
 
 def _produce_lines(s: Settings, path: Path) -> None:
     """Each line of the file, one message, in order, to the topic's one partition."""
-    prod = producer(s)
-    for line in path.read_bytes().splitlines():
-        send(prod, s.lifecycle_topic, 0, line)
-    flush(prod)
+    send_all(s, [(s.lifecycle_topic, 0, line) for line in path.read_bytes().splitlines()])
 
 
 def _wait_horizon(s: Settings, worker: WorkerProcess, horizon_ms: int, timeout_s: float) -> None:

@@ -33,6 +33,7 @@ from producers.simulator.trace import read_trace
 from tests.integration.harness import REPO
 from tests.integration.test_statement import exact_records
 from tests.integration.test_tools_cli import tg
+from tests.measurement_fixtures import hourly_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(22)]
 
@@ -70,11 +71,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             fh.write(encode_event(e) + b"\n")
     spec_path = tmp / "slo-1h.yaml"
     spec_path.write_text(
-        (REPO / "specs" / "slo-example.yaml")
-        .read_text()
-        .replace("window: {rolling: 30d}", "window: {rolling: 1h}")
-        .replace("window: {calendar: month}", "window: {rolling: 1h}")
-        .replace(
+        hourly_spec(REPO / "specs" / "slo-example.yaml").replace(
             "\ntiers:",
             f"""
   - name: {ONLY_SMALL}

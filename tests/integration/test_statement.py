@@ -46,6 +46,7 @@ from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.integration.harness import REPO
 from tests.integration.test_tools_cli import chromium, tg
+from tests.measurement_fixtures import hourly_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(30)]
 
@@ -94,12 +95,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 fh.write(encode_event(e) + b"\n")
     # the example spec with one-hour budget windows, and the example contract bound to it
     spec = tmp / "slo-1h.yaml"
-    spec.write_text(
-        (REPO / "specs" / "slo-example.yaml")
-        .read_text()
-        .replace("window: {rolling: 30d}", "window: {rolling: 1h}")
-        .replace("window: {calendar: month}", "window: {rolling: 1h}")
-    )
+    spec.write_text(hourly_spec(REPO / "specs" / "slo-example.yaml"))
     contract = tmp / "contract.yaml"
     contract.write_text(
         EXAMPLE.read_text().replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from pipeline.spec.burn_rules import (
 )
 from pipeline.spec.loader import SpecError
 from pipeline.spec.slo import Window, load_spec_file
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = 10_000
 S = 1_000
 M = 60_000

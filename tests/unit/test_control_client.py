@@ -40,6 +40,7 @@ from producers.control_client import (
     DirectiveStore,
     Rejected,
 )
+from tests.gateway_fixtures import overloaded
 
 T0 = 1_700_000_000_000
 KEY1 = b"k" * 32
@@ -731,12 +732,7 @@ def test_middleware_shed_body_and_counters() -> None:
     r = _call(factory, _http_scope({"x-vllm-priority": "2"}))
     assert r.status == 503
     assert r.headers[b"retry-after"] == b"17"
-    assert orjson.loads(r.body) == {
-        "error": "overloaded",
-        "reason": "shed_priority",
-        "level": 2,
-        "retry_after_s": 17,
-    }
+    assert orjson.loads(r.body) == overloaded("shed_priority", 2, 17)
     assert mws[0].counters["shed_priority"] == 1
 
 
@@ -943,12 +939,7 @@ def test_middleware_admission_per_scope_split_over_gateways_and_counted() -> Non
     r = _call(factory, _http_scope({"x-vllm-priority": "2", "x-tailguard-model": "m"}))
     assert r.status == 429
     assert r.headers[b"retry-after"] == b"1"  # 2 rps: a token in 0.5 s, not 9 s
-    assert orjson.loads(r.body) == {
-        "error": "overloaded",
-        "reason": "admission",
-        "level": 1,
-        "retry_after_s": 1,
-    }
+    assert orjson.loads(r.body) == overloaded("admission", 1, 1)
     now_ms[0] = 500.0
     assert status(3) == 200  # refilled
     assert mw.counters["admission"] == 3

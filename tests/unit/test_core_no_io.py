@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[2] / "pipeline" / "core"
+from tests.paths import REPO
+
+CORE = REPO / "pipeline" / "core"
 
 IO_MODULES = frozenset(
     {

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from jsonschema import Draft7Validator
 
+from tests.paths import REPO, UNIT_TESTDATA
 from tools.dev import dashboards as gen
 from tools.dev.grafana_sql import (
     ALL_VALUE,
@@ -26,8 +26,7 @@ from tools.dev.grafana_sql import (
     replace_variables,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = Path(__file__).parent / "testdata" / "grafana-foundation-sdk"
+SCHEMAS = UNIT_TESTDATA / "grafana-foundation-sdk"
 JSON_DIR = REPO / "dashboards" / "json"
 PROVISIONING = REPO / "dashboards" / "provisioning"
 PANEL_SCHEMA = {

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import Settings
+from tests.paths import REPO
 from tools.dev import settings_doc
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 README_MAX_LINES = 400
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,8 +10,7 @@ import yaml
 
 from producers.envoy import JSON_FORMAT, LineError, ingest, parse_line
 from tests.gateway_fixtures import MemorySink
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import REPO as ROOT
 
 BASE: dict[str, Any] = {
     "request_id": "req-1",

@@ -16,8 +16,7 @@ from typing import Any
 import orjson
 
 from producers.envoy import Follower, Position, load_position, save_position
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import REPO as ROOT
 
 
 def line(rid: str) -> bytes:

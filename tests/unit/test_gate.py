@@ -6,20 +6,12 @@ import pytest
 
 from pipeline.contract.control_signal import Actions
 from producers.asgi_control import hash_admits
-from producers.simulator.gate import GateActions, GatewayGate
+from producers.simulator.gate import Arrival, GateActions, GatewayGate
 
 
 def _decide(gate: GatewayGate, *, priority: int = 0, rid: str = "r1", session: str | None = None,
             prompt: int = 1000, t_ms: float = 0.0, gateway: str = "g0"):  # fmt: skip
-    return gate.decide(
-        model="m",
-        priority=priority,
-        request_id=rid,
-        session_id=session or rid,
-        gateway=gateway,
-        prompt_tokens=prompt,
-        t_ms=t_ms,
-    )
+    return gate.decide(Arrival("m", priority, rid, session or rid, gateway, prompt, t_ms))
 
 
 CASES = [

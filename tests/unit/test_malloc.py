@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from pipeline.adapters.malloc import malloc_stats
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 # Free a large mmapped block, then allocate a smaller large one: with glibc's dynamic
 # threshold the second comes from the heap (kept by the process once freed); with the

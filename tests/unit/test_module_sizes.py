@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
+from tests.paths import REPO
+
+PIPELINE = REPO / "pipeline"
 ADAPTERS = PIPELINE / "adapters"
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 350

@@ -31,16 +31,14 @@ from hypothesis import strategies as st
 
 from pipeline.core import native
 from pipeline.core.eventtime import ClockConfig, PartitionClock
-from pipeline.core.join import JoinConfig
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.slo import boundary_table
 from pipeline.core.slo_windows import slo_factory
-from pipeline.core.windows import WindowConfig
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
-from tests.messy_steps import REQUEST, run_steps, steps_of, traffic
+from tests.messy_steps import QUORUM, TRAFFIC, configs, run_steps, steps_of, traffic
 
 pytestmark = pytest.mark.skipif(
     native.NATIVE is None,
@@ -257,13 +255,9 @@ def _run(steps: list[Any], configs: tuple[Any, ...]) -> list[Any]:
 
 
 @given(
-    st.lists(REQUEST, min_size=1, max_size=80),
-    st.sampled_from([0, 2_000, 20_000]),  # late_ms
-    st.integers(1, 6),  # messages per process call
-    st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
-    st.sampled_from([200, 1_000, 15_000]),  # join timeout
+    *TRAFFIC,
     st.sampled_from([(500, 0), (1_000, 300), (2_000, 3_000)]),  # window size, grace
-    st.sampled_from([1, 3, 5]),  # clock quorum
+    QUORUM,
     st.sampled_from([(0, 0, 0), (0, 2_500, 0), (-4_000, 0, 90_000)]),  # gateway clock skews
     st.randoms(use_true_random=False),
 )
@@ -274,13 +268,8 @@ def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PL
     skew_ms: tuple[int, int, int], rnd: Any,
 ) -> None:  # fmt: skip
     steps = steps_of(traffic(requests, late_ms, skew_ms), per_call, wall_step, rnd)
-    configs = (
-        JoinConfig(timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms,
-                   resolved_ttl_ms=3 * timeout_ms),
-        WindowConfig(size_ms=window[0], grace_ms=window[1]),
-        ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
-    )  # fmt: skip
+    drawn = configs(timeout_ms, window, quorum)
     with _selected("python"):
-        want = _run(steps, configs)
+        want = _run(steps, drawn)
     with _selected("native"):
-        assert _run(steps, configs) == want
+        assert _run(steps, drawn) == want

@@ -121,6 +121,20 @@ def test_plain_openslo_imports() -> None:
     )  # fmt: skip
 
 
+UNIT = "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit"
+
+
+def _source(kind: str, query: str, **spec: str) -> dict[str, Any]:
+    """A change to a gateway_total_ms SLO whose metric is ``query`` on a ``kind`` source."""
+    return {
+        "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
+        "spec__indicator__spec__thresholdMetric__metricSource": {
+            "type": kind,
+            "spec": {"query": query, **spec},
+        },
+    }
+
+
 @pytest.mark.parametrize(
     ("change", "path", "reason"),
     [
@@ -152,40 +166,22 @@ def test_plain_openslo_imports() -> None:
         ),
         (
             {"spec__indicator__spec__thresholdMetric__metricSource__spec__unit": "minutes"},
-            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            UNIT,
             "unknown unit 'minutes'",
         ),
         (
-            {
-                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
-                "spec__indicator__spec__thresholdMetric__metricSource": {
-                    "type": "Prometheus",
-                    "spec": {"query": "sum(rate(http_request_latency_bucket[5m]))"},
-                },
-            },
-            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            _source("Prometheus", "sum(rate(http_request_latency_bucket[5m]))"),
+            UNIT,
             "no metric with a unit suffix",
         ),
         (
-            {
-                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
-                "spec__indicator__spec__thresholdMetric__metricSource": {
-                    "type": "Datadog",
-                    "spec": {"query": "avg:trace.http.request.duration{*}"},
-                },
-            },
-            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            _source("Datadog", "avg:trace.http.request.duration{*}"),
+            UNIT,
             "unknown for a Datadog source",
         ),
         (
-            {
-                "metadata__annotations": {"x-tailguard/boundary": "gateway_total_ms"},
-                "spec__indicator__spec__thresholdMetric__metricSource": {
-                    "type": "Prometheus",
-                    "spec": {"query": "http_request_duration_seconds_bucket", "unit": "ms"},
-                },
-            },
-            "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit",
+            _source("Prometheus", "http_request_duration_seconds_bucket", unit="ms"),
+            UNIT,
             "units disagree",
         ),
         (

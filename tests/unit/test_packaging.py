@@ -18,9 +18,8 @@ from jsonschema import Draft7Validator
 from pipeline.adapters.store import load_migrations, template_params
 from pipeline.cli import build_parser, main
 from pipeline.settings import Settings
-
-REPO = Path(__file__).resolve().parents[2]
-TESTDATA = Path(__file__).parent / "testdata"
+from tests.paths import REPO
+from tests.paths import UNIT_TESTDATA as TESTDATA
 
 
 def _subcommands() -> set[str]:
@@ -193,7 +192,7 @@ def test_emitters_import_nothing_of_the_worker() -> None:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     )
     assert out.stdout.strip() == "[]"
 
@@ -201,9 +200,7 @@ def test_emitters_import_nothing_of_the_worker() -> None:
 def test_worker_dependencies_are_an_extra_not_the_base_install() -> None:
     import tomllib
 
-    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
-        "project"
-    ]
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     base = " ".join(meta["dependencies"])
     worker = " ".join(meta["optional-dependencies"]["worker"])
     for dist in ("faust-streaming", "chdb", "clickhouse-connect", "aiokafka"):

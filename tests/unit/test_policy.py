@@ -35,9 +35,8 @@ from pipeline.spec.policy import (
     load_policy_file,
     validate_policy_file,
 )
+from tests.paths import REPO
 from tests.policy_fixtures import HEALTHY, P99, TICK, H, M, S
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _doc() -> dict[str, Any]:

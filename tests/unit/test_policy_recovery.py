@@ -47,6 +47,15 @@ def _both(*fs: Callable[[int], dict[str, Any]]) -> Callable[[int], dict[str, Any
     return at
 
 
+def _recovery(opened_min: int, half_open_min: int, normal_min: int) -> list[tuple[int, int, str]]:
+    """The changes of one L1 episode: opened, half-open, back at L0 (minutes into the run)."""
+    return [
+        (opened_min * M, 1, "degraded"),
+        (half_open_min * M, 1, "half_open"),
+        (normal_min * M, 0, "normal"),
+    ]
+
+
 OVERLOAD = _between(0, 10 * M, {P99: 412.0})  # P99 over 300 for 10 minutes
 SLOW_BURN = _between(3 * M, 45 * M, {"burn.page": True})  # the 6h/30m page outlives it
 
@@ -58,7 +67,7 @@ TRANSITIONS: list[tuple[str, Callable[[int], dict[str, Any]], int, list[tuple[in
         "burn-alert-opens-does-not-hold",
         _between(0, 60 * M, {"burn.page": True}),
         70 * M,
-        [(0, 1, "degraded"), (5 * M, 1, "half_open"), (10 * M, 0, "normal")],
+        _recovery(0, 5, 10),
     ),
     (
         # A new alert (it cleared, then fired again) may open a level again.
@@ -67,14 +76,7 @@ TRANSITIONS: list[tuple[str, Callable[[int], dict[str, Any]], int, list[tuple[in
             _between(0, 20 * M, {"burn.page": True}), _between(25 * M, 26 * M, {"burn.page": True})
         ),
         40 * M,
-        [
-            (0, 1, "degraded"),
-            (5 * M, 1, "half_open"),
-            (10 * M, 0, "normal"),
-            (25 * M, 1, "degraded"),
-            (30 * M, 1, "half_open"),
-            (35 * M, 0, "normal"),
-        ],
+        _recovery(0, 5, 10) + _recovery(25, 30, 35),
     ),
     (
         # The issue's replay: overload 0-10 min, page alert 3-45 min. The alert opens
@@ -84,14 +86,14 @@ TRANSITIONS: list[tuple[str, Callable[[int], dict[str, Any]], int, list[tuple[in
         "overload-then-slow-burn-page",
         _both(OVERLOAD, SLOW_BURN),
         60 * M,
-        [(3 * M, 1, "degraded"), (15 * M, 1, "half_open"), (20 * M, 0, "normal")],
+        _recovery(3, 15, 20),
     ),
     (
         # Latency alone: entry at 5 min, exit from 10 + 5 min, dwell since 5 min.
         "overload-only",
         OVERLOAD,
         40 * M,
-        [(5 * M, 1, "degraded"), (15 * M, 1, "half_open"), (20 * M, 0, "normal")],
+        _recovery(5, 15, 20),
     ),
     (
         # Past max_duration with the entry still holding: escalate (actions not enough).
@@ -106,34 +108,28 @@ TRANSITIONS: list[tuple[str, Callable[[int], dict[str, Any]], int, list[tuple[in
         "max-duration-in-band-does-not-escalate",
         _both(_between(0, 10 * M, {P99: 412.0}), _between(10 * M, 40 * M, {P99: 280.0})),
         60 * M,
-        [(5 * M, 1, "degraded"), (45 * M, 1, "half_open"), (50 * M, 0, "normal")],
+        _recovery(5, 45, 50),
     ),
     (
         # Opened by an alert, held past max_duration by an unknown P99: not escalated.
         "max-duration-alert-only-does-not-escalate",
         _both(_between(0, 60 * M, {"burn.page": True}), _between(0, 50 * M, {P99: None})),
         70 * M,
-        [(0, 1, "degraded"), (55 * M, 1, "half_open"), (60 * M, 0, "normal")],
+        _recovery(0, 55, 60),
     ),
     (
         # A latency relapse during half-open goes straight back (no `for`).
         "half-open-latency-relapse",
         _both(OVERLOAD, _between(17 * M, 18 * M, {P99: 310.0})),
         40 * M,
-        [
-            (5 * M, 1, "degraded"),
-            (15 * M, 1, "half_open"),
-            (17 * M, 1, "degraded"),
-            (23 * M, 1, "half_open"),
-            (28 * M, 0, "normal"),
-        ],
+        _recovery(5, 15, 20)[:2] + _recovery(17, 23, 28),  # half-open at 15, relapse at 17
     ),
     (
         # The old alert still firing is no relapse during half-open.
         "half-open-old-alert-no-relapse",
         _both(OVERLOAD, _between(6 * M, 30 * M, {"burn.page": True})),
         40 * M,
-        [(5 * M, 1, "degraded"), (15 * M, 1, "half_open"), (20 * M, 0, "normal")],
+        _recovery(5, 15, 20),
     ),
 ]
 

@@ -21,11 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline.core.join_timers as timers_module
-from pipeline.core.eventtime import ClockConfig
-from pipeline.core.join import JoinConfig, Joiner
+from pipeline.core.join import Joiner
 from pipeline.core.processor import Output, StreamProcessor, _PartitionState
-from pipeline.core.windows import WindowConfig
-from tests.messy_steps import REQUEST, run_steps, steps_of, traffic
+from tests.messy_steps import QUORUM, TRAFFIC, configs, run_steps, steps_of, traffic
 
 
 class _GeneralJoiner(Joiner):
@@ -58,14 +56,10 @@ def _run(cls: type[StreamProcessor], steps: list[Any], configs: tuple[Any, ...])
 
 
 @given(
-    st.lists(REQUEST, min_size=1, max_size=80),
-    st.sampled_from([0, 2_000, 20_000]),  # late_ms
-    st.integers(1, 6),  # messages per process call
-    st.sampled_from([None, 0, 200]),  # wall time per call (None: a replay)
-    st.sampled_from([200, 1_000, 15_000]),  # join timeout
+    *TRAFFIC,
     st.sampled_from([4, 10_000]),  # max_pending
     st.sampled_from([(500, 0), (1_000, 300), (500, 2_000), (2_000, 3_000)]),  # size, grace
-    st.sampled_from([1, 3, 5]),  # clock quorum
+    QUORUM,
     st.sampled_from([(5, 4), (14, 12)]),  # bucket bits: in flight, terminal events
     st.randoms(use_true_random=False),
 )
@@ -75,17 +69,10 @@ def test_processor_equals_its_reference_on_messy_traffic(  # noqa: PLR0917
     max_pending: int, window: tuple[int, int], quorum: int, bits: tuple[int, int], rnd: Any,
 ) -> None:  # fmt: skip
     steps = steps_of(traffic(requests, late_ms), per_call, wall_step, rnd)
-    configs = (
-        JoinConfig(
-            timeout_ms=timeout_ms, inflight_ttl_ms=4 * timeout_ms, resolved_ttl_ms=3 * timeout_ms,
-            max_pending=max_pending,
-        ),
-        WindowConfig(size_ms=window[0], grace_ms=window[1]),
-        ClockConfig(max_ahead_ms=60_000, quorum=quorum, host_idle_ms=5_000, hold_events=20),
-    )  # fmt: skip
+    drawn = configs(timeout_ms, window, quorum, max_pending)
     saved = timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS
     timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = bits  # type: ignore[misc]
     try:
-        assert _run(StreamProcessor, steps, configs) == _run(_Reference, steps, configs)
+        assert _run(StreamProcessor, steps, drawn) == _run(_Reference, steps, drawn)
     finally:
         timers_module._BUCKET_BITS, timers_module._TERMINAL_BITS = saved  # type: ignore[misc]

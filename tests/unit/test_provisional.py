@@ -4,7 +4,6 @@ the grace period; final windows supersede snapshots and alone count in budgets."
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -25,6 +24,7 @@ from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy
 from tests.control_fixtures import TEST_POLICY
 from tests.factories import completed, finished, received
+from tests.paths import SPECS
 
 SIZE = 10_000
 
@@ -88,7 +88,7 @@ def _summary(
 def test_final_supersedes_snapshots_and_budgets_count_finals_once() -> None:
     from pipeline.spec.slo import load_spec_file
 
-    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    spec = load_spec_file(SPECS / "slo-example.yaml")
     name = spec.slos[0].name
     c = Controller(load_policy(TEST_POLICY), spec, load_burn_rules_file())
     assert c.add_window(_summary(0, 9000.0, 100, final=False, slo=name))
@@ -144,7 +144,7 @@ def test_budget_signals_read_final_windows_only_lagging_by_the_grace() -> None:
     from pipeline.core.control import ControllerConfig
     from pipeline.spec.slo import load_spec_file
 
-    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    spec = load_spec_file(SPECS / "slo-example.yaml")
     name = spec.slos[0].name
     c = Controller(
         load_policy(TEST_POLICY),
@@ -174,7 +174,7 @@ def test_budgets_at_the_window_resolution_stop_at_t_minus_lag() -> None:
     from pipeline.core.control import ControllerConfig
     from pipeline.spec.slo import load_spec_file
 
-    spec = load_spec_file(Path(__file__).resolve().parents[2] / "specs" / "slo-example.yaml")
+    spec = load_spec_file(SPECS / "slo-example.yaml")
     name = spec.slos[0].name
     config = ControllerConfig.for_windows(2_000, 1_000)
     assert (config.budget_lag_ms, config.budget_base_ms) == (2_000, 2_000)

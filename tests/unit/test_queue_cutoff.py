@@ -17,7 +17,7 @@ from pipeline.contract.control_signal import Actions
 from producers.asgi_control import REJECTED_STATE_KEY, ControlMiddleware, Message, Scope
 from producers.control_client import Directive
 from producers.gateway import LifecycleMiddleware
-from tests.gateway_fixtures import MemorySink
+from tests.gateway_fixtures import MemorySink, overloaded
 
 CUTOFF_MS = 30.0
 
@@ -123,12 +123,7 @@ def test_cut_off_cancels_the_app_and_answers_503_with_retry_after(empty_first: b
         assert client.status == 503
         assert client.headers[b"retry-after"] == b"7"
         assert client.headers[b"content-type"] == b"application/json"
-        assert orjson.loads(client.body) == {
-            "error": "overloaded",
-            "reason": "queue_timeout",
-            "level": 2,
-            "retry_after_s": 7,
-        }
+        assert orjson.loads(client.body) == overloaded("queue_timeout", 2, 7)
         assert client.sent[-1]["more_body"] is False
         assert mw.counters["queue_timeout"] == 1
         assert mw.counters["passed"] == 1

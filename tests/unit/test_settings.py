@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
-from pipeline.adapters.controller import load_keyring
+from pipeline.adapters.controller import ControllerSettings, KeySettings, load_keyring
+from pipeline.adapters.flush import FlushSettings
+from pipeline.adapters.store.opener import StoreSettings
+from pipeline.adapters.worker import WorkerSettings
 from pipeline.contract.control_signal import KeyConfigError
 from pipeline.kafka_settings import EmitterSettings, KafkaSettings
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_POLICY, DEFAULT_TRACE, SQL_DIR
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 K1 = base64.b64encode(b"1" * 32).decode()
 K2 = base64.b64encode(b"2" * 32).decode()
 
@@ -105,10 +109,11 @@ def test_controller_keys_come_from_settings(
     for name, value in env.items():
         monkeypatch.setenv(name, value.replace("<file>", str(_keys_file(tmp_path))))
     settings = Settings()
-    keyring = load_keyring(settings)
+    keyring = load_keyring(KeySettings.of(settings))
     assert (keyring.active_kid, keyring.kids) == (active, kids)
     assert K1 not in json.dumps(settings.redacted())
     assert K1 not in repr(settings)
+    assert K1 not in repr(ControllerSettings.of(settings))
 
 
 def test_keys_given_to_settings_not_the_environment_are_what_the_controller_uses(
@@ -117,7 +122,7 @@ def test_keys_given_to_settings_not_the_environment_are_what_the_controller_uses
     monkeypatch.setenv("TAILGUARD_CONTROL_KEYS", f"k1:{K1}")  # overridden below
     monkeypatch.setenv("TAILGUARD_CONTROL_ACTIVE_KID", "k1")
     settings = Settings(control_keys=f"k2:{K2}", control_active_kid="k2")  # type: ignore[arg-type]
-    assert load_keyring(settings).kids == ("k2",)
+    assert load_keyring(KeySettings.of(settings)).kids == ("k2",)
 
 
 @pytest.mark.parametrize(
@@ -136,9 +141,9 @@ def test_inconsistent_control_keys_fail_at_start(fields: dict[str, Any], message
 
 def test_no_keys_is_a_clear_error_when_the_controller_starts() -> None:
     with pytest.raises(KeyConfigError, match="no control keys: set TAILGUARD_CONTROL_KEYS_FILE"):
-        load_keyring(Settings())
+        load_keyring(KeySettings())
     with pytest.raises(KeyConfigError, match="not valid base64"):
-        load_keyring(Settings(control_keys="k1:***", control_active_kid="k1"))  # type: ignore[arg-type]
+        load_keyring(KeySettings(control_keys=SecretStr("k1:***"), control_active_kid="k1"))
 
 
 def test_a_heartbeat_whose_signals_outlive_max_ttl_fails_at_start() -> None:
@@ -164,3 +169,54 @@ def test_query_port_limits_come_from_settings() -> None:
         "os_thread_priority": 19,
     }
     assert QueryLimits.from_settings(Settings()).threads >= 1
+
+
+SECRETS = {
+    "control_keys": f"k1:{K1}",
+    "control_active_kid": "k1",
+    "alert_webhook_url": "https://hooks.example/x",
+    "alert_webhook_secret": "webhook-secret-value",
+    "clickhouse_url": "https://ch.example:8443",
+    "clickhouse_password": "clickhouse-secret-value",
+    "security_protocol": "SASL_SSL",
+    "sasl_mechanism": "PLAIN",
+    "sasl_username": "u",
+    "sasl_password": "sasl-secret-value",
+}
+
+
+@pytest.mark.parametrize(
+    "narrow", [ControllerSettings, KeySettings, StoreSettings, FlushSettings, WorkerSettings]
+)
+def test_each_adapters_settings_are_its_fields_of_the_settings_and_show_no_secret(
+    narrow: Any,
+) -> None:
+    """Built once from Settings (``of``): every field that is a setting has its value, and
+    no secret shows in the repr."""
+    settings = Settings(**SECRETS)
+    built = narrow.of(settings)
+    for f in dataclasses.fields(built):
+        if f.name in Settings.model_fields:
+            assert getattr(built, f.name) == getattr(settings, f.name), f.name
+    shown = repr(built)
+    for secret in (K1, "webhook-secret-value", "clickhouse-secret-value", "sasl-secret-value"):
+        assert secret not in shown
+
+
+def test_the_kafka_part_is_kafka_settings_of_the_same_values() -> None:
+    settings = Settings(**SECRETS, lifecycle_topic="lc-x", dlq_topic="dlq-x")
+    kafka = settings.kafka_only()
+    assert type(kafka) is KafkaSettings
+    assert kafka.kafka_config() == settings.kafka_config()
+    assert (kafka.lifecycle_topic, kafka.dlq_topic) == ("lc-x", "dlq-x")
+    assert "sasl-secret-value" not in repr(kafka)
+    assert ControllerSettings.of(settings).kafka == kafka
+
+
+def test_a_narrow_settings_type_naming_no_setting_fails_at_once() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Wrong:
+        no_such_setting: int
+
+    with pytest.raises(AttributeError, match="no_such_setting"):
+        Settings().narrowed(Wrong)

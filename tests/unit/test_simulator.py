@@ -29,8 +29,8 @@ from producers.simulator.model import (
 )
 from producers.simulator.run import run_simulation
 from producers.simulator.trace import TraceRequest, parse_timestamp_ns, read_trace
+from tests.paths import SHARED_TRACE
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_000_000_000_000_000
 NO_STATS_MS = 1e12  # one stats round only: keeps low-rate runs cheap
 

@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pipeline.contract.events import GatewayCompleted
 from producers.simulator.baselines import CONCURRENCY, AIMDGate
-from producers.simulator.gate import GateActions
+from producers.simulator.gate import Arrival, Completion, GateActions
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.paths import SHARED_TRACE
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_000_000_000_000_000
 
 
 def _admit(gate: AIMDGate, rid: str, gateway: str = "g0", model: str = "m", prio: int = 2) -> Any:
-    return gate.decide(
-        model=model,
-        priority=prio,
-        request_id=rid,
-        session_id=rid,
-        gateway=gateway,
-        prompt_tokens=100,
-        t_ms=0.0,
-    )
+    return gate.decide(Arrival(model, prio, rid, rid, gateway, prompt_tokens=100, t_ms=0.0))
 
 
 def _done(
@@ -39,16 +30,7 @@ def _done(
     gateway: str = "g0",
     model: str = "m",
 ) -> None:
-    gate.on_complete(
-        model=model,
-        gateway=gateway,
-        priority=2,
-        request_id=rid,
-        t_ms=1_000.0,
-        ttfb_ms=ttfb_ms,
-        total_ms=total_ms,
-        outcome=outcome,
-    )
+    gate.on_complete(Completion(model, gateway, 2, rid, 1_000.0, ttfb_ms, total_ms, outcome))
 
 
 @pytest.mark.parametrize(

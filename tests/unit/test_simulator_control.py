@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +13,11 @@ import pytest
 from pipeline.app.demo import parse_overload, sim_config_from_args
 from pipeline.cli import build_parser
 from pipeline.contract.events import EngineFinished, Event, GatewayCompleted, GatewayReceived
-from producers.simulator.gate import GateActions, GatewayGate
+from producers.simulator.gate import Completion, GateActions, GatewayGate
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
+from tests.paths import SHARED_TRACE
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_000_000_000_000_000
 NO_STATS_MS = 1e12
 ONE_SLOT = (ModelConfig("m", 1.0, 1, 1, 0.0, 10.0, 0.0, 1_000_000),)
@@ -226,8 +225,8 @@ def test_cli_flags_reach_the_sim_config() -> None:
 class RecordingGate(GatewayGate):
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def on_complete(self, **kw: Any) -> None:
-        self.calls.append(kw)
+    def on_complete(self, done: Completion) -> None:
+        self.calls.append(dataclasses.asdict(done))
 
 
 def _shedding(gate: GatewayGate) -> GatewayGate:

@@ -17,9 +17,9 @@ from producers.simulator.trace import (
     read_trace,
     write_trace,
 )
+from tests.paths import SHARED_TRACE
 from tools.dev import make_trace
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "data" / "azure-llm-2023" / "conv.csv"
 START_NS = 1_700_158_546_680_590_000
 
 

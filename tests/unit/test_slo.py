@@ -38,10 +38,10 @@ from pipeline.spec.slo import (
     validate_file,
 )
 from tests.factories import completed, finished, received
+from tests.paths import REPO, UNIT_TESTDATA
 from tests.slo_strategies import JOINED, records, slo_data, specs
 
-REPO = Path(__file__).resolve().parents[2]
-TESTDATA = Path(__file__).parent / "testdata" / "slo"
+TESTDATA = UNIT_TESTDATA / "slo"
 EXAMPLE = REPO / "specs" / "slo-example.yaml"
 
 # --------------------------------------------------------------------------- #

@@ -9,8 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.spec.registry import DEFAULT_KIND, discover, kind_of, kinds, validate_path
-
-SPECS = Path(__file__).resolve().parents[2] / "specs"
+from tests.paths import SPECS
 
 
 def test_the_four_kinds_are_found() -> None:

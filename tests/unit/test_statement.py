@@ -35,8 +35,8 @@ from pipeline.spec.slo import SLOSpec, load_spec
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 from tests.factories import completed, finished, received
+from tests.paths import SPECS
 
-SPECS = Path(__file__).resolve().parents[2] / "specs"
 UTC_NOV_NS = int(dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
 HOUR_NS = 3_600 * 1_000_000_000
 DAY_NS = 24 * HOUR_NS
@@ -75,34 +75,20 @@ def contract(**over: Any) -> Contract:
     return Contract.model_validate(doc)
 
 
-_BASE = build_record("x", received("x"), completed("x"), finished("x"))
+# A joined request of tenant acme on engine m-0 of model m: 100 ms at the gateway, 78 ms of
+# inference after 10 ms queued, no cold start.
+_BASE = msgspec.structs.replace(
+    build_record("x", received("x"), completed("x"), finished("x")),
+    tenant="acme", model="m", engine_host="m-0", gateway_total_ms=100.0, inference_ms=78.0,
+    queue_ms=10.0, cold_start_unix_ns=None,
+)  # fmt: skip
 
 
-def rec(
-    rid: str,
-    t_ns: int,
-    *,
-    total_ms: float = 100.0,
-    inference_ms: float = 78.0,
-    queue_ms: float = 10.0,
-    tenant: str = "acme",
-    cold: int | None = None,
-    host: str = "m-0",
-    model: str = "m",
-    took_ms: int = 1,
-) -> RequestRecord:
+def rec(rid: str, t_ns: int, *, took_ms: int = 1, **fields: Any) -> RequestRecord:
+    """Request ``rid`` of :data:`_BASE`, ended at ``t_ns`` after ``took_ms``; ``fields``:
+    the record's fields that differ."""
     return msgspec.structs.replace(
-        _BASE,
-        request_id=rid,
-        tenant=tenant,
-        model=model,
-        ts_unix_ns=t_ns - took_ms * 1_000_000,
-        end_unix_ns=t_ns,
-        gateway_total_ms=total_ms,
-        inference_ms=inference_ms,
-        queue_ms=queue_ms,
-        cold_start_unix_ns=cold,
-        engine_host=host,
+        _BASE, request_id=rid, ts_unix_ns=t_ns - took_ms * 1_000_000, end_unix_ns=t_ns, **fields
     )
 
 
@@ -274,12 +260,12 @@ def test_nearest_rank(values: list[float], p: float, expected: float | None) -> 
 def test_counts_are_per_tenant_and_period_and_met_follows_the_objective() -> None:
     day = UTC_NOV_NS + 2 * DAY_NS
     records = [
-        rec("a", day, total_ms=100),
-        rec("b", day, total_ms=500, inference_ms=300),
-        rec("c", day, total_ms=400, inference_ms=250),  # equality is good
-        rec("d", day, tenant="other", total_ms=900),  # another tenant
-        rec("e", UTC_NOV_NS - 1, total_ms=900),  # October
-        rec("f", UTC_NOV_NS + 30 * DAY_NS, total_ms=900),  # December
+        rec("a", day, gateway_total_ms=100),
+        rec("b", day, gateway_total_ms=500, inference_ms=300),
+        rec("c", day, gateway_total_ms=400, inference_ms=250),  # equality is good
+        rec("d", day, tenant="other", gateway_total_ms=900),  # another tenant
+        rec("e", UTC_NOV_NS - 1, gateway_total_ms=900),  # October
+        rec("f", UTC_NOV_NS + 30 * DAY_NS, gateway_total_ms=900),  # December
     ]
     s = statement(records)
     assert s["requests"] == 3
@@ -292,9 +278,9 @@ def test_counts_are_per_tenant_and_period_and_met_follows_the_objective() -> Non
 def test_a_blended_tier_credits_the_secondary_by_its_weight() -> None:
     day = UTC_NOV_NS + 2 * DAY_NS
     records = [
-        rec("a", day, total_ms=100),  # primary good
-        rec("b", day, total_ms=500, inference_ms=200),  # secondary only: 0.7
-        rec("c", day, total_ms=500, inference_ms=300),  # neither
+        rec("a", day, gateway_total_ms=100),  # primary good
+        rec("b", day, gateway_total_ms=500, inference_ms=200),  # secondary only: 0.7
+        rec("c", day, gateway_total_ms=500, inference_ms=300),  # neither
     ]
     t = statement(records)["tiers"]["blended"]
     assert (t["total"], t["good_primary"], t["good_secondary_only"]) == (3, 1, 1)
@@ -326,9 +312,9 @@ def test_breaches_are_days_whose_p99_is_above_target(
     records = []
     for day, p99 in p99_by_day.items():
         t = UTC_NOV_NS + day * DAY_NS
-        records += [rec(f"{day}-{i}", t + i, total_ms=100.0) for i in range(98)]
+        records += [rec(f"{day}-{i}", t + i, gateway_total_ms=100.0) for i in range(98)]
         # nearest rank: of 100 values the 99th smallest is the P99
-        records += [rec(f"{day}-x{i}", t + 99 + i, total_ms=p99) for i in range(2)]
+        records += [rec(f"{day}-x{i}", t + 99 + i, gateway_total_ms=p99) for i in range(2)]
     s = statement(records)
     got = [b for b in s["breaches"] if b["slo"] == "total"]
     assert len(got) == breaches
@@ -348,8 +334,11 @@ def test_cold_starts_beyond_the_daily_cap_are_not_exempted() -> None:
     starts = [day + HOUR_NS, day + 2 * HOUR_NS, day + 3 * HOUR_NS, day + DAY_NS + HOUR_NS]
     records = []
     for k, s0 in enumerate(starts):
-        records += [rec(f"c{k}-{i}", s0 + i * 1000, total_ms=9000, cold=s0) for i in range(3)]
-    records.append(rec("warm", day, total_ms=100))
+        records += [
+            rec(f"c{k}-{i}", s0 + i * 1000, gateway_total_ms=9000, cold_start_unix_ns=s0)
+            for i in range(3)
+        ]
+    records.append(rec("warm", day, gateway_total_ms=100))
     s = statement(records)
     assert [c["exempted"] for c in s["cold_starts"]] == [True, True, False, True]
     assert [c["nth_of_day"] for c in s["cold_starts"]] == [1, 2, 3, 1]
@@ -376,9 +365,9 @@ def test_maintenance_windows_exempt_and_take_precedence_over_cold_starts() -> No
         }
     )
     records = [
-        rec("in", day + 10, total_ms=5000),
-        rec("edge", day + HOUR_NS, total_ms=5000),  # end is exclusive
-        rec("cold", day + 20, total_ms=5000, cold=day),
+        rec("in", day + 10, gateway_total_ms=5000),
+        rec("edge", day + HOUR_NS, gateway_total_ms=5000),  # end is exclusive
+        rec("cold", day + 20, gateway_total_ms=5000, cold_start_unix_ns=day),
     ]
     s = statement(records, c)
     assert {x["request_id"]: x["reason"] for x in s["exempted"]} == {
@@ -405,7 +394,7 @@ def test_exemptions_never_exceed_the_cap(
     for k, (day, sec, host) in enumerate(starts):
         at = UTC_NOV_NS + day * DAY_NS + sec * 1_000_000_000
         for i in range(sizes[k]):
-            records.append(rec(f"{k}-{i}", at + i, cold=at, host=host))
+            records.append(rec(f"{k}-{i}", at + i, cold_start_unix_ns=at, engine_host=host))
         expected_days.setdefault(day, []).append((at, host))
     s = statement(records, contract(exemptions={"cold_starts": {"max_per_day": cap}}))
     per_day: dict[str, int] = {}
@@ -488,10 +477,10 @@ def test_budget_exhaustion_pauses_billing_and_opens_an_incident(
     c = contract(budget_exhausted={"pause_for": pause_for, "worst_requests": 2})
     t = at * 1_000_000
     records = [
-        rec("slow", t - 10 * 60 * 10**9, total_ms=900, queue_ms=700, inference_ms=150),
-        rec("slower", t - 5 * 60 * 10**9, total_ms=1900, queue_ms=1500, inference_ms=350),
-        rec("fine", t - 60 * 10**9, total_ms=100),
-        rec("old", t - 2 * HOUR_NS, total_ms=5000),  # before the 1 h lookback
+        rec("slow", t - 10 * 60 * 10**9, gateway_total_ms=900, queue_ms=700, inference_ms=150),
+        rec("slower", t - 5 * 60 * 10**9, gateway_total_ms=1900, queue_ms=1500, inference_ms=350),
+        rec("fine", t - 60 * 10**9, gateway_total_ms=100),
+        rec("old", t - 2 * HOUR_NS, gateway_total_ms=5000),  # before the 1 h lookback
         *busy("m1", at - HOUR_NS // 1_000_000, at + HOUR_NS // 1_000_000),  # fine ones
     ]
     changes = [LevelChange("m1", at - 30 * 60_000, 1, 1), LevelChange("m1", at + 30 * 60_000, 2, 0)]
@@ -651,10 +640,10 @@ def test_an_incident_looks_back_as_the_contract_says(lookback: str, bad: int) ->
     at = _ms(3, 0)
     t = at * 1_000_000
     records = [
-        rec("a", t - 30 * 60 * 10**9, total_ms=900),
-        rec("b", t - 2 * HOUR_NS, total_ms=900),
-        rec("c", t - DAY_NS, total_ms=900),
-        rec("d", t + 1, total_ms=900),  # after: not the incident's
+        rec("a", t - 30 * 60 * 10**9, gateway_total_ms=900),
+        rec("b", t - 2 * HOUR_NS, gateway_total_ms=900),
+        rec("c", t - DAY_NS, gateway_total_ms=900),
+        rec("d", t + 1, gateway_total_ms=900),  # after: not the incident's
     ]
     c = contract(budget_exhausted={"lookback": lookback})
     s = statement(records, c, events=[BudgetEventRow("total", "budget_exhausted", at)])
@@ -745,9 +734,9 @@ def test_an_exhaustion_without_bad_requests_of_the_tenant_is_not_its_incident() 
     at = _ms(3, 0)
     t = at * 1_000_000
     records = [
-        rec("fine", t - 60 * 10**9, total_ms=100),  # the tenant's: good
-        rec("theirs", t - 60 * 10**9, total_ms=5000, tenant="other"),  # bad, not its
-        rec("mine", t + HOUR_NS, total_ms=5000),  # bad, after the second exhaustion
+        rec("fine", t - 60 * 10**9, gateway_total_ms=100),  # the tenant's: good
+        rec("theirs", t - 60 * 10**9, gateway_total_ms=5000, tenant="other"),  # bad, not its
+        rec("mine", t + HOUR_NS, gateway_total_ms=5000),  # bad, after the second exhaustion
     ]
     events = [
         BudgetEventRow("total", "budget_exhausted", at),

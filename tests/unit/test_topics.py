@@ -5,14 +5,14 @@ new maintainer reads names each topic with that module."""
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
 
 from pipeline.contract.topics import TOPICS, Topic
 from pipeline.kafka_settings import KafkaSettings
+from tests.paths import REPO
 
-ARCHITECTURE = (Path(__file__).parents[2] / "ARCHITECTURE.md").read_text()
+ARCHITECTURE = (REPO / "ARCHITECTURE.md").read_text()
 
 
 def test_every_topic_setting_is_in_the_table() -> None:

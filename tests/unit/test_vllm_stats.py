@@ -15,7 +15,6 @@ import sys
 import tomllib
 import types
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +23,8 @@ from pipeline.contract.events import EngineFinished, EngineStats
 from pipeline.settings import Settings
 from producers.vllm_stats import EngineRecorder, event_id_for, gateway_request_id
 from tests.gateway_fixtures import MemorySink
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 WALL = 1_800_000_000.0  # seconds since epoch, the fake wall clock
 
 

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pipeline.app.figures import figure, percent
+
 FIRST_TOKEN = ("ttft-stream", "gold-ttft")
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f} %"
-
-
-def _num(x: float | None, unit: str = "") -> str:
-    return "-" if x is None else f"{x:,.2f}{unit}"
+_pct = partial(percent, spec=".2f", unit=" %")
+_rps = partial(figure, spec=",.2f", unit="/s")
 
 
 def _secs(x: float | None) -> str:
@@ -66,7 +65,7 @@ def table(name: str, doc: dict[str, Any]) -> str:
             return f"{100 * d:+.2f} ({s})"
 
         row("worst SLO vs no control (points)", [worst(r) for r in runs.values()])
-    row("goodput, run", [_num(r.get("goodput_rps"), "/s") for r in runs.values()])
+    row("goodput, run", [_rps(r.get("goodput_rps")) for r in runs.values()])
     row(
         "turned away, priority 0-2",
         [f"{sum(r['shed'].get(p, 0) for p in '012'):,}" for r in runs.values()],
@@ -74,7 +73,7 @@ def table(name: str, doc: dict[str, Any]) -> str:
     row("turned away, priority 3", [f"{r['shed'].get('3', 0):,}" for r in runs.values()])
     row("client retries", [f"{r['retries']:,}" for r in runs.values()])
     if "episode" in runs[loops[0]]:
-        row("goodput, episode", [_num(r["episode"]["goodput_rps"], "/s") for r in runs.values()])
+        row("goodput, episode", [_rps(r["episode"]["goodput_rps"]) for r in runs.values()])
         row(
             "first level after the episode starts",
             [_secs(r["episode"]["first_action_s"]) for r in runs.values()],

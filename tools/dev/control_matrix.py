@@ -24,10 +24,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
+
+from pipeline.app.figures import figure, percent
 
 BT_DIR: Final = Path("var/bt")
 TRACE_DIR: Final = Path("var/traces")
@@ -85,16 +88,9 @@ def run(sc: Scenario) -> dict[str, Any]:
     return doc
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}"
-
-
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f} s"
-
-
-def _rps(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
+_pct = partial(percent, spec=".2f", unit="")
+_s = partial(figure, spec=".0f", unit=" s")
+_rps = partial(figure, spec=".2f")
 
 
 def table(name: str, doc: dict[str, Any]) -> list[str]:

@@ -270,11 +270,16 @@ def budget_remaining_sql() -> str:
     )
 
 
+def _burn(bad: str, total: str, objective: str) -> str:
+    """The burn rate of ``bad`` of ``total`` requests: their share over the share the
+    ``objective`` allows (1: the budget spent exactly as fast as the window allows)."""
+    return f"{bad} / nullIf({total}, 0) / nullIf(1 - {objective}, 0)"
+
+
 def burn_rate_sql() -> str:
     longest = BURN_WINDOWS[-1][1]
     rates = ", ".join(
-        f"sum(n_bad) OVER w{name} / nullIf(sum(n_total) OVER w{name}, 0) / nullIf(1 - obj, 0) "
-        f"AS b{name}"
+        _burn(f"sum(n_bad) OVER w{name}", f"sum(n_total) OVER w{name}", "obj") + f" AS b{name}"
         for name, _ in BURN_WINDOWS
     )
     windows = ", ".join(
@@ -296,10 +301,10 @@ def burn_rate_sql() -> str:
 def burn_table_sql() -> str:
     longest = BURN_WINDOWS[-1][1]
     rates = ", ".join(
-        f"sumIf(n_bad, t > $__toTime - {s}) / nullIf(sumIf(n_total, t > $__toTime - {s}), 0) "
-        f'/ nullIf(1 - any(obj), 0) AS "{name}"'
+        _burn(f"sumIf(n_bad, t > $__toTime - {s})", f"sumIf(n_total, t > $__toTime - {s})",
+              "any(obj)") + f' AS "{name}"'
         for name, s in BURN_WINDOWS
-    )
+    )  # fmt: skip
     since = f"$__toTime - greatest({longest}, ${{budget_window}})"
     return (
         f"SELECT slo, any(obj) AS objective, {rates}, "

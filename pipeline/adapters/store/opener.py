@@ -33,15 +33,7 @@ class StoreSettings:
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSettings:
-        return cls(
-            database=settings.database,
-            store_dir=settings.store_dir,
-            clickhouse_url=settings.clickhouse_url,
-            clickhouse_user=settings.clickhouse_user,
-            clickhouse_password=settings.clickhouse_password,
-            fault_store_outage_file=settings.fault_store_outage_file,
-            fault_store_partial_file=settings.fault_store_partial_file,
-        )
+        return settings.narrowed(cls)
 
     @property
     def embedded(self) -> bool:
