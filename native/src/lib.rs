@@ -13,6 +13,8 @@
 //!
 //! Pure: no I/O; time is passed in.
 
+mod join;
+
 use std::collections::HashMap;
 
 use pyo3::buffer::PyBuffer;
@@ -393,6 +395,7 @@ fn boundary_table<'py>(
 #[pymodule]
 fn tailguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionClock>()?;
+    m.add_class::<join::Joiner>()?;
     m.add_function(wrap_pyfunction!(sketch_bump, m)?)?;
     m.add_function(wrap_pyfunction!(boundary_table, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -27,6 +27,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pipeline.core.eventtime import ClockConfig, PartitionClock
+from pipeline.core.join import JoinConfig, Joiner
+from pipeline.core.join_rules import _marks, _repeats, worse_terminal
+from pipeline.core.join_state import (
+    OFF_SHIFT,
+    RESOLVED_EXPIRY_MASK,
+    Emitted,
+    JoinCounters,
+    Received,
+)
+from pipeline.core.record import RequestRecord
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,6 +59,7 @@ class CoreImpl:
 
     name: Literal["python", "native"]
     clock: Callable[[ClockConfig], Any]  # a PartitionClock (either kind)
+    joiner: Callable[[JoinConfig], Any]  # a Joiner (either kind)
     sketch_bump: Any  # tailguard_native.sketch_bump, or None for the reference
     boundary_table: Any  # tailguard_native.boundary_table, or None for the reference
 
@@ -60,10 +71,23 @@ class CoreImpl:
         return f"core hot path: python ({why})"
 
 
-PYTHON: Final = CoreImpl("python", PartitionClock, None, None)
+# What the native Joiner builds and calls back: the reference's own classes, and its rules
+# that compare whole events (rare: conflicting terminal events).
+_JOIN_HELPERS: Final = (
+    RequestRecord, Emitted, Received, JoinCounters, _repeats, _marks, worse_terminal,
+)  # fmt: skip
+
+
+def _native_joiner(config: JoinConfig) -> Any:
+    return _ext.Joiner(config, _JOIN_HELPERS)
+
+
+PYTHON: Final = CoreImpl("python", PartitionClock, Joiner, None, None)
 NATIVE: Final[CoreImpl | None] = (
-    CoreImpl("native", _ext.PartitionClock, _ext.sketch_bump, _ext.boundary_table)
-    if _ext is not None
+    CoreImpl(
+        "native", _ext.PartitionClock, _native_joiner, _ext.sketch_bump, _ext.boundary_table
+    )
+    if _ext is not None and hasattr(_ext, "Joiner")
     else None
 )
 
@@ -100,6 +124,31 @@ def select(requested: CoreImplName) -> CoreImpl:
 
 def active() -> CoreImpl:
     return _active[0]
+
+
+def join_view(joiner: Any) -> tuple[list[tuple[Any, ...]], dict[str, tuple[int, bool]], dict[str, int]]:
+    """What a joiner (either kind) holds, for the differential tests and probes: its pending
+    requests in order as (key, in flight, first offset, deadline ms, wall deadline ms,
+    first terminal ms, attempt, retried, conflicts); its resolved memory as key ->
+    (expiry ms, events kept); each request id's latest attempt (when more than one)."""
+    if not isinstance(joiner, Joiner):
+        view: Any = joiner.view()
+        return view[0], view[1], view[2]
+    timers = joiner._timers  # noqa: SLF001  (the reference's state, read only)
+    pending: list[tuple[Any, ...]] = []
+    for key, e in joiner._pending.items():  # noqa: SLF001
+        if isinstance(e, int):
+            row = (key, True, e >> OFF_SHIFT, timers.deadline(e), timers.wall_deadline(e), 0, 1,
+                   False, 0)  # fmt: skip
+        else:
+            row = (key, False, e.first_offset, e.deadline_ms, e.wall_deadline_ms, e.terminal_ms,
+                   e.attempt, e.retried, e.conflicts)  # fmt: skip
+        pending.append(row)
+    resolved = {
+        key: ((v & RESOLVED_EXPIRY_MASK, False) if isinstance(v, int) else (v.expires_ms, True))
+        for key, v in joiner._resolved.items().items()  # noqa: SLF001
+    }
+    return pending, resolved, dict(joiner._attempts)  # noqa: SLF001
 
 
 def sketch_kernel() -> Callable[..., tuple[int, int, float]] | None:
