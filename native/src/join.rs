@@ -11,15 +11,16 @@
 //! conflicting events is worse) call the reference's functions.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
-use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
 
 type Key = Arc<str>;
 
@@ -68,16 +69,22 @@ impl Fx {
 
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
 
-/// A dict: insertion order, a key set again keeps its place, a deleted one loses it.
+/// A dict: insertion order, a key set again keeps its place, a deleted one loses it. The
+/// order is a queue of (sequence number, key), an item left there when its key is deleted
+/// (or set again after a deletion) and skipped (dropped once they are half the queue).
 pub struct OrdMap<V> {
     map: FxMap<Key, (u64, V)>,
-    order: BTreeMap<u64, Key>,
+    order: VecDeque<(u64, Key)>,
     seq: u64,
 }
 
 impl<V> OrdMap<V> {
     fn new() -> Self {
-        OrdMap { map: FxMap::default(), order: BTreeMap::new(), seq: 0 }
+        OrdMap {
+            map: FxMap::default(),
+            order: VecDeque::new(),
+            seq: 0,
+        }
     }
     fn len(&self) -> usize {
         self.map.len()
@@ -91,6 +98,9 @@ impl<V> OrdMap<V> {
     fn contains(&self, k: &str) -> bool {
         self.map.contains_key(k)
     }
+    fn live(&self, s: u64, k: &str) -> bool {
+        self.map.get(k).is_some_and(|(at, _)| *at == s)
+    }
     fn insert(&mut self, k: Key, v: V) {
         if let Some(slot) = self.map.get_mut(&*k) {
             slot.1 = v;
@@ -98,22 +108,40 @@ impl<V> OrdMap<V> {
         }
         let s = self.seq;
         self.seq += 1;
-        self.order.insert(s, k.clone());
+        self.order.push_back((s, k.clone()));
         self.map.insert(k, (s, v));
+        if self.order.len() > 2 * self.map.len() + 64 {
+            let map = &self.map;
+            self.order
+                .retain(|(s, k)| map.get(&**k).is_some_and(|(at, _)| at == s));
+        }
     }
     fn remove(&mut self, k: &str) -> Option<V> {
-        let (s, v) = self.map.remove(k)?;
-        self.order.remove(&s);
+        let (_, v) = self.map.remove(k)?;
+        while let Some((s, front)) = self.order.front() {
+            if self.live(*s, front) {
+                break;
+            }
+            self.order.pop_front();
+        }
         Some(v)
     }
     fn first_key(&self) -> Option<Key> {
-        self.order.values().next().cloned()
+        self.order
+            .iter()
+            .find(|(s, k)| self.live(*s, k))
+            .map(|(_, k)| k.clone())
     }
     fn keys(&self) -> Vec<Key> {
-        self.order.values().cloned().collect()
+        self.iter().map(|(k, _)| k.clone()).collect()
     }
     fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {
-        self.order.values().map(move |k| (k, &self.map[k].1))
+        self.order
+            .iter()
+            .filter_map(move |(s, k)| match self.map.get(&**k) {
+                Some((at, v)) if at == s => Some((k, v)),
+                _ => None,
+            })
     }
 }
 
@@ -261,7 +289,10 @@ fn resolved_from(e: Pending, expires_ms: i64, partial: bool) -> Resolved {
 
 enum RVal {
     /// A fully joined request: its expiry and the short hash of its received (0: unknown).
-    Joined { expires_ms: i64, short: u64 },
+    Joined {
+        expires_ms: i64,
+        short: u64,
+    },
     Kept(Box<Resolved>),
 }
 
@@ -302,7 +333,11 @@ impl ResolvedMemory {
     fn get(&self, key: &str) -> Option<&RVal> {
         for gen in self.by_index.values().rev() {
             if let Some(v) = gen.get(key) {
-                return if v.expiry() > self.now_ms { Some(v) } else { None };
+                return if v.expiry() > self.now_ms {
+                    Some(v)
+                } else {
+                    None
+                };
             }
         }
         None
@@ -339,8 +374,12 @@ impl ResolvedMemory {
             self.now_ms = now_ms;
             if now_ms >= self.drop_at_ms {
                 let span = self.span_ms;
-                let gone: Vec<i64> =
-                    self.by_index.keys().copied().filter(|i| (i + 1) * span <= now_ms).collect();
+                let gone: Vec<i64> = self
+                    .by_index
+                    .keys()
+                    .copied()
+                    .filter(|i| (i + 1) * span <= now_ms)
+                    .collect();
                 for i in gone {
                     self.len -= self.by_index.remove(&i).unwrap().len();
                 }
@@ -409,7 +448,9 @@ impl RecentJoins {
         let now = self.now_ms;
         let keep = self.keep_ms;
         for gen in self.gens.values_mut().rev() {
-            let Some(item) = gen.get_mut(key) else { continue };
+            let Some(item) = gen.get_mut(key) else {
+                continue;
+            };
             let ts_ms = item.0;
             if ts_ms + keep <= now {
                 return None;
@@ -485,7 +526,10 @@ struct Buckets {
 
 impl Buckets {
     fn new() -> Self {
-        Buckets { frontier: -1, ..Default::default() }
+        Buckets {
+            frontier: -1,
+            ..Default::default()
+        }
     }
     fn put(&mut self, key: i64, rid: Key) {
         match self.by_key.get_mut(&key) {
@@ -568,12 +612,22 @@ impl Timers {
     fn push_terminal(&mut self, terminal_ms: i64, rid: Key) {
         self.terminals.push(Reverse((terminal_ms, rid)));
     }
-    fn arm(&mut self, pending: &OrdMap<PState>, rid: Key, deadline_ms: i64, terminal_ms: Option<i64>) {
+    fn arm(
+        &mut self,
+        pending: &OrdMap<PState>,
+        rid: Key,
+        deadline_ms: i64,
+        terminal_ms: Option<i64>,
+    ) {
         let (key, is_terminal) = match terminal_ms {
             None => (deadline_ms >> BUCKET_BITS, false),
             Some(t) => (t >> TERMINAL_BITS, true),
         };
-        let frontier = if is_terminal { self.terminal.frontier } else { self.inflight.frontier };
+        let frontier = if is_terminal {
+            self.terminal.frontier
+        } else {
+            self.inflight.frontier
+        };
         if key <= frontier {
             if let Some(t) = terminal_ms {
                 self.terminals.push(Reverse((t, rid.clone())));
@@ -582,7 +636,11 @@ impl Timers {
             return;
         }
         let ttl = self.inflight_ttl_ms;
-        let b = if is_terminal { &mut self.terminal } else { &mut self.inflight };
+        let b = if is_terminal {
+            &mut self.terminal
+        } else {
+            &mut self.inflight
+        };
         b.put(key, rid);
         if b.items > 2 * pending.len() + COMPACT_SLACK {
             if is_terminal {
@@ -713,6 +771,8 @@ struct Helpers {
     buckets: Vec<PyObject>, // "<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown"
     flags: Vec<PyObject>,   // FLAGS' names, in order
     empty: PyObject,
+    astuple: PyObject,
+    types: Mutex<Vec<TypeInfo>>,
 }
 
 /// Host, model and tenant strings, each held once (up to `INTERN_MAX`), and the strings
@@ -726,7 +786,12 @@ struct Interner {
 impl Interner {
     /// The string to hold, and (``codec``: the reference packs it) whether its codec has
     /// or takes an id for it.
-    fn get(&mut self, py: Python<'_>, s: &Bound<'_, PyAny>, codec: bool) -> PyResult<(PyObject, bool)> {
+    fn get(
+        &mut self,
+        py: Python<'_>,
+        s: &Bound<'_, PyAny>,
+        codec: bool,
+    ) -> PyResult<(PyObject, bool)> {
         let text = s.downcast::<PyString>()?.to_str()?;
         let ok = if !codec || self.codec.contains_key(text) {
             true
@@ -770,14 +835,172 @@ struct Rec {
     superseded: bool,
 }
 
-fn kind_of(py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Kind> {
+/// The event fields the join reads, by id (`FIELD_NAMES`): a msgspec Struct's are read
+/// from one `msgspec.structs.astuple` of it (one C call instead of one attribute lookup
+/// each), any other event's by name.
+#[derive(Clone, Copy)]
+enum F {
+    EventId,
+    TsUnixNs,
+    Host,
+    Model,
+    Priority,
+    Tenant,
+    PromptTokens,
+    Stream,
+    Outcome,
+    TotalMs,
+    TtfbMs,
+    HttpStatus,
+    SloTtftMs,
+    SloTpotMs,
+    OutputTokens,
+    E2eMs,
+    QueueMs,
+    PrefillMs,
+    DecodeMs,
+    InferenceMs,
+    FinishReason,
+    ArrivalUnixNs,
+    CachedTokens,
+    Preemptions,
+    ColdStartUnixNs,
+}
+
+const FIELD_NAMES: [&str; 25] = [
+    "event_id",
+    "ts_unix_ns",
+    "host",
+    "model",
+    "priority",
+    "tenant",
+    "prompt_tokens",
+    "stream",
+    "outcome",
+    "total_ms",
+    "ttfb_ms",
+    "http_status",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "output_tokens",
+    "e2e_ms",
+    "queue_ms",
+    "prefill_ms",
+    "decode_ms",
+    "inference_ms",
+    "finish_reason",
+    "arrival_unix_ns",
+    "cached_tokens",
+    "preemptions",
+    "cold_start_unix_ns",
+];
+
+/// What the join knows of an event type: its kind (when all its instances have one) and,
+/// for a msgspec Struct, where each field is in its `astuple`.
+struct TypeInfo {
+    ty: PyObject,
+    kind: Option<Kind>,
+    idx: Option<[i16; 25]>,
+}
+
+/// An event being read (see `F`).
+struct Ev<'py> {
+    obj: Bound<'py, PyAny>,
+    tup: Option<(Bound<'py, PyTuple>, [i16; 25])>,
+}
+
+impl<'py> Ev<'py> {
+    fn get(&self, f: F) -> PyResult<Bound<'py, PyAny>> {
+        if let Some((t, idx)) = &self.tup {
+            let i = idx[f as usize];
+            if i >= 0 {
+                return t.get_item(i as usize);
+            }
+        }
+        self.obj.getattr(FIELD_NAMES[f as usize])
+    }
+}
+
+fn type_info<'a>(
+    py: Python<'_>,
+    types: &'a mut Vec<TypeInfo>,
+    ev: &Bound<'_, PyAny>,
+) -> PyResult<Option<&'a TypeInfo>> {
+    let t = ev.get_type();
+    if let Some(i) = types.iter().position(|ti| ti.ty.as_ptr() == t.as_ptr()) {
+        return Ok(Some(&types[i]));
+    }
+    if types.len() >= 8 {
+        return Ok(None);
+    }
+    let class_kind = t
+        .getattr(intern!(py, "kind"))
+        .ok()
+        .filter(|v| v.is_instance_of::<PyString>());
+    let kind = match class_kind {
+        Some(v) if v.eq(ev.getattr(intern!(py, "kind"))?)? => Some(kind_by_name(py, ev)?),
+        _ => None,
+    };
+    let idx = match t.getattr(intern!(py, "__struct_fields__")) {
+        Ok(fields) => {
+            let names: Vec<String> = fields.extract()?;
+            let mut idx = [-1i16; 25];
+            for (j, name) in FIELD_NAMES.iter().enumerate() {
+                if let Some(i) = names.iter().position(|n| n == name) {
+                    idx[j] = i as i16;
+                }
+            }
+            Some(idx)
+        }
+        Err(_) => None,
+    };
+    types.push(TypeInfo {
+        ty: t.into_any().unbind(),
+        kind,
+        idx,
+    });
+    Ok(types.last())
+}
+
+/// An event to read fields of (`astuple` once when it is a msgspec Struct).
+fn ev_of<'py>(
+    py: Python<'py>,
+    types: &mut Vec<TypeInfo>,
+    astuple: &PyObject,
+    ev: &Bound<'py, PyAny>,
+) -> PyResult<Ev<'py>> {
+    let idx = type_info(py, types, ev)?.and_then(|ti| ti.idx);
+    let tup = match idx {
+        Some(idx) => Some((
+            astuple.bind(py).call1((ev,))?.downcast_into::<PyTuple>()?,
+            idx,
+        )),
+        None => None,
+    };
+    Ok(Ev {
+        obj: ev.clone(),
+        tup,
+    })
+}
+
+/// The kind of an event, by its type once seen (`kinds`: a type's kind, the few types met).
+fn kind_of(py: Python<'_>, types: &mut Vec<TypeInfo>, ev: &Bound<'_, PyAny>) -> PyResult<Kind> {
+    if let Some(TypeInfo { kind: Some(k), .. }) = type_info(py, types, ev)? {
+        return Ok(*k);
+    }
+    kind_by_name(py, ev)
+}
+
+fn kind_by_name(py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Kind> {
     let k = ev.getattr(intern!(py, "kind"))?;
     let k = k.downcast::<PyString>()?.to_str()?;
     match k {
         "gateway.received" => Ok(Kind::Received),
         "gateway.completed" => Ok(Kind::Completed),
         "engine.finished" => Ok(Kind::Finished),
-        other => Err(PyValueError::new_err(format!("not a lifecycle event: {other}"))),
+        other => Err(PyValueError::new_err(format!(
+            "not a lifecycle event: {other}"
+        ))),
     }
 }
 
@@ -805,6 +1028,10 @@ fn ctx_index(prompt: Option<i64>) -> usize {
 }
 
 impl Helpers {
+    fn ev<'py>(&self, py: Python<'py>, ev: &Bound<'py, PyAny>) -> PyResult<Ev<'py>> {
+        ev_of(py, &mut self.types.lock().unwrap(), &self.astuple, ev)
+    }
+
     fn received_obj(&self, py: Python<'_>, r: &Recv) -> PyResult<PyObject> {
         if let Some(e) = &r.event {
             return Ok(e.clone_ref(py));
@@ -817,7 +1044,9 @@ impl Helpers {
                 r.host.clone_ref(py),
                 r.model.clone_ref(py),
                 obj(py, r.priority)?,
-                r.tenant.as_ref().map_or_else(|| py.None(), |t| t.clone_ref(py)),
+                r.tenant
+                    .as_ref()
+                    .map_or_else(|| py.None(), |t| t.clone_ref(py)),
                 obj(py, r.prompt)?,
                 obj(py, r.stream)?,
             ],
@@ -876,10 +1105,19 @@ impl Helpers {
         retried: bool,
         conflicts: i64,
     ) -> PyResult<Rec> {
-        let c = completed.map(|o| o.bind(py));
-        let f = finished.map(|o| o.bind(py));
+        let c = match completed {
+            Some(o) => Some(self.ev(py, o.bind(py))?),
+            None => None,
+        };
+        let f = match finished {
+            Some(o) => Some(self.ev(py, o.bind(py))?),
+            None => None,
+        };
+        let (c, f) = (c.as_ref(), f.as_ref());
         if c.is_none() && f.is_none() {
-            return Err(PyValueError::new_err("a record needs gateway.completed or engine.finished"));
+            return Err(PyValueError::new_err(
+                "a record needs gateway.completed or engine.finished",
+            ));
         }
         let none = || py.None();
         let mut revision: i64 = if received.is_some() { 1 } else { 0 };
@@ -889,21 +1127,21 @@ impl Helpers {
         let (mut total_o, mut ttfb_o, mut http_status, mut slo_ttft, mut slo_tpot) =
             (none(), none(), none(), none(), none());
         if let Some(c) = c {
-            let o = c.getattr(intern!(py, "outcome"))?;
+            let o = c.get(F::Outcome)?;
             ok = o.downcast::<PyString>()?.to_str()? == "ok";
             outcome = o.unbind();
-            let t = c.getattr(intern!(py, "total_ms"))?;
+            let t = c.get(F::TotalMs)?;
             total = f64_of(&t)?;
             total_o = t.unbind();
-            let t = c.getattr(intern!(py, "ttfb_ms"))?;
+            let t = c.get(F::TtfbMs)?;
             ttfb = f64_of(&t)?;
             ttfb_o = t.unbind();
-            http_status = c.getattr(intern!(py, "http_status"))?.unbind();
-            slo_ttft = c.getattr(intern!(py, "slo_ttft_ms"))?.unbind();
-            slo_tpot = c.getattr(intern!(py, "slo_tpot_ms"))?.unbind();
+            http_status = c.get(F::HttpStatus)?.unbind();
+            slo_ttft = c.get(F::SloTtftMs)?.unbind();
+            slo_tpot = c.get(F::SloTpotMs)?.unbind();
         } else {
             let f = f.unwrap();
-            let r = f.getattr(intern!(py, "finish_reason"))?;
+            let r = f.get(F::FinishReason)?;
             let (o, is_ok) = match r.downcast::<PyString>()?.to_str()? {
                 "stop" | "length" => (&self.s_ok, true),
                 "abort" => (&self.s_client_abort, false),
@@ -925,43 +1163,53 @@ impl Helpers {
         let end_o: PyObject;
         let mut tpot: Option<f64> = None;
         let mut ttft: Option<f64> = None;
-        let (mut finish_reason, mut engine_host, mut arrival, mut cached, mut preemptions, mut cold) =
-            (none(), none(), none(), none(), none(), none());
+        let (
+            mut finish_reason,
+            mut engine_host,
+            mut arrival,
+            mut cached,
+            mut preemptions,
+            mut cold,
+        ) = (none(), none(), none(), none(), none(), none());
         if let Some(f) = f {
-            source = if c.is_some() { &self.s_joined } else { &self.s_engine_only };
+            source = if c.is_some() {
+                &self.s_joined
+            } else {
+                &self.s_engine_only
+            };
             if c.is_some() {
                 revision += 2;
             }
-            let v = f.getattr(intern!(py, "e2e_ms"))?;
+            let v = f.get(F::E2eMs)?;
             e2e = f64_of(&v)?;
             e2e_o = v.unbind();
-            let v = f.getattr(intern!(py, "queue_ms"))?;
+            let v = f.get(F::QueueMs)?;
             queue = f64_of(&v)?;
             queue_o = v.unbind();
-            let v = f.getattr(intern!(py, "prefill_ms"))?;
+            let v = f.get(F::PrefillMs)?;
             let prefill = f64_of(&v)?;
             prefill_o = v.unbind();
-            let v = f.getattr(intern!(py, "decode_ms"))?;
+            let v = f.get(F::DecodeMs)?;
             let decode = f64_of(&v)?;
             decode_o = v.unbind();
-            let v = f.getattr(intern!(py, "inference_ms"))?;
+            let v = f.get(F::InferenceMs)?;
             inference = f64_of(&v)?;
             inference_o = v.unbind();
-            prompt_o = f.getattr(intern!(py, "prompt_tokens"))?.unbind();
-            let out = f.getattr(intern!(py, "output_tokens"))?;
+            prompt_o = f.get(F::PromptTokens)?.unbind();
+            let out = f.get(F::OutputTokens)?;
             let out_n: i64 = out.extract()?;
             output_o = out.unbind();
-            end_o = f.getattr(intern!(py, "ts_unix_ns"))?.unbind();
+            end_o = f.get(F::TsUnixNs)?.unbind();
             if out_n >= 2 {
                 tpot = Some(decode.unwrap() / ((out_n - 1) as f64));
             }
             ttft = Some(queue.unwrap() + prefill.unwrap());
-            finish_reason = f.getattr(intern!(py, "finish_reason"))?.unbind();
-            engine_host = f.getattr(intern!(py, "host"))?.unbind();
-            arrival = f.getattr(intern!(py, "arrival_unix_ns"))?.unbind();
-            cached = f.getattr(intern!(py, "cached_tokens"))?.unbind();
-            preemptions = f.getattr(intern!(py, "preemptions"))?.unbind();
-            cold = f.getattr(intern!(py, "cold_start_unix_ns"))?.unbind();
+            finish_reason = f.get(F::FinishReason)?.unbind();
+            engine_host = f.get(F::Host)?.unbind();
+            arrival = f.get(F::ArrivalUnixNs)?.unbind();
+            cached = f.get(F::CachedTokens)?.unbind();
+            preemptions = f.get(F::Preemptions)?.unbind();
+            cold = f.get(F::ColdStartUnixNs)?.unbind();
         } else {
             let c = c.unwrap();
             source = &self.s_gateway_only;
@@ -969,10 +1217,14 @@ impl Helpers {
                 Some(r) => obj(py, r.prompt)?,
                 None => none(),
             };
-            let out = c.getattr(intern!(py, "output_tokens"))?;
-            let out_n: Option<i64> = if out.is_none() { None } else { Some(out.extract()?) };
+            let out = c.get(F::OutputTokens)?;
+            let out_n: Option<i64> = if out.is_none() {
+                None
+            } else {
+                Some(out.extract()?)
+            };
             output_o = out.unbind();
-            end_o = c.getattr(intern!(py, "ts_unix_ns"))?.unbind();
+            end_o = c.get(F::TsUnixNs)?.unbind();
             if let (Some(r), Some(tf)) = (received, ttfb) {
                 let n = out_n.unwrap_or(0);
                 if r.stream && n >= 2 {
@@ -983,11 +1235,14 @@ impl Helpers {
         }
         if prompt_o.is_none(py) {
             if let Some(c) = c {
-                prompt_o = c.getattr(intern!(py, "prompt_tokens"))?.unbind();
+                prompt_o = c.get(F::PromptTokens)?.unbind();
             }
         }
-        let prompt_n: Option<i64> =
-            if prompt_o.is_none(py) { None } else { Some(prompt_o.extract(py)?) };
+        let prompt_n: Option<i64> = if prompt_o.is_none(py) {
+            None
+        } else {
+            Some(prompt_o.extract(py)?)
+        };
         let (model, ts_o, priority, tenant, stream, received_ns);
         if let Some(r) = received {
             model = r.model.clone_ref(py);
@@ -997,15 +1252,15 @@ impl Helpers {
             stream = obj(py, r.stream)?;
             received_ns = obj(py, r.ts_ns)?;
         } else {
-            model = c.unwrap_or_else(|| f.unwrap()).getattr(intern!(py, "model"))?.unbind();
+            model = c.or(f).unwrap().get(F::Model)?.unbind();
             ts_o = if let Some(c) = c {
-                let ts: i64 = c.getattr(intern!(py, "ts_unix_ns"))?.extract()?;
+                let ts: i64 = c.get(F::TsUnixNs)?.extract()?;
                 obj(py, ts - (total.unwrap() * 1e6) as i64)?
             } else {
                 arrival.clone_ref(py)
             };
             priority = match f {
-                Some(f) => f.getattr(intern!(py, "priority"))?.unbind(),
+                Some(f) => f.get(F::Priority)?.unbind(),
                 None => none(),
             };
             tenant = none();
@@ -1013,7 +1268,7 @@ impl Helpers {
             received_ns = none();
         }
         let gateway_host = match (c, received) {
-            (Some(c), _) => c.getattr(intern!(py, "host"))?.unbind(),
+            (Some(c), _) => c.get(F::Host)?.unbind(),
             (None, Some(r)) => r.host.clone_ref(py),
             (None, None) => none(),
         };
@@ -1067,7 +1322,11 @@ impl Helpers {
             ],
         )?;
         let rec = self.record_cls.bind(py).call1(args)?.unbind();
-        Ok(Rec { obj: rec, ok, superseded })
+        Ok(Rec {
+            obj: rec,
+            ok,
+            superseded,
+        })
     }
 
     fn flags_of(
@@ -1138,7 +1397,12 @@ pub struct Joiner {
     h: Helpers,
 }
 
-fn same_id(py: Python<'_>, slot_recv: Option<&Recv>, slot_ev: Option<&PyObject>, ev: &Bound<'_, PyAny>) -> PyResult<bool> {
+fn same_id(
+    py: Python<'_>,
+    slot_recv: Option<&Recv>,
+    slot_ev: Option<&PyObject>,
+    ev: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
     if let Some(r) = slot_recv {
         return match &r.event {
             None => Ok(r.id_hash == id_hash(py, ev)?),
@@ -1149,7 +1413,9 @@ fn same_id(py: Python<'_>, slot_recv: Option<&Recv>, slot_ev: Option<&PyObject>,
         };
     }
     let e = slot_ev.unwrap();
-    e.bind(py).getattr(intern!(py, "event_id"))?.eq(ev.getattr(intern!(py, "event_id"))?)
+    e.bind(py)
+        .getattr(intern!(py, "event_id"))?
+        .eq(ev.getattr(intern!(py, "event_id"))?)
 }
 
 /// `count_repeat`: a repeat of what the request holds (a duplicate) or not (a conflict).
@@ -1208,7 +1474,13 @@ fn set_aside(
     Ok(true)
 }
 
-fn build_resolved(py: Python<'_>, h: &Helpers, key: &str, d: &Resolved, retried: bool) -> PyResult<Rec> {
+fn build_resolved(
+    py: Python<'_>,
+    h: &Helpers,
+    key: &str,
+    d: &Resolved,
+    retried: bool,
+) -> PyResult<Rec> {
     h.record_of(
         py,
         rid_of(key, d.attempt),
@@ -1222,12 +1494,24 @@ fn build_resolved(py: Python<'_>, h: &Helpers, key: &str, d: &Resolved, retried:
 }
 
 /// `upgrade`: the record of a resolved request whose events changed.
-fn upgrade(py: Python<'_>, h: &Helpers, c: &mut Counters, key: &str, d: &Resolved, previous: Rec) -> PyResult<PyObject> {
+fn upgrade(
+    py: Python<'_>,
+    h: &Helpers,
+    c: &mut Counters,
+    key: &str,
+    d: &Resolved,
+    previous: Rec,
+) -> PyResult<PyObject> {
     let rec = build_resolved(py, h, key, d, d.retried)?;
     if rec.superseded && !previous.superseded {
         c.superseded += 1;
     }
-    let parts = h.parts(py, d.received.as_ref(), d.completed.as_ref(), d.finished.as_ref())?;
+    let parts = h.parts(
+        py,
+        d.received.as_ref(),
+        d.completed.as_ref(),
+        d.finished.as_ref(),
+    )?;
     h.emitted(py, rec.obj, d.first_offset, true, Some(previous.obj), parts)
 }
 
@@ -1243,7 +1527,15 @@ fn after_resolved(
 ) -> PyResult<Option<PyObject>> {
     if kind == Kind::Completed && d.completed.is_some() {
         let previous = build_resolved(py, h, key, d, d.retried)?;
-        if !set_aside(py, h, c, &mut d.completed, &mut d.conflicts, &mut d.seen, ev)? {
+        if !set_aside(
+            py,
+            h,
+            c,
+            &mut d.completed,
+            &mut d.conflicts,
+            &mut d.seen,
+            ev,
+        )? {
             return Ok(None);
         }
         c.conflicts_corrected += 1;
@@ -1310,14 +1602,28 @@ fn recv_event(py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Recv> {
         host: ev.getattr(intern!(py, "host"))?.unbind(),
         model: ev.getattr(intern!(py, "model"))?.unbind(),
         priority: ev.getattr(intern!(py, "priority"))?.extract()?,
-        tenant: if tenant.is_none() { None } else { Some(tenant.unbind()) },
-        prompt: if prompt.is_none() { None } else { Some(prompt.extract()?) },
+        tenant: if tenant.is_none() {
+            None
+        } else {
+            Some(tenant.unbind())
+        },
+        prompt: if prompt.is_none() {
+            None
+        } else {
+            Some(prompt.extract()?)
+        },
         stream: ev.getattr(intern!(py, "stream"))?.extract()?,
         event: Some(ev.clone().unbind()),
     })
 }
 
-fn supersede_resolved(py: Python<'_>, h: &Helpers, c: &mut Counters, d: &mut Resolved, key: &str) -> PyResult<Option<PyObject>> {
+fn supersede_resolved(
+    py: Python<'_>,
+    h: &Helpers,
+    c: &mut Counters,
+    d: &mut Resolved,
+    key: &str,
+) -> PyResult<Option<PyObject>> {
     if d.retried {
         return Ok(None);
     }
@@ -1328,33 +1634,49 @@ fn supersede_resolved(py: Python<'_>, h: &Helpers, c: &mut Counters, d: &mut Res
     }
     c.superseded += 1;
     let after = build_resolved(py, h, key, d, true)?;
-    let parts = h.parts(py, d.received.as_ref(), d.completed.as_ref(), d.finished.as_ref())?;
-    h.emitted(py, after.obj, d.first_offset, true, Some(before.obj), parts).map(Some)
+    let parts = h.parts(
+        py,
+        d.received.as_ref(),
+        d.completed.as_ref(),
+        d.finished.as_ref(),
+    )?;
+    h.emitted(py, after.obj, d.first_offset, true, Some(before.obj), parts)
+        .map(Some)
 }
 
 impl Joiner {
     /// A received as the reference's `Received` (and whether it would fit the packed int:
     /// `pack`, with the codec's string table).
-    fn recv_of(&mut self, py: Python<'_>, ev: &Bound<'_, PyAny>, codec: bool) -> PyResult<(Recv, bool)> {
-        let (host, h_ok) = self.strings.get(py, &ev.getattr(intern!(py, "host"))?, codec)?;
-        let (model, m_ok) = self.strings.get(py, &ev.getattr(intern!(py, "model"))?, codec)?;
-        let t = ev.getattr(intern!(py, "tenant"))?;
+    fn recv_of(
+        &mut self,
+        py: Python<'_>,
+        ev: &Bound<'_, PyAny>,
+        codec: bool,
+    ) -> PyResult<(Recv, bool)> {
+        let e = self.h.ev(py, ev)?;
+        let (host, h_ok) = self.strings.get(py, &e.get(F::Host)?, codec)?;
+        let (model, m_ok) = self.strings.get(py, &e.get(F::Model)?, codec)?;
+        let t = e.get(F::Tenant)?;
         let (tenant, t_ok) = if t.is_none() {
             (None, true)
         } else {
             let (o, ok) = self.strings.get(py, &t, codec)?;
             (Some(o), ok)
         };
-        let prompt = ev.getattr(intern!(py, "prompt_tokens"))?;
+        let prompt = e.get(F::PromptTokens)?;
         let r = Recv {
-            id_hash: id_hash(py, ev)?,
-            ts_ns: ev.getattr(intern!(py, "ts_unix_ns"))?.extract()?,
+            id_hash: e.get(F::EventId)?.hash()? as i64 as u64,
+            ts_ns: e.get(F::TsUnixNs)?.extract()?,
             host,
             model,
-            priority: ev.getattr(intern!(py, "priority"))?.extract()?,
+            priority: e.get(F::Priority)?.extract()?,
             tenant,
-            prompt: if prompt.is_none() { None } else { Some(prompt.extract()?) },
-            stream: ev.getattr(intern!(py, "stream"))?.extract()?,
+            prompt: if prompt.is_none() {
+                None
+            } else {
+                Some(prompt.extract()?)
+            },
+            stream: e.get(F::Stream)?.extract()?,
             event: None,
         };
         Ok((r, h_ok && m_ok && t_ok))
@@ -1362,7 +1684,13 @@ impl Joiner {
 
     /// `InflightCodec.pack`: the in-flight state of a received, None where the reference's
     /// packed int would not hold it.
-    fn pack(&mut self, py: Python<'_>, ev: &Bound<'_, PyAny>, offset: i64, wall_ms: Option<i64>) -> PyResult<Option<Inflight>> {
+    fn pack(
+        &mut self,
+        py: Python<'_>,
+        ev: &Bound<'_, PyAny>,
+        offset: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<Option<Inflight>> {
         let (recv, strings_ok) = self.recv_of(py, ev, true)?;
         let fits = strings_ok
             && (0..=15).contains(&recv.priority)
@@ -1370,14 +1698,24 @@ impl Joiner {
             && offset >= 0
             && recv.prompt.is_none_or(|p| (0..=MAX_PROMPT).contains(&p))
             && wall_ms.is_none_or(|w| (0..=MAX_WALL).contains(&w));
-        Ok(if fits { Some(Inflight { recv, offset, wall_ms }) } else { None })
+        Ok(if fits {
+            Some(Inflight {
+                recv,
+                offset,
+                wall_ms,
+            })
+        } else {
+            None
+        })
     }
 
     /// Turn a packed pending entry into a full one in place (its place in the order kept).
     fn unpack_in_place(&mut self, key: &str, with_deadlines: bool) -> &mut Pending {
         let slot = self.pending.get_mut(key).unwrap();
         if let PState::Packed(_) = slot {
-            let PState::Packed(p) = std::mem::replace(slot, PState::Full(Box::new(Pending::new(0, 1)))) else {
+            let PState::Packed(p) =
+                std::mem::replace(slot, PState::Full(Box::new(Pending::new(0, 1))))
+            else {
                 unreachable!()
             };
             let full = {
@@ -1398,11 +1736,18 @@ impl Joiner {
         }
     }
 
-    fn add_impl(&mut self, py: Python<'_>, ev: &Bound<'_, PyAny>, offset: i64, wall_ms: Option<i64>, now_ms: i64) -> PyResult<Option<PyObject>> {
+    fn add_impl(
+        &mut self,
+        py: Python<'_>,
+        ev: &Bound<'_, PyAny>,
+        offset: i64,
+        wall_ms: Option<i64>,
+        now_ms: i64,
+    ) -> PyResult<Option<PyObject>> {
         self.c.events += 1;
         let rid_o = ev.getattr(intern!(py, "request_id"))?;
         let rid: &str = rid_o.downcast::<PyString>()?.to_str()?;
-        let kind = kind_of(py, ev)?;
+        let kind = kind_of(py, &mut self.h.types.lock().unwrap(), ev)?;
         if !self.attempts.contains_key(rid) {
             // the reference's fast path (the same results as the general path below, with
             // its cheaper timers: buckets)
@@ -1436,7 +1781,8 @@ impl Joiner {
                     e.deadline_ms = ts_ms + timeout;
                     e.wall_deadline_ms = wall_ms.map_or(0, |w| w + timeout);
                     let deadline = e.deadline_ms;
-                    self.timers.arm(&self.pending, Arc::from(rid), deadline, Some(ts_ms));
+                    self.timers
+                        .arm(&self.pending, Arc::from(rid), deadline, Some(ts_ms));
                     return Ok(None);
                 }
                 (_, Some(PState::Full(e))) => {
@@ -1446,14 +1792,18 @@ impl Joiner {
                         e.finished.is_none() && e.completed.is_some()
                     };
                     if joins {
-                        let Some(PState::Full(mut e)) = self.pending.remove(rid) else { unreachable!() };
+                        let Some(PState::Full(mut e)) = self.pending.remove(rid) else {
+                            unreachable!()
+                        };
                         if kind == Kind::Completed {
                             e.completed = Some(ev.clone().unbind());
                         } else {
                             e.finished = Some(ev.clone().unbind());
                         }
                         let ts: i64 = ev.getattr(intern!(py, "ts_unix_ns"))?.extract()?;
-                        return self.join(py, Arc::from(rid), *e, ts_ms_of(ts).max(now_ms)).map(Some);
+                        return self
+                            .join(py, Arc::from(rid), *e, ts_ms_of(ts).max(now_ms))
+                            .map(Some);
                     }
                 }
                 (_, None) => {}
@@ -1509,7 +1859,10 @@ impl Joiner {
                         return Ok(None);
                     }
                 }
-                self.pending.insert(key.clone(), PState::Full(Box::new(Pending::new(offset, attempt))));
+                self.pending.insert(
+                    key.clone(),
+                    PState::Full(Box::new(Pending::new(offset, attempt))),
+                );
             }
             Some(PState::Packed(_)) => {
                 if kind == Kind::Received {
@@ -1525,9 +1878,13 @@ impl Joiner {
         }
         let ts: i64 = ev.getattr(intern!(py, "ts_unix_ns"))?.extract()?;
         let ts_ms = ts_ms_of(ts).max(now_ms);
-        let Some(PState::Full(e)) = self.pending.get_mut(&key) else { unreachable!() };
+        let Some(PState::Full(e)) = self.pending.get_mut(&key) else {
+            unreachable!()
+        };
         if e.completed.is_some() && e.finished.is_some() {
-            let Some(PState::Full(e)) = self.pending.remove(&key) else { unreachable!() };
+            let Some(PState::Full(e)) = self.pending.remove(&key) else {
+                unreachable!()
+            };
             return self.join(py, key, *e, ts_ms).map(Some);
         }
         let wait;
@@ -1551,7 +1908,13 @@ impl Joiner {
     }
 
     /// `store_event` on the pending (full) entry of `key`.
-    fn store_event(&mut self, py: Python<'_>, key: &str, ev: &Bound<'_, PyAny>, kind: Kind) -> PyResult<bool> {
+    fn store_event(
+        &mut self,
+        py: Python<'_>,
+        key: &str,
+        ev: &Bound<'_, PyAny>,
+        kind: Kind,
+    ) -> PyResult<bool> {
         let has = match self.pending.get(key) {
             Some(PState::Full(e)) => match kind {
                 Kind::Received => e.received.is_some(),
@@ -1562,13 +1925,17 @@ impl Joiner {
         };
         if !has && kind == Kind::Received {
             let (r, _) = self.recv_of(py, ev, false)?;
-            let Some(PState::Full(e)) = self.pending.get_mut(key) else { unreachable!() };
+            let Some(PState::Full(e)) = self.pending.get_mut(key) else {
+                unreachable!()
+            };
             e.received = Some(r);
             return Ok(true);
         }
         let h = &self.h;
         let c = &mut self.c;
-        let Some(PState::Full(e)) = self.pending.get_mut(key) else { unreachable!() };
+        let Some(PState::Full(e)) = self.pending.get_mut(key) else {
+            unreachable!()
+        };
         match kind {
             Kind::Received => {
                 if same_id(py, e.received.as_ref(), None, ev)? {
@@ -1580,7 +1947,11 @@ impl Joiner {
             }
             Kind::Completed | Kind::Finished => {
                 let e = &mut **e;
-                let field = if kind == Kind::Completed { &mut e.completed } else { &mut e.finished };
+                let field = if kind == Kind::Completed {
+                    &mut e.completed
+                } else {
+                    &mut e.finished
+                };
                 if field.is_none() {
                     *field = Some(ev.clone().unbind());
                     return Ok(true);
@@ -1612,15 +1983,29 @@ impl Joiner {
         if rec.superseded {
             self.c.superseded += 1;
         }
-        let parts = self.h.parts(py, e.received.as_ref(), e.completed.as_ref(), e.finished.as_ref())?;
+        let parts = self.h.parts(
+            py,
+            e.received.as_ref(),
+            e.completed.as_ref(),
+            e.finished.as_ref(),
+        )?;
         let first_offset = e.first_offset;
-        let out = self.h.emitted(py, rec.obj, first_offset, false, None, parts)?;
+        let out = self
+            .h
+            .emitted(py, rec.obj, first_offset, false, None, parts)?;
         if e.received.is_none() || !rec.ok {
             let expires = ts_ms + self.resolved_ttl_ms;
-            self.resolved.put(key, RVal::Kept(Box::new(resolved_from(e, expires, false))));
+            self.resolved
+                .put(key, RVal::Kept(Box::new(resolved_from(e, expires, false))));
         } else {
             let short = short_hash(e.received.as_ref().unwrap().id_hash);
-            self.resolved.put(key.clone(), RVal::Joined { expires_ms: ts_ms + self.resolved_ttl_ms, short });
+            self.resolved.put(
+                key.clone(),
+                RVal::Joined {
+                    expires_ms: ts_ms + self.resolved_ttl_ms,
+                    short,
+                },
+            );
             if self.conflict_ms != 0 {
                 let held = if e.seen.is_empty() {
                     Held::Joined(JoinedParts {
@@ -1635,13 +2020,25 @@ impl Joiner {
                     let exp = ts_ms + self.conflict_ms;
                     Held::Kept(Box::new(resolved_from(e, exp, false)))
                 };
-                self.recent.gens.entry(ts_ms >> RECENT_BITS).or_default().insert(key, (ts_ms, held));
+                self.recent
+                    .gens
+                    .entry(ts_ms >> RECENT_BITS)
+                    .or_default()
+                    .insert(key, (ts_ms, held));
             }
         }
         Ok(out)
     }
 
-    fn start_attempt(&mut self, py: Python<'_>, rid: &str, n: i64, ev: &Bound<'_, PyAny>, offset: i64, wall_ms: Option<i64>) -> PyResult<Option<PyObject>> {
+    fn start_attempt(
+        &mut self,
+        py: Python<'_>,
+        rid: &str,
+        n: i64,
+        ev: &Bound<'_, PyAny>,
+        offset: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<Option<PyObject>> {
         self.attempts.insert(Arc::from(rid), n + 1);
         self.c.attempts += 1;
         if self.pending.len() >= self.max_pending {
@@ -1697,7 +2094,12 @@ impl Joiner {
         }
     }
 
-    fn received_kind(&mut self, py: Python<'_>, rid: &str, ev: &Bound<'_, PyAny>) -> PyResult<ReceivedKind> {
+    fn received_kind(
+        &mut self,
+        py: Python<'_>,
+        rid: &str,
+        ev: &Bound<'_, PyAny>,
+    ) -> PyResult<ReceivedKind> {
         let n = self.attempts.get(rid).copied().unwrap_or(1);
         let latest = attempt_key(rid, n);
         let is_int = match self.pending.get(&latest) {
@@ -1717,7 +2119,11 @@ impl Joiner {
         };
         let h = id_hash(py, ev)?;
         match self.holds_received(&latest, h) {
-            None => Ok(if is_int { ReceivedKind::Duplicate } else { ReceivedKind::Same }),
+            None => Ok(if is_int {
+                ReceivedKind::Duplicate
+            } else {
+                ReceivedKind::Same
+            }),
             Some(true) => Ok(ReceivedKind::Duplicate),
             Some(false) => {
                 for k in 1..n {
@@ -1730,7 +2136,14 @@ impl Joiner {
         }
     }
 
-    fn route(&self, py: Python<'_>, rid: &str, n: i64, ev: &Bound<'_, PyAny>, kind: Kind) -> PyResult<(Key, i64)> {
+    fn route(
+        &self,
+        py: Python<'_>,
+        rid: &str,
+        n: i64,
+        ev: &Bound<'_, PyAny>,
+        kind: Kind,
+    ) -> PyResult<(Key, i64)> {
         for k in 1..=n {
             let key = attempt_key(rid, k);
             let (completed, finished) = match self.pending.get(&key) {
@@ -1768,7 +2181,13 @@ impl Joiner {
     }
 
     /// `_resolve_partial` of an entry taken out of `pending`.
-    fn resolve_partial(&mut self, py: Python<'_>, key: Key, entry: PState, now_ms: i64) -> PyResult<Option<PyObject>> {
+    fn resolve_partial(
+        &mut self,
+        py: Python<'_>,
+        key: Key,
+        entry: PState,
+        now_ms: i64,
+    ) -> PyResult<Option<PyObject>> {
         let e = match entry {
             PState::Packed(_) => {
                 self.c.orphaned_received += 1;
@@ -1798,15 +2217,25 @@ impl Joiner {
         if rec.superseded {
             self.c.superseded += 1;
         }
-        let parts = self.h.parts(py, e.received.as_ref(), e.completed.as_ref(), e.finished.as_ref())?;
-        let out = self.h.emitted(py, rec.obj, e.first_offset, false, None, parts)?;
+        let parts = self.h.parts(
+            py,
+            e.received.as_ref(),
+            e.completed.as_ref(),
+            e.finished.as_ref(),
+        )?;
+        let out = self
+            .h
+            .emitted(py, rec.obj, e.first_offset, false, None, parts)?;
         let expires = now_ms + self.resolved_ttl_ms;
-        self.resolved.put(key, RVal::Kept(Box::new(resolved_from(*e, expires, true))));
+        self.resolved
+            .put(key, RVal::Kept(Box::new(resolved_from(*e, expires, true))));
         Ok(Some(out))
     }
 
     fn evict_oldest(&mut self, py: Python<'_>) -> PyResult<()> {
-        let Some(rid) = self.pending.first_key() else { return Ok(()) };
+        let Some(rid) = self.pending.first_key() else {
+            return Ok(());
+        };
         let entry = self.pending.remove(&rid).unwrap();
         self.c.evicted += 1;
         let at = self.timers.deadline(&entry);
@@ -1816,16 +2245,24 @@ impl Joiner {
         Ok(())
     }
 
-    fn advance_impl(&mut self, py: Python<'_>, now_ms: i64, wall_ms: Option<i64>) -> PyResult<Vec<PyObject>> {
+    fn advance_impl(
+        &mut self,
+        py: Python<'_>,
+        now_ms: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<Vec<PyObject>> {
         let mut out = std::mem::take(&mut self.evicted);
         self.timers.move_inflight(&self.pending, now_ms);
-        self.timers.move_terminals(&self.pending, (now_ms - self.timeout_ms) >> TERMINAL_BITS);
+        self.timers
+            .move_terminals(&self.pending, (now_ms - self.timeout_ms) >> TERMINAL_BITS);
         while let Some(Reverse((deadline, _))) = self.timers.deadlines.peek() {
             if *deadline > now_ms {
                 break;
             }
             let Reverse((deadline, rid)) = self.timers.deadlines.pop().unwrap();
-            let Some(entry) = self.pending.get(&rid) else { continue };
+            let Some(entry) = self.pending.get(&rid) else {
+                continue;
+            };
             if self.timers.deadline(entry) != deadline {
                 continue;
             }
@@ -1848,7 +2285,9 @@ impl Joiner {
                 }
             }
             let Reverse((_, deadline, rid)) = self.timers.wall_waits.pop().unwrap();
-            let Some(entry) = self.pending.get(&rid) else { continue };
+            let Some(entry) = self.pending.get(&rid) else {
+                continue;
+            };
             if self.timers.deadline(entry) != deadline {
                 continue;
             }
@@ -1886,9 +2325,14 @@ fn records_of(py: Python<'_>, emitted: Vec<PyObject>) -> PyResult<Vec<PyObject>>
 #[pymethods]
 impl Joiner {
     /// `Joiner(config, helpers)`: ``config`` a `JoinConfig`; ``helpers`` the reference's
-    /// (RequestRecord, Emitted, Received, JoinCounters, _repeats, _marks, worse_terminal).
+    /// (RequestRecord, Emitted, Received, JoinCounters, _repeats, _marks, worse_terminal,
+    /// msgspec.structs.astuple).
     #[new]
-    fn new(py: Python<'_>, config: Bound<'_, PyAny>, helpers: Bound<'_, PyTuple>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        config: Bound<'_, PyAny>,
+        helpers: Bound<'_, PyTuple>,
+    ) -> PyResult<Self> {
         let g = |n: &str| -> PyResult<i64> { config.getattr(n)?.extract() };
         let timeout_ms = g("timeout_ms")?;
         let inflight_ttl_ms = g("inflight_ttl_ms")?;
@@ -1910,12 +2354,22 @@ impl Joiner {
             s_ok: s("ok"),
             s_client_abort: s("client_abort"),
             s_error: s("error"),
-            buckets: ["<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown"].iter().map(|t| s(t)).collect(),
-            flags: ["ttfb_gt_total", "e2e_lt_inference", "e2e_lt_queue", "negative_gateway_overhead"]
+            buckets: ["<512", "512-4k", "4k-8k", "8k-16k", ">16k", "unknown"]
                 .iter()
                 .map(|t| s(t))
                 .collect(),
+            flags: [
+                "ttfb_gt_total",
+                "e2e_lt_inference",
+                "e2e_lt_queue",
+                "negative_gateway_overhead",
+            ]
+            .iter()
+            .map(|t| s(t))
+            .collect(),
             empty: PyTuple::empty(py).into_any().unbind(),
+            astuple: it(7)?,
+            types: Mutex::new(Vec::new()),
         };
         Ok(Joiner {
             config: config.clone().unbind(),
@@ -1927,7 +2381,11 @@ impl Joiner {
             c: Counters::default(),
             pending: OrdMap::new(),
             resolved: ResolvedMemory::new(resolved_ttl_ms, g("max_resolved")?),
-            recent: RecentJoins { keep_ms: conflict_ms, gens: BTreeMap::new(), now_ms: 0 },
+            recent: RecentJoins {
+                keep_ms: conflict_ms,
+                gens: BTreeMap::new(),
+                now_ms: 0,
+            },
             timers: Timers {
                 inflight_ttl_ms,
                 deadlines: BinaryHeap::new(),
@@ -1938,7 +2396,10 @@ impl Joiner {
             },
             evicted: Vec::new(),
             attempts: FxMap::default(),
-            strings: Interner { ids: FxMap::default(), codec: FxMap::default() },
+            strings: Interner {
+                ids: FxMap::default(),
+                codec: FxMap::default(),
+            },
             h,
         })
     }
@@ -1955,16 +2416,32 @@ impl Joiner {
         let args = PyTuple::new(
             py,
             [
-                c.events, c.duplicates, c.conflicts, c.conflicts_corrected, c.joined, c.gateway_only,
-                c.engine_only, c.upgraded, c.orphaned_received, c.evicted, c.late_after_resolved,
-                c.attempts, c.superseded,
+                c.events,
+                c.duplicates,
+                c.conflicts,
+                c.conflicts_corrected,
+                c.joined,
+                c.gateway_only,
+                c.engine_only,
+                c.upgraded,
+                c.orphaned_received,
+                c.evicted,
+                c.late_after_resolved,
+                c.attempts,
+                c.superseded,
             ],
         )?;
         Ok(self.h.counters_cls.bind(py).call1(args)?.unbind())
     }
 
     #[pyo3(signature = (event, offset, wall_ms = None))]
-    fn add(&mut self, py: Python<'_>, event: Bound<'_, PyAny>, offset: i64, wall_ms: Option<i64>) -> PyResult<PyObject> {
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        event: Bound<'_, PyAny>,
+        offset: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<PyObject> {
         match self.add_impl(py, &event, offset, wall_ms, 0)? {
             Some(e) => Ok(e.bind(py).getattr(intern!(py, "record"))?.unbind()),
             None => Ok(py.None()),
@@ -1972,7 +2449,14 @@ impl Joiner {
     }
 
     #[pyo3(signature = (event, offset, wall_ms = None, now_ms = 0))]
-    fn add_emitted(&mut self, py: Python<'_>, event: Bound<'_, PyAny>, offset: i64, wall_ms: Option<i64>, now_ms: i64) -> PyResult<Option<PyObject>> {
+    fn add_emitted(
+        &mut self,
+        py: Python<'_>,
+        event: Bound<'_, PyAny>,
+        offset: i64,
+        wall_ms: Option<i64>,
+        now_ms: i64,
+    ) -> PyResult<Option<PyObject>> {
         self.add_impl(py, &event, offset, wall_ms, now_ms)
     }
 
@@ -1990,7 +2474,13 @@ impl Joiner {
                 }
             }
         }
-        self.resolved.put(Arc::from(key), RVal::Joined { expires_ms, short: 0 });
+        self.resolved.put(
+            Arc::from(key),
+            RVal::Joined {
+                expires_ms,
+                short: 0,
+            },
+        );
     }
 
     fn evict(&mut self, py: Python<'_>, n: i64) -> PyResult<()> {
@@ -2002,13 +2492,23 @@ impl Joiner {
     }
 
     #[pyo3(signature = (now_ms, wall_ms = None))]
-    fn advance(&mut self, py: Python<'_>, now_ms: i64, wall_ms: Option<i64>) -> PyResult<Vec<PyObject>> {
+    fn advance(
+        &mut self,
+        py: Python<'_>,
+        now_ms: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<Vec<PyObject>> {
         let out = self.advance_impl(py, now_ms, wall_ms)?;
         records_of(py, out)
     }
 
     #[pyo3(signature = (now_ms, wall_ms = None))]
-    fn advance_emitted(&mut self, py: Python<'_>, now_ms: i64, wall_ms: Option<i64>) -> PyResult<Vec<PyObject>> {
+    fn advance_emitted(
+        &mut self,
+        py: Python<'_>,
+        now_ms: i64,
+        wall_ms: Option<i64>,
+    ) -> PyResult<Vec<PyObject>> {
         self.advance_impl(py, now_ms, wall_ms)
     }
 
@@ -2060,12 +2560,26 @@ impl Joiner {
         for (k, e) in self.pending.iter() {
             let row = match e {
                 PState::Packed(p) => (
-                    k.as_ref(), true, p.offset, self.timers.deadline(e), self.timers.wall_deadline(e),
-                    0i64, 1i64, false, 0i64,
+                    k.as_ref(),
+                    true,
+                    p.offset,
+                    self.timers.deadline(e),
+                    self.timers.wall_deadline(e),
+                    0i64,
+                    1i64,
+                    false,
+                    0i64,
                 ),
                 PState::Full(p) => (
-                    k.as_ref(), false, p.first_offset, p.deadline_ms, p.wall_deadline_ms,
-                    p.terminal_ms, p.attempt, p.retried, p.conflicts,
+                    k.as_ref(),
+                    false,
+                    p.first_offset,
+                    p.deadline_ms,
+                    p.wall_deadline_ms,
+                    p.terminal_ms,
+                    p.attempt,
+                    p.retried,
+                    p.conflicts,
                 ),
             };
             pend.append(row)?;

@@ -14,6 +14,7 @@
 //! Pure: no I/O; time is passed in.
 
 mod join;
+mod rowbinary;
 
 use std::collections::HashMap;
 
@@ -396,6 +397,7 @@ fn boundary_table<'py>(
 fn tailguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionClock>()?;
     m.add_class::<join::Joiner>()?;
+    m.add_function(wrap_pyfunction!(rowbinary::rowbinary, m)?)?;
     m.add_function(wrap_pyfunction!(sketch_bump, m)?)?;
     m.add_function(wrap_pyfunction!(boundary_table, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -335,8 +335,9 @@ def _join_event(step: tuple[Any, ...]) -> Any:
         return received(rid, t_ms, eid=f"r{n}.{eid}", tenant=None if content else "t1",
                         priority=content, prompt_tokens=[100, None, 1 << 25][content])  # fmt: skip
     if kind == "c":
+        ttfb = None if content == 2 else 20.0
         return completed(rid, t_ms, total_ms=50.0 + 300 * content, http_status=status,
-                         outcome=outcome, eid=f"c{n}.{eid}", ttfb_ms=None if content == 2 else 20.0)  # fmt: skip
+                         outcome=outcome, eid=f"c{n}.{eid}", ttfb_ms=ttfb)  # fmt: skip
     ev = finished(rid, t_ms, decode_ms=20.0 + 200 * content, eid=f"f{n}.{eid}",
                   output_tokens=[8, 1, 300][content])  # fmt: skip
     if reason != "stop":
@@ -377,8 +378,9 @@ def _run_join(impl: native.CoreImpl, steps: list[Any], config: JoinConfig, wire:
             ev = _join_event(step)
             ev = from_model(ev) if wire else ev
             seen.append(j.add_emitted(ev, offset, wall_ms if offset % 3 else None, now_ms))
-        seen.append((j.safe_offset(offset + 1), j.safe_offset(offset + 1, lone_received_durable=True),
-                     j.pending_count, native.join_view(j), copy.copy(j.counters)))  # fmt: skip
+        durable = j.safe_offset(offset + 1, lone_received_durable=True)
+        seen.append((j.safe_offset(offset + 1), durable, j.pending_count, native.join_view(j),
+                     copy.copy(j.counters)))  # fmt: skip
     seen.append(j.drain_emitted())
     seen.append((copy.copy(j.counters), native.join_view(j)))
     return seen
