@@ -5,14 +5,12 @@ server over HTTP takes) stores for the same records, on the real engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from pipeline.adapters import store as st
-from pipeline.core import native
 from pipeline.core.record import RequestRecord, build_record, revision_of_version, store_version
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
@@ -22,19 +20,6 @@ pytestmark = pytest.mark.integration
 _ALL = "SELECT {} FROM tailguard.requests ORDER BY request_id, attempt, revision".format(
     ", ".join(n for n, _ in st.REQUEST_COLUMNS)
 )
-
-
-@pytest.fixture(params=["python", "native"], ids=["JSON", "RowBinary"])
-def impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The core implementation selected (the embedded insert's format follows it)."""
-    if request.param == "native" and native.NATIVE is None:
-        pytest.skip("tailguard_native is not built")
-    before = native.active().name
-    native.select(request.param)
-    try:
-        yield request.param
-    finally:
-        native.select(before)
 
 
 def _records() -> list[RequestRecord]:
@@ -69,13 +54,13 @@ def _records() -> list[RequestRecord]:
     ]
 
 
-def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path, impl: str) -> None:
+def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path, core_impl: str) -> None:
     store = st.open_store(Settings(store_dir=tmp_path / "store"))
     try:
         st.migrate(store)
         assert store.embedded
         recs = _records()
-        want_fmt = "RowBinary" if impl == "native" else "JSONEachRow"
+        want_fmt = "RowBinary" if core_impl == "native" else "JSONEachRow"
         assert st.requests._request_rows(recs)[1] == want_fmt
         st.write_requests(store, recs)  # the embedded path: JSON (or RowBinary) into the engine
         by_json = store.query_rows(_ALL)
@@ -94,7 +79,7 @@ def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path, impl: 
 
 @pytest.mark.parametrize("twice", [False, True], ids=["each request once", "a request twice"])
 def test_a_batch_stores_one_row_per_request_as_the_column_insert_does(
-    tmp_path: Path, twice: bool, impl: str
+    tmp_path: Path, twice: bool, core_impl: str
 ) -> None:
     """The JSON insert skips the engine's in-block merge only for a batch without a repeated
     request: a partial record and its joined upgrade in one batch still leave one row, the
