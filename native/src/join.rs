@@ -2550,6 +2550,24 @@ impl Joiner {
         next_offset
     }
 
+    /// Lengths of the join's structures (``bench/memory_probe.py``): pending requests,
+    /// resolved memory, heap items (deadlines, wall waits, terminals), bucket items and
+    /// buckets (in flight), request ids with attempts, strings held.
+    fn sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("pending", self.pending.len())?;
+        d.set_item("resolved", self.resolved.len)?;
+        d.set_item("resolved_generations", self.resolved.by_index.len())?;
+        d.set_item("deadlines", self.timers.deadlines.len())?;
+        d.set_item("wall_waits", self.timers.wall_waits.len())?;
+        d.set_item("terminals", self.timers.terminals.len())?;
+        d.set_item("bucket_items", self.timers.inflight.items)?;
+        d.set_item("buckets", self.timers.inflight.by_key.len())?;
+        d.set_item("attempts", self.attempts.len())?;
+        d.set_item("strings", self.strings.ids.len())?;
+        Ok(d)
+    }
+
     /// What the join holds, for the differential tests (`pipeline.core.native.join_view`
     /// gives the reference's): pending requests in order as (key, in flight, first
     /// offset, deadline, wall deadline, first terminal ms, attempt, retried, conflicts),
