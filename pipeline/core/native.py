@@ -116,8 +116,9 @@ def resolve(requested: CoreImplName) -> CoreImpl:
         return PYTHON
     if requested == "native":
         if NATIVE is None:
+            stale = " for this tree (the one installed is older)" if _ext is not None else ""
             raise ValueError(
-                "core_impl=native but the tailguard_native extension is not built "
+                f"core_impl=native but the tailguard_native extension is not built{stale} "
                 "(./tg builds it with a Rust toolchain; core_impl=auto falls back to python)"
             )
         return NATIVE
