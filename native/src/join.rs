@@ -246,11 +246,20 @@ impl Pending {
     }
 }
 
-/// A request in flight (the reference's packed int).
+/// A request in flight (the reference's packed int, and what it packs: host, model and
+/// tenant as ids in the codec's string table, 0 a tenant of None; -1 a wall time or
+/// prompt of None). Only what fits the reference's int is held so (`Joiner::pack`).
 struct Inflight {
-    recv: Recv,
+    id_hash: u64,
+    ts_ns: i64,
     offset: i64,
-    wall_ms: Option<i64>,
+    wall_ms: i64,
+    prompt: i64,
+    host: u16,
+    model: u16,
+    tenant: u16,
+    priority: u8,
+    stream: bool,
 }
 
 enum PState {
@@ -593,13 +602,14 @@ fn ts_ms_of(ts_ns: i64) -> i64 {
 impl Timers {
     fn deadline(&self, e: &PState) -> i64 {
         match e {
-            PState::Packed(p) => ts_ms_of(p.recv.ts_ns) + self.inflight_ttl_ms,
+            PState::Packed(p) => ts_ms_of(p.ts_ns) + self.inflight_ttl_ms,
             PState::Full(p) => p.deadline_ms,
         }
     }
     fn wall_deadline(&self, e: &PState) -> i64 {
         match e {
-            PState::Packed(p) => p.wall_ms.map_or(0, |w| w + self.inflight_ttl_ms),
+            PState::Packed(p) if p.wall_ms >= 0 => p.wall_ms + self.inflight_ttl_ms,
+            PState::Packed(_) => 0,
             PState::Full(p) => p.wall_deadline_ms,
         }
     }
@@ -650,7 +660,7 @@ impl Timers {
                 });
             } else {
                 b.compact(pending, |e| match e {
-                    PState::Packed(p) => Some((ts_ms_of(p.recv.ts_ns) + ttl) >> BUCKET_BITS),
+                    PState::Packed(p) => Some((ts_ms_of(p.ts_ns) + ttl) >> BUCKET_BITS),
                     PState::Full(_) => None,
                 });
             }
@@ -775,39 +785,43 @@ struct Helpers {
     types: Mutex<Vec<TypeInfo>>,
 }
 
-/// Host, model and tenant strings, each held once (up to `INTERN_MAX`), and the strings
-/// the reference's codec table holds (whose size decides whether a received would fit
-/// its packed int: `InflightCodec.string_id`).
+/// Host, model and tenant strings, each held once (up to `INTERN_MAX`), and the
+/// reference's codec table (`InflightCodec`: ids of the strings a packed int holds, up to
+/// `MAX_STRINGS` with the "" of a None tenant; its size decides whether a received fits).
 struct Interner {
     ids: FxMap<Box<str>, PyObject>,
-    codec: FxMap<Box<str>, ()>,
+    codec: FxMap<Box<str>, u16>,
+    codec_objs: Vec<PyObject>,
 }
 
 impl Interner {
-    /// The string to hold, and (``codec``: the reference packs it) whether its codec has
-    /// or takes an id for it.
-    fn get(
-        &mut self,
-        py: Python<'_>,
-        s: &Bound<'_, PyAny>,
-        codec: bool,
-    ) -> PyResult<(PyObject, bool)> {
+    /// The string to hold (the one held already when it is equal).
+    fn get(&mut self, py: Python<'_>, s: &Bound<'_, PyAny>) -> PyResult<PyObject> {
         let text = s.downcast::<PyString>()?.to_str()?;
-        let ok = if !codec || self.codec.contains_key(text) {
-            true
-        } else if self.codec.len() + 1 >= MAX_STRINGS {
-            false
-        } else {
-            self.codec.insert(Box::from(text), ());
-            true
-        };
         if let Some(o) = self.ids.get(text) {
-            return Ok((o.clone_ref(py), ok));
+            return Ok(o.clone_ref(py));
         }
         if self.ids.len() < INTERN_MAX {
             self.ids.insert(Box::from(text), s.clone().unbind());
         }
-        Ok((s.clone().unbind(), ok))
+        Ok(s.clone().unbind())
+    }
+
+    /// `InflightCodec.string_id`: the codec's id of a string (a new one while the table
+    /// has room), None when it is full.
+    fn codec_id(&mut self, py: Python<'_>, s: &Bound<'_, PyAny>) -> PyResult<Option<u16>> {
+        let text = s.downcast::<PyString>()?.to_str()?;
+        if let Some(i) = self.codec.get(text) {
+            return Ok(Some(*i));
+        }
+        let i = self.codec_objs.len();
+        if i >= MAX_STRINGS {
+            return Ok(None);
+        }
+        let o = self.get(py, s)?;
+        self.codec.insert(Box::from(text), i as u16);
+        self.codec_objs.push(o);
+        Ok(Some(i as u16))
     }
 }
 
@@ -1645,26 +1659,19 @@ fn supersede_resolved(
 }
 
 impl Joiner {
-    /// A received as the reference's `Received` (and whether it would fit the packed int:
-    /// `pack`, with the codec's string table).
-    fn recv_of(
-        &mut self,
-        py: Python<'_>,
-        ev: &Bound<'_, PyAny>,
-        codec: bool,
-    ) -> PyResult<(Recv, bool)> {
+    /// A received as the reference's `Received`.
+    fn recv_of(&mut self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Recv> {
         let e = self.h.ev(py, ev)?;
-        let (host, h_ok) = self.strings.get(py, &e.get(F::Host)?, codec)?;
-        let (model, m_ok) = self.strings.get(py, &e.get(F::Model)?, codec)?;
+        let host = self.strings.get(py, &e.get(F::Host)?)?;
+        let model = self.strings.get(py, &e.get(F::Model)?)?;
         let t = e.get(F::Tenant)?;
-        let (tenant, t_ok) = if t.is_none() {
-            (None, true)
+        let tenant = if t.is_none() {
+            None
         } else {
-            let (o, ok) = self.strings.get(py, &t, codec)?;
-            (Some(o), ok)
+            Some(self.strings.get(py, &t)?)
         };
         let prompt = e.get(F::PromptTokens)?;
-        let r = Recv {
+        Ok(Recv {
             id_hash: e.get(F::EventId)?.hash()? as i64 as u64,
             ts_ns: e.get(F::TsUnixNs)?.extract()?,
             host,
@@ -1678,12 +1685,12 @@ impl Joiner {
             },
             stream: e.get(F::Stream)?.extract()?,
             event: None,
-        };
-        Ok((r, h_ok && m_ok && t_ok))
+        })
     }
 
     /// `InflightCodec.pack`: the in-flight state of a received, None where the reference's
-    /// packed int would not hold it.
+    /// packed int would not hold it (its strings are taken into the codec's table first,
+    /// host, model then tenant, as the reference's are).
     fn pack(
         &mut self,
         py: Python<'_>,
@@ -1691,26 +1698,66 @@ impl Joiner {
         offset: i64,
         wall_ms: Option<i64>,
     ) -> PyResult<Option<Inflight>> {
-        let (recv, strings_ok) = self.recv_of(py, ev, true)?;
-        let fits = strings_ok
-            && (0..=15).contains(&recv.priority)
-            && recv.ts_ns >= 0
-            && offset >= 0
-            && recv.prompt.is_none_or(|p| (0..=MAX_PROMPT).contains(&p))
-            && wall_ms.is_none_or(|w| (0..=MAX_WALL).contains(&w));
-        Ok(if fits {
-            Some(Inflight {
-                recv,
-                offset,
-                wall_ms,
-            })
+        let e = self.h.ev(py, ev)?;
+        let host = self.strings.codec_id(py, &e.get(F::Host)?)?;
+        let model = self.strings.codec_id(py, &e.get(F::Model)?)?;
+        let t = e.get(F::Tenant)?;
+        let tenant = if t.is_none() {
+            Some(0)
         } else {
+            self.strings.codec_id(py, &t)?
+        };
+        let priority: i64 = e.get(F::Priority)?.extract()?;
+        let ts_ns: i64 = e.get(F::TsUnixNs)?.extract()?;
+        let p = e.get(F::PromptTokens)?;
+        let prompt: Option<i64> = if p.is_none() {
             None
-        })
+        } else {
+            Some(p.extract()?)
+        };
+        let (Some(host), Some(model), Some(tenant)) = (host, model, tenant) else {
+            return Ok(None);
+        };
+        let fits = (0..=15).contains(&priority)
+            && ts_ns >= 0
+            && offset >= 0
+            && prompt.is_none_or(|p| (0..=MAX_PROMPT).contains(&p))
+            && wall_ms.is_none_or(|w| (0..=MAX_WALL).contains(&w));
+        if !fits {
+            return Ok(None);
+        }
+        Ok(Some(Inflight {
+            id_hash: e.get(F::EventId)?.hash()? as i64 as u64,
+            ts_ns,
+            offset,
+            wall_ms: wall_ms.unwrap_or(-1),
+            prompt: prompt.unwrap_or(-1),
+            host,
+            model,
+            tenant,
+            priority: priority as u8,
+            stream: e.get(F::Stream)?.extract()?,
+        }))
+    }
+
+    /// `InflightCodec.unpack`: the received of an in-flight request.
+    fn unpacked_recv(&self, py: Python<'_>, p: &Inflight) -> Recv {
+        let objs = &self.strings.codec_objs;
+        Recv {
+            id_hash: p.id_hash,
+            ts_ns: p.ts_ns,
+            host: objs[p.host as usize].clone_ref(py),
+            model: objs[p.model as usize].clone_ref(py),
+            priority: p.priority as i64,
+            tenant: (p.tenant != 0).then(|| objs[p.tenant as usize].clone_ref(py)),
+            prompt: (p.prompt >= 0).then_some(p.prompt),
+            stream: p.stream,
+            event: None,
+        }
     }
 
     /// Turn a packed pending entry into a full one in place (its place in the order kept).
-    fn unpack_in_place(&mut self, key: &str, with_deadlines: bool) -> &mut Pending {
+    fn unpack_in_place(&mut self, py: Python<'_>, key: &str, with_deadlines: bool) -> &mut Pending {
         let slot = self.pending.get_mut(key).unwrap();
         if let PState::Packed(_) = slot {
             let PState::Packed(p) =
@@ -1721,10 +1768,14 @@ impl Joiner {
             let full = {
                 let mut e = Pending::new(p.offset, 1);
                 if with_deadlines {
-                    e.deadline_ms = ts_ms_of(p.recv.ts_ns) + self.inflight_ttl_ms;
-                    e.wall_deadline_ms = p.wall_ms.map_or(0, |w| w + self.inflight_ttl_ms);
+                    e.deadline_ms = ts_ms_of(p.ts_ns) + self.inflight_ttl_ms;
+                    e.wall_deadline_ms = if p.wall_ms >= 0 {
+                        p.wall_ms + self.inflight_ttl_ms
+                    } else {
+                        0
+                    };
                 }
-                e.received = Some(p.recv);
+                e.received = Some(self.unpacked_recv(py, &p));
                 e
             };
             let slot = self.pending.get_mut(key).unwrap();
@@ -1758,7 +1809,7 @@ impl Joiner {
                             self.evict_oldest(py)?;
                         }
                         if let Some(p) = self.pack(py, ev, offset, wall_ms)? {
-                            let deadline = ts_ms_of(p.recv.ts_ns) + self.inflight_ttl_ms;
+                            let deadline = ts_ms_of(p.ts_ns) + self.inflight_ttl_ms;
                             let key: Key = Arc::from(rid);
                             self.pending.insert(key.clone(), PState::Packed(p));
                             self.timers.arm(&self.pending, key, deadline, None);
@@ -1769,7 +1820,7 @@ impl Joiner {
                 (Kind::Received, Some(_)) => {}
                 (_, Some(PState::Packed(_))) => {
                     let timeout = self.timeout_ms;
-                    let e = self.unpack_in_place(rid, false);
+                    let e = self.unpack_in_place(py, rid, false);
                     if kind == Kind::Completed {
                         e.completed = Some(ev.clone().unbind());
                     } else {
@@ -1853,7 +1904,7 @@ impl Joiner {
                 }
                 if kind == Kind::Received && attempt == 1 {
                     if let Some(p) = self.pack(py, ev, offset, wall_ms)? {
-                        let deadline = ts_ms_of(p.recv.ts_ns) + self.inflight_ttl_ms;
+                        let deadline = ts_ms_of(p.ts_ns) + self.inflight_ttl_ms;
                         self.pending.insert(key.clone(), PState::Packed(p));
                         self.timers.arm(&self.pending, key, deadline, None);
                         return Ok(None);
@@ -1869,7 +1920,7 @@ impl Joiner {
                     self.c.duplicates += 1;
                     return Ok(None);
                 }
-                self.unpack_in_place(&key, true);
+                self.unpack_in_place(py, &key, true);
             }
             Some(PState::Full(_)) => {}
         }
@@ -1924,7 +1975,7 @@ impl Joiner {
             _ => unreachable!(),
         };
         if !has && kind == Kind::Received {
-            let (r, _) = self.recv_of(py, ev, false)?;
+            let r = self.recv_of(py, ev)?;
             let Some(PState::Full(e)) = self.pending.get_mut(key) else {
                 unreachable!()
             };
@@ -2045,7 +2096,7 @@ impl Joiner {
             self.evict_oldest(py)?;
         }
         let key = attempt_key(rid, n + 1);
-        let (r, _) = self.recv_of(py, ev, false)?;
+        let r = self.recv_of(py, ev)?;
         let mut e = Pending::new(offset, n + 1);
         e.deadline_ms = ts_ms_of(r.ts_ns) + self.inflight_ttl_ms;
         e.wall_deadline_ms = wall_ms.map_or(0, |w| w + self.inflight_ttl_ms);
@@ -2059,7 +2110,7 @@ impl Joiner {
     fn supersede(&mut self, py: Python<'_>, key: &str) -> PyResult<Option<PyObject>> {
         if self.pending.contains(key) {
             if let Some(PState::Packed(_)) = self.pending.get(key) {
-                let d = self.unpack_in_place(key, true).deadline_ms;
+                let d = self.unpack_in_place(py, key, true).deadline_ms;
                 self.timers.push_deadline(&self.pending, d, Arc::from(key));
             }
             if let Some(PState::Full(e)) = self.pending.get_mut(key) {
@@ -2078,7 +2129,7 @@ impl Joiner {
     fn holds_received(&self, key: &str, h: u64) -> Option<bool> {
         if let Some(p) = self.pending.get(key) {
             return match p {
-                PState::Packed(p) => Some(p.recv.id_hash == h),
+                PState::Packed(p) => Some(p.id_hash == h),
                 PState::Full(e) => e.received.as_ref().map(|r| r.id_hash == h),
             };
         }
@@ -2399,6 +2450,7 @@ impl Joiner {
             strings: Interner {
                 ids: FxMap::default(),
                 codec: FxMap::default(),
+                codec_objs: vec![py.None()],
             },
             h,
         })

@@ -413,3 +413,35 @@ def test_join_equals_the_reference(  # noqa: PLR0917
     want = _run_join(native.PYTHON, steps, config, wire, seeds)
     got = _run_join(native.NATIVE, steps, config, wire, seeds)
     assert got == want
+
+
+def test_join_equals_the_reference_past_the_codec_table() -> None:
+    """More distinct tenants than the reference's packed ints have string ids for (4,095):
+    the requests after that are held unpacked by both, with the same deadlines, records
+    and offsets."""
+    from pipeline.contract.wire import from_model
+    from tests.factories import T0_NS, completed, finished, received
+
+    assert native.NATIVE is not None
+    config = JoinConfig(timeout_ms=1_000, inflight_ttl_ms=60_000)
+    t0_ms = T0_NS // 1_000_000
+    seen: list[list[Any]] = []
+    for impl in (native.PYTHON, native.NATIVE):
+        j = impl.joiner(config)
+        out: list[Any] = []
+        for i in range(4_200):
+            ev = from_model(received(f"r{i}", i, tenant=f"tenant-{i}"))
+            out.append(j.add_emitted(ev, i, 10_000 + i, t0_ms + i))
+        for i in range(0, 4_200, 7):
+            out.append(j.add_emitted(from_model(completed(f"r{i}", i + 50)), 5_000 + i, None, 0))
+            out.append(j.add_emitted(from_model(finished(f"r{i}", i + 40)), 9_000 + i, None, 0))
+        out.append(native.join_view(j))
+        out.append((j.safe_offset(20_000), copy.copy(j.counters)))
+        out.append(j.advance_emitted(t0_ms + 70_000, 80_000))
+        out.append((native.join_view(j), copy.copy(j.counters)))
+        seen.append(out)
+    assert seen[1] == seen[0]
+    in_flight = [row[1] for row in seen[0][-4][0]]
+    # packed and unpacked both held
+    assert True in in_flight
+    assert False in in_flight
