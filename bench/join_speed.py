@@ -5,7 +5,8 @@ makes to its joiners recorded (events, offsets, clocks, in order), then replays 
 calls against fresh joiners and reports CPU µs per event (``time.process_time``, the
 median of ``--repeat`` replays) with a digest of everything the join returned (records,
 counters, safe offsets): the same digest before and after a change means the same
-records, counters and offsets.
+records, counters and offsets. Where the native hot path is built, its joiner
+(``tailguard_native.Joiner``) replays the same calls too (``native``: the same digest).
 
     PYTHONPATH=$PWD python -m bench.join_speed [--instances 4] [--repeat 5] [--profile]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import hashlib
 import importlib.util
 import pstats
@@ -25,8 +27,8 @@ from typing import Any
 
 import msgspec
 
-import pipeline.core.processor as processor_module
 from bench.core_speed import load
+from pipeline.core import native
 from pipeline.core.join import JoinConfig, Joiner
 from pipeline.core.processor import StreamProcessor
 from pipeline.settings import Settings
@@ -51,6 +53,10 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
             calls.append(("old", id(self)))
             return super().oldest_terminal_ms()
 
+        def oldest_terminal_before(self, bound_ms: int):  # type: ignore[no-untyped-def]
+            calls.append(("before", id(self), bound_ms))
+            return super().oldest_terminal_before(bound_ms)
+
         def evict(self, n: int) -> None:
             calls.append(("evict", id(self), n))
             super().evict(n)
@@ -60,8 +66,8 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
             return super().drain_emitted()
 
     s = Settings()
-    saved = processor_module.Joiner
-    processor_module.Joiner = Recording  # type: ignore[misc]
+    saved = native.active()
+    native._active[0] = dataclasses.replace(native.PYTHON, joiner=Recording)
     try:
         proc = StreamProcessor(
             s.lifecycle_topic, s.join_config(), max_message_bytes=s.max_message_bytes,
@@ -71,7 +77,7 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
             proc.process(msgs[i : i + 1000], None)
         proc.drain()
     finally:
-        processor_module.Joiner = saved  # type: ignore[misc]
+        native.select(saved.name)
     # Joiner ids -> small ints (the recording joiners are gone after this)
     ids: dict[int, int] = {}
     out = [(c[0], ids.setdefault(c[1], len(ids)), *c[2:]) for c in calls]
@@ -79,7 +85,7 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
 
 
 def replay(
-    calls: list[Call], config: JoinConfig, digest: bool = False, joiner: type = Joiner
+    calls: list[Call], config: JoinConfig, digest: bool = False, joiner: Any = Joiner
 ) -> tuple[float, str]:
     """CPU seconds the joiner calls take (and, with ``digest``, a hash of their results)."""
     joiners: dict[int, Any] = {}
@@ -97,6 +103,8 @@ def replay(
             r = j.advance_emitted(c[2], c[3])
         elif op == "old":
             r = j.oldest_terminal_ms()
+        elif op == "before":
+            r = j.oldest_terminal_before(c[2])
         elif op == "evict":
             r = j.evict(c[2])
         else:
@@ -140,7 +148,9 @@ def main() -> None:
     calls, config, n = record_trace(msgs)
     adds = sum(1 for c in calls if c[0] == "add")
     print(f"events={n} join_calls={len(calls)} adds={adds}")
-    versions: dict[str, type] = {"this": Joiner}
+    versions: dict[str, Any] = {"this": Joiner}
+    if native.NATIVE is not None:
+        versions["native"] = native.NATIVE.joiner
     if args.against is not None:
         spec = importlib.util.spec_from_file_location("_join_against", args.against)
         assert spec is not None

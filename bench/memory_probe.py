@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,6 +59,7 @@ from pipeline.adapters.store import (
     write_windows,
 )
 from pipeline.contract.partitioning import partition_for
+from pipeline.core.join import Joiner
 from pipeline.core.processor import Output, StreamProcessor
 from pipeline.core.slo_windows import slo_factory
 from pipeline.settings import Settings
@@ -90,20 +92,11 @@ def join_sizes(proc: StreamProcessor) -> dict[str, float]:
 
     for st in proc._parts.values():
         j = st.joiner
-        add("pending", len(j._pending))
-        add("pending_dict_kib", sys.getsizeof(j._pending) // 1024)
-        add("resolved", len(j._resolved))
-        gens = j._resolved._gens  # (generation dicts, see pipeline.core.join_state.ResolvedMemory)
-        add("resolved_dict_kib", sum(sys.getsizeof(g) for g in gens) // 1024)
-        add("resolved_generations", len(gens))
-        t = j._timers  # (see pipeline.core.join_timers.JoinTimers)
-        add("deadlines", len(t.deadlines))
-        add("wall_waits", len(t.wall_waits))
-        add("terminals", len(t.terminals))
-        add("bucket_items", t._inflight.items)
-        add("buckets", len(t._inflight.by_key))
-        add("attempts", len(j._attempts))
-        add("strings", len(j._codec.strings))
+        if not isinstance(j, Joiner):  # the native hot path's (tailguard_native.Joiner)
+            for name, n in j.sizes().items():
+                add(name, n)
+        else:
+            _python_join_sizes(j, add)
         w = st.windows
         add("open_windows", len(w._open))
         add("open_ledger", sum(len(x.ledger) for x in w._open.values()))
@@ -112,6 +105,24 @@ def join_sizes(proc: StreamProcessor) -> dict[str, float]:
         add("boot", len(st.boot))
         add("ahead", len(st.ahead))
     return out
+
+
+def _python_join_sizes(j: Joiner, add: Callable[[str, int], None]) -> None:
+    """The pure-Python joiner's structure lengths (see :func:`join_sizes`)."""
+    add("pending", len(j._pending))
+    add("pending_dict_kib", sys.getsizeof(j._pending) // 1024)
+    add("resolved", len(j._resolved))
+    gens = j._resolved._gens  # (generation dicts, see pipeline.core.join_state.ResolvedMemory)
+    add("resolved_dict_kib", sum(sys.getsizeof(g) for g in gens) // 1024)
+    add("resolved_generations", len(gens))
+    t = j._timers  # (see pipeline.core.join_timers.JoinTimers)
+    add("deadlines", len(t.deadlines))
+    add("wall_waits", len(t.wall_waits))
+    add("terminals", len(t.terminals))
+    add("bucket_items", t._inflight.items)
+    add("buckets", len(t._inflight.by_key))
+    add("attempts", len(j._attempts))
+    add("strings", len(j._codec.strings))
 
 
 def chdb_metrics(store: ClickHouseStore) -> dict[str, float]:

@@ -1,17 +1,26 @@
 //! tailguard_native: the native (Rust) hot path of tailguard's pure core.
 //!
-//! Two pieces, each a port of a pure-Python reference that stays in the tree (and runs
-//! where this extension is not built); `tests/unit/test_native_diff.py` feeds both the
-//! same hypothesis-generated inputs and requires identical results:
+//! Ports of pure-Python references that stay in the tree (and run where this extension is
+//! not built); `tests/unit/test_native_diff.py` feeds both the same hypothesis-generated
+//! inputs and requires identical results:
 //!
+//! * `Joiner` (`join.rs`): `pipeline.core.join.Joiner`, the join per request id, rule for
+//!   rule and timer for timer, building the reference's own record classes;
 //! * `PartitionClock`: `pipeline.core.eventtime.PartitionClock` (the per-partition event
 //!   clock the processor calls on every event), operation for operation;
 //! * `sketch_bump`: the bin update of `pipeline.core.sketch.QuantileSketch.add_many` /
 //!   `remove_many` (validation, `LogarithmicMapping.key` of each value with the C
 //!   library's `log` as `math.log(v, 2)` uses it, counts per bin, the zero bucket, and
-//!   the sum as a left fold in input order).
+//!   the sum as a left fold in input order);
+//! * `boundary_table`: `pipeline.core.slo.boundary_table`.
+//!
+//! And one encoder for the store adapter (`rowbinary.rs`: records as ClickHouse RowBinary,
+//! checked against the column-wise insert by `tests/integration/test_store_json_requests.py`).
 //!
 //! Pure: no I/O; time is passed in.
+
+mod join;
+mod rowbinary;
 
 use std::collections::HashMap;
 
@@ -393,6 +402,8 @@ fn boundary_table<'py>(
 #[pymodule]
 fn tailguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PartitionClock>()?;
+    m.add_class::<join::Joiner>()?;
+    m.add_function(wrap_pyfunction!(rowbinary::rowbinary, m)?)?;
     m.add_function(wrap_pyfunction!(sketch_bump, m)?)?;
     m.add_function(wrap_pyfunction!(boundary_table, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -125,7 +125,7 @@ class StreamProcessor:
         partial ones are checked when their record comes out (``_PartitionState.window``).
         ``seed_join=False`` (a replay of a whole file, which re-reads every event): all are
         checked when their record comes out, so the replay still reports them."""
-        joiner = Joiner(self.join_config)
+        joiner = native.active().joiner(self.join_config)  # the reference or its native port
         ttl = self.join_config.resolved_ttl_ms
         led = dict(ledger or {})
         for rid, packed in sorted(led.items(), key=lambda kv: unpack(kv[1])[1]):

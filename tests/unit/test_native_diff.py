@@ -18,6 +18,7 @@ Rust toolchain is present; ``pip install ./native`` builds it by hand.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 
 from pipeline.core import native
 from pipeline.core.eventtime import ClockConfig, PartitionClock
+from pipeline.core.join import JoinConfig
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
@@ -273,3 +275,163 @@ def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PL
         want = _run(steps, drawn)
     with _selected("native"):
         assert _run(steps, drawn) == want
+
+
+# --- the join, call by call ------------------------------------------------------
+
+# One step: an event (request 0-4; kind; which of three event ids; which of three
+# contents; ms after the start; how it ends), a clock advance (ms, with wall time or
+# not), an eviction, or a look at the oldest terminal event before a bound.
+_JOIN_EVENT = st.tuples(
+    st.just("event"),
+    st.integers(0, 3),
+    st.sampled_from(["r", "c", "f"]),
+    st.integers(0, 2),
+    st.integers(0, 2),
+    st.integers(0, 3_000),
+    st.sampled_from(["ok", "ok", "error", "abort"]),
+)
+# A whole attempt: its three events (one id and content each), in one of the six orders.
+_JOIN_ATTEMPT = st.tuples(
+    st.just("attempt"),
+    st.integers(0, 3),
+    st.permutations(["r", "c", "f"]),
+    st.integers(0, 2),
+    st.integers(0, 2),
+    st.integers(0, 3_000),
+    st.sampled_from(["ok", "ok", "error", "abort"]),
+)
+_JOIN_STEP = st.one_of(
+    _JOIN_EVENT,
+    _JOIN_EVENT,
+    _JOIN_ATTEMPT,
+    _JOIN_ATTEMPT,
+    st.tuples(st.just("advance"), st.integers(0, 3_000), st.booleans()),
+    st.tuples(st.just("evict"), st.integers(0, 3)),
+    st.tuples(st.just("before"), st.integers(-2_000, 6_000)),
+)
+_END = {"ok": (200, "ok", "stop"), "error": (502, "error", "error"),
+        "abort": (0, "client_abort", "abort")}  # fmt: skip
+
+
+def _join_event(step: tuple[Any, ...]) -> Any:
+    from tests.factories import completed, finished, received
+
+    _, n, kind, eid, content, t_ms, end = step
+    rid = f"req-{n}"
+    status, outcome, reason = _END[end]
+    if kind == "r":
+        # content 2: a prompt too long for the reference's packed in-flight int
+        return received(rid, t_ms, eid=f"r{n}.{eid}", tenant=None if content else "t1",
+                        priority=content, prompt_tokens=[100, None, 1 << 25][content])  # fmt: skip
+    if kind == "c":
+        ttfb = None if content == 2 else 20.0
+        return completed(rid, t_ms, total_ms=50.0 + 300 * content, http_status=status,
+                         outcome=outcome, eid=f"c{n}.{eid}", ttfb_ms=ttfb)  # fmt: skip
+    ev = finished(rid, t_ms, decode_ms=20.0 + 200 * content, eid=f"f{n}.{eid}",
+                  output_tokens=[8, 1, 300][content])  # fmt: skip
+    if reason != "stop":
+        ev = ev.model_copy(update={"finish_reason": reason})
+    return ev
+
+
+def _run_join(impl: native.CoreImpl, steps: list[Any], config: JoinConfig, wire: bool,
+              seeds: list[tuple[str, int]]) -> list[Any]:  # fmt: skip
+    from pipeline.contract.wire import from_model
+    from tests.factories import T0_NS
+
+    t0_ms = T0_NS // 1_000_000
+    j = impl.joiner(config)
+    for key, expires_ms in seeds:
+        j.seed_resolved(key, t0_ms + expires_ms)
+    seen: list[Any] = []
+    now_ms = t0_ms
+    wall_ms = 5_000
+    flat = []
+    for step in steps:
+        if step[0] == "attempt":
+            _, n, order, eid, content, t_ms, end = step
+            flat += [("event", n, k, eid, content, t_ms + 7 * i, end) for i, k in enumerate(order)]
+        else:
+            flat.append(step)
+    for offset, step in enumerate(flat):
+        if step[0] == "advance":
+            now_ms += step[1]
+            wall_ms += step[1] // 2
+            seen.append(j.advance_emitted(now_ms, wall_ms if step[2] else None))
+            seen.append(j.oldest_terminal_ms())
+        elif step[0] == "evict":
+            seen.append(j.evict(step[1]))
+        elif step[0] == "before":
+            seen.append(j.oldest_terminal_before(now_ms + step[1]))
+        else:
+            ev = _join_event(step)
+            ev = from_model(ev) if wire else ev
+            seen.append(j.add_emitted(ev, offset, wall_ms if offset % 3 else None, now_ms))
+        durable = j.safe_offset(offset + 1, lone_received_durable=True)
+        seen.append((j.safe_offset(offset + 1), durable, j.pending_count, native.join_view(j),
+                     copy.copy(j.counters)))  # fmt: skip
+    seen.append(j.drain_emitted())
+    seen.append((copy.copy(j.counters), native.join_view(j)))
+    return seen
+
+
+@given(
+    st.lists(_JOIN_STEP, min_size=5, max_size=60),
+    st.integers(1, 8),
+    st.integers(1, 12),
+    st.sampled_from([500, 2_000, 10**6]),
+    st.sampled_from([0, 1_000, 15_000]),
+    st.booleans(),
+    st.lists(st.tuples(st.sampled_from(["req-0", "req-1", "req-2\x1f2", "req-3\x1f3", "x\x1fy"]),
+                       st.integers(0, 20_000)), max_size=3),
+)  # fmt: skip
+@settings(max_examples=400, deadline=None)
+def test_join_equals_the_reference(  # noqa: PLR0917
+    steps: list[Any], max_pending: int, max_resolved: int, timeout_ms: int,
+    conflict_ttl_ms: int, wire: bool, seeds: list[tuple[str, int]],
+) -> None:  # fmt: skip
+    """Every output of the join, call by call: records and what they replace (upgrades,
+    conflicts corrected, superseded attempts, partials), the events they were built from,
+    counters, offsets, the oldest terminal event, deadlines, resolved memory, attempts."""
+    config = JoinConfig(
+        timeout_ms=timeout_ms, inflight_ttl_ms=2 * timeout_ms, resolved_ttl_ms=3 * timeout_ms,
+        max_pending=max_pending, max_resolved=max_resolved, conflict_ttl_ms=conflict_ttl_ms,
+    )  # fmt: skip
+    assert native.NATIVE is not None
+    seeds = sorted(seeds, key=lambda s: s[1])
+    want = _run_join(native.PYTHON, steps, config, wire, seeds)
+    got = _run_join(native.NATIVE, steps, config, wire, seeds)
+    assert got == want
+
+
+def test_join_equals_the_reference_past_the_codec_table() -> None:
+    """More distinct tenants than the reference's packed ints have string ids for (4,095):
+    the requests after that are held unpacked by both, with the same deadlines, records
+    and offsets."""
+    from pipeline.contract.wire import from_model
+    from tests.factories import T0_NS, completed, finished, received
+
+    assert native.NATIVE is not None
+    config = JoinConfig(timeout_ms=1_000, inflight_ttl_ms=60_000)
+    t0_ms = T0_NS // 1_000_000
+    seen: list[list[Any]] = []
+    for impl in (native.PYTHON, native.NATIVE):
+        j = impl.joiner(config)
+        out: list[Any] = []
+        for i in range(4_200):
+            ev = from_model(received(f"r{i}", i, tenant=f"tenant-{i}"))
+            out.append(j.add_emitted(ev, i, 10_000 + i, t0_ms + i))
+        for i in range(0, 4_200, 7):
+            out.append(j.add_emitted(from_model(completed(f"r{i}", i + 50)), 5_000 + i, None, 0))
+            out.append(j.add_emitted(from_model(finished(f"r{i}", i + 40)), 9_000 + i, None, 0))
+        out.append(native.join_view(j))
+        out.append((j.safe_offset(20_000), copy.copy(j.counters)))
+        out.append(j.advance_emitted(t0_ms + 70_000, 80_000))
+        out.append((native.join_view(j), copy.copy(j.counters)))
+        seen.append(out)
+    assert seen[1] == seen[0]
+    in_flight = [row[1] for row in seen[0][-4][0]]
+    # packed and unpacked both held
+    assert True in in_flight
+    assert False in in_flight
