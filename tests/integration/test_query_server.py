@@ -49,15 +49,17 @@ def _serve(tmp_path: Path, limits: QueryLimits | None = None):
     store = open_store(settings)
     migrate(store)
     write_requests(store, _records(0, 10))
-    server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
-    client = clickhouse_connect.get_client(
-        host="127.0.0.1", port=server.port, compress=False, password=server.token
-    )
-    try:
-        yield settings, store, server, client
+    try:  # the store closed whatever fails: chDB serves one path per process
+        server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
+        client = clickhouse_connect.get_client(
+            host="127.0.0.1", port=server.port, compress=False, password=server.token
+        )
+        try:
+            yield settings, store, server, client
+        finally:
+            client.close()
+            server.stop()
     finally:
-        client.close()
-        server.stop()
         store.close()
 
 
