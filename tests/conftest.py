@@ -2,10 +2,53 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.kafka_fixture import kafka  # noqa: F401  (session fixture: the real local broker)
+from tests.kafka_fixture import (  # the real local broker (see tests/kafka_fixture.py)
+    ENV_EXTERNAL_BOOTSTRAP,
+    PRIVATE_BROKER_MARK,
+    SHARED_BROKER_KEY,
+    SharedBroker,
+    _session_kafka,  # noqa: F401  (fixture)
+    kafka,  # noqa: F401  (fixture)
+)
+
+UNIT = Path(__file__).parent / "unit"
+_SHARED = pytest.StashKey[SharedBroker]()  # the xdist controller's broker
+
+
+def _wants_shared_broker(config: pytest.Config) -> bool:
+    """The xdist controller of a run that may need a broker: not a worker, not serial, no
+    external cluster, and not only unit tests named (they need none)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return False
+    if os.environ.get(ENV_EXTERNAL_BOOTSTRAP, "").strip():
+        return False
+    paths = [Path(config.invocation_params.dir, a.split("::")[0]).resolve() for a in config.args]
+    return not paths or not all(p == UNIT or UNIT in p.parents for p in paths)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", PRIVATE_BROKER_MARK)
+    if _wants_shared_broker(config):
+        config.stash[_SHARED] = SharedBroker()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED, None)
+    if shared is not None:
+        shared.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: each worker learns the shared broker's directory."""
+    shared = node.config.stash.get(_SHARED, None)
+    if shared is not None:
+        node.workerinput[SHARED_BROKER_KEY] = str(shared.dir)
 
 
 def _order(item: pytest.Item) -> float:

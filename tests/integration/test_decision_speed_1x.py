@@ -1,10 +1,24 @@
 """Decisions at 1x: the same directives at the same event times live at 1x as in `replay` of
 the tee file (see test_decision_speed.py, the same claim at 60x and as fast as possible).
 
-1x runs the trace's own length, so it gets its own short case: 2.7 minutes of trace with
-2-second windows and a policy whose conditions hold for seconds, not minutes (burn-driven
-and latency-driven entries, half-open, back to L0). Its own module, so that xdist runs it
+1x runs the trace's own length, so it gets its own short case: 1.5 minutes of trace with
+2-second windows and a policy whose conditions hold for seconds, not minutes (a burn-driven
+entry, a latency-driven exit to half-open, back to L0). Its own module, so that xdist runs it
 beside the others.
+
+Why 1.5 minutes (300 arrivals, arrivals x8 from 5 s to 20 s) and not the 2.7 minutes (640
+arrivals, x4 from 10 s to 40 s) it ran until issue 38 item 9: the assertions are unchanged
+(the same directives live and in replay between the first degradation and 10 s before the
+input ends; L1 degraded, L1 half-open and L0 normal among them; an entry on burn.page), and
+in replay of the shorter trace every one of them holds with more room than before: L1 on
+burn.page at 24 s (both models), llama-3-8b's exit to half-open at 44 s (p99.queue_ms
+< 1000 for 10 s, after the 20 s min_dwell), normal at 64 s (the 20 s half-open without
+relapse), the input's last decision at 90 s, so 16 s inside the compared span. The longer
+trace's normal came at 150 s against a span ending at 152 s. What the longer trace had
+besides, an L1 decision re-issued 60 s after entry with a p99.queue_ms reason, is not
+asserted here; latency-driven entries are compared live and in replay at 60x and as fast as
+possible (test_decision_speed.py). The live run waits on the trace at 1x, so the module
+takes ~80 s less (176 s of test before).
 """
 
 from __future__ import annotations
@@ -23,11 +37,12 @@ from pipeline.spec.slo import load_spec_file
 from producers.simulator.model import OverloadEpisode, SimConfig
 from tests.integration.decisions import START_NS, demo_directives
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(185)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(105)]
 
 
-# 1x: the trace's first 640 arrivals (~160 s) with arrivals x4 from 10 s to 40 s.
-CONFIG_1X = SimConfig(start_unix_ns=START_NS, seed=3, overload=OverloadEpisode(10, 40, 4.0))
+# 1x: the trace's first 300 arrivals (~90 s) with arrivals x8 from 5 s to 20 s.
+CONFIG_1X = SimConfig(start_unix_ns=START_NS, seed=3, overload=OverloadEpisode(5, 20, 8.0))
+LIMIT_1X = 300
 WINDOW_1X = WindowConfig(size_ms=2_000, grace_ms=1_000)
 POLICY_1X = """
 apiVersion: tailguard/v1
@@ -63,7 +78,7 @@ def test_same_directives_live_at_1x_and_in_replay(kafka, tmp_path: Path) -> None
     policy.write_text(POLICY_1X)
     tee = tmp_path / "events.jsonl"
     live = demo_directives(
-        kafka, tmp_path, "x1", 1.0, tee, sim_config=CONFIG_1X, limit=640, policy_file=policy,
+        kafka, tmp_path, "x1", 1.0, tee, sim_config=CONFIG_1X, limit=LIMIT_1X, policy_file=policy,
         window_size_ms=WINDOW_1X.size_ms, window_grace_ms=WINDOW_1X.grace_ms,
     )  # fmt: skip
     replayed = replay_file(

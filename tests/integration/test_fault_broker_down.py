@@ -24,7 +24,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(125)]
+pytestmark = [pytest.mark.integration, pytest.mark.private_broker, pytest.mark.long(125)]
 
 
 def test_a_worker_started_before_the_broker_waits_and_retries(kafka, tmp_path: Path) -> None:

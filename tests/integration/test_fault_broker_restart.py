@@ -22,7 +22,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.private_broker, pytest.mark.long(90)]
 
 REQUESTS = 30_000
 PRODUCE_S = 24.0  # the producer paces its messages over this long

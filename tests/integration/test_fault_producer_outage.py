@@ -32,7 +32,7 @@ from tests.factories import completed, received
 from tests.integration.faults import rss_bytes, wait_for
 from tests.integration.harness import make_settings, read_all
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(65)]
+pytestmark = [pytest.mark.integration, pytest.mark.private_broker, pytest.mark.long(65)]
 
 RATE = 1_000  # gateway requests/s: 2,000 events/s (received + completed)
 BEFORE_S = 5.0

@@ -22,7 +22,7 @@ from tests.integration.harness import make_settings, read_all
 from tests.kafka_fixture import KafkaUnderTest
 from tools.dev.fake_openai import FakeOpenAI
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.private_broker]
 
 
 def events_on_topic(s: Settings) -> dict[str, set[str]]:

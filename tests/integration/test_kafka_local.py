@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from tests.kafka_fixture import KafkaUnderTest, create_topic  # `kafka` comes via tests/conftest.py
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.private_broker]
 
 PARTITIONS = 3
 DEADLINE_S = 30.0

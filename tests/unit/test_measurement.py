@@ -27,6 +27,20 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float
     return path, skews
 
 
+# Replays of the simulation that several tests read, run once for the module (each is
+# seconds of CPU; a replay is a pure function of the file and its arguments).
+@pytest.fixture(scope="module")
+def sim_summary(sim) -> dict:
+    path, _ = sim
+    return replay_file(path).summary()
+
+
+@pytest.fixture(scope="module")
+def clean_example(sim) -> ReplayResult:
+    path, _ = sim
+    return replay_file(path, spec=load_spec(Path("specs/slo-example.yaml").read_text()))
+
+
 def _expected_boundaries(events: list[dict]) -> dict[str, list[float]]:
     """Every boundary straight from the events, independent of the join code."""
     done = {e["request_id"]: e for e in events if e["kind"] == "gateway.completed"}
@@ -55,9 +69,9 @@ def _expected_boundaries(events: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def test_every_boundary_quantile_is_within_one_percent_of_exact(sim) -> None:
+def test_every_boundary_quantile_is_within_one_percent_of_exact(sim, sim_summary) -> None:
     path, _ = sim
-    summary = replay_file(path).summary()
+    summary = sim_summary
     expected = _expected_boundaries(load_events(path))
     assert summary["requests"] >= 19_000
     assert set(expected) == set(summary["boundaries"])
@@ -93,14 +107,14 @@ def _window_totals(res: ReplayResult) -> dict[int, int]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_shuffled_order_with_duplicates_gives_identical_results(
-    sim, tmp_path: Path, seed: int
+    sim, clean_example: ReplayResult, tmp_path: Path, seed: int
 ) -> None:
     path, _ = sim
     spec = load_spec(Path("specs/slo-example.yaml").read_text())
     events = load_events(path)
     noisy = tmp_path / "noisy.jsonl"
     _write(noisy, _shuffled(events, seed, displacement_ms=10_000, dup_share=0.01))
-    clean = replay_file(path, spec=spec)
+    clean = clean_example
     dirty = replay_file(noisy, spec=spec)
     a, b = clean.summary(), dirty.summary()
     for key in ("requests", "boundaries", "slos", "blended", "outcomes"):
@@ -160,9 +174,9 @@ def test_slo_counts_equal_an_exact_count(sim) -> None:
     )
 
 
-def test_clock_skew_is_estimated_per_host_pair(sim) -> None:
-    path, skews = sim
-    report = replay_file(path).summary()["clock_skew"]
+def test_clock_skew_is_estimated_per_host_pair(sim, sim_summary) -> None:
+    _, skews = sim
+    report = sim_summary["clock_skew"]
     assert report
     for pair, est in report.items():
         engine = pair.split("->")[1]

@@ -124,9 +124,6 @@ class ReadOnlySession:
         with self._engine_lock:
             # The same path string as clickhouse-connect's: chDB compares them literally.
             self._conn: Any = chdb.connect(self.path)  # type: ignore[no-untyped-call]
-            for name, value in limits.settings().items():
-                literal = sql_string(value) if isinstance(value, str) else str(int(value))
-                self._conn.query(f"SET {name} = {literal}", "TSV")
             # The store's database is the session's: unqualified names resolve there (a
             # store not migrated yet has none; its queries then fail as unknown tables).
             with contextlib.suppress(Exception):
@@ -139,8 +136,14 @@ class ReadOnlySession:
                 "TSVRaw",
             )
             self._table_functions = frozenset(names.bytes().decode().split())
-            self._conn.query("SET readonly = 1", "TSV")
             self.timezone = self._conn.query("SELECT timezone()", "TSV").bytes().decode().strip()
+            # The limits are the clients' queries', set after the session's own queries
+            # above: on a busy machine the table-function lookup took 2.8 s, past a 2 s
+            # limit, and the port failed to open (a suite run with six xdist workers).
+            for name, value in limits.settings().items():
+                literal = sql_string(value) if isinstance(value, str) else str(int(value))
+                self._conn.query(f"SET {name} = {literal}", "TSV")
+            self._conn.query("SET readonly = 1", "TSV")
         self._closed = False
 
     def _run(self, work: Callable[[], _T]) -> _T:
