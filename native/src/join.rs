@@ -2017,17 +2017,21 @@ impl Joiner {
         }
     }
 
-    /// `_join`: both terminal events are in (the entry already out of `pending`).
-    fn join(&mut self, py: Python<'_>, key: Key, e: Pending, ts_ms: i64) -> PyResult<PyObject> {
-        self.c.joined += 1;
-        let attempt = e.attempt;
+    /// The record of a pending request and its `Emitted` (`_join` and `_resolve_partial`
+    /// alike); also whether the record is ok.
+    fn emit_record(
+        &mut self,
+        py: Python<'_>,
+        key: &Key,
+        e: &Pending,
+    ) -> PyResult<(PyObject, bool)> {
         let rec = self.h.record_of(
             py,
-            rid_of(&key, attempt),
+            rid_of(key, e.attempt),
             e.received.as_ref(),
             e.completed.as_ref(),
             e.finished.as_ref(),
-            attempt,
+            e.attempt,
             e.retried,
             e.conflicts,
         )?;
@@ -2040,11 +2044,19 @@ impl Joiner {
             e.completed.as_ref(),
             e.finished.as_ref(),
         )?;
-        let first_offset = e.first_offset;
         let out = self
             .h
-            .emitted(py, rec.obj, first_offset, false, None, parts)?;
-        if e.received.is_none() || !rec.ok {
+            .emitted(py, rec.obj, e.first_offset, false, None, parts)?;
+        Ok((out, rec.ok))
+    }
+
+    /// `_join`: both terminal events are in (the entry already out of `pending`).
+    fn join(&mut self, py: Python<'_>, key: Key, e: Pending, ts_ms: i64) -> PyResult<PyObject> {
+        self.c.joined += 1;
+        let attempt = e.attempt;
+        let first_offset = e.first_offset;
+        let (out, ok) = self.emit_record(py, &key, &e)?;
+        if e.received.is_none() || !ok {
             let expires = ts_ms + self.resolved_ttl_ms;
             self.resolved
                 .put(key, RVal::Kept(Box::new(resolved_from(e, expires, false))));
@@ -2255,28 +2267,7 @@ impl Joiner {
         } else {
             self.c.engine_only += 1;
         }
-        let rec = self.h.record_of(
-            py,
-            rid_of(&key, e.attempt),
-            e.received.as_ref(),
-            e.completed.as_ref(),
-            e.finished.as_ref(),
-            e.attempt,
-            e.retried,
-            e.conflicts,
-        )?;
-        if rec.superseded {
-            self.c.superseded += 1;
-        }
-        let parts = self.h.parts(
-            py,
-            e.received.as_ref(),
-            e.completed.as_ref(),
-            e.finished.as_ref(),
-        )?;
-        let out = self
-            .h
-            .emitted(py, rec.obj, e.first_offset, false, None, parts)?;
+        let (out, _) = self.emit_record(py, &key, &e)?;
         let expires = now_ms + self.resolved_ttl_ms;
         self.resolved
             .put(key, RVal::Kept(Box::new(resolved_from(*e, expires, true))));

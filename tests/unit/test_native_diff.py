@@ -279,28 +279,26 @@ def test_processor_gives_the_same_output_with_either_implementation(  # noqa: PL
 
 # --- the join, call by call ------------------------------------------------------
 
+
 # One step: an event (request 0-4; kind; which of three event ids; which of three
 # contents; ms after the start; how it ends), a clock advance (ms, with wall time or
 # not), an eviction, or a look at the oldest terminal event before a bound.
-_JOIN_EVENT = st.tuples(
-    st.just("event"),
-    st.integers(0, 3),
-    st.sampled_from(["r", "c", "f"]),
-    st.integers(0, 2),
-    st.integers(0, 2),
-    st.integers(0, 3_000),
-    st.sampled_from(["ok", "ok", "error", "abort"]),
-)
+def _join_events(tag: str, kinds: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ...]]:
+    """(tag, request, kind or kinds, event id, content, ms after the start, how it ends)."""
+    return st.tuples(
+        st.just(tag),
+        st.integers(0, 3),
+        kinds,
+        st.integers(0, 2),
+        st.integers(0, 2),
+        st.integers(0, 3_000),
+        st.sampled_from(["ok", "ok", "error", "abort"]),
+    )
+
+
+_JOIN_EVENT = _join_events("event", st.sampled_from(["r", "c", "f"]))
 # A whole attempt: its three events (one id and content each), in one of the six orders.
-_JOIN_ATTEMPT = st.tuples(
-    st.just("attempt"),
-    st.integers(0, 3),
-    st.permutations(["r", "c", "f"]),
-    st.integers(0, 2),
-    st.integers(0, 2),
-    st.integers(0, 3_000),
-    st.sampled_from(["ok", "ok", "error", "abort"]),
-)
+_JOIN_ATTEMPT = _join_events("attempt", st.permutations(["r", "c", "f"]))
 _JOIN_STEP = st.one_of(
     _JOIN_EVENT,
     _JOIN_EVENT,
