@@ -20,7 +20,7 @@ from pipeline.app.demo import run_demo
 from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import OverloadEpisode, SimConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(95)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(105)]
 
 EPISODE = OverloadEpisode(120, 420, 2.0)
 

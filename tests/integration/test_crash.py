@@ -19,7 +19,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess, make_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(75)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 
 REQUESTS = 100_000  # 300,000 lifecycle events
 KILL_AFTER_EVENTS = 200_000

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.test_crash import sigkill_then_restart
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(80)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 
 
 def test_sigkill_with_flushes_behind_the_batches_then_restart_is_exactly_once(

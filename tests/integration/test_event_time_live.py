@@ -34,7 +34,7 @@ from tests.integration.faults import after, flush, lifecycle_events, producer, s
 from tests.integration.harness import WorkerProcess, caught_up_worker, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(135)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(150)]
 SPEC = load_spec_file(EXAMPLE_SLO_SPEC)  # the spec the harness's workers evaluate
 
 

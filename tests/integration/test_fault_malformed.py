@@ -24,7 +24,7 @@ from tests.integration.faults import (
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.integration.malformed import Malformed, generate
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(85)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(110)]
 
 N_MALFORMED = 10_000
 MAX_MESSAGE_BYTES = 128 * 1024

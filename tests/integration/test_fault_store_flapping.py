@@ -24,7 +24,7 @@ from tests.integration.faults import (
 )
 from tests.integration.harness import WorkerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(75)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 
 FLAPS = 9  # outage 1.5 s, then 0.7 s of store, this many times
 

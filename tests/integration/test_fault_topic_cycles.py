@@ -30,7 +30,7 @@ from pipeline.settings import Settings
 from tests.integration.faults import lifecycle_events, producer, wait_for
 from tests.integration.harness import WorkerProcess, make_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(70)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(105)]
 
 CYCLES = int(os.environ.get("TG_TOPIC_CYCLES", "20"))  # fewer: a quicker local run
 PARTITIONS = 2

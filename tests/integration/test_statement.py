@@ -48,7 +48,7 @@ from tests.integration.harness import REPO
 from tests.integration.test_tools_cli import chromium, tg
 from tests.measurement_fixtures import hourly_spec
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(45)]
 
 DAY_NS = 86_400 * 1_000_000_000
 TENANTS = ("tenant-a", "tenant-b", "tenant-c")

@@ -20,7 +20,7 @@ from pipeline.contract.codec import encode_event
 from tests.factories import completed, finished, received
 from tests.integration.harness import WorkerProcess, make_settings, tailguard
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
 N = 200
 
