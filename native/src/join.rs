@@ -1520,13 +1520,24 @@ fn upgrade(
     if rec.superseded && !previous.superseded {
         c.superseded += 1;
     }
+    emit_upgrade(py, h, d, rec.obj, previous.obj)
+}
+
+/// The `Emitted` of an upgrade: a resolved request's new record beside the one it replaces.
+fn emit_upgrade(
+    py: Python<'_>,
+    h: &Helpers,
+    d: &Resolved,
+    record: PyObject,
+    previous: PyObject,
+) -> PyResult<PyObject> {
     let parts = h.parts(
         py,
         d.received.as_ref(),
         d.completed.as_ref(),
         d.finished.as_ref(),
     )?;
-    h.emitted(py, rec.obj, d.first_offset, true, Some(previous.obj), parts)
+    h.emitted(py, record, d.first_offset, true, Some(previous), parts)
 }
 
 /// `after_resolved`: an event of a request whose record was emitted and events kept.
@@ -1648,14 +1659,7 @@ fn supersede_resolved(
     }
     c.superseded += 1;
     let after = build_resolved(py, h, key, d, true)?;
-    let parts = h.parts(
-        py,
-        d.received.as_ref(),
-        d.completed.as_ref(),
-        d.finished.as_ref(),
-    )?;
-    h.emitted(py, after.obj, d.first_offset, true, Some(before.obj), parts)
-        .map(Some)
+    emit_upgrade(py, h, d, after.obj, before.obj).map(Some)
 }
 
 impl Joiner {
