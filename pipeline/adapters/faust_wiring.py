@@ -15,6 +15,7 @@ import os
 import signal
 import ssl
 import sys
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -275,6 +276,10 @@ class _App(faust.App):
     # build_app sets the shell's Commits.gate (see _ConsumerThread)
     untracked_read_offsets: frozenset[str] = frozenset()  # see _ReadOffsets
     commit_gate: Callable[[Any, dict[Any, Any]], Awaitable[dict[Any, Any]]] | None = None
+    # Faust's data directory (its table dir; our tables are in memory), removed with the
+    # app: Faust's default, "<app id>-data" in the working directory, left one empty
+    # directory per consumer group wherever a worker ran
+    faust_datadir: tempfile.TemporaryDirectory[str] | None = None
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
@@ -282,8 +287,10 @@ class _App(faust.App):
 
 def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     """Build the Faust app and its shell. Nothing runs until a faust.Worker starts it."""
+    datadir = tempfile.TemporaryDirectory(prefix="tailguard-faust-")
     app = _App(
         settings.group_id,
+        datadir=datadir.name,
         broker=[f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")],
         broker_credentials=_credentials(settings),
         store="memory://",
@@ -303,6 +310,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         consumer_metadata_max_age_ms=settings.topic_check_interval_ms * 5,
     )
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms
+    app.faust_datadir = datadir
     shell = build_shell(settings, app)
     app.commit_gate = shell.commits.gate
     app.untracked_read_offsets = frozenset({settings.lifecycle_topic})
