@@ -6,8 +6,8 @@ Everything else (metadata, packages, shipped files) is in pyproject.toml. A setu
 ``[tool.setuptools-rust]`` in pyproject.toml) because whether the extension is declared at
 all depends on the environment:
 
-* ``TAILGUARD_NATIVE=0``: not declared; a pure-Python wheel (``py3-none-any``), no Rust
-  compiled (the wheel test sets it: it must not compile Rust);
+* ``TG_NATIVE=0`` (as for ``tools/dev/build_native.sh``): not declared; a pure-Python
+  wheel (``py3-none-any``), no Rust compiled (the wheel test sets it);
 * no ``cargo`` on PATH (or ``$CARGO``): not declared either, one line says so, same wheel;
 * an editable install (``pip install -e``, as ./tg does): not declared. setuptools-rust
   would compile it into the checkout's root, where the editable finder (which maps
@@ -40,7 +40,7 @@ LIMITED_API = "cp311"  # the stable ABI of native/Cargo.toml's pyo3 feature abi3
 def native_build(environ: Mapping[str, str], commands: Sequence[str]) -> dict[str, Any]:
     """setup()'s keywords for the extension, given the environment and the setup commands
     the build backend runs (``sys.argv[1:]``): none when it is not built (module doc)."""
-    if environ.get("TAILGUARD_NATIVE", "1") == "0":
+    if environ.get("TG_NATIVE", "1") == "0":
         return {}
     if "editable_wheel" in commands:
         print(

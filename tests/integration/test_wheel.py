@@ -4,7 +4,7 @@ spec, simulates from its shipped trace and replays into a store from its shipped
 
 Offline and quick (~15 s): the wheel is built without build isolation (setuptools, wheel
 and setuptools-rust are dev dependencies) and without the native extension
-(``TAILGUARD_NATIVE=0``: no Rust compiled here; tests/unit/test_packaging.py checks how
+(``TG_NATIVE=0``: no Rust compiled here; tests/unit/test_packaging.py checks how
 setup.py declares it for a build with a Rust toolchain), installed with ``--no-deps
 --no-index``, and the runtime dependencies are those already installed here, put on the
 fresh environment's path by a ``.pth`` line (which adds the directory only: the editable
@@ -72,7 +72,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "-q", "-w", str(work / "dist"), str(src)],
-        cwd=work, env={**os.environ, "TAILGUARD_NATIVE": "0"},
+        cwd=work, env={**os.environ, "TG_NATIVE": "0"},
     )  # fmt: skip
     (built,) = (work / "dist").glob("tailguard-*.whl")
     assert built.name == "tailguard-0.1.0-py3-none-any.whl"  # pure Python: no extension

@@ -437,7 +437,7 @@ def test_the_shipped_package_does_not_import_the_dev_tools_or_tests() -> None:
 
 # --- the wheel's native extension (setup.py, issue 39) ---------------------------------------
 # Checked as configuration, without compiling Rust: tests/integration/test_wheel.py builds
-# the pure-Python wheel (TAILGUARD_NATIVE=0); docs/performance.md shows a build with Rust.
+# the pure-Python wheel (TG_NATIVE=0); docs/performance.md shows a build with Rust.
 
 
 def _setup_py() -> ModuleType:
@@ -486,7 +486,7 @@ def test_the_wheel_build_declares_the_extension_optional_and_abi3(tmp_path: Path
 @pytest.mark.parametrize(
     ("environ", "commands", "said"),
     [
-        ({"TAILGUARD_NATIVE": "0"}, ["bdist_wheel"], ""),  # asked for: no line
+        ({"TG_NATIVE": "0"}, ["bdist_wheel"], ""),  # asked for: no line
         ({}, ["editable_wheel", "--dist-dir", "d"], "editable install without tailguard_native"),
         ({"PATH": ""}, ["bdist_wheel"], "no Rust toolchain (cargo not on PATH)"),
         ({"PATH": "", "CARGO": "cargo-x"}, ["bdist_wheel"], "(cargo-x not on PATH)"),
@@ -499,7 +499,7 @@ def test_the_wheel_build_leaves_the_extension_out(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Without cargo, with TAILGUARD_NATIVE=0, in an editable install: no extension declared
+    """Without cargo, with TG_NATIVE=0, in an editable install: no extension declared
     (a pure-Python ``py3-none-any`` wheel; ./tg builds it with tools/dev/build_native.sh)."""
     environ = {"PATH": _bin_dir(tmp_path, "cargo"), **environ}
     assert _setup_py().native_build(environ, commands) == {}
