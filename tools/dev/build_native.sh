@@ -2,7 +2,9 @@
 # Build and install the native hot path (native/: tailguard_native, Rust + PyO3, issue 39)
 # into a virtualenv; ./tg runs it after the Python packages. pip builds the wheel with
 # maturin (from PyPI) and cargo fetches pyo3 (from crates.io); the Cargo build directory
-# is native/target.
+# is native/target. The one build of it for a checkout: the editable install of tailguard
+# leaves it out (setup.py); a tailguard wheel (`pip wheel .`) holds it, built there by
+# setuptools-rust from the same native/Cargo.toml (docs/performance.md).
 #
 #   tools/dev/build_native.sh VENV
 #
