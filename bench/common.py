@@ -268,6 +268,33 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU time of a process's threads, summed per thread name (``comm``);
+    a thread that has exited is gone from it. In a worker: the main thread is the event
+    loop; ``Unknown`` is the writer thread (chDB renames a thread that runs its queries:
+    seen on 2026-12-05 by naming the writer with ``prctl`` and reading its name back after a
+    write), with the part of each insert chDB runs on it; ``ThreadPool`` chDB's query
+    pipeline threads; ``MergeMutate`` its background merges of parts; ``python`` other
+    Python threads (Faust's consumer thread); ``rdk:*`` librdkafka's."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if tid == str(pid):
+            name = "main"
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 class Worker:
     """One ``tailguard worker`` process (``python -m pipeline.cli worker``)."""
 
@@ -361,6 +388,8 @@ class WorkerRunResult:
     # of cpu_s, the main thread's: the event loop (Faust, the consumer, the whole core),
     # which holds the GIL while it computes; chDB's threads and librdkafka's are others
     loop_cpu_s: float = 0.0
+    # of cpu_s, per thread name (thread_cpu_seconds), one worker's (the first)
+    threads_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def events_per_s(self) -> float:
@@ -420,6 +449,8 @@ def run_workers(
     cpu_at_first: dict[int, float] = {}  # CPU when its first batch was seen (polled)
     loop: dict[int, float] = {}  # the same, of the main thread (the event loop)
     loop_at_first: dict[int, float] = {}
+    threads_at_first: dict[str, float] = {}
+    threads: dict[str, float] = {}
     try:
         while True:
             for w in workers:
@@ -429,9 +460,13 @@ def run_workers(
                 pid = w.proc.pid
                 cpu[pid] = cpu_seconds(pid) or cpu.get(pid, 0.0)
                 loop[pid] = cpu_seconds(pid, pid) or loop.get(pid, 0.0)
+                if w is workers[0]:
+                    threads = thread_cpu_seconds(pid) or threads
                 if pid not in cpu_at_first and w.first_batch_time() is not None:
                     cpu_at_first[pid] = cpu[pid]
                     loop_at_first[pid] = loop[pid]
+                    if w is workers[0]:
+                        threads_at_first = dict(threads)
             now = time.time()
             if stop_after_s is not None:
                 firsts = [t for w in workers if (t := w.first_batch_time()) is not None]
@@ -475,4 +510,9 @@ def run_workers(
         [w.log_path for w in workers],
         startup_cpu_s=sum(cpu_at_first.values()),
         loop_cpu_s=sum(loop.values()) - sum(loop_at_first.values()),
+        threads_cpu_s={
+            n: c - threads_at_first.get(n, 0.0)
+            for n, c in sorted(threads.items(), key=lambda x: -x[1])
+            if c - threads_at_first.get(n, 0.0) > 0
+        },
     )

@@ -250,11 +250,55 @@ def _python_core(ctx: Context, sec: Section) -> None:
                  f"{per_cpu_nat:,.0f} vs {per_cpu_ref:,.0f} events/s; wall: "
                  f"{nat.events_per_s / ref.events_per_s:.2f} ×"),
     ]  # fmt: skip
+    sec.text.append(_threads_table({"native": nat, "pure Python": ref}))
     sec.text.append(
         "The batched rows above ran the native hot path (`tailguard_native`, built by "
         "./tg; `TAILGUARD_CORE_IMPL=auto`); the pure-Python core's rows are the same data "
         "through a fresh consumer group in the same run (`TAILGUARD_CORE_IMPL=python`). "
         f"Target ≥ {NATIVE_SPEEDUP_TARGET:g} × events per worker CPU-second (issue 39)."
+    )
+
+
+# What the worker's threads are (bench.common.thread_cpu_seconds), in the table's words.
+_THREAD_ROLES: dict[str, str] = {
+    "main": "event loop (Faust, decode, the core)",
+    "Unknown": "writer thread (and the part of each insert chDB runs on it)",
+    "ThreadPool": "chDB query pipeline threads (parsing, sorting, compressing inserts)",
+    "MergeMutate": "chDB background merges of parts",
+    "python": "other Python threads (Faust's consumer thread)",
+}
+
+
+def _threads_table(runs: dict[str, WorkerRunResult]) -> str:
+    """Worker CPU per event by thread, one column per run (threads under 0.05 µs/event
+    in every run are summed into "other")."""
+    names: list[str] = []
+    for r in runs.values():
+        names += [n for n in r.threads_cpu_s if n not in names]
+    per_ev = {
+        k: {n: c / r.events * 1e6 for n, c in r.threads_cpu_s.items()} for k, r in runs.items()
+    }
+    shown = [n for n in names if any(v.get(n, 0.0) >= 0.05 for v in per_ev.values())]
+    head = "| worker CPU by thread, µs/event | " + " | ".join(runs) + " |"
+    lines = [head, "|---|" + "---:|" * len(runs)]
+    for n in shown:
+        role = _THREAD_ROLES.get(n, n)
+        lines.append(
+            f"| {role} (`{n}`) | "
+            + " | ".join(f"{v.get(n, 0.0):.2f}" for v in per_ev.values())
+            + " |"
+        )
+    other = [sum(c for n, c in v.items() if n not in shown) for v in per_ev.values()]
+    lines.append("| other threads | " + " | ".join(f"{x:.2f}" for x in other) + " |")
+    total = [r.cpu_s / r.events * 1e6 for r in runs.values()]
+    lines.append(
+        "| **all (worker CPU from its first batch)** | "
+        + " | ".join(f"**{x:.2f}**" for x in total)
+        + " |"
+    )
+    return (
+        "Where the worker's CPU goes, by thread (`/proc/PID/task/*/stat`, from its first "
+        "batch to the end; a thread's CPU counted under its OS name):\n\n" + "\n".join(lines)
     )
 
 
