@@ -232,9 +232,10 @@ class _ActionsSpecBase(_Model):
     # Capacity-aware admission: the directive carries admit_rps (pipeline.core.admission),
     # measured and corrected by feedback at every evaluation; gateways admit by priority.
     admission: bool = False
-    # With admission: cancel requests of priority >= 1 still queued after the tightest
-    # first-byte threshold of the SLOs covering priority 0 (Actions.queue_timeout_ms,
-    # filled in by the controller): "return 503 after 2 s in queue", from the SLO spec.
+    # With admission: cancel requests of priority >= 1 still queued after 0.75 of the
+    # tightest first-byte threshold of the SLOs covering priority 0 (Actions.
+    # queue_timeout_ms, filled in by the controller, pipeline.core.load_cause
+    # P0_QUEUE_SHARE): "return 503 after 2 s in queue", from the SLO spec.
     queue_cutoff: bool = False
 
     # the directive type these actions become (the one it was derived from)

@@ -30,8 +30,8 @@ SPEC = SLOSpec.model_validate(
 @pytest.mark.parametrize(
     ("model", "covered", "cutoffs"),
     [
-        ("llama", ["ttft", "tpot", "p1-llama"], [None, 4_000.0, 1_000.0, 1_000.0]),
-        ("qwen", ["ttft", "tpot"], [None, 1_000.0, 1_000.0, 1_000.0]),
+        ("llama", ["ttft", "tpot", "p1-llama"], [None, 750.0, 750.0, 750.0]),
+        ("qwen", ["ttft", "tpot"], [None, 750.0, 750.0, 750.0]),
     ],
 )
 def test_coverage_and_queue_cutoffs(
