@@ -58,6 +58,7 @@ class FakeOpenAI:
             return
         n = int(doc.get("max_tokens", 5))
         if not doc.get("stream"):
+            self.finished.add(rid)  # before the answer is sent (see the stream's end)
             await _json(
                 send,
                 200,
@@ -69,7 +70,6 @@ class FakeOpenAI:
                     "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3},
                 },
             )
-            self.finished.add(rid)
             return
         delay_s = float(headers.get("x-test-chunk-delay-ms", "0")) / 1000
         gone = asyncio.Event()
@@ -103,8 +103,11 @@ class FakeOpenAI:
                 last = {"id": f"chatcmpl-{rid}", "choices": [], "usage": usage}
                 data = b"data: " + orjson.dumps(last) + b"\n\n"
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            # Finished before the last send: the gateway may relay [DONE] and its client
+            # read it before this coroutine runs again (a test asserting "finished" once it
+            # has the whole stream failed so under load).
             self.finished.add(rid)
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             watcher.cancel()
 
