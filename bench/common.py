@@ -256,16 +256,20 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def _stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds of a ``/proc/.../stat`` line (fields after the name)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int, tid: int | None = None) -> float | None:
     """User + system CPU time of a process (all its threads), or of its thread ``tid``
     (the main thread's id is the process's)."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu_seconds(Path(path).read_text())
     except OSError:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -276,7 +280,6 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     write), with the part of each insert chDB runs on it; ``ThreadPool`` chDB's query
     pipeline threads; ``MergeMutate`` its background merges of parts; ``python`` other
     Python threads (Faust's consumer thread); ``rdk:*`` librdkafka's."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -290,8 +293,7 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         if tid == str(pid):
             name = "main"
-        fields = stat.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        out[name] = out.get(name, 0.0) + _stat_cpu_seconds(stat)
     return out
 
 
