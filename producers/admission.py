@@ -21,7 +21,8 @@ How it decides
   :data:`HEADROOM` H = 10 %, so a priority whose demand is met is not starved by the
   estimate's noise. The rest, ``spare = max(0, rate - Σ a_p)``, is not lost (below).
 * **Buckets.** Priority ``p`` has a token bucket refilled at ``a_p`` with a burst of
-  ``max(2, a_p · 1 s)`` (:data:`MIN_PRIORITY_BURST`). The spare rate enters at priority
+  ``max(10, a_p · 1 s)`` tokens (:data:`MIN_BURST_TOKENS`): a bucket of a few tokens
+  turns away a share of arrivals that merely come unevenly at the rate it is refilled. The spare rate enters at priority
   0's bucket, and what a full bucket cannot hold overflows into the next priority's;
   what overflows the last one is lost. The inflow is therefore ``max(rate, a_0)``: a
   priority whose demand the estimate has not caught up with yet (a new burst after an
@@ -32,8 +33,8 @@ How it decides
 * **Decision.** Priority 0 is never evicted: it takes a token when its bucket has one
   and passes either way. Priority ``p >= 1`` is admitted iff its bucket holds a token.
 * **Warm-up.** Until the estimator has :data:`WARMUP_MS` = 1 s of history, one shared
-  bucket at ``rate`` (burst one second) admits first come, first served, priority 0
-  exempt. At the switch its tokens are handed to the priority buckets in priority order.
+  bucket at ``rate`` (burst one second, at least :data:`MIN_BURST_TOKENS`) admits first
+  come, first served, priority 0 exempt. At the switch its tokens are handed to the priority buckets in priority order.
 * **Retry-After** follows the bucket, so rejected clients do not return together: for a
   rejected priority with ``a_p > 0``, the time until its bucket next holds a token at
   ``a_p`` (rounded up, at least 1 s); with ``a_p == 0`` (higher priorities take the
@@ -52,12 +53,25 @@ from typing import Final
 PRIORITIES: Final = 4  # 0 (real-time, never evicted) ... 3 (fallback)
 TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
 WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted
-BURST_S: Final = 1.0  # a bucket holds at most this many seconds of its refill
-# A priority bucket holds at least two tokens: whatever its inflow (allocation plus
-# overflow from above), it then cannot overflow between two arrivals of its own
-# priority while its demand exceeds that inflow (with one, it would at every other one
-# and hand lower priorities capacity that it needs).
-MIN_PRIORITY_BURST: Final = 2.0
+BURST_S: Final = 1.0  # a bucket holds this many seconds of its refill (or MIN_BURST_TOKENS)
+# A bucket holds at least this many tokens. Arrivals are uneven even at a steady rate,
+# and a bucket refuses what comes while it is empty: with Poisson arrivals at its
+# refill rate less the 10 % headroom, a bucket of B tokens refuses about
+# (1 - r) r^B / (1 - r^(B+1)) of them (r = 1 / 1.1, the M/M/1/B loss): 30 % with B = 2,
+# 5 % with B = 10, 1.6 % with B = 20. At 2 (before 2026-12-05), with each gateway's
+# share of a slow model's rate at 1-3 req/s, the buckets turned away requests the
+# engines had room for: at arrivals x1.15 all hour on the shared trace (no episode)
+# the closed loop turned away 540 requests of priority 0-2 and lost 3.7 points of
+# nonstream-total against no control; at 10, 21 and 0.41 points (seed 1; seeds 2 and 3:
+# 97 -> 21 and 780 -> 153 turned away), at x1.3 8.8 -> 1.8 points, on the code shape at
+# x4 10.4 -> 2.6 points, priority 0 at 97.1-99.2 % gold-ttft on x2, x4, code-x4, the
+# burst and x1.3 over seeds 1-3 (`docs/control.md`). 20 gave no more, and priority 0
+# 96.9 % on x4 with seed 2. It also keeps the property two tokens were for: whatever
+# its inflow, a bucket cannot overflow between two arrivals of its own priority while
+# its demand exceeds that inflow (so it does not hand lower priorities capacity it
+# needs). What a larger burst lets through queues in the engines, where the queue
+# cut-off bounds the wait it adds ahead of priority 0.
+MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
 
 
@@ -73,11 +87,11 @@ ADMITTED: Final = Admit(admitted=True)
 
 
 def _burst(rate_rps: float) -> float:
-    return max(1.0, rate_rps * BURST_S)
+    return max(MIN_BURST_TOKENS, rate_rps * BURST_S)
 
 
 def _priority_burst(alloc_rps: float) -> float:
-    return max(MIN_PRIORITY_BURST, alloc_rps * BURST_S)
+    return max(MIN_BURST_TOKENS, alloc_rps * BURST_S)
 
 
 def _retry_after_s(tokens: float, refill_rps: float, max_retry_after_s: int) -> int:

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.admission import PRIORITIES, WARMUP_MS, Admit, PriorityAdmission
+from producers.admission import (
+    MIN_BURST_TOKENS,
+    PRIORITIES,
+    WARMUP_MS,
+    Admit,
+    PriorityAdmission,
+)
 
 MAX_RETRY_S = 30
 
@@ -74,7 +80,10 @@ LONG_RUNS = [
     ("rate", "demand"), [c[1:] for c in LONG_RUNS], ids=[c[0] for c in LONG_RUNS]
 )
 def test_long_run_admits_by_strict_priority(rate: float, demand: tuple[float, ...]) -> None:
-    got, rejections = run(rate, demand)
+    # Measured once every bucket is full: until then a priority whose demand is met keeps
+    # its headroom (10 % of its demand) in its bucket, up to MIN_BURST_TOKENS, instead of
+    # handing it down (0.05 req/s for ~200 s in "fallback-gets-the-rest").
+    got, rejections = run(rate, demand, duration_s=360.0, skip_s=240.0)
     want = strict_priority(rate, demand)
     for p in range(PRIORITIES):
         assert got[p] == pytest.approx(want[p], rel=0.03, abs=0.1), (p, got, want)
@@ -86,8 +95,9 @@ def test_long_run_admits_by_strict_priority(rate: float, demand: tuple[float, ..
 
 def test_warm_up_is_one_shared_bucket_with_priority_0_exempt() -> None:
     adm = PriorityAdmission()
-    got = [adm.decide(3, 5.0, 0.0, MAX_RETRY_S) for _ in range(7)]
-    assert [g.admitted for g in got] == [True] * 5 + [False] * 2  # one second of tokens
+    got = [adm.decide(3, 5.0, 0.0, MAX_RETRY_S) for _ in range(12)]
+    # one second of tokens, and never fewer than MIN_BURST_TOKENS
+    assert [g.admitted for g in got] == [True] * 10 + [False] * 2
     assert got[-1].retry_after_s == 1  # the next token in 0.2 s
     assert adm.decide(0, 5.0, 0.0, MAX_RETRY_S).admitted  # never evicted
     assert not adm.decide(1, 5.0, 100.0, MAX_RETRY_S).admitted  # 0.5 tokens
@@ -115,8 +125,9 @@ def test_retry_after_follows_the_bucket(
     rate: float, max_retry: int, priority: int, admitted: bool, retry: int
 ) -> None:
     adm = PriorityAdmission()
-    if rate > 0:  # drain the one token of the warm-up bucket
-        adm.decide(3, rate, 0.0, max_retry)
+    if rate > 0:  # drain the warm-up bucket (one second of tokens, at least MIN_BURST_TOKENS)
+        for _ in range(int(max(MIN_BURST_TOKENS, rate))):
+            assert adm.decide(3, rate, 0.0, max_retry).admitted
     assert adm.decide(priority, rate, 1.0, max_retry) == Admit(admitted, retry)
 
 
@@ -155,6 +166,38 @@ def test_idle_capacity_goes_to_a_new_burst_at_once() -> None:
         for t_ms, p in arrivals((0.0, 0.0, 0.0, 100.0), 2.0)
     )
     assert admitted >= 0.9 * 50 * 2
+
+
+NOISE_CASES = [
+    # (id, rate per gateway, Poisson demand of priority 1 as a share of the rate)
+    ("slow-model-share", 1.5, 0.9),
+    ("mid", 3.0, 0.9),
+    ("fast-model-share", 8.0, 0.9),
+    ("well-under-the-rate", 2.0, 0.6),
+]
+
+
+@pytest.mark.parametrize(
+    ("rate", "share"), [c[1:] for c in NOISE_CASES], ids=[c[0] for c in NOISE_CASES]
+)
+def test_uneven_arrivals_under_the_rate_are_admitted(rate: float, share: float) -> None:
+    """Requests that arrive unevenly (Poisson) at less than the rate pass: a bucket of a
+    couple of tokens turned away a fifth to a third of them (2026-12-05: the closed loop
+    then refused requests the engines had room for, and lost all-traffic SLOs against
+    no control under a mild overload); MIN_BURST_TOKENS keeps it to a few %."""
+    import random
+
+    rng = random.Random(7)
+    adm = PriorityAdmission()
+    t_ms, refused, n = 0.0, 0, 0
+    while t_ms < 600_000.0:
+        t_ms += rng.expovariate(share * rate) * 1000.0
+        got = adm.decide(1, rate, t_ms, MAX_RETRY_S)
+        if t_ms >= 20_000.0:
+            n += 1
+            refused += not got.admitted
+    assert MIN_BURST_TOKENS >= 10
+    assert refused / n < 0.08, (refused, n)
 
 
 def test_time_going_backwards_is_harmless() -> None:
