@@ -22,19 +22,20 @@ How it decides
   estimate's noise. The rest, ``spare = max(0, rate - Σ a_p)``, is not lost (below).
 * **Buckets.** Priority ``p`` has a token bucket refilled at ``a_p`` with a burst of
   ``max(10, a_p · 1 s)`` tokens (:data:`MIN_BURST_TOKENS`): a bucket of a few tokens
-  turns away a share of arrivals that merely come unevenly at the rate it is refilled. The spare rate enters at priority
-  0's bucket, and what a full bucket cannot hold overflows into the next priority's;
-  what overflows the last one is lost. The inflow is therefore ``max(rate, a_0)``: a
-  priority whose demand the estimate has not caught up with yet (a new burst after an
-  idle spell) still gets the unreserved capacity, highest priority first, so admission
-  is work-conserving without admitting more than ``rate`` (priority 0 aside). While
-  priority 0 alone asks for the rate or more, its bucket's overflow is only the
-  estimate's noise and is dropped.
+  turns away a share of arrivals that merely come unevenly at the rate it is refilled.
+  The spare rate enters at priority 0's bucket, and what a full bucket cannot hold
+  overflows into the next priority's; what overflows the last one is lost. The inflow
+  is therefore ``max(rate, a_0)``: a priority whose demand the estimate has not caught
+  up with yet (a new burst after an idle spell) still gets the unreserved capacity,
+  highest priority first, so admission is work-conserving without admitting more than
+  ``rate`` (priority 0 aside). While priority 0 alone asks for the rate or more, its
+  bucket's overflow is only the estimate's noise and is dropped.
 * **Decision.** Priority 0 is never evicted: it takes a token when its bucket has one
   and passes either way. Priority ``p >= 1`` is admitted iff its bucket holds a token.
 * **Warm-up.** Until the estimator has :data:`WARMUP_MS` = 1 s of history, one shared
   bucket at ``rate`` (burst one second, at least :data:`MIN_BURST_TOKENS`) admits first
-  come, first served, priority 0 exempt. At the switch its tokens are handed to the priority buckets in priority order.
+  come, first served, priority 0 exempt. At the switch its tokens are handed to the
+  priority buckets in priority order.
 * **Retry-After** follows the bucket, so rejected clients do not return together: for a
   rejected priority with ``a_p > 0``, the time until its bucket next holds a token at
   ``a_p`` (rounded up, at least 1 s); with ``a_p == 0`` (higher priorities take the

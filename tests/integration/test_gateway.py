@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from pipeline.contract.control_signal import Actions
+from producers.admission import MIN_BURST_TOKENS
 from producers.control_client import Directive
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
 from tests.gateway_fixtures import MemorySink, overloaded, serve, wait_for
@@ -223,8 +224,10 @@ def test_admission_429_with_retry_after_and_priority_0_always_passes() -> None:
                     headers={"X-Vllm-Priority": str(priority)},
                 )
 
-            # warm-up: one second's tokens (5), first come first served, priority 0 exempt
-            assert [post(3, 0.0).status_code for _ in range(5)] == [200] * 5
+            # warm-up: one second's tokens (5) but at least MIN_BURST_TOKENS (10), first
+            # come first served, priority 0 exempt
+            burst = int(max(MIN_BURST_TOKENS, 5.0))
+            assert [post(3, 0.0).status_code for _ in range(burst)] == [200] * burst
             r = post(3, 0.0)
             assert r.status_code == 429
             assert r.headers["retry-after"] == "1"  # the next token in 0.2 s
