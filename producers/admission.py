@@ -58,20 +58,14 @@ BURST_S: Final = 1.0  # a bucket holds this many seconds of its refill (or MIN_B
 # A bucket holds at least this many tokens. Arrivals are uneven even at a steady rate,
 # and a bucket refuses what comes while it is empty: with Poisson arrivals at its
 # refill rate less the 10 % headroom, a bucket of B tokens refuses about
-# (1 - r) r^B / (1 - r^(B+1)) of them (r = 1 / 1.1, the M/M/1/B loss): 30 % with B = 2,
-# 5 % with B = 10, 1.6 % with B = 20. At 2 (before 2026-12-05), with each gateway's
-# share of a slow model's rate at 1-3 req/s, the buckets turned away requests the
-# engines had room for: at arrivals x1.15 all hour on the shared trace (no episode)
-# the closed loop turned away 540 requests of priority 0-2 and lost 3.7 points of
-# nonstream-total against no control; at 10, 21 and 0.41 points (seed 1; seeds 2 and 3:
-# 97 -> 21 and 780 -> 153 turned away), at x1.3 8.8 -> 1.8 points, on the code shape at
-# x4 10.4 -> 2.6 points, priority 0 at 97.1-99.2 % gold-ttft on x2, x4, code-x4, the
-# burst and x1.3 over seeds 1-3 (`docs/control.md`). 20 gave no more, and priority 0
-# 96.9 % on x4 with seed 2. It also keeps the property two tokens were for: whatever
-# its inflow, a bucket cannot overflow between two arrivals of its own priority while
-# its demand exceeds that inflow (so it does not hand lower priorities capacity it
-# needs). What a larger burst lets through queues in the engines, where the queue
-# cut-off bounds the wait it adds ahead of priority 0.
+# (1 - r) r^B / (1 - r^(B+1)) of them (r = 1 / 1.1, the M/M/1/B loss): 30 % with B = 2
+# (before 2026-12-05), 5 % with B = 10. Each gateway's share of a slow model's rate is
+# 1-3 req/s, so with 2 the closed loop refused requests the engines had room for (the
+# backtests before and after: docs/control.md, section 2). It keeps the property two
+# tokens were for: whatever its inflow, a bucket cannot overflow between two arrivals of
+# its own priority while its demand exceeds that inflow. What a larger burst lets
+# through queues in the engines, where the queue cut-off bounds the wait it adds ahead
+# of priority 0.
 MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
 

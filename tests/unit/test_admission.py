@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -185,8 +187,6 @@ def test_uneven_arrivals_under_the_rate_are_admitted(rate: float, share: float) 
     couple of tokens turned away a fifth to a third of them (2026-12-05: the closed loop
     then refused requests the engines had room for, and lost all-traffic SLOs against
     no control under a mild overload); MIN_BURST_TOKENS keeps it to a few %."""
-    import random
-
     rng = random.Random(7)
     adm = PriorityAdmission()
     t_ms, refused, n = 0.0, 0, 0
@@ -196,7 +196,6 @@ def test_uneven_arrivals_under_the_rate_are_admitted(rate: float, share: float) 
         if t_ms >= 20_000.0:
             n += 1
             refused += not got.admitted
-    assert MIN_BURST_TOKENS >= 10
     assert refused / n < 0.08, (refused, n)
 
 
