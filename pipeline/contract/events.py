@@ -48,6 +48,11 @@ Priority = Annotated[int, Field(ge=0, le=3)]
 # no priority: a middle tier, so untagged traffic is neither gold nor first shed.
 DEFAULT_PRIORITY: Final = 2
 Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
+# A gateway's control mode for one request (producers/enforcement.py; absent: off) and why
+# the enforcement refused it (enforce) or would have (shadow). One status per reason:
+# 429 + Retry-After, 503 for queue_timeout alone.
+ControlMode = Literal["shadow", "enforce"]
+ControlVerdict = Literal["shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -111,6 +116,19 @@ class GatewayCompleted(_RequestEvent):
     )
     slo_tpot_ms: NonNegMs | None = Field(
         default=None, description="The request's own TPOT objective (llm-d x-llm-d-slo-tpot-ms)."
+    )
+    # Added in v1 (optional): what the gateway's enforcement said (issue 48).
+    control_mode: ControlMode | None = Field(
+        default=None,
+        description="The gateway's control mode for this request; null: off (or no control).",
+    )
+    control_verdict: ControlVerdict | None = Field(
+        default=None,
+        description=(
+            "Why the enforcement refused this request (control_mode enforce: outcome "
+            "rejected) or would have (shadow: the request was served as without control); "
+            "null: admitted."
+        ),
     )
 
 

@@ -1,0 +1,373 @@
+"""The one enforcement: what a gateway does with a request under a control directive.
+
+Every gateway we ship asks :class:`Enforcement` and nothing else decides: the ASGI
+middleware (:mod:`producers.asgi_control`, so the reference proxy ``tailguard gateway``),
+the LiteLLM proxy hook (:mod:`producers.litellm_hook`) and the simulator's gateways
+(:mod:`producers.simulator.gate`, so ``tailguard backtest`` and the demo). What the
+backtest proves is therefore what the shipped gateways do (tests/integration/
+test_enforcement_differential.py sends the same arrivals through all of them).
+
+Pure and clock-free: the caller passes the directive in force (a
+:class:`producers.control_client.Directive`, or anything with its ``level``, ``phase``,
+``scope`` and ``actions``), what it knows of the request (:class:`RequestFacts`: read
+from headers, never from the body) and the time (``now_ms``, any monotonic origin on
+this gateway). One :class:`Enforcement` is one gateway instance (``admit_gateways``
+counts instances); not thread-safe: one caller at a time (an event loop, a simulator).
+
+The rules, in order (a directive at level 0 admits everything untouched)
+-------------------------------------------------------------------------
+1. ``shed_priorities_at_or_above = p`` and priority >= p -> refuse ``shed_priority``.
+2. ``reject_new_sessions`` and the request opens a new session and priority >= 1 ->
+   refuse ``new_session`` (priority 0, real-time, is turned away only by an explicit
+   ``shed_priorities_at_or_above: 0``).
+3. Half-open (``phase == "half_open"``): of the requests 1 or 2 would refuse,
+   ``admit_fraction`` is admitted instead: with a request key (``x-request-id``, the
+   simulator's request id), those whose ``blake2b(key)`` falls below the fraction (the
+   same key always gets the same answer); without one, an exact running spread (the
+   *k*-th such request is admitted when ``floor((k+1)·f) > floor(k·f)``).
+4. ``rate_limit_rps`` (a fixed per-instance cap, e.g. static levels): a token bucket
+   per gateway instance and directive scope, burst one second (at least one token);
+   empty -> refuse ``rate_limit`` (priority 0 takes a token when there is one and
+   passes either way).
+5. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
+   PriorityAdmission` per directive scope at ``admit_rps / admit_gateways`` requests/s,
+   by strict priority; refused -> ``admission`` with its own ``Retry-After`` (when the
+   priority's bucket next holds a token: at least 1 s, at most ``retry_after_s``).
+6. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
+   ``fallback_model``, and the queue cut-off of its priority (``queue_timeout_ms``;
+   priority 0 never): a request with no first byte that long after it was forwarded is
+   cancelled -> ``queue_timeout``. The gateway runs the timer; it reports a cut-off it
+   made (or, in shadow, would have made) with :meth:`Enforcement.count_cutoff`.
+
+One status per reason (:data:`STATUS`)
+--------------------------------------
+Every deliberate refusal is ``429 Too Many Requests`` with ``Retry-After``: the client is
+fine, the service chose not to serve it now, and every common SDK (OpenAI's, LiteLLM's,
+Anthropic's) retries a 429 after the ``Retry-After`` it names. An SRE's error-rate SLO
+does not count it as a server error: the gateways record it as ``rejected``. The queue
+cut-off alone is ``503 Service Unavailable`` + ``Retry-After``: the request was accepted,
+forwarded and then given up on because the engines could not start it in time, which is
+what 503 means; the gateways mark it ``rejected`` too (the reason travels in
+``scope["state"]``), so neither is an error in the store.
+
+Three modes (:class:`Modes`)
+----------------------------
+``off`` (the directive is not even read), ``shadow`` (decide and count, never act: the
+request is served as without control, no header injected, no cut-off) and ``enforce``.
+A gateway sets one mode, optionally per scope (a model), and may enforce only priorities
+at or above a tier (``enforce_from_priority = 3``: priority 3 enforced, 0-2 shadowed), the
+rollout's middle step. Shadow runs the same rules on the same state as enforce (the
+admission's buckets see every arrival either way), so on the same arrivals the shadow
+counters equal what enforce turns away. Counted per (mode, model, priority, reason) in
+:attr:`Enforcement.refusals`: ``enforce`` rows are refusals, ``shadow`` rows are
+would-have refusals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol
+
+from producers.admission import PriorityAdmission
+
+Mode = Literal["off", "shadow", "enforce"]
+MODES: Final[tuple[Mode, ...]] = ("off", "shadow", "enforce")
+Reason = Literal["shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"]
+REASONS: Final[tuple[Reason, ...]] = (
+    "shed_priority",
+    "new_session",
+    "rate_limit",
+    "admission",
+    "queue_timeout",
+)
+# One status per reason (see the module docstring for why).
+STATUS: Final[Mapping[Reason, int]] = {
+    "shed_priority": 429,
+    "new_session": 429,
+    "rate_limit": 429,
+    "admission": 429,
+    "queue_timeout": 503,
+}
+ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
+PRIORITIES: Final = 4
+
+
+class _ActionsLike(Protocol):
+    shed_priorities_at_or_above: int | None
+    cap_context_tokens: int | None
+    fallback_model: str | None
+    reject_new_sessions: bool
+    retry_after_s: int
+    rate_limit_rps: float | None
+    admit_fraction: float | None
+    admit_rps: float | None
+    admit_gateways: int | None
+
+    def queue_timeout_for(self, priority: int) -> float | None: ...
+
+
+class DirectiveLike(Protocol):
+    """What the enforcement reads of a directive (:class:`producers.control_client.
+    Directive` has it)."""
+
+    @property
+    def level(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def scope(self) -> str | None: ...
+    @property
+    def actions(self) -> Any: ...  # an _ActionsLike (the contract's Actions)
+
+
+def stricter(own: DirectiveLike | None, every: DirectiveLike | None) -> DirectiveLike | None:
+    """The directive that governs a model, from its own and the ``"*"`` one: the higher
+    level wins, the model's own on a tie (never merged field by field: a merge would be a
+    directive nobody issued)."""
+    if own is None:
+        return every
+    if every is None or own.level >= every.level:
+        return own
+    return every
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What a gateway knows of a request before it forwards it (headers, not body).
+
+    ``model`` None: unknown (only a ``"*"`` directive applies); ``priority`` 0 (highest)
+    .. 3, clamped; ``new_session``: the request opens a session (the middleware: no
+    ``x-tailguard-session`` header); ``request_key``: a stable id of the logical
+    request (``x-request-id``), for the half-open hash; ``prompt_tokens`` None: unknown.
+    """
+
+    model: str | None
+    priority: int
+    new_session: bool = False
+    request_key: str | None = None
+    prompt_tokens: int | None = None
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the directive asks for one request. ``reason`` None: admit."""
+
+    reason: Reason | None = None
+    retry_after_s: int = 0  # of a refusal; of an admission under a cut-off, the cut-off's
+    cap_context_tokens: int | None = None
+    fallback_model: str | None = None
+    queue_timeout_ms: float | None = None  # admitted under a queue cut-off (priority >= 1)
+    half_open_admitted: bool = False
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of a refusal (:data:`STATUS`); 0 when admitted."""
+        return 0 if self.reason is None else STATUS[self.reason]
+
+
+ADMIT: Final = Verdict()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A verdict and whether it is acted on. ``act`` is what the gateway does: the
+    verdict in ``enforce``, :data:`ADMIT` otherwise (``shadow`` only counts it)."""
+
+    verdict: Verdict
+    mode: Mode
+    level: int = 0
+    scope: str | None = None
+
+    @property
+    def act(self) -> Verdict:
+        return self.verdict if self.mode == "enforce" else ADMIT
+
+    @property
+    def refused(self) -> bool:
+        return self.mode == "enforce" and self.verdict.reason is not None
+
+    @property
+    def would_refuse(self) -> Reason | None:
+        """The reason shadow would have refused this request for (None: it would not)."""
+        return self.verdict.reason if self.mode == "shadow" else None
+
+
+PASS_OFF: Final = Decision(ADMIT, "off")
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    """Which mode applies to a request: ``mode`` for every scope unless ``scopes``
+    names the model's own; in ``enforce``, priorities below ``enforce_from_priority``
+    are shadowed (0: all enforced). Built from flags or environment by :meth:`parse`."""
+
+    mode: Mode = "enforce"
+    enforce_from_priority: int = 0
+    scopes: tuple[tuple[str, Mode], ...] = ()
+
+    def __post_init__(self) -> None:
+        for m in (self.mode, *(m for _, m in self.scopes)):
+            if m not in MODES:
+                raise ValueError(f"control mode must be one of {', '.join(MODES)}, got {m!r}")
+        if not 0 <= self.enforce_from_priority < PRIORITIES:
+            raise ValueError(
+                f"enforce_from_priority must be 0..{PRIORITIES - 1}, "
+                f"got {self.enforce_from_priority}"
+            )
+
+    def of(self, model: str | None, priority: int) -> Mode:
+        mode = self.mode
+        if model is not None:
+            for scope, m in self.scopes:
+                if scope == model:
+                    mode = m
+                    break
+        if mode == "enforce" and priority < self.enforce_from_priority:
+            return "shadow"
+        return mode
+
+    @classmethod
+    def parse(
+        cls, mode: str, *, enforce_from_priority: int = 0, scopes: str | None = None
+    ) -> Modes:
+        """``mode``: off|shadow|enforce; ``scopes``: ``"model-a=shadow,model-b=off"``."""
+        pairs: list[tuple[str, Mode]] = []
+        for part in (scopes or "").split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, m = part.rpartition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"per-scope control mode must be MODEL=MODE, got {part!r}")
+            pairs.append((name.strip(), m.strip()))  # type: ignore[arg-type]  # checked
+        return cls(mode.strip(), enforce_from_priority, tuple(pairs))  # type: ignore[arg-type]
+
+
+def hash_admits(key: str, fraction: float) -> bool:
+    """Deterministic: is ``key`` in the admitted ``fraction`` of the key space?"""
+    h = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+    return h < fraction * 2.0**64
+
+
+def spread_admits(k: int, fraction: float) -> bool:
+    """Deterministic without keys: admit the ``k``-th candidate (0-based) when
+    ``floor((k+1)*f) > floor(k*f)`` -- exactly ``floor(n*f)`` of ``n`` admitted."""
+    return math.floor((k + 1) * fraction) > math.floor(k * fraction)
+
+
+@dataclass
+class Enforcement:
+    """One gateway instance's enforcement; see the module docstring."""
+
+    modes: Modes = field(default_factory=Modes)
+    # (mode, model, priority, reason) -> requests refused (enforce) / would-have (shadow)
+    refusals: Counter[tuple[Mode, str, int, Reason]] = field(default_factory=Counter)
+    # admitted, half_open_admitted, capped, fallback: requests acted on (enforce only)
+    applied: Counter[str] = field(default_factory=Counter)
+    _admissions: dict[str, PriorityAdmission] = field(default_factory=dict)
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, last ms
+    _spread_k: int = 0
+
+    def decide(
+        self, directive: DirectiveLike | None, request: RequestFacts, now_ms: float
+    ) -> Decision:
+        """What to do with ``request`` under ``directive`` (the effective one for its
+        model, e.g. ``ControlClient.directive(model)``) at ``now_ms``; counted."""
+        priority = min(max(request.priority, 0), PRIORITIES - 1)
+        mode = self.modes.of(request.model, priority)
+        if mode == "off":
+            return PASS_OFF
+        if directive is None or directive.level <= 0:
+            return Decision(ADMIT, mode)
+        verdict = self._verdict(directive, request, priority, now_ms)
+        decision = Decision(verdict, mode, directive.level, directive.scope)
+        model = request.model or ALL_SCOPES
+        if verdict.reason is not None:
+            self.refusals[(mode, model, priority, verdict.reason)] += 1
+        elif mode == "enforce":
+            self.applied["admitted"] += 1
+            if verdict.half_open_admitted:
+                self.applied["half_open_admitted"] += 1
+            if verdict.cap_context_tokens is not None:
+                self.applied["capped"] += 1
+            if verdict.fallback_model is not None:
+                self.applied["fallback"] += 1
+        return decision
+
+    def count_cutoff(self, decision: Decision, request: RequestFacts) -> None:
+        """The gateway cut ``request`` off at its queue timeout (enforce), or in shadow
+        saw no first byte within it: counted as ``queue_timeout``."""
+        priority = min(max(request.priority, 0), PRIORITIES - 1)
+        self.refusals[(decision.mode, request.model or ALL_SCOPES, priority, "queue_timeout")] += 1
+
+    def refused_by_priority(self, mode: Mode = "enforce") -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (m, _model, prio, _why), n in self.refusals.items():
+            if m == mode:
+                out[prio] = out.get(prio, 0) + n
+        return dict(sorted(out.items()))
+
+    # -- the rules
+    def _verdict(
+        self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float
+    ) -> Verdict:
+        a: _ActionsLike = d.actions
+        scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
+        reason: Reason | None = None
+        if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
+            reason = "shed_priority"
+        elif a.reject_new_sessions and priority > 0 and r.new_session:
+            reason = "new_session"
+        half_open = False
+        if reason is not None and d.phase == "half_open" and a.admit_fraction:
+            if r.request_key is not None:
+                half_open = hash_admits(r.request_key, a.admit_fraction)
+            else:
+                half_open = spread_admits(self._spread_k, a.admit_fraction)
+                self._spread_k += 1
+            if half_open:
+                reason = None
+        if reason is not None:
+            return Verdict(reason=reason, retry_after_s=max(0, int(a.retry_after_s)))
+        if (
+            a.rate_limit_rps is not None
+            and not self._take_token(scope, a.rate_limit_rps, now_ms)
+            and priority > 0  # priority 0 takes a token when there is one, never waits
+        ):
+            return Verdict(reason="rate_limit", retry_after_s=max(0, int(a.retry_after_s)))
+        if a.admit_rps is not None:
+            admission = self._admissions.get(scope)
+            if admission is None:
+                admission = self._admissions[scope] = PriorityAdmission()
+            rate_rps = a.admit_rps / (a.admit_gateways or 1)
+            admit = admission.decide(priority, rate_rps, now_ms, a.retry_after_s)
+            if not admit.admitted:
+                return Verdict(reason="admission", retry_after_s=admit.retry_after_s)
+        cap = a.cap_context_tokens
+        if cap is not None and r.prompt_tokens is not None and r.prompt_tokens <= cap:
+            cap = None  # shorter already: nothing to cap
+        cutoff = a.queue_timeout_for(priority)
+        if cutoff is None and cap is None and a.fallback_model is None and not half_open:
+            return ADMIT
+        return Verdict(
+            retry_after_s=max(0, int(a.retry_after_s)) if cutoff is not None else 0,
+            cap_context_tokens=cap,
+            fallback_model=a.fallback_model,
+            queue_timeout_ms=cutoff,
+            half_open_admitted=half_open,
+        )
+
+    def _take_token(self, scope: str, rps: float, now_ms: float) -> bool:
+        burst = max(1.0, rps)
+        tokens, last = self._buckets.get(scope, (burst, now_ms))
+        tokens = min(burst, tokens + max(0.0, now_ms - last) / 1000.0 * rps)
+        if tokens >= 1.0:
+            self._buckets[scope] = (tokens - 1.0, now_ms)
+            return True
+        self._buckets[scope] = (tokens, now_ms)
+        return False
