@@ -237,8 +237,8 @@ class Modes:
     ) -> Modes:
         """``mode``: off|shadow|enforce; ``scopes``: ``"model-a=shadow,model-b=off"``."""
         pairs: list[tuple[str, Mode]] = []
-        for part in (scopes or "").split(","):
-            part = part.strip()
+        for raw in (scopes or "").split(","):
+            part = raw.strip()
             if not part:
                 continue
             name, sep, m = part.rpartition("=")
@@ -313,9 +313,7 @@ class Enforcement:
         return dict(sorted(out.items()))
 
     # -- the rules
-    def _verdict(
-        self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float
-    ) -> Verdict:
+    def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
         reason: Reason | None = None

@@ -23,6 +23,9 @@ reference proxy in :mod:`producers.gateway_proxy`). Per HTTP request:
   response is complete -> ``client_abort`` with ``http_status`` 0; 429 -> ``rejected``;
   so is the control middleware's queue cut-off (its 503, marked in ``scope["state"]``
   under :data:`~producers.asgi_control.REJECTED_STATE_KEY`); 408/504 -> ``timeout``;
+  the control middleware's mode and verdict (its mark under
+  :data:`~producers.asgi_control.CONTROL_STATE_KEY`) -> ``control_mode`` /
+  ``control_verdict``;
   other >= 400 or an exception in the app -> ``error``; else ``ok``.
   A disconnect is seen when the app reads ``receive`` (Starlette's streaming responses and
   the reference proxy listen for it) or when ``send`` raises.
@@ -68,6 +71,7 @@ from pipeline.contract.events import (
     Outcome,
 )
 from producers.asgi_control import (
+    CONTROL_STATE_KEY,
     MODEL_HEADER,
     PRIORITY_HEADER,
     REJECTED_STATE_KEY,
@@ -251,6 +255,9 @@ class _Exchange:
     response_overflow: bool = False
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # the control middleware's (mode, reason) for this request (its state mark), if any
+    control_mode: Any = None
+    control_verdict: Any = None
 
 
 def _is_json(scope: Scope) -> bool:
@@ -388,6 +395,9 @@ class LifecycleMiddleware:
             try:
                 state = downstream.get("state")
                 x.rejected = isinstance(state, dict) and REJECTED_STATE_KEY in state
+                control = state.get(CONTROL_STATE_KEY) if isinstance(state, dict) else None
+                if control is not None:
+                    x.control_mode, x.control_verdict = control
                 self._emit(self._completed(scope, request_id, x, failed))
                 if span is not None:
                     if x.status is not None:
@@ -517,6 +527,8 @@ class LifecycleMiddleware:
             output_tokens=output_tokens,
             slo_ttft_ms=x.slo_ttft_ms,
             slo_tpot_ms=x.slo_tpot_ms,
+            control_mode=x.control_mode,
+            control_verdict=x.control_verdict,
         )
 
 

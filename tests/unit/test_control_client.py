@@ -677,19 +677,19 @@ SHED: dict[str, Any] = {"shed_priorities_at_or_above": 2, "retry_after_s": 17}
 @pytest.mark.parametrize(
     ("directive", "headers", "status"),
     [
-        (_directive(1, **SHED), {"x-vllm-priority": "2", "x-tailguard-session": "s"}, 503),
-        (_directive(1, **SHED), {"x-vllm-priority": "3", "x-tailguard-session": "s"}, 503),
+        (_directive(1, **SHED), {"x-vllm-priority": "2", "x-tailguard-session": "s"}, 429),
+        (_directive(1, **SHED), {"x-vllm-priority": "3", "x-tailguard-session": "s"}, 429),
         (_directive(1, **SHED), {"x-vllm-priority": "1", "x-tailguard-session": "s"}, 200),
         # no (or no integer) priority: the default tier 2, as the gateway records it
-        (_directive(1, **SHED), {"x-tailguard-session": "s"}, 503),
-        (_directive(1, **SHED), {"x-vllm-priority": "high", "x-tailguard-session": "s"}, 503),
+        (_directive(1, **SHED), {"x-tailguard-session": "s"}, 429),
+        (_directive(1, **SHED), {"x-vllm-priority": "high", "x-tailguard-session": "s"}, 429),
         (_directive(1, shed_priorities_at_or_above=3), {"x-tailguard-session": "s"}, 200),
-        (_directive(1, shed_priorities_at_or_above=0), {"x-tailguard-session": "s"}, 503),
-        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "1"}, 503),
-        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "3"}, 503),
+        (_directive(1, shed_priorities_at_or_above=0), {"x-tailguard-session": "s"}, 429),
+        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "1"}, 429),
+        (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "3"}, 429),
         # priority 0 (real-time) keeps opening sessions; the default tier does not
         (_directive(1, reject_new_sessions=True), {"x-vllm-priority": "0"}, 200),
-        (_directive(1, reject_new_sessions=True), {}, 503),
+        (_directive(1, reject_new_sessions=True), {}, 429),
         (
             _directive(3, shed_priorities_at_or_above=1, reject_new_sessions=True),
             {"x-vllm-priority": "0"},
@@ -709,7 +709,7 @@ def test_middleware_shedding_table(
 ) -> None:
     r = _call(_mw(directive), _http_scope(headers))
     assert r.status == status
-    if status == 503:
+    if status == 429:
         assert r.app_calls == 0
         assert r.headers[b"retry-after"] == str(directive.actions.retry_after_s).encode()
         body = orjson.loads(r.body)
@@ -731,7 +731,7 @@ def test_middleware_shed_body_and_counters() -> None:
         return mws[-1]
 
     r = _call(factory, _http_scope({"x-vllm-priority": "2"}))
-    assert r.status == 503
+    assert r.status == 429
     assert r.headers[b"retry-after"] == b"17"
     assert orjson.loads(r.body) == overloaded("shed_priority", 2, 17)
     assert mws[0].counters["shed_priority"] == 1
@@ -783,7 +783,7 @@ def test_middleware_with_a_real_store_end_to_end() -> None:
         return ControlMiddleware(app, client.directive)
 
     prio3 = {"x-vllm-priority": "3", "x-tailguard-session": "s"}
-    assert _call(factory, _http_scope({"x-tailguard-model": "llama", **prio3})).status == 503
+    assert _call(factory, _http_scope({"x-tailguard-model": "llama", **prio3})).status == 429
     assert _call(factory, _http_scope({"x-tailguard-model": "other", **prio3})).status == 200
 
 
@@ -805,7 +805,7 @@ def test_half_open_admits_a_deterministic_fraction_by_request_id() -> None:
 
     first = statuses()
     admitted = first.count(200)
-    assert first.count(200) + first.count(503) == 2000
+    assert first.count(200) + first.count(429) == 2000
     assert 0.21 * 2000 < admitted < 0.29 * 2000
     assert statuses() == first  # deterministic
     assert [hash_admits(f"req-{i}", 0.25) for i in range(2000)] == [s == 200 for s in first]
@@ -839,7 +839,7 @@ def test_half_open_applies_to_new_session_rejection_and_degraded_does_not_admit(
     assert _call(_mw(half), _http_scope({"x-vllm-priority": "2"})).status == 200
     degraded = _directive(1, reject_new_sessions=True)
     scope = _http_scope({"x-request-id": "r", "x-vllm-priority": "2"})
-    assert _call(_mw(degraded), scope).status == 503
+    assert _call(_mw(degraded), scope).status == 429
 
 
 def test_middleware_exception_passes_through_and_counts() -> None:

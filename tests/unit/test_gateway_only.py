@@ -292,10 +292,14 @@ def test_control_sheds_on_the_resolved_priority() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             return (await client.post("/v1/chat/completions", json=body)).status_code
 
-    assert asyncio.run(go({"model": "m", "service_tier": "flex"})) == 503
+    assert asyncio.run(go({"model": "m", "service_tier": "flex"})) == 429
     assert asyncio.run(go({"model": "m"})) == 200
-    outcomes = [e.outcome for e in sink.events if e.kind == "gateway.completed"]
-    assert outcomes == ["error", "ok"]
+    done = [e for e in sink.events if e.kind == "gateway.completed"]
+    # a deliberate refusal is a 429 recorded as rejected (not an error), with its reason
+    assert [(e.outcome, e.control_mode, e.control_verdict) for e in done] == [
+        ("rejected", "enforce", "shed_priority"),
+        ("ok", "enforce", None),
+    ]
 
 
 def test_priority_from_state_without_the_lifecycle_middleware() -> None:
