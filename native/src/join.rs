@@ -868,6 +868,8 @@ enum F {
     HttpStatus,
     SloTtftMs,
     SloTpotMs,
+    ControlMode,
+    ControlVerdict,
     OutputTokens,
     E2eMs,
     QueueMs,
@@ -881,7 +883,9 @@ enum F {
     ColdStartUnixNs,
 }
 
-const FIELD_NAMES: [&str; 25] = [
+const N_FIELDS: usize = 27;
+
+const FIELD_NAMES: [&str; N_FIELDS] = [
     "event_id",
     "ts_unix_ns",
     "host",
@@ -896,6 +900,8 @@ const FIELD_NAMES: [&str; 25] = [
     "http_status",
     "slo_ttft_ms",
     "slo_tpot_ms",
+    "control_mode",
+    "control_verdict",
     "output_tokens",
     "e2e_ms",
     "queue_ms",
@@ -914,13 +920,13 @@ const FIELD_NAMES: [&str; 25] = [
 struct TypeInfo {
     ty: PyObject,
     kind: Option<Kind>,
-    idx: Option<[i16; 25]>,
+    idx: Option<[i16; N_FIELDS]>,
 }
 
 /// An event being read (see `F`).
 struct Ev<'py> {
     obj: Bound<'py, PyAny>,
-    tup: Option<(Bound<'py, PyTuple>, [i16; 25])>,
+    tup: Option<(Bound<'py, PyTuple>, [i16; N_FIELDS])>,
 }
 
 impl<'py> Ev<'py> {
@@ -958,7 +964,7 @@ fn type_info<'a>(
     let idx = match t.getattr(intern!(py, "__struct_fields__")) {
         Ok(fields) => {
             let names: Vec<String> = fields.extract()?;
-            let mut idx = [-1i16; 25];
+            let mut idx = [-1i16; N_FIELDS];
             for (j, name) in FIELD_NAMES.iter().enumerate() {
                 if let Some(i) = names.iter().position(|n| n == name) {
                     idx[j] = i as i16;
@@ -1140,6 +1146,7 @@ impl Helpers {
         let (mut total, mut ttfb): (Option<f64>, Option<f64>) = (None, None);
         let (mut total_o, mut ttfb_o, mut http_status, mut slo_ttft, mut slo_tpot) =
             (none(), none(), none(), none(), none());
+        let (mut control_mode, mut control_verdict) = (none(), none());
         if let Some(c) = c {
             let o = c.get(F::Outcome)?;
             ok = o.downcast::<PyString>()?.to_str()? == "ok";
@@ -1153,6 +1160,8 @@ impl Helpers {
             http_status = c.get(F::HttpStatus)?.unbind();
             slo_ttft = c.get(F::SloTtftMs)?.unbind();
             slo_tpot = c.get(F::SloTpotMs)?.unbind();
+            control_mode = c.get(F::ControlMode)?.unbind();
+            control_verdict = c.get(F::ControlVerdict)?.unbind();
         } else {
             let f = f.unwrap();
             let r = f.get(F::FinishReason)?;
@@ -1333,6 +1342,8 @@ impl Helpers {
                 slo_tpot,
                 cold,
                 obj(py, conflicts)?,
+                control_mode,
+                control_verdict,
             ],
         )?;
         let rec = self.record_cls.bind(py).call1(args)?.unbind();

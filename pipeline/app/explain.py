@@ -6,7 +6,13 @@ from typing import Any
 
 from pipeline.adapters.queries import control, events, requests
 from pipeline.adapters.store import Store, record_from_row
-from pipeline.core.explain import AuditedDirective, Explanation, conflict_note, explain
+from pipeline.core.explain import (
+    AuditedDirective,
+    Explanation,
+    conflict_note,
+    explain,
+    gateway_control_note,
+)
 from pipeline.core.record import RequestRecord
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
@@ -74,6 +80,14 @@ def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:
         "cold_start": None
         if r.cold_start_unix_ns is None
         else {"engine_host": r.engine_host, "started": _iso(r.cold_start_unix_ns / 1e6)},
+        # what the gateway's enforcement said (issue 48); None: no control mode (off)
+        "gateway_control": None
+        if r.control_mode is None
+        else {
+            "mode": r.control_mode,
+            "verdict": r.control_verdict,
+            "note": gateway_control_note(r),
+        },
         "timeline": [
             {"clock": i.clock, "name": i.name, "offset_ms": i.offset_ms, "at": _iso(i.unix_ms)}
             for i in e.timeline
@@ -153,6 +167,10 @@ def render(e: Explanation, events: list[dict[str, Any]]) -> Any:
         f"(since {_iso(c.event_time_unix_ms)}, seq {c.seq}): {c.reason}"
     )
     parts: list[Any] = [head, tl, bd, sl, ctl]
+    gateway = gateway_control_note(r)
+    if gateway is not None:
+        refused = "bold yellow" if r.control_verdict is not None else ""
+        parts.append(Text(f"gateway control: {gateway}", style=refused))
     note = conflict_note(r)
     if note is not None:
         parts.append(Text(note, style="bold yellow"))

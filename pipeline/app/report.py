@@ -58,6 +58,9 @@ class Report:
     open_windows: dict[str, Any] = field(default_factory=dict)
     budget_events: list[dict[str, Any]] = field(default_factory=list)
     filters: ReportFilter = field(default_factory=ReportFilter)
+    # per model and priority, what the gateways' enforcement said (control_verdicts);
+    # empty when no request carried a control mode (the section is then left out)
+    control_verdicts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,7 +77,7 @@ class Report:
             "budget_events": self.budget_events,
             "clock_skew": self.clock_skew,
             "filters": self.filters.to_json(),
-        }
+        } | ({"control_verdicts": self.control_verdicts} if self.control_verdicts else {})
 
 
 def exact_quantile(sorted_values: list[float], q: float) -> float:
@@ -257,6 +260,29 @@ def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
     }
 
 
+def control_verdicts(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per model and priority, from ``(model, priority, mode, verdict, count)`` rows of the
+    requests that carried a control mode (:func:`pipeline.adapters.queries.requests.
+    control_counts`): the requests per mode; those the enforcement refused (enforce, by
+    reason), those it would have refused (shadow, by reason: they were served); and how
+    many were served (every request with a mode but those refused)."""
+    acc: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for model, priority, mode, verdict, n in rows:
+        key = (str(model), None if priority is None else int(priority))
+        a = acc.setdefault(key, {
+            "model": key[0], "priority": key[1], "modes": {}, "requests": 0, "served": 0,
+            "would_refuse": {}, "refused": {},
+        })  # fmt: skip
+        a["modes"][mode] = a["modes"].get(mode, 0) + int(n)
+        a["requests"] += int(n)
+        if verdict is None or mode == "shadow":
+            a["served"] += int(n)
+        if verdict is not None:
+            by = a["refused" if mode == "enforce" else "would_refuse"]
+            by[verdict] = by.get(verdict, 0) + int(n)
+    return [acc[k] for k in sorted(acc, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
+
+
 def load_cause(split: tuple[int, float, float], queue_inclusive: bool) -> dict[str, Any]:
     """Why an SLO's bad requests were slow: their queue share and a sentence (the same rule
     as the controller's: >= 50 % of the bad requests' time queued is load-caused)."""
@@ -314,6 +340,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     return Report(
         int(row[0]), by_source, by_outcome, boundaries, slos, control_rows, clock_skew,
         read_open_windows(store, f), budget_events, f,
+        control_verdicts(requests.control_counts(store, f)),
     )  # fmt: skip
 
 
@@ -436,6 +463,14 @@ def render(report: Report) -> Any:
         fold_last=True, text_cols=4,
     )  # fmt: skip
     parts.append(ctl)
+    if report.control_verdicts:
+        parts.append(table(
+            "gateway control: refused (enforce), would have refused (shadow; served), by reason",
+            ["model", "priority", "modes", "requests", "served", "refused (enforce)",
+             "would have refused (shadow)"],
+            [list(verdict_cells(v)) for v in report.control_verdicts],
+            text_cols=3,
+        ))  # fmt: skip
     s = table("records", ["by source", "n"], [[k, str(v)] for k, v in report.by_source.items()])
     o = table("outcomes", ["outcome", "n"], [[k, str(v)] for k, v in report.by_outcome.items()])
     skew = table(
@@ -446,6 +481,21 @@ def render(report: Report) -> Any:
     )  # fmt: skip
     parts += [s, o, skew]
     return Group(*parts)
+
+
+def reasons_cell(by_reason: dict[str, int]) -> str:
+    """``admission 3, rate_limit 1`` (most first), or ``-``."""
+    items = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {n}" for k, n in items) or "-"
+
+
+def verdict_cells(v: dict[str, Any]) -> tuple[str, ...]:
+    """One row of the gateway control table (text and HTML)."""
+    return (
+        v["model"], "-" if v["priority"] is None else str(v["priority"]),
+        ", ".join(f"{m} {n}" for m, n in sorted(v["modes"].items())), str(v["requests"]),
+        str(v["served"]), reasons_cell(v["refused"]), reasons_cell(v["would_refuse"]),
+    )  # fmt: skip
 
 
 def print_wide(renderable: Any) -> None:

@@ -39,7 +39,13 @@ from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import Store
 from pipeline.app.figures import figure, percent
-from pipeline.app.report import Report, slo_events, slo_minute_rows, with_selection
+from pipeline.app.report import (
+    Report,
+    slo_events,
+    slo_minute_rows,
+    verdict_cells,
+    with_selection,
+)
 from pipeline.core.budget import period_at, window_budget
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
@@ -453,6 +459,18 @@ def _counts(d: dict[str, int]) -> str:
     return ", ".join(f"{_esc(k)} {v:,}" for k, v in d.items()) or "none"
 
 
+def _verdicts_html(report: Report) -> str:
+    """The gateways' enforcement per model and priority, or nothing when no request
+    carried a control mode."""
+    if not report.control_verdicts:
+        return ""
+    head = ("model", "priority", "modes", "requests", "served", "refused (enforce)",
+            "would have refused (shadow)")  # fmt: skip
+    return "<h3>Gateway control: refused and would-have-refused requests, by reason</h3>" + (
+        _table(head, [verdict_cells(v) for v in report.control_verdicts])
+    )
+
+
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
@@ -526,6 +544,7 @@ Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
 {_table(("time", "SLO", "event"), events_rows) if events_rows else ""}
 <h2>Control</h2>{charts[4]}
 {_table(("event time", "scope", "level", "phase", "reason"), control_rows) if control_rows else ""}
+{_verdicts_html(report)}
 <pre id="render-check" hidden>not rendered</pre>
 <script>{_CHECK_JS}</script>
 </body></html>

@@ -257,3 +257,19 @@ def conflict_note(r: RequestRecord) -> str | None:
         "id, other outcome or values): the record holds the worse of each kind (a failure "
         "over a client abort over ok, then the longer latency), and the SLOs count that"
     )
+
+
+def gateway_control_note(r: RequestRecord) -> str | None:
+    """What the gateway's enforcement said of the request (issue 48), or None when it
+    carried no control mode (off, or a gateway without control)."""
+    mode, verdict = r.control_mode, r.control_verdict
+    if mode is None:
+        return None
+    if mode == "shadow":
+        if verdict is None:
+            return "shadow: would have been admitted"
+        return f"shadow: would have been refused ({verdict}); served as without control"
+    if verdict is None:
+        return f"{mode}: admitted"
+    status = "" if r.http_status is None else f" {r.http_status}"
+    return f"{mode}: refused{status} ({verdict})"

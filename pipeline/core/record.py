@@ -16,6 +16,7 @@ import msgspec
 from pipeline.contract.boundaries import BOUNDARIES as BOUNDARIES  # noqa: PLC0414
 from pipeline.contract.boundaries import CTX_BUCKETS as CTX_BUCKETS  # noqa: PLC0414
 from pipeline.contract.boundaries import ctx_bucket as ctx_bucket  # noqa: PLC0414
+from pipeline.contract.events import ControlMode, ControlVerdict
 from pipeline.contract.wire import AnyCompleted, AnyFinished
 
 Source = Literal["joined", "gateway_only", "engine_only"]
@@ -175,6 +176,11 @@ class RequestRecord(msgspec.Struct, frozen=True, gc=False):
     # another event id, other content: e.g. two gateway.completed, ok then error 500).
     # The record holds the worse of each kind (see pipeline.core.join, "Conflicts").
     conflicts: int = 0
+    # What the gateway's enforcement said (gateway.completed, issue 48): its control mode
+    # (None: off, or no control) and why it refused the request (enforce: the outcome is
+    # ``rejected``) or would have (shadow: served as without control); None: admitted
+    control_mode: ControlMode | None = None
+    control_verdict: ControlVerdict | None = None
 
     @property
     def version(self) -> int:
@@ -230,11 +236,13 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         http_status: int | None = completed.http_status
         slo_ttft: float | None = completed.slo_ttft_ms
         slo_tpot: float | None = completed.slo_tpot_ms
+        control_mode: ControlMode | None = completed.control_mode
+        control_verdict: ControlVerdict | None = completed.control_verdict
     else:
         assert finished is not None
         outcome = _FINISH_TO_OUTCOME[finished.finish_reason]
         total = ttfb = slo_ttft = slo_tpot = None
-        http_status = None
+        http_status = control_mode = control_verdict = None
     if finished is not None:
         source = "joined" if completed is not None else "engine_only"
         if completed is not None:
@@ -346,4 +354,6 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         slo_tpot,
         cold_start,
         conflicts,
+        control_mode,
+        control_verdict,
     )

@@ -27,6 +27,8 @@ OLD = [
         "slo_tpot_ms",
         "cold_start_unix_ns",
         "conflicts",
+        "control_mode",
+        "control_verdict",
     }
 ]
 

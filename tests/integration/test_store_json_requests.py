@@ -24,7 +24,8 @@ _ALL = "SELECT {} FROM tailguard.requests ORDER BY request_id, attempt, revision
 
 def _records() -> list[RequestRecord]:
     """Records with every kind of value: joined, partial, missing tenant and hosts, flags,
-    retried attempts, per-request objectives, a cold start, awkward floats and strings."""
+    retried attempts, per-request objectives, a cold start, control modes and verdicts,
+    awkward floats and strings."""
     replace = msgspec.structs.replace
     joined = build_record("a", received("a"), completed("a"), finished("a"))
     partial = build_record("b", received("b", tenant=None), completed("b"), None)
@@ -51,6 +52,16 @@ def _records() -> list[RequestRecord]:
             tenant="t\nx",
         ),
         replace(partial, request_id="h", gateway_host=None, engine_host=None, stream=None),
+        replace(joined, request_id="i", control_mode="shadow", control_verdict="admission"),
+        replace(
+            partial,
+            request_id="j",
+            control_mode="enforce",
+            control_verdict="rate_limit",
+            outcome="rejected",
+            http_status=429,
+        ),
+        replace(partial, request_id="k", control_mode="shadow"),
     ]
 
 

@@ -312,6 +312,13 @@ _END = {"ok": (200, "ok", "stop"), "error": (502, "error", "error"),
         "abort": (0, "client_abort", "abort")}  # fmt: skip
 
 
+_CONTROL: list[dict[str, Any]] = [
+    {},
+    {"control_mode": "shadow", "control_verdict": "admission"},
+    {"control_mode": "enforce", "control_verdict": "shed_priority"},
+]
+
+
 def _join_event(step: tuple[Any, ...]) -> Any:
     from tests.factories import completed, finished, received
 
@@ -324,8 +331,10 @@ def _join_event(step: tuple[Any, ...]) -> Any:
                         priority=content, prompt_tokens=[100, None, 1 << 25][content])  # fmt: skip
     if kind == "c":
         ttfb = None if content == 2 else 20.0
-        return completed(rid, t_ms, total_ms=50.0 + 300 * content, http_status=status,
-                         outcome=outcome, eid=f"c{n}.{eid}", ttfb_ms=ttfb)  # fmt: skip
+        ev = completed(rid, t_ms, total_ms=50.0 + 300 * content, http_status=status,
+                       outcome=outcome, eid=f"c{n}.{eid}", ttfb_ms=ttfb)  # fmt: skip
+        # the enforcement's fields (issue 48): none, shadow, enforce
+        return ev.model_copy(update=_CONTROL[content])
     ev = finished(rid, t_ms, decode_ms=20.0 + 200 * content, eid=f"f{n}.{eid}",
                   output_tokens=[8, 1, 300][content])  # fmt: skip
     if reason != "stop":

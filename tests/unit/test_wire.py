@@ -3,6 +3,7 @@ same events field by field, same dead letters and reasons, on valid and malforme
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import msgspec
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.contract.codec import SourceRef, decode_message, encode_batch, encode_event
 from pipeline.contract.events import GatewayCompleted
-from pipeline.contract.wire import decode_fast, from_model
+from pipeline.contract.wire import CompletedWire, decode_fast, from_model
 from tests.factories import completed, finished, received
 from tests.integration.malformed import TEMPLATES, bad_event, dumps, malformed, not_json
 
@@ -165,3 +166,59 @@ def test_optional_fields_added_later_decode_the_same() -> None:
     )
     f = finished("r1").model_copy(update={"cold_start_unix_ns": 1_700_000_000_000_000_000})
     _agree(encode_batch([c, f]))
+
+
+_MODES = [None, "shadow", "enforce"]
+_VERDICTS = [None, "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"]
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("verdict", _VERDICTS)
+def test_control_fields_decode_the_same(mode: str | None, verdict: str | None) -> None:
+    """gateway.completed's control_mode / control_verdict (issue 48): every value of the
+    contract decodes on the fast path (no fallback, no dead letter) to the same event."""
+    doc = dict(TEMPLATES["gateway.completed"], control_mode=mode, control_verdict=verdict)
+    raw = dumps(doc)
+    _agree(raw)
+    out = decode_fast(raw, SRC)
+    assert out.dead == []
+    (ev,) = out.events
+    assert isinstance(ev, CompletedWire)
+    assert (ev.control_mode, ev.control_verdict) == (mode, verdict)
+
+
+def test_control_fields_absent_are_none() -> None:
+    doc = dict(TEMPLATES["gateway.completed"])
+    doc.pop("control_mode", None)
+    doc.pop("control_verdict", None)
+    (ev,) = decode_fast(dumps(doc), SRC).events
+    assert (ev.control_mode, ev.control_verdict) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("control_mode", "off"), ("control_mode", "SHADOW"), ("control_mode", ""),
+     ("control_mode", 1), ("control_verdict", "shed"), ("control_verdict", "Admission"),
+     ("control_verdict", 429), ("control_verdict", ["admission"])],
+)  # fmt: skip
+def test_bad_control_fields_are_dead_letters_alike(field: str, value: object) -> None:
+    doc = dict(TEMPLATES["gateway.completed"], **{field: value})
+    raw = dumps(doc)
+    _agree(raw)
+    out = decode_fast(raw, SRC)
+    assert (out.events, len(out.dead)) == ([], 1)
+
+
+def _literal_values(annotation: Any) -> set[Any]:
+    """The values of the Literals in an (optional) annotation."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return {v for arg in typing.get_args(annotation) for v in _literal_values(arg)}
+
+
+def test_control_literals_are_the_contracts() -> None:
+    ref = typing.get_type_hints(GatewayCompleted)
+    wire = typing.get_type_hints(CompletedWire)
+    for name, values in (("control_mode", _MODES), ("control_verdict", _VERDICTS)):
+        assert _literal_values(ref[name]) == set(values[1:]), name
+        assert _literal_values(wire[name]) == set(values[1:]), name

@@ -57,6 +57,18 @@ def counts_by(store: Store, f: ReportFilter, column: str) -> dict[Any, Any]:
     )
 
 
+def control_counts(store: Store, f: ReportFilter) -> list[Row]:
+    """``(model, priority, control_mode, control_verdict, count)`` of the filter's requests
+    that carried a control mode (gateway.completed ``control_mode``, issue 48), exact."""
+    return store.query_rows(
+        "SELECT model, priority, control_mode, control_verdict, count() "
+        f"FROM {store.database}.requests FINAL WHERE {_where(f)} AND control_mode IS NOT NULL "
+        "GROUP BY model, priority, control_mode, control_verdict "
+        "ORDER BY model, priority, control_mode, control_verdict",
+        _params(f),
+    )
+
+
 def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
     """Requests of the filter that ended at or after ``from_unix_ms``."""
     ((n,),) = store.query_rows(

@@ -41,6 +41,8 @@ _NARROWER: Final[dict[str, str]] = {
     "preemptions": "Nullable(UInt16)",
     "flags": "Array(LowCardinality(String))",
     "conflicts": "UInt16",
+    "control_mode": "LowCardinality(Nullable(String))",
+    "control_verdict": "LowCardinality(Nullable(String))",
 }
 _PLAIN: Final[dict[Any, str]] = {str: "String", int: "Int64", float: "Float64", bool: "Bool"}
 
