@@ -359,7 +359,7 @@ class TailguardGate:
         while len(self._inflight) > MAX_IN_FLIGHT:
             self._inflight.popitem(last=False)
             self.counters["evicted"] += 1
-        if self._stats is not None and decision.verdict.reason is not None:
+        if self._stats is not None:
             self._stats.changed()
         return x
 
@@ -428,6 +428,8 @@ class TailguardGate:
                 control_verdict=verdict,
             )
         )
+        if self._stats is not None:
+            self._stats.changed()
 
     def upstream_headers(self, x: Exchange) -> dict[str, str]:
         """Headers for the upstream call: the request id, and what the directive asks to
