@@ -345,7 +345,9 @@ class TailguardGate:
             )
         )
         decision = PASS_OFF
-        if self.directives is not None:
+        if self.directives is not None and (
+            self.enforcement.modes.of(model, facts.priority) != "off"  # off: never read
+        ):
             try:
                 directive = self.directives(model or ALL_SCOPES)
                 decision = self.enforcement.decide(directive, facts, t0 / 1e6)
