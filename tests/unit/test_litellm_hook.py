@@ -59,6 +59,11 @@ def data(
     return d
 
 
+def evs(sink: MemorySink) -> list[Any]:
+    """The events the gate emitted (as their concrete classes)."""
+    return list(sink.events)
+
+
 def gate(
     modes: Modes | None = None, directive: Directive | None = None
 ) -> tuple[TailguardGate, MemorySink, Clock]:
@@ -110,7 +115,7 @@ def test_a_stream_gives_received_then_completed_with_first_byte_and_usage() -> N
     g.chunk("call-1", SimpleNamespace(prompt_tokens=3, completion_tokens=5))
     g.finish("call-1", 200)
     g.finish("call-1", 200)  # once only
-    rec, done = sink.events
+    rec, done = evs(sink)
     assert isinstance(rec, GatewayReceived)
     assert isinstance(done, GatewayCompleted)
     assert (rec.request_id, rec.model, rec.priority, rec.tenant, rec.stream) == (
@@ -134,10 +139,10 @@ def test_client_gone_mid_stream_and_a_failure() -> None:
     g.arrive(data(call_id="c2"), None)
     g.finish("c2", 502, at_once=True)
     g.finish("unknown", 200)  # a request the hook never saw: nothing
-    a, b = sink.events[1], sink.events[3]
+    a, b = evs(sink)[1], evs(sink)[3]
     assert (a.http_status, a.outcome, a.ttfb_ms is not None) == (0, "client_abort", True)
     assert (b.http_status, b.outcome) == (502, "error")
-    assert len(sink.events) == 4
+    assert len(evs(sink)) == 4
 
 
 def test_enforce_refuses_with_429_and_records_the_reason() -> None:
@@ -149,7 +154,7 @@ def test_enforce_refuses_with_429_and_records_the_reason() -> None:
     admitted = g.arrive(data(call_id="c2", headers={"x-vllm-priority": "1"}), None)
     assert admitted.decision.act.reason is None
     g.finish("c2", 200, at_once=True)
-    done = [e for e in sink.events if isinstance(e, GatewayCompleted)]
+    done = [e for e in evs(sink) if isinstance(e, GatewayCompleted)]
     assert [(e.http_status, e.outcome, e.control_mode, e.control_verdict) for e in done] == [
         (429, "rejected", "enforce", "shed_priority"),
         (200, "ok", "enforce", None),
@@ -162,7 +167,7 @@ def test_shadow_serves_and_records_what_it_would_have_refused() -> None:
     x = g.arrive(data(headers={"x-vllm-priority": "3"}), None)
     assert x.decision.act.reason is None  # served
     g.finish("call-1", 200, at_once=True)
-    done = sink.events[-1]
+    done = evs(sink)[-1]
     assert (done.http_status, done.outcome, done.control_mode, done.control_verdict) == (
         200, "ok", "shadow", "shed_priority",
     )  # fmt: skip
@@ -176,14 +181,14 @@ def test_shadow_counts_a_first_byte_later_than_the_queue_cutoff() -> None:
     clock.advance_ms(150)
     g.chunk("call-1")
     g.finish("call-1", 200)
-    assert sink.events[-1].control_verdict == "queue_timeout"
+    assert evs(sink)[-1].control_verdict == "queue_timeout"
     assert g.stats()["refusals"] == [["shadow", "m", 2, "queue_timeout", 1]]
 
 
 def test_off_reads_no_directive_and_a_broken_lookup_lets_requests_pass() -> None:
     calls: list[str] = []
     g, _sink, _ = gate(Modes("off"))
-    g.directives = calls.append  # type: ignore[assignment]
+    g.directives = calls.append  # type: ignore[assignment,unused-ignore]
     g.arrive(data(), None)
     assert calls == []  # mode off: the directive is not even read
     assert g.enforcement.refusals == {}
