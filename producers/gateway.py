@@ -225,6 +225,26 @@ def outcome_of(status: int) -> Outcome:
     return "ok"
 
 
+def terminal_status(
+    status: int | None, *, disconnected: bool, done: bool, failed: bool, rejected: bool
+) -> tuple[int, Outcome]:
+    """``gateway.completed``'s ``(http_status, outcome)`` from what a gateway saw: the
+    client gone before the response was complete -> ``(0, "client_abort")``; no response
+    started -> ``(500, "error")``; the app failed or the response never completed ->
+    ``error`` with its status; turned away by the control (``rejected``, e.g. its queue
+    cut-off's 503) -> ``rejected``; else :func:`outcome_of` the status. Shared by every
+    gateway that emits the event (this middleware, :mod:`producers.litellm_hook`)."""
+    if disconnected and not done:
+        return 0, "client_abort"
+    if status is None:
+        return 500, "error"
+    if failed or not done:
+        return status, "error"
+    if rejected:
+        return status, "rejected"
+    return status, outcome_of(status)
+
+
 def usable_request_id(value: str | None) -> str | None:
     """A client's ``X-Request-Id`` if it can serve as ours (printable ASCII, no spaces)."""
     if not value:
@@ -495,18 +515,13 @@ class LifecycleMiddleware:
         self, scope: Scope, request_id: str, x: _Exchange, failed: bool
     ) -> GatewayCompleted:
         end_ns = x.done_ns if x.done_ns is not None else self._mono()
-        status: int
-        outcome: Outcome
-        if x.disconnected and x.done_ns is None:
-            status, outcome = 0, "client_abort"
-        elif x.status is None:
-            status, outcome = 500, "error"
-        elif failed or x.done_ns is None:
-            status, outcome = x.status, "error"
-        elif x.rejected:
-            status, outcome = x.status, "rejected"
-        else:
-            status, outcome = x.status, outcome_of(x.status)
+        status, outcome = terminal_status(
+            x.status,
+            disconnected=x.disconnected,
+            done=x.done_ns is not None,
+            failed=failed,
+            rejected=x.rejected,
+        )
         ttfb_ms = None if x.first_byte_ns is None else (x.first_byte_ns - x.t0_ns) / 1e6
         model = x.model or (header(scope, MODEL_HEADER) or "").strip()[:256] or self.default_model
         usage = self._usage(x) if status and status < 400 else None

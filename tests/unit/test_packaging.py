@@ -238,6 +238,8 @@ NOT_IN_BASE_MODULES = (
     "prometheus_client",
     "pipeline.settings",
     "pipeline.core",
+    "litellm",  # the LiteLLM hook is an extra: importing its module needs no LiteLLM
+    "fastapi",
 )
 BASE_MODULES = (
     "pipeline.contract",
@@ -254,6 +256,7 @@ BASE_MODULES = (
     "producers.vllm_plugin",
     "producers.asgi_control",
     "producers.control_client",
+    "producers.litellm_hook",
     "pipeline.adapters.reliable",
     "pipeline.cli",
 )

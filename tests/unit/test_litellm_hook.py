@@ -1,0 +1,231 @@
+"""The LiteLLM hook's pure part (producers/litellm_hook.py: TailguardGate), without LiteLLM:
+LiteLLM's request dict -> RequestFacts and lifecycle events, and the enforcement's marks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipeline.contract.control_signal import Actions, KeyConfigError
+from pipeline.contract.events import GatewayCompleted, GatewayReceived
+from producers.control_client import Directive
+from producers.enforcement import Modes
+from producers.gateway import PriorityRules
+from producers.litellm_hook import (
+    TailguardGate,
+    _keyring_from_env,
+    request_id_of,
+    resolve_priority,
+    status_of,
+    tenant_of,
+)
+from tests.gateway_fixtures import MemorySink
+from tests.paths import REPO
+
+SHED_2 = Directive(level=1, actions=Actions(shed_priorities_at_or_above=2, retry_after_s=7))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.mono = 1_000_000_000
+        self.wall = 1_800_000_000_000_000_000
+
+    def advance_ms(self, ms: float) -> None:
+        self.mono += int(ms * 1e6)
+        self.wall += int(ms * 1e6)
+
+
+def data(
+    *,
+    headers: dict[str, str] | None = None,
+    model: str = "m",
+    call_id: str = "call-1",
+    stream: bool = False,
+    metadata: dict[str, Any] | None = None,
+    arrival_s: float | None = None,
+) -> dict[str, Any]:
+    psr: dict[str, Any] = {"headers": headers or {}}
+    if arrival_s is not None:
+        psr["arrival_time"] = arrival_s
+    d: dict[str, Any] = {"model": model, "litellm_call_id": call_id, "proxy_server_request": psr}
+    if stream:
+        d["stream"] = True
+    if metadata is not None:
+        d["metadata"] = {"requester_metadata": metadata, "headers": headers or {}}
+    return d
+
+
+def evs(sink: MemorySink) -> list[Any]:
+    """The events the gate emitted (as their concrete classes)."""
+    return list(sink.events)
+
+
+def gate(
+    modes: Modes | None = None, directive: Directive | None = None
+) -> tuple[TailguardGate, MemorySink, Clock]:
+    sink, clock = MemorySink(), Clock()
+    g = TailguardGate(
+        sink,
+        host="litellm-unit",
+        modes=modes,
+        directives=(lambda _m: directive) if directive is not None else None,
+        monotonic_ns=lambda: clock.mono,
+        wall_ns=lambda: clock.wall,
+    )
+    return g, sink, clock
+
+
+def test_request_facts_from_litellm_data() -> None:
+    rules = PriorityRules()
+    assert resolve_priority(rules, {"x-vllm-priority": "1"}, {}) == 1
+    assert resolve_priority(rules, {"x-vllm-priority": "9"}, {}) == 3  # clamped
+    assert resolve_priority(rules, {}, {}) == 2  # the default tier
+    # the request metadata's priority when the header is absent; the header wins
+    meta = data(metadata={"priority": 0})
+    assert resolve_priority(rules, {}, meta) == 0
+    assert resolve_priority(rules, {"x-vllm-priority": "3"}, meta) == 3
+    assert resolve_priority(rules, {}, {"service_tier": "flex"}) == 3
+    assert resolve_priority(rules, {"x-llm-d-priority": "-1"}, {}) == 3
+    # request id: the client's when usable, else LiteLLM's call id
+    assert request_id_of(data(headers={"x-request-id": "client-7"})) == "client-7"
+    assert request_id_of(data(headers={"x-request-id": "has space"})) == "call-1"
+    # tenant: the key's team, else its alias, else its user; none for a bare master key
+    assert tenant_of(SimpleNamespace(team_id="t1", key_alias="k", user_id="u")) == "t1"
+    assert tenant_of(SimpleNamespace(team_id=None, key_alias="k", user_id="u")) == "k"
+    assert tenant_of(SimpleNamespace(team_id=None, key_alias=None, user_id=None)) is None
+    assert status_of(Exception()) == 500
+    assert status_of(SimpleNamespace(status_code=429)) == 429  # type: ignore[arg-type]
+    assert status_of(SimpleNamespace(code="404")) == 404  # type: ignore[arg-type]
+
+
+def test_a_stream_gives_received_then_completed_with_first_byte_and_usage() -> None:
+    g, sink, clock = gate()
+    arrival = (clock.wall - 3_000_000) / 1e9  # LiteLLM stamped it 3 ms ago
+    key = SimpleNamespace(team_id="team-a", key_alias=None, user_id=None)
+    d = data(headers={"x-request-id": "r1", "x-vllm-priority": "1"}, stream=True, arrival_s=arrival)
+    x = g.arrive(d, key)
+    assert g.upstream_headers(x) == {"x-request-id": "r1"}
+    clock.advance_ms(20)
+    g.chunk("call-1")
+    clock.advance_ms(30)
+    g.chunk("call-1", SimpleNamespace(prompt_tokens=3, completion_tokens=5))
+    g.finish("call-1", 200)
+    g.finish("call-1", 200)  # once only
+    rec, done = evs(sink)
+    assert isinstance(rec, GatewayReceived)
+    assert isinstance(done, GatewayCompleted)
+    assert (rec.request_id, rec.model, rec.priority, rec.tenant, rec.stream) == (
+        "r1", "m", 1, "team-a", True,
+    )  # fmt: skip
+    # the arrival (float seconds from LiteLLM: ~0.2 us), not the hook's call
+    assert rec.ts_unix_ns == pytest.approx(clock.wall - 53_000_000, abs=1_000)
+    assert done.ttfb_ms == pytest.approx(23.0, abs=0.01)
+    assert done.total_ms == pytest.approx(53.0, abs=0.01)
+    assert (done.http_status, done.outcome, done.prompt_tokens, done.output_tokens) == (
+        200, "ok", 3, 5,
+    )  # fmt: skip
+    assert (done.control_mode, done.control_verdict) == (None, None)
+
+
+def test_client_gone_mid_stream_and_a_failure() -> None:
+    g, sink, _ = gate()
+    g.arrive(data(call_id="c1", stream=True), None)
+    g.chunk("c1")
+    g.finish("c1", 200, disconnected=True)
+    g.arrive(data(call_id="c2"), None)
+    g.finish("c2", 502, at_once=True)
+    g.finish("unknown", 200)  # a request the hook never saw: nothing
+    a, b = evs(sink)[1], evs(sink)[3]
+    assert (a.http_status, a.outcome, a.ttfb_ms is not None) == (0, "client_abort", True)
+    assert (b.http_status, b.outcome) == (502, "error")
+    assert len(evs(sink)) == 4
+
+
+def test_enforce_refuses_with_429_and_records_the_reason() -> None:
+    g, sink, _ = gate(Modes("enforce"), SHED_2)
+    refused = g.arrive(data(call_id="c1", headers={"x-vllm-priority": "2"}), None)
+    assert refused.decision.refused
+    assert (refused.decision.act.status, refused.decision.act.retry_after_s) == (429, 7)
+    g.finish("c1", 429, at_once=True)
+    admitted = g.arrive(data(call_id="c2", headers={"x-vllm-priority": "1"}), None)
+    assert admitted.decision.act.reason is None
+    g.finish("c2", 200, at_once=True)
+    done = [e for e in evs(sink) if isinstance(e, GatewayCompleted)]
+    assert [(e.http_status, e.outcome, e.control_mode, e.control_verdict) for e in done] == [
+        (429, "rejected", "enforce", "shed_priority"),
+        (200, "ok", "enforce", None),
+    ]
+    assert g.stats()["refusals"] == [["enforce", "m", 2, "shed_priority", 1]]
+
+
+def test_shadow_serves_and_records_what_it_would_have_refused() -> None:
+    g, sink, _ = gate(Modes("shadow"), SHED_2)
+    x = g.arrive(data(headers={"x-vllm-priority": "3"}), None)
+    assert x.decision.act.reason is None  # served
+    g.finish("call-1", 200, at_once=True)
+    done = evs(sink)[-1]
+    assert (done.http_status, done.outcome, done.control_mode, done.control_verdict) == (
+        200, "ok", "shadow", "shed_priority",
+    )  # fmt: skip
+    assert g.stats()["refusals"] == [["shadow", "m", 3, "shed_priority", 1]]
+
+
+def test_shadow_counts_a_first_byte_later_than_the_queue_cutoff() -> None:
+    d = Directive(level=1, actions=Actions(queue_timeout_ms=[None, None, 100.0, None]))
+    g, sink, clock = gate(Modes("shadow"), d)
+    g.arrive(data(stream=True), None)
+    clock.advance_ms(150)
+    g.chunk("call-1")
+    g.finish("call-1", 200)
+    assert evs(sink)[-1].control_verdict == "queue_timeout"
+    assert g.stats()["refusals"] == [["shadow", "m", 2, "queue_timeout", 1]]
+
+
+def test_off_reads_no_directive_and_a_broken_lookup_lets_requests_pass() -> None:
+    calls: list[str] = []
+    g, _sink, _ = gate(Modes("off"))
+    g.directives = calls.append  # type: ignore[assignment,unused-ignore]
+    g.arrive(data(), None)
+    assert calls == []  # mode off: the directive is not even read
+    assert g.enforcement.refusals == {}
+
+    def broken(_m: str) -> Directive:
+        raise RuntimeError("boom")
+
+    g2, _, _ = gate(Modes("enforce"))
+    g2.directives = broken
+    x = g2.arrive(data(), None)
+    assert x.decision.act.reason is None
+    assert g2.counters["errors"] == 1
+
+
+def test_upstream_headers_pass_on_cap_and_fallback_in_enforce() -> None:
+    d = Directive(level=1, actions=Actions(cap_context_tokens=4096, fallback_model="small"))
+    g, _, _ = gate(Modes("enforce"), d)
+    x = g.arrive(data(headers={"x-request-id": "r"}), None)
+    assert g.upstream_headers(x) == {
+        "x-request-id": "r",
+        "x-tailguard-max-context-tokens": "4096",
+        "x-tailguard-fallback-model": "small",
+    }
+
+
+def test_control_keys_from_the_environment() -> None:
+    with pytest.raises(KeyConfigError, match="no control keys"):
+        _keyring_from_env({})
+    secret = "A" * 44  # 32 bytes, base64
+    ring = _keyring_from_env({"TAILGUARD_CONTROL_KEYS": f"k1:{secret}",
+                              "TAILGUARD_CONTROL_ACTIVE_KID": "k1"})  # fmt: skip
+    assert list(ring.kids) == ["k1"]
+
+
+def test_importing_the_hook_imports_no_litellm() -> None:
+    code = "import sys, producers.litellm_hook\nprint('litellm' in sys.modules)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "False"
