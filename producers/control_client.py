@@ -71,6 +71,7 @@ from pipeline.contract.control_signal import (
     decode_and_verify,
 )
 from pipeline.contract.events import CONTROL_TOPIC
+from producers.enforcement import stricter
 
 log = logging.getLogger(__name__)
 
@@ -276,11 +277,7 @@ class DirectiveStore:
             with self._lock:
                 self._counts["errors"] += 1
             return NORMAL
-        if own is None:
-            return star or NORMAL
-        if star is None or own.level >= star.level:
-            return own
-        return star
+        return stricter(own, star) or NORMAL  # type: ignore[return-value]  # one of the two
 
     def sweep(self, now_ms: int) -> int:
         """Expire (and count) every directive past its expiry; returns how many."""

@@ -56,7 +56,7 @@ from pipeline.core.windows import WindowConfig
 from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
-from producers.simulator.gate import GateActions, GatewayGate
+from producers.simulator.gate import GatewayGate, directive_of
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 
@@ -191,7 +191,7 @@ def run_loop(
         control.feed(out)
         if applies and gate is not None:
             for d in control.decisions[n_before:]:
-                gate.set(d.scope, GateActions.of(d.level, d.phase, d.actions))
+                gate.set(d.scope, directive_of(d.level, d.phase, d.actions, d.scope))
                 cutoff = d.actions.queue_timeout_ms
                 if cutoff is not None:
                     # the gateways cancel what they forwarded that has queued too long

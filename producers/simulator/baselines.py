@@ -30,15 +30,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from producers.enforcement import Decision
 from producers.simulator.gate import Arrival, Completion, GatewayGate, Verdict
 
 __all__ = ["CONCURRENCY", "AIMDGate"]
 
 # The reason AIMDGate's rejections are counted under in GatewayGate.rejected (the
-# Verdict says "rate_limit": GatewayGate's Reject literal has no concurrency reason).
+# Verdict says "rate_limit": the enforcement's reasons have no concurrency limit).
 CONCURRENCY: Final = "concurrency"
 
-_ADMIT: Final = Verdict()
+# A baseline is not tailguard's control: its decisions carry mode "off" (no control
+# fields on the events), and its refusals are 429s recorded as rejected all the same.
+_ADMIT: Final = Decision(Verdict(), "off")
 
 
 @dataclass
@@ -72,12 +75,14 @@ class AIMDGate(GatewayGate):
     def in_flight_total(self) -> int:
         return sum(self.in_flight.values())
 
-    def decide(self, arrival: Arrival) -> Verdict:
+    def decision(self, arrival: Arrival) -> Decision:
         key = (arrival.gateway, arrival.model)
         n = self.in_flight.get(key, 0)
         if n >= self.limits.get(key, self.initial_limit):
             self.rejected[(arrival.priority, CONCURRENCY)] += 1
-            return Verdict(reject="rate_limit", retry_after_s=self.retry_after_s)
+            # as enforced (the verdict is acted on), outside tailguard's modes
+            verdict = Verdict(reason="rate_limit", retry_after_s=self.retry_after_s)
+            return Decision(verdict, "enforce")
         self.in_flight[key] = n + 1
         self._samples[arrival.request_id] = n + 1
         return _ADMIT

@@ -460,6 +460,8 @@ class _Req:
     gate_model: str = ""  # the model a gate admitted it for ("" = no gate admitted it)
     cutoff_ms: float | None = None  # a directive's queue cut-off for it (None: none)
     cutoff_retry_after_s: int = 0
+    # the gate's (mode, reason) for it, as gateway.completed's control fields (None: off)
+    control: tuple[str, str | None] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -527,6 +529,17 @@ class _Engine:
 def _unit_hash(key: str) -> float:
     """A deterministic number in [0, 1) from a string."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
+def _verdict_of(req: _Req, http_status: int) -> str | None:
+    """The control verdict recorded for ``req``: the gate's, or ``queue_timeout`` when an
+    enforced cut-off answered it (its 503)."""
+    if req.control is None:
+        return None
+    mode, reason = req.control
+    if reason is None and mode == "enforce" and http_status == 503:
+        return "queue_timeout"
+    return reason
 
 
 def _r(ms: float) -> float:
@@ -775,7 +788,7 @@ class Simulator:
         cfg = self._cfg
         verdict = None
         if self._gate is not None:
-            verdict = self._gate.decide(
+            decision = self._gate.decision(
                 Arrival(
                     model=cfg.models[req.model_idx].name,
                     priority=req.priority,
@@ -786,7 +799,10 @@ class Simulator:
                     t_ms=req.t_gateway_ms,
                 )
             )
-            if verdict.reject is None:
+            verdict = decision.act
+            if decision.mode != "off":
+                req.control = (decision.mode, decision.verdict.reason)
+            if verdict.reason is None:
                 req.gate_model = cfg.models[req.model_idx].name
                 req.cutoff_ms = verdict.queue_timeout_ms
                 req.cutoff_retry_after_s = verdict.retry_after_s
@@ -808,8 +824,8 @@ class Simulator:
                 stream=req.stream,
             )
         )
-        if verdict is not None and verdict.reject is not None:
-            self._reject_at_gateway(req, verdict.retry_after_s)
+        if verdict is not None and verdict.reason is not None:
+            self._reject_at_gateway(req, verdict.status, verdict.retry_after_s)
             return
         if verdict is not None and verdict.cap_context_tokens is not None:
             cap = verdict.cap_context_tokens
@@ -820,12 +836,13 @@ class Simulator:
         if req.patience_ms is not None:
             self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
 
-    def _reject_at_gateway(self, req: _Req, retry_after_s: int) -> None:
-        """429 + Retry-After after the gateway's own overhead; the client retries with
-        exponential backoff (at most ``client_max_retries``), as a new request."""
+    def _reject_at_gateway(self, req: _Req, http_status: int, retry_after_s: int) -> None:
+        """The enforcement's refusal (429 + Retry-After) after the gateway's own overhead;
+        the client retries with exponential backoff (at most ``client_max_retries``), as
+        a new request."""
         t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
         req.state = _PENDING
-        self._refuse(req, t_done, 429, retry_after_s)
+        self._refuse(req, t_done, http_status, retry_after_s)
 
     def apply_queue_cutoff(
         self, model: str, cutoffs_ms: Sequence[float | None], retry_after_s: int
@@ -940,6 +957,8 @@ class Simulator:
                 http_status=http_status,
                 outcome=outcome,
                 output_tokens=output_tokens,
+                control_mode=None if req.control is None else req.control[0],  # type: ignore[arg-type]
+                control_verdict=_verdict_of(req, http_status),  # type: ignore[arg-type]
             )
         )
         if req.gate_model and self._gate is not None:

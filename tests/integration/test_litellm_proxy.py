@@ -42,7 +42,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.long(120),
     pytest.mark.skipif(
-        not LITELLM.exists(),
+        not LITELLM.exists() and not os.environ.get("CI"),  # CI: ./tg test builds it
         reason="no .venv-litellm (LiteLLM's proxy, in its own virtualenv because it cannot "
         "share .venv's pins): build it with `./tg litellm-venv`",
     ),

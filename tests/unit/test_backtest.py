@@ -15,7 +15,7 @@ from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE, main
 from pipeline.settings import DEFAULT_SLO_SPEC
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
 from pipeline.spec.slo import load_spec_file
-from producers.simulator.gate import GateActions, GatewayGate
+from producers.simulator.gate import GatewayGate, directive_of
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import read_trace
 
@@ -151,7 +151,9 @@ def test_a_burn_that_is_not_load_caused_alerts_and_sheds_nothing(tmp_path: Any) 
 def test_simulator_applies_cap_and_retries_with_backoff() -> None:
     trace = read_trace(DEFAULT_TRACE)[:50]
     gate = GatewayGate()
-    gate.set("*", GateActions(level=1, shed_priorities_at_or_above=0, retry_after_s=2))
+    gate.set(
+        "*", directive_of(1, "degraded", {"shed_priorities_at_or_above": 0, "retry_after_s": 2})
+    )
     sim = Simulator(trace, SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=3), gate)
     done = [e for e in sim.events() if e.kind == "gateway.completed"]
     assert all(e.http_status == 429 and e.outcome == "rejected" for e in done)
@@ -193,7 +195,7 @@ def test_simulator_queue_cutoff_cancels_queued_priorities_never_0() -> None:
     trace = read_trace(DEFAULT_TRACE)[:3000]
     gate = GatewayGate()
     cuts = [None, 500.0, 500.0, 500.0]
-    gate.set("*", GateActions(level=1, queue_timeout_ms=tuple(cuts), retry_after_s=2))
+    gate.set("*", directive_of(1, "degraded", {"queue_timeout_ms": cuts, "retry_after_s": 2}))
     cfg = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=3, rate_scale=4.0)
     sim = Simulator(trace, cfg, gate)
     events = list(sim.events())

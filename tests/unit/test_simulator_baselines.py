@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.contract.events import GatewayCompleted
 from producers.simulator.baselines import CONCURRENCY, AIMDGate
-from producers.simulator.gate import Arrival, Completion, GateActions
+from producers.simulator.gate import Arrival, Completion, directive_of
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.paths import SHARED_TRACE
@@ -63,7 +63,7 @@ def test_aimd_limit_update(
     gate = AIMDGate()
     gate.limits[("g0", "m")] = limit
     for i in range(in_flight):
-        assert _admit(gate, f"r{i}").reject is None
+        assert _admit(gate, f"r{i}").reason is None
     _done(gate, f"r{in_flight - 1}", **completion)  # the last admitted: its sample = in_flight
     assert gate.limit("g0", "m") == new_limit
     assert gate.in_flight[("g0", "m")] == in_flight - 1
@@ -71,23 +71,23 @@ def test_aimd_limit_update(
 
 def test_aimd_scripted_sequence() -> None:
     gate = AIMDGate(initial_limit=4)
-    assert [_admit(gate, f"r{i}").reject for i in range(4)] == [None] * 4
+    assert [_admit(gate, f"r{i}").reason for i in range(4)] == [None] * 4
     # at the limit: 429 with Retry-After 1 s, counted as a concurrency rejection
     v = _admit(gate, "r4", prio=0)  # priority-agnostic: priority 0 too
-    assert (v.reject, v.retry_after_s) == ("rate_limit", 1)
+    assert (v.reason, v.retry_after_s) == ("rate_limit", 1)
     assert gate.rejected == {(0, CONCURRENCY): 1}
     # the other gateway and the other model have their own limits
-    assert _admit(gate, "o1", gateway="g1").reject is None
-    assert _admit(gate, "o2", model="m2").reject is None
+    assert _admit(gate, "o1", gateway="g1").reason is None
+    assert _admit(gate, "o2", model="m2").reason is None
     # a fast completion admitted at full load (its sample 4 >= 4 / 2) grows the limit:
     # two more fit; one admitted lightly loaded (r0: sample 1) would not
     _done(gate, "r3")
     assert gate.limit("g0", "m") == 5
-    assert [_admit(gate, f"s{i}").reject for i in range(3)] == [None, None, "rate_limit"]
+    assert [_admit(gate, f"s{i}").reason for i in range(3)] == [None, None, "rate_limit"]
     # a slow one shrinks it (5 -> 4), and the in-flight count (5 -> 4) is at it
     _done(gate, "r1", ttfb_ms=2_500.0)
     assert gate.limit("g0", "m") == 4
-    assert _admit(gate, "s9").reject == "rate_limit"
+    assert _admit(gate, "s9").reason == "rate_limit"
     # completions of requests it never admitted are ignored
     _done(gate, "r4")
     _done(gate, "nobody")
@@ -102,8 +102,8 @@ def test_aimd_scripted_sequence() -> None:
 
 def test_aimd_ignores_directives() -> None:
     gate = AIMDGate()
-    gate.set("*", GateActions(level=3, phase="active", shed_priorities_at_or_above=0))
-    assert _admit(gate, "r0", prio=3).reject is None
+    gate.set("*", directive_of(3, "active", {"shed_priorities_at_or_above": 0}))
+    assert _admit(gate, "r0", prio=3).reason is None
 
 
 @pytest.mark.parametrize(

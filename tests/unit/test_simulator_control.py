@@ -13,7 +13,7 @@ import pytest
 from pipeline.app.demo import parse_overload, sim_config_from_args
 from pipeline.cli import build_parser
 from pipeline.contract.events import EngineFinished, Event, GatewayCompleted, GatewayReceived
-from producers.simulator.gate import Completion, GateActions, GatewayGate
+from producers.simulator.gate import Completion, GatewayGate, directive_of
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
 from tests.paths import SHARED_TRACE
@@ -230,7 +230,7 @@ class RecordingGate(GatewayGate):
 
 
 def _shedding(gate: GatewayGate) -> GatewayGate:
-    gate.set("*", GateActions(level=2, phase="active", shed_priorities_at_or_above=3))
+    gate.set("*", directive_of(2, "active", {"shed_priorities_at_or_above": 3}))
     return gate
 
 
