@@ -502,11 +502,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--default-priority: {exc}") from None
     paths = args.record_path or sorted(INFERENCE_ROUTES)
+    control, modes, shutdown = _gateway_control(args, settings, log)
     app, _proxy, _mw = build_gateway(
         args.upstream,
         sink,
         host=args.name,
-        on_shutdown=[close_sink],
+        control=control,
+        control_modes=modes,
+        on_shutdown=[*shutdown, close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
         priority=rules,
@@ -524,6 +527,49 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     finally:
         close_sink()
     return 0
+
+
+def _gateway_control(
+    args: argparse.Namespace, settings: Any, log: logging.Logger
+) -> tuple[Any, Any, list[Any]]:
+    """The gateway's directive lookup, modes and what to stop at shutdown: with a mode other
+    than off, a ControlClient on the control topic with the control keys (bad keys or
+    modes fail here, at start). Fails open: a directive that expires is level 0."""
+    from producers.enforcement import Modes
+
+    try:
+        modes = Modes.parse(
+            settings.control_mode,
+            enforce_from_priority=settings.control_enforce_from_priority,
+            scopes=settings.control_mode_scopes,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"tailguard gateway: {exc}") from None
+    if modes.mode == "off" and all(m == "off" for _, m in modes.scopes):
+        return None, None, []
+    from pipeline.adapters.control_keys import load_keyring
+    from pipeline.contract.control_signal import KeyConfigError
+    from producers.control_client import ControlClient
+
+    try:
+        keyring = load_keyring(args.control_keys_file)
+    except KeyConfigError as exc:
+        raise SystemExit(f"tailguard gateway --control {modes.mode}: {exc}") from None
+    client = ControlClient(
+        settings.kafka_config(),
+        topic=settings.control_topic,
+        keyring=keyring,
+        max_ttl_ms=settings.control_max_ttl_ms,
+    )
+    client.start()
+    log.info(
+        "control %s (enforced from priority %d%s), directives from %s",
+        modes.mode,
+        modes.enforce_from_priority,
+        "".join(f", {m} for {scope}" for scope, m in modes.scopes),
+        settings.control_topic,
+    )
+    return client.directive, modes, [client.stop]
 
 
 def cmd_envoy(args: argparse.Namespace) -> int:
@@ -741,6 +787,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="record requests to PATH (repeatable; '*' = every path); default: "
         "/v1/chat/completions /v1/completions /v1/embeddings /v1/responses",
+    )
+    s.add_argument(
+        "--control",
+        dest="control_mode",
+        choices=["off", "shadow", "enforce"],
+        help="apply the control topic's directives: off (default), shadow (count what would be "
+        "refused, serve everything) or enforce (env TAILGUARD_CONTROL_MODE)",
+    )
+    s.add_argument(
+        "--enforce-from-priority",
+        dest="control_enforce_from_priority",
+        type=int,
+        metavar="P",
+        help="enforce only priorities >= P, shadow the others (3: the rollout's first step; "
+        "env TAILGUARD_CONTROL_ENFORCE_FROM_PRIORITY)",
+    )
+    s.add_argument(
+        "--control-scopes",
+        dest="control_mode_scopes",
+        metavar="MODEL=MODE,...",
+        help="per-model modes over --control (env TAILGUARD_CONTROL_MODE_SCOPES)",
+    )
+    s.add_argument(
+        "--control-keys-file",
+        type=Path,
+        help="the control keys (default: TAILGUARD_CONTROL_KEYS_FILE, or TAILGUARD_CONTROL_KEYS "
+        "+ TAILGUARD_CONTROL_ACTIVE_KID)",
     )
     s.set_defaults(func=cmd_gateway)
 

@@ -26,6 +26,9 @@ _FLAGS = (
     ("store", "store_dir"),
     ("partitions", "topic_partitions"),
     ("group", "group_id"),
+    ("control_mode", "control_mode"),
+    ("control_enforce_from_priority", "control_enforce_from_priority"),
+    ("control_mode_scopes", "control_mode_scopes"),
 )
 
 

@@ -131,6 +131,22 @@ class EmitterSettings(KafkaSettings):
     metrics_interval_ms: Annotated[int, Field(ge=100)] = 10_000
     """TAILGUARD_METRICS_INTERVAL_MS: export period."""
 
+    # --- a gateway's control (producers/enforcement.py; the worker's too) -----
+    control_mode: Literal["off", "shadow", "enforce"] = "off"
+    """TAILGUARD_CONTROL_MODE: what a gateway (tailguard gateway, the LiteLLM hook) does with the
+    directives: off (not read), shadow (decide and count what it would refuse, serve everything)
+    or enforce."""
+    control_enforce_from_priority: Annotated[int, Field(ge=0, le=3)] = 0
+    """TAILGUARD_CONTROL_ENFORCE_FROM_PRIORITY: in enforce, only priorities at or above this tier
+    number are enforced, the others shadowed (3: the rollout's first step; 0: all)."""
+    control_mode_scopes: str | None = None
+    """TAILGUARD_CONTROL_MODE_SCOPES: per-model modes over TAILGUARD_CONTROL_MODE, e.g.
+    llama=enforce,qwen=shadow."""
+    control_max_ttl_ms: Annotated[int, Field(ge=1000)] = 300_000
+    """TAILGUARD_CONTROL_MAX_TTL_MS: the controller never signs a signal that lives longer (it
+    must cover 3 heartbeats); gateways enforce no signal longer than that after it was issued:
+    give them the issuers' value."""
+
     # --- vLLM stat-logger plugin (producers/vllm_plugin.py) -----------------
     engine_host: Annotated[str | None, Field(min_length=1, max_length=200)] = None
     """TAILGUARD_ENGINE_HOST: host name in engine events (default: the hostname); the plugin appends

@@ -172,10 +172,6 @@ class Settings(EmitterSettings):
     partition's clock passed its end."""
     control_heartbeat_ms: Annotated[int, Field(ge=100)] = 10_000
     """TAILGUARD_CONTROL_HEARTBEAT_MS: re-issue period of directives (a signal lives 3 of them)."""
-    control_max_ttl_ms: Annotated[int, Field(ge=1000)] = 300_000
-    """TAILGUARD_CONTROL_MAX_TTL_MS: the controller never signs a signal that lives longer (it
-    must cover 3 heartbeats); give the serving side's ControlClient(max_ttl_ms=) the same value,
-    its default too: clients enforce no signal longer than that after it was issued."""
     store_raw_events: bool = True
     """TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."""
     raw_events_ttl_days: Annotated[int, Field(ge=1)] = 7

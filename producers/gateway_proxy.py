@@ -35,13 +35,15 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from producers.asgi_control import ASGIApp, Receive, Scope, Send
+from producers.asgi_control import ASGIApp, ControlMiddleware, Receive, Scope, Send, monotonic_ms
 from producers.emit import EventSink, KafkaSink
+from producers.enforcement import Enforcement, Modes
 from producers.gateway import LifecycleMiddleware, priority_from_state
 
 log = logging.getLogger(__name__)
 
 HEALTH_PATH: Final = "/tailguard/health"
+METRICS_PATH: Final = "/tailguard/metrics"  # not /metrics: the upstream (vLLM) serves its own
 # RFC 9110 §7.6.1 connection-specific fields, plus Host (httpx sets it for the upstream).
 HOP_BY_HOP: Final = frozenset(
     {
@@ -210,30 +212,75 @@ async def _error(send: Send, status: int, why: str) -> None:
 
 @dataclass
 class Health:
-    """``GET /tailguard/health``: the gateway's own counters, outside the recorded traffic."""
+    """``GET /tailguard/health``: the gateway's own counters, outside the recorded traffic;
+    ``GET /tailguard/metrics``: the control counters in Prometheus' text format."""
 
     app: ASGIApp
     sink: EventSink
     middleware: LifecycleMiddleware
+    control: ControlMiddleware | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") == "http" and scope.get("path") == HEALTH_PATH:
+        path = scope.get("path") if scope.get("type") == "http" else None
+        if path == HEALTH_PATH:
             counters: dict[str, Any] = dict(vars(getattr(self.sink, "counters", {})) or {})
             if isinstance(self.sink, KafkaSink):
                 counters["buffered"] = self.sink.buffered
                 counters["partitions_known"] = self.sink.partitions_known
-            doc = {"status": "ok", "producer": counters, "middleware": self.middleware.counters}
-            body = orjson.dumps(doc)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"application/json")],
+            doc: dict[str, Any] = {
+                "status": "ok",
+                "producer": counters,
+                "middleware": self.middleware.counters,
+            }
+            if self.control is not None:
+                doc["control"] = {
+                    "mode": self.control.enforcement.modes.mode,
+                    "counters": self.control.counters,
                 }
-            )
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await _answer(send, orjson.dumps(doc), b"application/json")
+            return
+        if path == METRICS_PATH:
+            text = control_metrics(self.control.enforcement if self.control else None)
+            await _answer(send, text.encode(), b"text/plain; version=0.0.4; charset=utf-8")
             return
         await self.app(scope, receive, send)
+
+
+async def _answer(send: Send, body: bytes, content_type: bytes) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def control_metrics(enforcement: Enforcement | None) -> str:
+    """The enforcement's counters as Prometheus text: refusals per mode (``enforce``:
+    refused, ``shadow``: would have refused), model, priority and reason, and what it
+    applied to admitted requests."""
+    lines = [
+        "# HELP tailguard_gateway_control_refusals_total Requests the enforcement refused "
+        "(mode=enforce) or would have refused (mode=shadow), by model, priority and reason.",
+        "# TYPE tailguard_gateway_control_refusals_total counter",
+    ]
+    if enforcement is not None:
+        for (mode, model, prio, why), n in sorted(enforcement.refusals.items()):
+            lines.append(
+                f'tailguard_gateway_control_refusals_total{{mode="{mode}",model="{_label(model)}",'
+                f'priority="{prio}",reason="{why}"}} {n}'
+            )
+    lines += [
+        "# HELP tailguard_gateway_control_applied_total Admitted requests the enforcement "
+        "acted on (enforce): admitted under a directive, half-open, capped, fallback.",
+        "# TYPE tailguard_gateway_control_applied_total counter",
+    ]
+    if enforcement is not None:
+        for what, n in sorted(enforcement.applied.items()):
+            lines.append(f'tailguard_gateway_control_applied_total{{what="{what}"}} {n}')
+    return "\n".join(lines) + "\n"
 
 
 def build_gateway(
@@ -242,6 +289,7 @@ def build_gateway(
     *,
     host: str | None = None,
     control: Any | None = None,
+    control_modes: Modes | None = None,
     control_clock_ms: Callable[[], float] | None = None,
     on_shutdown: list[Callable[[], None]] | None = None,
     **middleware_options: Any,
@@ -249,21 +297,22 @@ def build_gateway(
     """The gateway app: health -> lifecycle events -> [control] -> proxy.
 
     ``control``: the directive lookup (e.g. ``ControlClient.directive``);
-    ``control_clock_ms``: the admission's monotonic clock in ms (default
+    ``control_modes``: off, shadow or enforce (:class:`producers.enforcement.Modes`;
+    default enforce); ``control_clock_ms``: the admission's monotonic clock in ms (default
     ``time.monotonic``). ``on_shutdown`` runs (in a thread) at the ASGI lifespan
     shutdown, after the last request: close the sink there, so its buffer is flushed
     however the server stops.
     """
     proxy = UpstreamProxy(upstream, on_shutdown=on_shutdown)
     inner: ASGIApp = proxy
+    control_mw: ControlMiddleware | None = None
     if control is not None:
-        from producers.asgi_control import ControlMiddleware, monotonic_ms
-
-        inner = ControlMiddleware(
+        inner = control_mw = ControlMiddleware(
             inner,
             control,
             priority_of=priority_from_state,
             clock_ms=control_clock_ms or monotonic_ms,
+            modes=control_modes,
         )
     mw = LifecycleMiddleware(
         inner,
@@ -272,7 +321,7 @@ def build_gateway(
         skip_paths=frozenset({HEALTH_PATH}),
         **middleware_options,
     )
-    return Health(mw, sink, mw), proxy, mw
+    return Health(mw, sink, mw, control_mw), proxy, mw
 
 
 def quiet_logs(verbose: bool = False) -> None:

@@ -84,16 +84,12 @@ from producers.gateway import (
 
 log = logging.getLogger(__name__)
 
-ENV_MODE: Final = "TAILGUARD_CONTROL_MODE"  # off (default) | shadow | enforce
-ENV_ENFORCE_FROM: Final = "TAILGUARD_CONTROL_ENFORCE_FROM_PRIORITY"  # 0 (all) .. 3
-ENV_MODE_SCOPES: Final = "TAILGUARD_CONTROL_MODE_SCOPES"  # "model-a=shadow,model-b=off"
 ENV_DEFAULT_PRIORITY: Final = "TAILGUARD_DEFAULT_PRIORITY"
 ENV_HOST: Final = "TAILGUARD_LITELLM_HOST"  # host in events (default litellm/<hostname>)
 ENV_STATS_FILE: Final = "TAILGUARD_LITELLM_STATS_FILE"  # counters as JSON, rewritten on change
 ENV_KEYS: Final = "TAILGUARD_CONTROL_KEYS"
 ENV_ACTIVE_KID: Final = "TAILGUARD_CONTROL_ACTIVE_KID"
 ENV_KEYS_FILE: Final = "TAILGUARD_CONTROL_KEYS_FILE"
-ENV_MAX_TTL_MS: Final = "TAILGUARD_CONTROL_MAX_TTL_MS"
 
 REQUEST_ID_HEADER: Final = b"x-request-id"  # as producers.gateway reads and forwards it
 SESSION_HEADER: Final = "x-tailguard-session"
@@ -265,15 +261,19 @@ class TailguardGate:
         from producers.emit import open_kafka_sink
 
         e = os.environ if env is None else env
-        modes = Modes.parse(
-            e.get(ENV_MODE, "off"),
-            enforce_from_priority=int(e.get(ENV_ENFORCE_FROM, "0") or 0),
-            scopes=e.get(ENV_MODE_SCOPES),
-        )
-        kafka: dict[str, Any] = {
-            k[len("TAILGUARD_") :].lower(): v for k, v in e.items() if _is_kafka_setting(k)
+        # the settings every emitter reads (pipeline.kafka_settings), from ``env`` when given
+        given = {
+            k[len("TAILGUARD_") :].lower(): v
+            for k, v in e.items()
+            if k.startswith("TAILGUARD_")
+            and k[len("TAILGUARD_") :].lower() in EmitterSettings.model_fields
         }
-        settings = EmitterSettings(**kafka)
+        settings = EmitterSettings(**given)
+        modes = Modes.parse(
+            settings.control_mode,
+            enforce_from_priority=settings.control_enforce_from_priority,
+            scopes=settings.control_mode_scopes,
+        )
         closers: list[Callable[[], None]] = []
         if sink is None:
             kafka_sink = open_kafka_sink(settings, service="litellm")
@@ -287,7 +287,7 @@ class TailguardGate:
                 settings.kafka_config(),
                 topic=settings.control_topic,
                 keyring=_keyring_from_env(e),
-                max_ttl_ms=int(e.get(ENV_MAX_TTL_MS, "300000")),
+                max_ttl_ms=settings.control_max_ttl_ms,
             )
             client.start()
             closers.append(client.stop)
@@ -495,19 +495,6 @@ def _plain(usage: object) -> dict[str, Any]:
         name: getattr(usage, name, None)
         for name in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
     }
-
-
-_KAFKA_SETTING_NAMES: Final = frozenset(
-    {
-        "BOOTSTRAP_SERVERS", "SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME",
-        "SASL_PASSWORD", "SSL_CAFILE", "LIFECYCLE_TOPIC", "ENGINE_STATS_TOPIC", "DLQ_TOPIC",
-        "SUMMARIES_TOPIC", "LEDGER_TOPIC", "CONTROL_TOPIC",
-    }
-)  # fmt: skip
-
-
-def _is_kafka_setting(name: str) -> bool:
-    return name.startswith("TAILGUARD_") and name[len("TAILGUARD_") :] in _KAFKA_SETTING_NAMES
 
 
 class _StatsWriter:
