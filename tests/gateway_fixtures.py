@@ -49,7 +49,10 @@ def wait_for(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Serve ``app`` with uvicorn on 127.0.0.1:<free port> in a thread; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+    # (socket.socket()'s default proto 0 does not), and without it every response uvicorn
+    # writes in two parts waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

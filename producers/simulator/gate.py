@@ -127,12 +127,13 @@ class GatewayGate:
         new_session = arrival.session_id == arrival.request_id and hash_admits(
             f"session:{arrival.session_id}", self.new_session_fraction
         )
+        # What an HTTP gateway knows: headers, not the prompt's length (so the context cap
+        # goes with every request it admits, as the middleware's header does).
         facts = RequestFacts(
             model=arrival.model,
             priority=arrival.priority,
             new_session=new_session,
             request_key=arrival.request_id,
-            prompt_tokens=arrival.prompt_tokens,
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
         act = d.act
@@ -141,8 +142,11 @@ class GatewayGate:
         else:
             if act.half_open_admitted:
                 self.half_open_admitted += 1
-            if act.cap_context_tokens is not None:
-                self.capped[arrival.priority] += 1
+            if (
+                act.cap_context_tokens is not None
+                and arrival.prompt_tokens > act.cap_context_tokens
+            ):
+                self.capped[arrival.priority] += 1  # the prompt is cut
             if act.fallback_model is not None:
                 self.fallbacks += 1
         return d
