@@ -37,7 +37,7 @@ import orjson
 
 from producers.asgi_control import ASGIApp, ControlMiddleware, Receive, Scope, Send, monotonic_ms
 from producers.emit import EventSink, KafkaSink
-from producers.enforcement import Enforcement, Modes
+from producers.enforcement import ALL_SCOPES, Enforcement, Modes
 from producers.gateway import LifecycleMiddleware, priority_from_state
 
 log = logging.getLogger(__name__)
@@ -233,8 +233,15 @@ class Health:
                 "middleware": self.middleware.counters,
             }
             if self.control is not None:
+                fleet = self.control.directives(ALL_SCOPES)  # the "*" directive in force
                 doc["control"] = {
                     "mode": self.control.enforcement.modes.mode,
+                    "enforce_from_priority": self.control.enforcement.modes.enforce_from_priority,
+                    "fleet_directive": {
+                        "level": fleet.level,
+                        "phase": fleet.phase,
+                        "seq": fleet.seq,
+                    },
                     "counters": self.control.counters,
                 }
             await _answer(send, orjson.dumps(doc), b"application/json")
