@@ -190,7 +190,7 @@ class Actions(_Frozen):
     shed_priorities_at_or_above: Level | None = Field(
         json_schema_extra={"policy": True, "turns_away": True},
         default=None,
-        description="Reject (503) requests whose priority >= this (0 = highest ... 3).",
+        description="Refuse (429) requests whose priority >= this (0 = highest ... 3).",
     )
     cap_context_tokens: int | None = Field(
         json_schema_extra={"policy": True},
@@ -208,21 +208,24 @@ class Actions(_Frozen):
     reject_new_sessions: bool = Field(
         json_schema_extra={"policy": True, "turns_away": True},
         default=False,
-        description="503 requests of new sessions, except priority 0 (real-time).",
+        description="Refuse (429) requests that open a new session, except priority 0 (real-time).",
     )
     retry_after_s: int = Field(
         json_schema_extra={"policy": True},
         default=5,
         ge=0,
         le=86_400,
-        description="Retry-After on a 503 caused by this directive.",
+        description="Retry-After of a refusal or queue cut-off caused by this directive.",
     )
     rate_limit_rps: float | None = Field(
         json_schema_extra={"policy": True, "turns_away": True},
         default=None,
         gt=0.0,
         allow_inf_nan=False,
-        description="Advisory token-bucket rate.",
+        description=(
+            "Requests/s each gateway instance admits (a token bucket, burst one second; "
+            "priority 0 passes either way)."
+        ),
     )
     admit_fraction: float | None = Field(
         default=None,
