@@ -163,10 +163,10 @@ def run(
     the environment's, ``auto`` by default: the native hot path where it is built)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from pipeline.adapters.control_keys import keyring_from_file
     from pipeline.adapters.kafka_admin import ensure_topics
     from pipeline.contract.control_signal import VerifiedSignal, decode_and_verify
     from pipeline.settings import Settings
+    from producers.control_keys import keyring_from_file
     from tools.dev.kafka_local import LocalKafka
 
     if quick:

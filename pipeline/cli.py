@@ -547,20 +547,15 @@ def _gateway_control(
         raise SystemExit(f"tailguard gateway: {exc}") from None
     if modes.mode == "off" and all(m == "off" for _, m in modes.scopes):
         return None, None, []
-    from pipeline.adapters.control_keys import load_keyring
     from pipeline.contract.control_signal import KeyConfigError
     from producers.control_client import ControlClient
+    from producers.control_keys import load_keyring
 
     try:
         keyring = load_keyring(args.control_keys_file)
     except KeyConfigError as exc:
         raise SystemExit(f"tailguard gateway --control {modes.mode}: {exc}") from None
-    client = ControlClient(
-        settings.kafka_config(),
-        topic=settings.control_topic,
-        keyring=keyring,
-        max_ttl_ms=settings.control_max_ttl_ms,
-    )
+    client = ControlClient.from_settings(settings, keyring)
     client.start()
     log.info(
         "control %s (enforced from priority %d%s), directives from %s",

@@ -71,6 +71,7 @@ from pipeline.contract.control_signal import (
     decode_and_verify,
 )
 from pipeline.contract.events import CONTROL_TOPIC
+from pipeline.kafka_settings import EmitterSettings
 from producers.enforcement import stricter
 
 log = logging.getLogger(__name__)
@@ -347,6 +348,17 @@ class ControlClient:
     drive the loop with a fake consumer. Tombstones (``null`` values) are
     counted and ignored: they cannot be signed, so they cannot lift a directive.
     """
+
+    @classmethod
+    def from_settings(cls, settings: EmitterSettings, keyring: Keyring) -> ControlClient:
+        """The serving side's client as every gateway builds it: the settings' Kafka
+        connection, control topic and ``control_max_ttl_ms``."""
+        return cls(
+            settings.kafka_config(),
+            topic=settings.control_topic,
+            keyring=keyring,
+            max_ttl_ms=settings.control_max_ttl_ms,
+        )
 
     def __init__(
         self,

@@ -64,8 +64,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from pipeline.contract.control_signal import ALL_SCOPES, KeyConfigError, Keyring
+from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
+from producers.control_keys import keyring_from_environ
 from producers.emit import EventSink
 from producers.enforcement import (
     PASS_OFF,
@@ -87,9 +88,6 @@ log = logging.getLogger(__name__)
 ENV_DEFAULT_PRIORITY: Final = "TAILGUARD_DEFAULT_PRIORITY"
 ENV_HOST: Final = "TAILGUARD_LITELLM_HOST"  # host in events (default litellm/<hostname>)
 ENV_STATS_FILE: Final = "TAILGUARD_LITELLM_STATS_FILE"  # counters as JSON, rewritten on change
-ENV_KEYS: Final = "TAILGUARD_CONTROL_KEYS"
-ENV_ACTIVE_KID: Final = "TAILGUARD_CONTROL_ACTIVE_KID"
-ENV_KEYS_FILE: Final = "TAILGUARD_CONTROL_KEYS_FILE"
 
 REQUEST_ID_HEADER: Final = b"x-request-id"  # as producers.gateway reads and forwards it
 SESSION_HEADER: Final = "x-tailguard-session"
@@ -187,30 +185,6 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
-def _keyring_from_env(env: Mapping[str, str]) -> Keyring:
-    """The control keys as the rest of the project names them (``TAILGUARD_CONTROL_KEYS_FILE``,
-    or ``TAILGUARD_CONTROL_KEYS`` + ``TAILGUARD_CONTROL_ACTIVE_KID``); read with the
-    contract's own parsers (producers do not import the adapters' reader)."""
-    path, spec = env.get(ENV_KEYS_FILE), env.get(ENV_KEYS)
-    if path and spec:
-        raise KeyConfigError(f"set either {ENV_KEYS_FILE} or {ENV_KEYS}, not both")
-    if path:
-        import yaml  # JSON is YAML
-
-        where = f"control key file {path}"
-        try:
-            doc = yaml.safe_load(Path(path).read_bytes())
-        except (OSError, yaml.YAMLError) as e:
-            raise KeyConfigError(f"{where}: {e}") from None
-        return Keyring.from_document(doc, where)
-    if spec:
-        active = env.get(ENV_ACTIVE_KID)
-        if not active:
-            raise KeyConfigError(f"{ENV_KEYS} is set but {ENV_ACTIVE_KID} is not")
-        return Keyring.from_env_string(spec, active)
-    raise KeyConfigError(f"no control keys: set {ENV_KEYS_FILE} or {ENV_KEYS}")
-
-
 class TailguardGate:
     """The hook's logic over plain values (no LiteLLM): one instance per proxy process,
     called from its event loop. ``directives(model)``: the directive in force for a model
@@ -283,12 +257,7 @@ class TailguardGate:
         if directives is None and uses_control:
             from producers.control_client import ControlClient
 
-            client = ControlClient(
-                settings.kafka_config(),
-                topic=settings.control_topic,
-                keyring=_keyring_from_env(e),
-                max_ttl_ms=settings.control_max_ttl_ms,
-            )
+            client = ControlClient.from_settings(settings, keyring_from_environ(e))
             client.start()
             closers.append(client.stop)
             directives = client.directive

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from rich.console import Console
 
-from pipeline.adapters.control_keys import generate_secret_b64
 from pipeline.processes import stop_process
 from pipeline.settings import Settings
+from producers.control_keys import generate_secret_b64
 from producers.emit import BatchPolicy, EventSink, JsonlSink, KafkaSink, open_kafka_sink
 from producers.simulator.model import EPISODE_SHAPES, EpisodeShape, OverloadEpisode, SimConfig
 
@@ -318,16 +318,11 @@ def run_demo(
         if closed_loop:
             # The simulated gateways read the control topic through the serving layer's
             # own client (signatures, sequence numbers and expiry checked) and apply it.
-            from pipeline.adapters.control_keys import keyring_from_file
             from producers.control_client import ControlClient
+            from producers.control_keys import keyring_from_file
             from producers.simulator.gate import ControlClientGate
 
-            client = ControlClient(
-                settings.kafka_config(),
-                topic=settings.control_topic,
-                keyring=keyring_from_file(keys),
-                max_ttl_ms=settings.control_max_ttl_ms,
-            )
+            client = ControlClient.from_settings(settings, keyring_from_file(keys))
             client.start()
             stack.callback(client.stop)
             gate = ControlClientGate(client)

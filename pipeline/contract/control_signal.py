@@ -2,7 +2,7 @@
 
 Pure: the standard library (``hmac``, ``hashlib``, ``base64``), orjson and
 pydantic; no files, environment, Kafka, Faust or ClickHouse (keys arrive as values:
-:mod:`pipeline.adapters.control_keys` reads key files and the environment).
+:mod:`producers.control_keys` reads key files and the environment).
 
 The stream worker decides a level per *scope* (a model name, or ``"*"`` for
 all traffic) and publishes a :class:`ControlSignal`; the serving layer

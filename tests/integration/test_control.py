@@ -12,13 +12,13 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from pipeline.adapters.control_keys import keyring_from_file
 from pipeline.adapters.store import open_store
 from pipeline.app.replay import replay_file
 from pipeline.contract.control_signal import RejectReason
 from pipeline.settings import Settings
 from pipeline.spec.policy import load_policy
 from producers.control_client import Accepted, ControlClient, DirectiveStore
+from producers.control_keys import keyring_from_file
 from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,

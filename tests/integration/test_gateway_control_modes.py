@@ -27,9 +27,9 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from pipeline.adapters.control_keys import keyring_from_file
 from pipeline.cli import main
 from pipeline.contract.control_signal import Decision, UnsignedSignal, encode, message_key, sign
+from producers.control_keys import keyring_from_file
 from tests.control_fixtures import write_control_keys
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import make_settings

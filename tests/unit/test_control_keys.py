@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.control_keys import load_keyring
 from pipeline.contract import control_signal
 from pipeline.contract.control_signal import KeyConfigError, Keyring
+from producers.control_keys import load_keyring
 
 SECRET = base64.b64encode(b"s" * 32).decode()
 ENV = {"TAILGUARD_CONTROL_KEYS": f"e:{SECRET}", "TAILGUARD_CONTROL_ACTIVE_KID": "e"}

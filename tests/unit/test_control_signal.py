@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.adapters.control_keys import keyring_from_environ, keyring_from_file
 from pipeline.contract.control_signal import (
     DEFAULT_MAX_TTL_MS,
     Actions,
@@ -36,6 +35,7 @@ from pipeline.contract.control_signal import (
     resume_seqs,
     sign,
 )
+from producers.control_keys import keyring_from_environ, keyring_from_file
 
 T0 = 1_700_000_000_000
 KEY1 = b"k" * 32

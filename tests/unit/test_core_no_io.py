@@ -40,7 +40,7 @@ IO_MODULES = frozenset(
 )
 
 # Modules that still do I/O, each with the work that removes it (none: the control
-# signal's key files and os.environ moved to pipeline/adapters/control_keys.py).
+# signal's key files and os.environ moved to producers/control_keys.py).
 KNOWN_EXCEPTIONS: dict[str, str] = {}
 
 

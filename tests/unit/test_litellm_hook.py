@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.contract.control_signal import Actions, KeyConfigError
+from pipeline.contract.control_signal import Actions
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
 from producers.control_client import Directive
 from producers.enforcement import Modes
 from producers.gateway import PriorityRules
 from producers.litellm_hook import (
     TailguardGate,
-    _keyring_from_env,
     request_id_of,
     resolve_priority,
     status_of,
@@ -212,15 +211,6 @@ def test_upstream_headers_pass_on_cap_and_fallback_in_enforce() -> None:
         "x-tailguard-max-context-tokens": "4096",
         "x-tailguard-fallback-model": "small",
     }
-
-
-def test_control_keys_from_the_environment() -> None:
-    with pytest.raises(KeyConfigError, match="no control keys"):
-        _keyring_from_env({})
-    secret = "A" * 44  # 32 bytes, base64
-    ring = _keyring_from_env({"TAILGUARD_CONTROL_KEYS": f"k1:{secret}",
-                              "TAILGUARD_CONTROL_ACTIVE_KID": "k1"})  # fmt: skip
-    assert list(ring.kids) == ["k1"]
 
 
 def test_importing_the_hook_imports_no_litellm() -> None:

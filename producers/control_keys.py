@@ -1,4 +1,6 @@
-"""Control-signal keys from files and the environment (the I/O the contract leaves out).
+"""Control-signal keys from files and the environment (the I/O the contract leaves out):
+the one reader, for the controller and every gateway (the reference proxy, the LiteLLM
+hook) alike.
 
 :class:`~pipeline.contract.control_signal.Keyring` validates keys it is given as
 values; this adapter reads them: a key file (JSON or YAML ``{active: k2, keys: {k1:
