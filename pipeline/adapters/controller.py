@@ -27,7 +27,6 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from pydantic import SecretStr
 
-from pipeline.adapters import control_keys
 from pipeline.adapters.alerting import AlertDelivery, Webhook
 from pipeline.adapters.prometheus import MetricsState
 from pipeline.adapters.queries import budget as budget_queries
@@ -55,6 +54,7 @@ from pipeline.kafka_settings import KafkaSettings
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import load_policy_file
 from pipeline.spec.slo import load_spec_file
+from producers import control_keys
 
 if TYPE_CHECKING:
     from pipeline.adapters.flush import FlushWriter
