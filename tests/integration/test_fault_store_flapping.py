@@ -12,6 +12,7 @@ Kafka client's own (``LifecycleInput.pause``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 FLAPS = 9  # outage 1.5 s, then 0.7 s of store, this many times
 
 
+def _wait_log(path: Path, ok: Callable[[int, int], bool], what: str) -> None:
+    """Until ``ok(pauses, resumes)`` holds for the worker's log (ceiling 120 s)."""
+    deadline = time.monotonic() + 120
+    while True:
+        log = path.read_text(errors="replace")
+        if ok(log.count("lifecycle input paused"), log.count("lifecycle input resumed")):
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
 def test_a_store_failing_on_and_off_loses_nothing(kafka, tmp_path: Path) -> None:
     s, flag = store_fault_settings(
         kafka.bootstrap_servers, tmp_path, "outage", flush_interval_ms=200
@@ -38,12 +50,20 @@ def test_a_store_failing_on_and_off_loses_nothing(kafka, tmp_path: Path) -> None
     worker = WorkerProcess(s, tmp_path / "worker.log")
     try:
         worker.wait_caught_up(120)
-        produce_batches(s, during)
-        for _ in range(FLAPS):
-            # the outage is a flag file the worker's store checks on each insert: the
-            # durations are the fault's shape, not a wait for the worker
+        # Each outage gets its own share of the traffic, produced as it starts, so the
+        # worker has rows to write while the store is down however busy the machine is.
+        # The first two outages start once the worker is writing again and last until it
+        # has seen the store fail (a pause in its log); the others are 1.5 s. The flag
+        # file is what the store checks on each insert.
+        size = -(-len(during) // FLAPS)
+        for i in range(FLAPS):
+            if i < 2:
+                _wait_log(worker.log_path, lambda p, r: p == r, "the worker to resume")
             flag.touch()
+            produce_batches(s, during[i * size : (i + 1) * size])
             time.sleep(1.5)
+            if i < 2:
+                _wait_log(worker.log_path, lambda p, r, i=i: p > i, f"outage {i + 1} to pause")
             flag.unlink()
             time.sleep(0.7)
         worker.wait_caught_up(180)
