@@ -31,6 +31,9 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from pipeline.adapters.store import open_store
+from pipeline.cli import main
+from pipeline.settings import Settings
 from tests.gateway_fixtures import serve, wait_for
 from tests.kafka_fixture import KafkaUnderTest, create_topic
 from tests.paths import REPO
@@ -327,7 +330,7 @@ def test_d_broker_down_requests_are_served_and_the_overhead(env: Env) -> None:
     assert st["sink"]["events_sent"] == 0
 
 
-def test_a_events_in_kafka_equal_what_the_client_saw(env: Env) -> None:
+def test_a_events_in_kafka_equal_what_the_client_saw(env: Env, tmp_path: Path) -> None:
     seen: dict[str, tuple[Seen, dict[str, Any], int]] = {}
     with httpx.Client(timeout=30) as client:
         for i in range(N_REQUESTS):
@@ -359,6 +362,27 @@ def test_a_events_in_kafka_equal_what_the_client_saw(env: Env) -> None:
         assert done["ttfb_ms"] is not None
         assert 0 <= done["ttfb_ms"] <= done["total_ms"]
         diffs.append(s.ttfb_ms - done["ttfb_ms"])
+    # ... and replayed into the embedded store, the requests table equals what the client saw
+    lines = [orjson.dumps(ev) for rid in seen for evs in events[rid].values() for ev in evs]
+    path = tmp_path / "litellm-events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    store_dir = tmp_path / "litellm-store"
+    assert main(["replay", str(path), "--store", str(store_dir), "--json"]) == 0
+    store = open_store(Settings(store_dir=store_dir))
+    try:
+        rows = store.query_rows(
+            "SELECT request_id, http_status, outcome, prompt_tokens, output_tokens, "
+            "gateway_ttfb_ms FROM tailguard.requests FINAL",
+            {},
+        )
+    finally:
+        store.close()
+    stored = {r[0]: r[1:] for r in rows}
+    assert set(stored) == set(seen)
+    for rid, (s, _body, _prio) in seen.items():
+        done = events[rid]["gateway.completed"][0]
+        assert stored[rid] == (s.status, "ok", s.prompt_tokens, s.output_tokens,
+                               done["ttfb_ms"]), rid  # fmt: skip
     diffs.sort()
     p50, p99 = diffs[len(diffs) // 2], diffs[int(len(diffs) * 0.99)]
     print(f"\nclient TTFB - event TTFB over {len(diffs)} requests (ms): min {diffs[0]:.2f} "
