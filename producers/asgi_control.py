@@ -246,7 +246,8 @@ class ControlMiddleware:
         cutoff_ms: float,
     ) -> None:
         """Shadow: serve untouched; a first body chunk later than ``cutoff_ms`` after the
-        call (or none) is a cut-off enforce would have made, counted as such."""
+        call (or none by the time the app ends, that long after the call) is a cut-off
+        enforce would have made, counted as such."""
         t0 = self.clock_ms()
         first_ms: list[float] = []
 
@@ -259,7 +260,8 @@ class ControlMiddleware:
         try:
             await self.app(scope, receive, timed_send)
         finally:
-            late = not first_ms or first_ms[0] - t0 > cutoff_ms
+            first = first_ms[0] if first_ms else self.clock_ms()
+            late = first - t0 > cutoff_ms
             if late:
                 self.enforcement.count_cutoff(decision, facts)
                 self.counters["shadow_would_refuse"] += 1

@@ -305,13 +305,6 @@ class Enforcement:
         priority = min(max(request.priority, 0), PRIORITIES - 1)
         self.refusals[(decision.mode, request.model or ALL_SCOPES, priority, "queue_timeout")] += 1
 
-    def refused_by_priority(self, mode: Mode = "enforce") -> dict[int, int]:
-        out: dict[int, int] = {}
-        for (m, _model, prio, _why), n in self.refusals.items():
-            if m == mode:
-                out[prio] = out.get(prio, 0) + n
-        return dict(sorted(out.items()))
-
     # -- the rules
     def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
         a: _ActionsLike = d.actions

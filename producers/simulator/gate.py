@@ -36,7 +36,6 @@ from producers.enforcement import (
     DirectiveLike,
     Enforcement,
     Modes,
-    Reason,
     RequestFacts,
     Verdict,
     hash_admits,
@@ -150,15 +149,6 @@ class GatewayGate:
             if act.fallback_model is not None:
                 self.fallbacks += 1
         return d
-
-    def would_refuse(self) -> Counter[tuple[int, Reason]]:
-        """Shadow: (priority, reason) -> requests the gateways would have refused."""
-        out: Counter[tuple[int, Reason]] = Counter()
-        for e in self.enforcements.values():
-            for (mode, _model, prio, why), n in e.refusals.items():
-                if mode == "shadow":
-                    out[(prio, why)] += n
-        return out
 
     def on_complete(self, done: Completion) -> None:
         """The simulator reports a request this gate admitted (``decide`` returned no

@@ -272,3 +272,54 @@ def test_an_app_ending_without_a_body_gets_its_start_sent_at_once() -> None:
         assert mw.counters["queue_timeout"] == 0
 
     asyncio.run(go())
+
+
+class StepClock:
+    """The middleware's clock, moved by the app under test (no wall time involved)."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+
+    def __call__(self) -> float:
+        return self.now_ms
+
+
+@pytest.mark.parametrize(
+    ("first_body_after_ms", "fails", "counted"),
+    [
+        (10.0, False, False),  # first byte within the cut-off: enforce would not cut
+        (45.0, False, True),  # later: enforce would have cut it off
+        (5.0, True, False),  # the app failed at once, no body: no cut-off either
+        (45.0, True, True),  # failed with no body past the cut-off: enforce would have cut
+    ],
+)
+def test_shadow_counts_a_cut_off_only_past_its_time(
+    first_body_after_ms: float, fails: bool, counted: bool
+) -> None:
+    """Shadow serves the response untouched and counts a would-have queue_timeout exactly
+    when enforce would have cut the request off."""
+    from producers.enforcement import Modes
+
+    clock = StepClock()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        clock.now_ms += first_body_after_ms
+        if fails:
+            raise RuntimeError("upstream broke")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    mw = ControlMiddleware(app, lambda _m: CUT, clock_ms=clock, modes=Modes("shadow"))
+    client = Client()
+    scope = _scope(2)
+    if fails:
+        with pytest.raises(RuntimeError):
+            asyncio.run(mw(scope, _receive, client.send))
+    else:
+        asyncio.run(mw(scope, _receive, client.send))
+        assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
+        assert client.sent[0]["status"] == 200  # served as without control
+    would = {k: n for k, n in mw.enforcement.refusals.items() if k[0] == "shadow"}
+    assert would == ({("shadow", "*", 2, "queue_timeout"): 1} if counted else {})
+    assert scope["state"]["tailguard.control"] == ("shadow", "queue_timeout" if counted else None)
+    assert REJECTED_STATE_KEY not in scope["state"]
