@@ -30,8 +30,16 @@ How it decides
   highest priority first, so admission is work-conserving without admitting more than
   ``rate`` (priority 0 aside). While priority 0 alone asks for the rate or more, its
   bucket's overflow is only the estimate's noise and is dropped.
-* **Decision.** Priority 0 is never evicted: it takes a token when its bucket has one
-  and passes either way. Priority ``p >= 1`` is admitted iff its bucket holds a token.
+* **Decision (strict tiers).** A request takes a token from its own priority's
+  bucket; when that is empty, from the lowest priority's bucket below it that holds
+  one (priority 3's first, then 2's, ...). So a priority is turned away only when
+  every lower priority's bucket is empty too: every lower priority is already being
+  turned away at this gateway and scope. Priority 0 is never evicted: it passes
+  whether or not it found a token. Priority ``p >= 1`` is admitted iff its bucket or
+  a lower priority's holds a token. (A bucket refilled at its allocation empties when
+  its priority asks for more than it was allocated; without borrowing, priority 2 was
+  refused as often as priority 3 in a x4 overload while priority 3's bucket still
+  held tokens: issue 47.)
 * **Warm-up.** Until the estimator has :data:`WARMUP_MS` = 1 s of history, one shared
   bucket at ``rate`` (burst one second, at least :data:`MIN_BURST_TOKENS`) admits first
   come, first served, priority 0 exempt. At the switch its tokens are handed to the
@@ -168,12 +176,23 @@ class PriorityAdmission:
         if self._tokens[p] >= 1.0:
             self._tokens[p] -= 1.0
             return ADMITTED
+        lender = self._lender(p)
+        if lender is not None:  # strict tiers: a lower priority pays first
+            self._tokens[lender] -= 1.0
+            return ADMITTED
         if p == 0:
             return ADMITTED  # never evicted
         return Admit(
             admitted=False,
             retry_after_s=_retry_after_s(self._tokens[p], self._alloc_rps[p], max_retry_after_s),
         )
+
+    def _lender(self, p: int) -> int | None:
+        """The lowest priority below ``p`` whose bucket holds a token, if any."""
+        for q in range(PRIORITIES - 1, p, -1):
+            if self._tokens[q] >= 1.0:
+                return q
+        return None
 
     def _decide_warming(self, p: int, rate: float, max_retry_after_s: int) -> Admit:
         if self._shared >= 1.0:

@@ -245,3 +245,48 @@ def test_property_admitted_rate_is_min_of_rate_and_demand(
         if above >= 1.1 * rate:
             assert got_rps[p] == 0.0, (p, got_rps)
     assert skip_s * 1000.0 > WARMUP_MS
+
+
+# --- strict tiers (issue 47) -------------------------------------------------------------
+
+STRICT_CASES = [
+    # (id, rate, demand per priority 0..3, burst: priority and count at t = 30 s)
+    ("a-p2-burst-borrows-from-p3", 10.0, (0.0, 2.0, 2.0, 4.0), (2, 25)),
+    ("a-p1-burst-borrows-from-p3-then-p2", 10.0, (0.0, 2.0, 2.0, 4.0), (1, 40)),
+    ("a-p0-burst-is-paid-by-p3-first", 10.0, (1.0, 2.0, 2.0, 4.0), (0, 30)),
+]
+
+
+@pytest.mark.parametrize(
+    ("rate", "demand", "burst"), [c[1:] for c in STRICT_CASES], ids=[c[0] for c in STRICT_CASES]
+)
+def test_a_priority_is_refused_only_when_every_lower_one_is(
+    rate: float, demand: tuple[float, ...], burst: tuple[int, int]
+) -> None:
+    """At every refusal of priority p, a request of any lower priority q > p arriving at
+    the same instant is refused too (probed on a copy, so the probe changes nothing)."""
+    import copy
+
+    adm = PriorityAdmission()
+    events = arrivals(demand, 60.0)
+    events += [(30_000.0 + i, burst[0]) for i in range(burst[1])]
+    events.sort()
+    refused = [0] * PRIORITIES
+    for t_ms, p in events:
+        got = adm.decide(p, rate, t_ms, MAX_RETRY_S)
+        if got.admitted:
+            continue
+        refused[p] += 1
+        for q in range(p + 1, PRIORITIES):
+            probe = copy.deepcopy(adm)
+            assert not probe.decide(q, rate, t_ms, MAX_RETRY_S).admitted, (t_ms, p, q)
+    assert refused[0] == 0
+
+
+def test_borrowing_keeps_the_admitted_total_at_the_rate() -> None:
+    """Strict tiers move tokens between priorities; they never add any."""
+    got, _ = run(10.0, (0.0, 6.0, 6.0, 6.0), duration_s=360.0, skip_s=240.0)
+    assert sum(got) == pytest.approx(10.0, rel=0.03)
+    assert got[1] == pytest.approx(6.0, rel=0.03)
+    assert got[2] == pytest.approx(4.0, rel=0.05, abs=0.1)
+    assert got[3] < 0.2
