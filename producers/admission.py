@@ -44,11 +44,22 @@ How it decides
   bucket at ``rate`` (burst one second, at least :data:`MIN_BURST_TOKENS`) admits first
   come, first served, priority 0 exempt. At the switch its tokens are handed to the
   priority buckets in priority order.
-* **Retry-After** follows the bucket, so rejected clients do not return together: for a
-  rejected priority with ``a_p > 0``, the time until its bucket next holds a token at
-  ``a_p`` (rounded up, at least 1 s); with ``a_p == 0`` (higher priorities take the
-  whole rate) ``max_retry_after_s``; never above ``max_retry_after_s`` (taken as at
-  least 1, so a rejection never says "retry at once").
+* **Retry-After: the expected drain** (issue 47: refused clients came back within a
+  second or two, all together, and stormed). A rejected priority ``p`` can be served
+  from its own allocation and from every lower priority's (it borrows from them first),
+  ``A_p = Σ_{q>=p} a_q``; what it asks beyond that, ``E_p = max(0, λ_p - A_p)``, is its
+  excess. The excess of one estimator horizon (``E_p · τ`` requests) is drained at
+  ``A_p``, and the bucket needs ``(1 - tokens_p) / a_p`` for its next token::
+
+      drain_s = (1 - tokens_p) / a_p  +  τ · E_p / A_p
+
+  The answer is ``ceil(drain_s)``, at least 1 s and at most ``max_retry_after_s`` (the
+  directive's ``retry_after_s``, taken as at least 1: a rejection never says "retry at
+  once"); ``max_retry_after_s`` when ``A_p == 0`` (higher priorities take the whole
+  rate: capacity is not expected back while the directive holds). A priority whose
+  demand fits (``E_p = 0``, refused on a burst) hears "in a second or two"; one asking
+  twice what it can get, ``τ`` = 5 s more. :mod:`producers.enforcement` spreads the
+  answer per request (so the clients refused together do not return together).
 
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
@@ -97,11 +108,25 @@ def _priority_burst(alloc_rps: float) -> float:
     return max(MIN_BURST_TOKENS, alloc_rps * BURST_S)
 
 
-def _retry_after_s(tokens: float, refill_rps: float, max_retry_after_s: int) -> int:
+def drain_retry_after_s(
+    tokens: float,
+    refill_rps: float,
+    max_retry_after_s: int,
+    demand_rps: float = 0.0,
+    reachable_rps: float | None = None,
+) -> int:
+    """The expected drain (module docstring): the next token at ``refill_rps`` plus the
+    excess of one horizon (``demand_rps`` over ``reachable_rps``, the refill of this
+    priority and every lower one) drained at ``reachable_rps``; in ``[1, max]``."""
     ceiling = max(1, max_retry_after_s)
-    if refill_rps <= 0.0:
+    reach = refill_rps if reachable_rps is None else reachable_rps
+    if refill_rps <= 0.0 and reach <= 0.0:
         return ceiling
-    wait_s = max(0.0, 1.0 - tokens) / refill_rps
+    token_s = max(0.0, 1.0 - tokens) / refill_rps if refill_rps > 0.0 else 0.0
+    excess_rps = max(0.0, demand_rps - reach)
+    wait_s = token_s + TAU_MS / 1000.0 * excess_rps / reach
+    if not math.isfinite(wait_s):
+        return ceiling
     return min(ceiling, max(1, math.ceil(wait_s)))
 
 
@@ -184,7 +209,13 @@ class PriorityAdmission:
             return ADMITTED  # never evicted
         return Admit(
             admitted=False,
-            retry_after_s=_retry_after_s(self._tokens[p], self._alloc_rps[p], max_retry_after_s),
+            retry_after_s=drain_retry_after_s(
+                self._tokens[p],
+                self._alloc_rps[p],
+                max_retry_after_s,
+                demand_rps=self.demand_rps(self._last_ms)[p],
+                reachable_rps=sum(self._alloc_rps[p:]),
+            ),
         )
 
     def _lender(self, p: int) -> int | None:
@@ -201,7 +232,7 @@ class PriorityAdmission:
         if p == 0:
             return ADMITTED
         return Admit(
-            admitted=False, retry_after_s=_retry_after_s(self._shared, rate, max_retry_after_s)
+            admitted=False, retry_after_s=drain_retry_after_s(self._shared, rate, max_retry_after_s)
         )
 
     def _refill(self, dt_s: float, rate: float) -> None:

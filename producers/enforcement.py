@@ -67,22 +67,26 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from producers.admission import PriorityAdmission
+from producers.client_retry import SHOULD_RETRY_HEADER
 
 Mode = Literal["off", "shadow", "enforce"]
 MODES: Final[tuple[Mode, ...]] = ("off", "shadow", "enforce")
-Reason = Literal["shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"]
+Reason = Literal[
+    "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout", "retry_budget"
+]
 REASONS: Final[tuple[Reason, ...]] = (
     "shed_priority",
     "new_session",
     "rate_limit",
     "admission",
     "queue_timeout",
+    "retry_budget",
 )
 # One status per reason (see the module docstring for why).
 STATUS: Final[Mapping[Reason, int]] = {
@@ -91,7 +95,10 @@ STATUS: Final[Mapping[Reason, int]] = {
     "rate_limit": 429,
     "admission": 429,
     "queue_timeout": 503,
+    "retry_budget": 429,
 }
+# A retry over budget says so: the OpenAI/Stainless SDKs obey x-should-retry: false.
+SHOULD_RETRY_FALSE: Final[frozenset[Reason]] = frozenset({"retry_budget"})
 ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
 PRIORITIES: Final = 4
 
@@ -142,7 +149,10 @@ class RequestFacts:
     ``model`` None: unknown (only a ``"*"`` directive applies); ``priority`` 0 (highest)
     .. 3, clamped; ``new_session``: the request opens a session (the middleware: no
     ``x-tailguard-session`` header); ``request_key``: a stable id of the logical
-    request (``x-request-id``), for the half-open hash; ``prompt_tokens`` None: unknown.
+    request (``x-request-id``), for the half-open hash; ``prompt_tokens`` None: unknown;
+    ``attempt`` and ``logical_id``: what the client's retry headers say
+    (:func:`producers.client_retry.client_attempt`: 0 = a first try; the id every attempt
+    of one logical request shares, if sent), for the retry budget.
     """
 
     model: str | None
@@ -151,6 +161,8 @@ class RequestFacts:
     request_key: str | None = None
     prompt_tokens: int | None = None
     tenant: str | None = None
+    attempt: int = 0
+    logical_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +180,23 @@ class Verdict:
     def status(self) -> int:
         """The HTTP status of a refusal (:data:`STATUS`); 0 when admitted."""
         return 0 if self.reason is None else STATUS[self.reason]
+
+    @property
+    def should_retry(self) -> bool | None:
+        """What a refusal's ``x-should-retry`` says: False (do not retry) for a retry over
+        budget; None (no header: the client's own rules) otherwise."""
+        return False if self.reason in SHOULD_RETRY_FALSE else None
+
+    def refusal_headers(self, level: int) -> list[tuple[str, str]]:
+        """The headers of this refusal, the same at every gateway: ``retry-after``,
+        ``x-tailguard-level`` and, for a retry over budget, ``x-should-retry: false``."""
+        headers = [
+            ("retry-after", str(max(0, int(self.retry_after_s)))),
+            ("x-tailguard-level", str(int(level))),
+        ]
+        if self.should_retry is False:
+            headers.append((SHOULD_RETRY_HEADER, "false"))
+        return headers
 
 
 ADMIT: Final = Verdict()
@@ -200,15 +229,33 @@ class Decision:
 PASS_OFF: Final = Decision(ADMIT, "off")
 
 
+# The retry budget's defaults (EmitterSettings' TAILGUARD_CONTROL_RETRY_BUDGET_RATIO and
+# _MIN_RETRIES default to these; the simulator's gates use them too).
+DEFAULT_RETRY_BUDGET_RATIO: Final = 0.2  # Envoy's retry_budget.budget_percent: 20 %
+DEFAULT_RETRY_BUDGET_MIN_RETRIES: Final = 3  # Envoy's min_retry_concurrency: 3
+RETRY_BUDGET_WINDOW_S: Final = 10  # the sliding window, in one-second slots
+# A logical id is remembered this long (the SDKs honour a Retry-After up to 120 s) and at
+# most this many per (gateway, scope), oldest forgotten first.
+LOGICAL_ID_MEMORY_MS: Final = 130_000.0
+MAX_LOGICAL_IDS: Final = 65_536
+RETRY_AFTER_SPREAD: Final = 0.5  # a refusal's Retry-After is spread over [(1 - s)·R, R]
+_GOLDEN: Final = 0.6180339887498949
+
+
 @dataclass(frozen=True, slots=True)
 class Modes:
-    """Which mode applies to a request: ``mode`` for every scope unless ``scopes``
-    names the model's own; in ``enforce``, priorities below ``enforce_from_priority``
-    are shadowed (0: all enforced). Built from flags or environment by :meth:`parse`."""
+    """A gateway's control settings. Which mode applies to a request: ``mode`` for every
+    scope unless ``scopes`` names the model's own; in ``enforce``, priorities below
+    ``enforce_from_priority`` are shadowed (0: all enforced). The retry budget: retries
+    admitted per (gateway, scope) over the last :data:`RETRY_BUDGET_WINDOW_S` at most
+    ``max(retry_budget_min_retries, retry_budget_ratio x first attempts)``. Built from
+    flags or environment by :meth:`parse`."""
 
     mode: Mode = "enforce"
     enforce_from_priority: int = 0
     scopes: tuple[tuple[str, Mode], ...] = ()
+    retry_budget_ratio: float = DEFAULT_RETRY_BUDGET_RATIO
+    retry_budget_min_retries: int = DEFAULT_RETRY_BUDGET_MIN_RETRIES
 
     def __post_init__(self) -> None:
         for m in (self.mode, *(m for _, m in self.scopes)):
@@ -219,6 +266,12 @@ class Modes:
                 f"enforce_from_priority must be 0..{PRIORITIES - 1}, "
                 f"got {self.enforce_from_priority}"
             )
+        ratio = self.retry_budget_ratio
+        if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0.0 <= ratio <= 100.0):
+            raise ValueError(f"retry_budget_ratio must be 0..100 (0.2 = 20 %), got {ratio!r}")
+        floor = self.retry_budget_min_retries
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"retry_budget_min_retries must be an integer >= 0, got {floor!r}")
 
     def of(self, model: str | None, priority: int) -> Mode:
         mode = self.mode
@@ -233,7 +286,13 @@ class Modes:
 
     @classmethod
     def parse(
-        cls, mode: str, *, enforce_from_priority: int = 0, scopes: str | None = None
+        cls,
+        mode: str,
+        *,
+        enforce_from_priority: int = 0,
+        scopes: str | None = None,
+        retry_budget_ratio: float = DEFAULT_RETRY_BUDGET_RATIO,
+        retry_budget_min_retries: int = DEFAULT_RETRY_BUDGET_MIN_RETRIES,
     ) -> Modes:
         """``mode``: off|shadow|enforce; ``scopes``: ``"model-a=shadow,model-b=off"``."""
         pairs: list[tuple[str, Mode]] = []
@@ -245,7 +304,13 @@ class Modes:
             if not sep or not name.strip():
                 raise ValueError(f"per-scope control mode must be MODEL=MODE, got {part!r}")
             pairs.append((name.strip(), m.strip()))  # type: ignore[arg-type]  # checked
-        return cls(mode.strip(), enforce_from_priority, tuple(pairs))  # type: ignore[arg-type]
+        return cls(
+            mode.strip(),  # type: ignore[arg-type]  # checked
+            enforce_from_priority,
+            tuple(pairs),
+            retry_budget_ratio,
+            retry_budget_min_retries,
+        )
 
 
 def hash_admits(key: str, fraction: float) -> bool:
@@ -260,6 +325,63 @@ def spread_admits(k: int, fraction: float) -> bool:
     return math.floor((k + 1) * fraction) > math.floor(k * fraction)
 
 
+def unit_of(key: str) -> float:
+    """A deterministic uniform draw in [0, 1) from ``key``."""
+    h = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+    return h / 2.0**64
+
+
+def spread_retry_after_s(retry_after_s: int, u: float) -> int:
+    """``retry_after_s`` spread over its last half by ``u`` in [0, 1):
+    ``max(1, ceil(R·(1 - RETRY_AFTER_SPREAD·u)))`` (0 stays 0), so never later than
+    ``R`` and never "at once" unless ``R`` says so."""
+    if retry_after_s <= 0:
+        return 0
+    return max(1, math.ceil(retry_after_s * (1.0 - RETRY_AFTER_SPREAD * u)))
+
+
+class RetryWindow:
+    """One (gateway, scope)'s retry budget: first attempts and retries admitted through
+    the budget over the last :data:`RETRY_BUDGET_WINDOW_S` one-second slots, and the
+    logical ids seen (a repeated one is a retry). Pure: time passed in."""
+
+    __slots__ = ("_ids", "_slots")
+
+    def __init__(self) -> None:
+        # per slot: [second, first attempts, retries]
+        self._slots = [[-1, 0, 0] for _ in range(RETRY_BUDGET_WINDOW_S)]
+        self._ids: OrderedDict[str, float] = OrderedDict()
+
+    def counts(self, now_ms: float) -> tuple[int, int]:
+        """(first attempts, retries) in the window ending at ``now_ms``."""
+        sec = math.floor(now_ms / 1000.0)
+        firsts = retries = 0
+        for slot_sec, f, r in self._slots:
+            if sec - RETRY_BUDGET_WINDOW_S < slot_sec <= sec:
+                firsts += f
+                retries += r
+        return firsts, retries
+
+    def add(self, now_ms: float, *, retry: bool) -> None:
+        sec = math.floor(now_ms / 1000.0)
+        slot = self._slots[sec % RETRY_BUDGET_WINDOW_S]
+        if slot[0] != sec:
+            slot[0], slot[1], slot[2] = sec, 0, 0
+        slot[2 if retry else 1] += 1
+
+    def seen(self, logical_id: str, now_ms: float) -> bool:
+        """Was ``logical_id`` seen in the last :data:`LOGICAL_ID_MEMORY_MS`? (Records it.)"""
+        ids = self._ids
+        last = ids.pop(logical_id, None)
+        ids[logical_id] = now_ms
+        while ids:
+            oldest_id, oldest_ms = next(iter(ids.items()))
+            if len(ids) <= MAX_LOGICAL_IDS and now_ms - oldest_ms <= LOGICAL_ID_MEMORY_MS:
+                break
+            del ids[oldest_id]
+        return last is not None and now_ms - last <= LOGICAL_ID_MEMORY_MS
+
+
 @dataclass
 class Enforcement:
     """One gateway instance's enforcement; see the module docstring."""
@@ -271,7 +393,9 @@ class Enforcement:
     applied: Counter[str] = field(default_factory=Counter)
     _admissions: dict[str, PriorityAdmission] = field(default_factory=dict)
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, last ms
+    _retries: dict[str, RetryWindow] = field(default_factory=dict)
     _spread_k: int = 0
+    _jitter_k: int = 0
 
     def decide(
         self, directive: DirectiveLike | None, request: RequestFacts, now_ms: float
@@ -309,6 +433,11 @@ class Enforcement:
     def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
+        u = self._unit(r)
+        if self._over_retry_budget(scope, r, priority, now_ms):
+            return Verdict(
+                reason="retry_budget", retry_after_s=spread_retry_after_s(a.retry_after_s, u)
+            )
         reason: Reason | None = None
         if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
             reason = "shed_priority"
@@ -323,14 +452,15 @@ class Enforcement:
                 self._spread_k += 1
             if half_open:
                 reason = None
+        retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
         if reason is not None:
-            return Verdict(reason=reason, retry_after_s=max(0, int(a.retry_after_s)))
+            return Verdict(reason=reason, retry_after_s=retry_after_s)
         if (
             a.rate_limit_rps is not None
             and not self._take_token(scope, a.rate_limit_rps, now_ms)
             and priority > 0  # priority 0 takes a token when there is one, never waits
         ):
-            return Verdict(reason="rate_limit", retry_after_s=max(0, int(a.retry_after_s)))
+            return Verdict(reason="rate_limit", retry_after_s=retry_after_s)
         if a.admit_rps is not None:
             admission = self._admissions.get(scope)
             if admission is None:
@@ -338,7 +468,9 @@ class Enforcement:
             rate_rps = a.admit_rps / (a.admit_gateways or 1)
             admit = admission.decide(priority, rate_rps, now_ms, a.retry_after_s)
             if not admit.admitted:
-                return Verdict(reason="admission", retry_after_s=admit.retry_after_s)
+                return Verdict(
+                    reason="admission", retry_after_s=spread_retry_after_s(admit.retry_after_s, u)
+                )
         cap = a.cap_context_tokens
         if cap is not None and r.prompt_tokens is not None and r.prompt_tokens <= cap:
             cap = None  # shorter already: nothing to cap
@@ -346,12 +478,41 @@ class Enforcement:
         if cutoff is None and cap is None and a.fallback_model is None and not half_open:
             return ADMIT
         return Verdict(
-            retry_after_s=max(0, int(a.retry_after_s)) if cutoff is not None else 0,
+            retry_after_s=retry_after_s if cutoff is not None else 0,
             cap_context_tokens=cap,
             fallback_model=a.fallback_model,
             queue_timeout_ms=cutoff,
             half_open_admitted=half_open,
         )
+
+    def _unit(self, r: RequestFacts) -> float:
+        """The request's draw for spreading its Retry-After: from its key (the same key,
+        the same answer), else the next of a golden-ratio sequence (evenly spread)."""
+        key = r.request_key or r.logical_id
+        if key is not None:
+            return unit_of("retry-after:" + key)
+        self._jitter_k += 1
+        return (self._jitter_k * _GOLDEN) % 1.0
+
+    def _over_retry_budget(self, scope: str, r: RequestFacts, priority: int, now_ms: float) -> bool:
+        """Count the request in its scope's retry budget; True: a retry over it (never
+        priority 0). A retry: ``attempt > 0`` or a logical id seen lately."""
+        window = self._retries.get(scope)
+        if window is None:
+            window = self._retries[scope] = RetryWindow()
+        retry = r.attempt > 0
+        if r.logical_id is not None:
+            retry = window.seen(r.logical_id, now_ms) or retry
+        if retry and priority > 0:
+            firsts, retries = window.counts(now_ms)
+            allowed = max(
+                float(self.modes.retry_budget_min_retries),
+                self.modes.retry_budget_ratio * firsts,
+            )
+            if retries >= allowed:
+                return True
+        window.add(now_ms, retry=retry)
+        return False
 
     def _take_token(self, scope: str, rps: float, now_ms: float) -> bool:
         burst = max(1.0, rps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from producers.admission import (
     WARMUP_MS,
     Admit,
     PriorityAdmission,
+    drain_retry_after_s,
 )
 
 MAX_RETRY_S = 30
@@ -290,3 +292,43 @@ def test_borrowing_keeps_the_admitted_total_at_the_rate() -> None:
     assert got[1] == pytest.approx(6.0, rel=0.03)
     assert got[2] == pytest.approx(4.0, rel=0.05, abs=0.1)
     assert got[3] < 0.2
+
+
+# --- Retry-After: the expected drain (issue 47) ------------------------------------------
+
+DRAIN_CASES = [
+    # (id, tokens, a_p, max, λ_p, A_p, want): drain = (1 - tokens)/a_p + τ·max(0, λ_p - A_p)/A_p
+    ("demand-fits-next-token", 0.5, 2.0, 30, 1.0, 4.0, 1),  # 0.25 s -> at least 1
+    ("slow-token-no-excess", 0.0, 0.25, 30, 0.2, 0.25, 4),  # 4 s for the token
+    ("twice-what-it-reaches", 0.0, 2.0, 30, 8.0, 4.0, 6),  # 0.5 + 5·4/4 = 5.5
+    ("four-times", 0.9, 1.0, 30, 16.0, 4.0, 16),  # 0.1 + 5·12/4 = 15.1
+    ("capped-by-the-directive", 0.0, 1.0, 10, 40.0, 1.0, 10),  # 1 + 195
+    ("borrows-only-from-below", 0.0, 0.0, 30, 6.0, 3.0, 5),  # own a_p 0: 5·3/3
+    ("nothing-reachable", 0.0, 0.0, 30, 6.0, 0.0, 30),
+    ("max-0-still-1", 0.0, 0.0, 0, 6.0, 0.0, 1),
+]
+
+
+@pytest.mark.parametrize("case", [c[1:] for c in DRAIN_CASES], ids=[c[0] for c in DRAIN_CASES])
+def test_retry_after_is_the_expected_drain(case: tuple[Any, ...]) -> None:
+    tokens, alloc, max_retry, demand, reach, want = case
+    got = drain_retry_after_s(tokens, alloc, max_retry, demand_rps=demand, reachable_rps=reach)
+    assert got == want
+
+
+def test_retry_after_grows_with_the_excess_in_an_overload() -> None:
+    """Priority 3 asks for ~2x and ~4x the rate (nothing above it): its Retry-After is
+    the drain of 5 s of excess, not the next token's second."""
+    got: dict[float, int] = {}
+    for factor in (2.0, 4.0):
+        adm = PriorityAdmission()
+        answer = None
+        for t_ms, p in arrivals((0.0, 0.0, 0.0, 10.0 * factor), 30.0):
+            a = adm.decide(p, 10.0, t_ms, 60)
+            if not a.admitted:
+                answer = a.retry_after_s
+        assert answer is not None
+        got[factor] = answer
+    # τ·(λ - A)/A: 5 s at x2, 15 s at x4 (A = 1.1·λ capped at the rate = 10/s)
+    assert got[2.0] == pytest.approx(6, abs=2)
+    assert got[4.0] == pytest.approx(16, abs=3)

@@ -11,12 +11,16 @@ from pipeline.contract.control_signal import Actions
 from producers.control_client import Directive
 from producers.enforcement import (
     ADMIT,
+    LOGICAL_ID_MEMORY_MS,
     REASONS,
     STATUS,
     Enforcement,
     Modes,
     RequestFacts,
+    Verdict,
+    spread_retry_after_s,
     stricter,
+    unit_of,
 )
 
 
@@ -52,8 +56,9 @@ def test_rules(
     d = Enforcement().decide(directive, request_, 0.0)
     assert (d.verdict.reason, d.verdict.status) == (reason, status)
     assert d.refused == (reason is not None)
-    if reason is not None:
-        assert d.verdict.retry_after_s == directive.actions.retry_after_s
+    if reason is not None:  # the directive's Retry-After, spread per request key
+        want = spread_retry_after_s(directive.actions.retry_after_s, unit_of("retry-after:k"))
+        assert d.verdict.retry_after_s == want
 
 
 def test_one_status_per_reason() -> None:
@@ -79,7 +84,7 @@ def test_fallback_and_cutoff_of_an_admitted_request() -> None:
     assert e.decide(d, _r(0), 0.0).act.queue_timeout_ms is None  # priority 0: never cut off
     v = e.decide(d, _r(3), 0.0).act
     assert (v.reason, v.fallback_model, v.queue_timeout_ms, v.retry_after_s) == (
-        None, "small", 300.0, 9)  # fmt: skip
+        None, "small", 300.0, spread_retry_after_s(9, unit_of("retry-after:k")))  # fmt: skip
     assert e.applied["fallback"] == 2
 
 
@@ -169,6 +174,8 @@ def test_mode_of_a_request(modes: Modes, priority: int, mode: str) -> None:
         ("enforce", {"enforce_from_priority": 3}, Modes("enforce", 3)),
         ("off", {"scopes": "llama=enforce, qwen = shadow"},
          Modes("off", 0, (("llama", "enforce"), ("qwen", "shadow")))),
+        ("enforce", {"retry_budget_ratio": 0.5, "retry_budget_min_retries": 0},
+         Modes("enforce", retry_budget_ratio=0.5, retry_budget_min_retries=0)),
     ],
 )  # fmt: skip
 def test_modes_parse(text: str, kwargs: dict[str, Any], want: Modes) -> None:
@@ -178,10 +185,13 @@ def test_modes_parse(text: str, kwargs: dict[str, Any], want: Modes) -> None:
 @pytest.mark.parametrize(
     ("text", "kwargs"),
     [("on", {}), ("enforce", {"enforce_from_priority": 4}), ("enforce", {"scopes": "llama"}),
-     ("enforce", {"scopes": "llama=loud"}), ("enforce", {"scopes": "=shadow"})],
+     ("enforce", {"scopes": "llama=loud"}), ("enforce", {"scopes": "=shadow"}),
+     ("enforce", {"retry_budget_ratio": -0.1}), ("enforce", {"retry_budget_ratio": float("nan")}),
+     ("enforce", {"retry_budget_ratio": 101.0}), ("enforce", {"retry_budget_min_retries": -1}),
+     ("enforce", {"retry_budget_min_retries": 1.5})],
 )  # fmt: skip
 def test_bad_modes_fail_at_start(text: str, kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match=r"control mode|enforce_from_priority|MODEL=MODE"):
+    with pytest.raises(ValueError, match=r"control mode|enforce_from_priority|MODEL=MODE|retry_"):
         Modes.parse(text, **kwargs)
 
 
@@ -220,3 +230,118 @@ def test_stricter_directive_wins_the_models_own_on_a_tie() -> None:
     assert stricter(None, star) is star
     assert stricter(own, None) is own
     assert stricter(None, None) is None
+
+
+# --- the retry budget (issue 47) ---------------------------------------------------------
+
+
+def _retry(priority: int = 2, attempt: int = 1, *, key: str | None = None,
+           logical: str | None = None) -> RequestFacts:  # fmt: skip
+    return RequestFacts(model="m", priority=priority, request_key=key, attempt=attempt,
+                        logical_id=logical)  # fmt: skip
+
+
+BUDGET = [
+    # (id, modes, first attempts in the window, then retries [(priority, attempt)],
+    #  want: reason of each retry)
+    ("floor-admits-a-trickle", Modes(), 0, [(2, 1)] * 4, [None, None, None, "retry_budget"]),
+    ("20-percent-of-firsts", Modes(), 50, [(3, 1)] * 11, [None] * 10 + ["retry_budget"]),
+    ("ratio-and-floor-configurable", Modes(retry_budget_ratio=0.5, retry_budget_min_retries=0),
+     4, [(1, 2)] * 3, [None, None, "retry_budget"]),
+    ("no-floor-no-firsts-refuses", Modes(retry_budget_min_retries=0), 0, [(2, 1)],
+     ["retry_budget"]),
+    ("priority-0-never-refused", Modes(retry_budget_min_retries=0), 0, [(0, 1)] * 3,
+     [None] * 3),
+    ("first-attempts-are-never-counted-as-retries", Modes(retry_budget_min_retries=0), 0,
+     [(2, 0)] * 5, [None] * 5),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("modes", "firsts", "retries", "want"), [c[1:] for c in BUDGET],
+                         ids=[c[0] for c in BUDGET])  # fmt: skip
+def test_retry_budget(
+    modes: Modes, firsts: int, retries: list[tuple[int, int]], want: list[str | None]
+) -> None:
+    """Retries admitted per (gateway, scope) in the window: at most max(floor, ratio x
+    first attempts); over it -> 429 retry_budget with x-should-retry: false."""
+    e, d = Enforcement(modes), _d(retry_after_s=20)
+    for i in range(firsts):
+        assert e.decide(d, _r(3, key=f"f{i}"), 0.0).act.reason is None
+    got = [e.decide(d, _retry(p, a, key=f"r{i}"), 100.0).act for i, (p, a) in enumerate(retries)]
+    assert [v.reason for v in got] == want
+    for v in got:
+        if v.reason is not None:
+            assert (v.status, v.should_retry) == (429, False)
+            assert 10 <= v.retry_after_s <= 20
+            assert ("x-should-retry", "false") in v.refusal_headers(1)
+
+
+def test_retry_budget_window_slides_and_is_per_scope() -> None:
+    e, d = Enforcement(Modes(retry_budget_min_retries=1)), _d()
+    assert e.decide(d, _retry(), 0.0).act.reason is None
+    assert e.decide(d, _retry(), 9_999.0).act.reason == "retry_budget"  # same window
+    assert e.decide(d, _retry(), 10_000.0).act.reason is None  # the first one's second left
+    other = _d(scope="other")
+    assert e.decide(other, _retry(), 10_000.0).act.reason is None  # its own budget
+    assert e.decide(d, _retry(), 10_500.0).act.reason == "retry_budget"
+
+
+def test_a_repeated_logical_id_is_a_retry() -> None:
+    """Without a retry count, the same idempotency key / client request id again within
+    LOGICAL_ID_MEMORY_MS is a retry; once forgotten, a first attempt."""
+    e, d = Enforcement(Modes(retry_budget_min_retries=0)), _d()
+    assert e.decide(d, _retry(attempt=0, logical="L1"), 0.0).act.reason is None
+    assert e.decide(d, _retry(attempt=0, logical="L1"), 1_000.0).act.reason is None  # 1 first
+    # the window now holds 1 first attempt and 0 retries: 0.2 x 1 < 1 -> over budget
+    assert e.decide(d, _retry(attempt=0, logical="L1"), 2_000.0).act.reason == "retry_budget"
+    later = 2_000.0 + LOGICAL_ID_MEMORY_MS + 1.0
+    assert e.decide(d, _retry(attempt=0, logical="L1"), later).act.reason is None
+
+
+def test_retry_budget_only_while_a_directive_is_in_force() -> None:
+    e = Enforcement(Modes(retry_budget_min_retries=0))
+    assert e.decide(_d(0, "normal"), _retry(), 0.0).act.reason is None
+    assert e.decide(None, _retry(), 0.0).act.reason is None
+
+
+def test_shadow_counts_a_retry_over_budget_and_serves_it() -> None:
+    e = Enforcement(Modes("shadow", retry_budget_min_retries=0))
+    d = e.decide(_d(), _retry(), 0.0)
+    assert (d.would_refuse, d.act) == ("retry_budget", ADMIT)
+    assert e.refusals == {("shadow", "m", 2, "retry_budget"): 1}
+
+
+@pytest.mark.parametrize(
+    ("reason", "headers"),
+    [
+        ("admission", [("retry-after", "7"), ("x-tailguard-level", "2")]),
+        ("queue_timeout", [("retry-after", "7"), ("x-tailguard-level", "2")]),
+        ("retry_budget", [("retry-after", "7"), ("x-tailguard-level", "2"),
+                          ("x-should-retry", "false")]),
+    ],
+)  # fmt: skip
+def test_refusal_headers(reason: Any, headers: list[tuple[str, str]]) -> None:
+    assert Verdict(reason=reason, retry_after_s=7).refusal_headers(2) == headers
+
+
+SPREAD = [
+    # (id, Retry-After, u, want): ceil(R·(1 - u/2)), at least 1; 0 stays 0
+    ("u-0-is-R", 30, 0.0, 30),
+    ("u-half", 30, 0.5, 23),
+    ("u-near-1-is-half", 30, 0.999, 16),
+    ("one-stays-one", 1, 0.99, 1),
+    ("zero-stays-zero", 0, 0.5, 0),
+]
+
+
+@pytest.mark.parametrize(("base", "u", "want"), [c[1:] for c in SPREAD],
+                         ids=[c[0] for c in SPREAD])  # fmt: skip
+def test_retry_after_spread(base: int, u: float, want: int) -> None:
+    assert spread_retry_after_s(base, u) == want
+
+
+def test_retry_after_spread_without_a_key_is_even() -> None:
+    e, d = Enforcement(), _d(shed_priorities_at_or_above=1, retry_after_s=20)
+    got = [e.decide(d, _r(2, key=None), 0.0).act.retry_after_s for _ in range(1000)]
+    assert set(got) == set(range(11, 21))
+    assert max(got.count(s) for s in set(got)) < 1.5 * min(got.count(s) for s in set(got))

@@ -8,6 +8,7 @@ from pipeline.contract.control_signal import Actions
 from producers.admission import MIN_BURST_TOKENS
 from producers.asgi_control import hash_admits
 from producers.control_client import Directive
+from producers.enforcement import spread_retry_after_s, unit_of
 from producers.simulator.gate import Arrival, GatewayGate, directive_of
 
 
@@ -45,7 +46,12 @@ def test_shed_by_priority(actions: Directive, priority: int, want: str | None) -
 def test_rejection_carries_retry_after() -> None:
     gate = GatewayGate()
     gate.set("m", _d(level=1, shed_priorities_at_or_above=3, retry_after_s=30))
-    assert _decide(gate, priority=3).retry_after_s == 30
+    # the directive's 30 s, spread per request over its second half (never later)
+    assert _decide(gate, priority=3).retry_after_s == spread_retry_after_s(
+        30, unit_of("retry-after:r1")
+    )
+    spread = {_decide(gate, priority=3, rid=f"q{i}").retry_after_s for i in range(200)}
+    assert spread == set(range(16, 31))  # ceil(30·(1 - u/2)), u < 1
 
 
 def test_cap_context_only_when_longer() -> None:
@@ -158,7 +164,8 @@ def test_admission_rejection_carries_the_admissions_retry_after() -> None:
     assert (v.reason, v.retry_after_s) == ("admission", 1)  # a token in 0.25 s, not 20 s
     assert _decide(gate, rid="p0", priority=0).reason is None  # never evicted
     gate.set("m", _d(level=1, retry_after_s=20, admit_rps=0.0))
-    assert _decide(gate, rid="r6", priority=2, t_ms=10.0).retry_after_s == 20  # no share: max
+    no_share = _decide(gate, rid="r6", priority=2, t_ms=10.0).retry_after_s  # the max, spread
+    assert no_share == spread_retry_after_s(20, unit_of("retry-after:r6"))
 
 
 def test_admission_prefers_higher_priorities_over_a_long_run() -> None:
