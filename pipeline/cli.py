@@ -542,6 +542,8 @@ def _gateway_control(
             settings.control_mode,
             enforce_from_priority=settings.control_enforce_from_priority,
             scopes=settings.control_mode_scopes,
+            retry_budget_ratio=settings.control_retry_budget_ratio,
+            retry_budget_min_retries=settings.control_retry_budget_min_retries,
         )
     except ValueError as exc:
         raise SystemExit(f"tailguard gateway: {exc}") from None

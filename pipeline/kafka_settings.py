@@ -142,6 +142,14 @@ class EmitterSettings(KafkaSettings):
     control_mode_scopes: str | None = None
     """TAILGUARD_CONTROL_MODE_SCOPES: per-model modes over TAILGUARD_CONTROL_MODE, e.g.
     llama=enforce,qwen=shadow."""
+    control_retry_budget_ratio: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.2
+    """TAILGUARD_CONTROL_RETRY_BUDGET_RATIO: while a directive is in force, a gateway admits
+    retries (x-stainless-retry-count > 0, or a repeated idempotency-key / x-client-request-id)
+    per model at most this fraction of the first attempts of the last 10 s (Envoy's retry
+    budget: 0.2); a retry over it gets 429 with x-should-retry: false. Priority 0 never."""
+    control_retry_budget_min_retries: Annotated[int, Field(ge=0)] = 3
+    """TAILGUARD_CONTROL_RETRY_BUDGET_MIN_RETRIES: retries per model and 10 s a gateway always
+    admits, whatever the ratio (a trickle is never refused; Envoy's min_retry_concurrency)."""
     control_max_ttl_ms: Annotated[int, Field(ge=1000)] = 300_000
     """TAILGUARD_CONTROL_MAX_TTL_MS: the controller never signs a signal that lives longer (it
     must cover 3 heartbeats); gateways enforce no signal longer than that after it was issued:

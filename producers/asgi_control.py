@@ -8,8 +8,10 @@ order, the status of each reason (429 + ``Retry-After`` for every deliberate ref
 for the queue cut-off alone) and the three modes are that module's, not this one's. This
 module only carries the answer out over ASGI:
 
-* a refusal (``enforce``) -> the status with ``Retry-After``, ``x-tailguard-level`` and a
-  small JSON body ``{"error": "overloaded", "reason", "level", "retry_after_s"}``;
+* a refusal (``enforce``) -> the status with the enforcement's refusal headers
+  (:meth:`producers.enforcement.Verdict.refusal_headers`: ``Retry-After``,
+  ``x-tailguard-level`` and, for a retry over the retry budget, ``x-should-retry: false``)
+  and a small JSON body ``{"error": "overloaded", "reason", "level", "retry_after_s"}``;
 * admitted -> the app is called, with ``x-tailguard-max-context-tokens: N``
   (``cap_context_tokens``) and ``x-tailguard-fallback-model: name`` (``fallback_model``)
   added to the headers it sees (client-sent copies of those two headers are replaced);
@@ -36,7 +38,10 @@ Request attributes (injectable callables; defaults read headers only, never the 
 model from ``x-tailguard-model`` (absent -> only ``"*"`` applies); priority from
 ``x-vllm-priority`` (0 highest ... 3; absent or not an integer -> ``DEFAULT_PRIORITY``,
 2, as the gateway records it); a request **without** ``x-tailguard-session`` is a new
-session; the request key for half-open is ``x-request-id``. Each middleware instance is
+session; the request key for half-open is ``x-request-id``; the client's attempt (retry
+count, logical id) is read by :func:`producers.client_retry.client_attempt` from the SDKs'
+own headers (``x-stainless-retry-count``, ``idempotency-key``, ``x-client-request-id``),
+for the retry budget. Each middleware instance is
 one gateway instance for ``admit_gateways``: a server running several worker processes
 counts each of them. The clock is ``clock_ms`` (default ``time.monotonic`` in
 milliseconds; injectable for tests). ``modes`` (:class:`producers.enforcement.Modes`):
@@ -60,6 +65,7 @@ import orjson
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import DEFAULT_PRIORITY
+from producers.client_retry import client_attempt
 from producers.control_client import Directive
 from producers.enforcement import (
     Decision,
@@ -152,6 +158,7 @@ COUNTERS: Final = (
     "rate_limit",
     "admission",
     "queue_timeout",
+    "retry_budget",
     "half_open_admitted",
     "headers_injected",
     "shadow_would_refuse",
@@ -342,11 +349,14 @@ class ControlMiddleware:
 
     def facts(self, scope: Scope) -> RequestFacts:
         """What the enforcement is told of this request (headers only)."""
+        attempt = client_attempt(lambda name: header(scope, name.encode("latin-1")))
         return RequestFacts(
             model=self.model_of(scope),
             priority=self.priority_of(scope),
             new_session=self.is_new_session(scope),
             request_key=self.request_key(scope),
+            attempt=attempt.attempt,
+            logical_id=attempt.logical_id,
         )
 
     def decide(self, scope: Scope) -> tuple[RequestFacts, Decision]:
@@ -392,7 +402,6 @@ def _rejection(d: Decision, v: Verdict) -> tuple[bytes, list[tuple[bytes, bytes]
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode("ascii")),
-        (b"retry-after", str(retry).encode("ascii")),
-        (b"x-tailguard-level", str(d.level).encode("ascii")),
+        *((k.encode("ascii"), val.encode("ascii")) for k, val in v.refusal_headers(d.level)),
     ]
     return body, headers

@@ -24,8 +24,12 @@ Per request (LiteLLM's hooks, in the order LiteLLM calls them)
   stamp (``arrival_time``, taken at the top of its auth), moved onto this host's
   monotonic clock once. Then :class:`producers.enforcement.Enforcement` decides under the
   directive in force for the model; a refusal in ``enforce`` raises a FastAPI
-  ``HTTPException(429, headers={"Retry-After": ...})``, which LiteLLM's proxy answers
-  with that status and header. An admitted request goes upstream with ``X-Request-Id``
+  ``HTTPException(429, headers=...)`` with the enforcement's refusal headers
+  (``Retry-After``, ``x-tailguard-level``, and ``x-should-retry: false`` for a retry over
+  the retry budget), which LiteLLM's proxy answers with that status and those headers.
+  The client's attempt (retry count, logical id) is read from the SDKs' own headers by
+  :func:`producers.client_retry.client_attempt`, as every gateway does. An admitted
+  request goes upstream with ``X-Request-Id``
   (vLLM adopts it as its request id, so engine events join) and, when the directive asks,
   ``x-tailguard-max-context-tokens`` / ``x-tailguard-fallback-model`` (as the ASGI
   middleware passes them).
@@ -66,6 +70,7 @@ from typing import Any, Final
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
+from producers.client_retry import client_attempt
 from producers.control_keys import keyring_from_environ
 from producers.emit import EventSink
 from producers.enforcement import (
@@ -247,6 +252,8 @@ class TailguardGate:
             settings.control_mode,
             enforce_from_priority=settings.control_enforce_from_priority,
             scopes=settings.control_mode_scopes,
+            retry_budget_ratio=settings.control_retry_budget_ratio,
+            retry_budget_min_retries=settings.control_retry_budget_min_retries,
         )
         closers: list[Callable[[], None]] = []
         if sink is None:
@@ -291,12 +298,15 @@ class TailguardGate:
         model = data.get("model")
         model = model.strip()[:256] if isinstance(model, str) and model.strip() else "unknown"
         tenant = tenant_of(key)
+        attempt = client_attempt(headers.get)
         facts = RequestFacts(
             model=model,
             priority=resolve_priority(self.priority, headers, data),
             new_session=SESSION_HEADER not in headers,
             request_key=headers.get(REQUEST_ID_HEADER.decode()),
             tenant=tenant,
+            attempt=attempt.attempt,
+            logical_id=attempt.logical_id,
         )
         self.counters["requests"] += 1
         self._emit(
@@ -538,7 +548,6 @@ def _logger_class() -> type:
                 return data
             verdict = x.decision.act
             if verdict.reason is not None:
-                retry = str(verdict.retry_after_s)
                 raise HTTPException(
                     status_code=verdict.status,
                     detail={
@@ -547,7 +556,7 @@ def _logger_class() -> type:
                         "level": x.decision.level,
                         "retry_after_s": verdict.retry_after_s,
                     },
-                    headers={"Retry-After": retry, "x-tailguard-level": str(x.decision.level)},
+                    headers=dict(verdict.refusal_headers(x.decision.level)),
                 )
             try:
                 extra = data.get("extra_headers")

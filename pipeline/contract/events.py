@@ -52,7 +52,9 @@ Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
 # the enforcement refused it (enforce) or would have (shadow). One status per reason:
 # 429 + Retry-After, 503 for queue_timeout alone.
 ControlMode = Literal["shadow", "enforce"]
-ControlVerdict = Literal["shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"]
+ControlVerdict = Literal[
+    "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout", "retry_budget"
+]
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 

@@ -79,7 +79,15 @@ class CompletedWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="gatewa
     slo_tpot_ms: _NonNegMs | None = None
     control_mode: Literal["shadow", "enforce"] | None = None
     control_verdict: (
-        Literal["shed_priority", "new_session", "rate_limit", "admission", "queue_timeout"] | None
+        Literal[
+            "shed_priority",
+            "new_session",
+            "rate_limit",
+            "admission",
+            "queue_timeout",
+            "retry_budget",
+        ]
+        | None
     ) = None
 
 

@@ -345,3 +345,19 @@ def test_retry_after_spread_without_a_key_is_even() -> None:
     got = [e.decide(d, _r(2, key=None), 0.0).act.retry_after_s for _ in range(1000)]
     assert set(got) == set(range(11, 21))
     assert max(got.count(s) for s in set(got)) < 1.5 * min(got.count(s) for s in set(got))
+
+
+def test_gateway_settings_default_to_the_enforcements_budget_and_bad_values_fail() -> None:
+    """Every gateway (tailguard gateway, the LiteLLM hook) builds its Modes from these
+    settings and the simulator's gates from Modes(): the same budget by default."""
+    from pydantic import ValidationError
+
+    from pipeline.kafka_settings import EmitterSettings
+
+    fields = EmitterSettings.model_fields
+    assert fields["control_retry_budget_ratio"].default == Modes().retry_budget_ratio
+    assert fields["control_retry_budget_min_retries"].default == Modes().retry_budget_min_retries
+    for bad in ({"control_retry_budget_ratio": -0.5}, {"control_retry_budget_ratio": "nan"},
+                {"control_retry_budget_min_retries": -1}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            EmitterSettings(**bad)  # type: ignore[arg-type]

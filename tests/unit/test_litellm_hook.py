@@ -148,7 +148,8 @@ def test_enforce_refuses_with_429_and_records_the_reason() -> None:
     g, sink, _ = gate(Modes("enforce"), SHED_2)
     refused = g.arrive(data(call_id="c1", headers={"x-vllm-priority": "2"}), None)
     assert refused.decision.refused
-    assert (refused.decision.act.status, refused.decision.act.retry_after_s) == (429, 7)
+    assert refused.decision.act.status == 429
+    assert 4 <= refused.decision.act.retry_after_s <= 7  # the directive's 7 s, spread
     g.finish("c1", 429, at_once=True)
     admitted = g.arrive(data(call_id="c2", headers={"x-vllm-priority": "1"}), None)
     assert admitted.decision.act.reason is None
@@ -159,6 +160,18 @@ def test_enforce_refuses_with_429_and_records_the_reason() -> None:
         (200, "ok", "enforce", None),
     ]
     assert g.stats()["refusals"] == [["enforce", "m", 2, "shed_priority", 1]]
+
+
+def test_a_retry_over_budget_is_refused_with_x_should_retry_false() -> None:
+    """The hook reads the SDK's retry count (producers.client_retry) and the one
+    enforcement's budget refuses the retry: 429, Retry-After, x-should-retry: false."""
+    g, _sink, _ = gate(Modes("enforce", retry_budget_min_retries=0), SHED_2)
+    headers = {"x-vllm-priority": "1", "x-stainless-retry-count": "1"}
+    x = g.arrive(data(call_id="c1", headers=headers), None)
+    assert (x.facts.attempt, x.decision.act.reason) == (1, "retry_budget")
+    assert ("x-should-retry", "false") in x.decision.act.refusal_headers(x.decision.level)
+    first = g.arrive(data(call_id="c2", headers={"x-vllm-priority": "1"}), None)
+    assert (first.facts.attempt, first.decision.act.reason) == (0, None)
 
 
 def test_shadow_serves_and_records_what_it_would_have_refused() -> None:
