@@ -69,7 +69,7 @@ import hashlib
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol
 
 from producers.admission import PriorityAdmission
@@ -97,8 +97,7 @@ STATUS: Final[Mapping[Reason, int]] = {
     "queue_timeout": 503,
     "retry_budget": 429,
 }
-# A retry over budget says so: the OpenAI/Stainless SDKs obey x-should-retry: false.
-SHOULD_RETRY_FALSE: Final[frozenset[Reason]] = frozenset({"retry_budget"})
+
 ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
 PRIORITIES: Final = 4
 
@@ -175,17 +174,14 @@ class Verdict:
     fallback_model: str | None = None
     queue_timeout_ms: float | None = None  # admitted under a queue cut-off (priority >= 1)
     half_open_admitted: bool = False
+    # a refusal's x-should-retry: False (do not retry: a retry over budget, or a refusal
+    # whose retry would be); None: no header (the client's own rules)
+    should_retry: bool | None = None
 
     @property
     def status(self) -> int:
         """The HTTP status of a refusal (:data:`STATUS`); 0 when admitted."""
         return 0 if self.reason is None else STATUS[self.reason]
-
-    @property
-    def should_retry(self) -> bool | None:
-        """What a refusal's ``x-should-retry`` says: False (do not retry) for a retry over
-        budget; None (no header: the client's own rules) otherwise."""
-        return False if self.reason in SHOULD_RETRY_FALSE else None
 
     def refusal_headers(self, level: int) -> list[tuple[str, str]]:
         """The headers of this refusal, the same at every gateway: ``retry-after``,
@@ -340,34 +336,41 @@ def spread_retry_after_s(retry_after_s: int, u: float) -> int:
     return max(1, math.ceil(retry_after_s * (1.0 - RETRY_AFTER_SPREAD * u)))
 
 
+FIRST: Final = 1  # RetryWindow slot fields: first attempts, retries, invitations
+RETRY: Final = 2
+INVITE: Final = 3
+
+
 class RetryWindow:
-    """One (gateway, scope)'s retry budget: first attempts and retries admitted through
-    the budget over the last :data:`RETRY_BUDGET_WINDOW_S` one-second slots, and the
-    logical ids seen (a repeated one is a retry). Pure: time passed in."""
+    """One (gateway, scope)'s retry budget: first attempts, retries admitted through the
+    budget and refusals that invited a retry, over the last :data:`RETRY_BUDGET_WINDOW_S`
+    one-second slots, and the logical ids seen (a repeated one is a retry). Pure: time
+    passed in."""
 
     __slots__ = ("_ids", "_slots")
 
     def __init__(self) -> None:
-        # per slot: [second, first attempts, retries]
-        self._slots = [[-1, 0, 0] for _ in range(RETRY_BUDGET_WINDOW_S)]
+        # per slot: [second, first attempts, retries, invitations]
+        self._slots = [[-1, 0, 0, 0] for _ in range(RETRY_BUDGET_WINDOW_S)]
         self._ids: OrderedDict[str, float] = OrderedDict()
 
-    def counts(self, now_ms: float) -> tuple[int, int]:
-        """(first attempts, retries) in the window ending at ``now_ms``."""
+    def counts(self, now_ms: float) -> tuple[int, int, int]:
+        """(first attempts, retries, invitations) in the window ending at ``now_ms``."""
         sec = math.floor(now_ms / 1000.0)
-        firsts = retries = 0
-        for slot_sec, f, r in self._slots:
+        firsts = retries = invites = 0
+        for slot_sec, f, r, i in self._slots:
             if sec - RETRY_BUDGET_WINDOW_S < slot_sec <= sec:
                 firsts += f
                 retries += r
-        return firsts, retries
+                invites += i
+        return firsts, retries, invites
 
-    def add(self, now_ms: float, *, retry: bool) -> None:
+    def add(self, now_ms: float, *, kind: int) -> None:
         sec = math.floor(now_ms / 1000.0)
         slot = self._slots[sec % RETRY_BUDGET_WINDOW_S]
         if slot[0] != sec:
-            slot[0], slot[1], slot[2] = sec, 0, 0
-        slot[2 if retry else 1] += 1
+            slot[0], slot[1], slot[2], slot[3] = sec, 0, 0, 0
+        slot[kind] += 1
 
     def seen(self, logical_id: str, now_ms: float) -> bool:
         """Was ``logical_id`` seen in the last :data:`LOGICAL_ID_MEMORY_MS`? (Records it.)"""
@@ -409,6 +412,12 @@ class Enforcement:
         if directive is None or directive.level <= 0:
             return Decision(ADMIT, mode)
         verdict = self._verdict(directive, request, priority, now_ms)
+        if verdict.reason is not None and verdict.should_retry is None and priority > 0:
+            scope = (
+                directive.scope if directive.scope is not None else (request.model or ALL_SCOPES)
+            )
+            if not self._invite(scope, now_ms):
+                verdict = replace(verdict, should_retry=False)
         decision = Decision(verdict, mode, directive.level, directive.scope)
         model = request.model or ALL_SCOPES
         if verdict.reason is not None:
@@ -436,7 +445,9 @@ class Enforcement:
         u = self._unit(r)
         if self._over_retry_budget(scope, r, priority, now_ms):
             return Verdict(
-                reason="retry_budget", retry_after_s=spread_retry_after_s(a.retry_after_s, u)
+                reason="retry_budget",
+                retry_after_s=spread_retry_after_s(a.retry_after_s, u),
+                should_retry=False,
             )
         reason: Reason | None = None
         if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
@@ -504,15 +515,26 @@ class Enforcement:
         if r.logical_id is not None:
             retry = window.seen(r.logical_id, now_ms) or retry
         if retry and priority > 0:
-            firsts, retries = window.counts(now_ms)
-            allowed = max(
-                float(self.modes.retry_budget_min_retries),
-                self.modes.retry_budget_ratio * firsts,
-            )
-            if retries >= allowed:
+            firsts, retries, _invites = window.counts(now_ms)
+            if retries >= self._allowed_retries(firsts):
                 return True
-        window.add(now_ms, retry=retry)
+        window.add(now_ms, kind=RETRY if retry else FIRST)
         return False
+
+    def _allowed_retries(self, firsts: int) -> float:
+        return max(
+            float(self.modes.retry_budget_min_retries), self.modes.retry_budget_ratio * firsts
+        )
+
+    def _invite(self, scope: str, now_ms: float) -> bool:
+        """May this refusal invite a retry? Yes (counted) while the window's invitations
+        are under the retry budget's allowance; no once its retry would come over it."""
+        window = self._retries[scope]  # made by _over_retry_budget for every request
+        firsts, _retries, invites = window.counts(now_ms)
+        if invites >= self._allowed_retries(firsts):
+            return False
+        window.add(now_ms, kind=INVITE)
+        return True
 
     def _take_token(self, scope: str, rps: float, now_ms: float) -> bool:
         burst = max(1.0, rps)

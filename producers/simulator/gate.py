@@ -12,7 +12,11 @@ client's side of :class:`producers.enforcement.RequestFacts`:
 * a request opens a new session when it is not a retry of a session's request and
   ``blake2b("session:" + session id)`` falls in ``new_session_fraction`` (deterministic,
   no draw from the simulator's RNG; a client's retry continues its session);
-* its request key (for the half-open hash) is its request id.
+* its request key (for the half-open hash) is its request id;
+* its attempt is the client's retry count (what the OpenAI SDK sends as
+  ``x-stainless-retry-count``), for the retry budget; the budget's ratio and floor are
+  ``modes``' (:class:`producers.enforcement.Modes`, whose defaults the gateways'
+  ``TAILGUARD_CONTROL_RETRY_BUDGET_*`` settings share).
 
 Directives come either from the real :class:`producers.control_client.ControlClient`
 (signatures checked: :class:`ControlClientGate`) or, in a backtest, straight from the
@@ -74,6 +78,7 @@ class Arrival:
     gateway: str
     prompt_tokens: int
     t_ms: float
+    attempt: int = 0  # the client's retries so far (the SDK's x-stainless-retry-count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,7 @@ class GatewayGate:
             priority=arrival.priority,
             new_session=new_session,
             request_key=arrival.request_id,
+            attempt=arrival.attempt,  # OpenAI's SDK sends no logical id: none here
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
         act = d.act

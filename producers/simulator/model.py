@@ -67,6 +67,15 @@ The model
   (ok, client abort or queue-timeout 503). The hook runs when the simulator
   emits the event, which may be up to the gateway's ``post`` ms before its
   ``t_ms``; it never changes the events of a run by itself.
+* **Clients' retries (closed loop).** A client refused by a gate (429, or the queue
+  cut-off's 503) retries as the OpenAI Python SDK 2.x does (modelled on openai 2.54.0,
+  ``_base_client.py`` and ``_constants.py``; :func:`sdk_retry_delay_ms`): at most 2
+  retries; none when ``x-should-retry: false`` (the retry budget's refusal) or when
+  ``Retry-After`` exceeds 120 s; after ``Retry-After`` when 0 < it <= 120 s, else after
+  ``min(0.5 s · 2^n, 8 s) · (1 - 0.25 U)`` (n: retries taken). Each retry is a new
+  request (``<first id>-r<n>``) that carries its retry count (the SDK's
+  ``x-stainless-retry-count``) to the gate. ``U`` is drawn from the request id, not the
+  run's generator: a run stays deterministic per seed.
 * **Engine stats.** Every ``stats_interval_ms`` each engine reports running
   and waiting counts, KV-cache usage (prompt + generated tokens of running
   sequences over ``kv_capacity_tokens``, capped at 1), a decayed prefix-cache
@@ -291,10 +300,16 @@ class SimConfig:
     kv_block_tokens: int = 16  # cached tokens are whole blocks
     gpu_memory_static_fraction: float = 0.5  # weights + activations
     gpu_memory_kv_fraction: float = 0.42  # reached at full KV cache
-    # Closed loop (with a GatewayGate): a client answered 429 retries with exponential
-    # backoff, at most this many times, waiting max(Retry-After, backoff * 2^attempt).
-    client_max_retries: int = 3
-    client_backoff_ms: float = 1_000.0
+    # Closed loop (with a GatewayGate): a refused client retries as the OpenAI Python SDK
+    # 2.x does (openai/_base_client.py, _constants.py; see "Clients' retries" above): at
+    # most client_max_retries times (DEFAULT_MAX_RETRIES = 2), after Retry-After when
+    # 0 < Retry-After <= client_max_retry_after_ms (MAX_RETRY_AFTER_DELAY, 120 s; above
+    # it: no retry), else after min(backoff * 2^n, max_backoff) * (1 - 0.25 U)
+    # (INITIAL_RETRY_DELAY 0.5 s, MAX_RETRY_DELAY 8 s); never after x-should-retry: false.
+    client_max_retries: int = 2
+    client_backoff_ms: float = 500.0
+    client_max_backoff_ms: float = 8_000.0
+    client_max_retry_after_ms: float = 120_000.0
     # Request ids are "<prefix><9-digit trace row>" (+ "-x<k>" for overload replicas) and
     # event ids derive from them: give each run sent into one pipeline its own prefix.
     request_id_prefix: str = "req-"
@@ -373,8 +388,10 @@ class SimConfig:
             )
         if self.client_max_retries < 0:
             raise ValueError("SimConfig.client_max_retries must be >= 0")
-        if not (math.isfinite(self.client_backoff_ms) and self.client_backoff_ms >= 0):
-            raise ValueError("SimConfig.client_backoff_ms must be finite and >= 0")
+        for fname in ("client_backoff_ms", "client_max_backoff_ms", "client_max_retry_after_ms"):
+            value = getattr(self, fname)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"SimConfig.{fname} must be finite and >= 0")
         if not self.request_id_prefix or len(self.request_id_prefix) > 200:
             raise ValueError("SimConfig.request_id_prefix must have 1..200 characters")
         for host, at_ms in self.engine_restarts:
@@ -524,6 +541,42 @@ class _Engine:
                 self.busy_ms += dt
             self.running_area += self.running * dt
         self.last_change_ms = now_ms
+
+
+def sdk_retry_delay_ms(
+    cfg: SimConfig,
+    *,
+    retries_taken: int,
+    http_status: int,
+    retry_after_s: float | None,
+    should_retry: bool | None,
+    u: float,
+) -> float | None:
+    """When the OpenAI Python SDK 2.x retries a failed attempt (None: it does not), as
+    ``SyncAPIClient.request`` / ``_should_retry`` / ``_calculate_retry_timeout`` do:
+
+    * no retry once ``retries_taken >= max_retries`` (``client_max_retries``, 2);
+    * no retry when ``Retry-After`` exceeds 120 s (``client_max_retry_after_ms``);
+    * ``x-should-retry``: ``false`` -> no retry, ``true`` -> retry whatever the status;
+    * otherwise retry 408, 409, 429 and >= 500 only;
+    * the wait: ``Retry-After`` when 0 < it <= 120 s, else
+      ``min(0.5 s · 2^retries_taken, 8 s) · (1 - 0.25·u)`` (``u``: the SDK's ``random()``).
+    """
+    if retries_taken >= cfg.client_max_retries:
+        return None
+    retry_after_ms = None if retry_after_s is None else retry_after_s * 1000.0
+    if retry_after_ms is not None and retry_after_ms > cfg.client_max_retry_after_ms:
+        return None
+    if should_retry is False:
+        return None
+    if should_retry is None and http_status not in (408, 409, 429) and http_status < 500:
+        return None
+    if retry_after_ms is not None and 0.0 < retry_after_ms <= cfg.client_max_retry_after_ms:
+        return retry_after_ms
+    backoff_ms = min(
+        cfg.client_backoff_ms * 2.0 ** min(retries_taken, 1000), cfg.client_max_backoff_ms
+    )
+    return max(0.0, backoff_ms * (1.0 - 0.25 * u))
 
 
 def _unit_hash(key: str) -> float:
@@ -797,6 +850,7 @@ class Simulator:
                     gateway=req.gateway,
                     prompt_tokens=req.prompt_tokens,
                     t_ms=req.t_gateway_ms,
+                    attempt=req.attempt,  # the SDK's x-stainless-retry-count
                 )
             )
             verdict = decision.act
@@ -825,7 +879,9 @@ class Simulator:
             )
         )
         if verdict is not None and verdict.reason is not None:
-            self._reject_at_gateway(req, verdict.status, verdict.retry_after_s)
+            self._reject_at_gateway(
+                req, verdict.status, verdict.retry_after_s, verdict.should_retry
+            )
             return
         if verdict is not None and verdict.cap_context_tokens is not None:
             cap = verdict.cap_context_tokens
@@ -836,13 +892,14 @@ class Simulator:
         if req.patience_ms is not None:
             self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
 
-    def _reject_at_gateway(self, req: _Req, http_status: int, retry_after_s: int) -> None:
-        """The enforcement's refusal (429 + Retry-After) after the gateway's own overhead;
-        the client retries with exponential backoff (at most ``client_max_retries``), as
-        a new request."""
+    def _reject_at_gateway(
+        self, req: _Req, http_status: int, retry_after_s: int, should_retry: bool | None
+    ) -> None:
+        """The enforcement's refusal (429 + Retry-After [+ x-should-retry]) after the
+        gateway's own overhead; the client may retry (:meth:`_refuse`), as a new request."""
         t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
         req.state = _PENDING
-        self._refuse(req, t_done, http_status, retry_after_s)
+        self._refuse(req, t_done, http_status, retry_after_s, should_retry)
 
     def apply_queue_cutoff(
         self, model: str, cutoffs_ms: Sequence[float | None], retry_after_s: int
@@ -882,8 +939,16 @@ class Simulator:
         self.cutoffs += 1
         self._refuse(req, self._now_ms + req.post_ms, 503, req.cutoff_retry_after_s)
 
-    def _refuse(self, req: _Req, t_done: float, http_status: int, retry_after_s: int) -> None:
-        """Answer ``http_status`` + Retry-After at ``t_done``; the client retries."""
+    def _refuse(
+        self,
+        req: _Req,
+        t_done: float,
+        http_status: int,
+        retry_after_s: int,
+        should_retry: bool | None = None,
+    ) -> None:
+        """Answer ``http_status`` + Retry-After at ``t_done``; the client retries or not
+        (:func:`sdk_retry_delay_ms`)."""
         cfg = self._cfg
         self._complete(
             req,
@@ -893,13 +958,19 @@ class Simulator:
             ttfb_ms=t_done - req.t_gateway_ms,
             output_tokens=0,
         )
-        if req.attempt >= cfg.client_max_retries:
-            return
         session = req.session or req.request_id
-        # Full backoff plus up to 50 % jitter (deterministic per request id: no draw
-        # from the run's RNG), so that the clients shed together do not come back together.
-        jitter = 1.0 + 0.5 * _unit_hash(req.request_id)
-        wait = max(retry_after_s * 1000.0, cfg.client_backoff_ms * 2.0**req.attempt) * jitter
+        # The SDK's random() for its backoff jitter, drawn from the request id (no draw
+        # from the run's RNG: the other events of a run do not move when retries change).
+        wait = sdk_retry_delay_ms(
+            cfg,
+            retries_taken=req.attempt,
+            http_status=http_status,
+            retry_after_s=retry_after_s,
+            should_retry=should_retry,
+            u=_unit_hash(req.request_id),
+        )
+        if wait is None:
+            return
         retry = _Req(
             request_id=f"{session}-r{req.attempt + 1}",
             t_gateway_ms=t_done + wait,

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pipeline.adapters.store import open_store
 from pipeline.cli import main
 from pipeline.settings import Settings
+from producers.enforcement import spread_retry_after_s, unit_of
 from tests.gateway_fixtures import serve, wait_for
 from tests.kafka_fixture import KafkaUnderTest, create_topic
 from tests.paths import REPO
@@ -196,6 +197,9 @@ def env(kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory) -> Iter
                         **common,
                         "TAILGUARD_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                         "TAILGUARD_CONTROL_MODE_SCOPES": "m-enforce=enforce,m-shadow=shadow",
+                        # no retry budget at all: every retry under the directive is over it
+                        "TAILGUARD_CONTROL_RETRY_BUDGET_RATIO": "0",
+                        "TAILGUARD_CONTROL_RETRY_BUDGET_MIN_RETRIES": "0",
                     },
                 )
             )
@@ -422,10 +426,13 @@ def refusal_rows(stats: dict[str, Any], mode: str, model: str) -> dict[int, int]
 
 def test_b_c_enforce_turns_away_the_shed_tiers_and_shadow_counts_the_same(env: Env) -> None:
     prios, enforced, e_rids = controlled_run(env, "m-enforce")
-    for prio, s in zip(prios, enforced, strict=True):
+    for prio, s, rid in zip(prios, enforced, e_rids, strict=True):
         if prio >= 2:
             assert s.status == 429, s.body[:300]
-            assert s.retry_after == str(RETRY_AFTER_S)
+            # the directive's Retry-After, spread per request key by the one enforcement
+            assert s.retry_after == str(
+                spread_retry_after_s(RETRY_AFTER_S, unit_of("retry-after:" + rid))
+            )
             assert b"shed_priority" in s.body
         else:
             assert s.status == 200, s.body[:300]
@@ -464,3 +471,29 @@ def test_b_c_enforce_turns_away_the_shed_tiers_and_shadow_counts_the_same(env: E
                 assert (d["http_status"], d["outcome"]) == (429, "rejected")
             else:
                 assert (d["http_status"], d["outcome"]) == (200, "ok")
+
+
+def test_e_a_retry_over_budget_is_told_not_to_retry(env: Env) -> None:
+    """The OpenAI SDK's retry count reaches the hook through LiteLLM; over the retry budget
+    (0 here, from TAILGUARD_CONTROL_RETRY_BUDGET_*) a retry gets 429 + Retry-After +
+    x-should-retry: false (the SDK stops); priority 0 and shadow are served."""
+    with httpx.Client(timeout=30) as client:
+
+        def retry(model: str, prio: int) -> httpx.Response:
+            headers = {"x-vllm-priority": str(prio), "x-stainless-retry-count": "1",
+                       "x-request-id": f"retry-{model}-{prio}"}  # fmt: skip
+            url = f"{env.hooked.url}/v1/chat/completions"
+            return client.post(url, json=chat(model, 1, stream=False), headers=headers)
+
+        r = retry("m-enforce", 1)
+        assert r.status_code == 429, r.content[:300]
+        assert r.headers.get("x-should-retry") == "false"
+        assert 1 <= int(r.headers["retry-after"]) <= RETRY_AFTER_S
+        assert b"retry_budget" in r.content
+        assert retry("m-enforce", 0).status_code == 200  # priority 0: never
+        assert retry("m-shadow", 1).status_code == 200  # shadow: counted, served
+        first = client.post(f"{env.hooked.url}/v1/chat/completions",
+                            json=chat("m-enforce", 2, stream=False),
+                            headers={"x-vllm-priority": "1"})  # fmt: skip
+        assert first.status_code == 200
+        assert "x-should-retry" not in first.headers

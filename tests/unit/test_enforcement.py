@@ -312,16 +312,50 @@ def test_shadow_counts_a_retry_over_budget_and_serves_it() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "headers"),
+    ("reason", "should_retry", "headers"),
     [
-        ("admission", [("retry-after", "7"), ("x-tailguard-level", "2")]),
-        ("queue_timeout", [("retry-after", "7"), ("x-tailguard-level", "2")]),
-        ("retry_budget", [("retry-after", "7"), ("x-tailguard-level", "2"),
-                          ("x-should-retry", "false")]),
+        ("admission", None, [("retry-after", "7"), ("x-tailguard-level", "2")]),
+        ("queue_timeout", None, [("retry-after", "7"), ("x-tailguard-level", "2")]),
+        ("retry_budget", False, [("retry-after", "7"), ("x-tailguard-level", "2"),
+                                 ("x-should-retry", "false")]),
+        ("admission", False, [("retry-after", "7"), ("x-tailguard-level", "2"),
+                              ("x-should-retry", "false")]),
     ],
 )  # fmt: skip
-def test_refusal_headers(reason: Any, headers: list[tuple[str, str]]) -> None:
-    assert Verdict(reason=reason, retry_after_s=7).refusal_headers(2) == headers
+def test_refusal_headers(
+    reason: Any, should_retry: bool | None, headers: list[tuple[str, str]]
+) -> None:
+    v = Verdict(reason=reason, retry_after_s=7, should_retry=should_retry)
+    assert v.refusal_headers(2) == headers
+
+
+INVITES = [
+    # (id, modes, first attempts admitted, refusals (priority), want x-should-retry of each)
+    ("floor-invites-a-trickle", Modes(), 0, [2] * 4, [None, None, None, False]),
+    # the refused are first attempts too: the k-th (0-based) sees 41 + k of them
+    ("20-percent-of-firsts", Modes(), 40, [3] * 12, [None] * 11 + [False]),
+    ("no-budget-no-invitation", Modes(retry_budget_ratio=0.0, retry_budget_min_retries=0), 50,
+     [1, 3], [False, False]),
+    ("priority-0-never-told", Modes(retry_budget_min_retries=0), 0, [0, 0], [None, None]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("modes", "firsts", "refused", "want"), [c[1:] for c in INVITES],
+                         ids=[c[0] for c in INVITES])  # fmt: skip
+def test_a_refusal_invites_a_retry_only_within_the_budget(
+    modes: Modes, firsts: int, refused: list[int], want: list[bool | None]
+) -> None:
+    """A refusal leaves the retry to the client (no header) while the window's
+    invitations are under the budget's allowance; past it, x-should-retry: false (its
+    retry would come back over budget), so refused clients do not all come back."""
+    e = Enforcement(modes)
+    admit_all = _d(retry_after_s=20)
+    for i in range(firsts):
+        assert e.decide(admit_all, _r(3, key=f"f{i}"), 0.0).act.reason is None
+    shed_all = _d(shed_priorities_at_or_above=0, retry_after_s=20)
+    got = [e.decide(shed_all, _r(p, key=f"x{i}"), 100.0).act for i, p in enumerate(refused)]
+    assert [v.reason for v in got] == ["shed_priority"] * len(refused)
+    assert [v.should_retry for v in got] == want
 
 
 SPREAD = [
