@@ -79,6 +79,7 @@ class Arrival:
     prompt_tokens: int
     t_ms: float
     attempt: int = 0  # the client's retries so far (the SDK's x-stainless-retry-count)
+    logical_id: str | None = None  # an idempotency key, if the client sends one
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,8 @@ class GatewayGate:
             priority=arrival.priority,
             new_session=new_session,
             request_key=arrival.request_id,
-            attempt=arrival.attempt,  # OpenAI's SDK sends no logical id: none here
+            attempt=arrival.attempt,
+            logical_id=arrival.logical_id,  # the simulated OpenAI SDK sends none
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
         act = d.act

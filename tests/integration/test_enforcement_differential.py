@@ -8,10 +8,12 @@ phase, half-open included, a model's own scope and ``"*"``) go through
   upstream that echoes the headers the gateway injected,
 * the simulator's gate (what ``tailguard backtest`` runs),
 
-and every request gets the same verdict, status, ``Retry-After``, injected headers and
-recorded ``control_verdict`` from all three. The clocks are the test's: each gateway's
-admission reads the arrival's time, so the comparison does not depend on this machine's
-speed.
+and every request gets the same verdict, status, ``Retry-After``, ``x-should-retry``,
+injected headers and recorded ``control_verdict`` from all three. A share of the arrivals
+are clients' retries, as the SDKs mark them (``x-stainless-retry-count``, or a repeated
+``idempotency-key``), so the retry budget is held to it too. The clocks are the test's:
+each gateway's admission reads the arrival's time, so the comparison does not depend on
+this machine's speed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ import pytest
 
 from pipeline.contract.control_signal import Actions
 from producers.asgi_control import ControlMiddleware
+from producers.client_retry import (
+    IDEMPOTENCY_KEY_HEADER,
+    RETRY_COUNT_HEADER,
+    SHOULD_RETRY_HEADER,
+    client_attempt,
+)
 from producers.control_client import NORMAL, Directive
 from producers.enforcement import hash_admits, stricter
 from producers.gateway import LifecycleMiddleware, priority_from_state
@@ -102,11 +110,27 @@ def _arrivals() -> Iterator[tuple[int, float, str, int, str, bool]]:
         yield i, i * STEP_MS, rng.choice(["m", "m", "other"]), rng.randrange(4), rid, new
 
 
-def _expected(gate: GatewayGate, t_ms: float, model: str, prio: int, rid: str) -> dict[str, Any]:
-    d = gate.decision(Arrival(model, prio, rid, rid, "g", 100_000, t_ms))
+def _retry_headers(i: int, rng: random.Random) -> dict[str, str]:
+    """What the client's SDK says of this attempt: ~25 % retries by their count (OpenAI's
+    x-stainless-retry-count 1 or 2), ~10 % an idempotency key from a small pool (a
+    repeated one is a retry), the rest first attempts (count 0, or no header)."""
+    x = rng.random()
+    if x < 0.25:
+        return {RETRY_COUNT_HEADER: str(rng.choice([1, 2]))}
+    if x < 0.35:
+        return {IDEMPOTENCY_KEY_HEADER: f"idem-{rng.randrange(200)}"}
+    return {RETRY_COUNT_HEADER: "0"} if x < 0.6 else {}
+
+
+def _expected(gate: GatewayGate, t_ms: float, model: str, prio: int, rid: str, *,
+              retry: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    attempt = client_attempt(retry.get)
+    d = gate.decision(Arrival(model, prio, rid, rid, "g", 100_000, t_ms, attempt.attempt,
+                              attempt.logical_id))  # fmt: skip
     v = d.act
     if v.reason is not None:
         return {"status": v.status, "retry_after": str(v.retry_after_s), "reason": v.reason,
+                "should_retry": None if v.should_retry is None else str(v.should_retry).lower(),
                 "verdict": v.reason}  # fmt: skip
     headers = {}
     if v.cap_context_tokens is not None:
@@ -120,7 +144,8 @@ def _seen(r: httpx.Response) -> dict[str, Any]:
     if r.status_code != 200:
         body = orjson.loads(r.content)
         return {"status": r.status_code, "retry_after": r.headers.get("retry-after"),
-                "reason": body["reason"]}  # fmt: skip
+                "reason": body["reason"],
+                "should_retry": r.headers.get(SHOULD_RETRY_HEADER)}  # fmt: skip
     return {"status": 200, "headers": orjson.loads(r.content)}
 
 
@@ -158,7 +183,7 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
     )
     mismatches: list[str] = []
     expected_verdicts: dict[str, str | None] = {}
-    refused = 0
+    refused = told_not_to_retry = 0
     with ExitStack() as stack:
         upstream = stack.enter_context(serve(_echo))
         proxy_app, _, _ = build_gateway(
@@ -168,16 +193,19 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
                 "proxy": stack.enter_context(serve(proxy_app))}  # fmt: skip
         clients = {k: stack.enter_context(httpx.Client(base_url=u, timeout=30.0))
                    for k, u in urls.items()}  # fmt: skip
+        retry_rng = random.Random(47)
         for i, t_ms, model, prio, rid, new in _arrivals():
             if i % PER_DIRECTIVE == 0:
                 scope, directive = SEQUENCE[(i // PER_DIRECTIVE) % len(SEQUENCE)]
                 scopes[scope] = directive
             clock.now_ms = t_ms
-            want = _expected(gate, t_ms, model, prio, rid)
+            retry = _retry_headers(i, retry_rng)
+            want = _expected(gate, t_ms, model, prio, rid, retry=retry)
             expected_verdicts[rid] = want.pop("verdict")
             refused += want["status"] != 200
+            told_not_to_retry += want.get("should_retry") == "false"
             headers = {"x-request-id": rid, "x-vllm-priority": str(prio),
-                       "x-tailguard-model": model}  # fmt: skip
+                       "x-tailguard-model": model, **retry}  # fmt: skip
             if not new:
                 headers["x-tailguard-session"] = rid
             body = {"model": model, "prompt": "hi", "max_tokens": 1}
@@ -188,7 +216,8 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
     assert not mismatches, f"{len(mismatches)} mismatches, first: {mismatches[:5]}"
     # every field and reason was exercised, and the directives turned a real share away
     reasons = {why for (_p, why) in gate.rejected}
-    assert reasons == {"shed_priority", "new_session", "rate_limit", "admission"}
+    assert reasons == {"shed_priority", "new_session", "rate_limit", "admission", "retry_budget"}
+    assert 0 < told_not_to_retry < refused  # some refusals invite a retry, some do not
     assert gate.half_open_admitted > 0
     assert sum(gate.capped.values()) > 0
     assert gate.fallbacks > 0
