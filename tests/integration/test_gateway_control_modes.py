@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, Producer
 from pipeline.cli import main
 from pipeline.contract.control_signal import Decision, UnsignedSignal, encode, message_key, sign
 from producers.control_keys import keyring_from_file
+from producers.enforcement import spread_retry_after_s, unit_of
 from tests.control_fixtures import write_control_keys
 from tests.gateway_fixtures import serve, wait_for
 from tests.integration.harness import make_settings
@@ -163,8 +164,10 @@ def test_gateway_shadow_counts_what_enforce_refuses_and_report_shows_both(
                 assert status in (0, -signal.SIGTERM), (tmp_path / f"gw-{mode}.log").read_text()
     # shadow serves everything; enforce turns away exactly priorities >= 2, 429 + Retry-After
     assert {s for (_p, s, _r) in results["shadow"].values()} == {200}
-    for _rid, (prio, status, retry) in results["enforce"].items():
-        assert (status, retry) == ((429, "6") if prio >= SHED_FROM else (200, None))
+    for rid, (prio, status, retry) in results["enforce"].items():
+        # the directive's 6 s, spread per request key by the one enforcement
+        spread = str(spread_retry_after_s(6, unit_of("retry-after:" + rid)))
+        assert (status, retry) == ((429, spread) if prio >= SHED_FROM else (200, None))
     # the would-have counters equal what enforce turned away, per priority and reason
     refused = {(p, w): n for (m, p, w), n in metrics["enforce"].items() if m == "enforce"}
     would = {(p, w): n for (m, p, w), n in metrics["shadow"].items() if m == "shadow"}
