@@ -16,6 +16,7 @@ import pytest
 from pipeline.contract.control_signal import Actions
 from producers.admission import MIN_BURST_TOKENS
 from producers.control_client import Directive
+from producers.enforcement import spread_retry_after_s, unit_of
 from producers.gateway_proxy import HEALTH_PATH, build_gateway
 from tests.gateway_fixtures import MemorySink, overloaded, serve, wait_for
 from tools.dev.fake_openai import FakeOpenAI, read_request
@@ -239,9 +240,11 @@ def test_admission_429_with_retry_after_and_priority_0_always_passes() -> None:
             assert p0 == [200] * 15
             r = post(3, 2_500.0)
             assert r.status_code == 429
-            assert r.headers["retry-after"] == "30"  # no share left for priority 3: the most
+            rid = r.headers["x-request-id"]  # the gateway's id, the request key
+            # no share left for priority 3: the most, spread per request key
+            want = spread_retry_after_s(30, unit_of("retry-after:" + rid))
+            assert r.headers["retry-after"] == str(want)
             assert r.json()["reason"] == "admission"
-            rid = r.headers["x-request-id"]
             assert rid not in upstream.seen  # never reached the engine
     done = completed(sink, rid)["gateway.completed"]
     assert (done.outcome, done.http_status) == ("rejected", 429)
@@ -324,8 +327,9 @@ def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_b
                     headers={"X-Vllm-Priority": "3", "X-Request-Id": "p3"},
                 )
                 assert r3.status_code == 503
-                assert r3.headers["retry-after"] == "12"
-                assert r3.json() == overloaded("queue_timeout", 1, 12)
+                want = spread_retry_after_s(12, unit_of("retry-after:p3"))  # 12 s, spread
+                assert r3.headers["retry-after"] == str(want)
+                assert r3.json() == overloaded("queue_timeout", 1, want)
                 # the cut-off closed p3's upstream request: the upstream sees it go
                 # before anything is released (else a release could race the disconnect)
                 wait_for(lambda: "p3" in upstream.abandoned, what="the cut-off to close upstream")

@@ -16,6 +16,7 @@ import pytest
 from pipeline.contract.control_signal import Actions
 from producers.asgi_control import REJECTED_STATE_KEY, ControlMiddleware, Message, Scope
 from producers.control_client import Directive
+from producers.enforcement import spread_retry_after_s, unit_of
 from producers.gateway import LifecycleMiddleware
 from tests.gateway_fixtures import MemorySink, overloaded
 
@@ -115,15 +116,17 @@ def test_cut_off_cancels_the_app_and_answers_503_with_retry_after(empty_first: b
     async def go() -> None:
         app = Upstream(empty_first=empty_first)
         mw, client, scope = _mw(app), Client(), _scope(3)
+        scope["headers"].append((b"x-request-id", b"cut-1"))
         await mw(scope, _receive, client.send)
         assert app.outcome == "cancelled"  # the app saw CancelledError
         assert app.task is not None
         assert app.task.done()
         assert len(client.sent) == 2  # the app's held 200 never went out
         assert client.status == 503
-        assert client.headers[b"retry-after"] == b"7"
+        retry_after_s = spread_retry_after_s(7, unit_of("retry-after:cut-1"))  # 7 s, spread
+        assert client.headers[b"retry-after"] == str(retry_after_s).encode()
         assert client.headers[b"content-type"] == b"application/json"
-        assert orjson.loads(client.body) == overloaded("queue_timeout", 2, 7)
+        assert orjson.loads(client.body) == overloaded("queue_timeout", 2, retry_after_s)
         assert client.sent[-1]["more_body"] is False
         assert mw.counters["queue_timeout"] == 1
         assert mw.counters["passed"] == 1
