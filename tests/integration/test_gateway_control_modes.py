@@ -34,6 +34,7 @@ from confluent_kafka import Consumer
 from pipeline.app.demo import kafka_sink
 from pipeline.cli import main
 from pipeline.settings import Settings
+from tests.ceilings import ceiling
 from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
@@ -134,7 +135,7 @@ def _events(bootstrap: str, topic: str, out: Path, want_completed: int) -> list[
     consumer.subscribe([topic])
     events: list[dict[str, Any]] = []
     lines: list[bytes] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ceiling(60)
     try:
         while sum(e["kind"] == "gateway.completed" for e in events) < want_completed:
             assert time.monotonic() < deadline, "the gateway's events did not all arrive"
