@@ -66,6 +66,12 @@ from typing import Any, Final
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
+from producers.client_retry import (
+    ClientAttempt,
+    attempt_request_id,
+    client_attempt,
+    logical_request_id,
+)
 from producers.control_keys import keyring_from_environ
 from producers.emit import EventSink
 from producers.enforcement import (
@@ -138,13 +144,22 @@ def request_metadata(data: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def request_id_of(data: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str:
-    """The client's ``X-Request-Id`` when usable, else LiteLLM's call id."""
+    """The client's ``X-Request-Id`` when usable (a retry's suffixed, as the gateway
+    middleware's: :func:`producers.client_retry.attempt_request_id`), else LiteLLM's
+    call id."""
     if headers is None:
         headers = request_headers(data)
+    adopted = usable_request_id(headers.get(REQUEST_ID_HEADER.decode()))
+    if adopted is not None:
+        return attempt_request_id(adopted, client_attempt_of(headers))
     call_id = data.get("litellm_call_id")
-    return usable_request_id(headers.get(REQUEST_ID_HEADER.decode())) or str(
-        call_id or uuid.uuid4().hex
-    )
+    return str(call_id or uuid.uuid4().hex)
+
+
+def client_attempt_of(headers: Mapping[str, str]) -> ClientAttempt:
+    """The client's attempt from its request headers (lower-case names, as
+    :func:`request_headers` gives them)."""
+    return client_attempt(headers.get)
 
 
 def tenant_of(key: Any) -> str | None:
@@ -287,6 +302,7 @@ class TailguardGate:
                 t0, ts0 = mono - waited, wall - waited
         headers = request_headers(data)
         request_id = request_id_of(data, headers)
+        client = client_attempt_of(headers)
         call_id = str(data.get("litellm_call_id") or request_id)
         model = data.get("model")
         model = model.strip()[:256] if isinstance(model, str) and model.strip() else "unknown"
@@ -311,6 +327,10 @@ class TailguardGate:
                 priority=facts.priority,
                 tenant=tenant,
                 stream=data.get("stream") is True,
+                client_attempt=client.attempt,
+                logical_request_id=logical_request_id(
+                    client, usable_request_id(headers.get(REQUEST_ID_HEADER.decode()))
+                ),
             )
         )
         decision = PASS_OFF
