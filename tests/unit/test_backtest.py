@@ -94,6 +94,28 @@ def test_every_scope_enters_and_returns_to_l0() -> None:
             assert levels[-1] == 0
 
 
+def test_logical_figures_count_each_client_request_once() -> None:
+    """Per logical request (issue 47): in every loop each arrival of the trace (replicas
+    included: the open loop's requests, no retries there) is one logical request, made of
+    every attempt of the run; without retries it is its attempt, figure for figure."""
+    runs = _backtest()["runs"]
+    arrivals = runs["open"]["requests"]
+    assert runs["open"]["retries"] == 0
+    assert runs["tailguard"]["retries"] > 0  # the case has retries
+    for run in runs.values():
+        lg = run["logical"]
+        assert lg["all"]["requests"] == arrivals
+        assert lg["all"]["attempts"] == run["requests"]
+        assert lg["all"]["retried"] <= run["retries"]
+        assert lg["all"]["never_served"] <= run["outcomes"].get("rejected", 0)
+        assert lg["all"]["latency"]["final_only"] == 0  # a client retries on its gateway
+        assert sum(p["requests"] for p in lg["by_priority"].values()) == arrivals
+        assert {"episode", "episode_by_priority"} <= set(lg)
+    for name, v in runs["open"]["slos"].items():
+        assert runs["open"]["logical"]["all"]["slos"][name]["total"] == v["total"]
+        assert runs["open"]["logical"]["all"]["slos"][name]["good"] == v["good"]
+
+
 def test_render_text_side_by_side() -> None:
     from pipeline.app.backtest import Backtest
 
@@ -104,6 +126,8 @@ def test_render_text_side_by_side() -> None:
         assert title in header
     assert "priority 3" in text
     assert "FCFS" in text.splitlines()[0]
+    assert "per logical request" in text
+    assert "never served" in text
 
 
 def test_cli_json(capsys: Any) -> None:
