@@ -18,6 +18,9 @@ import pytest
 from pipeline.adapters.store import open_store
 from pipeline.cli import main
 from pipeline.contract.codec import encode_event
+from pipeline.contract.wire import from_model
+from pipeline.core import native
+from pipeline.core.join import JoinConfig
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
 
@@ -176,3 +179,49 @@ def test_explain_shows_the_attempt(  # noqa: PLR0917
     else:
         assert doc["client_note"].startswith(note)
         assert note in text
+
+
+def test_the_simulators_chains_agree_in_the_backtests_rule_and_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The simulator's clients retry every refusal (the gate sheds priorities 2 and 3
+    always): each first try is one logical request, those of priority 2-3 are never served
+    (the simulator knows it: not the rule). The backtest's figures (the rule over the
+    join's records) and the report's (over the store, after ``replay``) are the same."""
+    from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE
+    from pipeline.core.logical import counts, logical_requests
+    from pipeline.settings import DEFAULT_SLO_SPEC
+    from pipeline.spec.slo import load_spec_file
+    from producers.simulator.gate import GatewayGate, directive_of
+    from producers.simulator.model import SimConfig, Simulator
+    from producers.simulator.trace import read_trace
+
+    gate = GatewayGate()
+    gate.set("*", directive_of(1, "degraded",
+                               {"shed_priorities_at_or_above": 2, "retry_after_s": 1}))  # fmt: skip
+    sim = Simulator(read_trace(DEFAULT_TRACE)[:400],
+                    SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=5), gate)  # fmt: skip
+    events = list(sim.events())
+    firsts = [e for e in events if e.kind == "gateway.received" and e.client_attempt == 0]
+    assert sim.retries > 0
+    assert all(e.logical_request_id is None for e in firsts)
+    spec = load_spec_file(DEFAULT_SLO_SPEC)
+    j = native.PYTHON.joiner(JoinConfig(timeout_ms=5_000))
+    recs = {}
+    lifecycle = [e for e in events if e.kind != "engine.stats"]
+    for i, e in enumerate(lifecycle):
+        r = j.add(from_model(e), i)
+        if r is not None:
+            recs[(r.request_id, r.attempt)] = r
+    for r in j.drain():
+        recs[(r.request_id, r.attempt)] = r
+    backtest = counts(spec, logical_requests(recs.values()))
+    assert backtest["requests"] == len(firsts) == 400
+    assert backtest["attempts"] == len(firsts) + sim.retries
+    assert backtest["never_served"] == sum(e.priority >= 2 for e in firsts)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    assert main(["replay", str(path), "--store", str(tmp_path / "store"), "--json"]) == 0
+    capsys.readouterr()
+    report = _report(capsys, "--store", str(tmp_path / "store"))
+    assert report["logical"] == backtest
