@@ -116,6 +116,23 @@ def test_logical_figures_count_each_client_request_once() -> None:
         assert runs["open"]["logical"]["all"]["slos"][name]["good"] == v["good"]
 
 
+def test_matrix_has_the_per_logical_request_rows() -> None:
+    """tools/dev/backtest_matrix.py (the README/docs tables): the per-logical-request rows
+    with the run's figures, one cell per loop."""
+    from tools.dev.backtest_matrix import table
+
+    doc = _backtest()
+    md = table("t", doc).splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md if line.startswith("| ")}
+    want = [f"{r['logical']['all']['never_served']:,}" for r in doc["runs"].values()]
+    assert rows["never served (final attempt refused/failed)"].split(" | ")[1:] == [
+        *want[:-1],
+        want[-1] + " |",
+    ]
+    assert "ttft-stream, episode, per logical request" in rows
+    assert "worst SLO vs no control, per logical request (points)" in rows
+
+
 def test_render_text_side_by_side() -> None:
     from pipeline.app.backtest import Backtest
 
