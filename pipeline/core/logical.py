@@ -96,10 +96,16 @@ def logical_request(key: str, attempts: Iterable[RequestRecord]) -> LogicalReque
     if len(chain) == 1:
         return LogicalRequest(key, chain, final, "single", 0.0)
     hosts = {r.gateway_host for r in chain}
-    starts = [r.gateway_received_unix_ns for r in chain]
+    t0, t1 = first.gateway_received_unix_ns, final.gateway_received_unix_ns
     replace = msgspec.structs.replace
-    if len(hosts) == 1 and None not in hosts and None not in starts:
-        wait_ms = max(0.0, (final.gateway_received_unix_ns - first.gateway_received_unix_ns) / 1e6)  # type: ignore[operator]
+    if (
+        len(hosts) == 1
+        and None not in hosts
+        and all(r.gateway_received_unix_ns is not None for r in chain)
+        and t0 is not None
+        and t1 is not None
+    ):
+        wait_ms = max(0.0, (t1 - t0) / 1e6)  # one gateway's clock
         shifted = {
             b: (v + wait_ms if (v := getattr(final, b)) is not None else None)
             for b in CLIENT_BOUNDARIES
