@@ -507,8 +507,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         args.upstream,
         sink,
         host=args.name,
-        control=control,
+        control=control.directive if control else None,
         control_modes=modes,
+        control_in_force=control.in_force if control else None,
         on_shutdown=[*shutdown, close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
@@ -532,7 +533,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def _gateway_control(
     args: argparse.Namespace, settings: Any, log: logging.Logger
 ) -> tuple[Any, Any, list[Any]]:
-    """The gateway's directive lookup, modes and what to stop at shutdown: with a mode other
+    """The gateway's ControlClient, modes and what to stop at shutdown: with a mode other
     than off, a ControlClient on the control topic with the control keys (bad keys or
     modes fail here, at start). Fails open: a directive that expires is level 0."""
     from producers.enforcement import Modes
@@ -566,7 +567,7 @@ def _gateway_control(
         "".join(f", {m} for {scope}" for scope, m in modes.scopes),
         settings.control_topic,
     )
-    return client.directive, modes, [client.stop]
+    return client, modes, [client.stop]
 
 
 def cmd_envoy(args: argparse.Namespace) -> int:

@@ -66,3 +66,32 @@ def client_attempt(header: Callable[[str], str | None]) -> ClientAttempt:
     if attempt == 0 and logical is None:
         return FIRST_ATTEMPT
     return ClientAttempt(attempt=attempt, logical_id=logical)
+
+
+# A retry's request id when the gateway adopts the client's X-Request-Id (issue 47): a
+# client that reuses its id on a retry would make two attempts share one request id (the
+# engine would be sent the same id twice, and the join could not tell the retry's engine
+# event from the first try's), so the k-th retry's id is ``<the client's id>~retry<k>``
+# (at most 128 + 10 characters: the contract's request_id allows 256).
+RETRY_ID_SUFFIX: Final = "~retry"
+
+
+def attempt_request_id(client_request_id: str, attempt: ClientAttempt) -> str:
+    """The request id of an attempt whose gateway adopted the client's ``X-Request-Id``:
+    the client's id on a first try, ``<id>~retry<k>`` on its k-th retry."""
+    if attempt.attempt == 0:
+        return client_request_id
+    return f"{client_request_id}{RETRY_ID_SUFFIX}{attempt.attempt}"
+
+
+def logical_request_id(attempt: ClientAttempt, client_request_id: str | None) -> str | None:
+    """``gateway.received``'s ``logical_request_id``: the client's own (``Idempotency-Key``,
+    else ``x-client-request-id``); else, on a retry, the ``X-Request-Id`` it reused (its
+    retries' request ids are suffixed: :func:`attempt_request_id`); else None. A first try
+    without one is its own logical request, keyed by its request id, which is then the
+    client's id its retries name (pipeline/core/logical.py)."""
+    if attempt.logical_id is not None:
+        return attempt.logical_id
+    if attempt.attempt > 0 and client_request_id is not None:
+        return client_request_id
+    return None

@@ -411,6 +411,15 @@ class ControlClient:
                 self._c.errors += 1
             return NORMAL
 
+    def in_force(self) -> dict[str, Directive]:
+        """Every scope's live directive (health pages). Never raises."""
+        try:
+            return self.store.snapshot(self.now_ms())
+        except Exception:
+            with self._count_lock:
+                self._c.errors += 1
+            return {}
+
     def counters(self) -> dict[str, int]:
         out = self.store.counters()
         c = self._c

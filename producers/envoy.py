@@ -39,6 +39,12 @@ import orjson
 from pydantic import ValidationError
 
 from pipeline.contract.events import DEFAULT_PRIORITY, GatewayCompleted, GatewayReceived, Outcome
+from producers.client_retry import (
+    CLIENT_REQUEST_ID_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    RETRY_COUNT_HEADER,
+    client_attempt,
+)
 from producers.emit import EventSink
 from producers.gateway import outcome_of, usable_request_id
 
@@ -58,6 +64,10 @@ JSON_FORMAT: Final[dict[str, str]] = {
     "stream": "%REQ(X-TAILGUARD-STREAM)%",
     "bytes_sent": "%BYTES_SENT%",
     "hostname": "%HOSTNAME%",
+    # the client's attempt (issue 47; producers/client_retry.py reads them)
+    "retry_count": "%REQ(X-STAINLESS-RETRY-COUNT)%",
+    "idempotency_key": "%REQ(IDEMPOTENCY-KEY)%",
+    "client_request_id": "%REQ(X-CLIENT-REQUEST-ID)%",
 }
 
 _MISSING: Final = (None, "", "-")
@@ -153,6 +163,16 @@ def parse_line(
     priority = default_priority if priority_raw is None else min(3, max(0, int(priority_raw)))
     model = _text(doc, "model") or default_model
     start_key = str(doc.get("start_time"))
+    # Envoy forwards the client's X-Request-Id as it came: a retry that reuses it is the
+    # join's next attempt of that request id (pipeline/core/join.py, "Attempts"), and
+    # that id is already its logical request's key (pipeline/core/logical.py)
+    client = client_attempt(
+        {
+            RETRY_COUNT_HEADER: _text(doc, "retry_count"),
+            IDEMPOTENCY_KEY_HEADER: _text(doc, "idempotency_key"),
+            CLIENT_REQUEST_ID_HEADER: _text(doc, "client_request_id"),
+        }.get
+    )
     try:
         received = GatewayReceived(
             v=1,
@@ -165,6 +185,8 @@ def parse_line(
             priority=priority,
             tenant=_text(doc, "tenant"),
             stream=(_text(doc, "stream") or "").lower() in ("1", "true", "yes"),
+            client_attempt=client.attempt,
+            logical_request_id=client.logical_id,
         )
         completed = GatewayCompleted(
             v=1,

@@ -5,7 +5,12 @@ reference proxy in :mod:`producers.gateway_proxy`). Per HTTP request:
 
 * **Request id.** ``X-Request-Id`` is kept when the client sent a usable one, otherwise
   created (32 hex chars); the app sees it in the request headers (so a proxy forwards it:
-  vLLM adopts it as its request id) and the client sees it in the response headers.
+  vLLM adopts it as its request id) and the client sees it in the response headers. A
+  client's retry (``x-stainless-retry-count`` k > 0) that reuses its id gets
+  ``<id>~retry<k>`` (:func:`producers.client_retry.attempt_request_id`).
+* **Attempts.** ``gateway.received`` carries ``client_attempt`` and
+  ``logical_request_id`` as :mod:`producers.client_retry` reads them from the SDKs'
+  headers (issue 47).
 * **Which requests.** Only HTTP requests whose path is in ``record_paths`` (by default
   the inference routes, :data:`INFERENCE_ROUTES`) are recorded; any other path (``GET
   /v1/models``, health checks, metrics) passes through untouched and unrecorded.
@@ -83,6 +88,12 @@ from producers.asgi_control import (
     Send,
     header,
     int_header,
+)
+from producers.client_retry import (
+    ClientAttempt,
+    attempt_request_id,
+    client_attempt,
+    logical_request_id,
 )
 from producers.emit import EventSink
 
@@ -354,12 +365,19 @@ class LifecycleMiddleware:
 
         request_id, downstream, span = scope.get("path", ""), scope, None
         try:
-            request_id = usable_request_id(header(scope, REQUEST_ID_HEADER)) or uuid.uuid4().hex
+            client = client_attempt(lambda name: header(scope, name.encode()))
+            adopted = usable_request_id(header(scope, REQUEST_ID_HEADER))
+            # a retry that reuses the client's id gets its own (client_retry.attempt_request_id)
+            request_id = (
+                attempt_request_id(adopted, client) if adopted is not None else uuid.uuid4().hex
+            )
             span, trace_headers = self._start_span(scope, request_id)
             downstream = _with_headers(
                 scope, [(REQUEST_ID_HEADER, request_id.encode()), *trace_headers]
             )
-            received = self._received(scope, request_id, ts0, body, x)
+            received = self._received(
+                scope, request_id, ts0, body, x, client, logical_request_id(client, adopted)
+            )
             state = downstream.setdefault("state", {})
             if isinstance(state, dict):  # for the control middleware behind this one
                 state[PRIORITY_STATE_KEY] = received.priority
@@ -477,9 +495,10 @@ class LifecycleMiddleware:
         propagate.inject(out, context=trace.set_span_in_context(span, parent))
         return span, [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out.items()]
 
-    def _received(
-        self, scope: Scope, request_id: str, ts0: int, body: bytes, x: _Exchange
-    ) -> GatewayReceived:
+    def _received(  # noqa: PLR0917
+        self, scope: Scope, request_id: str, ts0: int, body: bytes, x: _Exchange,
+        client: ClientAttempt, logical_id: str | None,
+    ) -> GatewayReceived:  # fmt: skip
         model: str | None = None
         stream = False
         doc: Any = None
@@ -509,6 +528,8 @@ class LifecycleMiddleware:
             priority=priority,
             tenant=tenant[:256] if tenant else None,
             stream=stream,
+            client_attempt=client.attempt,
+            logical_request_id=logical_id,
         )
 
     def _completed(

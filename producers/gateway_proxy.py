@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Final
@@ -219,6 +219,7 @@ class Health:
     sink: EventSink
     middleware: LifecycleMiddleware
     control: ControlMiddleware | None = None
+    in_force: Callable[[], Mapping[str, Any]] | None = None  # scope -> Directive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") if scope.get("type") == "http" else None
@@ -241,6 +242,10 @@ class Health:
                         "level": fleet.level,
                         "phase": fleet.phase,
                         "seq": fleet.seq,
+                    },
+                    "directives": {
+                        scope: {"level": d.level, "phase": d.phase, "seq": d.seq}
+                        for scope, d in sorted((self.in_force() if self.in_force else {}).items())
                     },
                     "counters": self.control.counters,
                 }
@@ -298,6 +303,7 @@ def build_gateway(
     control: Any | None = None,
     control_modes: Modes | None = None,
     control_clock_ms: Callable[[], float] | None = None,
+    control_in_force: Callable[[], Mapping[str, Any]] | None = None,
     on_shutdown: list[Callable[[], None]] | None = None,
     **middleware_options: Any,
 ) -> tuple[ASGIApp, UpstreamProxy, LifecycleMiddleware]:
@@ -306,7 +312,8 @@ def build_gateway(
     ``control``: the directive lookup (e.g. ``ControlClient.directive``);
     ``control_modes``: off, shadow or enforce (:class:`producers.enforcement.Modes`;
     default enforce); ``control_clock_ms``: the admission's monotonic clock in ms (default
-    ``time.monotonic``). ``on_shutdown`` runs (in a thread) at the ASGI lifespan
+    ``time.monotonic``); ``control_in_force``: every scope's live directive, for the health
+    page (e.g. ``ControlClient.in_force``). ``on_shutdown`` runs (in a thread) at the ASGI lifespan
     shutdown, after the last request: close the sink there, so its buffer is flushed
     however the server stops.
     """
@@ -328,7 +335,7 @@ def build_gateway(
         skip_paths=frozenset({HEALTH_PATH}),
         **middleware_options,
     )
-    return Health(mw, sink, mw, control_mw), proxy, mw
+    return Health(mw, sink, mw, control_mw, control_in_force), proxy, mw
 
 
 def quiet_logs(verbose: bool = False) -> None:

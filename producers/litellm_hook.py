@@ -70,7 +70,12 @@ from typing import Any, Final
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
-from producers.client_retry import client_attempt
+from producers.client_retry import (
+    ClientAttempt,
+    attempt_request_id,
+    client_attempt,
+    logical_request_id,
+)
 from producers.control_keys import keyring_from_environ
 from producers.emit import EventSink
 from producers.enforcement import (
@@ -143,13 +148,22 @@ def request_metadata(data: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def request_id_of(data: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str:
-    """The client's ``X-Request-Id`` when usable, else LiteLLM's call id."""
+    """The client's ``X-Request-Id`` when usable (a retry's suffixed, as the gateway
+    middleware's: :func:`producers.client_retry.attempt_request_id`), else LiteLLM's
+    call id."""
     if headers is None:
         headers = request_headers(data)
+    adopted = usable_request_id(headers.get(REQUEST_ID_HEADER.decode()))
+    if adopted is not None:
+        return attempt_request_id(adopted, client_attempt_of(headers))
     call_id = data.get("litellm_call_id")
-    return usable_request_id(headers.get(REQUEST_ID_HEADER.decode())) or str(
-        call_id or uuid.uuid4().hex
-    )
+    return str(call_id or uuid.uuid4().hex)
+
+
+def client_attempt_of(headers: Mapping[str, str]) -> ClientAttempt:
+    """The client's attempt from its request headers (lower-case names, as
+    :func:`request_headers` gives them)."""
+    return client_attempt(headers.get)
 
 
 def tenant_of(key: Any) -> str | None:
@@ -294,19 +308,21 @@ class TailguardGate:
                 t0, ts0 = mono - waited, wall - waited
         headers = request_headers(data)
         request_id = request_id_of(data, headers)
+        client = client_attempt_of(headers)
+        adopted = usable_request_id(headers.get(REQUEST_ID_HEADER.decode()))
         call_id = str(data.get("litellm_call_id") or request_id)
         model = data.get("model")
         model = model.strip()[:256] if isinstance(model, str) and model.strip() else "unknown"
         tenant = tenant_of(key)
-        attempt = client_attempt(headers.get)
         facts = RequestFacts(
             model=model,
             priority=resolve_priority(self.priority, headers, data),
             new_session=SESSION_HEADER not in headers,
-            request_key=headers.get(REQUEST_ID_HEADER.decode()),
+            # the attempt's id, as the middleware's request key (a retry's is suffixed)
+            request_key=request_id if adopted is not None else None,
             tenant=tenant,
-            attempt=attempt.attempt,
-            logical_id=attempt.logical_id,
+            attempt=client.attempt,
+            logical_id=client.logical_id,
         )
         self.counters["requests"] += 1
         self._emit(
@@ -321,6 +337,8 @@ class TailguardGate:
                 priority=facts.priority,
                 tenant=tenant,
                 stream=data.get("stream") is True,
+                client_attempt=client.attempt,
+                logical_request_id=logical_request_id(client, adopted),
             )
         )
         decision = PASS_OFF

@@ -14,6 +14,7 @@ import uvicorn
 
 from pipeline.contract.events import Event
 from producers.emit import SinkCounters
+from tests.ceilings import ceiling
 
 
 class MemorySink:
@@ -38,7 +39,9 @@ class MemorySink:
 
 
 def wait_for(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true (it observes another thread or process)."""
+    """Poll ``predicate`` until true (it observes another thread or process); the
+    ceiling is ``timeout_s`` scaled (tests/ceilings.py)."""
+    timeout_s = ceiling(timeout_s)
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:

@@ -40,6 +40,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
+from tests.ceilings import ceiling
 from tools.dev.kafka_local import LocalKafka, free_port, repo_root
 
 ENV_EXTERNAL_BOOTSTRAP = "TAILGUARD_TEST_BOOTSTRAP"
@@ -197,7 +198,7 @@ class SharedBroker:
 
 def await_shared_broker(run_dir: Path, timeout_s: float = SHARED_READY_TIMEOUT_S) -> str:
     """The shared broker's address once it serves requests (an xdist worker's wait)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while True:
         if (run_dir / "ready").exists():
             return (run_dir / "ready").read_text()

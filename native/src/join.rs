@@ -210,6 +210,9 @@ struct Recv {
     tenant: Option<PyObject>,
     prompt: Option<i64>,
     stream: bool,
+    // the client's attempt (issue 47): never in the packed in-flight state
+    client_attempt: i64,
+    logical: Option<PyObject>,
     event: Option<PyObject>,
 }
 
@@ -862,6 +865,8 @@ enum F {
     Tenant,
     PromptTokens,
     Stream,
+    ClientAttempt,
+    LogicalRequestId,
     Outcome,
     TotalMs,
     TtfbMs,
@@ -883,7 +888,7 @@ enum F {
     ColdStartUnixNs,
 }
 
-const N_FIELDS: usize = 27;
+const N_FIELDS: usize = 29;
 
 const FIELD_NAMES: [&str; N_FIELDS] = [
     "event_id",
@@ -894,6 +899,8 @@ const FIELD_NAMES: [&str; N_FIELDS] = [
     "tenant",
     "prompt_tokens",
     "stream",
+    "client_attempt",
+    "logical_request_id",
     "outcome",
     "total_ms",
     "ttfb_ms",
@@ -1069,6 +1076,10 @@ impl Helpers {
                     .map_or_else(|| py.None(), |t| t.clone_ref(py)),
                 obj(py, r.prompt)?,
                 obj(py, r.stream)?,
+                obj(py, r.client_attempt)?,
+                r.logical
+                    .as_ref()
+                    .map_or_else(|| py.None(), |t| t.clone_ref(py)),
             ],
         )?;
         Ok(self.received_cls.bind(py).call1(args)?.unbind())
@@ -1266,8 +1277,10 @@ impl Helpers {
         } else {
             Some(prompt_o.extract(py)?)
         };
-        let (model, ts_o, priority, tenant, stream, received_ns);
+        let (model, ts_o, priority, tenant, stream, received_ns, client_attempt, logical);
         if let Some(r) = received {
+            client_attempt = obj(py, r.client_attempt)?;
+            logical = r.logical.as_ref().map_or_else(none, |t| t.clone_ref(py));
             model = r.model.clone_ref(py);
             ts_o = obj(py, r.ts_ns)?;
             priority = obj(py, r.priority)?;
@@ -1289,6 +1302,8 @@ impl Helpers {
             tenant = none();
             stream = none();
             received_ns = none();
+            client_attempt = obj(py, 0i64)?;
+            logical = none();
         }
         let gateway_host = match (c, received) {
             (Some(c), _) => c.get(F::Host)?.unbind(),
@@ -1344,6 +1359,8 @@ impl Helpers {
                 obj(py, conflicts)?,
                 control_mode,
                 control_verdict,
+                client_attempt,
+                logical,
             ],
         )?;
         let rec = self.record_cls.bind(py).call1(args)?.unbind();
@@ -1649,6 +1666,11 @@ fn recv_event(py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Recv> {
             Some(prompt.extract()?)
         },
         stream: ev.getattr(intern!(py, "stream"))?.extract()?,
+        client_attempt: ev.getattr(intern!(py, "client_attempt"))?.extract()?,
+        logical: {
+            let l = ev.getattr(intern!(py, "logical_request_id"))?;
+            if l.is_none() { None } else { Some(l.unbind()) }
+        },
         event: Some(ev.clone().unbind()),
     })
 }
@@ -1699,6 +1721,11 @@ impl Joiner {
                 Some(prompt.extract()?)
             },
             stream: e.get(F::Stream)?.extract()?,
+            client_attempt: e.get(F::ClientAttempt)?.extract()?,
+            logical: {
+                let l = e.get(F::LogicalRequestId)?;
+                if l.is_none() { None } else { Some(l.unbind()) }
+            },
             event: None,
         })
     }
@@ -1733,6 +1760,11 @@ impl Joiner {
         let (Some(host), Some(model), Some(tenant)) = (host, model, tenant) else {
             return Ok(None);
         };
+        // a retry or a request with a logical id: not in the packed int (the reference's)
+        let client_attempt: i64 = e.get(F::ClientAttempt)?.extract()?;
+        if client_attempt != 0 || !e.get(F::LogicalRequestId)?.is_none() {
+            return Ok(None);
+        }
         let fits = (0..=15).contains(&priority)
             && ts_ns >= 0
             && offset >= 0
@@ -1767,6 +1799,8 @@ impl Joiner {
             tenant: (p.tenant != 0).then(|| objs[p.tenant as usize].clone_ref(py)),
             prompt: (p.prompt >= 0).then_some(p.prompt),
             stream: p.stream,
+            client_attempt: 0,
+            logical: None,
             event: None,
         }
     }

@@ -26,9 +26,16 @@ topic.
 ``RUN = {"loop", "requests", "retries", "slos": {name: {"total", "good", "compliance",
 "budget_consumed"}}, "goodput_rps", "shed", "time_at_level_s", "control", "by_priority":
 {p: {"requests", "ok", "rejected", "slos", "episode_slos", "goodput_rps"}}, "episode":
-{..., "first_action_s", "back_at_l0_s", "levels_before", "goodput_rps"}, "notices"}``.
-A request is *good* (goodput) when it was served (``ok``) and every SLO that counts it
-calls it good.
+{..., "first_action_s", "back_at_l0_s", "levels_before", "goodput_rps"}, "notices",
+"logical": {"all", "by_priority", "episode", "episode_by_priority"}}``. A request is
+*good* (goodput) when it was served (``ok``) and every SLO that counts it calls it good.
+
+Every count above is per attempt (a retry is a request). ``logical`` counts what users
+saw: each logical request once, by its final attempt's outcome and the latency the client
+saw from its first attempt, with the requests never served -- the rule of
+:mod:`pipeline.core.logical`, over the run's joined records (the simulated gateways
+record each retry's ``client_attempt`` and ``logical_request_id``), as ``tailguard
+report`` applies it to the store.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from pipeline.core.control import (
     DecisionClock,
 )
 from pipeline.core.join import JoinConfig
+from pipeline.core.logical import LogicalRequest, logical_requests
+from pipeline.core.logical import counts as logical_counts
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOEvaluator, SLOMatcher
@@ -284,6 +293,7 @@ def _run_json(  # noqa: PLR0917
                 n: v["compliance"] for n, v in _slo_doc(spec, ers).items()
             }
     last = control.last
+    logical = logical_requests(records)
     out: dict[str, Any] = {
         "loop": "closed" if gate is not None else "open",
         "start_unix_ns": config.start_unix_ns,  # trace offset 0
@@ -304,6 +314,7 @@ def _run_json(  # noqa: PLR0917
         "goodput_rps": _goodput(records, matchers) / span_s if span_s else None,
         "levels_raised": sum(1 for t in control.transitions if t["level"] >= 1),
         "notices": control.notices,
+        "logical": _logical_doc(spec, logical, in_ep),
     }
     if ep is not None:
         ep_rs = [r for r in records if in_ep is not None and in_ep(r)]
@@ -325,6 +336,26 @@ def _run_json(  # noqa: PLR0917
                 ep.end_offset_s,
             ),
         }
+    return out
+
+
+def _logical_doc(spec: SLOSpec, logical: list[LogicalRequest], in_ep: Any) -> dict[str, Any]:
+    """Per logical request (pipeline/core/logical.py, the report's rule): ``{"all":
+    COUNTS, "by_priority": {p: COUNTS}, "episode": COUNTS, "episode_by_priority": {p:
+    COUNTS}}`` (COUNTS: :func:`pipeline.core.logical.counts`; a logical request is in the
+    episode when its first attempt started in it, as attempts are placed)."""
+
+    def split(lrs: list[LogicalRequest]) -> dict[str, Any]:
+        return {
+            str(p): logical_counts(spec, [x for x in lrs if x.record.priority == p])
+            for p in range(4)
+        }
+
+    out: dict[str, Any] = {"all": logical_counts(spec, logical), "by_priority": split(logical)}
+    if in_ep is not None:
+        ep = [x for x in logical if in_ep(x.record)]
+        out["episode"] = logical_counts(spec, ep)
+        out["episode_by_priority"] = split(ep)
     return out
 
 
@@ -399,6 +430,10 @@ _s = partial(figure, spec=",.0f", unit=" s")
 _rps = partial(figure, spec=".2f", unit="/s")
 
 
+def _logical_pct(counts: dict[str, Any], slo: str) -> str:
+    return _pct(counts["slos"][slo]["compliance"])
+
+
 def render_text(bt: Backtest) -> str:
     """Every loop side by side (plain text, for a terminal or a README)."""
     runs = list(bt.runs.values())
@@ -424,6 +459,16 @@ def render_text(bt: Backtest) -> str:
             return f"{_pct(v.get('compliance'))} ({'-' if used is None else f'{used:.1f}x'})"
 
         row(f"  {name}", cell)
+    head("per logical request (a request and its retries once, as the client saw it)")
+    row("  logical requests", lambda r: f"{r['logical']['all']['requests']:,}")
+    row("  never served (final attempt refused/failed)",
+        lambda r: f"{r['logical']['all']['never_served']:,}")  # fmt: skip
+    row("  retried: latency from the first attempt",
+        lambda r: f"{r['logical']['all']['latency']['from_first']:,}")  # fmt: skip
+    row("  retried: final attempt's own latency (gateways differ)",
+        lambda r: f"{r['logical']['all']['latency']['final_only']:,}")  # fmt: skip
+    for name in first["slos"]:
+        row(f"  {name}", lambda r, n=name: _logical_pct(r["logical"]["all"], n))
     for prio in ("0", "1", "2", "3"):
         head(f"priority {prio} compliance over the run")
         for name in first["slos"]:
@@ -450,6 +495,16 @@ def render_text(bt: Backtest) -> str:
             )
         row("  first action after its start", lambda r: _s(r["episode"].get("first_action_s")))
         row("  every scope at L0 after its end", lambda r: _s(r["episode"].get("back_at_l0_s")))
+        row("  logical requests started in it",
+            lambda r: f"{r['logical']['episode']['requests']:,}")  # fmt: skip
+        row("  of them never served", lambda r: f"{r['logical']['episode']['never_served']:,}")
+        for name in first["slos"]:
+            row(f"  {name} during it, per logical request",
+                lambda r, n=name: _logical_pct(r["logical"]["episode"], n))  # fmt: skip
+            for prio in ("0", "1", "2", "3"):
+                row(f"    priority {prio}",
+                    lambda r, n=name, p=prio: _logical_pct(
+                        r["logical"]["episode_by_priority"][p], n))  # fmt: skip
         row("  levels raised before it", lambda r: str(r["episode"].get("levels_before", 0)))
         head("P99 during the episode")
         for b in EPISODE_BOUNDARIES:

@@ -9,6 +9,7 @@ from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.explain import (
     AuditedDirective,
     Explanation,
+    client_attempt_note,
     conflict_note,
     explain,
     gateway_control_note,
@@ -88,6 +89,10 @@ def to_json(e: Explanation, events: list[dict[str, Any]]) -> dict[str, Any]:
             "verdict": r.control_verdict,
             "note": gateway_control_note(r),
         },
+        # which try of a logical request (issue 47): 0 = first; None = no logical id
+        "client_attempt": r.client_attempt,
+        "logical_request_id": r.logical_request_id,
+        "client_note": client_attempt_note(r),
         "timeline": [
             {"clock": i.clock, "name": i.name, "offset_ms": i.offset_ms, "at": _iso(i.unix_ms)}
             for i in e.timeline
@@ -171,6 +176,9 @@ def render(e: Explanation, events: list[dict[str, Any]]) -> Any:
     if gateway is not None:
         refused = "bold yellow" if r.control_verdict is not None else ""
         parts.append(Text(f"gateway control: {gateway}", style=refused))
+    client = client_attempt_note(r)
+    if client is not None:
+        parts.append(Text(client))
     note = conflict_note(r)
     if note is not None:
         parts.append(Text(note, style="bold yellow"))

@@ -20,6 +20,8 @@ from pipeline.adapters.store import Store, record_from_row
 from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, window_budget
+from pipeline.core.logical import counts as logical_counts
+from pipeline.core.logical import logical_requests
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
 
@@ -61,6 +63,9 @@ class Report:
     # per model and priority, what the gateways' enforcement said (control_verdicts);
     # empty when no request carried a control mode (the section is then left out)
     control_verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # per logical request (a request and its retries once: read_logical), exact over the
+    # stored rows; beside the per-attempt figures above
+    logical: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +82,7 @@ class Report:
             "budget_events": self.budget_events,
             "clock_skew": self.clock_skew,
             "filters": self.filters.to_json(),
+            "logical": self.logical,
         } | ({"control_verdicts": self.control_verdicts} if self.control_verdicts else {})
 
 
@@ -283,6 +289,28 @@ def control_verdicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 
 
+def read_logical(store: Store, f: ReportFilter, spec: SLOSpec | None) -> dict[str, Any]:
+    """Per logical request (:mod:`pipeline.core.logical`, the backtest's rule): the logical
+    requests whose final attempt ended in the filter's range (and is of its model), each
+    once, by its final attempt's outcome and the latency the client saw; the requests
+    never served; each SLO of the spec recounted over them. Exact over ``requests``: every
+    attempt of each is read, wherever it ended."""
+    records = [record_from_row(r) for r in requests.logical_rows(store, f)]
+    lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
+    hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
+    kept = [
+        lr
+        for lr in logical_requests(records)
+        if (lo is None or lr.record.end_unix_ns >= lo)
+        and (hi is None or lr.record.end_unix_ns < hi)
+        and (f.model is None or lr.record.model == f.model)
+    ]
+    out = logical_counts(spec, kept)
+    if f.slos:
+        out["slos"] = {k: v for k, v in out["slos"].items() if k in f.slos}
+    return out
+
+
 def load_cause(split: tuple[int, float, float], queue_inclusive: bool) -> dict[str, Any]:
     """Why an SLO's bad requests were slow: their queue share and a sentence (the same rule
     as the controller's: >= 50 % of the bad requests' time queued is load-caused)."""
@@ -341,6 +369,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
         int(row[0]), by_source, by_outcome, boundaries, slos, control_rows, clock_skew,
         read_open_windows(store, f), budget_events, f,
         control_verdicts(requests.control_counts(store, f)),
+        read_logical(store, f, spec),
     )  # fmt: skip
 
 
@@ -463,6 +492,12 @@ def render(report: Report) -> Any:
         fold_last=True, text_cols=4,
     )  # fmt: skip
     parts.append(ctl)
+    if report.logical:
+        parts.append(table(
+            "what users saw: per logical request (a request and its retries once, by its "
+            "final attempt)", ["", "per attempt", "per logical request"],
+            logical_cells(report), text_cols=1,
+        ))  # fmt: skip
     if report.control_verdicts:
         parts.append(table(
             "gateway control: refused (enforce), would have refused (shadow; served), by reason",
@@ -481,6 +516,27 @@ def render(report: Report) -> Any:
     )  # fmt: skip
     parts += [s, o, skew]
     return Group(*parts)
+
+
+def logical_cells(report: Report) -> list[list[str]]:
+    """The per-attempt and per-logical-request rows (text and HTML): requests, never
+    served, latency basis, each SLO's compliance (per attempt: the stream windows')."""
+    lg = report.logical
+    lat = lg["latency"]
+    failed = sum(v for k, v in report.by_outcome.items() if k not in ("ok", "client_abort"))
+    rows = [
+        ["requests", f"{report.requests:,}", f"{lg['requests']:,}"],
+        ["refused or failed (never served)", f"{failed:,}", f"{lg['never_served']:,}"],
+        ["retried: latency from the first attempt", "-", f"{lat['from_first']:,}"],
+        ["retried: final attempt's own (gateways differ)", "-", f"{lat['final_only']:,}"],
+    ]
+    for name, v in lg["slos"].items():
+        per = report.slos.get(name, {}).get("compliance")
+        rows.append([
+            name, "-" if per is None else f"{per:.4f}",
+            "-" if v["compliance"] is None else f"{v['compliance']:.4f}",
+        ])  # fmt: skip
+    return rows
 
 
 def reasons_cell(by_reason: dict[str, int]) -> str:

@@ -459,6 +459,17 @@ def _counts(d: dict[str, int]) -> str:
     return ", ".join(f"{_esc(k)} {v:,}" for k, v in d.items()) or "none"
 
 
+def _logical_html(report: Report) -> str:
+    """Per attempt beside per logical request (what users saw), or nothing."""
+    if not report.logical:
+        return ""
+    from pipeline.app.report import logical_cells
+
+    return "<h3>What users saw: per logical request (a request and its retries once)</h3>" + (
+        _table(("", "per attempt", "per logical request"), logical_cells(report))
+    )
+
+
 def _verdicts_html(report: Report) -> str:
     """The gateways' enforcement per model and priority, or nothing when no request
     carried a control mode."""
@@ -544,6 +555,7 @@ Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
 {_table(("time", "SLO", "event"), events_rows) if events_rows else ""}
 <h2>Control</h2>{charts[4]}
 {_table(("event time", "scope", "level", "phase", "reason"), control_rows) if control_rows else ""}
+{_logical_html(report)}
 {_verdicts_html(report)}
 <pre id="render-check" hidden>not rendered</pre>
 <script>{_CHECK_JS}</script>

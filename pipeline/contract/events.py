@@ -96,6 +96,27 @@ class GatewayReceived(_RequestEvent):
     tenant: str | None = Field(default=None, max_length=256)
     prompt_tokens: NonNegInt | None = None
     stream: bool = False
+    # Added in v1 (optional): which try of a logical request this is (issue 47), read by
+    # producers/client_retry.py from the client's own headers.
+    client_attempt: int = Field(
+        default=0,
+        ge=0,
+        le=UINT16_MAX,
+        description=(
+            "The client's retry count for this request (x-stainless-retry-count): 0 = its "
+            "first try (or unknown), k = its k-th retry."
+        ),
+    )
+    logical_request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "The id the client gave the logical request, the same on each of its attempts "
+            "(Idempotency-Key, else x-client-request-id, else the X-Request-Id it reused); "
+            "null: none."
+        ),
+    )
 
 
 class GatewayCompleted(_RequestEvent):

@@ -64,6 +64,8 @@ class ReceivedWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="gateway
     tenant: Annotated[str, Meta(max_length=256)] | None = None
     prompt_tokens: _NonNegInt | None = None
     stream: bool = False
+    client_attempt: Annotated[int, Meta(ge=0, le=UINT16_MAX)] = 0
+    logical_request_id: _Str256 | None = None
 
 
 class CompletedWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="gateway.completed"):

@@ -273,3 +273,14 @@ def gateway_control_note(r: RequestRecord) -> str | None:
         return f"{mode}: admitted"
     status = "" if r.http_status is None else f" {r.http_status}"
     return f"{mode}: refused{status} ({verdict})"
+
+
+def client_attempt_note(r: RequestRecord) -> str | None:
+    """Which try of a logical request this is, as the client said (issue 47), or None for
+    a first try without a logical id (the common case)."""
+    if r.client_attempt == 0 and r.logical_request_id is None:
+        return None
+    which = "first try" if r.client_attempt == 0 else f"retry {r.client_attempt}"
+    if r.logical_request_id is None:
+        return f"client: {which} (no logical request id: counted as a request of its own)"
+    return f"client: {which} of logical request {r.logical_request_id}"

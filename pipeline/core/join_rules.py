@@ -125,6 +125,8 @@ def store_event(entry: Pending, event: AnyLifecycle, counters: JoinCounters) -> 
                 tenant=event.tenant,
                 prompt_tokens=event.prompt_tokens,
                 stream=event.stream,
+                client_attempt=event.client_attempt,
+                logical_request_id=event.logical_request_id,
             )
             return True
     elif event.kind == "gateway.completed":

@@ -153,6 +153,10 @@ class Received(msgspec.Struct, gc=False):
     tenant: str | None
     prompt_tokens: int | None
     stream: bool
+    # the client's attempt (issue 47): never in the packed int (it holds only first tries
+    # without a logical id)
+    client_attempt: int = 0
+    logical_request_id: str | None = None
 
 
 class Pending(msgspec.Struct, gc=False):
@@ -354,7 +358,9 @@ class InflightCodec:
         ts = ev.ts_unix_ns
         prio = ev.priority
         if (
-            host < 0
+            ev.client_attempt
+            or ev.logical_request_id is not None
+            or host < 0
             or model < 0
             or tenant < 0
             or not 0 <= prio <= 15

@@ -38,6 +38,10 @@ class ReceivedFields(Protocol):
     @property
     def host(self) -> str: ...
     @property
+    def client_attempt(self) -> int: ...
+    @property
+    def logical_request_id(self) -> str | None: ...
+    @property
     def model(self) -> str: ...
     @property
     def priority(self) -> int: ...
@@ -181,6 +185,11 @@ class RequestRecord(msgspec.Struct, frozen=True, gc=False):
     # ``rejected``) or would have (shadow: served as without control); None: admitted
     control_mode: ControlMode | None = None
     control_verdict: ControlVerdict | None = None
+    # Which try of a logical request this is, as the client said (gateway.received,
+    # issue 47): its retry count (0: the first try, or unknown) and the id it gave the
+    # logical request (None: none). pipeline/core/logical.py groups attempts by it.
+    client_attempt: int = 0
+    logical_request_id: str | None = None
 
     @property
     def version(self) -> int:
@@ -298,6 +307,8 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         tenant = received.tenant
         stream: bool | None = received.stream
         received_ns: int | None = received.ts_unix_ns
+        client_attempt = received.client_attempt
+        logical_id = received.logical_request_id
     else:
         model = (completed or finished).model  # type: ignore[union-attr]
         if completed is not None:
@@ -309,6 +320,7 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         tenant = None
         stream = None
         received_ns = None
+        client_attempt, logical_id = 0, None
     if completed is not None:
         gateway_host: str | None = completed.host
     else:
@@ -356,4 +368,6 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         conflicts,
         control_mode,
         control_verdict,
+        client_attempt,
+        logical_id,
     )

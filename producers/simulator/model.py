@@ -60,6 +60,11 @@ The model
   plus ``cold_start_window_ms`` (its first seconds) is marked: its
   ``engine.finished`` carries ``cold_start_unix_ns`` = the restart time on the
   engine's clock. One cold start per restart.
+* **Logical requests.** A client's retry is a new request (``<first id>-r<k>``) whose
+  ``gateway.received`` carries ``client_attempt`` k and ``logical_request_id`` = the first
+  try's request id, as a gateway records a retry that reused its X-Request-Id
+  (:func:`producers.client_retry.logical_request_id`); a first try carries attempt 0 and
+  no logical id (its request id is its logical request's key).
 * **Gates (closed loop).** With a :class:`~producers.simulator.gate.GatewayGate`
   the gateway asks ``gate.decide(...)`` per arriving request (429 + Retry-After,
   context cap, fallback model) and calls ``gate.on_complete(...)`` once for
@@ -876,6 +881,10 @@ class Simulator:
                 tenant=req.tenant,
                 prompt_tokens=req.prompt_tokens,
                 stream=req.stream,
+                # the client's retry count; a retry names its first try (the logical
+                # request's key, pipeline/core/logical.py)
+                client_attempt=req.attempt,
+                logical_request_id=req.session or None,
             )
         )
         if verdict is not None and verdict.reason is not None:

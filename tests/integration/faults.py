@@ -24,6 +24,7 @@ from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.ceilings import ceiling
 from tests.integration.harness import WorkerProcess, make_settings, read_all
 from tests.measurement_fixtures import START_NS
 
@@ -187,6 +188,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def wait_for(pred, what: str, timeout_s: float, interval_s: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+    timeout_s = ceiling(timeout_s)  # scaled: tests/ceilings.py
     deadline = time.monotonic() + timeout_s
     while not pred():
         assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
@@ -252,7 +254,7 @@ def committed_offsets(settings: Settings, consumer: Consumer | None = None) -> d
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + ceiling(30)
         while True:
             try:
                 return {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.adapters.kafka_admin import ensure_topics, group_progress_probe
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
+from tests.ceilings import ceiling
 from tests.paths import REPO
 
 
@@ -65,8 +66,9 @@ class WorkerProcess:
         return self.proc.poll() is None
 
     def wait_caught_up(self, timeout_s: float = 120.0) -> None:
-        """Until the group's committed offsets reach the topic's end (all written)."""
-        deadline = time.monotonic() + timeout_s
+        """Until the group's committed offsets reach the topic's end (all written); the
+        ceiling is ``timeout_s`` scaled (tests/ceilings.py)."""
+        deadline = time.monotonic() + ceiling(timeout_s)
         with group_progress_probe(self.settings) as progress:  # one consumer for the wait
             while True:
                 assert self.alive(), f"worker died:\n{self.log_tail()}"
@@ -158,7 +160,7 @@ def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list:
                 tps.append(TopicPartition(topic, p, lo))
         c.assign(tps)
         out = []
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + ceiling(timeout_s)
         while ends and time.monotonic() < deadline:
             msg = c.poll(0.5)
             if msg is None or msg.error():

@@ -28,6 +28,7 @@ from pipeline.core.alerts import AlertMessage, AlertTracker, rfc3339
 from pipeline.core.budget import BudgetBook
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
+from tests.ceilings import ceiling
 from tools.dev.alertmanager_local import LocalAlertmanager
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ def ours(alerts: list[dict[str, Any]], slo: str) -> dict[str, dict[str, Any]]:
 
 def wait_for(fn: Any, what: str, timeout_s: float = 20.0, poll_s: float = 0.1) -> Any:
     """Poll Alertmanager's API until ``fn()`` is truthy (its state is only readable so)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while True:
         value = fn()
         if value:

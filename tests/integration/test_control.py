@@ -19,6 +19,7 @@ from pipeline.settings import Settings
 from pipeline.spec.policy import load_policy
 from producers.control_client import Accepted, ControlClient, DirectiveStore
 from producers.control_keys import keyring_from_file
+from tests.ceilings import ceiling
 from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
@@ -56,7 +57,7 @@ def _follow(
         parts = c.list_topics(s.control_topic, timeout=10).topics[s.control_topic].partitions
         c.assign([TopicPartition(s.control_topic, p, OFFSET_BEGINNING) for p in parts])
         raws: list[bytes] = []
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + ceiling(timeout_s)
         while not done(raws):
             assert worker.alive(), worker.log_tail()
             assert time.monotonic() < deadline, {

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.adapters.kafka_admin import group_progress
+from tests.ceilings import ceiling
 from tests.integration.faults import (
     assert_exactly_once,
     committed_offsets,
@@ -51,7 +52,7 @@ def sigkill_then_restart(kafka, tmp_path: Path, *, flush_max_rows: int) -> None:
     t_loaded = time.monotonic()
 
     first = WorkerProcess(s, tmp_path / "worker-1.log")
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + ceiling(240)
     group = group_consumer(s)  # one client for the whole loop, not one per question
     try:
         while True:  # kill once >= 200,000 events are committed (so at least as many processed)

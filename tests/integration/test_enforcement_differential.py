@@ -33,6 +33,7 @@ from producers.client_retry import (
     IDEMPOTENCY_KEY_HEADER,
     RETRY_COUNT_HEADER,
     SHOULD_RETRY_HEADER,
+    attempt_request_id,
     client_attempt,
 )
 from producers.control_client import NORMAL, Directive
@@ -125,7 +126,9 @@ def _retry_headers(i: int, rng: random.Random) -> dict[str, str]:
 def _expected(gate: GatewayGate, t_ms: float, model: str, prio: int, rid: str, *,
               retry: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     attempt = client_attempt(retry.get)
-    d = gate.decision(Arrival(model, prio, rid, rid, "g", 100_000, t_ms, attempt.attempt,
+    # the attempt's id, as the gateways record it and key it (a retry's is suffixed)
+    key = attempt_request_id(rid, attempt)
+    d = gate.decision(Arrival(model, prio, key, rid, "g", 100_000, t_ms, attempt.attempt,
                               attempt.logical_id))  # fmt: skip
     v = d.act
     if v.reason is not None:
@@ -201,12 +204,13 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
             clock.now_ms = t_ms
             retry = _retry_headers(i, retry_rng)
             want = _expected(gate, t_ms, model, prio, rid, retry=retry)
-            expected_verdicts[rid] = want.pop("verdict")
+            key = attempt_request_id(rid, client_attempt(retry.get))
+            expected_verdicts[key] = want.pop("verdict")
             refused += want["status"] != 200
             told_not_to_retry += want.get("should_retry") == "false"
             headers = {"x-request-id": rid, "x-vllm-priority": str(prio),
                        "x-tailguard-model": model, **retry}  # fmt: skip
-            if not new:
+            if not new or key != rid:  # a retry continues its session (the simulator's)
                 headers["x-tailguard-session"] = rid
             body = {"model": model, "prompt": "hi", "max_tokens": 1}
             for name, client in clients.items():

@@ -20,6 +20,7 @@ from pipeline.contract.codec import event_to_dict
 from pipeline.contract.partitioning import partition_for
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
+from tests.ceilings import ceiling
 from tests.disorder import (
     HOUR_NS,
     YEAR_NS,
@@ -145,7 +146,7 @@ def test_a_second_worker_joins_and_leaves_mid_window(kafka, tmp_path: Path) -> N
 
 
 def _wait_log(w: WorkerProcess, text: str, after: str | None = None, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while True:
         log = w.log_tail(1_000_000)
         if after is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ceilings import ceiling
 from tests.integration.faults import (
     assert_exactly_once,
     consecutive_events,
@@ -32,7 +33,7 @@ FLAPS = 9  # outage 1.5 s, then 0.7 s of store, this many times
 
 def _wait_log(path: Path, ok: Callable[[int, int], bool], what: str) -> None:
     """Until ``ok(pauses, resumes)`` holds for the worker's log (ceiling 120 s)."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + ceiling(120)
     while True:
         log = path.read_text(errors="replace")
         if ok(log.count("lifecycle input paused"), log.count("lifecycle input resumed")):

@@ -27,6 +27,7 @@ from pipeline.contract.codec import encode_batch
 from pipeline.contract.events import Event
 from pipeline.contract.partitioning import partition_for
 from pipeline.settings import Settings
+from tests.ceilings import ceiling
 from tests.integration.faults import lifecycle_events, producer, wait_for
 from tests.integration.harness import WorkerProcess, make_settings
 
@@ -130,7 +131,7 @@ def _recreate(a: AdminClient, s: Settings) -> None:
     topic = s.lifecycle_topic
     a.delete_topics([topic], operation_timeout=30)[topic].result(timeout=30)
     wait_for(lambda: topic not in a.list_topics(timeout=10).topics, "the deletion", 30, 0.02)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + ceiling(30)
     while time.monotonic() < deadline:  # the broker may still be removing it
         try:
             new = NewTopic(topic, PARTITIONS, 1)

@@ -1,13 +1,17 @@
-"""``tailguard gateway --control shadow|enforce`` end to end (issue 48): the real command in
-a process of its own, a signed L1 directive on the real control topic (read through the
-ControlClient with the keys file), the fake OpenAI upstream, lifecycle events to the real
-broker, then ``replay`` into the embedded store and ``report``.
+"""``tailguard gateway --control shadow|enforce`` end to end (issue 48), with the live
+loop: a simulated overload on the real broker, the real worker and controller (its
+control topic, signed with the keys file), and two real ``tailguard gateway`` processes,
+one in shadow and one in enforce, reading the controller's directive through their
+ControlClient, in front of the fake OpenAI upstream, emitting lifecycle events to the
+real broker; then ``replay`` of what the gateways emitted into the embedded store and
+``report``.
 
-In shadow nothing is turned away and the gateway counts (``/tailguard/metrics``) and
-records (``control_verdict``) what it would have refused; in enforce exactly those
-requests get 429 + Retry-After. The report shows both, as exact counts over the store.
-The live controller's side (an overload detected, a directive published and applied by
-the same enforcement) is tests/integration/test_closed_loop.py.
+The overload is the shared trace at x3 (tests/control_fixtures.py), sent only up to a
+few minutes into the episode: the controller enters L1 (shed priority 3, Retry-After
+30 s) and holds it, re-issuing it every heartbeat, while the gateways are driven. In
+shadow nothing is turned away and the gateway counts (``/tailguard/metrics``) and records
+(``control_verdict``) what it would have refused; in enforce exactly those requests get
+429 + Retry-After. The report shows both, as exact counts over the store.
 """
 
 from __future__ import annotations
@@ -25,22 +29,34 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
+from pipeline.app.demo import kafka_sink
 from pipeline.cli import main
-from pipeline.contract.control_signal import Decision, UnsignedSignal, encode, message_key, sign
-from producers.control_keys import keyring_from_file
+from pipeline.settings import Settings
 from producers.enforcement import spread_retry_after_s, unit_of
-from tests.control_fixtures import write_control_keys
+from tests.ceilings import ceiling
+from tests.control_fixtures import (
+    OVERLOAD_START_S,
+    TEST_POLICY,
+    overload_simulator,
+    write_control_keys,
+)
 from tests.gateway_fixtures import serve, wait_for
-from tests.integration.harness import make_settings
+from tests.integration.harness import WorkerProcess, make_settings
+from tests.measurement_fixtures import START_NS
 from tests.paths import REPO
 from tools.dev.fake_openai import FakeOpenAI
 
-pytestmark = [pytest.mark.integration, pytest.mark.long(15)]
+pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
 PER_PRIORITY = 10  # requests of each priority 0..3 per mode
-SHED_FROM = 2  # the directive turns away priorities 2 and 3
+SHED_FROM = 3  # TEST_POLICY's L1 turns away priority 3
+RETRY_AFTER = "30"  # TEST_POLICY's L1 retry_after_s
+MODEL = "llama-3-70b"  # a scope of the overload (the trace's models are its scopes)
+# The overload's events up to this far into the episode: L1 needs p99.queue_ms > 5 s for
+# a minute, and the controller runs a window behind; nothing after it lets L1 exit.
+SENT_UNTIL_NS = START_NS + (OVERLOAD_START_S + 300) * 1_000_000_000
 
 
 def _free_port() -> int:
@@ -49,20 +65,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _publish_directive(bootstrap: str, topic: str, keys: Path) -> None:
-    issued = int(time.time() * 1000)
-    decision = Decision.model_validate({
-        "level": 1, "phase": "degraded", "reason": "test: shed priorities >= 2",
-        "actions": {"shed_priorities_at_or_above": SHED_FROM, "retry_after_s": 6},
-    })  # fmt: skip
-    unsigned = UnsignedSignal.model_validate(
-        {**decision.model_dump(), "scope": "*", "seq": 1,
-         "issued_at_unix_ms": issued, "expires_at_unix_ms": issued + 240_000}
-    )  # fmt: skip
-    signal_ = sign(unsigned, keyring_from_file(keys))
-    producer = Producer({"bootstrap.servers": bootstrap})
-    producer.produce(topic, encode(signal_), key=message_key(signal_))
-    assert producer.flush(30) == 0
+def _emit_overload_start(settings: Settings) -> None:
+    """The overload's events up to SENT_UNTIL_NS onto the worker's lifecycle topic."""
+    sink = kafka_sink(settings)
+    for ev in overload_simulator().events():
+        if ev.ts_unix_ns < SENT_UNTIL_NS:
+            sink.emit(ev)
+    sink.flush()
+
+
+def _level(url: str) -> int | None:
+    """The level the gateway enforces for MODEL (from its health page), None if down."""
+    health = _health(url)
+    if health is None:
+        return None
+    scopes = (health.get("control") or {}).get("directives") or {}
+    d = scopes.get(MODEL) or (health.get("control") or {}).get("fleet_directive") or {}
+    return d.get("level")
 
 
 def _run_gateway(mode: str, upstream: str, env: dict[str, str], keys: Path, log: Path) -> Any:
@@ -91,9 +110,9 @@ def _drive(url: str, mode: str) -> dict[str, tuple[int, int, str | None]]:
         for i in range(PER_PRIORITY):
             for prio in range(4):
                 rid = f"{mode}-{prio}-{i}"
-                body = {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": i % 2 == 0}
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": i % 2 == 0}
                 headers = {"x-request-id": rid, "x-vllm-priority": str(prio),
-                           "x-tailguard-model": "m"}  # fmt: skip
+                           "x-tailguard-model": MODEL}  # fmt: skip
                 r = client.post("/v1/completions", json=body, headers=headers)
                 out[rid] = (prio, r.status_code, r.headers.get("retry-after"))
     return out
@@ -117,7 +136,7 @@ def _events(bootstrap: str, topic: str, out: Path, want_completed: int) -> list[
     consumer.subscribe([topic])
     events: list[dict[str, Any]] = []
     lines: list[bytes] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ceiling(60)
     try:
         while sum(e["kind"] == "gateway.completed" for e in events) < want_completed:
             assert time.monotonic() < deadline, "the gateway's events did not all arrive"
@@ -133,46 +152,64 @@ def _events(bootstrap: str, topic: str, out: Path, want_completed: int) -> list[
     return events
 
 
-def test_gateway_shadow_counts_what_enforce_refuses_and_report_shows_both(
+def test_live_overload_gateways_shadow_count_what_enforce_refuses_report_shows_both(
     kafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = make_settings(kafka.bootstrap_servers, tmp_path)  # creates its topics
-    lifecycle, control = settings.lifecycle_topic, settings.control_topic
     keys = write_control_keys(tmp_path / "keys.json")
-    _publish_directive(kafka.bootstrap_servers, control, keys)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(TEST_POLICY)
+    s = make_settings(
+        kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
+        policy_file=policy_file, control_heartbeat_ms=1000,
+    )  # fmt: skip
+    # the gateways' own events go to a topic of their own (their clock is now; the
+    # overload's is in the past), replayed into a store of their own below
+    gw = make_settings(kafka.bootstrap_servers, tmp_path / "gateways")
+    lifecycle = gw.lifecycle_topic
     env = {**os.environ, "TAILGUARD_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-           "TAILGUARD_LIFECYCLE_TOPIC": lifecycle, "TAILGUARD_CONTROL_TOPIC": control,
-           "TAILGUARD_ENGINE_STATS_TOPIC": settings.engine_stats_topic}  # fmt: skip
+           "TAILGUARD_LIFECYCLE_TOPIC": lifecycle, "TAILGUARD_CONTROL_TOPIC": s.control_topic,
+           "TAILGUARD_ENGINE_STATS_TOPIC": gw.engine_stats_topic}  # fmt: skip
+    _emit_overload_start(s)
+    worker = WorkerProcess(s, tmp_path / "worker.log")
     results: dict[str, dict[str, tuple[int, int, str | None]]] = {}
     metrics: dict[str, dict[tuple[str, str, str], float]] = {}
-    with serve(FakeOpenAI()) as upstream:
-        for mode in ("shadow", "enforce"):
-            proc, url = _run_gateway(mode, upstream, env, keys, tmp_path / f"gw-{mode}.log")
+    procs: dict[str, tuple[Any, str]] = {}
+    try:
+        with serve(FakeOpenAI()) as upstream:
+            for mode in ("shadow", "enforce"):
+                procs[mode] = _run_gateway(mode, upstream, env, keys, tmp_path / f"gw-{mode}.log")
             try:
-                # the signed directive read from the topic, verified and in force
-                wait_for(
-                    lambda url=url: ((_health(url) or {}).get("control") or {})
-                    .get("fleet_directive", {}).get("level") == 1,
-                    timeout_s=60.0, what=f"the {mode} gateway to read the L1 directive",
-                )  # fmt: skip
-                results[mode] = _drive(url, mode)
-                metrics[mode] = _metrics(url)
+                for mode, (_proc, url) in procs.items():
+                    # the controller's signed L1 for MODEL, read from the control topic
+                    wait_for(
+                        lambda url=url: worker.alive() and _level(url) == 1,
+                        timeout_s=240.0,
+                        what=f"the {mode} gateway to enforce the controller's L1 for {MODEL}",
+                    )
+                assert worker.alive(), worker.log_tail()
+                for mode, (_proc, url) in procs.items():
+                    results[mode] = _drive(url, mode)
+                    metrics[mode] = _metrics(url)
+                    assert _level(url) == 1, "L1 lifted while the gateways were driven"
             finally:
-                proc.send_signal(signal.SIGTERM)
-                # uvicorn re-raises SIGTERM once shut down (the sink flushed before)
-                status = proc.wait(30)
-                assert status in (0, -signal.SIGTERM), (tmp_path / f"gw-{mode}.log").read_text()
+                for mode, (proc, _url) in procs.items():
+                    proc.send_signal(signal.SIGTERM)
+                    # uvicorn re-raises SIGTERM once shut down (the sink flushed before)
+                    status = proc.wait(30)
+                    log = (tmp_path / f"gw-{mode}.log").read_text()
+                    assert status in (0, -signal.SIGTERM), log
+    finally:
+        worker.stop()
     # shadow serves everything; enforce turns away exactly priorities >= 2, 429 + Retry-After
     assert {s for (_p, s, _r) in results["shadow"].values()} == {200}
     for rid, (prio, status, retry) in results["enforce"].items():
-        # the directive's 6 s, spread per request key by the one enforcement
-        spread = str(spread_retry_after_s(6, unit_of("retry-after:" + rid)))
+        # the level's Retry-After, spread per request key by the one enforcement
+        spread = str(spread_retry_after_s(int(RETRY_AFTER), unit_of("retry-after:" + rid)))
         assert (status, retry) == ((429, spread) if prio >= SHED_FROM else (200, None))
     # the would-have counters equal what enforce turned away, per priority and reason
     refused = {(p, w): n for (m, p, w), n in metrics["enforce"].items() if m == "enforce"}
     would = {(p, w): n for (m, p, w), n in metrics["shadow"].items() if m == "shadow"}
-    assert refused == would == {("2", "shed_priority"): PER_PRIORITY,
-                                ("3", "shed_priority"): PER_PRIORITY}  # fmt: skip
+    assert refused == would == {("3", "shed_priority"): PER_PRIORITY}
     # the events carry the mode and the verdict; replayed, the report counts both
     n = 2 * 4 * PER_PRIORITY
     events = _events(kafka.bootstrap_servers, lifecycle, tmp_path / "events.jsonl", n)
@@ -190,7 +227,7 @@ def test_gateway_shadow_counts_what_enforce_refuses_and_report_shows_both(
     report = orjson.loads(capsys.readouterr().out)
     rows = {(r["model"], r["priority"]): r for r in report["control_verdicts"]}
     for prio in range(4):
-        r = rows[("m", prio)]
+        r = rows[(MODEL, prio)]
         assert r["modes"] == {"shadow": PER_PRIORITY, "enforce": PER_PRIORITY}
         shed = {"shed_priority": PER_PRIORITY} if prio >= SHED_FROM else {}
         assert (r["would_refuse"], r["refused"]) == (shed, shed)

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.controller import read_topic
+from tests.ceilings import ceiling
 from tests.control_fixtures import (
     TEST_POLICY,
     emit_overload,
@@ -48,7 +49,7 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
         emit_overload(s)
         worker = WorkerProcess(s, tmp_path / "worker.log")
         try:
-            deadline = time.monotonic() + 240
+            deadline = time.monotonic() + ceiling(240)
             while True:  # until every scope went to L1 and back to L0
                 assert worker.alive(), worker.log_tail()
                 levels = _levels([r for r in read_topic(s, s.control_topic) if r is not None])

@@ -29,6 +29,8 @@ OLD = [
         "conflicts",
         "control_mode",
         "control_verdict",
+        "client_attempt",
+        "logical_request_id",
     }
 ]
 

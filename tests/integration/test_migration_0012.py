@@ -29,7 +29,12 @@ from tests.integration.migrations import (
 pytestmark = pytest.mark.integration
 
 # 0011's table: without 0012's conflicts and later columns
-OLD = [n for n, _ in REQUEST_COLUMNS if n not in {"conflicts", "control_mode", "control_verdict"}]
+OLD = [
+    n
+    for n, _ in REQUEST_COLUMNS
+    if n
+    not in {"conflicts", "control_mode", "control_verdict", "client_attempt", "logical_request_id"}
+]
 
 
 @pytest.mark.parametrize("json_path", [True, False], ids=["json", "columns"])

@@ -39,6 +39,7 @@ from pipeline.contract.codec import event_to_dict
 from pipeline.contract.summary import Progress, decode_summary
 from pipeline.settings import Settings
 from pipeline.spec.slo import load_spec_file
+from tests.ceilings import ceiling
 from tests.disorder import delay, duplicate, skew_host, write_layout
 from tests.integration.faults import lifecycle_events, send_all
 from tests.integration.harness import REPO, WorkerProcess, make_settings, settings_env
@@ -107,7 +108,7 @@ def _wait_horizon(s: Settings, worker: WorkerProcess, horizon_ms: int, timeout_s
     )
     try:
         c.assign([TopicPartition(s.summaries_topic, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + ceiling(timeout_s)
         seen = -1
         while seen < horizon_ms:
             assert worker.alive(), worker.log_tail()

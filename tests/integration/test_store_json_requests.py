@@ -25,7 +25,7 @@ _ALL = "SELECT {} FROM tailguard.requests ORDER BY request_id, attempt, revision
 def _records() -> list[RequestRecord]:
     """Records with every kind of value: joined, partial, missing tenant and hosts, flags,
     retried attempts, per-request objectives, a cold start, control modes and verdicts,
-    awkward floats and strings."""
+    client attempts and logical ids, awkward floats and strings."""
     replace = msgspec.structs.replace
     joined = build_record("a", received("a"), completed("a"), finished("a"))
     partial = build_record("b", received("b", tenant=None), completed("b"), None)
@@ -62,6 +62,8 @@ def _records() -> list[RequestRecord]:
             http_status=429,
         ),
         replace(partial, request_id="k", control_mode="shadow"),
+        replace(joined, request_id="l~retry2", client_attempt=2, logical_request_id="l"),
+        replace(partial, request_id="m", logical_request_id='idem "\u00e9"\t\\'),
     ]
 
 

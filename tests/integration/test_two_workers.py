@@ -14,6 +14,7 @@ from pipeline.app.demo import kafka_sink
 from pipeline.cli import DEFAULT_TRACE
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+from tests.ceilings import ceiling
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.measurement_fixtures import START_NS
 
@@ -38,7 +39,7 @@ def test_a_killed_workers_partitions_move_and_nothing_is_lost(kafka, tmp_path: P
             if ev.kind != "engine.stats":
                 sink.emit(ev)
         sink.flush()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ceiling(60)
         while time.monotonic() < deadline:  # both hold partitions once both logged a horizon
             if "resuming at offset" in a.log_tail(100_000) and "resuming at offset" in b.log_tail(
                 100_000

@@ -95,6 +95,45 @@ def test_every_scope_enters_and_returns_to_l0() -> None:
             assert levels[-1] == 0
 
 
+def test_logical_figures_count_each_client_request_once() -> None:
+    """Per logical request (issue 47): in every loop each arrival of the trace (replicas
+    included: the open loop's requests, no retries there) is one logical request, made of
+    every attempt of the run; without retries it is its attempt, figure for figure."""
+    runs = _backtest()["runs"]
+    arrivals = runs["open"]["requests"]
+    assert runs["open"]["retries"] == 0
+    assert runs["tailguard"]["retries"] > 0  # the case has retries
+    for run in runs.values():
+        lg = run["logical"]
+        assert lg["all"]["requests"] == arrivals
+        assert lg["all"]["attempts"] == run["requests"]
+        assert lg["all"]["retried"] <= run["retries"]
+        assert lg["all"]["never_served"] <= run["outcomes"].get("rejected", 0)
+        assert lg["all"]["latency"]["final_only"] == 0  # a client retries on its gateway
+        assert sum(p["requests"] for p in lg["by_priority"].values()) == arrivals
+        assert {"episode", "episode_by_priority"} <= set(lg)
+    for name, v in runs["open"]["slos"].items():
+        assert runs["open"]["logical"]["all"]["slos"][name]["total"] == v["total"]
+        assert runs["open"]["logical"]["all"]["slos"][name]["good"] == v["good"]
+
+
+def test_matrix_has_the_per_logical_request_rows() -> None:
+    """tools/dev/backtest_matrix.py (the README/docs tables): the per-logical-request rows
+    with the run's figures, one cell per loop."""
+    from tools.dev.backtest_matrix import table
+
+    doc = _backtest()
+    md = table("t", doc).splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md if line.startswith("| ")}
+    want = [f"{r['logical']['all']['never_served']:,}" for r in doc["runs"].values()]
+    assert rows["never served (final attempt refused/failed)"].split(" | ")[1:] == [
+        *want[:-1],
+        want[-1] + " |",
+    ]
+    assert "ttft-stream, episode, per logical request" in rows
+    assert "worst SLO vs no control, per logical request (points)" in rows
+
+
 def test_render_text_side_by_side() -> None:
     from pipeline.app.backtest import Backtest
 
@@ -105,6 +144,8 @@ def test_render_text_side_by_side() -> None:
         assert title in header
     assert "priority 3" in text
     assert "FCFS" in text.splitlines()[0]
+    assert "per logical request" in text
+    assert "never served" in text
 
 
 def test_cli_json(capsys: Any) -> None:

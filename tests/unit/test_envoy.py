@@ -27,6 +27,9 @@ BASE: dict[str, Any] = {
     "stream": "true",
     "bytes_sent": 1234,
     "hostname": "envoy-7",
+    "retry_count": "-",
+    "idempotency_key": "-",
+    "client_request_id": "-",
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from producers.envoy import Follower, Position, load_position, save_position
+from tests.ceilings import ceiling
 from tests.paths import REPO as ROOT
 
 
@@ -114,7 +115,7 @@ def test_position_of_another_file_or_past_its_end_is_ignored(tmp_path: Path) -> 
 
 def wait_until(fn: Any, what: str, timeout_s: float = 60.0) -> None:
     """Poll a file the follower writes (the only way to see its progress from outside)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while not fn():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

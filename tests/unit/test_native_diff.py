@@ -312,6 +312,15 @@ _END = {"ok": (200, "ok", "stop"), "error": (502, "error", "error"),
         "abort": (0, "client_abort", "abort")}  # fmt: skip
 
 
+# the client's attempt (issue 47): a first try (packed in flight), a retry naming its
+# logical request (never packed), a first try with an idempotency key
+_CLIENT: list[dict[str, Any]] = [
+    {},
+    {"client_attempt": 2, "logical_request_id": "logical-7"},
+    {"logical_request_id": "idem-key"},
+]
+
+
 _CONTROL: list[dict[str, Any]] = [
     {},
     {"control_mode": "shadow", "control_verdict": "admission"},
@@ -327,8 +336,9 @@ def _join_event(step: tuple[Any, ...]) -> Any:
     status, outcome, reason = _END[end]
     if kind == "r":
         # content 2: a prompt too long for the reference's packed in-flight int
-        return received(rid, t_ms, eid=f"r{n}.{eid}", tenant=None if content else "t1",
-                        priority=content, prompt_tokens=[100, None, 1 << 25][content])  # fmt: skip
+        ev = received(rid, t_ms, eid=f"r{n}.{eid}", tenant=None if content else "t1",
+                      priority=content, prompt_tokens=[100, None, 1 << 25][content])  # fmt: skip
+        return ev.model_copy(update=_CLIENT[(content + n) % 3])
     if kind == "c":
         ttfb = None if content == 2 else 20.0
         ev = completed(rid, t_ms, total_ms=50.0 + 300 * content, http_status=status,

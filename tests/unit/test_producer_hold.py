@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from producers.emit import BatchPolicy, KafkaSink
+from tests.ceilings import ceiling
 from tests.factories import received
 
 QUEUE_MESSAGES = 5
@@ -31,7 +32,7 @@ def test_a_full_librdkafka_queue_holds_batches_and_the_buffer_decides_drops() ->
         for i in range(25):  # fills librdkafka's queue; the rest is held
             sink.emit(received(f"r{i}"))
             emitted += 1
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + ceiling(10)
         while sink._inflight_events + len(sink._held) < emitted and time.monotonic() < deadline:
             time.sleep(0.01)  # polling the thread's own counters: no event to await
         # Nothing dropped yet: 5 in librdkafka's queue, 20 held by the producer.

@@ -223,3 +223,34 @@ def test_control_literals_are_the_contracts() -> None:
     for name, values in (("control_mode", _MODES), ("control_verdict", _VERDICTS)):
         assert _literal_values(ref[name]) == set(values[1:]), name
         assert _literal_values(wire[name]) == set(values[1:]), name
+
+
+@pytest.mark.parametrize(
+    ("attempt", "logical"), [(0, None), (1, "a"), (65_535, "k" * 256), (3, "idem \u00e9\n")]
+)
+def test_client_attempt_fields_decode_the_same(attempt: int, logical: str | None) -> None:
+    """gateway.received's client_attempt / logical_request_id (issue 47): decoded on the
+    fast path (no fallback, no dead letter) to the same event; absent: 0 / None."""
+    doc = dict(TEMPLATES["gateway.received"], client_attempt=attempt, logical_request_id=logical)
+    raw = dumps(doc)
+    _agree(raw)
+    (ev,) = decode_fast(raw, SRC).events
+    assert (ev.client_attempt, ev.logical_request_id) == (attempt, logical)
+    bare = {k: v for k, v in TEMPLATES["gateway.received"].items()
+            if k not in ("client_attempt", "logical_request_id")}  # fmt: skip
+    (ev,) = decode_fast(dumps(bare), SRC).events
+    assert (ev.client_attempt, ev.logical_request_id) == (0, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("client_attempt", -1), ("client_attempt", 65_536), ("client_attempt", "1"),
+     ("client_attempt", 1.5), ("logical_request_id", ""), ("logical_request_id", "k" * 257),
+     ("logical_request_id", 7)],
+)  # fmt: skip
+def test_bad_client_attempt_fields_are_dead_letters_alike(field: str, value: object) -> None:
+    doc = dict(TEMPLATES["gateway.received"], **{field: value})
+    raw = dumps(doc)
+    _agree(raw)
+    out = decode_fast(raw, SRC)
+    assert (out.events, len(out.dead)) == ([], 1)

@@ -5,7 +5,9 @@
 One table per file (its name is the run's name): per loop, priority 0's first-token
 compliance over the run, the worst SLO against no control, goodput over the run and
 during the episode, requests turned away per priority group, and the episode's
-control timing. Figures only; how they were produced is the caller's to say.
+control timing; then per logical request (what users saw: a request and its retries
+once): logical requests, those never served, each SLO over the run and the episode, the
+worst SLO against no control. Figures only; how they were produced is the caller's to say.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def table(name: str, doc: dict[str, Any]) -> str:
     )
     row("turned away, priority 3", [f"{r['shed'].get('3', 0):,}" for r in runs.values()])
     row("client retries", [f"{r['retries']:,}" for r in runs.values()])
+    if all("logical" in r for r in runs.values()):
+        _logical_rows(row, runs, base)
     if "episode" in runs[loops[0]]:
         row("goodput, episode", [_rps(r["episode"]["goodput_rps"]) for r in runs.values()])
         row(
@@ -87,6 +91,41 @@ def table(name: str, doc: dict[str, Any]) -> str:
         row("levels raised", [str(r.get("levels_raised", 0)) for r in runs.values()])
     row("notices (not load-caused)", [str(len(r.get("notices", []))) for r in runs.values()])
     return "\n".join(out)
+
+
+def _logical_rows(row: Any, runs: dict[str, dict[str, Any]], base: dict[str, Any] | None) -> None:
+    """Per logical request (a request and its retries once, by its final attempt: the
+    backtest's ``logical``, pipeline/core/logical.py): what users saw."""
+    lg = {k: r["logical"] for k, r in runs.items()}
+    row("logical requests (users' requests)", [f"{x['all']['requests']:,}" for x in lg.values()])
+    row("never served (final attempt refused/failed)",
+        [f"{x['all']['never_served']:,}" for x in lg.values()])  # fmt: skip
+    first = next(iter(lg.values()))
+    for slo in first["all"]["slos"]:
+        row(f"{slo}, run, per logical request",
+            [_pct(x["all"]["slos"][slo]["compliance"]) for x in lg.values()])  # fmt: skip
+    if base is not None:
+        ref = base["logical"]["all"]["slos"]
+
+        def worst(x: dict[str, Any]) -> str:
+            deltas = [
+                (x["all"]["slos"][s]["compliance"] - ref[s]["compliance"], s)
+                for s in ref
+                if x["all"]["slos"][s]["compliance"] is not None
+                and ref[s]["compliance"] is not None
+            ]
+            if not deltas:
+                return "-"
+            d, s = min(deltas)
+            return f"{100 * d:+.2f} ({s})"
+
+        row("worst SLO vs no control, per logical request (points)",
+            [worst(x) for x in lg.values()])  # fmt: skip
+    if "episode" in first:
+        row("never served, episode", [f"{x['episode']['never_served']:,}" for x in lg.values()])
+        for slo in first["episode"]["slos"]:
+            row(f"{slo}, episode, per logical request",
+                [_pct(x["episode"]["slos"][slo]["compliance"]) for x in lg.values()])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

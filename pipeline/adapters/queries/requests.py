@@ -69,6 +69,22 @@ def control_counts(store: Store, f: ReportFilter) -> list[Row]:
     )
 
 
+# A row's logical request (pipeline/core/logical.py, "Which attempts"), as SQL.
+LOGICAL_KEY_SQL: Final = "ifNull(logical_request_id, request_id)"
+
+
+def logical_rows(store: Store, f: ReportFilter) -> list[Row]:
+    """Whole rows (``REQUEST_COLUMNS``) of every attempt, wherever it ended, of the logical
+    requests that have an attempt in the filter (pipeline/core/logical.py groups them and
+    keeps those whose final attempt is in it)."""
+    return store.query_rows(
+        f"SELECT {_NAMES} FROM {store.database}.requests FINAL "
+        f"WHERE {LOGICAL_KEY_SQL} IN (SELECT {LOGICAL_KEY_SQL} "
+        f"FROM {store.database}.requests FINAL WHERE {_where(f)})",
+        _params(f),
+    )
+
+
 def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
     """Requests of the filter that ended at or after ``from_unix_ms``."""
     ((n,),) = store.query_rows(

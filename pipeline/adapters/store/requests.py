@@ -43,6 +43,7 @@ _NARROWER: Final[dict[str, str]] = {
     "conflicts": "UInt16",
     "control_mode": "LowCardinality(Nullable(String))",
     "control_verdict": "LowCardinality(Nullable(String))",
+    "client_attempt": "UInt16",
 }
 _PLAIN: Final[dict[Any, str]] = {str: "String", int: "Int64", float: "Float64", bool: "Bool"}
 
