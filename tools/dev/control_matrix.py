@@ -206,6 +206,9 @@ def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
         out.append((f"first action <= 30 s ({_s(fa)})", fa is not None and fa <= 30))
         out.append((f"no level before the episode ({e['levels_before']})", e["levels_before"] == 0))
         out.append((f"back at L0 <= 600 s ({_s(back)})", back is not None and back <= 600))
+        best = max((b["episode"]["goodput_rps"] for b in base), default=0.0)
+        g = e["goodput_rps"]
+        out.append((f"episode goodput >= best baseline ({g:.2f} vs {best:.2f})", g >= best))
     if "exits" in sc.checks and "episode" in tg:
         e = tg["episode"]
         if "episode" not in sc.checks:
@@ -219,9 +222,6 @@ def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
         gaps = exits_inside(tg.get("control", []), 0.0, TRACE_S)
         shown = ", ".join(gaps) if gaps else "none"
         out.append((f"no half-open or L0 during the run ({shown})", not gaps))
-        best = max((b["episode"]["goodput_rps"] for b in base), default=0.0)
-        g = e["goodput_rps"]
-        out.append((f"episode goodput >= best baseline ({g:.2f} vs {best:.2f})", g >= best))
     if "baselines" in sc.checks:
         for s in slos:
             best = max(b["slos"][s]["compliance"] or 0.0 for b in base)
