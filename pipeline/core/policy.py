@@ -61,6 +61,10 @@ memory, a plugin may die mid-level. The rules:
   ``max_duration`` an exit condition unknown right now is waived too, so a
   signal that flickers between known and unknown (which never completes either
   clock) holds a level at most its ``max_duration``.
+* Coherent exit and half-open: an opener whose signal is unknown is not "still
+  measured", so it neither blocks the exit nor makes a half-open relapse; a
+  half-open probe relapses only on an entry (or opener) observed true. The blind
+  rule above is what keeps a level whose evidence has gone dark from leaving early.
 
 Why this changed (issue 47). Before, an unknown signal never let an ``exit``
 condition hold, on the grounds that a degraded scope should stay degraded
