@@ -5,7 +5,7 @@ nothing the level's own admission does raises that denominator.
 Before: ``proven_rps`` was the admission rate whenever it grew with the queue short, and
 the capacity's floor the most served in any 10 s window with nothing queued; admission
 keeps the queue short, so both rose while arrivals stayed x4 (on the shared trace at
-x4, rate-scale 0.5, the 70b's demand ratio fell to 0.84 mid-episode).
+x4, rate-scale 0.5, no retries, the 70b's demand ratio fell to 0.83 mid-episode).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ TABLE = [
     pytest.param(
         [(SATURATED, True), (_load(13.0, 0, 8.0), True)],
         1.5,  # before: 13/s in one window raised the floor -> 0.92
-        id="one noisy 10 s window with nothing queued does not raise capacity",
+        id="one noisy 10 s window with nothing queued proves nothing",
     ),
     pytest.param(
         [(SATURATED, True), (_load(13.0, 0, 10.0), True)],
