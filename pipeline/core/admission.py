@@ -13,8 +13,8 @@ completed while they were saturated (a queue at least ``saturated_queue`` of a
 batch deep: every finished request was replaced at once, so completions are the
 engines' throughput, not the arrival rate). It is an exponentially weighted mean
 of those windows (weight ``capacity_weight``), remembered across healthy periods,
-and never below what the engines served in a window with nothing queued (they
-serve at least that much).
+and never below what the engines served over the last minute with nothing queued
+(they serve at least that much).
 Before any window has been seen, the capacity is the last window's served rate (a
 low estimate: admission then starts tight and grows additively).
 
@@ -95,6 +95,11 @@ class ModelLoad:
     # The queue (requests) that is healthy: what the engines serve in a fraction of the
     # tightest first-byte threshold (see Controller); None: queue_allowance of a batch.
     healthy_queue: float | None = None
+    # What its engines finished per second over the last minute (None: not known). The
+    # capacity's floor reads it: a 10 s window's count is noisy, and a max over noisy
+    # windows only ratchets up (issue 47: at x4 the estimate rose 34 % while the queue
+    # stayed short and let the demand ratio fall under the exit's 0.9 mid-episode).
+    served_minute_rps: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,15 +140,15 @@ class AdmissionControl:
         return None if st is None else st.capacity_rps
 
     def proven_rps(self, model: str) -> float | None:
-        """What the engines have shown they serve: the measured capacity, or the current
-        admission rate when it grew with the queue short (at least that is served)."""
+        """What the engines have shown they serve: the measured capacity (saturated
+        windows, never below what they served over a minute with nothing queued).
+
+        Not the admission rate: while admission keeps the queue short the rate grows
+        additively up to ``max_over_capacity`` times capacity whether or not that much
+        arrives or is served, so as a denominator it let the demand ratio fall under an
+        exit threshold while arrivals were still x4 (issue 47)."""
         st = self._models.get(model)
-        if st is None:
-            return None
-        shown = st.rate_rps if st.rate_rps is not None and st.rule == "increase" else None
-        if st.capacity_rps is None:
-            return shown
-        return max(st.capacity_rps, shown or 0.0)
+        return None if st is None else st.capacity_rps
 
     def observe(self, model: str, load: ModelLoad) -> None:
         """Learn capacity from a saturated window (call every evaluation)."""
@@ -157,8 +162,10 @@ class AdmissionControl:
                 w = cfg.capacity_weight
                 st.saturated_rps = (1 - w) * st.saturated_rps + w * load.served_rps
         elif load.waiting == 0 and load.served_rps > 0:
-            # served with nothing queued: the engines serve at least that much
-            st.floor_rps = max(st.floor_rps or 0.0, load.served_rps)
+            # served with nothing queued: the engines serve at least that much (over a
+            # minute where known, not one noisy window)
+            served = load.served_rps if load.served_minute_rps is None else load.served_minute_rps
+            st.floor_rps = max(st.floor_rps or 0.0, served)
         known = [x for x in (st.saturated_rps, st.floor_rps) if x is not None]
         st.capacity_rps = max(known) if known else None
 

@@ -38,12 +38,17 @@ Load signals (is a burn load-caused? what can the engines serve?):
   (``load.queue_share >= load_share``) and the model's own P99 queue time is over
   half the SLO's threshold; or a whole batch is queued (``queue.depth_ratio >= 1``)
   and the queue a request joins is over the tightest queue-inclusive threshold
-  covering the model (every request now is bad on it, before any is counted);
-* ``load.demand_ratio``: requests the model's gateways received per second
-  (rejections and retries included) over what its engines have shown they serve:
-  the measured capacity, or the admission rate that grew with the queue short
-  (:meth:`pipeline.core.admission.AdmissionControl.proven_rps`); under 1 = the
-  engines serve the demand.
+  covering the model (every request now is bad on it, before any is counted).
+  *Unknown* (None) when an SLO burns fast and the model's engines report nothing (no
+  stats sample, nothing finished at an engine in the last minute: a gateway-only
+  deployment): the queue's share cannot be measured, so no level that turns traffic
+  away opens, and the burn is reported as a :class:`LoadNotice` naming what is missing.
+* ``load.demand_ratio``: requests the model's gateways received per second, before
+  admission (rejections and, until attempts are told apart, retries included:
+  :func:`demand_count`), over what its engines have shown they serve: the measured
+  capacity (:meth:`pipeline.core.admission.AdmissionControl.proven_rps`; not the
+  admission rate, which grows while admission keeps the queue short whatever
+  arrives); under 1 = the engines serve the demand.
 
 A fast burn that is not load-caused is a *notice* (:class:`LoadNotice`): it is
 alerted and explained, and a policy with ``dynamics.load_gate`` sheds nothing for it.
@@ -73,10 +78,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.contract.boundaries import BOUNDARIES
-from pipeline.contract.summary import StatsSample, WindowSummary
+from pipeline.contract.summary import ModelWindow, StatsSample, WindowSummary
 from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
-from pipeline.core.load_cause import SLOCoverage, attribute_burn, not_load_caused
+from pipeline.core.load_cause import (
+    SLOCoverage,
+    attribute_burn,
+    load_unknown,
+    not_load_caused,
+)
 from pipeline.core.policy import Evaluation, PolicyEngine
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.summary import ALL_MODELS
@@ -110,6 +120,25 @@ def skip_gap(next_eval_ms: int, target_ms: int, size_ms: int) -> int:
         return next_eval_ms
     skip_to = target_ms - MAX_IDLE_EVALUATION_MS
     return skip_to - (skip_to - next_eval_ms) % size_ms
+
+
+def _burn_rate(counts: list[float], objective: float) -> float:
+    """An SLO's burn rate from [total, bad, ...] counts."""
+    total, bad = counts[0], counts[1]
+    return (bad / total) / max(1e-9, 1 - objective) if total > 0 else 0.0
+
+
+def demand_count(mw: ModelWindow) -> int:
+    """What one window of a model counts as demand (``load.demand_ratio``'s numerator):
+    every request its gateways received, those refused or cut off included -- demand
+    *before* admission, which a level's own refusals cannot lower (an exit that read
+    admitted traffic would see the shedding, not the load).
+
+    TODO(issue 47, retries count once): the window summary counts every attempt, so a
+    refused request's retries count again. When ``attempt`` (0 = first try) reaches
+    ``gateway.received`` and the request record, count first attempts only HERE; this
+    is the one place the demand is counted."""
+    return mw.records
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +283,7 @@ class Controller:
             }
         self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
         self._records.setdefault(s.start_ms, {})[s.partition] = {
-            m: mw.records for m, mw in s.models.items()
+            m: demand_count(mw) for m, mw in s.models.items()
         }
         self._size_ms = s.size_ms
         if s.final and self.book is not None:
@@ -375,11 +404,13 @@ class Controller:
             if lo <= start < to_ms
             for by_model in by_part.values()
         )
+        minute_s = self.config.latency_window_ms / 1000
         return ModelLoad(
             served_rps=self._served(model, to_ms - size, to_ms) / (size / 1000),
             waiting=sum(x.num_waiting for x in latest),
             batch=sum(self._batch.get(x.host, x.num_running) for x in latest),
-            demand_rps=demand / (self.config.latency_window_ms / 1000),
+            demand_rps=demand / minute_s,
+            served_minute_rps=self._served(model, lo, to_ms) / minute_s,
         )
 
     def _load_signals(
@@ -420,7 +451,22 @@ class Controller:
         out["slo.fast_burn"] = burn.fast
         out["load.burning"] = burn.caused
         out["load.caused"] = burn.caused
-        if burn.fast and not burn.caused and burn.worst is not None:
+        if burn.fast and not latest and served_minute == 0:
+            # No engine evidence (no stats, nothing finished at an engine: gateway only):
+            # the queue's share of a burn cannot be measured, so whether it is load-caused
+            # is unknown -- not false. Nothing opens on it (an unknown entry never fires);
+            # the burn is alerted as a notice that says what is missing.
+            out["load.burning"] = out["load.caused"] = None
+            worst = max(
+                (slo for slo in self.coverage.covering(model) if slo.name in sums),
+                key=lambda slo: _burn_rate(sums[slo.name], slo.objective),
+                default=None,
+            )
+            if worst is not None:
+                rate = _burn_rate(sums[worst.name], worst.objective)
+                text = load_unknown(model, worst.name, rate)
+                self._notices[model] = LoadNotice(now_ms, model, worst.name, None, text)
+        elif burn.fast and not burn.caused and burn.worst is not None:
             rate, name, share = burn.worst
             text = not_load_caused(model, name, rate, share)
             self._notices[model] = LoadNotice(now_ms, model, name, share or 0.0, text)

@@ -4,7 +4,8 @@ Pure functions of what :class:`pipeline.core.control.Controller` gathers (its mo
 docstring, "Load signals", defines the signals): which SLOs of the spec cover a model
 (:class:`SLOCoverage`, also the queue cut-offs they give) and, from the last minute's
 SLO counts of final windows, whether a fast burn is load-caused
-(:func:`attribute_burn`) or a notice (:func:`not_load_caused`).
+(:func:`attribute_burn`) or a notice (:func:`not_load_caused`, or :func:`load_unknown`
+when the model's engines report nothing: a gateway-only deployment).
 """
 
 from __future__ import annotations
@@ -172,3 +173,13 @@ def not_load_caused(model: str, slo: str, burn: float, queue_share: float | None
         f"(prefill + decode), {100 * share:.0f} % queueing"
     )
     return f"{slo} burning {burn:.0f}x on {model}, not load-caused: {why}; nothing shed"
+
+
+def load_unknown(model: str, slo: str, burn: float) -> str:
+    """The text of a notice: an SLO burning fast on a model whose engines report nothing
+    (a gateway-only deployment): whether the burn is load-caused cannot be told."""
+    return (
+        f"{slo} burning {burn:.0f}x on {model}; load-caused unknown: no engine events for "
+        f"{model} (no queue time, no engine stats), so no level that turns traffic away "
+        "can open: alerted, nothing shed"
+    )

@@ -34,14 +34,47 @@ without changing the level.
 
 **Unknown signals.** A signal that is missing, ``None``, NaN/infinite, or of
 the wrong type (a bool for a numeric signal, a number for a boolean one) is
-*unknown*. A condition on an unknown signal does not hold, and it *resets*
-that condition's continuous-hold clock: ``for: 5m`` means five minutes of
-observations that all satisfied the comparison; a gap in the evidence is not
-evidence. The consequences are the safe ones for recovery (an unknown signal
-never lets an ``exit`` condition hold, so a degraded scope stays degraded) and
-for false alarms (an unknown signal never triggers an ``enter`` condition and
-never triggers a half-open relapse). A worker must therefore provide every
-signal at every evaluation; a signal that keeps dropping out delays entry.
+*unknown*. Every signal may be missing: a gateway-only deployment has no engine
+signals, engines without our stats plugin give no ``queue.depth_ratio`` or GPU
+memory, a plugin may die mid-level. The rules:
+
+* A condition on an unknown signal does not hold *now*, and it resets that
+  condition's continuous-hold clock: ``for: 5m`` means five minutes of
+  observations that all satisfied the comparison; a gap in the evidence is not
+  evidence. So an unknown signal never triggers an ``enter`` condition and never
+  a half-open relapse (no false alarm from a missing signal).
+* An ``exit`` condition whose signal has been unknown at *every* evaluation for
+  its whole window -- at least its ``for`` and at least ``min_dwell``, counted
+  from the first evaluation that found it unknown (a single known observation
+  restarts that count) -- is *waived*: the level leaves on the exit conditions
+  whose signals are measured, and the reason names what it lacked ("L1 exit holds
+  (load.burning is false for 2m ...; queue.depth_ratio unknown since T) ...").
+  A short gap (a lost sample, an engine restart) waives nothing.
+* *Blind exits.* When no exit condition of the level is measured, or the level
+  turns traffic away and its exit on a signal measured before admission
+  (``PRE_ADMISSION_SIGNALS``: ``load.demand_ratio``, every arrival, refused ones
+  included) is unknown, what remains cannot show that the cause has gone (the
+  queue and the burn of admitted traffic are kept low by the level's own
+  refusals). The level is then held, with the hold "exit not measured", until
+  its ``max_duration``, and leaves from there as an exit would (L1 through
+  half-open, whose probe relapses on the entry seen again). Past
+  ``max_duration`` an exit condition unknown right now is waived too, so a
+  signal that flickers between known and unknown (which never completes either
+  clock) holds a level at most its ``max_duration``.
+* Coherent exit and half-open: an opener whose signal is unknown is not "still
+  measured", so it neither blocks the exit nor makes a half-open relapse; a
+  half-open probe relapses only on an entry (or opener) observed true. The blind
+  rule above is what keeps a level whose evidence has gone dark from leaving early.
+
+Why this changed (issue 47). Before, an unknown signal never let an ``exit``
+condition hold, on the grounds that a degraded scope should stay degraded
+without evidence. Measured, that made a missing signal hold a level forever: a
+replay of an overload with gateway and ``engine.finished`` events only (no
+``engine.stats``) entered L1 and held it (then L2) to the end of the hour on
+``queue.depth_ratio unknown``, turning traffic away for 30 minutes after the
+queue had gone. Holding protection that costs users on no evidence is not the
+safe side; leaving on the evidence that exists is, provided that evidence
+includes the demand before admission (or max_duration has passed).
 
 Conditions
 ----------
@@ -170,6 +203,7 @@ from pipeline.spec.policy import (
     LEVELS,
     LOAD_SIGNAL,
     OPS,
+    PRE_ADMISSION_SIGNALS,
     Condition,
     ControlPolicy,
     Level,
@@ -349,6 +383,7 @@ class _Cond:
 class _Scope:
     __slots__ = (
         "clocks", "escalated", "last", "level", "openers", "phase", "recovered_ms", "since_ms",
+        "unknown",
     )  # fmt: skip
 
     def __init__(self, n_conditions: int, now_ms: int) -> None:
@@ -358,6 +393,9 @@ class _Scope:
         self.escalated = False
         self.recovered_ms: int | None = None  # last step down (or half-open, or back to 0)
         self.clocks: list[int | None] = [None] * n_conditions
+        # Per condition: since when its signal has been unknown at every evaluation
+        # (None: known at the last one). Lets an exit go without a signal that is absent.
+        self.unknown: list[int | None] = [None] * n_conditions
         self.last: Evaluation | None = None
         # The (non-alert) entry conditions that opened the current degraded level: it is
         # not left, nor half-opened, while any of them is still measured (coherent exit).
@@ -390,6 +428,7 @@ class PolicyEngine:
         self._admission = {n for n, lv in self._levels.items() if lv.actions.admission}
         self._cutoff = {n for n, lv in self._levels.items() if lv.actions.queue_cutoff}
         self._load_gate = d.load_gate
+        self._turns_away = {n for n, lv in self._levels.items() if lv.actions.turns_away()}
         self._gated = {
             n for n, lv in self._levels.items() if d.load_gate and lv.actions.turns_away()
         }
@@ -463,9 +502,14 @@ class PolicyEngine:
         # 1. condition clocks
         observed: list[bool] = [False] * len(self._conds)
         holds: list[bool] = [False] * len(self._conds)
-        clocks = s.clocks
+        clocks, unknown = s.clocks, s.unknown
         for c in self._conds:
             ok = c.observe(signals)
+            if ok is None:
+                if unknown[c.index] is None:
+                    unknown[c.index] = now_ms
+            else:
+                unknown[c.index] = None
             if ok:
                 start = clocks[c.index]
                 if start is None:
@@ -549,8 +593,21 @@ class PolicyEngine:
             lv = s.level
             exits = self._exit[lv]
             openers = [self._conds[i] for i in opener_seen]
-            exit_ok = all(holds[c.index] for c in exits) and not openers
-            failing = [c for c in exits if not holds[c.index]]
+            over_max = held >= self._max_ms[lv]
+            # Unknown signals: an exit condition whose signal has been unknown for its
+            # whole window is waived; the level leaves on the exits that are measured.
+            waived = [c for c in exits if self._waived(c, s, now_ms, over_max)]
+            known = [c for c in exits if c not in waived]
+            # Blind: no exit is measured, or a level that turns traffic away lacks its
+            # pre-admission exit (the rest reads admitted traffic only): max_duration.
+            blind = [c for c in waived if c.signal in PRE_ADMISSION_SIGNALS]
+            blind = blind if lv in self._turns_away else []
+            blind_all = not known or bool(blind)
+            exit_ok = (
+                all(holds[c.index] for c in known) and not openers and (over_max or not blind_all)
+            )
+            failing = [c for c in known if not holds[c.index]]
+            lacking = "; ".join(f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived)
             if justified >= lv:
                 held_because.extend(
                     _hold(c, signals, now_ms, clocks[c.index], prefix="entry ")
@@ -558,6 +615,15 @@ class PolicyEngine:
                     if holds[c.index] and not c.alert
                 )
             held_because.extend(_hold(c, signals, now_ms, clocks[c.index]) for c in failing)
+            if blind_all and not over_max:
+                what = ", ".join(c.signal for c in (blind or waived)) or "none"
+                held_because.append(
+                    Hold(
+                        "blind " + what,
+                        f"exit not measured ({what} unknown): held up to max_duration "
+                        f"{format_ms(self._max_ms[lv])}",
+                    )
+                )
             held_because.extend(
                 _hold(
                     c,
@@ -571,12 +637,17 @@ class PolicyEngine:
                 if not (justified >= lv and holds[c.index] and c in self._enter[lv])
             )
             if justified < lv and exit_ok and held >= self._dwell_ms:
-                figs = exits
+                figs = known
                 held_because = []
+                on = _texts(figs, signals) if figs else "no exit measured"
+                if lacking:
+                    on = f"{on}; {lacking}"
+                if blind_all:
+                    on = f"{on}; held past max_duration {format_ms(self._max_ms[lv])}"
                 if lv == 1:
                     move(1, "half_open")
                     reason = (
-                        f"L1 exit holds ({_texts(figs, signals)}) after "
+                        f"L1 exit holds ({on}) after "
                         f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} -> "
                         f"half-open for {format_ms(self._ho_ms)}, admitting "
                         f"{self._admit:.0%} of shed traffic"
@@ -584,7 +655,7 @@ class PolicyEngine:
                 else:
                     move(lv - 1, "degraded")
                     reason = (
-                        f"L{lv} exit holds ({_texts(figs, signals)}) after "
+                        f"L{lv} exit holds ({on}) after "
                         f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} "
                         f"-> L{lv - 1}"
                     )
@@ -628,8 +699,10 @@ class PolicyEngine:
                     body = (
                         f"L{lv} held, waiting for exit: {'; '.join(h.text for h in held_because)}"
                     )
+                    if lacking:
+                        body += f" (not waited for: {lacking})"
                 else:
-                    figs = exits
+                    figs = known
                     body = (
                         f"L{lv}: exit holds, min_dwell {format_ms(self._dwell_ms)} "
                         f"until {s.since_ms + self._dwell_ms}"
@@ -677,6 +750,15 @@ class PolicyEngine:
         )
         s.last = evaluation
         return evaluation
+
+    def _waived(self, c: _Cond, s: _Scope, now_ms: int, over_max: bool) -> bool:
+        """An exit condition whose signal is unknown now and has been at every evaluation
+        for its whole window: its ``for`` and at least ``min_dwell`` (or, past the
+        level's ``max_duration``, unknown now: a flickering signal holds no longer)."""
+        since = s.unknown[c.index]
+        if since is None:
+            return False
+        return over_max or now_ms - since >= max(c.for_ms, self._dwell_ms)
 
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]

@@ -57,6 +57,12 @@ LOAD_SIGNAL: Final = "load.caused"
 # slow-burn alert stays true long after the latency recovered (the 6h/30m page
 # rule ~30 min), so it is not allowed in ``exit`` and does not keep a level.
 ALERT_SIGNALS: Final = frozenset({"burn.page", "burn.ticket"})
+# Signals measured before admission (every arrival at the gateways, those refused
+# included): a level that turns traffic away cannot lower them by its own refusals.
+# Its exit may not rest on evidence measured on admitted traffic alone (the queue, the
+# burn of what was served): while such a signal's exit condition is unknown, the level
+# leaves only once held for its max_duration (pipeline.core.policy, "Unknown signals").
+PRE_ADMISSION_SIGNALS: Final = frozenset({"load.demand_ratio"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ scenario, a compact table of every loop side by side and the done-when checks.
     python -m tools.dev.control_matrix --only code-x4 burst
     python -m tools.dev.control_matrix --cached         # re-print var/bt/*.json
 
-Scenarios: the shared trace at normal load, x2 and x4 for 10 minutes; the code shape
+Scenarios: the shared trace at normal load, x2 and x4 for 10 minutes and a ramp from
+x1 to x4 over those 10 minutes; the code shape
 (long prompts, short outputs) at normal load and x4; the rate3 shape (3x the rate all
 hour); the burst shape (60 s x5 at minute 25, measured as the episode with
 ``--window``). The shaped traces are built under ``var/traces/`` when missing
@@ -14,7 +15,9 @@ hour); the burst shape (60 s x5 at minute 25, measured as the episode with
 Per scenario: each SLO's compliance over the run and during the episode (all traffic
 and priority 0), goodput over the run and during the episode, requests of priority 0-2
 turned away, the first level after the episode starts, the time every scope is back at
-L0 after it and the levels raised before it; then the checks of issue 35 that apply.
+L0 after it and the levels raised before it; then the checks of issue 35 that apply,
+and issue 47's: no scope reaches half-open or L0 inside the episode once it entered a
+level (``exits_inside``), and every scope is back at L0 <= 10 min after it.
 """
 
 from __future__ import annotations
@@ -50,16 +53,23 @@ class Scenario:
 
 SCENARIOS: Final = (
     Scenario("normal", ("--overload", "none"), checks=("normal",)),
-    Scenario("x2", ("--overload", "1200:1800:2"), checks=("episode", "p0")),
-    Scenario("x4", ("--overload", "1200:1800:4"), checks=("episode", "p0")),
+    Scenario("x2", ("--overload", "1200:1800:2"), checks=("episode", "p0", "exits")),
+    Scenario("x4", ("--overload", "1200:1800:4"), checks=("episode", "p0", "exits")),
+    # x1 rising to x4 over the episode: acting at the first seconds is not expected
+    Scenario("ramp", ("--overload", "ramp:1200:1800:4"), checks=("exits",)),
     Scenario("code-normal", ("--overload", "none"), shape="code", checks=("normal",)),
-    Scenario("code-x4", ("--overload", "1200:1800:4"), shape="code", checks=("episode", "p0")),
-    Scenario("rate3", ("--overload", "none"), shape="rate3", checks=("baselines",)),
+    Scenario(
+        "code-x4",
+        ("--overload", "1200:1800:4"),
+        shape="code",
+        checks=("episode", "p0", "exits"),
+    ),
+    Scenario("rate3", ("--overload", "none"), shape="rate3", checks=("baselines", "exits-all")),
     Scenario(
         "burst",
         ("--overload", "none", "--window", "1500:1560"),
         shape="burst",
-        checks=("episode", "baselines"),
+        checks=("episode", "baselines", "exits"),
     ),
 )
 
@@ -130,6 +140,29 @@ def table(name: str, doc: dict[str, Any]) -> list[str]:
     return out
 
 
+# The backtest's fixed start (pipeline.cli.BACKTEST_START_UNIX_NS): transitions' times
+# are read as trace offsets from it.
+START_NS: Final = 1_800_000_000_000_000_000
+TRACE_S: Final = 3600.0  # the shaped traces span an hour
+
+
+def exits_inside(
+    transitions: list[dict[str, Any]], start_s: float, end_s: float, start_ns: int = START_NS
+) -> list[str]:
+    """Issue 47: the transitions of a scope that had entered a level to half-open or L0
+    inside the episode [start_s, end_s) (trace offsets), as "scope half_open at +170 s"
+    (seconds into the episode). A scope that never entered a level is not listed."""
+    out = []
+    raised: set[str] = set()
+    for t in sorted(transitions, key=lambda x: x["ts_unix_ns"]):
+        at_s = (t["ts_unix_ns"] - start_ns) / 1e9
+        if t["level"] >= 1 and t["phase"] == "degraded":
+            raised.add(t["scope"])
+        elif start_s <= at_s < end_s and t["scope"] in raised:
+            out.append(f"{t['scope']} {t['phase']} at +{at_s - start_s:.0f} s")
+    return out
+
+
 def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
     """Issue 35's done-when items that apply to ``sc``: (what, met)."""
     runs: dict[str, dict[str, Any]] = doc["runs"]
@@ -176,6 +209,19 @@ def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
         best = max((b["episode"]["goodput_rps"] for b in base), default=0.0)
         g = e["goodput_rps"]
         out.append((f"episode goodput >= best baseline ({g:.2f} vs {best:.2f})", g >= best))
+    if "exits" in sc.checks and "episode" in tg:
+        e = tg["episode"]
+        if "episode" not in sc.checks:
+            back = e["back_at_l0_s"]
+            out.append((f"back at L0 <= 600 s ({_s(back)})", back is not None and back <= 600))
+        gaps = exits_inside(tg.get("control", []), e["start_s"], e["end_s"])
+        shown = ", ".join(gaps) if gaps else "none"
+        out.append((f"no half-open or L0 inside the episode ({shown})", not gaps))
+    if "exits-all" in sc.checks:
+        # overloaded all run (rate3): no half-open or L0 once a level is entered
+        gaps = exits_inside(tg.get("control", []), 0.0, TRACE_S)
+        shown = ", ".join(gaps) if gaps else "none"
+        out.append((f"no half-open or L0 during the run ({shown})", not gaps))
     if "baselines" in sc.checks:
         for s in slos:
             best = max(b["slos"][s]["compliance"] or 0.0 for b in base)
