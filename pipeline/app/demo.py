@@ -358,6 +358,13 @@ def run_demo(
                 "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
                 # evidence (window end) -> applied at a simulated gateway, event time
                 "loop_delay": gate.loop_delay.summary(),
+                # the serving side's view: a directive that expired before its heartbeat
+                # came failed open to L0 (a loaded machine delays heartbeats)
+                "control_client": {
+                    k: v
+                    for k, v in gate.client.counters().items()
+                    if k in ("accepted", "expired", "failed_open", "stale", "not_yet_valid")
+                },
             }
         console.print(f"simulator: {summary}")
 
