@@ -71,10 +71,12 @@ BACKTEST_JOIN = JoinConfig(timeout_ms=5_000)
 BATCH_EVENTS = 100  # events per processing step (a few seconds of simulated time)
 EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_total_ms")
 # The live loop's delay, evidence (the end of the window a decision read) to the
-# directive in force at a simulated gateway, in event time: P99 of the bench section
-# "Control loop delay, live" (bench/RESULTS.md; `./tg bench --only loop_delay`), the
-# slower of the demo's speeds, measured 2026-12-06 on the shared 2-core machine.
-DEFAULT_LOOP_DELAY_MS: Final = 0
+# directive in force at a simulated gateway, in event time: the P99 at the demo's speed
+# (20x) of the bench section "Control loop delay, live (the demo's closed loop)" in
+# bench/RESULTS.md (`./tg bench --only loop_delay`): 63.05 s over 92 decisions (P50
+# 40.1 s), measured 2026-12-06 05:01 UTC at e4af91a on the shared 2-core machine (load
+# average 8-13). At 60x that run's P99 was 104 s (P50 44.7 s).
+DEFAULT_LOOP_DELAY_MS: Final = 63_000
 
 
 LOOPS: Final = ("open", "static", "aimd", "tailguard")

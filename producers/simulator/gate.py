@@ -148,11 +148,17 @@ class GatewayGate:
         return out
 
     def _arrived(self, now_unix_ms: float) -> list[tuple[str, DirectiveLike]]:
-        """Directives in force by ``now_unix_ms`` that were not before (set ``scopes``)."""
+        """Directives in force by ``now_unix_ms`` that were not before (set ``scopes``).
+        A delivery older than the scope's directive in force (an earlier ``as_of``, come
+        late) is dropped, as the control client drops a stale ``seq``."""
         out: list[tuple[str, DirectiveLike]] = []
         pending = self._pending
         while pending and pending[0][0] <= now_unix_ms:
             _, _, scope, d = heapq.heappop(pending)
+            cur = getattr(self.scopes.get(scope), "as_of_unix_ms", None)
+            new = getattr(d, "as_of_unix_ms", None)
+            if cur is not None and new is not None and new < cur:
+                continue
             self.scopes[scope] = d
             out.append((scope, d))
         return out

@@ -206,3 +206,24 @@ def test_backtest_loop_delay_holds_directives_back() -> None:
     assert runs[60_000]["loop_delay"]["min_ms"] >= 60_000
     ep = {d: r["by_priority"]["0"]["episode_slos"]["ttft-stream"] for d, r in runs.items()}
     assert ep[60_000] < ep[0]
+
+
+# (as_of, at) deliveries to one scope, the clock -> the as_of in force after it
+OUT_OF_ORDER = [
+    ("in order", [(1_000, 5_000), (2_000, 6_000)], 7_000, 2_000),
+    ("an older decision arriving later is dropped", [(2_000, 5_000), (1_000, 6_000)], 7_000, 2_000),
+    ("not yet arrived", [(1_000, 5_000), (2_000, 9_000)], 7_000, 1_000),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "deliveries", "now", "want"), OUT_OF_ORDER, ids=[c[0] for c in OUT_OF_ORDER]
+)
+def test_a_late_older_delivery_does_not_replace_a_newer_one(
+    case: str, deliveries: list[tuple[int, int]], now: int, want: int
+) -> None:
+    gate = GatewayGate()
+    for as_of, at in deliveries:
+        gate.deliver("m", directive_of(1, "degraded", {}, "m", as_of), at)
+    gate.advance(now)
+    assert gate.scopes["m"].as_of_unix_ms == want, case  # type: ignore[attr-defined]
