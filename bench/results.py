@@ -35,6 +35,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.memory",
     "bench.detection",
     "bench.simulator_speed",
+    "bench.loop_delay",
     "bench.gateway_latency",
 )
 PLACEHOLDERS: dict[str, str] = {}

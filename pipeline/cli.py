@@ -260,7 +260,14 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         trace = trace[: args.limit]
     config = dataclasses.replace(sim_config_from_args(args), start_unix_ns=BACKTEST_START_UNIX_NS)
     loops = args.loops if "tailguard" in args.loops else [*args.loops, "tailguard"]
-    bt = run_backtest(trace, config, spec, policy, rules, loops=loops, window_s=args.window)
+    from pipeline.app.backtest import DEFAULT_LOOP_DELAY_MS
+
+    delay = DEFAULT_LOOP_DELAY_MS if args.loop_delay is None else args.loop_delay
+    if delay < 0:
+        raise SystemExit("tailguard backtest: --loop-delay must be >= 0")
+    bt = run_backtest(
+        trace, config, spec, policy, rules, loops=loops, window_s=args.window, loop_delay_ms=delay
+    )
     if args.json:
         print(orjson.dumps(bt.to_json()).decode())
     else:
@@ -502,14 +509,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--default-priority: {exc}") from None
     paths = args.record_path or sorted(INFERENCE_ROUTES)
-    control, modes, shutdown = _gateway_control(args, settings, log)
+    client, modes, shutdown = _gateway_control(args, settings, log)
     app, _proxy, _mw = build_gateway(
         args.upstream,
         sink,
         host=args.name,
-        control=control.directive if control else None,
+        control=client.directive if client is not None else None,
         control_modes=modes,
-        control_in_force=control.in_force if control else None,
+        control_in_force=client.in_force if client is not None else None,
+        control_loop_delay=client.loop_delay if client is not None else None,
         on_shutdown=[*shutdown, close_sink],
         default_model=args.default_model,
         tenant_header=args.tenant_header.lower().encode(),
@@ -533,7 +541,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def _gateway_control(
     args: argparse.Namespace, settings: Any, log: logging.Logger
 ) -> tuple[Any, Any, list[Any]]:
-    """The gateway's ControlClient, modes and what to stop at shutdown: with a mode other
+    """The gateway's control client, modes and what to stop at shutdown: with a mode other
     than off, a ControlClient on the control topic with the control keys (bad keys or
     modes fail here, at start). Fails open: a directive that expires is level 0."""
     from producers.enforcement import Modes
@@ -873,6 +881,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("open", "static", "aimd", "tailguard"),
         default=["open", "static", "aimd", "tailguard"],
         help="which loops to run side by side (default: all four)",
+    )
+    s.add_argument(
+        "--loop-delay",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="directives reach the simulated gateways MS after their evidence (the end of "
+        "the window the decision read), event time; default: the live loop's P99 from "
+        "./tg bench (pipeline.app.backtest.DEFAULT_LOOP_DELAY_MS); 0: as soon as decided",
     )
     s.add_argument(
         "--window",

@@ -44,6 +44,15 @@ expired in place); ``clamped`` (accepted signals whose expiry was cut to
 ``max_ttl_ms``); ``seq_resets`` (see :class:`~pipeline.contract.control_signal.SequenceGuard`);
 ``errors`` (internal exceptions, never raised to callers). The client adds
 ``messages``, ``tombstones``, ``consumer_errors``, ``metadata_errors``.
+
+The loop's delay
+----------------
+:attr:`ControlClient.loop_delay` (:class:`producers.loop_delay.LoopDelay`): for each new
+decision accepted, the client's clock at acceptance (the gateway's wall clock: from then
+on its requests are decided under it) minus the signal's ``as_of_unix_ms`` (the end of
+the latest window the decision read, event time). Meaningful where event time is the
+gateways' wall clock (production); the demo's simulated gateways measure on the
+simulator's clock instead (:class:`producers.simulator.gate.GatewayGate`).
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ from pipeline.contract.control_signal import (
 from pipeline.contract.events import CONTROL_TOPIC
 from pipeline.kafka_settings import EmitterSettings
 from producers.enforcement import stricter
+from producers.loop_delay import LoopDelay
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +116,7 @@ class Directive:
     seq: int | None = None
     issued_at_unix_ms: int | None = None
     expires_at_unix_ms: int | None = None
+    as_of_unix_ms: int | None = None  # the evidence's event time (the loop's delay)
     reason: str = ""
     notify_customer: bool = False
     budget_exhausted: bool = False
@@ -380,6 +391,7 @@ class ControlClient:
         self.store = store
         self.topic = topic
         self._clock = clock
+        self.loop_delay = LoopDelay()
         self._conf = dict(consumer_config)
         self._conf.setdefault("group.id", f"tailguard-control-{uuid.uuid4().hex}")
         self._conf.setdefault("enable.auto.commit", False)
@@ -432,7 +444,14 @@ class ControlClient:
 
     def apply_raw(self, raw: bytes | None) -> Accepted | Rejected:
         """Apply one message value as if consumed (tests, or another transport)."""
-        return self.store.apply(raw, self.now_ms())
+        return self._apply(raw)
+
+    def _apply(self, raw: bytes | None) -> Accepted | Rejected:
+        now_ms = self.now_ms()
+        res = self.store.apply(raw, now_ms)
+        if isinstance(res, Accepted):
+            self.loop_delay.applied(res.signal.scope, res.signal.as_of_unix_ms, now_ms)
+        return res
 
     # -- lifecycle
     @property
@@ -547,7 +566,7 @@ class ControlClient:
         if value is None:
             self._c.tombstones += 1
             return
-        res = self.store.apply(value, self.now_ms())
+        res = self._apply(value)
         if isinstance(res, Rejection) and res.reason in (
             RejectReason.UNKNOWN_KID,
             RejectReason.BAD_SIGNATURE,

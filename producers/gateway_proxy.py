@@ -39,6 +39,7 @@ from producers.asgi_control import ASGIApp, ControlMiddleware, Receive, Scope, S
 from producers.emit import EventSink, KafkaSink
 from producers.enforcement import ALL_SCOPES, Enforcement, Modes
 from producers.gateway import LifecycleMiddleware, priority_from_state
+from producers.loop_delay import LoopDelay
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class Health:
     middleware: LifecycleMiddleware
     control: ControlMiddleware | None = None
     in_force: Callable[[], Mapping[str, Any]] | None = None  # scope -> Directive
+    loop_delay: LoopDelay | None = None  # the control client's (producers.loop_delay)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") if scope.get("type") == "http" else None
@@ -252,7 +254,9 @@ class Health:
             await _answer(send, orjson.dumps(doc), b"application/json")
             return
         if path == METRICS_PATH:
-            text = control_metrics(self.control.enforcement if self.control else None)
+            text = control_metrics(
+                self.control.enforcement if self.control else None, self.loop_delay
+            )
             await _answer(send, text.encode(), b"text/plain; version=0.0.4; charset=utf-8")
             return
         await self.app(scope, receive, send)
@@ -269,10 +273,11 @@ def _label(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def control_metrics(enforcement: Enforcement | None) -> str:
+def control_metrics(enforcement: Enforcement | None, loop_delay: LoopDelay | None = None) -> str:
     """The enforcement's counters as Prometheus text: refusals per mode (``enforce``:
     refused, ``shadow``: would have refused), model, priority and reason, and what it
-    applied to admitted requests."""
+    applied to admitted requests; with ``loop_delay``, the control loop's delay as a
+    histogram (evidence to directive applied here: :mod:`producers.loop_delay`)."""
     lines = [
         "# HELP tailguard_gateway_control_refusals_total Requests the enforcement refused "
         "(mode=enforce) or would have refused (mode=shadow), by model, priority and reason.",
@@ -292,7 +297,8 @@ def control_metrics(enforcement: Enforcement | None) -> str:
     if enforcement is not None:
         for what, n in sorted(enforcement.applied.items()):
             lines.append(f'tailguard_gateway_control_applied_total{{what="{what}"}} {n}')
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    return text + loop_delay.prometheus() if loop_delay is not None else text
 
 
 def build_gateway(
@@ -304,6 +310,7 @@ def build_gateway(
     control_modes: Modes | None = None,
     control_clock_ms: Callable[[], float] | None = None,
     control_in_force: Callable[[], Mapping[str, Any]] | None = None,
+    control_loop_delay: LoopDelay | None = None,
     on_shutdown: list[Callable[[], None]] | None = None,
     **middleware_options: Any,
 ) -> tuple[ASGIApp, UpstreamProxy, LifecycleMiddleware]:
@@ -313,7 +320,9 @@ def build_gateway(
     ``control_modes``: off, shadow or enforce (:class:`producers.enforcement.Modes`;
     default enforce); ``control_clock_ms``: the admission's monotonic clock in ms (default
     ``time.monotonic``); ``control_in_force``: every scope's live directive, for the health
-    page (e.g. ``ControlClient.in_force``). ``on_shutdown`` runs (in a thread) at the ASGI lifespan
+    page (e.g. ``ControlClient.in_force``); ``control_loop_delay``: the control client's
+    :attr:`~producers.control_client.ControlClient.loop_delay`, shown on
+    ``/tailguard/metrics``. ``on_shutdown`` runs (in a thread) at the ASGI lifespan
     shutdown, after the last request: close the sink there, so its buffer is flushed
     however the server stops.
     """
@@ -335,7 +344,7 @@ def build_gateway(
         skip_paths=frozenset({HEALTH_PATH}),
         **middleware_options,
     )
-    return Health(mw, sink, mw, control_mw, control_in_force), proxy, mw
+    return Health(mw, sink, mw, control_mw, control_in_force, control_loop_delay), proxy, mw
 
 
 def quiet_logs(verbose: bool = False) -> None:

@@ -299,7 +299,8 @@ class ControllerShell:
         assert self.issuer is not None
         assert self.producer is not None
         now = int(time.time() * 1000)
-        signal = self.issuer.issue(d.scope, d.decision, now)
+        # as_of: the evidence's event time (the window end it read), for the loop's delay
+        signal = self.issuer.issue(d.scope, d.decision, now, as_of_ms=d.now_ms)
         return self._send(signal, d.now_ms, heartbeat=heartbeat)
 
     def _send(self, signal: ControlSignal, event_ms: int, *, heartbeat: bool) -> ControlRow:

@@ -18,10 +18,16 @@ engines schedule FCFS unless ``--scheduling priority`` (vLLM's
 ``--scheduling-policy priority``); the output says which.
 
 Every loop uses the same core as the worker and ``replay`` (join, windows, SLO counts,
-the controller and its decision clock), in event time, in process: a decision made at
-event time T reaches the gateways as soon as the simulator's clock is past it, i.e.
-after the windows up to T closed (the window grace), as it would through the control
-topic.
+the controller and its decision clock), in event time, in process. A decision made at
+event time T (its evidence: the windows up to T) reaches the simulated gateways at the
+first arrival at or after T + ``loop_delay_ms`` (``--loop-delay``; default
+:data:`DEFAULT_LOOP_DELAY_MS`, the live loop's P99 measured by ``./tg bench``), and
+never before the in-process loop made it (after the windows up to T closed: the window
+grace and a batch of events). Live, a directive travels engine -> Kafka -> worker ->
+window close -> summary -> controller -> control topic -> gateway; the delay stands for
+that trip. ``--loop-delay 0``: as soon as the loop decided. The loop that decides is the
+same either way; only when the gates get it changes. ``RUN["loop_delay"]``: the delays
+the gates saw (:class:`producers.loop_delay.LoopDelay`: arrival time - T, event time).
 
 ``RUN = {"loop", "requests", "retries", "slos": {name: {"total", "good", "compliance",
 "budget_consumed"}}, "goodput_rps", "shed", "time_at_level_s", "control", "by_priority":
@@ -73,6 +79,13 @@ BACKTEST_WINDOW = WindowConfig(grace_ms=5_000)
 BACKTEST_JOIN = JoinConfig(timeout_ms=5_000)
 BATCH_EVENTS = 100  # events per processing step (a few seconds of simulated time)
 EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_total_ms")
+# The live loop's delay, evidence (the end of the window a decision read) to the
+# directive in force at a simulated gateway, in event time: the P99 at the demo's speed
+# (20x) of the bench section "Control loop delay, live (the demo's closed loop)" in
+# bench/RESULTS.md (`./tg bench --only loop_delay`): 63.05 s over 92 decisions (P50
+# 40.1 s), measured 2026-12-06 05:01 UTC at e4af91a on the shared 2-core machine (load
+# average 8-13). At 60x that run's P99 was 104 s (P50 44.7 s).
+DEFAULT_LOOP_DELAY_MS: Final = 63_000
 
 
 LOOPS: Final = ("open", "static", "aimd", "tailguard")
@@ -122,12 +135,14 @@ def run_backtest(
     static_policy: ControlPolicy | None = None,
     loops: Sequence[str] = LOOPS,
     window_s: tuple[float, float] | None = None,
+    loop_delay_ms: int = DEFAULT_LOOP_DELAY_MS,
 ) -> Backtest:
     """Each of ``loops`` over the same trace and seed (see the module docstring).
 
     ``window_s``: (start, end) trace offsets measured as the episode when the config
     has no overload episode (one already in the trace, e.g. ``make_trace --shape
-    burst``'s); ignored when it has one."""
+    burst``'s); ignored when it has one. ``loop_delay_ms``: a directive reaches the
+    gates this long after its evidence (module docstring)."""
     runs: dict[str, dict[str, Any]] = {}
     for loop in loops:
         if loop == "static":
@@ -137,11 +152,25 @@ def run_backtest(
 
                 static_policy = load_policy_file(STATIC_POLICY)
             runs[loop] = run_loop(
-                trace, config, spec, static_policy, burn_rules, loop=loop, window_s=window_s
+                trace,
+                config,
+                spec,
+                static_policy,
+                burn_rules,
+                loop=loop,
+                window_s=window_s,
+                loop_delay_ms=loop_delay_ms,
             )
         else:
             runs[loop] = run_loop(
-                trace, config, spec, policy, burn_rules, loop=loop, window_s=window_s
+                trace,
+                config,
+                spec,
+                policy,
+                burn_rules,
+                loop=loop,
+                window_s=window_s,
+                loop_delay_ms=loop_delay_ms,
             )
     return Backtest(runs, scheduling=getattr(config, "scheduling", "fcfs"))
 
@@ -156,9 +185,12 @@ def run_loop(
     loop: str = "tailguard",
     queue_capacity: int = 64,
     window_s: tuple[float, float] | None = None,
+    loop_delay_ms: int = DEFAULT_LOOP_DELAY_MS,
 ) -> dict[str, Any]:
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")
+    if loop_delay_ms < 0:
+        raise ValueError(f"loop_delay_ms must be >= 0, got {loop_delay_ms}")
     wc = BACKTEST_WINDOW
     gate: GatewayGate | None
     if loop in ("static", "tailguard"):
@@ -199,14 +231,11 @@ def run_loop(
         result._take(out)
         control.feed(out)
         if applies and gate is not None:
+            # in force from the first arrival at or after evidence + delay (the simulator
+            # applies it there, the queue cut-off to what was forwarded before included)
             for d in control.decisions[n_before:]:
-                gate.set(d.scope, directive_of(d.level, d.phase, d.actions, d.scope))
-                cutoff = d.actions.queue_timeout_ms
-                if cutoff is not None:
-                    # the gateways cancel what they forwarded that has queued too long
-                    models = [m.name for m in config.models] if d.scope == "*" else [d.scope]
-                    for m in models:
-                        sim.apply_queue_cutoff(m, cutoff, d.actions.retry_after_s)
+                directive = directive_of(d.level, d.phase, d.actions, d.scope, d.now_ms)
+                gate.deliver(d.scope, directive, d.now_ms + loop_delay_ms)
 
     for offset, ev in enumerate(sim.events()):
         batch.append((0, offset, encode_event(ev)))
@@ -224,6 +253,8 @@ def run_loop(
         result, control, gate if applies or loop == "aimd" else None, sim, config, spec, ep
     )
     doc["loop"] = loop
+    if applies and gate is not None:
+        doc["loop_delay"] = {"set_ms": loop_delay_ms, **gate.loop_delay.summary()}
     return doc
 
 
@@ -513,6 +544,7 @@ def render_text(bt: Backtest) -> str:
         for b in EPISODE_BOUNDARIES:
             row(f"  {b}", lambda r, b=b: _ms(r["episode"]["after_15m"][f"p99.{b}"]))
     widths = [max(len(x[i]) for x in [("", *titles), *rows]) for i in range(len(runs) + 1)]
+    delays = [r["loop_delay"] for r in runs if "loop_delay" in r and r["loop"] == "tailguard"]
     lines = [
         f"engines schedule {bt.scheduling.upper()}; clients retry a 429 at most 3 times",
         "  ".join(
@@ -523,6 +555,12 @@ def render_text(bt: Backtest) -> str:
         cells = [f"{x[0]:<{widths[0]}}"]
         cells += [f"{c:>{w}}" for c, w in zip(x[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
+    for ld in delays:
+        lines.append(
+            f"\ndirectives reach the gates {ld['set_ms']:,} ms after their evidence at the "
+            f"earliest (--loop-delay); as applied (tailguard, event time): P50 "
+            f"{_ms(ld['p50_ms'])}, P99 {_ms(ld['p99_ms'])} over {ld['decisions']} decisions"
+        )
     for run in runs:
         if run["loop"] == "aimd":
             continue

@@ -18,6 +18,7 @@ the latest signal per scope), value = one JSON object::
                 "queue_timeout_ms":null,"rate_limit_rps":null,
                 "reject_new_sessions":true,"retry_after_s":30,
                 "shed_priorities_at_or_above":2},
+     "as_of_unix_ms":1699999990000,
      "budget_exhausted":false,"expires_at_unix_ms":1700000030000,
      "figures":{"p99_ms":412.5,"violation_rate":0.31},
      "issued_at_unix_ms":1700000000000,"kid":"k1","level":1,
@@ -100,6 +101,22 @@ setups where an overload outlives its controller (e.g. the same fault kills
 both); it could be added as a serving-side policy without changing this wire
 format. Heartbeats are what let the serving side tell "still L1" from
 "controller dead".
+
+The loop's delay (``as_of_unix_ms``)
+------------------------------------
+``as_of_unix_ms`` is the *event time* of the evidence: the end of the latest base
+window the decision read (the controller's evaluation time). ``issued_at`` and
+``expires_at`` are the issuer's wall clock and say nothing about how old the evidence
+is: a controller that trails its input by minutes issues fresh signals about old
+windows. The serving side reports the loop's delay as *the gateway's time when it
+applies the signal - as_of_unix_ms* (:class:`producers.loop_delay.LoopDelay`), both
+read as event time: event time is the clock the gateways stamp their own
+``gateway.*`` events with, so a gateway subtracts its own wall clock from a boundary
+of the axis its clock (and its NTP-synchronised peers', the assumption
+``max_skew_ms`` already makes) defines; the figure is good to that skew. Where event
+time is simulated (the demo's sped-up simulator), the simulated gateways read the
+simulator's clock instead of the wall clock: see :class:`producers.simulator.gate.GatewayGate`.
+Heartbeats carry the ``as_of_unix_ms`` of the decision they repeat.
 
 Sequence numbers and restarts
 -----------------------------
@@ -358,6 +375,11 @@ class UnsignedSignal(Decision):
     seq: int = Field(ge=1)
     issued_at_unix_ms: int = Field(ge=0)
     expires_at_unix_ms: int = Field(ge=0)
+    # The evidence's event time: the end of the latest window the decision read (its
+    # evaluation time, ``Evaluation.now_ms``); null when unknown (an older issuer, or a
+    # hand-made signal). Event time, not the issuer's wall clock: the serving side
+    # measures the loop's delay against it (see "The loop's delay" above).
+    as_of_unix_ms: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _validity(self) -> Self:
@@ -755,6 +777,7 @@ class SequenceGuard:
 class _Current:
     decision: Decision
     issued_at_ms: int
+    as_of_ms: int | None = None
 
 
 class SignalIssuer:
@@ -820,8 +843,14 @@ class SignalIssuer:
         return tuple(self._current)
 
     def issue(
-        self, scope: str, decision: Decision | Mapping[str, Any], now_ms: int
+        self,
+        scope: str,
+        decision: Decision | Mapping[str, Any],
+        now_ms: int,
+        as_of_ms: int | None = None,
     ) -> ControlSignal:
+        """``now_ms``: the issuer's wall clock (validity); ``as_of_ms``: the event time of
+        the evidence the decision read (kept by its heartbeats: the same decision)."""
         d = decision if isinstance(decision, Decision) else Decision.from_mapping(decision)
         seq = self._seq.get(scope, 0) + 1
         signal = sign(
@@ -832,18 +861,19 @@ class SignalIssuer:
                     "seq": seq,
                     "issued_at_unix_ms": now_ms,
                     "expires_at_unix_ms": now_ms + self.ttl_ms,
+                    "as_of_unix_ms": as_of_ms,
                 }
             ),
             self.keyring,
             max_ttl_ms=self.max_ttl_ms,
         )
         self._seq[scope] = seq
-        self._current[scope] = _Current(d, now_ms)
+        self._current[scope] = _Current(d, now_ms, as_of_ms)
         return signal
 
     def due_heartbeats(self, now_ms: int) -> list[ControlSignal]:
         return [
-            self.issue(scope, cur.decision, now_ms)
+            self.issue(scope, cur.decision, now_ms, cur.as_of_ms)
             for scope, cur in list(self._current.items())
             if now_ms - cur.issued_at_ms >= self.heartbeat_ms
         ]

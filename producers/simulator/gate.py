@@ -27,6 +27,7 @@ in-process control loop (:meth:`GatewayGate.set`). ``modes`` runs the gateways i
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from producers.enforcement import (
     hash_admits,
     stricter,
 )
+from producers.loop_delay import LoopDelay
 
 __all__ = [
     "ADMIT",
@@ -58,13 +60,26 @@ __all__ = [
 ]
 
 
-def directive_of(level: int, phase: str, actions: Any, scope: str | None = None) -> Directive:
-    """A directive from a policy decision's or a signal's actions (or a mapping)."""
+def directive_of(
+    level: int,
+    phase: str,
+    actions: Any,
+    scope: str | None = None,
+    as_of_unix_ms: int | None = None,
+) -> Directive:
+    """A directive from a policy decision's or a signal's actions (or a mapping);
+    ``as_of_unix_ms``: the decision's evaluation time (its evidence's event time)."""
     if not isinstance(actions, Actions):
         actions = Actions.model_validate(
             actions if isinstance(actions, dict) else actions.to_json()
         )
-    return Directive(level=level, phase=phase, actions=actions, scope=scope)  # type: ignore[arg-type]
+    return Directive(
+        level=level,
+        phase=phase,  # type: ignore[arg-type]
+        actions=actions,
+        scope=scope,
+        as_of_unix_ms=as_of_unix_ms,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +126,48 @@ class GatewayGate:
     capped: Counter[int] = field(default_factory=Counter)  # priority -> requests capped
     half_open_admitted: int = 0
     fallbacks: int = 0
+    loop_delay: LoopDelay = field(default_factory=LoopDelay)
+    # deliveries not yet in force: (at_unix_ms, order, scope, directive), a heap
+    _pending: list[tuple[float, int, str, DirectiveLike]] = field(default_factory=list)
+    _delivered: int = 0
 
     def set(self, scope: str, directive: DirectiveLike) -> None:
-        """Apply a directive to ``scope`` (in-process: a backtest's control loop)."""
+        """Apply a directive to ``scope`` now (:meth:`advance` reports it next)."""
         self.scopes[scope] = directive
+        self.deliver(scope, directive, float("-inf"))
+
+    def deliver(self, scope: str, directive: DirectiveLike, at_unix_ms: float) -> None:
+        """``directive`` reaches the gateways of ``scope`` at event time ``at_unix_ms``:
+        it governs the first arrival at or after it, not one before."""
+        heapq.heappush(self._pending, (at_unix_ms, self._delivered, scope, directive))
+        self._delivered += 1
+
+    def advance(self, now_unix_ms: float) -> list[tuple[str, DirectiveLike]]:
+        """The simulator's clock (event time, ms) before it decides an arrival: the
+        decisions that took effect since the last call, in order, each once (a directive
+        with no ``as_of_unix_ms`` counts every time it is delivered)."""
+        out: list[tuple[str, DirectiveLike]] = []
+        for scope, d in self._arrived(now_unix_ms):
+            as_of = getattr(d, "as_of_unix_ms", None)
+            if self.loop_delay.applied(scope, as_of, now_unix_ms) is not None or as_of is None:
+                out.append((scope, d))
+        return out
+
+    def _arrived(self, now_unix_ms: float) -> list[tuple[str, DirectiveLike]]:
+        """Directives in force by ``now_unix_ms`` that were not before (set ``scopes``).
+        A delivery older than the scope's directive in force (an earlier ``as_of``, come
+        late) is dropped, as the control client drops a stale ``seq``."""
+        out: list[tuple[str, DirectiveLike]] = []
+        pending = self._pending
+        while pending and pending[0][0] <= now_unix_ms:
+            _, _, scope, d = heapq.heappop(pending)
+            cur = getattr(self.scopes.get(scope), "as_of_unix_ms", None)
+            new = getattr(d, "as_of_unix_ms", None)
+            if cur is not None and new is not None and new < cur:
+                continue
+            self.scopes[scope] = d
+            out.append((scope, d))
+        return out
 
     def directive(self, model: str) -> DirectiveLike | None:
         """The directive that governs ``model``: the stricter of its own and ``"*"``."""
@@ -179,6 +232,17 @@ class ControlClientGate(GatewayGate):
     def __init__(self, client: Any, new_session_fraction: float = 0.3, **kw: Any) -> None:
         super().__init__(new_session_fraction=new_session_fraction, **kw)
         self.client = client
+        self._seen: dict[str, int | None] = {}  # scope -> seq of the signal last seen
+
+    def _arrived(self, now_unix_ms: float) -> list[tuple[str, DirectiveLike]]:
+        """What the client accepted since the last look (a new ``seq`` per scope; the
+        client's own wall clock rules expiry, as for a real gateway)."""
+        out: list[tuple[str, DirectiveLike]] = []
+        for scope, d in self.client.store.snapshot(self.client.now_ms()).items():
+            if self._seen.get(scope, -1) != d.seq:
+                self._seen[scope] = d.seq
+                out.append((scope, d))
+        return out
 
     def directive(self, model: str) -> DirectiveLike | None:
         return self.client.directive(model)  # type: ignore[no-any-return]

@@ -846,6 +846,7 @@ class Simulator:
         cfg = self._cfg
         verdict = None
         if self._gate is not None:
+            self._directives_arrive(req.t_gateway_ms)
             decision = self._gate.decision(
                 Arrival(
                     model=cfg.models[req.model_idx].name,
@@ -909,6 +910,22 @@ class Simulator:
         t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
         req.state = _PENDING
         self._refuse(req, t_done, http_status, retry_after_s, should_retry)
+
+    def _directives_arrive(self, t_ms: float) -> None:
+        """The directives that reached the gateways by ``t_ms``
+        (:meth:`GatewayGate.advance`, on the simulator's clock: the gate records each
+        decision's delay from its evidence): a new decision's queue cut-off also applies
+        to what the gateways already forwarded (:meth:`apply_queue_cutoff`). The one
+        path for a backtest's in-process directives and the demo's control topic."""
+        assert self._gate is not None
+        for scope, d in self._gate.advance(self._wall_ns(t_ms) / _NS_PER_MS):
+            actions = d.actions
+            cutoff = getattr(actions, "queue_timeout_ms", None)
+            if cutoff is None:
+                continue
+            models = [m.name for m in self._cfg.models] if scope == "*" else [scope]
+            for m in models:
+                self.apply_queue_cutoff(m, cutoff, actions.retry_after_s)
 
     def apply_queue_cutoff(
         self, model: str, cutoffs_ms: Sequence[float | None], retry_after_s: int

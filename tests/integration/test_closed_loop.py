@@ -48,6 +48,11 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
     )
     assert rc == 0
     report = orjson.loads(report_path.read_bytes())
+    # every decision applied was measured from its evidence on the simulator's clock: never
+    # before the window it read ended (one clock: a wall clock mixed in would not hold)
+    delay = report["loop_delay"]
+    assert delay["decisions"] == len(delay["samples_ms"]) > 0
+    assert delay["min_ms"] >= 0
     control = report["control"]
     by_scope: dict[str, list[tuple[int, str]]] = {}
     for c in control:

@@ -92,14 +92,15 @@ GOLDEN_CANONICAL = (
     '"cap_context_tokens":8192,'
     '"fallback_model":"llama-3-8b","queue_timeout_ms":null,"rate_limit_rps":150.0,'
     '"reject_new_sessions":true,'
-    '"retry_after_s":30,"shed_priorities_at_or_above":2},"budget_exhausted":false,'
+    '"retry_after_s":30,"shed_priorities_at_or_above":2},"as_of_unix_ms":1699999990000,'
+    '"budget_exhausted":false,'
     '"expires_at_unix_ms":1700000030000,"figures":{"big":1.5e+20,"gpu_oom":false,'
     '"kv_hit_rate":0.78,"n":3.0,"p99_ms":412.5,"queue_depth":null,"violation_rate":1e-7},'
     '"issued_at_unix_ms":1700000000000,"kid":"golden-1","level":2,"notify_customer":true,'
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "SnnSexQAMfV0xy/nw6a+b6QJKB5e5PPX5mVkc+U9jHs="
+GOLDEN_SIG = "jHYJwO4rX21zaqOLO7WjgrHaZlF/maJdwAP/bs9Xkck="
 
 
 def _golden_unsigned() -> UnsignedSignal:
@@ -128,6 +129,7 @@ def _golden_unsigned() -> UnsignedSignal:
         },
         issued_at_unix_ms=1_700_000_000_000,
         expires_at_unix_ms=1_700_000_030_000,
+        as_of_unix_ms=1_699_999_990_000,
         notify_customer=True,
     )
 
