@@ -401,6 +401,32 @@ class _Scope:
         # not left, nor half-opened, while any of them is still measured (coherent exit).
         self.openers: tuple[int, ...] = ()
 
+    def observe(
+        self, conds: Iterable[_Cond], signals: Signals, now_ms: int
+    ) -> tuple[list[bool], list[bool]]:
+        """Advance every condition's clocks to ``now_ms``: per condition, whether its
+        comparison holds now (``observed``) and whether it has for its ``for`` (``holds``);
+        an unknown signal resets the clock and starts (or keeps) its unknown-since."""
+        observed = [False] * len(self.clocks)
+        holds = [False] * len(self.clocks)
+        clocks, unknown = self.clocks, self.unknown
+        for c in conds:
+            ok = c.observe(signals)
+            if ok is None:
+                if unknown[c.index] is None:
+                    unknown[c.index] = now_ms
+            else:
+                unknown[c.index] = None
+            if ok:
+                start = clocks[c.index]
+                if start is None:
+                    start = clocks[c.index] = now_ms
+                observed[c.index] = True
+                holds[c.index] = now_ms - start >= c.for_ms
+            else:
+                clocks[c.index] = None
+        return observed, holds
+
 
 class PolicyEngine:
     """The degradation state machine, one state per scope (e.g. per model). Deterministic."""
@@ -500,24 +526,8 @@ class PolicyEngine:
                 f"({s.last.now_ms}); evaluations of a scope must be in time order"
             )
         # 1. condition clocks
-        observed: list[bool] = [False] * len(self._conds)
-        holds: list[bool] = [False] * len(self._conds)
-        clocks, unknown = s.clocks, s.unknown
-        for c in self._conds:
-            ok = c.observe(signals)
-            if ok is None:
-                if unknown[c.index] is None:
-                    unknown[c.index] = now_ms
-            else:
-                unknown[c.index] = None
-            if ok:
-                start = clocks[c.index]
-                if start is None:
-                    start = clocks[c.index] = now_ms
-                observed[c.index] = True
-                holds[c.index] = now_ms - start >= c.for_ms
-            else:
-                clocks[c.index] = None
+        observed, holds = s.observe(self._conds, signals, now_ms)
+        clocks = s.clocks
         # An alert opens a level only if it rose after the scope last stepped down: an
         # alert still firing from before a recovery does not re-open what it opened.
         opens = [

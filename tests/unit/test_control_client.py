@@ -711,7 +711,9 @@ def test_middleware_shedding_table(
     assert r.status == status
     if status == 429:
         assert r.app_calls == 0
-        assert r.headers[b"retry-after"] == str(directive.actions.retry_after_s).encode()
+        # spread over the last half of the directive's Retry-After (enforcement.py)
+        full = directive.actions.retry_after_s
+        assert -(-full // 2) <= int(r.headers[b"retry-after"]) <= full
         body = orjson.loads(r.body)
         assert body["error"] == "overloaded"
         assert body["level"] == directive.level
@@ -732,8 +734,9 @@ def test_middleware_shed_body_and_counters() -> None:
 
     r = _call(factory, _http_scope({"x-vllm-priority": "2"}))
     assert r.status == 429
-    assert r.headers[b"retry-after"] == b"17"
-    assert orjson.loads(r.body) == overloaded("shed_priority", 2, 17)
+    retry_after = int(r.headers[b"retry-after"])
+    assert 9 <= retry_after <= 17  # the directive's 17 s, spread over its last half
+    assert orjson.loads(r.body) == overloaded("shed_priority", 2, retry_after)
     assert mws[0].counters["shed_priority"] == 1
 
 
