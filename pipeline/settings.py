@@ -130,10 +130,11 @@ class Settings(EmitterSettings):
     query_max_threads: Annotated[int, Field(ge=0, le=1024)] = 0
     """TAILGUARD_QUERY_MAX_THREADS: engine threads of one query on the query port (0 = a quarter
     of the cores, at least 1), so that a heavy query leaves the writer its cores."""
-    query_nice: Annotated[int, Field(ge=0, le=19)] = 10
+    query_nice: Annotated[int, Field(ge=0, le=19)] = 0
     """TAILGUARD_QUERY_NICE: the nice value of the engine's threads while they run a query of the
-    query port (os_thread_priority), so that the writer's threads, at 0, get the cores first. At 19
-    a memory bomb on a busy core took over 18 s to reach its memory limit (10: 3-7 s)."""
+    query port (os_thread_priority; 19 lets the writer's threads, at 0, have the cores first).
+    A query is stopped at its memory limit once it has allocated that much, which takes CPU time:
+    at 19 a memory bomb beside busy processes ran 9-30 s, at 0 1-11 s (docs/configuration.md)."""
     query_concurrency: Annotated[int, Field(ge=1, le=16)] = 2
     """TAILGUARD_QUERY_CONCURRENCY: queries the query port runs at once, each on a read-only chDB
     session of its own (the port's queries use at most this many times query_max_memory_mb)."""

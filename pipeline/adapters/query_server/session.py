@@ -67,7 +67,7 @@ class QueryLimits:
     max_memory_bytes: int = 512 << 20
     max_result_bytes: int = 256 << 20  # the answer, as the engine wrote it
     max_threads: int = 0  # 0: a quarter of this host's cores, at least 1
-    nice: int = 10  # the engine's threads of a query run at this nice value (os_thread_priority)
+    nice: int = 0  # the engine's threads of a query run at this nice value (os_thread_priority)
     grace_s: float = 1.0  # past max_execution_time_s, the port answers 159 itself
     concurrency: int = 2  # queries running at once, one read-only session each
     per_client: int = 1  # queries one client runs at once
