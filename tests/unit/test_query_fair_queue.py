@@ -120,3 +120,13 @@ def test_a_client_with_too_many_waiting_is_refused_at_once() -> None:
 def test_bad_port_limits_fail_at_construction(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="query port"):
         QueryLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_client_is_its_user_name_and_user_agent() -> None:
+    from pipeline.adapters.query_server import client_of
+
+    grafana = client_of("default", "Grafana/11.2 clickhouse-go/2.30")
+    curl = client_of("", "curl/8.5.0")  # no user: ClickHouse's default
+    assert curl == client_of("default", "curl/8.5.0")
+    assert len({grafana, curl, client_of("tailguard-41", "clickhouse-connect/0.8")}) == 3
+    assert client_of("tailguard-41", "x") != client_of("tailguard-42", "x")  # each tool process
