@@ -130,6 +130,21 @@ class Settings(EmitterSettings):
     query_max_threads: Annotated[int, Field(ge=0, le=1024)] = 0
     """TAILGUARD_QUERY_MAX_THREADS: engine threads of one query on the query port (0 = a quarter
     of the cores, at least 1), so that a heavy query leaves the writer its cores."""
+    query_nice: Annotated[int, Field(ge=0, le=19)] = 0
+    """TAILGUARD_QUERY_NICE: the nice value of the engine's threads while they run a query of the
+    query port (os_thread_priority; 19 lets the writer's threads, at 0, have the cores first).
+    A query is stopped at its memory limit once it has allocated that much, which takes CPU time:
+    at 19 a memory bomb beside busy processes ran 9-30 s, at 0 1-11 s (docs/configuration.md)."""
+    query_concurrency: Annotated[int, Field(ge=1, le=16)] = 2
+    """TAILGUARD_QUERY_CONCURRENCY: queries the query port runs at once, each on a read-only chDB
+    session of its own (the port's queries use at most this many times query_max_memory_mb)."""
+    query_per_client: Annotated[int, Field(ge=1, le=16)] = 1
+    """TAILGUARD_QUERY_PER_CLIENT: queries one client (its user name and User-Agent) runs at once on
+    the query port; more wait in a round-robin queue across clients. At most
+    query_concurrency."""
+    query_queue_wait_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """TAILGUARD_QUERY_QUEUE_WAIT_S: a query waits this long at most for its turn on the query port,
+    then is answered code 202 (TOO_MANY_SIMULTANEOUS_QUERIES)."""
     session_timeout_ms: Annotated[int, Field(ge=6000)] = 10_000
     """TAILGUARD_SESSION_TIMEOUT_MS: a dead worker's partitions move after this."""
     window_size_ms: Annotated[int, Field(gt=0)] = 10_000
@@ -207,6 +222,11 @@ class Settings(EmitterSettings):
             raise ValueError(
                 f"control_heartbeat_ms {self.control_heartbeat_ms}: a signal lives 3 heartbeats, "
                 f"longer than control_max_ttl_ms {self.control_max_ttl_ms}"
+            )
+        if self.query_per_client > self.query_concurrency:
+            raise ValueError(
+                f"query_per_client {self.query_per_client} is more than query_concurrency "
+                f"{self.query_concurrency} (the queries the port runs at once)"
             )
         if self.alert_webhook_url and not (
             self.alert_webhook_secret and self.alert_webhook_secret.get_secret_value()

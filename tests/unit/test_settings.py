@@ -166,7 +166,7 @@ def test_query_port_limits_come_from_settings() -> None:
         "max_result_bytes": 8 << 20,
         "result_overflow_mode": "throw",
         "max_threads": 0,
-        "os_thread_priority": 19,
+        "os_thread_priority": 0,
     }
     assert QueryLimits.from_settings(Settings()).threads >= 1
 
@@ -220,3 +220,24 @@ def test_a_narrow_settings_type_naming_no_setting_fails_at_once() -> None:
 
     with pytest.raises(AttributeError, match="no_such_setting"):
         Settings().narrowed(Wrong)
+
+
+def test_query_port_caps_fail_at_start_when_inconsistent() -> None:
+    from pipeline.adapters.query_server import QueryLimits
+
+    limits = QueryLimits.from_settings(
+        Settings(query_concurrency=3, query_per_client=2, query_queue_wait_s=2.5, query_nice=7)
+    )
+    assert (limits.concurrency, limits.per_client, limits.queue_wait_s, limits.nice) == (
+        3,
+        2,
+        2.5,
+        7,
+    )
+    with pytest.raises(
+        ValidationError, match="query_per_client 3 is more than query_concurrency 2"
+    ):
+        Settings(query_per_client=3)
+    for bad in ({"query_concurrency": 0}, {"query_queue_wait_s": 0}, {"query_nice": 20}):
+        with pytest.raises(ValidationError):
+            Settings(**bad)

@@ -1,6 +1,7 @@
 """The port itself: ClickHouse's HTTP interface, as much of it as clickhouse-connect's
-HTTP client uses, over a :class:`~pipeline.adapters.query_server.session.ReadOnlySession`
-(token in headers only, settings refused), and the discovery file that names it."""
+HTTP client uses, over a :class:`~pipeline.adapters.query_server.pool.SessionPool` of
+read-only sessions (token in headers only, settings refused, each query on its client's
+turn), and the discovery file that names it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from pipeline.adapters.query_server.pool import SessionPool
 from pipeline.adapters.query_server.session import (
     AUTHENTICATION_FAILED,
     BAD_ARGUMENTS,
@@ -27,7 +29,6 @@ from pipeline.adapters.query_server.session import (
     UNKNOWN_SETTING,
     QueryLimits,
     QueryRefusedError,
-    ReadOnlySession,
 )
 
 log = logging.getLogger("tailguard.query_server")
@@ -62,6 +63,18 @@ _TRANSPORT_PARAMS = frozenset(
     }
 )
 _URL_QUERY_RE = re.compile(r"(\S*?)\?\S*")  # a URL's query string, in a request line
+
+
+def client_of(user: str, user_agent: str) -> str:
+    """Who a query is from, for the port's turns (:class:`~.pool.FairQueue`): the user
+    name it authenticates with (as ClickHouse counts queries per user) and its
+    User-Agent, since local clients all hold the same token and most send the user
+    ``default``: Grafana's plugin, curl and a script of one's own are three clients.
+    The tools name themselves ``tailguard-<pid>``. Clients are the store owner's own
+    processes: this shares the port fairly between them; it is no boundary against one
+    that names itself anew for each query (the concurrency cap and each query's limits
+    still bound what it takes)."""
+    return f"{user or 'default'} {user_agent}".strip()[:200]
 
 
 def _http_status(code: int) -> int:
@@ -117,6 +130,14 @@ class _Handler(BaseHTTPRequestHandler):
             {"X-ClickHouse-Exception-Code": str(code), "Content-Type": "text/plain"},
         )
 
+    def _client(self) -> str:
+        user = self.headers.get("X-ClickHouse-User") or ""
+        auth = self.headers.get("Authorization") or ""
+        if not user and auth[:6].lower() == "basic ":
+            with contextlib.suppress(ValueError):
+                user = base64.b64decode(auth[6:]).decode().partition(":")[0]
+        return client_of(user, self.headers.get("User-Agent") or "")
+
     def _authorized(self) -> bool:
         """The request carries the port's token in a header: as the password (HTTP basic
         auth, what clickhouse-connect sends) or ``X-ClickHouse-Key``."""
@@ -147,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif not self._authorized():
             return
         elif path == "/tailguard":
-            info = {"pid": os.getpid(), "store": self.server.session.path}
+            info = {"pid": os.getpid(), "store": self.server.pool.path}
             self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
         elif path == "/":
             self._query(b"")
@@ -180,7 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         try:
-            result = self.server.session.execute(
+            result = self.server.pool.execute(
+                self._client(),
                 sql,
                 default_format=args.get("default_format", "TabSeparated"),
                 database=args.get("database") or None,
@@ -200,7 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
             result.body,
             {
                 "X-ClickHouse-Format": result.fmt,
-                "X-ClickHouse-Timezone": self.server.session.timezone,
+                "X-ClickHouse-Timezone": self.server.pool.timezone,
                 "X-ClickHouse-Summary": json.dumps(summary),
                 "Content-Type": "application/octet-stream",
             },
@@ -210,15 +232,16 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, session: ReadOnlySession, token: str) -> None:
+    def __init__(self, port: int, pool: SessionPool, token: str) -> None:
         super().__init__((HOST, port), _Handler)
-        self.session = session
+        self.pool = pool
         self.token = token
         self.queries = 0
 
 
 class QueryServer:
-    """The read-only port: a thread serving :class:`ReadOnlySession` over HTTP."""
+    """The read-only port: a thread serving a :class:`SessionPool` over HTTP (a thread
+    per connection)."""
 
     def __init__(
         self,
@@ -230,13 +253,13 @@ class QueryServer:
         limits: QueryLimits | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
-        self.session = ReadOnlySession(self.store_dir, lock, database=database, limits=limits)
+        self.pool = SessionPool(self.store_dir, lock, database=database, limits=limits)
         # Fresh on every start; readers find it in the discovery file (mode 0600).
         self.token = secrets.token_urlsafe(32)
         try:
-            self._server = _Server(port, self.session, self.token)
+            self._server = _Server(port, self.pool, self.token)
         except Exception:
-            self.session.close()
+            self.pool.close()
             raise
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -256,7 +279,7 @@ class QueryServer:
         tmp = self.discovery.with_suffix(f".{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        info = {"port": self.port, "pid": os.getpid(), "store": self.session.path}
+        info = {"port": self.port, "pid": os.getpid(), "store": self.pool.path}
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the token is a secret
         with os.fdopen(fd, "w") as fh:
             json.dump(info | {"token": self.token}, fh)
@@ -265,14 +288,14 @@ class QueryServer:
         return self
 
     def stop(self) -> None:
-        """Remove the discovery file (if ours), stop serving, close the session."""
+        """Remove the discovery file (if ours), stop serving, close the sessions."""
         with contextlib.suppress(OSError, ValueError):
             if json.loads(self.discovery.read_text()).get("pid") == os.getpid():
                 self.discovery.unlink()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-        self.session.close()
+        self.pool.close()
 
 
 def start_query_server(settings: Any, store: Any) -> QueryServer | None:

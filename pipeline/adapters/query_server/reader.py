@@ -61,7 +61,7 @@ def _http_client(port: int, token: str, database: str) -> Any:
         port=port,
         interface="http",
         compress=False,
-        username="tailguard",
+        username=f"tailguard-{os.getpid()}",  # each tool process its own turn on the port
         password=token,
         database=database,
     )

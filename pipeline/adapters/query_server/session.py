@@ -60,20 +60,34 @@ class QueryResult:
 
 @dataclass(frozen=True, slots=True)
 class QueryLimits:
-    """What one query on the port may use (the engine enforces them; see the module)."""
+    """What queries on the port may use: each one (the engine enforces those limits) and
+    all of them at once (the port's :class:`~.pool.SessionPool`); see the package."""
 
     max_execution_time_s: int = 30
     max_memory_bytes: int = 512 << 20
     max_result_bytes: int = 256 << 20  # the answer, as the engine wrote it
     max_threads: int = 0  # 0: a quarter of this host's cores, at least 1
-    nice: int = 19  # the engine's threads of a query run at this nice value (os_thread_priority)
+    nice: int = 0  # the engine's threads of a query run at this nice value (os_thread_priority)
     grace_s: float = 1.0  # past max_execution_time_s, the port answers 159 itself
+    concurrency: int = 2  # queries running at once, one read-only session each
+    per_client: int = 1  # queries one client runs at once
+    queue_wait_s: float = 10.0  # the longest a query waits for its turn (then 202)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.per_client <= self.concurrency:
+            raise ValueError(
+                f"the query port's per-client cap ({self.per_client}) must be 1 to its "
+                f"concurrency ({self.concurrency})"
+            )
+        if self.queue_wait_s <= 0 or not 0 <= self.nice <= 19:
+            raise ValueError(f"invalid query port limits: {self}")
 
     @property
     def threads(self) -> int:
         return self.max_threads or max(1, (os.cpu_count() or 1) // 4)
 
     def settings(self) -> dict[str, int | str]:
+        """The engine's settings of one query (each session's, fixed before ``readonly``)."""
         return {
             "max_execution_time": int(self.max_execution_time_s),
             "timeout_overflow_mode": "throw",
@@ -91,6 +105,10 @@ class QueryLimits:
             max_memory_bytes=settings.query_max_memory_mb << 20,
             max_result_bytes=settings.query_max_result_mb << 20,
             max_threads=settings.query_max_threads,
+            nice=settings.query_nice,
+            concurrency=settings.query_concurrency,
+            per_client=settings.query_per_client,
+            queue_wait_s=settings.query_queue_wait_s,
         )
 
 
@@ -99,7 +117,8 @@ class ReadOnlySession:
 
     ``lock`` is the lock the process's other chDB user (the worker's store)
     holds for each call: taken here only to open and close this session, never
-    for a query (queries take this session's own lock: one at a time).
+    for a query (queries take this session's own lock: one at a time; the port
+    runs several at once on a :class:`~.pool.SessionPool` of these).
     """
 
     def __init__(
@@ -121,6 +140,9 @@ class ReadOnlySession:
         self._lock = threading.Lock()  # this session's: one query at a time
         self.busy = threading.Event()  # set while a query runs in the engine
         self.overruns = 0  # queries the port answered 159 for, the engine still running
+        # Called once the engine has returned (this session's lock released): the pool
+        # hands the session out again only then, a query answered 159 included.
+        self.on_idle: Callable[[], None] | None = None
         with self._engine_lock:
             # The same path string as clickhouse-connect's: chDB compares them literally.
             self._conn: Any = chdb.connect(self.path)  # type: ignore[no-untyped-call]
@@ -145,6 +167,11 @@ class ReadOnlySession:
                 self._conn.query(f"SET {name} = {literal}", "TSV")
             self._conn.query("SET readonly = 1", "TSV")
         self._closed = False
+
+    @property
+    def in_engine(self) -> bool:
+        """A call of this session is in the engine (one the port answered 159 for included)."""
+        return self._lock.locked()
 
     def _run(self, work: Callable[[], _T]) -> _T:
         """``work`` (engine calls on this session) on a thread of its own, holding this
@@ -171,6 +198,8 @@ class ReadOnlySession:
                 self.busy.clear()
                 self._lock.release()
                 done.set()
+                if self.on_idle is not None:
+                    self.on_idle()
 
         threading.Thread(target=run, name="tailguard-query", daemon=True).start()
         if not done.wait(limit_s + self.limits.grace_s):
