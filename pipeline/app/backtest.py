@@ -31,7 +31,8 @@ the gates saw (:class:`producers.loop_delay.LoopDelay`: arrival time - T, event 
 
 ``RUN = {"loop", "requests", "retries", "slos": {name: {"total", "good", "compliance",
 "budget_consumed"}}, "goodput_rps", "shed", "time_at_level_s", "control", "by_priority":
-{p: {"requests", "ok", "rejected", "slos", "episode_slos", "goodput_rps"}}, "episode":
+{p: {"requests", "ok", "rejected", "slos", "episode_slos", "episode_attempts",
+"episode_turned_away", "goodput_rps"}}, "episode":
 {..., "first_action_s", "back_at_l0_s", "levels_before", "goodput_rps"}, "notices",
 "logical": {"all", "by_priority", "episode", "episode_by_priority"}}``. A request is
 *good* (goodput) when it was served (``ok``) and every SLO that counts it calls it good.
@@ -323,6 +324,12 @@ def _run_json(  # noqa: PLR0917
             by_priority[str(prio)]["episode_slos"] = {
                 n: v["compliance"] for n, v in _slo_doc(spec, ers).items()
             }
+            # attempts turned away by the gateways (429) or cut off in the queue (503):
+            # the strict-tier check compares these shares between priorities
+            by_priority[str(prio)]["episode_attempts"] = len(ers)
+            by_priority[str(prio)]["episode_turned_away"] = sum(
+                1 for r in ers if r.outcome == "rejected" or r.http_status == 503
+            )
     last = control.last
     logical = logical_requests(records)
     out: dict[str, Any] = {

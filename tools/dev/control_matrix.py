@@ -85,8 +85,8 @@ def _trace(shape: str) -> Path:
     return path
 
 
-def run(sc: Scenario) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pipeline.cli", "backtest", *sc.args, "--json"]
+def run(sc: Scenario, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pipeline.cli", "backtest", *sc.args, *extra, "--json"]
     if sc.shape is not None:
         cmd += ["--trace", str(_trace(sc.shape))]
     t0 = time.monotonic()
@@ -209,6 +209,8 @@ def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
         best = max((b["episode"]["goodput_rps"] for b in base), default=0.0)
         g = e["goodput_rps"]
         out.append((f"episode goodput >= best baseline ({g:.2f} vs {best:.2f})", g >= best))
+    if "episode" in sc.checks and "episode" in tg and "open" in runs:
+        out += _issue_47_checks(tg, runs["open"])
     if "exits" in sc.checks and "episode" in tg:
         e = tg["episode"]
         if "episode" not in sc.checks:
@@ -233,18 +235,59 @@ def checks(sc: Scenario, doc: dict[str, Any]) -> list[tuple[str, bool]]:
     return out
 
 
+def _issue_47_checks(tg: dict[str, Any], op: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Issue 47's overload checks: strict tiers during the episode (each priority's
+    turned-away share of its attempts at most half the next lower priority's), client
+    attempts at most 1.3x no control's, every all-traffic SLO per logical request at
+    least no control's - 1 point."""
+    out: list[tuple[str, bool]] = []
+    bp = tg["by_priority"]
+    share: dict[int, float] = {}
+    for p in range(4):
+        n = bp[str(p)].get("episode_attempts")
+        if n:
+            share[p] = bp[str(p)]["episode_turned_away"] / n
+    for p in (1, 2):
+        if p in share and p + 1 in share:
+            lo, hi = share[p], share[p + 1]
+            out.append(
+                (
+                    f"p{p} turned away <= 1/2 p{p + 1}'s in the episode "
+                    f"({100 * lo:.1f} % vs {100 * hi:.1f} %)",
+                    lo <= 0.5 * hi or lo == 0.0,
+                )
+            )
+    ratio = tg["requests"] / op["requests"] if op["requests"] else 0.0
+    out.append((f"client attempts <= 1.3 x no control's ({ratio:.2f} x)", ratio <= 1.3))
+    lg, lo_ = tg.get("logical", {}).get("all", {}), op.get("logical", {}).get("all", {})
+    deltas = [
+        (lg["slos"][s]["compliance"] - lo_["slos"][s]["compliance"], s)
+        for s in lg.get("slos", {})
+        if lg["slos"][s].get("compliance") is not None
+        and lo_.get("slos", {}).get(s, {}).get("compliance") is not None
+    ]
+    if deltas:
+        d, s = min(deltas)
+        out.append(
+            (f"per logical request every SLO >= open - 1 (worst {100 * d:+.2f}, {s})", d >= -0.01)
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = [s.name for s in SCENARIOS]
     ap.add_argument("--only", nargs="+", choices=names, default=names)
     ap.add_argument("--cached", action="store_true", help="print var/bt/NAME.json, run nothing")
+    ap.add_argument("--loop-delay", type=int, default=None, help="backtest --loop-delay MS")
     args = ap.parse_args(argv)
+    extra = () if args.loop_delay is None else ("--loop-delay", str(args.loop_delay))
     missed = 0
     for sc in SCENARIOS:
         if sc.name not in args.only:
             continue
         path = BT_DIR / f"{sc.name}.json"
-        doc = orjson.loads(path.read_bytes()) if args.cached else run(sc)
+        doc = orjson.loads(path.read_bytes()) if args.cached else run(sc, extra)
         print("\n".join(table(sc.name, doc)))
         print()
         for what, ok in checks(sc, doc):
