@@ -14,8 +14,9 @@ One JSON object per message, ``"v": 2`` and a ``"type"``:
 
 * ``window``: ``partition``, ``start_ms``, ``size_ms``;
   ``models``: ``{model: {"records": n, "boundaries": {boundary: sketch}}}`` (``"*"`` =
-  all traffic), a sketch being an object with the fields of
-  :class:`~pipeline.contract.sketch.SketchColumns`;
+  all traffic), plus ``"retries"``: of those records, the clients' retries
+  (``client_attempt > 0``; omitted when 0, read as 0 when absent), a sketch being an
+  object with the fields of :class:`~pipeline.contract.sketch.SketchColumns`;
   ``slos``: ``{slo: {"total": n, "good": n, "objective": x}}``, plus ``"bad_queue_ms"``
   and ``"bad_ms"`` when the window has bad requests that reached an engine (the bad
   requests' queue time and their time at the SLO's boundary, summed: how much of the
@@ -56,6 +57,7 @@ SummaryType = Literal["window", "stats", "progress"]
 class ModelWindow:
     records: int
     boundaries: dict[str, SketchColumns]
+    retries: int = 0  # of ``records``, the clients' retries (client_attempt > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ def encode_summary(s: Summary) -> bytes:
             "models": {
                 m: {
                     "records": mw.records,
+                    **({"retries": mw.retries} if mw.retries else {}),
                     "boundaries": {b: sketch_record(c) for b, c in mw.boundaries.items()},
                 }
                 for m, mw in s.models.items()
@@ -205,7 +208,7 @@ def _model_window(mw: Mapping[str, Any], v: int) -> ModelWindow:
         sketches = {b: sketch_of_positional(c) for b, c in mw["b"].items()}
     else:
         sketches = {b: sketch_of_record(c) for b, c in mw["boundaries"].items()}
-    return ModelWindow(int(mw["records"]), sketches)
+    return ModelWindow(int(mw["records"]), sketches, int(mw.get("retries", 0)))
 
 
 def _slo_record(c: SLOWindowCounts) -> dict[str, Any]:

@@ -44,11 +44,11 @@ Load signals (is a burn load-caused? what can the engines serve?):
   deployment): the queue's share cannot be measured, so no level that turns traffic
   away opens, and the burn is reported as a :class:`LoadNotice` naming what is missing.
 * ``load.demand_ratio``: requests the model's gateways received per second, before
-  admission (rejections and, until attempts are told apart, retries included:
-  :func:`demand_count`), over what its engines have shown they serve: the measured
-  capacity (:meth:`pipeline.core.admission.AdmissionControl.proven_rps`; not the
-  admission rate, which grows while admission keeps the queue short whatever
-  arrives); under 1 = the engines serve the demand.
+  admission (rejections included, a client's retries not: :func:`demand_count`),
+  over what its engines have shown they serve: the measured capacity
+  (:meth:`pipeline.core.admission.AdmissionControl.proven_rps`; not the admission
+  rate, which grows while admission keeps the queue short whatever arrives); under 1 =
+  the engines serve the demand.
 
 A fast burn that is not load-caused is a *notice* (:class:`LoadNotice`): it is
 alerted and explained, and a policy with ``dynamics.load_gate`` sheds nothing for it.
@@ -132,13 +132,11 @@ def demand_count(mw: ModelWindow) -> int:
     """What one window of a model counts as demand (``load.demand_ratio``'s numerator):
     every request its gateways received, those refused or cut off included -- demand
     *before* admission, which a level's own refusals cannot lower (an exit that read
-    admitted traffic would see the shedding, not the load).
-
-    TODO(issue 47, retries count once): the window summary counts every attempt, so a
-    refused request's retries count again. When ``attempt`` (0 = first try) reaches
-    ``gateway.received`` and the request record, count first attempts only HERE; this
-    is the one place the demand is counted."""
-    return mw.records
+    admitted traffic would see the shedding, not the load) -- counted once: a client's
+    retries (``client_attempt > 0``, from the SDKs' own retry count) are left out, so a
+    refusal does not count its request again each time it is retried. The one place the
+    demand is counted."""
+    return mw.records - mw.retries
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,11 +39,13 @@ def summarize(
         return WindowSummary(win.partition, win.start_ms, win.size_ms, {}, slos_c, True, cid)
     merged: dict[str, dict[str, QuantileSketch]] = {}
     records: dict[str, int] = {}
-    for (model, prio, ctx), n in win.records.items():
-        name = ALL_MODELS if (model, prio, ctx) == (ALL, ALL, ALL) else model
-        if name == ALL_MODELS and (prio, ctx) != (ALL, ALL):
-            continue
-        records[name] = records.get(name, 0) + n
+    retries: dict[str, int] = {}
+    for counts, into in ((win.records, records), (win.retries, retries)):
+        for (model, prio, ctx), n in counts.items():
+            name = ALL_MODELS if (model, prio, ctx) == (ALL, ALL, ALL) else model
+            if name == ALL_MODELS and (prio, ctx) != (ALL, ALL):
+                continue
+            into[name] = into.get(name, 0) + n
     for ((model, prio, ctx), boundary), cols in win.sketches.items():
         if (model, prio, ctx) == (ALL, ALL, ALL):
             name = ALL_MODELS
@@ -58,7 +60,11 @@ def summarize(
         else:
             by_b[boundary] = sk
     models = {
-        name: ModelWindow(records.get(name, 0), {b: sk.to_columns() for b, sk in sks.items()})
+        name: ModelWindow(
+            records.get(name, 0),
+            {b: sk.to_columns() for b, sk in sks.items()},
+            retries.get(name, 0),
+        )
         for name, sks in merged.items()
     }
     slos: dict[str, SLOWindowCounts] = {}

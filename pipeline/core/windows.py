@@ -122,6 +122,8 @@ class _Window:
     start_ms: int
     min_offset: int
     records: dict[WindowKey, int] = field(default_factory=dict)
+    # of those, the clients' retries (client_attempt > 0): demand counts a request once
+    retries: dict[WindowKey, int] = field(default_factory=dict)
     cells: dict[tuple[WindowKey, str], QuantileSketch] = field(default_factory=dict)
     rows: dict[WindowKey, _Rows] = field(default_factory=dict)
     slos: WindowSLOs | None = None
@@ -159,6 +161,8 @@ class ClosedWindow:
     slos: WindowSLOs | None
     correction: bool = False
     ledger: dict[str, int] = field(default_factory=dict)
+    # of ``records``, the clients' retries (``client_attempt > 0``), keys with none omitted
+    retries: dict[WindowKey, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -335,6 +339,18 @@ class WindowAggregator:
         for k, cnt in zip(keys, per_slot, strict=True):
             records[k] += cnt
         records[ALL_KEY] += int(s.sum())
+        is_retry = np.fromiter(
+            (a > 0 for a in map(batch.cols.column("client_attempt").__getitem__, row_list)),
+            np.bool_,
+            len(row_list),
+        )
+        if is_retry.any():
+            per_retry = np.bincount(slots, weights=s * is_retry, minlength=len(keys))
+            retries = win.retries
+            for k, cnt in zip(keys, per_retry.astype(np.int64).tolist(), strict=True):
+                if cnt:
+                    retries[k] = retries.get(k, 0) + cnt
+            retries[ALL_KEY] = retries.get(ALL_KEY, 0) + int((s * is_retry).sum())
         # sketch rows per key, in record order
         values = batch.cols.values[rows]
         order = np.argsort(slots, kind="stable")
@@ -517,7 +533,7 @@ class WindowAggregator:
         sketches = {ck: sketch.to_columns() for ck, sketch in win.cells.items()}
         return ClosedWindow(
             self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches,
-            win.slos, correction, win.ledger if with_ledger else {},
+            win.slos, correction, win.ledger if with_ledger else {}, dict(win.retries),
         )  # fmt: skip
 
     def min_open_offset(self) -> int | None:

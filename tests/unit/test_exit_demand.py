@@ -62,3 +62,41 @@ def test_exit_demand_ratio(steps: list[tuple[ModelLoad, bool]], ratio: float) ->
     proven = ac.proven_rps("m")
     assert proven is not None
     assert DEMAND_RPS / proven == pytest.approx(ratio)
+
+
+# --- retries count once (the demand's numerator) ---------------------------------------
+
+RETRY_CASES = [
+    # (client_attempt of each record of one model's window) -> (records, retries, demand)
+    pytest.param((0, 0, 0), (3, 0, 3), id="first tries only"),
+    pytest.param((0, 1, 2), (3, 2, 1), id="a request and its two retries: once"),
+    pytest.param((1, 1, 0, 0), (4, 2, 2), id="retries of requests first tried earlier"),
+]
+
+
+@pytest.mark.parametrize(("attempts", "want"), RETRY_CASES)
+def test_demand_counts_a_request_once_whatever_its_retries(
+    attempts: tuple[int, ...], want: tuple[int, int, int]
+) -> None:
+    """The windows count the clients' retries beside the records; the summary carries
+    them over the wire (v2, "retries", omitted when 0); the demand leaves them out."""
+    import msgspec
+
+    from pipeline.contract.summary import decode_summary, encode_summary
+    from pipeline.core.control import demand_count
+    from pipeline.core.record import build_record
+    from pipeline.core.summary import summarize
+    from pipeline.core.windows import WindowAggregator, WindowConfig
+    from tests.factories import completed, finished, received
+
+    agg = WindowAggregator(0, WindowConfig(size_ms=10_000, grace_ms=0))
+    for i, k in enumerate(attempts):
+        rid = f"r{i}"
+        r = build_record(rid, received(rid), completed(rid), finished(rid))
+        r = msgspec.structs.replace(
+            r, end_unix_ns=(1_000 + i) * 1_000_000, model="m", client_attempt=k
+        )
+        agg.add(r, i)
+    (closed,) = agg.close(20_000)
+    got = decode_summary(encode_summary(summarize(closed))).models["m"]
+    assert (got.records, got.retries, demand_count(got)) == want
