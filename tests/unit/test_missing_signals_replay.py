@@ -143,13 +143,6 @@ def test_stats_less_reason_names_the_missing_signal() -> None:
         assert "queue.depth_ratio unknown since" in t["reason"], t["reason"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 47 item 5 asks <= 5 min after the queue is gone; measured 312 s (no stats) "
-    "and 400 s (all events): the demand counts every retry (3 retries, >= Retry-After 30 s "
-    "apart, arrive for ~2.5 min after the episode) and the exit needs 2m + half-open 2m. "
-    "To be met once first attempts only are counted (pipeline.core.control.demand_count)",
-)
 @pytest.mark.parametrize("dropped", CASES, ids=IDS)
 def test_back_at_l0_within_5_minutes_after_the_queue(dropped: frozenset[str]) -> None:
     run = _run(dropped)

@@ -21,6 +21,7 @@ from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
 from tests.policy_fixtures import TICK, M
 
 SHIPPED = load_policy_file(DEFAULT_POLICY_PATH)  # L1: min_dwell 2m, exits for 2m, max 15m
+HALF = SHIPPED.dynamics.half_open.duration_ms  # the shipped half-open phase
 EPISODE_END = 4 * M  # the overload is measured until then (L2 needs 5m), gone after
 
 OVERLOAD: dict[str, Any] = {
@@ -75,12 +76,12 @@ def _changes(ds: list[Evaluation]) -> list[tuple[int, int, str]]:
 NO_STATS = {"queue.depth_ratio": None}  # engines without our stats plugin
 ALL_EXITS = {"load.burning": None, "load.caused": None, "load.demand_ratio": None}
 ALL_EXITS |= NO_STATS
-L1_BACK = [(0, 1, "degraded"), (6 * M, 1, "half_open"), (8 * M, 0, "normal")]
-AT_MAX = [(0, 1, "degraded"), (15 * M, 1, "half_open"), (17 * M, 0, "normal")]
+L1_BACK = [(0, 1, "degraded"), (6 * M, 1, "half_open"), (6 * M + HALF, 0, "normal")]
+AT_MAX = [(0, 1, "degraded"), (15 * M, 1, "half_open"), (15 * M + HALF, 0, "normal")]
 
 # (id, signals, want transitions, a text the leaving reason must hold)
 CASES = [
-    # every exit measured: exit for 2m after the episode, half-open 2m, normal
+    # every exit measured: exit for 2m after the episode, half-open, normal
     ("all-known", _episode(), L1_BACK, "queue.depth_ratio < 0.5"),
     # no engine.stats at all (before: "L1 held, waiting for exit: queue.depth_ratio
     # unknown" to the end of the hour); the same times as with every signal
@@ -102,7 +103,7 @@ CASES = [
     (
         "depth-flickers",
         _flicker("queue.depth_ratio"),
-        [(0, 1, "degraded"), (15 * M + TICK, 1, "half_open"), (17 * M + TICK, 0, "normal")],
+        [(0, 1, "degraded"), (15 * M + TICK, 1, "half_open"), (15 * M + TICK + HALF, 0, "normal")],
         "queue.depth_ratio unknown since",
     ),
     # the pre-admission exit unknown at a level that turns traffic away: the queue and
