@@ -81,12 +81,14 @@ BACKTEST_JOIN = JoinConfig(timeout_ms=5_000)
 BATCH_EVENTS = 100  # events per processing step (a few seconds of simulated time)
 EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_total_ms")
 # The live loop's delay, evidence (the end of the window a decision read) to the
-# directive in force at a simulated gateway, in event time: the P99 at the demo's speed
-# (20x) of the bench section "Control loop delay, live (the demo's closed loop)" in
-# bench/RESULTS.md (`./tg bench --only loop_delay`): 63.05 s over 92 decisions (P50
-# 40.1 s), measured 2026-12-06 05:01 UTC at e4af91a on the shared 2-core machine (load
-# average 8-13). At 60x that run's P99 was 104 s (P50 44.7 s).
-DEFAULT_LOOP_DELAY_MS: Final = 63_000
+# directive in force at a gateway, in event time: the P99 in real time (1x: a deployment's
+# delay) of the bench section "Control loop delay, live (the demo's closed loop)" in
+# bench/RESULTS.md (`./tg bench --only loop_delay`): 5.58 s over 44 decisions (P50
+# 3.58 s), measured 2026-12-06 05:44 UTC on the shared 2-core machine (load average
+# 8-12). The demo's time-compressed runs are slower in event time (at 20x: P99 63 s,
+# P50 40 s; the pacer lets the simulator run up to 60 s of event time ahead of the
+# worker): a backtest of a demo run takes `--loop-delay 63000`.
+DEFAULT_LOOP_DELAY_MS: Final = 5_600
 
 
 LOOPS: Final = ("open", "static", "aimd", "tailguard")

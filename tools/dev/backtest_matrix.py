@@ -74,6 +74,22 @@ def table(name: str, doc: dict[str, Any]) -> str:
     )
     row("turned away, priority 3", [f"{r['shed'].get('3', 0):,}" for r in runs.values()])
     row("client retries", [f"{r['retries']:,}" for r in runs.values()])
+    if base is not None and base.get("requests"):
+        row(
+            "client attempts / no control's",
+            [f"{r['requests'] / base['requests']:.2f} x" for r in runs.values()],
+        )
+
+    def episode_shares(r: dict[str, Any]) -> str:
+        bp = r["by_priority"]
+        cells = []
+        for p in "123":
+            n = bp[p].get("episode_attempts")
+            cells.append("-" if not n else f"{100 * bp[p]['episode_turned_away'] / n:.0f}")
+        return " / ".join(cells) + " %"
+
+    if all("episode_attempts" in r["by_priority"]["1"] for r in runs.values()):
+        row("turned away in the episode, p1 / p2 / p3", [episode_shares(r) for r in runs.values()])
     if all("logical" in r for r in runs.values()):
         _logical_rows(row, runs, base)
     if "episode" in runs[loops[0]]:
