@@ -44,8 +44,32 @@ REQUESTS_PER_MESSAGE = 4  # ~100 messages/s (the Stream's pace): ~400 requests/s
 SPLIT_EVERY = 5  # every 5th request: its engine events in a message of their own ...
 PARTNER_LAG = 40  # ... this many messages (~0.4 s) later: it waits for its partner
 NO_PARTNER_EVERY = 4  # and every 4th of those has no engine side at all (gateway-only)
-FIRST_S = 4.0  # the stream's time on the first topic
-SECOND_S = 3.0  # and on the new one
+FIRST_S = 8.0  # the stream's time on the first topic
+SECOND_S = 4.0  # and on the new one
+MESSAGE_INTERVAL_S = 0.01  # the Stream's pace
+WINDOW_MS, GRACE_MS = 2000, 1000  # short windows: some close before the deletion
+
+
+def _live(events: list[Event], start_ns: int, span_s: float) -> list[Event]:
+    """``events`` with their times moved and squeezed into ``span_s`` from ``start_ns``:
+    sent at the Stream's pace, their event time runs with the wall clock, as live
+    traffic's does (the windows open at the deletion are the last seconds')."""
+    lo = min(ev.ts_unix_ns for ev in events)
+    hi = max(ev.ts_unix_ns for ev in events)
+    k = span_s * 1e9 / max(hi - lo, 1)
+
+    def at(ns: int) -> int:
+        return start_ns + int((ns - lo) * k)
+
+    out = []
+    for ev in events:
+        update = {"ts_unix_ns": at(ev.ts_unix_ns)}
+        for name in ("arrival_unix_ns", "cold_start_unix_ns"):
+            v = getattr(ev, name, None)
+            if v is not None:
+                update[name] = at(v)
+        out.append(ev.model_copy(update=update))
+    return out
 
 
 def _messages(events: list[Event]) -> list[tuple[int, list[str], bytes]]:
@@ -137,9 +161,13 @@ def test_a_topic_deleted_midstream_loses_nothing_read(
         tmp_path,
         topic_partitions=PARTITIONS,
         topic_check_interval_ms=500,
+        window_size_ms=WINDOW_MS,
+        window_grace_ms=GRACE_MS,
     )
-    events = lifecycle_events(int((FIRST_S + SECOND_S) * 100 * REQUESTS_PER_MESSAGE), seed=49)
-    messages = _messages(events)
+    n = int((FIRST_S + SECOND_S) / MESSAGE_INTERVAL_S * REQUESTS_PER_MESSAGE)
+    events = lifecycle_events(n, seed=49)
+    span_s = len(_messages(events)) * MESSAGE_INTERVAL_S
+    messages = _messages(_live(events, time.time_ns() + 2 * 10**9, span_s))
     first = int(len(messages) * FIRST_S / (FIRST_S + SECOND_S))
     stream = Stream(s, messages)
     a = AdminClient(s.kafka_config())
@@ -170,9 +198,18 @@ def test_a_topic_deleted_midstream_loses_nothing_read(
         stream.close()
     log_text = worker.log_path.read_text(errors="replace")
     finished = re.findall(r"finished from topic \S+'s generation \S+: (.*)", log_text)
+    store = open_store(s)
+    try:
+        corrections = store.query_rows(
+            f"SELECT count() FROM {s.database}.window_sketches "
+            "WHERE boundary = '__slo__' AND correction = 1"
+        )[0][0]
+    finally:
+        store.close()
     print(
         f"{len(on_old)} requests acknowledged on the old topic, {len(want)} in all; "
-        f"caught up {took:.1f}s after the recreation; finished: {finished}"
+        f"caught up {took:.1f}s after the recreation; finished: {finished}; "
+        f"{corrections} corrections"
     )
     assert stream.failed == 0
     assert_exactly_once(s, want)
