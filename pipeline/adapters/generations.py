@@ -285,10 +285,15 @@ class TopicWatch:
         if now is not None:
             self.barrier.update(dict.fromkeys((tp.partition for tp in self.lifecycle_tps()), -1))
         gen = self.assigned_gen if self.assigned_gen is not None else before
+        assignments = self._assignments
         if self._finish_state is not None:
             await self._finish_state(parts, gen)
         else:
             self._drop_state(parts)
+        if self._assignments != assignments:
+            # The group was assigned partitions while the state was written: the
+            # assignment positioned them (and cleared the barrier); nothing to move.
+            return
         self._refresh_metadata()
         if now is not None:
             await self._reposition(now, parts)
