@@ -4,9 +4,11 @@ Each commit carries, in its metadata, the id of the topic generation it was read
 topic deleted and created again is a new generation), is tried once and dropped when that
 generation is gone; a committed offset of another generation is ignored at assignment
 (the partition is read from its first offset): :class:`Commits`. A topic deleted, or
-deleted and created again, is noticed by a periodic check, which drops the state built
-from the old one and moves a consumer that missed the change onto the new one's first
-offsets: :class:`TopicWatch`.
+deleted and created again, is noticed by the revocation it causes or by a periodic
+check: the state built from the old generation is finished and written (its open
+windows closed, its pending requests as partial records: nobody can rebuild it from the
+topic any more), and a consumer that missed the change is moved onto the new one's first
+offsets: :class:`TopicWatch`, ``WorkerShell.on_revoked``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import errors as aiokafka_errors
@@ -201,7 +203,10 @@ class Commits:
 class TopicWatch:
     """Notices the lifecycle topic deleted or created again, and keeps the consumer on the
     topic's current generation. ``partitions`` lists the partitions with state;
-    ``drop_state`` drops the state of partitions built from the old generation."""
+    ``finish_state`` finishes and writes the state of partitions built from a generation
+    that is gone (``(partitions, generation)``); ``drop_state`` drops state built from
+    messages fetched at the old positions of a topic created again (the new
+    generation's, read again from its first offset)."""
 
     def __init__(
         self,
@@ -212,6 +217,7 @@ class TopicWatch:
         *,
         partitions: Callable[[], list[int]],
         drop_state: Callable[[list[int]], None],
+        finish_state: Callable[[list[int], str | None], Awaitable[None]] | None = None,
     ) -> None:
         self.topic = topic
         self.app = app
@@ -219,6 +225,7 @@ class TopicWatch:
         self.commits = commits
         self._partitions = partitions
         self._drop_state = drop_state
+        self._finish_state = finish_state
         self.topic_id: str | None = None  # the lifecycle topic's id, last seen (None: gone)
         self._checked = False
         # The lifecycle topic's id when the group last assigned partitions to this worker:
@@ -237,9 +244,10 @@ class TopicWatch:
 
     async def check_topic(self) -> None:
         """Notice the lifecycle topic being deleted, or deleted and created again (its id
-        changes): log an error, drop the state built from the old topic (its offsets mean
-        nothing in the new one) and make the consumer fetch metadata again, so that the
-        group rebalances onto the new topic and reads it from its first offset."""
+        changes): log an error, finish and write the state built from the old topic (its
+        offsets mean nothing in the new one) and make the consumer fetch metadata again,
+        so that the group rebalances onto the new topic and reads it from its first
+        offset."""
         topic = self.topic
         try:
             now = await asyncio.to_thread(self.topic_ids)
@@ -252,11 +260,7 @@ class TopicWatch:
             return
         parts = sorted(self._partitions())
         if now is None:
-            log.error(
-                "lifecycle topic %s was deleted: dropped the state of partitions %s; "
-                "waiting for it to be created again",
-                topic, parts,
-            )  # fmt: skip
+            log.error("lifecycle topic %s was deleted: waiting for it to be created again", topic)
         else:
             log.error(
                 "lifecycle topic %s was created again (id %s -> %s): resubscribing, "
@@ -265,17 +269,31 @@ class TopicWatch:
             )  # fmt: skip
         if now is not None and now == self.assigned_gen:
             # The consumer saw it first: the group was assigned the new topic (the state
-            # of the old one dropped at the revocation before, the positions from the
+            # of the old one finished at the revocation before, the positions from the
             # gated committed offsets), and reads it from its first offset already.
             return
-        # Records completed from the old topic are kept (written at the next flush);
-        # pending joins and open windows of it are dropped. Nothing is committed until
-        # the worker reads the new topic (the commits name the generation of the last
-        # assignment, see Commits.commit): the rebalance the metadata change makes fetches
-        # the committed offsets again (the gate drops the old generation's), and Faust
-        # discards what was fetched before it; a consumer that saw no change is moved
-        # to the new topic's first offsets (_reposition).
-        self._drop_state(parts)
+        # The state built from the old topic is finished and written (its open windows
+        # closed, its pending requests as partial records), before the consumer moves
+        # to the new generation: usually the revocation did it (WorkerShell.on_revoked)
+        # and ``parts`` is empty. Messages fetched from the old positions meanwhile are
+        # the new generation's: held back (barrier) until the seek. Nothing is committed
+        # until the worker reads the new topic (the commits name the generation of the
+        # last assignment, see Commits.commit): the rebalance the metadata change makes
+        # fetches the committed offsets again (the gate drops the old generation's), and
+        # Faust discards what was fetched before it; a consumer that saw no change is
+        # moved to the new topic's first offsets (_reposition).
+        if now is not None:
+            self.barrier.update(dict.fromkeys((tp.partition for tp in self.lifecycle_tps()), -1))
+        gen = self.assigned_gen if self.assigned_gen is not None else before
+        assignments = self._assignments
+        if self._finish_state is not None:
+            await self._finish_state(parts, gen)
+        else:
+            self._drop_state(parts)
+        if self._assignments != assignments:
+            # The group was assigned partitions while the state was written: the
+            # assignment positioned them (and cleared the barrier); nothing to move.
+            return
         self._refresh_metadata()
         if now is not None:
             await self._reposition(now, parts)
@@ -340,8 +358,10 @@ class TopicWatch:
         again between two of its metadata refreshes, as many partitions). Seek them to
         the new generation's first offsets; messages fetched from the old positions are
         dropped until the seek's first one comes (``barrier``); the generation is then
-        the one commits are made for. The state was dropped before (``parts``). A
-        rebalance meanwhile does all this itself: this gives up."""
+        the one commits are made for. The old generation's state was finished before
+        (``parts``); state built since from the old positions (the new generation's
+        messages, read again after the seek) is dropped. A rebalance meanwhile does all
+        this itself: this gives up."""
         tps = sorted(self.lifecycle_tps())
         if not tps:
             return
@@ -371,6 +391,23 @@ class TopicWatch:
             "are read from their first offsets %s",
             self.topic, gen, {tp.partition: o for tp, o in targets.items()},
         )  # fmt: skip
+
+    async def generation_gone(self) -> bool:
+        """Whether the generation the partitions were assigned on is gone (the topic
+        deleted, or deleted and created again): read at a revocation, which drops the
+        state of an ordinary rebalance but finishes that of a gone generation. False
+        when the topic's id cannot be read (an ordinary rebalance: the state is
+        dropped, the next owner rebuilds it) or the assignment's is not known."""
+        try:
+            now = await asyncio.to_thread(self.topic_ids)
+        except Exception as exc:
+            log.warning(
+                "revocation: topic %s's id could not be read (%s): its state is dropped "
+                "as at an ordinary rebalance",
+                self.topic, exc,
+            )  # fmt: skip
+            return False
+        return self.assigned_gen is not None and now != self.assigned_gen
 
     def _check_assigned_generation(self, now: str | None) -> None:
         """The consumer holds lifecycle partitions of a generation that is not the topic's

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pipeline.adapters.kafka_admin import wait_partitions
 from pipeline.adapters.reliable import ReliableProducer
 from pipeline.contract.ledger import LedgerEntry, decode_ledger, encode_ledger
-from pipeline.core.ledger import counted_since, ledger_entries
+from pipeline.core.ledger import ENDED_THROUGH, counted_since, ledger_entries
 from pipeline.core.windows import ClosedWindow
 from pipeline.kafka_settings import KafkaSettings
 
@@ -49,7 +49,8 @@ def read_topic_ledgers(
     :func:`pipeline.core.ledger.counted_since`), with one consumer for all of them.
 
     Reads each ledger partition backwards from the end in steps until a step holds only
-    entries at or below the resume offset and older than ``memory_ms`` before the newest
+    entries at or below the resume offset (or after an end mark: entries of an ended
+    generation count by time only) and older than ``memory_ms`` before the newest
     (entries of a partition are written in offset order, whichever worker wrote them),
     so the cost is what was written since the commit and within the memory.
     """
@@ -64,18 +65,20 @@ def read_topic_ledgers(
         for partition, from_offset in first_offsets.items():
             tp = partition % n
             lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp), timeout=10)
-            entries: list[LedgerEntry] = []
+            entries: list[LedgerEntry] = []  # in the order written
             end = hi
+            ended = False  # an end mark read: entries before it count by time only
             while end > lo:
                 start = max(lo, end - _SCAN_STEP)
                 step = _read_range(c, topic, tp, start, end)
-                entries.extend(step)
+                entries[:0] = step
                 mine = [e for e in step if e.partition == partition and
                         e.topic == kafka.lifecycle_topic]  # fmt: skip
+                ended = ended or any(e.through == ENDED_THROUGH for e in mine)
                 newest = max((e.end_ms for e in entries if e.partition == partition), default=0)
                 if (
                     mine
-                    and max(e.through for e in mine) <= from_offset
+                    and (ended or max(e.through for e in mine) <= from_offset)
                     and max(e.end_ms for e in mine) < newest - memory_ms
                 ):
                     break

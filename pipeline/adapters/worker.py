@@ -14,7 +14,11 @@ Delivery guarantee: at-least-once with idempotent writes.
   — ``Consumer._new_offset`` — so holding messages un-acked is not safe; hence
   our own commit.)
 * On a rebalance the state of revoked partitions is dropped; the new owner
-  rebuilds it from the committed offset.
+  rebuilds it from the committed offset. Unless the topic generation it was read from
+  is gone (the topic deleted, or deleted and created again): nobody can rebuild it then,
+  so it is finished (``StreamProcessor.finish``: open windows closed and written,
+  pending requests written as partial records) and written before the new generation
+  is read; see :meth:`WorkerShell.on_revoked` and ``docs/reliability.md``.
 * Each commit carries, in its metadata, the id of the topic generation it was
   read from, is tried once and dropped when that generation is gone; a committed
   offset of another generation is ignored at assignment. See
@@ -53,6 +57,7 @@ from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger
 from pipeline.adapters.reliable import ShuttingDownError
 from pipeline.adapters.store import (
+    SLO_ROW_BOUNDARY,
     Checkpoint,
     StoreError,
     is_data_error,
@@ -61,7 +66,7 @@ from pipeline.adapters.store import (
 from pipeline.adapters.worker_counts import WorkerCounts
 from pipeline.contract.codec import DeadLetter
 from pipeline.contract.events import EVENT_ADAPTER
-from pipeline.core.ledger import merge_versions
+from pipeline.core.ledger import ENDED_THROUGH, merge_versions
 from pipeline.core.processor import KeptMessage, Output, StreamProcessor
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import ClosedWindow
@@ -145,7 +150,7 @@ class WorkerShell:
         self.watch = TopicWatch(
             topic, app, topic_ids, self.commits,
             partitions=lambda: list(self.processor.next_offsets()),
-            drop_state=self._drop_topic_state,
+            drop_state=self._drop_topic_state, finish_state=self._finish_topic_state,
         )  # fmt: skip
         self.counts = WorkerCounts(processor, telemetry)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
@@ -169,6 +174,8 @@ class WorkerShell:
         # are not sent yet, so they cap the clock sent to the controller too.
         self._writing: list[ClosedWindow] = []
         self._events: list[KeptMessage] = []  # lifecycle_events rows, one message each
+        # partitions whose finished generation's windows are buffered (see _finish_generation)
+        self._ended: set[int] = set()
         self._flush_lock = asyncio.Lock()
         self._yielded = False  # the last flush left its raw events to this one
         self._close_lock = threading.Lock()
@@ -247,10 +254,17 @@ class WorkerShell:
         ledgers = await loop.run_in_executor(
             self._executor, counted_ledgers, self.ports, s.lifecycle_topic, new, s.join_memory_ms
         )
+        # Read from its first offset (no commit of this generation: a topic created
+        # again, or new): windows already written for the partition (a finished
+        # generation's) are not closed again, its records for them are corrections.
+        fresh = [p for p in new if p not in self.commits.resume_at]
+        horizons = await loop.run_in_executor(
+            self._executor, written_horizons, self.ports.store, s.lifecycle_topic, fresh
+        )
         meta = self.commits.resume_meta
         await self.dead.read_back(new, meta, self.watch.topic_id, self._executor)
         for p, first in new.items():
-            self.processor.init_partition(p, ledgers[p])
+            self.processor.init_partition(p, ledgers[p], horizon_ms=horizons.get(p, 0))
             log.info(
                 "partition %d: resuming at offset %d, %d requests already counted",
                 p, first, len(ledgers[p]),
@@ -291,9 +305,14 @@ class WorkerShell:
             # the topic generation these offsets were read from.
             generation = self.watch.assigned_gen
             offsets = self.commits.floored(self.processor.safe_offsets())
+            # The windows of a finished generation carry its end mark as their ledger's
+            # ``through`` (pipeline.core.ledger.ENDED_THROUGH).
+            through = self.processor.next_offsets()
+            through.update(dict.fromkeys(self._ended, ENDED_THROUGH))
+            self._ended = set()
             flush = Flush(
                 self._records, self._windows, self._events,
-                checkpoints_of(self.processor, offsets), self.processor.next_offsets(),
+                checkpoints_of(self.processor, offsets), through,
             )  # fmt: skip
             self._records, self._windows, self._events = [], [], []
             self.behind.took()  # a batch waiting on a full buffer goes on
@@ -390,13 +409,54 @@ class WorkerShell:
     # --- the group: topic generations, assignments, revocations --------------------------
 
     def _drop_topic_state(self, parts: list[int]) -> None:
-        """The topic's generation changed: drop the state built from the old one."""
+        """State built from messages fetched at the old positions of a topic created
+        again (the consumer had not noticed): they are the new generation's, read again
+        from its first offset, so this state is dropped (see TopicWatch._reposition)."""
         self.processor.revoke(parts)
         self.commits.generation_gone(parts)
+
+    def _finish_generation(self, parts: list[int], gen: str | None) -> None:
+        """The topic generation ``gen`` these partitions were read from is gone: nobody
+        can read it again, so nobody would rebuild their state. Finish it instead of
+        dropping it (``StreamProcessor.finish``: open windows closed, pending requests
+        as partial records), into the buffers the next flush writes; the caller flushes
+        before anything of the new generation is read (the windows' ledger tells the
+        new generation's partitions what was counted). Logged and counted once."""
+        out, done = self.processor.finish(parts)
+        self._collect(out)
+        self._ended.update(done.partitions)
+        self.commits.generation_gone(parts)
         self.dead.clear()  # positions of the old generation (the new one's: read back)
+        if not done.partitions:
+            return
+        c = self.counts
+        c.finished_requests += done.requests
+        c.finished_windows += done.windows
+        c.finished_partials += done.partials
+        log.warning(
+            "finished from topic %s's generation %s: partitions %s, %d windows closed "
+            "counting %d requests, %d partial records of requests waiting for their partner",
+            self.settings.lifecycle_topic, gen, done.partitions, done.windows, done.requests,
+            done.partials,
+        )  # fmt: skip
+
+    async def _finish_topic_state(self, parts: list[int], gen: str | None) -> None:
+        """TopicWatch noticed the generation ``gen`` gone: finish its state and write it
+        (before the watch moves the consumer, and the commits, to the new generation)."""
+        self._finish_generation(parts, gen)
+        await self.flush_and_commit(may_yield=False)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
         parts = [tp.partition for tp in revoked if tp.topic == self.settings.lifecycle_topic]
+        held = [p for p in parts if self.processor.has_partition(p)]
+        # An ordinary rebalance: the next owner rebuilds the state from the committed
+        # offset, so it is dropped here (finishing it would count it twice). The topic's
+        # generation gone (deleted, or deleted and created again): nobody rebuilds it,
+        # so it is finished and written before the group assigns the new generation.
+        gen = self.watch.assigned_gen
+        gone = bool(held) and await self.watch.generation_gone()
+        if gone:
+            self._finish_generation(held, gen)
         # Write what is complete (idempotent), then forget the handed-away state.
         await self.flush_and_commit(may_yield=False)
         self.processor.revoke(parts)
@@ -509,9 +569,24 @@ def counted_ledgers(
     shared = ports.read_ledgers(first_offsets, memory_ms)
     out = {}
     for p, first in first_offsets.items():
-        out[p] = read_ledger(ports.store, topic, p, first, memory_ms)
+        out[p] = read_ledger(ports.store, topic, p, first, memory_ms, since_end=True)
         merge_versions(out[p], shared.get(p, {}))
     return out
+
+
+def written_horizons(store: ClickHouseStore, topic: str, parts: list[int]) -> dict[int, int]:
+    """Per partition, the end of the latest window written for it as a closed window (not
+    a correction); absent: none. Blocking (the writer thread)."""
+    if not parts:
+        return {}
+    rows = store.query_rows(
+        "SELECT partition, max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
+        "AND source_topic = {t:String} AND partition IN {ps:Array(UInt16)} "
+        "AND correction = 0 GROUP BY partition",
+        {"b": SLO_ROW_BOUNDARY, "t": topic, "ps": parts},
+    )
+    return {int(p): int(end) for p, end in rows}
 
 
 async def restore_inflight(

@@ -28,6 +28,12 @@ class WorkerCounts:
         self.rows_written = 0
         self.write_retries = 0
         self.store_rejected = 0  # rows the store refused, sent to the DLQ
+        # What was finished of topic generations that went away (StreamProcessor.finish):
+        # the requests the windows it closed count, those windows, and the partial
+        # records of requests that waited for their partner.
+        self.finished_requests = 0
+        self.finished_windows = 0
+        self.finished_partials = 0
 
     def written(self, rows: int, retries: int) -> None:
         self.rows_written += rows
@@ -43,6 +49,9 @@ class WorkerCounts:
             "store_write_retries": self.write_retries,
             "store_rejected_rows": self.store_rejected,
             "store_up": 1.0 if lifecycle_input.store_up.is_set() else 0.0,
+            "generation_finished_requests": self.finished_requests,
+            "generation_finished_windows": self.finished_windows,
+            "generation_finished_partials": self.finished_partials,
         }
 
     def count(self) -> None:

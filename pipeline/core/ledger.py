@@ -7,6 +7,16 @@ takes a partition over resumes at the committed offset ``C`` and re-reads what f
 every request it rebuilds from there that some window already counts is in the entries
 with ``through > C``, so it is not counted again (``pipeline.core.processor``).
 
+A topic generation that ends (the topic deleted, or deleted and created again) is
+finished by the worker that held it (``StreamProcessor.finish``): its open windows are
+written with ``through`` = :data:`ENDED_THROUGH`, which records that generation as ended.
+Offsets of a later generation start again at 0 and say nothing about the ended one, so a
+reader counts an entry written before the partition's last end mark by time only (within
+``memory_ms`` of the newest window: a request of it whose events reappear on the new
+topic meanwhile is not counted again), never by its ``through``; entries after the mark
+are read as before. Without the mark a new generation read from offset 0 took every
+entry of the old one (all ``through > 0``) for one it may re-read.
+
 The ledger lives in two places: on the ``__slo__`` row of each window insert (atomic with
 the counts: what one store needs) and on the ``tailguard.ledger`` topic (partition =
 source partition), which is what workers with separate stores share. The topic's wire
@@ -25,6 +35,10 @@ CODE_MASK: Final = (1 << CODE_BITS) - 1
 # Set on the code of a version a window took back (a partial replaced by its upgrade): the
 # store counts no version of that request until the replacing add is written.
 RETRACTED: Final = 16
+
+
+# The ``through`` of the windows that finish an ended topic generation (its end mark).
+ENDED_THROUGH: Final = -1
 
 
 def pack(code: int, end_ms: int) -> int:
@@ -86,16 +100,19 @@ def ledger_entries(
 def counted_since(
     entries: Iterable[LedgerEntry], topic: str, partition: int, from_offset: int, memory_ms: int
 ) -> dict[str, int]:
-    r"""What the entries say is counted for one partition: every request written past
-    ``from_offset`` (it may be re-read), and every request counted within ``memory_ms``
-    of the newest window (a duplicate of it may still come: the previous owner would
-    have remembered it). Values are :func:`pack`\ ed."""
+    r"""What the entries (in the order they were written) say is counted for one
+    partition: every request written past ``from_offset`` (it may be re-read) since the
+    partition's last end mark (:data:`ENDED_THROUGH`: earlier entries are of a generation
+    that ended), and every request counted within ``memory_ms`` of the newest window (a
+    duplicate of it may still come: the previous owner would have remembered it).
+    Values are :func:`pack`\ ed."""
     mine = [e for e in entries if e.topic == topic and e.partition == partition]
     if not mine:
         return {}
     since = max(e.end_ms for e in mine) - memory_ms
+    ended = max((i for i, e in enumerate(mine) if e.through == ENDED_THROUGH), default=-1)
     out: dict[str, int] = {}
-    for e in mine:
-        if e.through > from_offset or e.end_ms >= since:
+    for i, e in enumerate(mine):
+        if (i > ended and e.through > from_offset) or e.end_ms >= since:
             merge_versions(out, {rid: pack(code, e.end_ms) for rid, code in e.versions.items()})
     return out

@@ -30,6 +30,7 @@ from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
 from pipeline.core.ledger import RETRACTED, code_order, unpack
 from pipeline.core.record import RequestRecord
 from pipeline.core.windows import (
+    ALL_KEY,
     ClosedWindow,
     WindowAggregator,
     WindowConfig,
@@ -79,6 +80,16 @@ class Output:
     stats: list[StatsWire] = field(default_factory=list)  # engine.stats events seen
 
 
+@dataclass(slots=True)
+class Finished:
+    """What :meth:`StreamProcessor.finish` wrote out of partitions whose input ended."""
+
+    partitions: list[int] = field(default_factory=list)  # those that had state
+    requests: int = 0  # requests the closed windows (and corrections) count
+    windows: int = 0  # windows closed
+    partials: int = 0  # partial records of requests that waited for their partner
+
+
 class StreamProcessor:
     """Joins one topic's partitions independently; tracks committable offsets."""
 
@@ -107,6 +118,8 @@ class StreamProcessor:
         self._parts: dict[int, _PartitionState] = {}
         self._retired = JoinCounters()  # counters of partitions handed away
         self._retired_windows = WindowCounters()
+        # per partition: the end of the windows of its finished generation (see finish)
+        self._ended: dict[int, int] = {}
         self._context = _Context(
             topic, self.counters, self.clock_config, self.join_config.resolved_ttl_ms
         )
@@ -115,7 +128,12 @@ class StreamProcessor:
         return partition in self._parts
 
     def init_partition(
-        self, partition: int, ledger: dict[str, int] | None = None, *, seed_join: bool = True
+        self,
+        partition: int,
+        ledger: dict[str, int] | None = None,
+        *,
+        seed_join: bool = True,
+        horizon_ms: int = 0,
     ) -> None:
         """Start a partition's state. ``ledger``: request id -> ledger code (packed with
         the end of its window, ``pipeline.core.ledger.pack``) of the requests the store
@@ -124,7 +142,11 @@ class StreamProcessor:
         complete ones are remembered by the join as resolved (a repeat is a duplicate),
         partial ones are checked when their record comes out (``_PartitionState.window``).
         ``seed_join=False`` (a replay of a whole file, which re-reads every event): all are
-        checked when their record comes out, so the replay still reports them."""
+        checked when their record comes out, so the replay still reports them.
+        ``horizon_ms``: windows ending at or before it are written already (a finished
+        generation of the partition, :meth:`finish`; the later of it and this
+        processor's own :meth:`ended_horizon`): records for them go to corrections, so a
+        window is never written twice as a closed window."""
         joiner = native.active().joiner(self.join_config)  # the reference or its native port
         ttl = self.join_config.resolved_ttl_ms
         led = dict(ledger or {})
@@ -136,7 +158,12 @@ class StreamProcessor:
             self._context,
             partition,
             joiner,
-            WindowAggregator(partition, self.window_config, self.slo_factory),
+            WindowAggregator(
+                partition,
+                self.window_config,
+                self.slo_factory,
+                horizon_ms=max(horizon_ms, self._ended.get(partition, 0)),
+            ),
             native.active().clock(self.clock_config),  # the reference or its native port
             ledger={rid: unpack(packed)[0] for rid, packed in led.items()},
             counted=CountedArchive(self.join_config.counted_ttl_ms, self.join_config.max_counted),
@@ -272,6 +299,48 @@ class StreamProcessor:
             st.closed(st.windows.drain(), st.clock.watermark_ms, out)
         self.counters.records += len(out.records)
         return out
+
+    def finish(self, partitions: Iterable[int]) -> tuple[Output, Finished]:
+        """The input of ``partitions`` ended for good (their topic generation is gone:
+        nobody can read it again, so nobody rebuilds their state): write out what was
+        read instead of forgetting it. Every pending join is resolved as its timeout
+        would resolve it (a partial record; a lone ``gateway.received`` is dropped, as at
+        its TTL), every open window is closed with what it holds (and pending
+        corrections emitted), events held while the clock bootstrapped are processed
+        and events held ahead of it quarantined (as :meth:`drain`). The partitions are
+        then forgotten; the end of their windows is kept (:meth:`ended_horizon`) so that
+        a later generation of the same partition never emits those windows again as
+        closed windows (its records for them become corrections: see
+        :meth:`init_partition`)."""
+        out = Output()
+        done = Finished()
+        for p in sorted(set(partitions)):
+            st = self._parts.get(p)
+            if st is None:
+                continue
+            if st.boot:
+                st.clock.establish()
+                st.release_boot(None, out)
+            if st.ahead:
+                st.quarantine_ahead(out)
+            n = len(out.records)
+            for emitted in st.joiner.drain_emitted():
+                st.window(emitted, out)
+            done.partials += sum(1 for r in out.records[n:] if r.source != "joined")
+            closed = st.windows.drain()
+            st.closed(closed, st.clock.watermark_ms, out)
+            for w in closed:
+                done.requests += w.records.get(ALL_KEY, 0)
+                done.windows += 0 if w.correction else 1
+            done.partitions.append(p)
+            self._ended[p] = max(self._ended.get(p, 0), st.windows.horizon_ms)
+            self.revoke([p])
+        self.counters.records += len(out.records)
+        return out, done
+
+    def ended_horizon(self, partition: int) -> int:
+        """Where the windows of a finished generation of ``partition`` ended (0: none)."""
+        return self._ended.get(partition, 0)
 
     def safe_offsets(self) -> dict[int, int]:
         """Per partition, the offset that may be committed with nothing lost:

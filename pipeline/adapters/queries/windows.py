@@ -8,7 +8,7 @@ from typing import Any
 from pipeline.adapters.queries.filters import ReportFilter, params, time_where
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql
 from pipeline.adapters.store import SLO_ROW_BOUNDARY, Store
-from pipeline.core.ledger import pack
+from pipeline.core.ledger import ENDED_THROUGH, pack
 
 Row = tuple[Any, ...]
 
@@ -29,19 +29,33 @@ def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, .
 
 
 def read_ledger(
-    store: Store, topic: str, partition: int, from_offset: int, memory_ms: int = 0
+    store: Store,
+    topic: str,
+    partition: int,
+    from_offset: int,
+    memory_ms: int = 0,
+    *,
+    since_end: bool = False,
 ) -> dict[str, int]:
     """Requests of ``partition`` the store's windows count that a worker taking the
     partition over must know of: those written past ``from_offset`` (the offset it resumes
     from: it re-reads them), and those counted within ``memory_ms`` of the newest window
     (a duplicate of them may still come). Request id -> ledger code packed with the end of
     the window that counted it (``pipeline.core.ledger.pack``); the furthest version wins
-    (``pipeline.core.ledger.code_order``).
+    (``pipeline.core.ledger.code_order``). ``since_end`` (a worker): rows written before
+    the partition's last end mark (``pipeline.core.ledger.ENDED_THROUGH``, a topic
+    generation that ended) count by time only.
     """
+    past = "through_offset > {o:Int64}"
+    if since_end:
+        past += " AND written_at > ended_at"
     rows = store.query_rows(
         "WITH (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
         f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
-        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest "
+        "AND source_topic = {t:String} AND partition = {p:UInt16}) AS newest, "
+        f"(SELECT max(written_at) FROM {store.database}.window_sketches "
+        "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
+        "AND through_offset = {e:Int64}) AS ended_at "
         "SELECT id, argMax(v, bitAnd(v, 3) * 4 + bitAnd(bitShiftRight(v, 3), 1) * 2 "
         "+ bitAnd(bitShiftRight(v, 4), 1)), "
         "max(end_ms) FROM ("
@@ -49,7 +63,14 @@ def read_ledger(
         "toUnixTimestamp64Milli(window_start) + window_ms AS end_ms "
         f"FROM {store.database}.window_sketches "
         "WHERE boundary = {b:String} AND source_topic = {t:String} AND partition = {p:UInt16} "
-        "AND (through_offset > {o:Int64} OR end_ms >= newest - {m:Int64})) GROUP BY id",
-        {"b": SLO_ROW_BOUNDARY, "t": topic, "p": partition, "o": from_offset, "m": memory_ms},
+        f"AND (({past}) OR end_ms >= newest - {{m:Int64}})) GROUP BY id",
+        {
+            "b": SLO_ROW_BOUNDARY,
+            "t": topic,
+            "p": partition,
+            "o": from_offset,
+            "m": memory_ms,
+            "e": ENDED_THROUGH,
+        },
     )
     return {str(i): pack(int(v), int(e)) for i, v, e in rows}
