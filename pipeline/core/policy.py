@@ -167,8 +167,9 @@ there are at most ``d + 4`` immediate ones::
 (:meth:`ControlPolicy.transition_bound`). The ``for`` durations of the
 conditions only lengthen gaps (a relapse on a signal that also has an exit
 condition resets that exit's clock), so the bound holds whatever they are;
-a policy with D = 5 min gives at most 28 per hour (the shipped default, D = 90 s: 84). A policy may state
-``dynamics.max_transitions_per_hour``; it is documentation checked against
+a policy with D = 5 min gives at most 28 per hour (the shipped default, D = 90 s:
+84). A policy may state ``dynamics.max_transitions_per_hour``; it is documentation
+checked against
 this bound (it must not promise fewer), never enforced at run time.
 
 Scopes
