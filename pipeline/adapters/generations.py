@@ -454,3 +454,54 @@ class TopicWatch:
             thread.thread_loop.call_soon_threadsafe(consumer._client.force_metadata_update)
         except Exception as exc:  # a newer Faust: the metadata refresh period still applies
             log.warning("could not refresh the consumer's metadata (%s)", exc)
+
+
+class GenerationFinish:
+    """A topic generation gone (deleted, or deleted and created again): nobody can read
+    it again, so nobody would rebuild the state built from it. :meth:`finish` finishes
+    that state instead of dropping it (``StreamProcessor.finish``: open windows closed,
+    pending requests as partial records) into the worker's buffers (``collect``), which
+    the next flush writes; the caller flushes before anything of the new generation is
+    read. The flush marks those partitions' windows with the generation's end
+    (:meth:`take_ended`; ``pipeline.core.ledger.ENDED_THROUGH``). Logged and counted once."""
+
+    def __init__(
+        self,
+        processor: Any,
+        counts: Any,
+        commits: Commits,
+        *,
+        dead: Callable[[], Any],
+        collect: Callable[[Any], None],
+        topic: str,
+    ) -> None:
+        self.processor = processor
+        self.counts = counts
+        self.commits = commits
+        self.dead = dead
+        self.collect = collect
+        self.topic = topic
+        self._ended: set[int] = set()  # partitions whose finished windows are buffered
+
+    def finish(self, parts: list[int], gen: str | None) -> None:
+        out, done = self.processor.finish(parts)
+        self.collect(out)
+        self._ended.update(done.partitions)
+        self.commits.generation_gone(parts)
+        self.dead().clear()  # positions of the old generation (the new one's: read back)
+        if not done.partitions:
+            return
+        c = self.counts
+        c.finished_requests += done.requests
+        c.finished_windows += done.windows
+        c.finished_partials += done.partials
+        log.warning(
+            "finished from topic %s's generation %s: partitions %s, %d windows closed "
+            "counting %d requests, %d partial records of requests waiting for their partner",
+            self.topic, gen, done.partitions, done.windows, done.requests, done.partials,
+        )  # fmt: skip
+
+    def take_ended(self) -> set[int]:
+        """The partitions finished since the last call (their windows are in the flush)."""
+        ended, self._ended = self._ended, set()
+        return ended

@@ -51,13 +51,12 @@ from pipeline.adapters.control_feed import ControlFeed
 from pipeline.adapters.controller import ControlHost, ControllerShell
 from pipeline.adapters.dead_letters import DeadLetters
 from pipeline.adapters.flush import Flush, FlushBehind, FlushSettings, FlushWriter, LedgerPort
-from pipeline.adapters.generations import Commits, TopicWatch
+from pipeline.adapters.generations import Commits, GenerationFinish, TopicWatch
 from pipeline.adapters.lifecycle_input import LifecycleInput, lagging_of
 from pipeline.adapters.queries.events import read_inflight
-from pipeline.adapters.queries.windows import read_ledger
+from pipeline.adapters.queries.windows import read_ledger, read_window_horizons
 from pipeline.adapters.reliable import ShuttingDownError
 from pipeline.adapters.store import (
-    SLO_ROW_BOUNDARY,
     Checkpoint,
     StoreError,
     is_data_error,
@@ -150,7 +149,8 @@ class WorkerShell:
         self.watch = TopicWatch(
             topic, app, topic_ids, self.commits,
             partitions=lambda: list(self.processor.next_offsets()),
-            drop_state=self._drop_topic_state, finish_state=self._finish_topic_state,
+            drop_state=functools.partial(drop_topic_state, processor, self.commits),
+            finish_state=self._finish_topic_state,
         )  # fmt: skip
         self.counts = WorkerCounts(processor, telemetry)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
@@ -174,8 +174,10 @@ class WorkerShell:
         # are not sent yet, so they cap the clock sent to the controller too.
         self._writing: list[ClosedWindow] = []
         self._events: list[KeptMessage] = []  # lifecycle_events rows, one message each
-        # partitions whose finished generation's windows are buffered (see _finish_generation)
-        self._ended: set[int] = set()
+        self.finish = GenerationFinish(
+            processor, self.counts, self.commits,
+            dead=lambda: self.dead, collect=self._collect, topic=topic,
+        )  # fmt: skip
         self._flush_lock = asyncio.Lock()
         self._yielded = False  # the last flush left its raw events to this one
         self._close_lock = threading.Lock()
@@ -259,7 +261,7 @@ class WorkerShell:
         # generation's) are not closed again, its records for them are corrections.
         fresh = [p for p in new if p not in self.commits.resume_at]
         horizons = await loop.run_in_executor(
-            self._executor, written_horizons, self.ports.store, s.lifecycle_topic, fresh
+            self._executor, read_window_horizons, self.ports.store, s.lifecycle_topic, fresh
         )
         meta = self.commits.resume_meta
         await self.dead.read_back(new, meta, self.watch.topic_id, self._executor)
@@ -308,8 +310,7 @@ class WorkerShell:
             # The windows of a finished generation carry its end mark as their ledger's
             # ``through`` (pipeline.core.ledger.ENDED_THROUGH).
             through = self.processor.next_offsets()
-            through.update(dict.fromkeys(self._ended, ENDED_THROUGH))
-            self._ended = set()
+            through.update(dict.fromkeys(self.finish.take_ended(), ENDED_THROUGH))
             flush = Flush(
                 self._records, self._windows, self._events,
                 checkpoints_of(self.processor, offsets), through,
@@ -408,42 +409,10 @@ class WorkerShell:
 
     # --- the group: topic generations, assignments, revocations --------------------------
 
-    def _drop_topic_state(self, parts: list[int]) -> None:
-        """State built from messages fetched at the old positions of a topic created
-        again (the consumer had not noticed): they are the new generation's, read again
-        from its first offset, so this state is dropped (see TopicWatch._reposition)."""
-        self.processor.revoke(parts)
-        self.commits.generation_gone(parts)
-
-    def _finish_generation(self, parts: list[int], gen: str | None) -> None:
-        """The topic generation ``gen`` these partitions were read from is gone: nobody
-        can read it again, so nobody would rebuild their state. Finish it instead of
-        dropping it (``StreamProcessor.finish``: open windows closed, pending requests
-        as partial records), into the buffers the next flush writes; the caller flushes
-        before anything of the new generation is read (the windows' ledger tells the
-        new generation's partitions what was counted). Logged and counted once."""
-        out, done = self.processor.finish(parts)
-        self._collect(out)
-        self._ended.update(done.partitions)
-        self.commits.generation_gone(parts)
-        self.dead.clear()  # positions of the old generation (the new one's: read back)
-        if not done.partitions:
-            return
-        c = self.counts
-        c.finished_requests += done.requests
-        c.finished_windows += done.windows
-        c.finished_partials += done.partials
-        log.warning(
-            "finished from topic %s's generation %s: partitions %s, %d windows closed "
-            "counting %d requests, %d partial records of requests waiting for their partner",
-            self.settings.lifecycle_topic, gen, done.partitions, done.windows, done.requests,
-            done.partials,
-        )  # fmt: skip
-
     async def _finish_topic_state(self, parts: list[int], gen: str | None) -> None:
         """TopicWatch noticed the generation ``gen`` gone: finish its state and write it
         (before the watch moves the consumer, and the commits, to the new generation)."""
-        self._finish_generation(parts, gen)
+        self.finish.finish(parts, gen)
         await self.flush_and_commit(may_yield=False)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
@@ -456,7 +425,7 @@ class WorkerShell:
         gen = self.watch.assigned_gen
         gone = bool(held) and await self.watch.generation_gone()
         if gone:
-            self._finish_generation(held, gen)
+            self.finish.finish(held, gen)
         # Write what is complete (idempotent), then forget the handed-away state.
         await self.flush_and_commit(may_yield=False)
         self.processor.revoke(parts)
@@ -474,26 +443,10 @@ class WorkerShell:
         self.stopping.set()
         self.abandon_flush()
         try:
-            self._final_writes()
+            batch, self._records = self._records, []
+            final_writes(batch, self.writer, self.control, self.counts)
         finally:
             self.close()
-
-    def _final_writes(self) -> None:
-        once = functools.partial(with_retry, attempts=1, fatal=is_data_error)
-        try:
-            batch, self._records = self._records, []
-            if batch and self.writer is not None:
-                self.writer.write_records(batch, retry=once)
-                self.counts.written(len(batch), 0)
-        except (StoreError, ShuttingDownError) as exc:
-            log.warning("buffered records not written at stop (the next owner replays): %s", exc)
-        try:
-            if self.control is not None:
-                # The audit of signals already published (their write may have been
-                # cancelled with the controller agent, or given up at the signal).
-                self.control.write_audit(attempts=1)
-        except (StoreError, ShuttingDownError) as exc:
-            log.warning("control audit rows not written at stop: %s", exc)
 
     def close(self) -> None:
         """Release everything (once: the stop watchdog may get here first)."""
@@ -520,6 +473,38 @@ class WorkerShell:
             log.info(
                 "stop signal: stopping (writes in progress give up; nothing more is committed)"
             )
+
+
+def drop_topic_state(processor: StreamProcessor, commits: Commits, parts: list[int]) -> None:
+    """State built from messages fetched at the old positions of a topic created again
+    (the consumer had not noticed): they are the new generation's, read again from its
+    first offset, so this state is dropped (see TopicWatch._reposition)."""
+    processor.revoke(parts)
+    commits.generation_gone(parts)
+
+
+def final_writes(
+    batch: list[RequestRecord],
+    writer: FlushWriter | None,
+    control: ControlHost | None,
+    counts: WorkerCounts,
+) -> None:
+    """At stop: the buffered records (idempotent) and the audit rows of the signals
+    published, each tried once."""
+    once = functools.partial(with_retry, attempts=1, fatal=is_data_error)
+    try:
+        if batch and writer is not None:
+            writer.write_records(batch, retry=once)
+            counts.written(len(batch), 0)
+    except (StoreError, ShuttingDownError) as exc:
+        log.warning("buffered records not written at stop (the next owner replays): %s", exc)
+    try:
+        if control is not None:
+            # The audit of signals already published (their write may have been
+            # cancelled with the controller agent, or given up at the signal).
+            control.write_audit(attempts=1)
+    except (StoreError, ShuttingDownError) as exc:
+        log.warning("control audit rows not written at stop: %s", exc)
 
 
 def checkpoints_of(processor: StreamProcessor, offsets: Mapping[int, int]) -> list[Checkpoint]:
@@ -572,21 +557,6 @@ def counted_ledgers(
         out[p] = read_ledger(ports.store, topic, p, first, memory_ms, since_end=True)
         merge_versions(out[p], shared.get(p, {}))
     return out
-
-
-def written_horizons(store: ClickHouseStore, topic: str, parts: list[int]) -> dict[int, int]:
-    """Per partition, the end of the latest window written for it as a closed window (not
-    a correction); absent: none. Blocking (the writer thread)."""
-    if not parts:
-        return {}
-    rows = store.query_rows(
-        "SELECT partition, max(toUnixTimestamp64Milli(window_start) + window_ms) "
-        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
-        "AND source_topic = {t:String} AND partition IN {ps:Array(UInt16)} "
-        "AND correction = 0 GROUP BY partition",
-        {"b": SLO_ROW_BOUNDARY, "t": topic, "ps": parts},
-    )
-    return {int(p): int(end) for p, end in rows}
 
 
 async def restore_inflight(

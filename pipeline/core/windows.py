@@ -133,6 +133,28 @@ class _Window:
     ledger: dict[str, int] = field(default_factory=dict)
 
 
+def _count_retries(
+    retries: dict[WindowKey, int],
+    client_attempts: list[int],
+    rows: list[int],
+    *,
+    slots: IntArray,
+    keys: list[WindowKey],
+    signs: IntArray,
+) -> None:
+    """Add the clients' retries (``client_attempt > 0``) among ``rows`` to a window's
+    ``retries``, per key (``slots``: each row's index in ``keys``) and in all traffic."""
+    is_retry = np.fromiter((client_attempts[i] > 0 for i in rows), np.bool_, len(rows))
+    if not is_retry.any():
+        return
+    weights = signs * is_retry
+    per_key = np.bincount(slots, weights=weights, minlength=len(keys)).astype(np.int64)
+    for k, cnt in zip(keys, per_key.tolist(), strict=True):
+        if cnt:
+            retries[k] = retries.get(k, 0) + cnt
+    retries[ALL_KEY] = retries.get(ALL_KEY, 0) + int(weights.sum())
+
+
 def ledger_code(rec: RequestRecord) -> int:
     """The version of a request that a window counted: its revision, plus 4 for an
     engine-only partial (a gateway-only one is 0/1), plus 8 once superseded by a retry
@@ -339,18 +361,8 @@ class WindowAggregator:
         for k, cnt in zip(keys, per_slot, strict=True):
             records[k] += cnt
         records[ALL_KEY] += int(s.sum())
-        is_retry = np.fromiter(
-            (a > 0 for a in map(batch.cols.column("client_attempt").__getitem__, row_list)),
-            np.bool_,
-            len(row_list),
-        )
-        if is_retry.any():
-            per_retry = np.bincount(slots, weights=s * is_retry, minlength=len(keys))
-            retries = win.retries
-            for k, cnt in zip(keys, per_retry.astype(np.int64).tolist(), strict=True):
-                if cnt:
-                    retries[k] = retries.get(k, 0) + cnt
-            retries[ALL_KEY] = retries.get(ALL_KEY, 0) + int((s * is_retry).sum())
+        attempts = batch.cols.column("client_attempt")
+        _count_retries(win.retries, attempts, row_list, slots=slots, keys=keys, signs=s)
         # sketch rows per key, in record order
         values = batch.cols.values[rows]
         order = np.argsort(slots, kind="stable")

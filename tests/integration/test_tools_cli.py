@@ -279,7 +279,7 @@ def test_sql_refuses_what_is_not_the_stores(built: tuple[Path, dict[str, Any]], 
 
 REPORT_KEYS = {
     "requests", "by_source", "by_outcome", "boundaries", "slos", "open_windows", "control",
-    "budget_events", "clock_skew", "filters", "series",
+    "budget_events", "clock_skew", "filters", "series", "logical",
 }  # fmt: skip
 SLO_KEYS = {
     "kind", "objective", "total", "good", "compliance", "met", "budget_bad", "budget_allowed",

@@ -74,3 +74,19 @@ def read_ledger(
         },
     )
     return {str(i): pack(int(v), int(e)) for i, v, e in rows}
+
+
+def read_window_horizons(store: Store, topic: str, parts: list[int]) -> dict[int, int]:
+    """Per partition of ``topic``, the end (unix ms) of the latest window written for it
+    as a closed window (not a correction); absent: none. A partition read again from
+    its first offset (a topic created again) closes no window up to there again."""
+    if not parts:
+        return {}
+    rows = store.query_rows(
+        "SELECT partition, max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}} "
+        "AND source_topic = {t:String} AND partition IN {ps:Array(UInt16)} "
+        "AND correction = 0 GROUP BY partition",
+        {"b": SLO_ROW_BOUNDARY, "t": topic, "ps": parts},
+    )
+    return {int(p): int(end) for p, end in rows}
