@@ -3,6 +3,7 @@ and the lifecycle topic fail at seeded random moments; at the end, exact checks.
 
     ./tg bench --only chaos                                # 30 minutes, 300 requests/s, seed 1
     ./tg bench --only chaos --minutes 120 --seed 7 --rate 500
+    ./tg bench --only chaos --faults kill,broker,store,disk     # those kinds only
 
 Traffic: the simulator's events (the shipped trace, its arrivals compressed to ``--rate``
 requests/s, the engines multiplied to match so that they run as loaded as on the plain
@@ -68,7 +69,8 @@ from producers.simulator.trace import read_trace
 from tools.dev.fault_checks import dead_letters
 from tools.dev.kafka_local import LocalKafka
 
-DEFAULTS = {"minutes": 30.0, "rate": 300.0, "seed": 1}
+KINDS = ("kill", "broker", "store", "disk", "topic")
+DEFAULTS: dict[str, Any] = {"minutes": 30.0, "rate": 300.0, "seed": 1, "faults": ",".join(KINDS)}
 QUICK_MINUTES = 3.0
 BAD_EVERY_S = 60.0
 BAD_KINDS = (b"not json {", b'{"v": 1, "kind": "gateway.completed"}', b'"a string"')
@@ -282,12 +284,16 @@ class Planned:
     after_commit: bool = False  # kill: right after the worker committed
 
 
-def plan(minutes: float, seed: int) -> list[Planned]:
-    """The faults of a run: their order, moments and lengths from ``seed``. Between 10 %
-    and 80 % of the run, one per slot (each at a random point of its own slot)."""
+def plan(minutes: float, seed: int, only: tuple[str, ...] = KINDS) -> list[Planned]:
+    """The faults of a run (of the kinds in ``only``): their order, moments and lengths
+    from ``seed``. Between 10 % and 80 % of the run, one per slot (each at a random point
+    of its own slot)."""
     rng = random.Random(seed)
     kills = max(1, round(minutes / 6))
     kinds = ["kill"] * kills + ["broker", "store", "disk", "topic"]
+    kinds = [k for k in kinds if k in only]
+    if not kinds:
+        return []
     rng.shuffle(kinds)
     span = minutes * 60 * 0.7
     slot = span / len(kinds)
@@ -379,6 +385,7 @@ class Chaos:
         self.mount: Path | None = None
         self.mount_note = ""
         self.mount_bytes = 0
+        self.kinds: tuple[str, ...] = KINDS
         self.worker: Worker | None = None
         self.traffic: Traffic | None = None
         self.thread: threading.Thread | None = None
@@ -646,7 +653,7 @@ class Chaos:
     # -- the whole run --
 
     def run(self, sec: Section) -> None:
-        schedule = plan(self.minutes, self.seed)
+        schedule = plan(self.minutes, self.seed, self.kinds)
         self.kafka = LocalKafka(self.dir / "kafka", heap="1g").start()
         store_root = self._mount_tmpfs()
         s = new_settings(
@@ -754,6 +761,9 @@ class Chaos:
                 per_pos[key] = per_pos.get(key, 0) + 1
         bad = self.acks.bad
         one_each = sum(1 for pos in bad if per_pos.get(pos, 0) == 1)
+        no_letter_old = sum(
+            1 for pos in bad if per_pos.get(pos, 0) == 0 and pos[0] != self.acks.topic_id
+        )
         unmatched = sum(c for pos, c in per_pos.items() if pos not in set(bad))
         diff_bounds = {b: v for b, v in bounds.items() if len(set(v)) > 1}
         stored = eo["stored"]
@@ -817,7 +827,8 @@ class Chaos:
                 f"= {len(bad)}",
                 one_each == len(bad),
                 f"{len(bad)} malformed messages acknowledged ({self.acks.bad_failed} failed); "
-                f"{len(letters)} letters, {unmatched} at no bad position",
+                f"{len(letters)} letters, {unmatched} at no bad position; of the positions "
+                f"without a letter, {no_letter_old} on a deleted generation of the topic",
             ),
             Figure(
                 "time to drain (traffic stopped → every partition committed to its end)",
@@ -843,7 +854,8 @@ class Chaos:
         loads = sorted(self.loads)
         sec.text += [
             f"Traffic: the simulator's events at {self.rate:,.0f} requests/s through "
-            f"`open_kafka_sink` for {self.minutes:g} min, seed {self.seed}; one malformed "
+            f"`open_kafka_sink` for {self.minutes:g} min, seed {self.seed}, faults "
+            f"{', '.join(self.kinds) or 'none'}; one malformed "
             f"message every {BAD_EVERY_S:.0f} s. Faults ({len(schedule)}, in seeded order; "
             "'caught up after': from the fault's end until the group committed the end "
             "offsets of that moment, which takes the steady delay above at least; the next "
@@ -883,7 +895,11 @@ def run(ctx: Context) -> Section:
     if ctx.mode == "quick" and "minutes" not in ctx.shared.get("chaos", {}):
         opts["minutes"] = QUICK_MINUTES
     sec = Section("chaos", "Chaos: faults at random under steady traffic, then exact checks")
+    kinds = tuple(k.strip() for k in str(opts["faults"]).split(",") if k.strip())
+    if unknown := set(kinds) - set(KINDS):
+        raise ValueError(f"--faults: unknown {sorted(unknown)}; known: {', '.join(KINDS)}")
     chaos = Chaos(ctx, float(opts["minutes"]), float(opts["rate"]), int(opts["seed"]))
+    chaos.kinds = kinds
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt  # SIGTERM: stop everything on the way out

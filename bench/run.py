@@ -3,7 +3,7 @@
     ./tg bench                 # full mode: writes bench/RESULTS.md (~50 min)
     ./tg bench --quick         # small sizes, a 1-minute RSS run: var/bench/RESULTS.quick.md
     ./tg bench --only accuracy --only memory   # those sections, in place in the file
-    ./tg bench --only chaos [--minutes 30] [--rate 300] [--seed 1]   # the chaos run
+    ./tg bench --only chaos [--minutes 30] [--rate 300] [--seed 1] [--faults kill,...]
 
 Sections registered ``opt_in`` (the chaos run) run only when named with ``--only``; a
 run without it keeps their sections as they were.
@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, help="chaos: how long traffic runs (default 30)")
     ap.add_argument("--rate", type=float, help="chaos: requests/s (default 300)")
     ap.add_argument("--seed", type=int, help="chaos: the fault schedule's seed (default 1)")
+    ap.add_argument(
+        "--faults",
+        help="chaos: the fault kinds, comma-separated (default all: kill,broker,store,disk,topic)",
+    )
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     out = args.out or (
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(mode, QUICK if args.quick else FULL, workdir)
     ctx.shared["chaos"] = {
-        k: v for k in ("minutes", "rate", "seed") if (v := getattr(args, k)) is not None
+        k: v for k in ("minutes", "rate", "seed", "faults") if (v := getattr(args, k)) is not None
     }
     for name in BENCH_MODULES:
         try:

@@ -23,6 +23,8 @@ def test_a_seed_fixes_the_schedule_and_every_fault_kind_is_in_it() -> None:
         assert moments[-1] <= minutes * 60 * 0.8
         kills = [f for f in faults if f.kind == "kill"]
         assert kills[0].after_commit  # every other kill right after a commit, the first one too
+    assert {f.kind for f in plan(30, 1, ("kill", "disk"))} == {"kill", "disk"}
+    assert plan(30, 1, ()) == []
 
 
 @dataclass
