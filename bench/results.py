@@ -37,6 +37,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.simulator_speed",
     "bench.loop_delay",
     "bench.gateway_latency",
+    "bench.chaos",
 )
 PLACEHOLDERS: dict[str, str] = {}
 
@@ -128,16 +129,17 @@ class Bench:
     title: str
     order: int
     run: Callable[[Context], Section]
+    opt_in: bool = False  # runs only when named with --only (its section is kept otherwise)
 
 
 REGISTRY: dict[str, Bench] = {}
 
 
 def register(
-    key: str, title: str, order: int
+    key: str, title: str, order: int, *, opt_in: bool = False
 ) -> Callable[[Callable[[Context], Section]], Callable[[Context], Section]]:
     def deco(fn: Callable[[Context], Section]) -> Callable[[Context], Section]:
-        REGISTRY[key] = Bench(key, title, order, fn)
+        REGISTRY[key] = Bench(key, title, order, fn, opt_in)
         return fn
 
     return deco

@@ -3,6 +3,10 @@
     ./tg bench                 # full mode: writes bench/RESULTS.md (~50 min)
     ./tg bench --quick         # small sizes, a 1-minute RSS run: var/bench/RESULTS.quick.md
     ./tg bench --only accuracy --only memory   # those sections, in place in the file
+    ./tg bench --only chaos [--minutes 30] [--rate 300] [--seed 1] [--faults kill,...]
+
+Sections registered ``opt_in`` (the chaos run) run only when named with ``--only``; a
+run without it keeps their sections as they were.
 
 Everything is measured here, on this machine; the figures in the file are
 written by this script only. ``--only`` replaces the sections it runs in the
@@ -144,7 +148,7 @@ def run_sections(ctx: Context, only: list[str], command: str) -> list[Section]:
         commit += " + uncommitted changes"
     sections: list[Section] = []
     for bench in sorted(REGISTRY.values(), key=lambda b: b.order):
-        if only and bench.key not in only:
+        if (only or bench.opt_in) and bench.key not in only:
             continue
         print(f"[bench] {bench.key}: {bench.title}", file=sys.stderr, flush=True)
         started, load_before, t = datetime.now(UTC), loadavg(), time.monotonic()
@@ -194,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="results file")
     ap.add_argument("--workdir", type=Path, default=REPO / "var" / "bench")
+    ap.add_argument("--minutes", type=float, help="chaos: how long traffic runs (default 30)")
+    ap.add_argument("--rate", type=float, help="chaos: requests/s (default 300)")
+    ap.add_argument("--seed", type=int, help="chaos: the fault schedule's seed (default 1)")
+    ap.add_argument(
+        "--faults",
+        help="chaos: the fault kinds, comma-separated (default all: kill,broker,store,disk,topic)",
+    )
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     out = args.out or (
@@ -205,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir / f"run-{started.strftime('%Y%m%d-%H%M%S')}"
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(mode, QUICK if args.quick else FULL, workdir)
+    ctx.shared["chaos"] = {
+        k: v for k in ("minutes", "rate", "seed", "faults") if (v := getattr(args, k)) is not None
+    }
     for name in BENCH_MODULES:
         try:
             importlib.import_module(name)
@@ -230,10 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             sections.append(s)
     new = [stored(s) for s in sections]
-    if args.only and out.exists():
+    if out.exists():
         keys_by_title = {b.title: b.key for b in REGISTRY.values()}
         order = {b.key: b.order for b in REGISTRY.values()}
-        new = merge(parse_results(out.read_text(), keys_by_title), new, order)
+        old = parse_results(out.read_text(), keys_by_title)
+        if not args.only:  # a full run: only the opt-in sections it did not run are kept
+            old = [o for o in old if o.key in REGISTRY and REGISTRY[o.key].opt_in]
+        new = merge(old, new, order)
     header = render_header(
         mode=mode, argv=["./tg", "bench", *argv], started=started, wall_s=time.monotonic() - t0
     )

@@ -1,4 +1,5 @@
-"""Shared pieces of the fault tests: fast preloading, the exactly-once check, process RSS."""
+"""Shared pieces of the fault tests: fast preloading, the exactly-once check (its counts and
+the rollup check live in :mod:`tools.dev.fault_checks`, which the chaos run shares), RSS."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench.common import send
 from pipeline.adapters.kafka_admin import wait_partitions
-from pipeline.adapters.store import Store, open_store
+from pipeline.adapters.store import open_store
 from pipeline.cli import DEFAULT_TRACE
 from pipeline.contract.codec import encode_batch
 from pipeline.contract.events import Event
@@ -25,8 +26,10 @@ from pipeline.settings import Settings
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
 from tests.ceilings import ceiling
-from tests.integration.harness import WorkerProcess, make_settings, read_all
+from tests.integration.harness import WorkerProcess, make_settings
 from tests.measurement_fixtures import START_NS
+from tools.dev.fault_checks import dead_letters as _dead_letters
+from tools.dev.fault_checks import exactly_once
 
 EVENTS_PER_MESSAGE = 200  # what the producers' BatchPolicy sends at most
 
@@ -200,39 +203,26 @@ def assert_exactly_once(settings: Settings, request_ids: set[str]) -> None:
 
     Window totals: the ``__slo__`` rows (one per emitted window and partition) sum to the
     request count with no window written twice, and the materialized views (fed per insert,
-    never deduplicated afterwards) agree.
+    never deduplicated afterwards) agree (:func:`tools.dev.fault_checks.exactly_once`).
     """
     n_req = len(request_ids)
     store = open_store(settings)
     try:
-        db = settings.database
-        rows = store.query_rows(f"SELECT request_id, count() FROM {db}.requests FINAL GROUP BY 1")
-        got: dict[str, int] = dict(rows)  # type: ignore[arg-type]
-        missing = request_ids - got.keys()
-        extra = got.keys() - request_ids
-        twice = {rid for rid, c in got.items() if c != 1}
-        assert not missing, f"{len(missing)} requests lost, e.g. {sorted(missing)[:5]}"
-        assert not extra, f"{len(extra)} unexpected requests, e.g. {sorted(extra)[:5]}"
-        assert not twice, f"{len(twice)} requests twice, e.g. {sorted(twice)[:5]}"
-        # a window closes once (corrections, if any, are separate rows that add to it)
-        total, windows, distinct = store.query_rows(
-            "SELECT sum(records), countIf(correction = 0), "
-            "uniqExactIf((partition, window_start), correction = 0) "
-            f"FROM {db}.window_sketches WHERE boundary = '__slo__'"
-        )[0]
-        assert windows == distinct, "a window was written twice"
-        assert total == n_req, f"window totals {total} != {n_req} requests"
-        mv_total = store.query_rows(
-            f"SELECT sum(records) FROM {db}.latency_1m "
-            "WHERE model = '*' AND boundary = 'gateway_total_ms'"
-        )[0][0]
-        assert mv_total == n_req, f"latency_1m total {mv_total} != {n_req}"
-        slo_total = store.query_rows(
-            f"SELECT sum(total) FROM {db}.slo_1m WHERE slo = 'tier1-gateway'"
-        )[0][0]
-        assert slo_total == n_req, f"slo_1m total {slo_total} != {n_req}"
+        got = exactly_once(store, request_ids, slo="tier1-gateway")
     finally:
         store.close()
+    missing, extra, twice = got["missing"], got["extra"], got["twice"]
+    assert not missing, f"{len(missing)} requests lost, e.g. {missing[:5]}"
+    assert not extra, f"{len(extra)} unexpected requests, e.g. {extra[:5]}"
+    assert not twice, f"{len(twice)} requests twice, e.g. {twice[:5]}"
+    # a window closes once (corrections, if any, are separate rows that add to it)
+    assert got["windows"] == got["windows_distinct"], "a window was written twice"
+    total = got["window_total"]
+    assert total == n_req, f"window totals {total} != {n_req} requests"
+    mv_total = got["latency_1m_total"]
+    assert mv_total == n_req, f"latency_1m total {mv_total} != {n_req}"
+    slo_total = got["slo_1m_total"]
+    assert slo_total == n_req, f"slo_1m total {slo_total} != {n_req}"
 
 
 def group_consumer(settings: Settings) -> Consumer:
@@ -274,47 +264,6 @@ def committed_offsets(settings: Settings, consumer: Consumer | None = None) -> d
             c.close()
 
 
-ALL = "model = '*' AND priority = '*' AND ctx_bucket = '*'"
-
-
-def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
-    """What ../shared/tools/store-check compares, where it differs: per boundary the
-    all-traffic count of window_sketches, latency_1m and latency_1h; per SLO total and good
-    of slo_windows, slo_1m and slo_1h. Empty: every rollup equals its source."""
-    db = store.database
-    out: dict[str, tuple[int, ...]] = {}
-    for (b,) in store.query_rows(
-        f"SELECT DISTINCT boundary FROM {db}.window_sketches WHERE boundary != '__slo__'"
-    ):
-        where = f"boundary = '{b}' AND {ALL}"
-        counts = tuple(
-            int(store.query_rows(f"SELECT sum(count) FROM {db}.{t} WHERE {where}")[0][0])
-            for t in ("window_sketches", "latency_1m", "latency_1h")
-        )
-        if len(set(counts)) > 1:
-            out[b] = counts
-    for slo, total, good in store.query_rows(
-        f"SELECT slo, sum(total), sum(good) FROM {db}.slo_windows GROUP BY slo"
-    ):
-        sums = [(int(total), int(good))]
-        for t in ("slo_1m", "slo_1h"):
-            row = store.query_rows(
-                f"SELECT sum(total), sum(good) FROM {db}.{t} WHERE slo = {{s:String}}", {"s": slo}
-            )[0]
-            sums.append((int(row[0]), int(row[1])))
-        if len(set(sums)) > 1:
-            out[f"slo {slo}"] = tuple(x for s in sums for x in s)
-    # the SLO counts of the '__slo__' rows themselves (slo_windows is a view's target too)
-    base = store.query_rows(
-        f"SELECT sum(v.total) FROM {db}.window_sketches AS w "
-        "ARRAY JOIN mapValues(w.slo_counts) AS v WHERE w.boundary = '__slo__'"
-    )[0][0]
-    spread = store.query_rows(f"SELECT sum(total) FROM {db}.slo_windows")[0][0]
-    if int(base or 0) != int(spread or 0):
-        out["slo_windows"] = (int(base or 0), int(spread or 0))
-    return out
-
-
 STOP_WITHIN_S = 10.0  # a SIGTERMed worker exits within this, in every state
 
 
@@ -337,12 +286,5 @@ def log_has(worker: WorkerProcess, text: str) -> bool:
 
 
 def dead_letters(settings: Settings) -> list[dict[str, Any]]:
-    """The DLQ's messages in order: each one's headers (decoded), its ``key`` (text) and its
-    ``value`` (the bytes as received)."""
-    out = []
-    for msg in read_all(settings, settings.dlq_topic):
-        letter: dict[str, Any] = {k: (v or b"").decode() for k, v in msg.headers() or []}
-        letter["key"] = (msg.key() or b"").decode()
-        letter["value"] = msg.value() or b""
-        out.append(letter)
-    return out
+    """The DLQ's messages in order (:func:`tools.dev.fault_checks.dead_letters`)."""
+    return _dead_letters(settings, ceiling(30))

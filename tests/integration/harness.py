@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from confluent_kafka import Consumer, TopicPartition
+from typing import Any
 
 from pipeline.adapters.kafka_admin import ensure_topics, group_progress_probe
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.ceilings import ceiling
 from tests.paths import REPO
+from tools.dev import fault_checks
 
 
 def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
@@ -143,32 +143,7 @@ def tailguard(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProce
     )
 
 
-def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list:
-    """Every message currently on ``topic`` (up to the end offsets at call time)."""
-    c = Consumer(
-        settings.kafka_config()
-        | {"group.id": f"reader-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
-    )
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        ends = {}
-        tps = []
-        for p in md.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if hi > lo:
-                ends[p] = hi
-                tps.append(TopicPartition(topic, p, lo))
-        c.assign(tps)
-        out = []
-        deadline = time.monotonic() + ceiling(timeout_s)
-        while ends and time.monotonic() < deadline:
-            msg = c.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            out.append(msg)
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
-        assert not ends, f"did not read to the end of {topic}: {ends}"
-        return out
-    finally:
-        c.close()
+def read_all(settings: Settings, topic: str, timeout_s: float = 30.0) -> list[Any]:
+    """Every message currently on ``topic`` (up to the end offsets at call time); the
+    ceiling is ``timeout_s`` scaled (:func:`tools.dev.fault_checks.read_all`)."""
+    return fault_checks.read_all(settings, topic, ceiling(timeout_s))

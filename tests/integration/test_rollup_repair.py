@@ -22,8 +22,8 @@ from pipeline.cli import main
 from pipeline.core.windows import ClosedWindow
 from pipeline.settings import DEFAULT_SLO_SPEC, Settings
 from pipeline.spec.slo import load_spec_file
-from tests.integration.faults import rollup_drift
 from tests.measurement_fixtures import simulate_jsonl
+from tools.dev.fault_checks import rollup_drift
 
 pytestmark = pytest.mark.integration
 
