@@ -19,7 +19,6 @@ from tests.integration.faults import (
     assert_exactly_once,
     lifecycle_events,
     produce_batches,
-    rollup_drift,
     store_fault_settings,
     wait_for,
 )
@@ -27,6 +26,7 @@ from tests.integration.harness import (
     WorkerProcess,
     run_until_caught_up,
 )
+from tools.dev.fault_checks import rollup_drift
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 

@@ -31,11 +31,11 @@ from tests.integration.faults import (
     assert_exactly_once,
     lifecycle_events,
     log_has,
-    rollup_drift,
     wait_for,
 )
 from tests.integration.harness import WorkerProcess, make_settings
 from tests.integration.test_fault_topic_cycles import Stream, _stored
+from tools.dev.fault_checks import rollup_drift
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
 
