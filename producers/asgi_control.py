@@ -68,6 +68,7 @@ from pipeline.contract.events import DEFAULT_PRIORITY
 from producers.client_retry import client_attempt
 from producers.control_client import Directive
 from producers.enforcement import (
+    REASONS,
     Decision,
     Enforcement,
     Modes,
@@ -153,12 +154,7 @@ def monotonic_ms() -> float:
 
 COUNTERS: Final = (
     "passed",
-    "shed_priority",
-    "new_session",
-    "rate_limit",
-    "admission",
-    "queue_timeout",
-    "retry_budget",
+    *REASONS,
     "half_open_admitted",
     "headers_injected",
     "shadow_would_refuse",

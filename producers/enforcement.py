@@ -70,24 +70,16 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, get_args
 
+from pipeline.contract.events import ControlVerdict
 from producers.admission import PriorityAdmission
 from producers.client_retry import SHOULD_RETRY_HEADER
 
 Mode = Literal["off", "shadow", "enforce"]
 MODES: Final[tuple[Mode, ...]] = ("off", "shadow", "enforce")
-Reason = Literal[
-    "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout", "retry_budget"
-]
-REASONS: Final[tuple[Reason, ...]] = (
-    "shed_priority",
-    "new_session",
-    "rate_limit",
-    "admission",
-    "queue_timeout",
-    "retry_budget",
-)
+Reason = ControlVerdict  # the contract's: the reasons gateway.completed records
+REASONS: Final[tuple[Reason, ...]] = get_args(ControlVerdict)
 # One status per reason (see the module docstring for why).
 STATUS: Final[Mapping[Reason, int]] = {
     "shed_priority": 429,

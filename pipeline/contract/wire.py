@@ -79,18 +79,8 @@ class CompletedWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="gatewa
     prompt_tokens: _NonNegInt | None = None
     slo_ttft_ms: _NonNegMs | None = None
     slo_tpot_ms: _NonNegMs | None = None
-    control_mode: Literal["shadow", "enforce"] | None = None
-    control_verdict: (
-        Literal[
-            "shed_priority",
-            "new_session",
-            "rate_limit",
-            "admission",
-            "queue_timeout",
-            "retry_budget",
-        ]
-        | None
-    ) = None
+    control_mode: events.ControlMode | None = None
+    control_verdict: events.ControlVerdict | None = None
 
 
 class FinishedWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="engine.finished"):
