@@ -23,7 +23,12 @@ module only carries the answer out over ASGI:
   (the event loop's clock: a duration on this gateway) -> the app task is cancelled (the
   reference proxy then closes its upstream request: vLLM aborts a request whose client
   went away) and the answer is 503 + ``Retry-After`` with ``"reason": "queue_timeout"``.
-  Once a body chunk went out the request is never cut off. Priority 0 is never cut off;
+  Once a body chunk went out the request is never cut off. Priority 0 is never cut off.
+  In enforce, a request of priority >= 1 admitted with no cut-off runs so too (its start
+  held until its body begins) and looks at the directive in force every
+  :data:`LATE_CUTOFF_CHECK_S` until its first byte: a directive that comes into force
+  while it waits and sets a cut-off for its priority cuts it as if that cut-off had been
+  in force at its call (what the simulator's gateways do, so what the backtest proves);
 * ``shadow`` -> the request is served exactly as without control (same scope, no header,
   no cut-off); what enforce would have done is counted, and a cut-off it would have made
   is seen when the first body chunk comes later than ``queue_timeout_ms`` (or never).
@@ -76,6 +81,8 @@ from producers.enforcement import (
     Verdict,
     hash_admits,
     spread_admits,
+    spread_retry_after_s,
+    unit_of,
 )
 
 __all__ = [
@@ -146,6 +153,12 @@ def default_is_new_session(scope: Scope) -> bool:
 
 def default_request_key(scope: Scope) -> str | None:
     return header(scope, REQUEST_ID_HEADER)
+
+
+# How often a request admitted without a queue cut-off, still waiting for its first
+# byte, looks again at the directive in force: a cut-off a later directive sets reaches
+# it within this much of the time it is due.
+LATE_CUTOFF_CHECK_S: Final = 0.25
 
 
 def monotonic_ms() -> float:
@@ -220,7 +233,10 @@ class ControlMiddleware:
             self.counters["half_open_admitted"] += 1
         if extra:
             self.counters["headers_injected"] += 1
-        if act.queue_timeout_ms is not None:
+        if act.queue_timeout_ms is not None or (decision.mode == "enforce" and facts.priority >= 1):
+            # under a cut-off now, or one a later directive may set while this request
+            # waits for its first byte (as the simulator's gateways: the backtest proves
+            # what this does)
             await self._with_cutoff(
                 downstream,
                 receive,
@@ -278,10 +294,13 @@ class ControlMiddleware:
         *,
         decision: Decision,
         facts: RequestFacts,
-        cutoff_ms: float,
+        cutoff_ms: float | None,
     ) -> None:
         """Run the app as a task; its response start waits for its first body bytes, and
-        with none after ``cutoff_ms`` the task is cancelled and a 503 is the answer."""
+        with none after ``cutoff_ms`` the task is cancelled and a 503 is the answer. With
+        no cut-off at admission (``None``), the directive in force is looked at again
+        every :data:`LATE_CUTOFF_CHECK_S` until the first body bytes: a cut-off it sets
+        for this priority counts from this request's call, as if in force then."""
         held: list[Message] = []  # the response start, until the body begins
         released = asyncio.Event()  # set (before anything is sent) by the first body
         cut = False  # cut off: whatever the app still sends while it unwinds is dropped
@@ -306,10 +325,25 @@ class ControlMiddleware:
 
         task = asyncio.ensure_future(self.app(scope, receive, held_send))
         first = asyncio.ensure_future(released.wait())
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        retry_after_s = decision.act.retry_after_s
         try:
-            await asyncio.wait(
-                {task, first}, timeout=cutoff_ms / 1000.0, return_when=asyncio.FIRST_COMPLETED
-            )
+            while True:
+                if cutoff_ms is None:
+                    timeout = LATE_CUTOFF_CHECK_S
+                else:
+                    timeout = cutoff_ms / 1000.0 - (loop.time() - start)
+                    if timeout <= 0:
+                        break
+                done, _ = await asyncio.wait(
+                    {task, first}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if done or cutoff_ms is not None:
+                    break
+                later = self._later_cutoff(facts)
+                if later is not None:
+                    cutoff_ms, retry_after_s = later
         except BaseException:  # this request was cancelled: so is the app
             task.cancel()
             raise
@@ -322,7 +356,7 @@ class ControlMiddleware:
             self.enforcement.count_cutoff(decision, facts)
             _mark(scope, REJECTED_STATE_KEY, "queue_timeout")
             _mark(scope, CONTROL_STATE_KEY, (decision.mode, "queue_timeout"))
-            cut_verdict = Verdict(reason="queue_timeout", retry_after_s=decision.act.retry_after_s)
+            cut_verdict = Verdict(reason="queue_timeout", retry_after_s=retry_after_s)
             body, headers = _rejection(decision, cut_verdict)
             try:
                 await send(
@@ -354,6 +388,22 @@ class ControlMiddleware:
             attempt=attempt.attempt,
             logical_id=attempt.logical_id,
         )
+
+    def _later_cutoff(self, facts: RequestFacts) -> tuple[float, int] | None:
+        """The queue cut-off of the directive in force now for this request's priority,
+        and its Retry-After (spread as the enforcement spreads it); None: none (or the
+        lookup failed: never cut on an error)."""
+        try:
+            d = self.directives(facts.model or ALL_SCOPES)
+            cutoff = d.actions.queue_timeout_for(facts.priority) if d.level >= 1 else None
+        except Exception:
+            self.counters["errors"] += 1
+            return None
+        if cutoff is None:
+            return None
+        key = facts.request_key or facts.logical_id
+        u = unit_of("retry-after:" + key) if key is not None else 0.0
+        return cutoff, spread_retry_after_s(int(d.actions.retry_after_s), u)
 
     def decide(self, scope: Scope) -> tuple[RequestFacts, Decision]:
         """The request's facts and the enforcement's decision (may raise)."""

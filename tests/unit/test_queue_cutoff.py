@@ -15,9 +15,10 @@ import pytest
 
 from pipeline.contract.control_signal import Actions
 from producers.asgi_control import REJECTED_STATE_KEY, ControlMiddleware, Message, Scope
-from producers.control_client import Directive
+from producers.control_client import NORMAL, Directive
 from producers.enforcement import spread_retry_after_s, unit_of
 from producers.gateway import LifecycleMiddleware
+from tests.ceilings import ceiling
 from tests.gateway_fixtures import MemorySink, overloaded
 
 CUTOFF_MS = 30.0
@@ -163,18 +164,67 @@ def test_priority_0_is_never_cut_off_and_runs_on_the_fast_path() -> None:
     asyncio.run(go())
 
 
-def test_without_a_cut_off_the_app_is_called_directly() -> None:
+def test_without_a_cut_off_only_shadow_off_and_priority_0_call_the_app_directly() -> None:
+    """A request that no cut-off can reach runs in the caller's task with the server's own
+    send: priority 0, and any request in shadow or off. In enforce, a request of priority
+    >= 1 admitted without a cut-off still runs as a task with its start held until its
+    body begins: a later directive may set a cut-off while it waits (next test)."""
+    from producers.enforcement import Modes
+
     async def go() -> None:
         for d in (_directive(retry_after_s=7), _directive(queue_timeout_ms=None)):
-            app = Upstream()
+            for prio, mode, direct in ((3, "enforce", False), (0, "enforce", True),
+                                       (3, "shadow", True), (3, "off", True)):  # fmt: skip
+                app = Upstream()
+                for release in app.releases:
+                    release.set()
+                client = Client()
+                mw = ControlMiddleware(app, lambda _s, d=d: d, modes=Modes.parse(mode))
+                caller = asyncio.ensure_future(mw(_scope(prio), _receive, client.send))
+                await caller
+                assert (app.task is caller) is direct, (prio, mode)
+                assert (app.send_seen == client.send) is direct, (prio, mode)
+                assert (client.status, client.body) == (200, b"data: 1\n\ndata: 2\n\n")
+
+    asyncio.run(go())
+
+
+def test_a_cut_off_set_while_a_request_waits_cuts_it_from_its_call() -> None:
+    """Admitted under L0 (no cut-off), still waiting for its first byte when a directive
+    with a cut-off for its priority comes into force: cut (503 + Retry-After) as if the
+    cut-off had been in force at its call, as the simulator's gateways do. Priority 0 and
+    a stream that began are not cut; the app's held 200 never goes out."""
+
+    async def go() -> None:
+        in_force = [NORMAL]
+        later = _directive(queue_timeout_ms=[None, *[CUTOFF_MS] * 3], retry_after_s=9)
+        waiting, p0, begun = Upstream(), Upstream(), Upstream()
+        mw = ControlMiddleware(waiting, lambda _s: in_force[0])
+        c3, c0, cb = Client(), Client(), Client()
+        t3 = asyncio.ensure_future(mw(_scope(3), _receive, c3.send))
+        await waiting.started.wait()
+        mw.app = p0
+        t0 = asyncio.ensure_future(mw(_scope(0), _receive, c0.send))
+        await p0.started.wait()
+        mw.app = begun
+        tb = asyncio.ensure_future(mw(_scope(2), _receive, cb.send))
+        await begun.started.wait()
+        begun.releases[0].set()
+        await cb.wait_for(2)  # its body began under L0
+        in_force[0] = later  # the new directive, while the priority-3 request waits
+        # (without the later look at the directive, it would wait for ever)
+        await asyncio.wait_for(t3, ceiling(30))
+        assert (c3.status, waiting.outcome) == (503, "cancelled")
+        assert orjson.loads(c3.body)["reason"] == "queue_timeout"
+        assert 5 <= int(c3.headers[b"retry-after"]) <= 9  # the later directive's, spread
+        assert mw.counters["queue_timeout"] == 1
+        for app in (p0, begun):
             for release in app.releases:
                 release.set()
-            client = Client()
-            caller = asyncio.ensure_future(_mw(app, d)(_scope(3), _receive, client.send))
-            await caller
-            assert app.task is caller
-            assert app.send_seen == client.send
-            assert (client.status, client.body) == (200, b"data: 1\n\ndata: 2\n\n")
+        await t0
+        await tb
+        assert (c0.status, p0.outcome) == (200, "finished")
+        assert (cb.status, begun.outcome) == (200, "finished")
 
     asyncio.run(go())
 
