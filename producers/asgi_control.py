@@ -81,8 +81,6 @@ from producers.enforcement import (
     Verdict,
     hash_admits,
     spread_admits,
-    spread_retry_after_s,
-    unit_of,
 )
 
 __all__ = [
@@ -394,16 +392,10 @@ class ControlMiddleware:
         and its Retry-After (spread as the enforcement spreads it); None: none (or the
         lookup failed: never cut on an error)."""
         try:
-            d = self.directives(facts.model or ALL_SCOPES)
-            cutoff = d.actions.queue_timeout_for(facts.priority) if d.level >= 1 else None
+            return self.enforcement.later_cutoff(self.directives(facts.model or ALL_SCOPES), facts)
         except Exception:
             self.counters["errors"] += 1
             return None
-        if cutoff is None:
-            return None
-        key = facts.request_key or facts.logical_id
-        u = unit_of("retry-after:" + key) if key is not None else 0.0
-        return cutoff, spread_retry_after_s(int(d.actions.retry_after_s), u)
 
     def decide(self, scope: Scope) -> tuple[RequestFacts, Decision]:
         """The request's facts and the enforcement's decision (may raise)."""

@@ -430,6 +430,22 @@ class Enforcement:
         priority = min(max(request.priority, 0), PRIORITIES - 1)
         self.refusals[(decision.mode, request.model or ALL_SCOPES, priority, "queue_timeout")] += 1
 
+    def later_cutoff(
+        self, directive: DirectiveLike | None, request: RequestFacts
+    ) -> tuple[float, int] | None:
+        """A directive that came into force after ``request`` was admitted (with no
+        cut-off): the queue cut-off it sets for the request's priority and the Retry-After
+        of a cut, spread as every refusal's; None: none (priority 0 never)."""
+        priority = min(max(request.priority, 0), PRIORITIES - 1)
+        if directive is None or directive.level <= 0 or priority == 0:
+            return None
+        cutoff = directive.actions.queue_timeout_for(priority)
+        if cutoff is None:
+            return None
+        return cutoff, spread_retry_after_s(
+            int(directive.actions.retry_after_s), self._unit(request)
+        )
+
     # -- the rules
     def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
         a: _ActionsLike = d.actions
