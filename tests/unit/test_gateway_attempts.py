@@ -18,15 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from pipeline.contract.wire import from_model
-from pipeline.core import native
-from pipeline.core.join import JoinConfig
 from pipeline.core.logical import logical_requests
-from pipeline.core.record import RequestRecord
 from producers.envoy import parse_line
 from producers.gateway import LifecycleMiddleware
 from producers.litellm_hook import client_attempt_of, request_id_of
 from producers.vllm_stats import event_id_for
+from tests.core_impls import CORE_IMPL_IDS, CORE_IMPLS, joined
 from tests.factories import finished
 from tests.gateway_fixtures import MemorySink
 from tests.unit.test_envoy import BASE
@@ -108,22 +105,7 @@ def _engine_finished(rid: str, t_ms: float) -> Any:
     return ev.model_copy(update={"event_id": event_id_for("m-0", rid, "engine.finished")})
 
 
-def _join(impl: native.CoreImpl, events: list[Any]) -> list[RequestRecord]:
-    j = impl.joiner(JoinConfig(timeout_ms=1_000))
-    out = [j.add(from_model(e), i) for i, e in enumerate(events)]
-    return [r for r in out if r is not None] + j.drain()
-
-
-_IMPLS = [
-    native.PYTHON,
-    pytest.param(
-        native.NATIVE,
-        marks=pytest.mark.skipif(native.NATIVE is None, reason="tailguard_native not built"),
-    ),
-]
-
-
-@pytest.mark.parametrize("impl", _IMPLS, ids=["python", "native"])
+@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
 def test_a_retry_reusing_the_request_id_is_joined_and_counted_once(impl: Any) -> None:
     """The client sends X-Request-Id ``dup`` twice: the first try fails at the engine (a
     502 after vLLM ran it), the retry (x-stainless-retry-count 1) is served. Both attempts
@@ -139,7 +121,7 @@ def test_a_retry_reusing_the_request_id_is_joined_and_counted_once(impl: Any) ->
     ids = [first.json()["seen_id"], retry.json()["seen_id"]]
     assert ids == ["dup", "dup~retry1"]  # what vLLM was sent: two ids
     events = [*sink.events, *(_engine_finished(rid, 1.0) for rid in ids)]
-    records = _join(impl, events)
+    records = joined(impl, events)
     final = {r.request_id: r for r in records}  # the last record of each
     assert sorted(final) == ["dup", "dup~retry1"]
     assert all(r.source == "joined" for r in final.values())

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.contract.wire import from_model
 from pipeline.core import native
-from pipeline.core.join import JoinConfig
-from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.record import build_record
+from tests.core_impls import CORE_IMPL_IDS, CORE_IMPLS, joined
 from tests.factories import completed, finished, received
 
 # (events the record is built from, client_attempt, logical id, what the record holds)
@@ -47,28 +47,13 @@ def test_build_record_carries_the_attempt(
         assert (r.client_attempt, r.logical_request_id) == want
 
 
-def _joined(impl: native.CoreImpl, events: list[Any]) -> list[RequestRecord]:
-    j = impl.joiner(JoinConfig(timeout_ms=1_000))
-    out = [j.add(from_model(e), i) for i, e in enumerate(events)]
-    return [r for r in out if r is not None] + j.drain()
-
-
-_IMPLS = [
-    native.PYTHON,
-    pytest.param(
-        native.NATIVE,
-        marks=pytest.mark.skipif(native.NATIVE is None, reason="tailguard_native not built"),
-    ),
-]
-
-
-@pytest.mark.parametrize("impl", _IMPLS, ids=["python", "native"])
+@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
 @pytest.mark.parametrize(("kinds", "attempt", "logical", "want"), CASES)
 def test_the_join_builds_the_same_record(
     impl: native.CoreImpl, kinds: str, attempt: int, logical: str | None, want: tuple[Any, Any]
 ) -> None:
     events = _events(kinds, attempt, logical)
     for order in (events, events[::-1]):  # the received first (in flight) or last
-        recs = _joined(impl, order)  # received last: a partial record, then its upgrade
+        recs = joined(impl, order)  # received last: a partial record, then its upgrade
         assert (recs[-1].client_attempt, recs[-1].logical_request_id) == want
-        assert recs == _joined(native.PYTHON, order)
+        assert recs == joined(native.PYTHON, order)

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.contract.wire import from_model
 from pipeline.core import native
-from pipeline.core.join import JoinConfig
-from pipeline.core.record import RequestRecord, build_record
+from pipeline.core.record import build_record
+from tests.core_impls import CORE_IMPL_IDS, CORE_IMPLS, joined
 from tests.factories import completed, finished, received
 
 
@@ -59,22 +59,7 @@ def test_build_record_carries_the_control_fields(
         assert r.outcome == (outcome if "c" in kinds else "ok")
 
 
-def _joined(impl: native.CoreImpl, events: list[Any]) -> list[RequestRecord]:
-    j = impl.joiner(JoinConfig(timeout_ms=1_000))
-    out = [j.add(from_model(e), i) for i, e in enumerate(events)]
-    return [r for r in out if r is not None] + j.drain()
-
-
-_IMPLS = [
-    native.PYTHON,
-    pytest.param(
-        native.NATIVE,
-        marks=pytest.mark.skipif(native.NATIVE is None, reason="tailguard_native not built"),
-    ),
-]
-
-
-@pytest.mark.parametrize("impl", _IMPLS, ids=["python", "native"])
+@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
 @pytest.mark.parametrize(("kinds", "mode", "verdict", "outcome", "want"), CASES)
 def test_the_join_builds_the_same_record(  # noqa: PLR0917
     impl: native.CoreImpl, kinds: str, mode: str | None, verdict: str | None, outcome: str,
@@ -82,13 +67,13 @@ def test_the_join_builds_the_same_record(  # noqa: PLR0917
 ) -> None:  # fmt: skip
     ev = _events(kinds, mode, verdict, outcome)
     events = [e for e in ev.values() if e is not None]
-    (rec,) = _joined(impl, events)
+    (rec,) = joined(impl, events)
     assert (rec.control_mode, rec.control_verdict) == want
-    (ref,) = _joined(native.PYTHON, events)
+    (ref,) = joined(native.PYTHON, events)
     assert rec == ref
 
 
-@pytest.mark.parametrize("impl", _IMPLS, ids=["python", "native"])
+@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
 def test_a_conflicting_completed_brings_its_own_verdict(impl: native.CoreImpl) -> None:
     """Two gateway.completed for one request (shadow ok, then enforce rejected): the record
     keeps the worse one whole, its control fields with it, in either order."""
@@ -96,7 +81,7 @@ def test_a_conflicting_completed_brings_its_own_verdict(impl: native.CoreImpl) -
     rejected = _completed("q", "enforce", "admission", eid="c2", outcome="rejected",
                           http_status=429)  # fmt: skip
     for order in ([ok, rejected], [rejected, ok]):
-        recs = _joined(impl, [received("q"), *order, finished("q")])
+        recs = joined(impl, [received("q"), *order, finished("q")])
         last = recs[-1]
         assert (last.outcome, last.control_mode, last.control_verdict) == (
             "rejected", "enforce", "admission",
