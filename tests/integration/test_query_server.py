@@ -27,6 +27,7 @@ from pipeline.adapters.query_server import (
 from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_requests
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
+from tests.ceilings import ceiling
 from tests.factories import completed, finished, received
 from tools.dev.grafana_sql import QueryContext, Variable, interpolate
 
@@ -256,7 +257,7 @@ def test_a_query_is_stopped_at_its_time_limit(served_limited) -> None:
 
 
 def _wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)

@@ -10,10 +10,11 @@ import pytest
 
 from pipeline.adapters.query_server.pool import MAX_WAITING_PER_CLIENT, FairQueue
 from pipeline.adapters.query_server.session import QueryLimits, QueryRefusedError
+from tests.ceilings import ceiling
 
 
 def _wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + ceiling(timeout_s)
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.005)
