@@ -105,6 +105,7 @@ MAX_CONTEXT_HEADER: Final = "x-tailguard-max-context-tokens"
 FALLBACK_MODEL_HEADER: Final = "x-tailguard-fallback-model"
 METADATA_PRIORITY: Final = "priority"
 MAX_IN_FLIGHT: Final = 100_000
+CLOCK_STEP_NS: Final = 50_000_000  # wall - monotonic moving more than this: the wall clock stepped
 
 DirectiveLookup = Callable[[str], DirectiveLike | None]
 
@@ -229,6 +230,7 @@ class TailguardGate:
         self.priority = priority or PriorityRules()
         self._mono = monotonic_ns
         self._wall = wall_ns
+        self._clock_offset_ns: int | None = None  # wall - monotonic at the last arrival
         self._inflight: OrderedDict[str, Exchange] = OrderedDict()
         self.counters: dict[str, int] = dict.fromkeys(
             ("requests", "events", "refused", "errors", "evicted"), 0
@@ -301,8 +303,14 @@ class TailguardGate:
         about to call (``data``: its request dict; ``key``: its ``UserAPIKeyAuth``)."""
         mono, wall = self._mono(), self._wall()
         t0, ts0 = mono, wall
+        # LiteLLM stamps the arrival on the wall clock; it moves onto the monotonic clock
+        # only when the wall clock did not step since the last arrival (a VM resumed, an
+        # NTP step): a step between LiteLLM's stamp and now would be counted as waiting.
+        offset, last = wall - mono, self._clock_offset_ns
+        self._clock_offset_ns = offset
+        steady = last is None or abs(offset - last) <= CLOCK_STEP_NS
         arrival = (data.get("proxy_server_request") or {}).get("arrival_time")
-        if isinstance(arrival, int | float) and not isinstance(arrival, bool):
+        if steady and isinstance(arrival, int | float) and not isinstance(arrival, bool):
             waited = wall - int(arrival * 1e9)
             if 0 <= waited <= 60 * 10**9:  # LiteLLM's stamp, unless the wall clock moved
                 t0, ts0 = mono - waited, wall - waited

@@ -130,6 +130,30 @@ def test_a_stream_gives_received_then_completed_with_first_byte_and_usage() -> N
     assert (done.control_mode, done.control_verdict) == (None, None)
 
 
+@pytest.mark.parametrize(
+    ("step_ms", "ttfb_ms"),
+    [
+        (0.0, 23.0),  # steady clocks: LiteLLM's stamp 3 ms before the hook counts
+        (2_500.0, 20.0),  # the wall clock stepped forward 2.5 s: the hook's own stamp
+        (-2_500.0, 20.0),  # ... or back
+        (40.0, 63.0),  # a move under the step threshold: the stamp is trusted, the 40 ms with it
+    ],
+)
+def test_a_wall_clock_step_is_not_counted_as_waiting(step_ms: float, ttfb_ms: float) -> None:
+    g, sink, clock = gate()
+    g.arrive(data(call_id="c0"), None)  # an earlier arrival: the hook knows the clocks
+    g.finish("c0", 200, at_once=True)
+    clock.advance_ms(100)
+    arrival = (clock.wall - 3_000_000) / 1e9  # LiteLLM stamped it 3 ms ago ...
+    clock.wall += int(step_ms * 1e6)  # ... and then the wall clock moved (monotonic did not)
+    g.arrive(data(call_id="c1", stream=True, arrival_s=arrival), None)
+    clock.advance_ms(20)
+    g.chunk("c1")
+    g.finish("c1", 200)
+    done = evs(sink)[-1]
+    assert done.ttfb_ms == pytest.approx(ttfb_ms, abs=0.01)
+
+
 def test_client_gone_mid_stream_and_a_failure() -> None:
     g, sink, _ = gate()
     g.arrive(data(call_id="c1", stream=True), None)
