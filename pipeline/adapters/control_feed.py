@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from pipeline.adapters.store import Checkpoint
 from pipeline.contract.codec import DeadLetter, SourceRef, decode_message
 from pipeline.contract.events import EngineStats
-from pipeline.contract.summary import Progress, StatsSample, encode_summary
+from pipeline.contract.summary import Progress, StatsSample, WindowSummary, encode_summary
 from pipeline.core.summary import summarize
 from pipeline.core.windows import ClosedWindow
 
@@ -29,9 +29,16 @@ class SummariesPort(Protocol):
 class ControlFeed:
     """The summaries a worker sends (from the event loop and the writer thread)."""
 
-    def __init__(self, summaries: SummariesPort, relative_accuracy: float) -> None:
+    def __init__(
+        self,
+        summaries: SummariesPort,
+        relative_accuracy: float,
+        on_stored: Callable[[Sequence[WindowSummary]], None] | None = None,
+    ) -> None:
         self.summaries = summaries
         self.relative_accuracy = relative_accuracy
+        # the final summaries sent, also given here (the worker's /metrics counters)
+        self.on_stored = on_stored
         self._progress_sent: dict[int, int] = {}  # per partition: the last horizon sent
 
     def windows_stored(
@@ -39,10 +46,14 @@ class ControlFeed:
     ) -> None:
         """Windows stored (their final summaries) and the horizons the flush checkpoints
         (sent once per change); on the writer thread, before the flush's commit."""
+        sent: list[WindowSummary] = []
         for win in windows:
             cid = uuid.uuid4().hex[:16] if win.correction else None
             summary = summarize(win, self.relative_accuracy, correction_id=cid)
             self.summaries.send(encode_summary(summary))
+            sent.append(summary)
+        if self.on_stored is not None and sent:
+            self.on_stored(sent)
         for c in checkpoints:
             if self._progress_sent.get(c.partition) != c.close_horizon_ms:
                 self.summaries.send(encode_summary(Progress(c.partition, c.close_horizon_ms)))

@@ -47,6 +47,7 @@ from pipeline.adapters.store import is_data_error, migrate, open_store
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import StreamProcessor
+from pipeline.core.slo_exposition import WindowCounters, thresholds_by_boundary
 from pipeline.core.slo_windows import slo_factory
 from pipeline.kafka_settings import KafkaSettings
 from pipeline.settings import Settings
@@ -126,22 +127,30 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
     closers = [dlq.abandon, summaries.abandon]
     if query_server is not None:
         closers.append(query_server.stop)
+    accuracy = settings.window_config().relative_accuracy
+    metrics: MetricsState | None = None
+    if settings.prometheus_port is not None:
+        metrics = shell.control.metrics if shell.control is not None else MetricsState()
+        spec = load_spec_file(settings.slo_spec) if settings.slo_spec is not None else None
+        by_boundary = thresholds_by_boundary(spec.slos) if spec is not None else {}
+        metrics.use_counters(WindowCounters(by_boundary, accuracy))
     ports = WorkerPorts(
         store=store,
         dead=DeadLetters(
             topic, dlq, lambda gen, since_ms: read_dead_positions(kafka, topic, gen, since_ms)
         ),
-        feed=ControlFeed(summaries, settings.window_config().relative_accuracy),
+        feed=ControlFeed(
+            summaries, accuracy, on_stored=metrics.windows_stored if metrics else None
+        ),
         ledger=LedgerPublisher(kafka),
         read_ledgers=lambda first, memory_ms: read_topic_ledgers(kafka, first, memory_ms),
         closers=closers,
         rollups_unchecked=rollups_unchecked,
     )
     shell.open(ports)
-    if settings.prometheus_port is not None:
-        state = shell.control.metrics if shell.control is not None else MetricsState()
-        state.health = shell.health
-        server = MetricsServer(state, settings.prometheus_host, settings.prometheus_port)
+    if metrics is not None and settings.prometheus_port is not None:
+        metrics.health = shell.health
+        server = MetricsServer(metrics, settings.prometheus_host, settings.prometheus_port)
         closers.append(server.close)
     log.info(
         "worker started: %s",

@@ -1,30 +1,43 @@
-"""The controller's ``/metrics``: OpenMetrics over HTTP, on 127.0.0.1 unless told otherwise.
+"""A worker's ``/metrics``: OpenMetrics over HTTP, on 127.0.0.1 unless told otherwise.
 
-:class:`MetricsState` holds the latest evaluation (budgets, control levels, P99s) that
-the controller shell publishes after each step, and reads the worker's health when
-scraped; :class:`MetricsServer` serves it (a thread; ``close`` stops it). The content
-is :mod:`pipeline.core.slo_exposition`'s families, rendered by ``prometheus_client``
-in the OpenMetrics text format (``application/openmetrics-text; version=1.0.0``).
+:class:`MetricsState` holds the counters and histograms of the final windows this worker
+stored (:meth:`MetricsState.windows_stored`, from the writer thread), the latest
+evaluation (budgets, control levels, P99s) that the controller shell publishes after each
+step (the worker that runs it), and reads the worker's health when scraped;
+:class:`MetricsServer` serves it (a thread; ``close`` stops it). The content is
+:mod:`pipeline.core.slo_exposition`'s families (names and their meaning there), rendered
+by ``prometheus_client`` in the OpenMetrics text format
+(``application/openmetrics-text; version=1.0.0``); ``promtool check metrics`` accepts it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.openmetrics.exposition import (
-    ALLOWUTF8,
-    CONTENT_TYPE_LATEST,
-    generate_latest,
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
+from pipeline.contract.summary import WindowSummary
 from pipeline.core.budget import BudgetStatus
-from pipeline.core.slo_exposition import Family, all_families
+from pipeline.core.slo_exposition import (
+    Family,
+    HistogramSample,
+    Sample,
+    WindowCounters,
+    all_families,
+)
 
 log = logging.getLogger("tailguard.metrics")
 
@@ -38,29 +51,41 @@ class _Families(Collector):
     def collect(self) -> Iterator[Metric]:
         for f in self.families:
             names = [k for k, _ in f.samples[0].labels] if f.samples else []
-            g = GaugeMetricFamily(f.name, f.help, labels=names)
+            if f.kind == "histogram":
+                h = HistogramMetricFamily(f.name, f.help, labels=names)
+                for hs in f.samples:
+                    assert isinstance(hs, HistogramSample)
+                    buckets = [(floatToGoString(le), n) for le, n in hs.buckets]
+                    h.add_metric([v for _, v in hs.labels], buckets, hs.sum)
+                yield h
+                continue
+            family = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
+            g = family(f.name, f.help, labels=names)
             for s in f.samples:
+                assert isinstance(s, Sample)
                 g.add_metric([v for _, v in s.labels], s.value)
             yield g
 
 
 def render(families: Sequence[Family]) -> bytes:
-    """OpenMetrics text of ``families`` (ends with ``# EOF``).
-
-    Every name is a legal classic Prometheus name (Sloth's have colons); ``allow-utf-8``
-    leaves them as they are, where the default escaping rewrites ``:`` in sample lines
-    (but not in ``# TYPE``) in prometheus_client 0.26."""
+    """OpenMetrics text of ``families`` (ends with ``# EOF``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
-    text: bytes = generate_latest(registry, escaping=ALLOWUTF8)  # type: ignore[no-untyped-call]
+    text: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
     return text
 
 
 class MetricsState:
     """The latest evaluation, published by the controller; read by scrapes (thread-safe)."""
 
-    def __init__(self, health: Callable[[], Mapping[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        health: Callable[[], Mapping[str, float]] | None = None,
+        counters: WindowCounters | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        self._counters = counters or WindowCounters()
+        self._last_evaluation_s: float | None = None
         self._budgets: list[BudgetStatus] = []
         self._levels: dict[str, int] = {}
         self._p99: dict[str, Mapping[str, float | None]] = {}
@@ -88,18 +113,38 @@ class MetricsState:
             if admit_rps is not None:
                 self._admit.update(admit_rps)
             self._not_load_caused = list(not_load_caused)
+            self._last_evaluation_s = time.time()
+
+    def use_counters(self, counters: WindowCounters) -> None:
+        """Count into ``counters`` (the spec's thresholds among its buckets) from now on."""
+        with self._lock:
+            self._counters = counters
+
+    def windows_stored(self, summaries: Sequence[WindowSummary]) -> None:
+        """The final summaries of the windows this worker stored (the writer thread)."""
+        with self._lock:
+            for s in summaries:
+                self._counters.add(s)
 
     def families(self) -> list[Family]:
         with self._lock:
             budgets, levels, p99 = list(self._budgets), dict(self._levels), dict(self._p99)
             admit, nlc = dict(self._admit), list(self._not_load_caused)
+            counted = self._counters.families()
+            last_s = self._last_evaluation_s
         health: Mapping[str, float] = {}
         if self.health is not None:
             try:
                 health = self.health()
             except Exception:  # a scrape never takes the worker down
                 log.exception("worker health for /metrics failed")
-        return all_families(budgets, levels, p99, health, admit_rps=admit, not_load_caused=nlc)
+        return [
+            *counted,
+            *all_families(
+                budgets, levels, p99, health, admit_rps=admit, not_load_caused=nlc,
+                last_evaluation_s=last_s,
+            ),
+        ]  # fmt: skip
 
 
 class MetricsServer:

@@ -1,48 +1,103 @@
-"""What the controller's ``/metrics`` shows, as plain values (pure; rendered by
+"""What ``/metrics`` shows, as plain values (pure; rendered by
 :mod:`pipeline.adapters.prometheus`).
 
-Per SLO (or blended tier) and scope, from one evaluation's
-:class:`~pipeline.core.budget.BudgetStatus`, under Sloth's recording-rule names so that
-Sloth/Pyrra dashboards and alerts work unchanged (labels ``sloth_id``, ``sloth_service``,
-``sloth_slo``, plus tailguard's ``scope``):
+Every name is an exposition name that ``promtool check metrics`` accepts: no ``:`` (those
+are recording-rule names: ``tailguard rules export`` writes Sloth's ``slo:*`` rules from
+the counters below), counters typed as counters with ``_total``, base units (seconds).
+The mapping from the names of earlier releases is :data:`RENAMED` (docs/alerting.md).
 
-=============================================  ==============================================
-``slo:sli_error:ratio_rate<w>``                error ratio over window ``w`` (5m ... 3d, every
-                                               rule window; and the SLO period when rolling)
-``slo:objective:ratio``                        the objective
-``slo:error_budget:ratio``                     ``1 - objective``
-``slo:time_period:days``                       the SLO period's length
-``slo:current_burn_rate:ratio``                burn rate over 5m
-``slo:period_burn_rate:ratio``                 burn rate over the period so far
-``slo:period_error_budget_remaining:ratio``    budget left (1 = untouched, < 0 = overspent)
-``sloth_slo_info``                             1, with the objective and window as labels
-``tailguard_slo_compliance_ratio``             ``1 - error ratio``, label ``window``
-``tailguard_slo_alert_firing``                 1 per firing rule (``rule``, ``severity``)
-``tailguard_control_level``                    the control level (0-3) per scope
-``tailguard_load_caused``, ``..._queue_share_ratio``, ``tailguard_queue_depth_ratio``,
-``tailguard_load_demand_ratio``               load signals per model (is a burn load-caused?)
-``tailguard_admit_rps``                        the admission rate in force per model
-``tailguard_burn_not_load_caused``             1 per (model, SLO) burning, not load-caused
-``tailguard_latency_p99_seconds``              P99 per model and boundary over the latency
-                                               window, with the boundary's OTel name
-=============================================  ==============================================
+Two kinds of figures, told apart by their names:
 
-A window with no traffic has no sample (not 0: no traffic is not compliance).
+* **Counters and histograms every worker exposes** (its own partitions' final windows;
+  :class:`WindowCounters`): what Prometheus rules aggregate across workers.
+
+  ========================================  ===========================================
+  ``tailguard_slo_requests_total``          requests an SLO counted (``slo``)
+  ``tailguard_slo_good_requests_total``     of those, good (within the threshold)
+  ``tailguard_request_latency_seconds``     histogram per model and boundary; the
+                                            spec's thresholds are among the buckets
+  ``tailguard_worker_*_total``              the worker's own counts (events consumed ...)
+  ========================================  ===========================================
+
+* **Gauges of the controller's last evaluation** (the worker that runs it), per SLO (or
+  blended tier) and ``scope``: ``tailguard_slo_burn_rate`` and
+  ``tailguard_slo_compliance_ratio`` (label ``window``), ``tailguard_slo_objective_ratio``,
+  ``tailguard_slo_period_seconds``, the **projected** period figures
+  (``tailguard_slo_period_burn_rate_projected``,
+  ``tailguard_slo_error_budget_remaining_projected_ratio``: the budget is projected to the
+  whole period from the traffic seen, label ``allowance_basis``; Sloth's period burn rate is
+  another figure), ``tailguard_slo_info``, ``tailguard_slo_alert_firing`` (the worker-side
+  rules), ``tailguard_control_level``, the load signals, ``tailguard_admit_rps``,
+  ``tailguard_latency_p99_seconds`` (the controller's input, over its latency window: not
+  aggregatable; the histogram is) and
+  ``tailguard_controller_last_evaluation_timestamp_seconds`` (the dead-man rule's input).
+
+A window with no traffic has no gauge sample (not 0: no traffic is not compliance).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pipeline.core.budget import DAY_MS, BudgetStatus, window_label
+from pipeline.contract.summary import WindowSummary
+from pipeline.core.budget import BudgetStatus, window_label
 from pipeline.core.otel_names import BOUNDARY_NAMES, MODEL_ATTRIBUTE
+from pipeline.core.sketch import bucket_value
 
-FamilyKind = Literal["gauge", "counter"]
+FamilyKind = Literal["gauge", "counter", "histogram"]
 Labels = tuple[tuple[str, str], ...]
 
 SERVICE: Final = "tailguard"
+MODEL_LABEL: Final = MODEL_ATTRIBUTE.replace(".", "_")  # gen_ai_request_model
+
+# Old name -> new name (or what replaces it), for dashboards and alerts written against
+# earlier releases; reproduced in docs/alerting.md. ``<w>``: a window label (5m ... 30d).
+RENAMED: Final[dict[str, str]] = {
+    "slo:sli_error:ratio_rate<w>": "recording rule of `tailguard rules export` (Sloth's "
+    "meaning, from the counters); the store's figure: 1 - tailguard_slo_compliance_ratio"
+    "{window=<w>}",
+    "slo:objective:ratio": "tailguard_slo_objective_ratio (and the exported rule)",
+    "slo:error_budget:ratio": "recording rule of `tailguard rules export`",
+    "slo:time_period:days": "tailguard_slo_period_seconds (and the exported rule, in days)",
+    "slo:current_burn_rate:ratio": 'tailguard_slo_burn_rate{window="5m"}',
+    "slo:period_burn_rate:ratio": "tailguard_slo_period_burn_rate_projected",
+    "slo:period_error_budget_remaining:ratio": (
+        "tailguard_slo_error_budget_remaining_projected_ratio"
+    ),
+    "sloth_slo_info": "tailguard_slo_info",
+    "labels sloth_id, sloth_service, sloth_slo": "label slo (the exported rules add Sloth's)",
+    "tailguard_worker_events_consumed": "tailguard_worker_events_consumed_total (counter)",
+    "tailguard_worker_rows_written": "tailguard_worker_rows_written_total (counter)",
+    "tailguard_worker_store_write_retries": "tailguard_worker_store_write_retries_total",
+    "tailguard_worker_store_rejected_rows": "tailguard_worker_store_rejected_rows_total",
+    "tailguard_worker_generation_finished_<x>": "tailguard_worker_generation_finished_<x>_total",
+}
+
+# The worker's health figures that only grow (exposed as counters, ``_total``).
+HEALTH_COUNTERS: Final = frozenset(
+    {
+        "events_consumed",
+        "rows_written",
+        "store_write_retries",
+        "store_rejected_rows",
+        "generation_finished_requests",
+        "generation_finished_windows",
+        "generation_finished_partials",
+    }
+)
+
+# Classic histogram buckets (ms): 10 per decade from 1 ms to 300 s (the next bound at most
+# 1.33x the last: histogram_quantile interpolates within a bucket, so its error is a
+# fraction of the bucket's width), plus each SLO's threshold on that boundary (so the
+# count of good requests is a bucket, exact to the sketch's accuracy).
+_STEPS: Final = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+LADDER_MS: Final = (
+    *(m * 10.0**e for e in range(5) for m in _STEPS),
+    100_000.0, 120_000.0, 150_000.0, 200_000.0, 250_000.0, 300_000.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +107,29 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
+class HistogramSample:
+    """One classic histogram: cumulative ``buckets`` ``(le seconds, count)`` ending with
+    ``+Inf`` (the count), and the sum of the observations in seconds."""
+
+    labels: Labels
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
+    """``name`` is the exposed name without the ``_total`` a counter gets."""
+
     name: str
     help: str
     kind: FamilyKind
-    samples: tuple[Sample, ...]
+    samples: tuple[Sample | HistogramSample, ...]
 
 
 class _Builder:
     def __init__(self) -> None:
         self.help: dict[str, tuple[str, FamilyKind]] = {}
-        self.samples: dict[str, list[Sample]] = {}
+        self.samples: dict[str, list[Sample | HistogramSample]] = {}
 
     def add(
         self, name: str, help_: str, labels: Labels, value: float | None,
@@ -72,6 +139,10 @@ class _Builder:
         if value is not None:
             self.samples.setdefault(name, []).append(Sample(labels, float(value)))
 
+    def histogram(self, name: str, help_: str, sample: HistogramSample) -> None:
+        self.help.setdefault(name, (help_, "histogram"))
+        self.samples.setdefault(name, []).append(sample)
+
     def families(self) -> list[Family]:
         return [
             Family(name, h, k, tuple(self.samples.get(name, ())))
@@ -80,86 +151,73 @@ class _Builder:
         ]
 
 
-def sloth_labels(slo: str, scope: str, service: str = SERVICE) -> Labels:
-    return (
-        ("sloth_id", f"{service}-{slo}"),
-        ("sloth_service", service),
-        ("sloth_slo", slo),
-        ("scope", scope),
-    )
+def slo_labels(slo: str, scope: str) -> Labels:
+    return (("slo", slo), ("scope", scope))
 
 
 def _period_label(st: BudgetStatus) -> str | None:
-    """``30d`` for a rolling SLO window (Sloth's ``ratio_rate30d``); None for calendar."""
+    """``30d`` for a rolling SLO window; None for calendar."""
     if not st.window.startswith("rolling"):
         return None
     return window_label(st.period_end_ms - st.period_start_ms)
 
 
-def budget_families(budgets: Iterable[BudgetStatus], service: str = SERVICE) -> list[Family]:
+def budget_families(budgets: Iterable[BudgetStatus]) -> list[Family]:
     b = _Builder()
     for st in budgets:
-        base = sloth_labels(st.slo, st.scope, service)
+        base = slo_labels(st.slo, st.scope)
         share = 1.0 - st.objective
-        for label, burn in st.burn_rates.items():
-            err = None if burn is None else burn * share
+        windows = dict(st.burn_rates)
+        period = _period_label(st)
+        if period is not None and period not in windows and st.compliance is not None:
+            windows[period] = (1.0 - st.compliance) / share if share > 0 else None
+        for label, burn in windows.items():
             b.add(
-                f"slo:sli_error:ratio_rate{label}",
-                f"SLI error ratio over the last {label}",
-                (*base, ("sloth_window", label)),
-                err,
+                "tailguard_slo_burn_rate",
+                "Burn rate over the window: error ratio / (1 - objective), from the store's "
+                "counts at the controller's last evaluation",
+                (*base, ("window", label)),
+                burn,
             )
             b.add(
                 "tailguard_slo_compliance_ratio",
-                "Good / total requests over the window",
+                "Good / total requests over the window (the controller's last evaluation)",
                 (*base, ("window", label)),
-                None if err is None else 1.0 - err,
+                None if burn is None else 1.0 - burn * share,
             )
-        period = _period_label(st)
-        period_err = None if st.compliance is None else 1.0 - st.compliance
-        if period is not None and period not in st.burn_rates:
-            b.add(
-                f"slo:sli_error:ratio_rate{period}",
-                f"SLI error ratio over the last {period}",
-                (*base, ("sloth_window", period)),
-                period_err,
-            )
-        b.add("slo:objective:ratio", "SLO objective", base, st.objective)
-        b.add("slo:error_budget:ratio", "Error budget: 1 - objective", base, share)
+        b.add("tailguard_slo_objective_ratio", "SLO objective (good / total)", base, st.objective)
         b.add(
-            "slo:time_period:days",
-            "SLO period length in days",
+            "tailguard_slo_period_seconds",
+            "SLO period length",
             base,
-            (st.period_end_ms - st.period_start_ms) / DAY_MS,
+            (st.period_end_ms - st.period_start_ms) / 1000.0,
         )
+        projected = (*base, ("allowance_basis", st.allowance_basis))
         b.add(
-            "slo:current_burn_rate:ratio",
-            "Burn rate over the last 5m",
-            base,
-            st.burn_rates.get("5m"),
-        )
-        b.add(
-            "slo:period_burn_rate:ratio",
-            "Burn rate over the SLO period so far",
-            base,
+            "tailguard_slo_period_burn_rate_projected",
+            "Bad requests so far / the period's allowed bad requests, the allowance PROJECTED "
+            "to the whole period from the traffic seen (not Sloth's period burn rate, the "
+            "error ratio over the period / (1 - objective))",
+            projected,
             st.consumed / st.allowed if st.total and st.allowed > 0 else None,
         )
         b.add(
-            "slo:period_error_budget_remaining:ratio",
-            "Error budget remaining in the SLO period (1 = untouched, < 0 = overspent)",
-            base,
+            "tailguard_slo_error_budget_remaining_projected_ratio",
+            "Error budget remaining in the SLO period (1 = untouched, < 0 = overspent), of "
+            "the allowance PROJECTED to the whole period from the traffic seen",
+            projected,
             st.remaining_fraction,
         )
         b.add(
-            "sloth_slo_info",
-            "SLO metadata",
-            (*base, ("sloth_objective", f"{st.objective * 100:g}"), ("window", st.window)),
+            "tailguard_slo_info",
+            "SLO metadata (value 1)",
+            (*base, ("objective", f"{st.objective:g}"), ("window", st.window)),
             1.0,
         )
         for alert in st.alerts:
             b.add(
                 "tailguard_slo_alert_firing",
-                "A burn or budget rule firing now",
+                "A worker-side burn or budget rule firing now (the controller's evaluation)",
                 (*base, ("rule", alert.rule), ("severity", alert.severity)),
                 1.0,
             )
@@ -184,9 +242,10 @@ def latency_families(p99_ms: Mapping[str, Mapping[str, float | None]]) -> list[F
             ms = figures.get(f"p99.{boundary}")
             b.add(
                 "tailguard_latency_p99_seconds",
-                "P99 latency over the controller's latency window",
+                "P99 latency over the controller's latency window (its control input; aggregate "
+                "tailguard_request_latency_seconds instead)",
                 (
-                    (MODEL_ATTRIBUTE.replace(".", "_"), model),
+                    (MODEL_LABEL, model),
                     ("boundary", boundary),
                     ("otel_name", otel.name),
                 ),
@@ -224,7 +283,7 @@ def load_families(
     force (``tailguard_admit_rps``, absent while admission is off) and, per (model, SLO),
     ``tailguard_burn_not_load_caused`` = 1 for a fast burn that is not load-caused."""
     b = _Builder()
-    label = MODEL_ATTRIBUTE.replace(".", "_")
+    label = MODEL_LABEL
     for model in sorted(signals):
         sig = signals[model]
         for key, name, help_text in LOAD_GAUGES:
@@ -246,10 +305,24 @@ def load_families(
 
 
 def health_families(health: Mapping[str, float], prefix: str = "tailguard_worker_") -> list[Family]:
-    """The worker's own health figures (``consumer_lag_messages`` ...), one gauge each."""
+    """The worker's own health figures: counters (:data:`HEALTH_COUNTERS`) and gauges
+    (``consumer_lag_messages`` ...)."""
     b = _Builder()
     for name in sorted(health):
-        b.add(prefix + name, f"worker health: {name}", (), health[name])
+        kind: FamilyKind = "counter" if name in HEALTH_COUNTERS else "gauge"
+        b.add(prefix + name, f"worker health: {name}", (), health[name], kind)
+    return b.families()
+
+
+def evaluation_families(last_evaluation_s: float | None) -> list[Family]:
+    """When the controller last evaluated (wall time): the dead-man rule's input."""
+    b = _Builder()
+    b.add(
+        "tailguard_controller_last_evaluation_timestamp_seconds",
+        "Wall time of the controller's last evaluation (unix seconds)",
+        (),
+        last_evaluation_s,
+    )
     return b.families()
 
 
@@ -261,6 +334,7 @@ def all_families(
     *,
     admit_rps: Mapping[str, float | None] | None = None,
     not_load_caused: Iterable[tuple[str, str]] = (),
+    last_evaluation_s: float | None = None,
 ) -> list[Family]:
     return [
         *budget_families(budgets),
@@ -268,4 +342,132 @@ def all_families(
         *latency_families(p99_ms),
         *load_families(p99_ms, admit_rps or {}, not_load_caused),
         *health_families(health),
+        *evaluation_families(last_evaluation_s),
     ]
+
+
+# --------------------------------------------------------------------------- #
+# Counters and histograms of the worker's own final windows
+# --------------------------------------------------------------------------- #
+
+
+def histogram_bounds_ms(thresholds_ms: Iterable[float] = ()) -> tuple[float, ...]:
+    """:data:`LADDER_MS` with ``thresholds_ms`` among the bounds, ascending."""
+    return tuple(sorted({*LADDER_MS, *(float(t) for t in thresholds_ms)}))
+
+
+@dataclass
+class _Histogram:
+    counts: list[int]  # per bound, then the overflow (not cumulative)
+    sum_ms: float = 0.0
+
+
+class WindowCounters:
+    """Cumulative counts of the final window summaries one worker stored.
+
+    Per SLO, requests and good requests (:class:`~pipeline.contract.summary.SLOWindowCounts`
+    of final windows and of corrections); per model and boundary, a classic histogram of
+    the windows' sketches (each sketch bin counted in the bucket holding the value the
+    sketch reports for it: within the sketch's relative accuracy). Counters never go
+    down: a correction may take requests back (a partial record replaced), so each
+    exposed counter is the running maximum of the exact sum (equal to it again as soon as
+    new windows make up the correction, which is every window once traffic flows).
+
+    Not thread-safe: :class:`pipeline.adapters.prometheus.MetricsState` holds a lock.
+    """
+
+    def __init__(
+        self,
+        thresholds_ms: Mapping[str, Iterable[float]] | None = None,
+        relative_accuracy: float = 0.01,
+    ) -> None:
+        self.relative_accuracy = relative_accuracy
+        self._bounds: dict[str, tuple[float, ...]] = {
+            b: histogram_bounds_ms((thresholds_ms or {}).get(b, ())) for b in BOUNDARY_NAMES
+        }
+        self._exact: dict[str, list[int]] = {}  # slo -> [total, good]
+        self._shown: dict[str, list[int]] = {}
+        self._hist: dict[tuple[str, str], _Histogram] = {}
+        self._values: dict[int, float] = {}
+
+    def add(self, summary: WindowSummary) -> None:
+        """One final summary (a window or a correction); provisional ones are ignored."""
+        if not summary.final:
+            return
+        for slo, c in summary.slos.items():
+            exact = self._exact.setdefault(slo, [0, 0])
+            shown = self._shown.setdefault(slo, [0, 0])
+            exact[0] += c.total
+            exact[1] += c.good
+            shown[0] = max(shown[0], exact[0])
+            shown[1] = max(shown[1], exact[1])
+        if summary.correction_id is not None:
+            return
+        for model, mw in summary.models.items():
+            if model == "*":
+                continue  # PromQL sums the models
+            for boundary, sk in mw.boundaries.items():
+                bounds = self._bounds.get(boundary)
+                if bounds is None or sk.count <= 0:
+                    continue
+                h = self._hist.get((model, boundary))
+                if h is None:
+                    h = self._hist[(model, boundary)] = _Histogram([0] * (len(bounds) + 1))
+                h.counts[0] += sk.zero_count + sum(sk.neg_counts)
+                for key, n in zip(sk.pos_keys, sk.pos_counts, strict=True):
+                    h.counts[bisect.bisect_left(bounds, self._value_ms(key))] += n
+                h.sum_ms += sk.sum
+
+    def _value_ms(self, key: int) -> float:
+        v = self._values.get(key)
+        if v is None:
+            v = self._values[key] = bucket_value(1, key, self.relative_accuracy)
+        return v
+
+    def families(self) -> list[Family]:
+        b = _Builder()
+        for slo in sorted(self._shown):
+            total, good = self._shown[slo]
+            b.add(
+                "tailguard_slo_requests",
+                "Requests the SLO counted (final windows of this worker's partitions)",
+                (("slo", slo),),
+                total,
+                "counter",
+            )
+            b.add(
+                "tailguard_slo_good_requests",
+                "Of the SLO's requests, those within its threshold",
+                (("slo", slo),),
+                good,
+                "counter",
+            )
+        for (model, boundary), h in sorted(self._hist.items()):
+            bounds = self._bounds[boundary]
+            cumulative, running = [], 0
+            for bound, n in zip((*bounds, float("inf")), h.counts, strict=True):
+                running += n
+                cumulative.append((bound / 1000.0, float(running)))
+            b.histogram(
+                "tailguard_request_latency_seconds",
+                "Request latency per boundary (classic buckets; the SLO thresholds are "
+                "bounds), from the final windows' sketches",
+                HistogramSample(
+                    (
+                        (MODEL_LABEL, model),
+                        ("boundary", boundary),
+                        ("otel_name", BOUNDARY_NAMES[boundary].name),
+                    ),
+                    tuple(cumulative),
+                    h.sum_ms / 1000.0,
+                ),
+            )
+        return b.families()
+
+
+def thresholds_by_boundary(slos: Iterable[Any]) -> dict[str, list[float]]:
+    """``boundary -> [threshold_ms ...]`` of a spec's SLOs (the histogram bounds they add)."""
+    out: dict[str, list[float]] = {}
+    for slo in slos:
+        out.setdefault(slo.boundary, []).append(float(slo.threshold_ms))
+    return out

@@ -1,8 +1,10 @@
-"""/metrics content (Sloth names, parsed back with prometheus_client's OpenMetrics parser),
+"""/metrics content (names promtool accepts, counters, histograms; parsed back with
+prometheus_client's OpenMetrics parser),
 burn-rate alerts as Alertmanager alerts (firing, resolved), and the webhook signature."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,10 +12,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.alerting import sign, verify_signature
 from pipeline.adapters.prometheus import MetricsState, render
+from pipeline.contract.summary import ModelWindow, SLOWindowCounts, WindowSummary
 from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetBook
 from pipeline.core.otel_names import BOUNDARY_NAMES
 from pipeline.core.record import BOUNDARIES
+from pipeline.core.sketch import QuantileSketch
+from pipeline.core.slo_exposition import HistogramSample, WindowCounters
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
 
@@ -46,14 +51,14 @@ def one(samples: dict[tuple[tuple[str, str], ...], float], **labels: str) -> flo
     return hits[0]
 
 
-def test_sloth_names_and_values_equal_the_trackers() -> None:
+def test_names_and_values_equal_the_trackers() -> None:
     # 6 h: 99.5 % good, then 30 min at 90 % (a burn)
     fractions = [0.995] * 2160 + [0.90] * 180
     book = book_with(fractions)
     now = T0 + len(fractions) * STEP
     statuses = book.evaluate(now)
     (st,) = statuses
-    state = MetricsState(health=lambda: {"consumer_lag_messages": 7})
+    state = MetricsState(health=lambda: {"consumer_lag_messages": 7, "events_consumed": 12})
     state.publish(statuses, {"llama": 2, "*": 0}, {"llama": {"p99.ttft_engine_ms": 812.5}})
     got = scrape(state)
 
@@ -62,20 +67,20 @@ def test_sloth_names_and_values_equal_the_trackers() -> None:
     for label, ms in (("5m", 300_000), ("30m", 1_800_000), ("1h", 3_600_000), ("6h", 21_600_000)):
         c = tracker.counts(now - ms, now)
         want = c.bad / c.total
-        value = one(got[f"slo:sli_error:ratio_rate{label}"], sloth_slo=st.slo, scope="*")
-        assert value == pytest.approx(want, rel=1e-9, abs=1e-12)
+        burn = one(got["tailguard_slo_burn_rate"], slo=st.slo, scope="*", window=label)
+        assert burn == pytest.approx(want / share, rel=1e-9, abs=1e-12)
         compliance = one(got["tailguard_slo_compliance_ratio"], window=label)
         assert compliance == pytest.approx(1 - want, rel=1e-9)
-    assert one(got["slo:sli_error:ratio_rate30d"]) == pytest.approx(1 - st.compliance)
-    assert one(got["slo:objective:ratio"]) == st.objective
-    assert one(got["slo:error_budget:ratio"]) == pytest.approx(share)
-    assert one(got["slo:time_period:days"]) == 30
-    assert one(got["slo:current_burn_rate:ratio"]) == pytest.approx(st.burn_rates["5m"])
-    assert one(got["slo:period_burn_rate:ratio"]) == pytest.approx(st.consumed / st.allowed)
-    assert one(got["slo:period_error_budget_remaining:ratio"]) == pytest.approx(
+    assert one(got["tailguard_slo_compliance_ratio"], window="30d") == pytest.approx(st.compliance)
+    assert one(got["tailguard_slo_objective_ratio"]) == st.objective
+    assert one(got["tailguard_slo_period_seconds"]) == 30 * 86_400
+    assert one(got["tailguard_slo_period_burn_rate_projected"]) == pytest.approx(
+        st.consumed / st.allowed
+    )
+    assert one(got["tailguard_slo_error_budget_remaining_projected_ratio"]) == pytest.approx(
         st.remaining_fraction
     )
-    assert one(got["sloth_slo_info"], sloth_id=f"tailguard-{st.slo}") == 1
+    assert one(got["tailguard_slo_info"], slo=st.slo, objective="0.99") == 1
     firing = {dict(k)["rule"]: dict(k)["severity"] for k in got["tailguard_slo_alert_firing"]}
     assert firing == {a.rule: a.severity for a in st.alerts}
     assert firing  # the burn fires something
@@ -85,6 +90,112 @@ def test_sloth_names_and_values_equal_the_trackers() -> None:
     assert p99 == pytest.approx(0.8125)
     assert one(got["tailguard_latency_p99_seconds"], otel_name="gen_ai.server.time_to_first_token")
     assert got["tailguard_worker_consumer_lag_messages"] == {(): 7.0}
+    assert got["tailguard_worker_events_consumed_total"] == {(): 12.0}  # a counter
+    assert one(got["tailguard_controller_last_evaluation_timestamp_seconds"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("tailguard_slo_requests", "counter"),
+        ("tailguard_slo_good_requests", "counter"),
+        ("tailguard_request_latency_seconds", "histogram"),
+        ("tailguard_worker_events_consumed", "counter"),
+        ("tailguard_worker_rows_written", "counter"),
+        ("tailguard_worker_store_write_retries", "counter"),
+        ("tailguard_worker_store_rejected_rows", "counter"),
+        ("tailguard_worker_consumer_lag_messages", "gauge"),
+        ("tailguard_slo_burn_rate", "gauge"),
+        ("tailguard_slo_period_burn_rate_projected", "gauge"),
+    ],
+)
+def test_types_and_no_recording_rule_names(name: str, kind: str) -> None:
+    """Counters are counters (``_total``), latency a histogram, and no name has a ``:``
+    (the recording rules' names; what ``promtool check metrics`` flags)."""
+    state = MetricsState(
+        health=lambda: dict.fromkeys(
+            ("consumer_lag_messages", "events_consumed", "rows_written",
+             "store_write_retries", "store_rejected_rows"), 3.0)
+    )  # fmt: skip
+    state.use_counters(WindowCounters({"gateway_ttfb_ms": [2000.0]}))
+    state.windows_stored([window([100.0, 2500.0], total=2, good=1)])
+    state.publish(book_with([0.9] * 100).evaluate(T0 + 100 * STEP), {}, {})
+    text = render(state.families()).decode()
+    kinds = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert kinds[name] == kind
+    assert not [n for n in kinds if ":" in n]
+
+
+def window(
+    latencies_ms: list[float], *, total: int, good: int, correction: bool = False,
+    slo: str = "ttft-stream", model: str = "llama", boundary: str = "gateway_ttfb_ms",
+) -> WindowSummary:  # fmt: skip
+    sk = QuantileSketch(0.01)
+    sk.add_many(latencies_ms)
+    mw = ModelWindow(len(latencies_ms), {boundary: sk.to_columns()})
+    models = {} if correction else {model: mw}
+    return WindowSummary(
+        0, T0, STEP, models, {slo: SLOWindowCounts(total, good, 0.99)},
+        correction_id="c1" if correction else None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("steps", "want_total", "want_good"),
+    [
+        ([(10, 9)], 10, 9),
+        ([(10, 9), (5, 5)], 15, 14),
+        # a correction takes a request back: the counters hold, then catch up
+        ([(10, 9), (-1, -1)], 10, 9),
+        ([(10, 9), (-1, -1), (3, 3)], 12, 11),
+        ([(0, 0)], 0, 0),
+    ],
+)
+def test_slo_counters_never_go_down(
+    steps: list[tuple[int, int]], want_total: int, want_good: int
+) -> None:
+    c = WindowCounters()
+    for i, (total, good) in enumerate(steps):
+        c.add(window([], total=total, good=good, correction=i > 0 and total < 0))
+    by = {f.name: f for f in c.families()}
+    assert by["tailguard_slo_requests"].samples[0].value == want_total  # type: ignore[union-attr]
+    assert by["tailguard_slo_good_requests"].samples[0].value == want_good  # type: ignore[union-attr]
+
+
+def test_provisional_windows_are_not_counted() -> None:
+    c = WindowCounters()
+    c.add(dataclasses.replace(window([5.0], total=1, good=1), final=False))
+    assert c.families() == []
+
+
+@pytest.mark.parametrize(
+    ("latencies_ms", "threshold_ms", "le_s", "want"),
+    [
+        # (values 2 % or more from a bound: a sketch bin holding the bound could count
+        # either way, within the sketch's relative accuracy, 1 %)
+        ([95.0, 250.0, 1950.0, 2500.0], 2000.0, 2.0, 3),
+        ([95.0, 250.0, 1950.0, 2500.0], 2000.0, 0.1, 1),
+        ([95.0, 250.0, 1950.0, 2500.0], 2000.0, math.inf, 4),
+        ([0.0, 0.5], 50.0, 0.001, 2),  # zero and sub-millisecond: the first bucket
+        ([700.0], 730.0, 0.73, 1),  # an odd threshold is a bucket bound (0.6: 0, 0.8: 1)
+        ([700.0], 730.0, 0.6, 0),
+    ],
+)
+def test_histogram_buckets_count_the_sketch(
+    latencies_ms: list[float], threshold_ms: float, le_s: float, want: int
+) -> None:
+    c = WindowCounters({"gateway_ttfb_ms": [threshold_ms]})
+    c.add(window(latencies_ms, total=len(latencies_ms), good=0))
+    c.add(window([], total=0, good=0))  # no latencies: nothing added
+    (h,) = [f for f in c.families() if f.kind == "histogram"]
+    (sample,) = h.samples
+    assert isinstance(sample, HistogramSample)
+    assert dict(sample.labels)["gen_ai_request_model"] == "llama"
+    buckets = dict(sample.buckets)
+    assert threshold_ms / 1000 in buckets
+    assert buckets[le_s] == want
+    assert sample.sum == pytest.approx(sum(latencies_ms) / 1000, rel=0.01)
+    assert [n for _, n in sample.buckets] == sorted(n for _, n in sample.buckets)
 
 
 def test_no_traffic_is_no_sample() -> None:
@@ -92,8 +203,8 @@ def test_no_traffic_is_no_sample() -> None:
     state = MetricsState()
     state.publish(book.evaluate(T0 + 7 * 86_400_000), {}, {})  # a week later: windows empty
     got = scrape(state)
-    assert "slo:sli_error:ratio_rate5m" not in got
-    assert "slo:objective:ratio" in got
+    assert not [k for k in got.get("tailguard_slo_burn_rate", {}) if ("window", "5m") in k]
+    assert "tailguard_slo_objective_ratio" in got
     assert all(not math.isnan(v) for fam in got.values() for v in fam.values())
 
 
