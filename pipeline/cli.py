@@ -761,6 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.app.tool_commands import register as register_tools
 
     register_tools(sub, _add_store)  # explain, capacity, sql
+    from pipeline.app.rules import register as register_rules
+
+    register_rules(sub)  # rules export | alertmanager
 
     s = sub.add_parser(
         "gateway", help="OpenAI-compatible pass-through proxy that emits gateway.* events"

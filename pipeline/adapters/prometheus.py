@@ -25,7 +25,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
@@ -67,12 +68,24 @@ class _Families(Collector):
             yield g
 
 
-def render(families: Sequence[Family]) -> bytes:
-    """OpenMetrics text of ``families`` (ends with ``# EOF``)."""
+def _registry(families: Sequence[Family]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
-    text: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def render(families: Sequence[Family]) -> bytes:
+    """OpenMetrics text of ``families`` (ends with ``# EOF``)."""
+    text: bytes = generate_latest(_registry(families))  # type: ignore[no-untyped-call]
     return text
+
+
+def render_for(families: Sequence[Family], accept: str) -> tuple[bytes, str]:
+    """``(body, content type)`` in the format the ``Accept`` header asks for: OpenMetrics
+    for Prometheus (its scrapes ask for it first), the Prometheus text format 0.0.4
+    otherwise (``curl``; what ``promtool check metrics`` reads)."""
+    encoder, content_type = choose_encoder(accept)
+    return encoder(_registry(families)), content_type
 
 
 class MetricsState:
@@ -158,9 +171,9 @@ class MetricsServer:
                 if self.path.split("?", 1)[0] != METRICS_PATH:
                     self.send_error(404)
                     return
-                body = render(state.families())
+                body, content_type = render_for(state.families(), self.headers.get("Accept", ""))
                 self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

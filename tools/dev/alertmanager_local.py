@@ -154,8 +154,10 @@ class LocalAlertmanager:
         port: int = 0,
         binary: Path | None = None,
         ready_timeout_s: float = 60.0,
+        config: str = CONFIG,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.config = config
         self.port = port or free_port()
         self.binary = binary
         self.ready_timeout_s = ready_timeout_s
@@ -168,7 +170,7 @@ class LocalAlertmanager:
     def start(self) -> None:
         binary = self.binary or ensure_alertmanager()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "alertmanager.yml").write_text(CONFIG)
+        (self.run_dir / "alertmanager.yml").write_text(self.config)
         out = (self.run_dir / "alertmanager.out").open("ab")
         self.proc = subprocess.Popen(
             [

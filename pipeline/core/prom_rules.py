@@ -1,0 +1,309 @@
+"""Prometheus recording and alerting rules from the SLO spec and the burn rules (pure).
+
+What ``tailguard rules export`` writes (:mod:`pipeline.app.rules` renders it as YAML). The
+rules read only the counters every worker exposes
+(:mod:`pipeline.core.slo_exposition`: ``tailguard_slo_requests_total`` and
+``tailguard_slo_good_requests_total``, label ``slo``), so any Prometheus, or an HA pair,
+evaluates them across workers and keeps paging when one worker, or the controller, dies.
+
+Per SLO, Sloth's shape and names (labels ``sloth_id``, ``sloth_service``, ``sloth_slo``),
+with Sloth's meaning:
+
+* **SLI recordings** ``slo:sli_error:ratio_rate<w>`` for every window of the burn-rate
+  rules that apply to the SLO: ``1 - rate(good[w]) / rate(total[w])`` summed over the
+  workers; the SLO period's (``30d``) as the average of the shortest window's ratios over
+  the period (Sloth's: a 30-day range over the raw counters is costly); and
+  ``tailguard:slo_requests:increase<w>`` for the short windows of rules with a low-traffic
+  guard (``min_requests``).
+* **Metadata recordings**: ``slo:objective:ratio``, ``slo:error_budget:ratio``,
+  ``slo:time_period:days``, ``slo:current_burn_rate:ratio`` (the shortest window),
+  ``slo:period_burn_rate:ratio``, ``slo:period_error_budget_remaining:ratio``,
+  ``sloth_slo_info``.
+* **Two alerts**, one ``page`` and one ``ticket`` (alertname ``TailguardSLOBurn``, label
+  ``severity``): the ``burn_rate`` rules of that severity, OR-ed; each is "error ratio over
+  ``long`` AND over ``short`` > factor x (1 - objective)", AND, with ``min_requests``, at
+  least that many requests over ``short``. Annotations: summary, the SLO's boundary and
+  threshold, the runbook, what ``tailguard`` command to run.
+
+The other rule kinds (``budget_fraction``, ``compliance_below``) stay worker-side (the
+controller's evaluation, :mod:`pipeline.core.budget`): at most two alerts per SLO here, as
+Sloth does. Blended tiers have no counters of their own and are not exported.
+
+A **dead-man group**: ``TailguardEvaluationsStopped`` (the controller's last evaluation is
+older than 5 minutes, or no worker exposes it) and ``TailguardWindowsStopped`` (workers
+consume events but count no SLO window for 15 minutes).
+
+:data:`INHIBIT_RULES` is the Alertmanager snippet: a page inhibits the ticket of the same
+SLO.
+
+Calendar SLOs: Prometheus has no calendar ranges; the period is 30 days (``month``) or 7
+(``week``), rolling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pipeline.core.budget import DAY_MS, window_label
+from pipeline.spec.burn_rules import BurnRateRule, BurnRules
+from pipeline.spec.slo import SLO, SLOSpec
+
+SERVICE: Final = "tailguard"
+REQUESTS: Final = "tailguard_slo_requests_total"
+GOOD: Final = "tailguard_slo_good_requests_total"
+ALERTNAME: Final = "TailguardSLOBurn"
+SEVERITIES: Final = ("page", "ticket")
+RUNBOOK: Final = "docs/alerting.md#runbook"  # --runbook-url: where yours is published
+CALENDAR_DAYS: Final = {"month": 30, "week": 7}
+EVALUATIONS_STALE_S: Final = 300
+WINDOWS_STOPPED: Final = "15m"
+
+INHIBIT_RULES: Final[list[dict[str, Any]]] = [
+    {
+        # the page of an SLO says what its ticket would: one notification, not two
+        "source_matchers": [f'alertname="{ALERTNAME}"', 'severity="page"'],
+        "target_matchers": [f'alertname="{ALERTNAME}"', 'severity="ticket"'],
+        "equal": ["sloth_id"],
+    }
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RulesOptions:
+    service: str = SERVICE
+    runbook_url: str = RUNBOOK
+    # extra labels on every alert (routing: team, tier ...)
+    alert_labels: tuple[tuple[str, str], ...] = ()
+
+
+def period_ms(slo: SLO) -> int:
+    rolling = slo.window.rolling_ms
+    if rolling is not None:
+        return rolling
+    w = slo.window
+    return CALENDAR_DAYS[str(w.calendar)] * DAY_MS
+
+
+def _labels(slo: str, service: str) -> dict[str, str]:
+    return {"sloth_id": f"{service}-{slo}", "sloth_service": service, "sloth_slo": slo}
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.10g}"
+
+
+def burn_rules_for(slo: SLO, rules: BurnRules) -> list[BurnRateRule]:
+    return [
+        r
+        for r in rules.rules
+        if isinstance(r, BurnRateRule) and r.applies_to(slo.name, slo.objective)
+    ]
+
+
+def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str, Any]]:
+    """The recording, metadata and alert groups of one SLO."""
+    base = _labels(slo.name, opts.service)
+    sel = _selector(base)
+    mine = burn_rules_for(slo, rules)
+    windows = sorted({ms for r in mine for ms in (r.long_ms, r.short_ms)})
+    shortest = windows[0] if windows else 300_000
+    windows = sorted({*windows, shortest})
+    counted = f'{{slo="{slo.name}"}}'
+    sli: list[dict[str, Any]] = []
+    for ms in windows:
+        w = window_label(ms)
+        sli.append(
+            {
+                "record": f"slo:sli_error:ratio_rate{w}",
+                "expr": f"1 - (sum(rate({GOOD}{counted}[{w}]))\n"
+                f"/ sum(rate({REQUESTS}{counted}[{w}])))",
+                "labels": {**base, "sloth_window": w},
+            }
+        )
+    guarded = sorted({r.short_ms for r in mine if r.min_requests > 0})
+    for ms in guarded:
+        w = window_label(ms)
+        sli.append(
+            {
+                "record": f"tailguard:slo_requests:increase{w}",
+                "expr": f"sum(increase({REQUESTS}{counted}[{w}]))",
+                "labels": {**base, "sloth_window": w},
+            }
+        )
+    period = window_label(period_ms(slo))
+    short = window_label(shortest)
+    if period_ms(slo) not in windows:
+        ratio = f"slo:sli_error:ratio_rate{short}{sel}"
+        sli.append(
+            {
+                "record": f"slo:sli_error:ratio_rate{period}",
+                "expr": f"sum_over_time({ratio}[{period}])\n"
+                f"/ ignoring (sloth_window)\ncount_over_time({ratio}[{period}])",
+                "labels": {**base, "sloth_window": period},
+            }
+        )
+    budget = 1.0 - slo.objective
+    on = "on (sloth_id, sloth_slo, sloth_service) group_left"
+    meta = [
+        {"record": "slo:objective:ratio", "expr": f"vector({_num(slo.objective)})", "labels": base},
+        {"record": "slo:error_budget:ratio", "expr": f"vector(1 - {_num(slo.objective)})",
+         "labels": base},
+        {"record": "slo:time_period:days", "expr": f"vector({_num(period_ms(slo) / DAY_MS)})",
+         "labels": base},
+        {"record": "slo:current_burn_rate:ratio",
+         "expr": f"slo:sli_error:ratio_rate{short}{sel}\n/ {on}\nslo:error_budget:ratio{sel}",
+         "labels": base},
+        {"record": "slo:period_burn_rate:ratio",
+         "expr": f"slo:sli_error:ratio_rate{period}{sel}\n/ {on}\nslo:error_budget:ratio{sel}",
+         "labels": base},
+        {"record": "slo:period_error_budget_remaining:ratio",
+         "expr": f"1 - slo:period_burn_rate:ratio{sel}", "labels": base},
+        {"record": "sloth_slo_info", "expr": "vector(1)",
+         "labels": {**base, "sloth_mode": "tailguard", "sloth_spec": "tailguard/v1",
+                    "sloth_objective": _num(slo.objective * 100)}},
+    ]  # fmt: skip
+    alerts: list[dict[str, Any]] = []
+    for severity in SEVERITIES:
+        of = [r for r in mine if r.severity == severity]
+        if not of:
+            continue
+        alerts.append(_alert(slo, of, severity, base, sel, budget, opts))
+    name = slo.name
+    groups = [
+        {"name": f"tailguard-slo-sli-recordings-{name}", "rules": sli},
+        {"name": f"tailguard-slo-meta-recordings-{name}", "rules": meta},
+    ]
+    if alerts:
+        groups.append({"name": f"tailguard-slo-alerts-{name}", "rules": alerts})
+    return groups
+
+
+def _alert(  # noqa: PLR0917
+    slo: SLO,
+    rules: Sequence[BurnRateRule],
+    severity: str,
+    base: dict[str, str],
+    sel: str,
+    budget: float,
+    opts: RulesOptions,
+) -> dict[str, Any]:
+    terms = []
+    for r in rules:
+        long, short = window_label(r.long_ms), window_label(r.short_ms)
+        limit = f"({_num(r.factor)} * {_num(budget)})"
+        parts = [
+            f"max(slo:sli_error:ratio_rate{short}{sel} > {limit}) without (sloth_window)",
+            f"max(slo:sli_error:ratio_rate{long}{sel} > {limit}) without (sloth_window)",
+        ]
+        if r.min_requests > 0:
+            parts.append(
+                f"max(tailguard:slo_requests:increase{short}{sel} >= {r.min_requests})"
+                " without (sloth_window)"
+            )
+        terms.append("(\n    " + "\n    and\n    ".join(parts) + "\n)")
+    expr = "\nor\n".join(terms)
+    what = ", ".join(
+        f"{_num(r.factor)}x over {window_label(r.long_ms)} and {window_label(r.short_ms)}"
+        for r in rules
+    )
+    op = "<" if slo.threshold_strict else "<="
+    return {
+        "alert": ALERTNAME,
+        "expr": expr,
+        "labels": {
+            "severity": severity,
+            "slo": slo.name,
+            "service": opts.service,
+            "source": "prometheus",
+            **dict(opts.alert_labels),
+        },
+        "annotations": {
+            "summary": f"SLO {slo.name}: error budget burning fast ({severity}: {what})",
+            "title": f"({{{{ $labels.sloth_service }}}} {slo.name}) {severity}: error "
+            "budget burn rate",
+            "boundary": f"{slo.boundary} {op} {_num(slo.threshold_ms)} ms for "
+            f"{_num(slo.objective * 100)}% ({slo.description or slo.name})",
+            "runbook_url": opts.runbook_url,
+            "explain": "tailguard report --since 1h  (the burning SLO's minutes); then "
+            "tailguard explain <request_id> of a slow request (where its time went)",
+        },
+    }
+
+
+def deadman_group() -> dict[str, Any]:
+    """Alerts that fire when tailguard itself stops: no alert above can fire then."""
+    stamp = "tailguard_controller_last_evaluation_timestamp_seconds"
+    return {
+        "name": "tailguard-deadman",
+        "rules": [
+            {
+                "alert": "TailguardEvaluationsStopped",
+                "expr": f"(time() - max({stamp}) > {EVALUATIONS_STALE_S})\nor\nabsent({stamp})",
+                "for": "5m",
+                "labels": {"severity": "page", "service": SERVICE, "source": "prometheus"},
+                "annotations": {
+                    "summary": "tailguard's controller has not evaluated the SLOs for 5 "
+                    "minutes (or no worker exposes it): no control, no worker-side alert",
+                    "runbook_url": RUNBOOK,
+                },
+            },
+            {
+                "alert": "TailguardWindowsStopped",
+                "expr": f"sum(rate({REQUESTS}[{WINDOWS_STOPPED}])) == 0\n"
+                f"and\nsum(rate(tailguard_worker_events_consumed_total[{WINDOWS_STOPPED}])) > 0",
+                "for": "5m",
+                "labels": {"severity": "page", "service": SERVICE, "source": "prometheus"},
+                "annotations": {
+                    "summary": f"tailguard's workers consume events but counted no SLO window "
+                    f"for {WINDOWS_STOPPED}: the burn-rate alerts are blind",
+                    "runbook_url": RUNBOOK,
+                },
+            },
+        ],
+    }
+
+
+def rule_groups(
+    spec: SLOSpec, rules: BurnRules, opts: RulesOptions | None = None
+) -> dict[str, Any]:
+    """The rule file (``{"groups": [...]}``) for every SLO of ``spec`` + the dead-man group."""
+    o = opts or RulesOptions()
+    groups: list[dict[str, Any]] = []
+    for slo in spec.slos:
+        groups.extend(slo_groups(slo, rules, o))
+    groups.append(deadman_group())
+    return {"groups": groups}
+
+
+def prometheus_rule(doc: dict[str, Any], name: str = "tailguard-slos") -> dict[str, Any]:
+    """The same groups as a Prometheus Operator ``PrometheusRule``."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": SERVICE}},
+        "spec": doc,
+    }
+
+
+def alertmanager_example(receiver_url: str = "http://127.0.0.1:5001/") -> dict[str, Any]:
+    """An Alertmanager configuration: pages and tickets to receivers, the page inhibiting
+    the ticket of the same SLO."""
+    return {
+        "route": {
+            "receiver": "tickets",
+            "group_by": ["alertname", "sloth_id"],
+            "group_wait": "30s",
+            "routes": [{"matchers": ['severity="page"'], "receiver": "pages"}],
+        },
+        "receivers": [
+            {"name": "pages", "webhook_configs": [{"url": receiver_url}]},
+            {"name": "tickets", "webhook_configs": [{"url": receiver_url}]},
+        ],
+        "inhibit_rules": INHIBIT_RULES,
+    }

@@ -1,0 +1,258 @@
+"""A real Prometheus and ``promtool`` on 127.0.0.1 for tests (built once from its Go module).
+
+Prometheus is the Go module ``github.com/prometheus/prometheus`` (:data:`PROM_VERSION`:
+the module's ``v0.X.Y`` is Prometheus ``3.X.Y``), fetched from the Go module proxy with
+``go mod download`` and built with ``go build`` into an ignored cache folder
+(``<repo>/.cache/prometheus/<version>/bin/{prometheus,promtool}``), the way
+:mod:`tools.dev.alertmanager_local` builds Alertmanager. Built with the ``remove_all_sd``
+tag (no cloud service discovery: static targets are all the tests use; it leaves out
+most of the dependencies) and without the web UI's assets (the API is all the tests use).
+Measured on the 2-core machine: ~5 min for both binaries once the module is downloaded.
+
+Library use::
+
+    promtool()                                   # the binary's path (built if missing)
+    with LocalPrometheus(run_dir, targets=["127.0.0.1:9464"], rule_files=[path],
+                         alertmanager="127.0.0.1:9093") as prom:
+        prom.query("up")                         # GET /api/v1/query
+        prom.alerts()                            # GET /api/v1/alerts
+
+Command line::
+
+    python -m tools.dev.prometheus_local fetch   # build once (prints the bin folder)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import yaml
+
+from tools.dev.alertmanager_local import HOST, _go, _run, free_port
+from tools.dev.kafka_local import _file_lock, env_or_repo_path
+
+PROM_MODULE = "github.com/prometheus/prometheus"
+PROM_VERSION = "v0.316.0"  # Prometheus 3.16.0
+ENV_CACHE_DIR = "TAILGUARD_PROMETHEUS_CACHE"
+BINARIES = ("prometheus", "promtool")
+
+log = logging.getLogger(__name__)
+
+
+class PrometheusLocalError(RuntimeError):
+    """The local Prometheus could not be built, started or stopped."""
+
+
+def default_cache_dir() -> Path:
+    """``$TAILGUARD_PROMETHEUS_CACHE`` or ``<repo>/.cache/prometheus`` (git-ignored)."""
+    return env_or_repo_path(ENV_CACHE_DIR, ".cache", "prometheus")
+
+
+def bin_dir(cache_dir: Path | None = None, version: str = PROM_VERSION) -> Path:
+    return (cache_dir or default_cache_dir()) / version / "bin"
+
+
+def ensure_prometheus(cache_dir: Path | None = None, *, version: str = PROM_VERSION) -> Path:
+    """The folder holding ``prometheus`` and ``promtool``, built first when missing."""
+    out = bin_dir(cache_dir, version)
+    if all(os.access(out / b, os.X_OK) for b in BINARIES):
+        return out
+    root = out.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root.parent / ".build.lock"):
+        if all(os.access(out / b, os.X_OK) for b in BINARIES):
+            return out
+        try:
+            go = _go()
+        except RuntimeError as exc:
+            raise PrometheusLocalError(str(exc)) from exc
+        # the module ships a go.work for its own development: not ours
+        env = dict(os.environ, GOFLAGS="-mod=mod -buildvcs=false", CGO_ENABLED="0", GOWORK="off")
+        t0 = time.monotonic()
+        try:
+            info = json.loads(
+                _run([go, "mod", "download", "-json", f"{PROM_MODULE}@{version}"], None, env)
+            )
+            tmp = root / "bin.tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            # the module cache is read-only; go build writes nothing into the source
+            build = [go, "build", "-trimpath", "-tags", "remove_all_sd", "-o", f"{tmp}/"]
+            _run([*build, "./cmd/prometheus", "./cmd/promtool"], Path(info["Dir"]), env)
+        except RuntimeError as exc:
+            raise PrometheusLocalError(str(exc)) from exc
+        out.mkdir(parents=True, exist_ok=True)
+        for b in BINARIES:
+            (tmp / b).replace(out / b)
+        took = time.monotonic() - t0
+        (root / "BUILD.txt").write_text(f"{PROM_MODULE}@{version} built in {took:.0f} s\n")
+        log.info("built Prometheus %s in %.0f s: %s", version, took, out)
+    return out
+
+
+def promtool() -> Path:
+    return ensure_prometheus() / "promtool"
+
+
+def run_promtool(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``promtool ARGS`` (not checked: the caller reads the exit status and output)."""
+    return subprocess.run(
+        [str(promtool()), *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+class LocalPrometheus:
+    """One Prometheus on 127.0.0.1 scraping ``targets`` every ``interval``, evaluating
+    ``rule_files`` as often, alerting ``alertmanager`` (``host:port``); stopped by PID."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        targets: Sequence[str],
+        rule_files: Sequence[Path] = (),
+        alertmanager: str | None = None,
+        interval: str = "1s",
+        port: int = 0,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.targets = list(targets)
+        self.rule_files = [Path(p).resolve() for p in rule_files]
+        self.alertmanager = alertmanager
+        self.interval = interval
+        self.port = port or free_port()
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def config(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
+            "scrape_configs": [
+                {"job_name": "tailguard", "static_configs": [{"targets": self.targets}]}
+            ],
+            "rule_files": [str(p) for p in self.rule_files],
+        }
+        if self.alertmanager:
+            doc["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": [self.alertmanager]}]}]
+            }
+        return doc
+
+    def start(self) -> None:
+        binary = ensure_prometheus() / "prometheus"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.run_dir / "prometheus.yml"
+        conf.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        out = (self.run_dir / "prometheus.out").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                str(binary),
+                f"--config.file={conf}",
+                f"--storage.tsdb.path={self.run_dir / 'data'}",
+                f"--web.listen-address={HOST}:{self.port}",
+                # resolved alerts reach Alertmanager on the next evaluation, not a minute on
+                "--rules.alert.resend-delay=1s",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.run_dir,
+        )
+        out.close()
+        (self.run_dir / "prometheus.pid").write_text(f"{self.proc.pid}\n")
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise PrometheusLocalError(
+                    f"prometheus exited {self.proc.returncode}; see {self.run_dir}/prometheus.out"
+                )
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r,  # noqa: S310
+            ):
+                if r.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrometheusLocalError(f"prometheus not ready in {self.ready_timeout_s} s")
+            time.sleep(0.1)  # polling a readiness endpoint: nothing to await
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout_s)
+        self.proc = None
+
+    def _get(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as r:  # noqa: S310
+            doc = json.loads(r.read())
+        if doc.get("status") != "success":
+            raise PrometheusLocalError(f"{path}: {doc}")
+        return doc["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's vector: ``[{"metric": {...}, "value": [t, "v"]}, ...]``."""
+        data = self._get("/api/v1/query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/alerts``: the alerts pending or firing now."""
+        alerts: list[dict[str, Any]] = self._get("/api/v1/alerts")["alerts"]
+        return alerts
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.dev.prometheus_local",
+        description=f"Local Prometheus ({PROM_MODULE}@{PROM_VERSION}) and promtool on {HOST}.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help="build prometheus and promtool into the cache (once)")
+    args = parser.parse_args(argv)
+    if args.command == "fetch":
+        try:
+            print(ensure_prometheus())
+        except PrometheusLocalError as exc:
+            print(f"prometheus_local: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(main())
