@@ -4,6 +4,7 @@ test_control, scraped at the end and parsed with prometheus_client's parser."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tests.control_fixtures import (
 )
 from tests.integration.harness import WorkerProcess, make_settings
 from tools.dev.alertmanager_local import LocalAlertmanager, free_port
+from tools.dev.prometheus_local import promtool
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
@@ -57,7 +59,10 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
                     break
                 assert time.monotonic() < deadline, levels
                 time.sleep(1)
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            url = f"http://127.0.0.1:{port}/metrics"
+            accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+            text = httpx.get(url, timeout=10, headers=accept).text
+            plain = httpx.get(url, timeout=10).content  # text 0.0.4, as curl gets it
             assert worker.alive(), worker.log_tail()
         finally:
             worker.stop()
@@ -68,13 +73,25 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
     assert {lab["scope"]: v for lab, v in got["tailguard_control_level"]} == dict.fromkeys(
         levels, 0.0
     )
-    slos = {lab["sloth_slo"] for lab, _ in got["slo:objective:ratio"]}
+    slos = {lab["slo"] for lab, _ in got["tailguard_slo_objective_ratio"]}
     assert slos  # every SLO of the spec that saw traffic
     # the last 5 minutes of event time may hold no traffic (then no sample); the hour has
-    hour = {lab["sloth_slo"] for lab, _ in got["slo:sli_error:ratio_rate1h"]}
+    hour = {lab["slo"] for lab, _ in got["tailguard_slo_burn_rate"] if lab["window"] == "1h"}
     assert hour
     assert hour <= slos
-    assert got["tailguard_worker_events_consumed"][0][1] > 0
+    assert got["tailguard_worker_events_consumed_total"][0][1] > 0
     assert got["tailguard_worker_store_up"][0][1] == 1
+    # the worker's own counters of the windows it stored: what the exported rules read
+    counted = {lab["slo"]: v for lab, v in got["tailguard_slo_requests_total"]}
+    good = {lab["slo"]: v for lab, v in got["tailguard_slo_good_requests_total"]}
+    assert set(counted) >= hour
+    assert all(0 <= good[slo] <= counted[slo] for slo in counted)
+    assert sum(counted.values()) > 0
+    assert got["tailguard_request_latency_seconds_count"]
+    # promtool check metrics reports nothing on the live worker's /metrics
+    check = subprocess.run(
+        [str(promtool()), "check", "metrics"], input=plain, capture_output=True, check=False
+    )
+    assert (check.returncode, check.stdout + check.stderr) == (0, b"")
     # (P99s cover the controller's last minute of event time, which may hold no traffic
     # by the end: their names and labels are checked in tests/unit/test_slo_exposition.py)
