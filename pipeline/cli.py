@@ -764,6 +764,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.app.rules import register as register_rules
 
     register_rules(sub)  # rules export | alertmanager
+    from pipeline.app.vllm_scrape import register as register_vllm_scrape
+
+    register_vllm_scrape(sub, _add_kafka)  # vLLM's own /metrics -> engine.stats
 
     s = sub.add_parser(
         "gateway", help="OpenAI-compatible pass-through proxy that emits gateway.* events"
