@@ -64,7 +64,7 @@ def export_text(
     doc = rule_groups(load_spec_file(spec_path), load_burn_rules_file(rules_path), opts)
     if fmt == "prometheusrule":
         doc = prometheus_rule(doc)
-    return HEADER.format(spec=spec_path, rules=rules_path) + to_yaml(doc)
+    return HEADER.format(spec=Path(spec_path).name, rules=Path(rules_path).name) + to_yaml(doc)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:

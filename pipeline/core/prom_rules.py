@@ -230,8 +230,9 @@ def _alert(  # noqa: PLR0917
             "boundary": f"{slo.boundary} {op} {_num(slo.threshold_ms)} ms for "
             f"{_num(slo.objective * 100)}% ({slo.description or slo.name})",
             "runbook_url": opts.runbook_url,
-            "explain": "tailguard report --since 1h  (the burning SLO's minutes); then "
-            "tailguard explain <request_id> of a slow request (where its time went)",
+            "explain": "tailguard report --since <the alert's start, ISO 8601> (the burning "
+            "minutes, per model); then tailguard explain <request_id> of a slow request "
+            "(where its time went)",
         },
     }
 
