@@ -56,7 +56,7 @@ class _Families(Collector):
                 h = HistogramMetricFamily(f.name, f.help, labels=names)
                 for hs in f.samples:
                     assert isinstance(hs, HistogramSample)
-                    buckets = [(floatToGoString(le), n) for le, n in hs.buckets]
+                    buckets = [(floatToGoString(le), n) for le, n in hs.buckets]  # type: ignore[no-untyped-call]
                     h.add_metric([v for _, v in hs.labels], buckets, hs.sum)
                 yield h
                 continue
