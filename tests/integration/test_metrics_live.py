@@ -1,12 +1,16 @@
 """A live worker running the controller serves /metrics (TAILGUARD_PROMETHEUS_PORT) and
 posts to a real Alertmanager (TAILGUARD_ALERTMANAGER_URL): the overload of
-test_control, scraped at the end and parsed with prometheus_client's parser."""
+test_control, scraped at the end and parsed with prometheus_client's parser, checked by
+``promtool check metrics``, and scraped throughout by a real Prometheus loaded with the
+exported rules: its SLO counters equal the store's, and PromQL's P99 over the latency
+histogram lies within a bucket of the store's exact P99."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -14,6 +18,9 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from pipeline.adapters.controller import read_topic
+from pipeline.adapters.query_server import open_reader
+from pipeline.app.rules import export_text
+from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 from tests.ceilings import ceiling
 from tests.control_fixtures import (
     TEST_POLICY,
@@ -22,7 +29,7 @@ from tests.control_fixtures import (
 )
 from tests.integration.harness import WorkerProcess, make_settings
 from tools.dev.alertmanager_local import LocalAlertmanager, free_port
-from tools.dev.prometheus_local import promtool
+from tools.dev.prometheus_local import LocalPrometheus, promtool
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
 
@@ -42,7 +49,14 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(TEST_POLICY)
     port = free_port()
-    with LocalAlertmanager(tmp_path / "alertmanager") as am:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(export_text(DEFAULT_SLO_SPEC, DEFAULT_BURN_RULES))
+    with (
+        LocalAlertmanager(tmp_path / "alertmanager") as am,
+        LocalPrometheus(
+            tmp_path / "prom", targets=[f"127.0.0.1:{port}"], rule_files=[rules]
+        ) as prom,
+    ):
         s = make_settings(
             kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
             policy_file=policy_file, control_heartbeat_ms=1000, prometheus_port=port,
@@ -60,6 +74,24 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, levels
                 time.sleep(1)
             url = f"http://127.0.0.1:{port}/metrics"
+            # the counters equal the store's once the windows the worker closed are written
+            stored = _wait(lambda: _settled(s, url), "the /metrics counters = the store's")
+            _wait(
+                lambda: _promql_counts(prom) == stored,
+                "Prometheus' scraped counters = the store's",
+            )
+            p99_prom = _wait(
+                lambda: _value(
+                    prom,
+                    "histogram_quantile(0.99, sum by (le) (tailguard_request_latency_seconds_"
+                    'bucket{boundary="gateway_ttfb_ms"}))',
+                ),
+                "PromQL's P99",
+            )
+            p99_store = _store_p99_s(s)
+            print(f"gateway_ttfb_ms P99: PromQL {p99_prom:.3f} s, store {p99_store:.3f} s")
+            # within the bucket's width: bounds at most 1.33x apart
+            assert p99_store / 1.34 < p99_prom < p99_store * 1.34
             accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
             text = httpx.get(url, timeout=10, headers=accept).text
             plain = httpx.get(url, timeout=10).content  # text 0.0.4, as curl gets it
@@ -95,3 +127,72 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
     assert (check.returncode, check.stdout + check.stderr) == (0, b"")
     # (P99s cover the controller's last minute of event time, which may hold no traffic
     # by the end: their names and labels are checked in tests/unit/test_slo_exposition.py)
+
+
+Counts = dict[str, tuple[float, float]]
+
+
+def _wait(fn: Any, what: str, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + ceiling(timeout_s)
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)  # polling the store, /metrics and Prometheus
+
+
+def _exposed(url: str) -> Counts:
+    total: dict[str, float] = {}
+    good: dict[str, float] = {}
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    for fam in text_string_to_metric_families(httpx.get(url, timeout=10, headers=accept).text):
+        for sample in fam.samples:
+            if sample.name == "tailguard_slo_requests_total":
+                total[sample.labels["slo"]] = sample.value
+            elif sample.name == "tailguard_slo_good_requests_total":
+                good[sample.labels["slo"]] = sample.value
+    return {slo: (total[slo], good.get(slo, 0.0)) for slo in total}
+
+
+def _stored(settings: Any) -> Counts:
+    store = open_reader(settings)
+    try:
+        rows = store.query_rows(
+            "SELECT slo, sum(total), sum(good) FROM tailguard.slo_windows "
+            "WHERE kind = 'slo' GROUP BY slo"
+        )
+    finally:
+        store.close()
+    return {str(slo): (float(t), float(g)) for slo, t, g in rows if int(t)}
+
+
+def _settled(settings: Any, url: str) -> Counts | None:
+    exposed, stored = _exposed(url), _stored(settings)
+    return stored if exposed and exposed == stored else None
+
+
+def _promql_counts(prom: LocalPrometheus) -> Counts:
+    def by_slo(expr: str) -> dict[str, float]:
+        return {r["metric"]["slo"]: float(r["value"][1]) for r in prom.query(expr)}
+
+    total = by_slo("sum by (slo) (tailguard_slo_requests_total)")
+    good = by_slo("sum by (slo) (tailguard_slo_good_requests_total)")
+    return {slo: (total[slo], good.get(slo, 0.0)) for slo in total}
+
+
+def _value(prom: LocalPrometheus, expr: str) -> float | None:
+    result = prom.query(expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def _store_p99_s(settings: Any) -> float:
+    store = open_reader(settings)
+    try:
+        ((ms,),) = store.query_rows(
+            "SELECT quantileExact(0.99)(gateway_ttfb_ms) FROM tailguard.requests FINAL "
+            "WHERE gateway_ttfb_ms IS NOT NULL"
+        )
+    finally:
+        store.close()
+    return float(ms) / 1000.0
