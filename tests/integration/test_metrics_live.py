@@ -16,11 +16,13 @@ import httpx
 import orjson
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families as prometheus_text
 
 from pipeline.adapters.controller import read_topic
 from pipeline.adapters.query_server import open_reader
-from pipeline.app.rules import export_text
-from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
+from pipeline.app.rules import export_text, to_yaml
+from pipeline.core.prom_rules import ALERTNAME, alertmanager_example
+from pipeline.settings import EXAMPLE_SLO_SPEC
 from tests.ceilings import ceiling
 from tests.control_fixtures import (
     TEST_POLICY,
@@ -32,6 +34,15 @@ from tools.dev.alertmanager_local import LocalAlertmanager, free_port
 from tools.dev.prometheus_local import LocalPrometheus, promtool
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(60)]
+
+FAST_RULES = """
+apiVersion: tailguard/v1
+kind: BurnRules
+rules:
+  - {name: page, kind: burn_rate, severity: page, factor: 5, long: 20s, short: 4s,
+     min_requests: 20}
+  - {name: ticket, kind: burn_rate, severity: ticket, factor: 2, long: 1m, short: 10s}
+"""
 
 
 def _levels(raws: list[bytes]) -> dict[str, list[int]]:
@@ -49,14 +60,22 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(TEST_POLICY)
     port = free_port()
+    # the spec's rules, with the burn windows of seconds (the replay runs in
+    # seconds of wall time, and Prometheus' rates are over wall time)
+    burn = tmp_path / "burn.yaml"
+    burn.write_text(FAST_RULES)
     rules = tmp_path / "rules.yaml"
-    rules.write_text(export_text(DEFAULT_SLO_SPEC, DEFAULT_BURN_RULES))
+    rules.write_text(export_text(EXAMPLE_SLO_SPEC, burn))  # the worker's spec (harness)
     with (
         LocalAlertmanager(tmp_path / "alertmanager") as am,
+        LocalAlertmanager(
+            tmp_path / "am-prom", config=to_yaml(alertmanager_example("http://127.0.0.1:9/"))
+        ) as am_prom,
         LocalPrometheus(
-            tmp_path / "prom", targets=[f"127.0.0.1:{port}"], rule_files=[rules]
+            tmp_path / "prom", targets=[f"127.0.0.1:{port}"], rule_files=[rules],
+            alertmanager=am_prom.url.removeprefix("http://"),
         ) as prom,
-    ):
+    ):  # fmt: skip
         s = make_settings(
             kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
             policy_file=policy_file, control_heartbeat_ms=1000, prometheus_port=port,
@@ -92,6 +111,20 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
             print(f"gateway_ttfb_ms P99: PromQL {p99_prom:.3f} s, store {p99_store:.3f} s")
             # within the bucket's width: bounds at most 1.33x apart
             assert p99_store / 1.34 < p99_prom < p99_store * 1.34
+            # the page fired in Prometheus during the replayed overload, reached its
+            # Alertmanager, and resolved there once the burn was over
+            fired = prom.query(
+                f'max_over_time(ALERTS{{alertname="{ALERTNAME}", severity="page", '
+                'alertstate="firing"}[10m])'
+            )
+            assert fired, "the page never fired"
+            _wait(lambda: _received(am_prom, "resolved") > 0, "a resolved alert")
+            assert _received(am_prom, "firing") > 0
+            _wait(
+                lambda: not [a for a in am_prom.alerts(active="true")
+                             if a["labels"].get("severity") == "page"],
+                "no page active in Alertmanager",
+            )  # fmt: skip
             accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
             text = httpx.get(url, timeout=10, headers=accept).text
             plain = httpx.get(url, timeout=10).content  # text 0.0.4, as curl gets it
@@ -196,3 +229,15 @@ def _store_p99_s(settings: Any) -> float:
     finally:
         store.close()
     return float(ms) / 1000.0
+
+
+def _received(am: LocalAlertmanager, status: str) -> float:
+    """Alerts Alertmanager received with ``status`` (its own counter)."""
+    text = httpx.get(f"{am.url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for fam in prometheus_text(text)
+        for sample in fam.samples
+        if sample.name == "alertmanager_alerts_received_total"
+        and sample.labels.get("status") == status
+    )
