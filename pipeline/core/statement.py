@@ -141,6 +141,8 @@ class TierResult:
 
 @dataclass(frozen=True, slots=True)
 class DayPercentile:
+    """A day's nearest-rank percentile of an SLO's boundary over ``n`` values."""
+
     p: float
     n: int
 
@@ -157,6 +159,9 @@ class Percentiles:
 
 @dataclass(frozen=True, slots=True)
 class Breach:
+    """A day whose percentile ``p_ms`` is above the SLO's ``target_ms``; severe above
+    ``severe_above`` x target."""
+
     slo: str
     boundary: str
     day: str
@@ -180,8 +185,9 @@ class BreachVerdict:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    """A billing pause ``[from_ms, to_ms)``, its ends also as local times."""
+class Span:
+    """``[from_ms, to_ms)``, its ends also as times in the contract's zone (a billing
+    pause)."""
 
     from_: str
     to: str
@@ -190,13 +196,9 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
-class LevelInterval:
+class LevelInterval(Span):
     """Where the tenant's level was ``level`` (above 0), held by ``scopes``."""
 
-    from_: str
-    to: str
-    from_ms: int
-    to_ms: int
     level: int
     scopes: tuple[str, ...]
     notify_customer: bool
@@ -204,6 +206,9 @@ class LevelInterval:
 
 @dataclass(frozen=True, slots=True)
 class Levels:
+    """The tenant's time at each level (only while it had traffic in the scope) and the
+    service's, over [period start, ``observed_until``]."""
+
     observed_until: str
     rule: str
     traffic_slot_ms: int
@@ -214,6 +219,8 @@ class Levels:
 
 @dataclass(frozen=True, slots=True)
 class CreditTerm:
+    """A level's part of the credit: ``-fee_change_percent x ms / period_ms``."""
+
     level: int
     fee_change_percent: float
     ms: int  # at the level, outside billing pauses
@@ -222,6 +229,8 @@ class CreditTerm:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
+    """The credit's terms: the billing pauses' (the whole fee) and each level's."""
+
     period_ms: int
     paused_ms: int
     paused_percent: float
@@ -231,6 +240,8 @@ class Credit:
 
 @dataclass(frozen=True, slots=True)
 class ColdStart:
+    """An engine's cold start: its requests, exempted while within the day's cap."""
+
     engine_host: str
     started: str
     started_unix_ns: int
@@ -243,6 +254,8 @@ class ColdStart:
 
 @dataclass(frozen=True, slots=True)
 class Exemption:
+    """A request attempt left out of every count, and why."""
+
     request_id: str
     attempt: int
     reason: str
@@ -250,6 +263,8 @@ class Exemption:
 
 @dataclass(frozen=True, slots=True)
 class WorstRequest:
+    """One of an incident's worst requests by the SLO's boundary (``value_ms``)."""
+
     request_id: str
     attempt: int
     value_ms: float | None
@@ -301,7 +316,7 @@ class Statement:
     breaches: tuple[Breach, ...]
     breach_rule: BreachVerdict
     levels: Levels
-    billing_pauses: tuple[Pause, ...]
+    billing_pauses: tuple[Span, ...]
     credit: Credit
     credit_percent: float
     cold_starts: tuple[ColdStart, ...]
@@ -583,7 +598,7 @@ def compute_statement(
         ),
         levels=levels,
         billing_pauses=tuple(
-            Pause(_iso(a * _NS_PER_MS, tz), _iso(b * _NS_PER_MS, tz), a, b) for a, b in pauses
+            Span(_iso(a * _NS_PER_MS, tz), _iso(b * _NS_PER_MS, tz), a, b) for a, b in pauses
         ),
         credit=credit,
         credit_percent=_credit_percent(credit),
@@ -636,7 +651,7 @@ def _slo_results(
             total=total,
             good=good,
             compliance=compliance,
-            met=None if compliance is None else compliance >= slo.objective,
+            met=_met(compliance, slo.objective),
         )
         days: dict[str, DayPercentile] = {}
         for day in sorted(by_day):
@@ -695,7 +710,7 @@ def _tiers(
             good_primary=good_p,
             good_secondary_only=good_s,
             compliance=blended,
-            met=None if blended is None else blended >= tier.objective,
+            met=_met(blended, tier.objective),
         )
     return tiers
 
@@ -888,6 +903,11 @@ def _incidents(
             )
         )
     return tuple(incidents)
+
+
+def _met(compliance: float | None, objective: float) -> bool | None:
+    """An objective's verdict; None when nothing counted."""
+    return None if compliance is None else compliance >= objective
 
 
 def _credit_percent(credit: Credit) -> float:
