@@ -194,7 +194,8 @@ class Settings(EmitterSettings):
 
     # --- Prometheus / Alertmanager (the controller; issue 16) --------------
     prometheus_port: Annotated[int | None, Field(ge=0, le=65535)] = None
-    """TAILGUARD_PROMETHEUS_PORT: the controller's OpenMetrics /metrics (off when unset; 0 = an
+    """TAILGUARD_PROMETHEUS_PORT: the worker's /metrics: its SLO counters and latency histograms,
+    and the controller's gauges where it runs (docs/alerting.md; off when unset; 0 = an
     ephemeral port)."""
     prometheus_host: str = "127.0.0.1"
     """TAILGUARD_PROMETHEUS_HOST: address /metrics listens on (loopback by default; set 0.0.0.0 only
