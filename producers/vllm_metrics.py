@@ -35,11 +35,11 @@ host, as for any emitter).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from pipeline.contract.events import EngineStats
@@ -81,19 +81,52 @@ def _first(values: dict[str, float], names: Sequence[str]) -> float | None:
     return None
 
 
+# One sample line of the text format: name, {labels}, value, optional timestamp.
+_SAMPLE_LINE: Final = re.compile(
+    r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*$"
+)
+_LABEL: Final = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*,?'
+)
+_UNESCAPE: Final = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if m is None:
+            raise ExpositionError(f"bad labels: {{{text}}}")
+        out[m.group(1)] = re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e.group(0)], m.group(2))
+        pos = m.end()
+    return out
+
+
+def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """The samples of the metrics this module reads (Prometheus text format 0.0.4; the
+    OpenMetrics text reads the same for gauges and ``_total`` counters). Own parser: the
+    emitters' base install has no prometheus_client."""
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue  # comments, other exporters' metrics, anything that is not ours
+        m = _SAMPLE_LINE.match(line)
+        if m is None or m.group(1) not in _READ:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError as exc:
+            raise ExpositionError(f"bad value in {line!r}") from exc
+        yield m.group(1), _labels(m.group(2) or ""), value
+
+
 def parse_exposition(text: str) -> list[EngineGauges]:
     """The engines of one vLLM ``/metrics`` text (Prometheus text format 0.0.4, what vLLM
     serves a scraper that asks for nothing else), sorted by (model, engine)."""
     by_engine: dict[tuple[str, str], dict[str, float]] = {}
-    try:
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name not in _READ:
-                    continue
-                key = (s.labels.get("model_name", ""), s.labels.get("engine", "0"))
-                by_engine.setdefault(key, {})[s.name] = float(s.value)
-    except (ValueError, TypeError, IndexError) as exc:
-        raise ExpositionError(f"not Prometheus exposition text: {exc}") from exc
+    for name, labels, value in _samples(text):
+        key = (labels.get("model_name", ""), labels.get("engine", "0"))
+        by_engine.setdefault(key, {})[name] = value
     out = []
     for (model, engine), values in sorted(by_engine.items()):
         running, waiting = _first(values, RUNNING), _first(values, WAITING)

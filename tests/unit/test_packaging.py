@@ -254,6 +254,8 @@ BASE_MODULES = (
     "producers.envoy",
     "producers.vllm_stats",
     "producers.vllm_plugin",
+    "producers.vllm_metrics",
+    "producers.vllm_scrape",
     "producers.asgi_control",
     "producers.control_client",
     "producers.litellm_hook",

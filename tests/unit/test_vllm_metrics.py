@@ -94,6 +94,14 @@ vllm:num_requests_waiting{model_name="llama-2-7b"} 1.0
 vllm:gpu_cache_usage_perc{model_name="llama-2-7b"} 0.25
 """
 
+# Escapes in a label value, a timestamp after the value, OpenMetrics' # EOF.
+ODD = """\
+vllm:num_requests_running{model_name="a \\"quoted\\" \\\\ name}",engine="0"} 1 1765000000000
+vllm:num_requests_waiting{model_name="a \\"quoted\\" \\\\ name}",engine="0"} 2e0
+vllm:kv_cache_usage_perc{model_name="a \\"quoted\\" \\\\ name}",engine="0"} NaN
+# EOF
+"""
+
 Q = "Qwen/Qwen2.5-7B-Instruct"
 
 
@@ -117,6 +125,15 @@ def test_parse_exposition(text: str, want: list[EngineGauges]) -> None:
     assert parse_exposition(text) == want
 
 
+def test_escapes_timestamps_and_nan() -> None:
+    (g,) = parse_exposition(ODD)
+    assert g.model == 'a "quoted" \\ name}'
+    assert (g.num_running, g.num_waiting) == (1, 2)
+    assert g.kv_cache_usage is not None
+    (ev,) = ScrapeStats("h").events([g], 1)
+    assert ev.kv_cache_usage == 0.0  # NaN: unknown, sent as 0 as the plugin does
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -124,8 +141,10 @@ def test_parse_exposition(text: str, want: list[EngineGauges]) -> None:
         "# TYPE up gauge\nup 1\n",  # another exporter
         "<html>404</html>\n",  # not exposition at all
         'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n',  # no waiting
+        'vllm:num_requests_running{engine="0" 1.0\nvllm:num_requests_waiting{engine=0} 1\n',
+        "vllm:num_requests_running 1.0\nvllm:num_requests_waiting one\n",
     ],
-    ids=["empty", "not-vllm", "html", "half"],
+    ids=["empty", "not-vllm", "html", "half", "bad-labels", "bad-value"],
 )
 def test_what_is_not_vllm_is_refused(text: str) -> None:
     with pytest.raises(ExpositionError):
