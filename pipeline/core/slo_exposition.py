@@ -356,6 +356,9 @@ def histogram_bounds_ms(thresholds_ms: Iterable[float] = ()) -> tuple[float, ...
     return tuple(sorted({*LADDER_MS, *(float(t) for t in thresholds_ms)}))
 
 
+SEEN_WINDOWS: Final = 100_000  # ~ a day of 10 s windows on 12 partitions
+
+
 @dataclass
 class _Histogram:
     counts: list[int]  # per bound, then the overflow (not cumulative)
@@ -366,11 +369,11 @@ class WindowCounters:
     """Cumulative counts of the final window summaries one worker stored.
 
     Per SLO, requests and good requests (:class:`~pipeline.contract.summary.SLOWindowCounts`
-    of final windows and of corrections); per model and boundary, a classic histogram of
-    the windows' sketches (each sketch bin counted in the bucket holding the value the
-    sketch reports for it: within the sketch's relative accuracy). Counters never go
-    down: a correction may take requests back (a partial record replaced), so each
-    exposed counter is the running maximum of the exact sum (equal to it again as soon as
+    of final windows, each (partition, start) once, and of corrections); per model and
+    boundary, a classic histogram of the windows' sketches (each sketch bin counted in the
+    bucket holding the value the sketch reports for it: within the sketch's relative
+    accuracy). Counters never go down: a correction may take requests back (a partial
+    record replaced), so each exposed counter is the running maximum of the exact sum (equal to it again as soon as
     new windows make up the correction, which is every window once traffic flows).
 
     Not thread-safe: :class:`pipeline.adapters.prometheus.MetricsState` holds a lock.
@@ -385,6 +388,9 @@ class WindowCounters:
         self._bounds: dict[str, tuple[float, ...]] = {
             b: histogram_bounds_ms((thresholds_ms or {}).get(b, ())) for b in BOUNDARY_NAMES
         }
+        # final windows counted, (partition, start): a repeat (at-least-once) is ignored,
+        # as the controller ignores it; the oldest forgotten past SEEN_WINDOWS
+        self._seen: dict[tuple[int, int], None] = {}
         self._exact: dict[str, list[int]] = {}  # slo -> [total, good]
         self._shown: dict[str, list[int]] = {}
         self._hist: dict[tuple[str, str], _Histogram] = {}
@@ -394,6 +400,13 @@ class WindowCounters:
         """One final summary (a window or a correction); provisional ones are ignored."""
         if not summary.final:
             return
+        if summary.correction_id is None:
+            window = (summary.partition, summary.start_ms)
+            if window in self._seen:
+                return
+            self._seen[window] = None
+            if len(self._seen) > SEEN_WINDOWS:
+                del self._seen[next(iter(self._seen))]
         for slo, c in summary.slos.items():
             exact = self._exact.setdefault(slo, [0, 0])
             shown = self._shown.setdefault(slo, [0, 0])
@@ -414,8 +427,8 @@ class WindowCounters:
                 if h is None:
                     h = self._hist[(model, boundary)] = _Histogram([0] * (len(bounds) + 1))
                 h.counts[0] += sk.zero_count + sum(sk.neg_counts)
-                for key, n in zip(sk.pos_keys, sk.pos_counts, strict=True):
-                    h.counts[bisect.bisect_left(bounds, self._value_ms(key))] += n
+                for bin_key, n in zip(sk.pos_keys, sk.pos_counts, strict=True):
+                    h.counts[bisect.bisect_left(bounds, self._value_ms(bin_key))] += n
                 h.sum_ms += sk.sum
 
     def _value_ms(self, key: int) -> float:

@@ -156,10 +156,24 @@ def test_slo_counters_never_go_down(
 ) -> None:
     c = WindowCounters()
     for i, (total, good) in enumerate(steps):
-        c.add(window([], total=total, good=good, correction=i > 0 and total < 0))
+        w = window([], total=total, good=good, correction=i > 0 and total < 0)
+        c.add(dataclasses.replace(w, start_ms=T0 + i * STEP))
     by = {f.name: f for f in c.families()}
     assert by["tailguard_slo_requests"].samples[0].value == want_total  # type: ignore[union-attr]
     assert by["tailguard_slo_good_requests"].samples[0].value == want_good  # type: ignore[union-attr]
+
+
+def test_a_repeated_final_window_is_counted_once() -> None:
+    c = WindowCounters()
+    w = window([5.0, 50.0], total=2, good=1)
+    for _ in range(3):  # at-least-once: the flush's summaries sent again
+        c.add(w)
+    c.add(dataclasses.replace(w, start_ms=w.start_ms + STEP))  # the next window counts
+    by = {f.name: f for f in c.families()}
+    assert by["tailguard_slo_requests"].samples[0].value == 4  # type: ignore[union-attr]
+    (h,) = by["tailguard_request_latency_seconds"].samples
+    assert isinstance(h, HistogramSample)
+    assert h.buckets[-1][1] == 4
 
 
 def test_provisional_windows_are_not_counted() -> None:
