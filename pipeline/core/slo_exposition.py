@@ -373,8 +373,9 @@ class WindowCounters:
     boundary, a classic histogram of the windows' sketches (each sketch bin counted in the
     bucket holding the value the sketch reports for it: within the sketch's relative
     accuracy). Counters never go down: a correction may take requests back (a partial
-    record replaced), so each exposed counter is the running maximum of the exact sum (equal to it again as soon as
-    new windows make up the correction, which is every window once traffic flows).
+    record replaced), so each exposed counter is the running maximum of the exact sum
+    (equal to it again as soon as new windows make up the correction, which is every
+    window once traffic flows).
 
     Not thread-safe: :class:`pipeline.adapters.prometheus.MetricsState` holds a lock.
     """
