@@ -232,11 +232,11 @@ def run_promtool_stdin(body: bytes) -> tuple[str, int]:
 # --- a real Prometheus, two workers, an overload, the real Alertmanager -----------------
 
 
-def _window(total: int, good: int, latencies_ms: list[float]) -> WindowSummary:
+def _window(total: int, good: int, latencies_ms: list[float], start_ms: int = 0) -> WindowSummary:
     sk = QuantileSketch(0.01)
     sk.add_many(latencies_ms)
     return WindowSummary(
-        0, 0, 10_000,
+        0, start_ms, 10_000,
         {"m": ModelWindow(len(latencies_ms), {"gateway_ttfb_ms": sk.to_columns()})},
         {"ttft": SLOWindowCounts(total, good, 0.99)},
     )  # fmt: skip
@@ -257,7 +257,8 @@ class Feeder:
         while not self.stop.wait(self.period_s):
             good = self.good_per_100
             lat = [450.0] * good + [2800.0] * (100 - good)
-            self.states[i % 2].windows_stored([_window(100, good, lat)])
+            # each worker its own windows (a repeat would be counted once)
+            self.states[i % 2].windows_stored([_window(100, good, lat, i * 10_000)])
             i += 1
 
 
