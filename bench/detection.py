@@ -30,11 +30,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from bench.common import send, spawn, stop_process
+
+if TYPE_CHECKING:
+    from pipeline.contract.control_signal import Keyring
+    from pipeline.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 1000.0
@@ -152,6 +156,71 @@ def _send(p: Any, topic: str, part: int, buf: list[bytes]) -> None:
     send(p, topic, part, b"[" + b",".join(buf) + b"]")
 
 
+def _settings(tmp: Path, bootstrap: str) -> tuple[Settings, Keyring, str]:
+    """The workers' settings (fresh topics, the topics created; the controller on with a
+    new signing key and the detection policy, ``_policy``), the keyring that verifies
+    their directives, and the run's id."""
+    from pipeline.adapters.kafka_admin import ensure_topics
+    from pipeline.settings import Settings
+    from producers.control_keys import keyring_from_file
+
+    keys = tmp / "keys.json"
+    keys.write_text(
+        json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}})
+    )
+    policy = tmp / "policy.yaml"
+    policy.write_text(_policy())
+    run_id = uuid.uuid4().hex[:6]
+    s = Settings(
+        bootstrap_servers=bootstrap,
+        store_dir=tmp / "store",
+        group_id=f"detect-{run_id}",
+        lifecycle_topic=f"detect.lc.{run_id}",
+        engine_stats_topic=f"detect.stats.{run_id}",
+        dlq_topic=f"detect.dlq.{run_id}",
+        summaries_topic=f"detect.sum.{run_id}",
+        control_topic=f"detect.ctl.{run_id}",
+        topic_partitions=8,
+        control_enabled=True,
+        control_keys_file=keys,
+        policy_file=policy,
+        join_timeout_ms=2000,
+    )
+    ensure_topics(s)
+    return s, keyring_from_file(keys), run_id
+
+
+def _first_l1(
+    c: Any, keyring: Keyring, procs: list[subprocess.Popen[bytes]], tmp: Path, b0: float
+) -> tuple[float | None, dict[str, Any]]:
+    """Reads the control topic until a verified directive of level >= 1 (or 60 s past B0):
+    when it was read (None: none came) and what it said. A worker that exits fails it."""
+    from pipeline.contract.control_signal import VerifiedSignal, decode_and_verify
+
+    deadline = b0 + 60.0
+    while time.time() < deadline:
+        for w, proc in enumerate(procs):
+            if proc.poll() is not None:
+                tail = (tmp / f"worker-{w}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"worker {w} exited with {proc.returncode}:\n{tail}")
+        msg = c.poll(0.05)
+        value = None if msg is None or msg.error() else msg.value()
+        if value is None:
+            continue
+        now = time.time()
+        out = decode_and_verify(value, keyring, int(now * 1000))
+        if not isinstance(out, VerifiedSignal):
+            continue
+        if out.signal.level >= 1:
+            return now, {
+                "level": out.signal.level,
+                "reason": out.signal.reason,
+                # when the controller signed it, relative to B0 (the rest is delivery)
+                "issued_beyond_window_ms": round(out.signal.issued_at_unix_ms - b0 * 1000, 1),
+            }
+    return None, {}
+
+
 def run(
     quick: bool = False,
     rate: float = 50_000.0,
@@ -163,10 +232,6 @@ def run(
     the environment's, ``auto`` by default: the native hot path where it is built)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from pipeline.adapters.kafka_admin import ensure_topics
-    from pipeline.contract.control_signal import VerifiedSignal, decode_and_verify
-    from pipeline.settings import Settings
-    from producers.control_keys import keyring_from_file
     from tools.dev.kafka_local import LocalKafka
 
     if quick:
@@ -180,30 +245,7 @@ def run(
     stop = mp.Value("b", 0)
     produced = mp.Value("q", 0)
     try:
-        keys = tmp / "keys.json"
-        keys.write_text(
-            json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}})
-        )
-        policy = tmp / "policy.yaml"
-        policy.write_text(_policy())
-        run_id = uuid.uuid4().hex[:6]
-        s = Settings(
-            bootstrap_servers=broker.bootstrap_servers,
-            store_dir=tmp / "store",
-            group_id=f"detect-{run_id}",
-            lifecycle_topic=f"detect.lc.{run_id}",
-            engine_stats_topic=f"detect.stats.{run_id}",
-            dlq_topic=f"detect.dlq.{run_id}",
-            summaries_topic=f"detect.sum.{run_id}",
-            control_topic=f"detect.ctl.{run_id}",
-            topic_partitions=8,
-            control_enabled=True,
-            control_keys_file=keys,
-            policy_file=policy,
-            join_timeout_ms=2000,
-        )
-        ensure_topics(s)
-        keyring = keyring_from_file(keys)
+        s, keyring, run_id = _settings(tmp, broker.bootstrap_servers)
         env = dict(os.environ) | s.to_env()
         if core_impl is not None:
             env["TAILGUARD_CORE_IMPL"] = core_impl
@@ -245,31 +287,7 @@ def run(
             daemon=True,
         )
         gen.start()
-        seen_l1: float | None = None
-        signal_info: dict[str, Any] = {}
-        deadline = b0 + 60.0
-        while time.time() < deadline:
-            for w, proc in enumerate(procs):
-                if proc.poll() is not None:
-                    tail = (tmp / f"worker-{w}.log").read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"worker {w} exited with {proc.returncode}:\n{tail}")
-            msg = c.poll(0.05)
-            value = None if msg is None or msg.error() else msg.value()
-            if value is None:
-                continue
-            now = time.time()
-            out = decode_and_verify(value, keyring, int(now * 1000))
-            if not isinstance(out, VerifiedSignal):
-                continue
-            if out.signal.level >= 1:
-                seen_l1 = now
-                signal_info = {
-                    "level": out.signal.level,
-                    "reason": out.signal.reason,
-                    # when the controller signed it, relative to B0 (the rest is delivery)
-                    "issued_beyond_window_ms": round(out.signal.issued_at_unix_ms - b0 * 1000, 1),
-                }
-                break
+        seen_l1, signal_info = _first_l1(c, keyring, procs, tmp, b0)
         stop.value = 1
         gen.join(60)
         elapsed = time.time() - t0

@@ -163,7 +163,8 @@ class Probe:
     out_dir: Path
     ttl_s: float | None = None  # the join's memory (in-flight and resolved); None: settings
 
-    def run(self) -> dict[str, Any]:
+    def _open(self) -> tuple[Settings, StreamProcessor, ClickHouseStore | None]:
+        """The worker's settings, its stream processor and (with a store) its store."""
         s = Settings()
         if self.store_dir is not None:
             s = s.model_copy(update={"store_dir": self.store_dir})
@@ -182,6 +183,10 @@ class Probe:
         if self.store_dir is not None:
             store = open_store(s)
             migrate(store, raw_ttl_days=s.raw_events_ttl_days)
+        return s, proc, store
+
+    def run(self) -> dict[str, Any]:
+        s, proc, store = self._open()
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
         from pipeline.adapters.faust_wiring import tune_gc
 
@@ -243,41 +248,10 @@ class Probe:
         n_events = 0
 
         def sample(now_ms: int) -> None:
-            minute = (now_ms - START_NS // _NS_PER_MS) / 60_000
-            row: dict[str, float] = {
-                "minute": minute,
-                "wall_s": time.monotonic() - t_wall0,
-                "cpu_s": time.process_time() - t_cpu0,
-                "events": n_events,
-                "rss_mib": rss_mib(),
-                "py_blocks_k": sys.getallocatedblocks() / 1000,
-            }
-            if (m := malloc_stats()) is not None:
-                row |= {f"glibc_{k}_mib": v / MiB for k, v in m.items()}
-            stats = gc.get_stats()
-            row["gc_gen2_collections"] = stats[2]["collections"]
-            row["gc_collected"] = sum(g["collected"] for g in stats)
-            if tracemalloc.is_tracing():
-                row["traced_mib"] = tracemalloc.get_traced_memory()[0] / MiB
-            if store is not None:
-                row |= chdb_metrics(store)
-            row |= join_sizes(proc)
-            samples.append(row)
-            with (self.out_dir / "samples.jsonl").open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            if self.trace_from_min is not None:
-                if not tracemalloc.is_tracing() and minute >= self.trace_from_min:
-                    tracemalloc.start(1)
-                if "fit" not in snaps and minute >= self.fit_from_min and tracemalloc.is_tracing():
-                    gc.collect()
-                    snaps["fit"] = tracemalloc.take_snapshot()
-            print(
-                f"min {minute:5.1f}  wall {row['wall_s']:6.0f}s  rss {row['rss_mib']:7.0f} MiB  "
-                f"py {row['py_blocks_k']:8.0f}k blocks  je {row.get('je_allocated_mib', 0):6.0f}"
-                f"  resolved {row['resolved']:9.0f}  pending {row['pending']:8.0f}",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._sample(
+                now_ms, proc=proc, store=store, n_events=n_events, t0=(t_wall0, t_cpu0),
+                samples=samples, snaps=snaps,
+            )  # fmt: skip
 
         # No memoised partitioner (bench.data.Partitioner): its cache of every request id
         # (up to 1M) would grow this process by ~200k blocks a minute, not the worker.
@@ -300,6 +274,20 @@ class Probe:
                 if now_ms >= next_sample_ms:
                     sample(now_ms)
                     next_sample_ms += int(self.sample_s * 1000)
+        result = self._finish(samples, snaps)
+        result["wall_s"] = time.monotonic() - t_wall0
+        result["cpu_s"] = time.process_time() - t_cpu0
+        result["events"] = n_events
+        result["store"] = store is not None
+        writer.shutdown()
+        if store is not None:
+            store.close()
+        return result
+
+    def _finish(
+        self, samples: list[dict[str, float]], snaps: dict[str, tracemalloc.Snapshot]
+    ) -> dict[str, Any]:
+        """The last snapshot, then the summary and what a full collection frees."""
         if tracemalloc.is_tracing():
             gc.collect()
             snaps["end"] = tracemalloc.take_snapshot()
@@ -312,14 +300,57 @@ class Probe:
             "rss_mib_before": rss,
             "rss_mib_after": rss_mib(),
         }
-        result["wall_s"] = time.monotonic() - t_wall0
-        result["cpu_s"] = time.process_time() - t_cpu0
-        result["events"] = n_events
-        result["store"] = store is not None
-        writer.shutdown()
-        if store is not None:
-            store.close()
         return result
+
+    def _sample(
+        self,
+        now_ms: int,
+        *,
+        proc: StreamProcessor,
+        store: ClickHouseStore | None,
+        n_events: int,
+        t0: tuple[float, float],
+        samples: list[dict[str, float]],
+        snaps: dict[str, tracemalloc.Snapshot],
+    ) -> None:
+        """One sample: the process's memory, the allocators', chDB's and the join's sizes
+        (appended to ``samples`` and samples.jsonl); tracemalloc started and snapshotted
+        at their minutes. ``t0``: the run's (wall, CPU) start."""
+        minute = (now_ms - START_NS // _NS_PER_MS) / 60_000
+        row: dict[str, float] = {
+            "minute": minute,
+            "wall_s": time.monotonic() - t0[0],
+            "cpu_s": time.process_time() - t0[1],
+            "events": n_events,
+            "rss_mib": rss_mib(),
+            "py_blocks_k": sys.getallocatedblocks() / 1000,
+        }
+        if (m := malloc_stats()) is not None:
+            row |= {f"glibc_{k}_mib": v / MiB for k, v in m.items()}
+        stats = gc.get_stats()
+        row["gc_gen2_collections"] = stats[2]["collections"]
+        row["gc_collected"] = sum(g["collected"] for g in stats)
+        if tracemalloc.is_tracing():
+            row["traced_mib"] = tracemalloc.get_traced_memory()[0] / MiB
+        if store is not None:
+            row |= chdb_metrics(store)
+        row |= join_sizes(proc)
+        samples.append(row)
+        with (self.out_dir / "samples.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.trace_from_min is not None:
+            if not tracemalloc.is_tracing() and minute >= self.trace_from_min:
+                tracemalloc.start(1)
+            if "fit" not in snaps and minute >= self.fit_from_min and tracemalloc.is_tracing():
+                gc.collect()
+                snaps["fit"] = tracemalloc.take_snapshot()
+        print(
+            f"min {minute:5.1f}  wall {row['wall_s']:6.0f}s  rss {row['rss_mib']:7.0f} MiB  "
+            f"py {row['py_blocks_k']:8.0f}k blocks  je {row.get('je_allocated_mib', 0):6.0f}"
+            f"  resolved {row['resolved']:9.0f}  pending {row['pending']:8.0f}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _summary(
         self, samples: list[dict[str, float]], snaps: dict[str, tracemalloc.Snapshot]

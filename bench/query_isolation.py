@@ -169,6 +169,57 @@ def _lines(child: subprocess.Popen[str]) -> list[Any]:
     return [tuple(json.loads(line)) for line in out.splitlines()]
 
 
+def _limits(args: argparse.Namespace, s: Settings) -> QueryLimits:
+    """The query port's limits: the settings', with the command line's overrides."""
+    base = QueryLimits.from_settings(s)
+    concurrency = args.concurrency or base.concurrency
+    return QueryLimits(
+        max_execution_time_s=args.max_execution_s or base.max_execution_time_s,
+        max_memory_bytes=base.max_memory_bytes,
+        max_result_bytes=base.max_result_bytes,
+        max_threads=base.max_threads,
+        nice=base.nice if args.nice is None else args.nice,
+        concurrency=concurrency,
+        per_client=min(base.per_client, concurrency),
+        queue_wait_s=base.queue_wait_s,
+    )
+
+
+def _report(
+    limits: QueryLimits,
+    flush: str,
+    *,
+    flushes: dict[str, list[float]],
+    asked: dict[str, list[Any]],
+    rss: dict[str, list[float]],
+    rss_start: float,
+) -> None:
+    """The limits, then per phase the flushes' times, the RSS and the interactive
+    queries' answers. ``flush``: what one flush wrote, said."""
+    print(
+        f"{flush}; port: {limits.concurrency} at once, {limits.per_client} per client, queue wait "
+        f"{limits.queue_wait_s:g} s; each query: {limits.settings()}"
+    )
+    for phase in ("quiet", "heavy"):
+        xs = flushes[phase]
+        print(
+            f"{phase:5s}: {len(xs)} flushes, p50 {statistics.median(xs) * 1000:.0f} ms, "
+            f"p99 {_pct(xs, 0.99) * 1000:.0f} ms, max {max(xs) * 1000:.0f} ms; RSS "
+            f"median {statistics.median(rss[phase]):.0f} MB, max {max(rss[phase]):.0f} MB"
+        )
+        for kind in ("report", "panel"):
+            got = [(c, t) for kd, c, t in asked[phase] if kd == kind]
+            if got:
+                secs = [t for _, t in got]
+                codes = {c: sum(1 for cc, _ in got if cc == c) for c, _ in got}
+                print(
+                    f"       {kind}: {len(got)} asked, answers {codes}, p50 "
+                    f"{statistics.median(secs):.2f} s, p90 {_pct(secs, 0.9):.2f} s, "
+                    f"max {max(secs):.2f} s"
+                )
+    print(f"RSS at start {rss_start:.0f} MB")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="quiet + heavy phases, each")
@@ -192,18 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = [records[i::k] for i in range(k)]
     kep = [kept[i::k] for i in range(k)]
     s = Settings()
-    base = QueryLimits.from_settings(s)
-    concurrency = args.concurrency or base.concurrency
-    limits = QueryLimits(
-        max_execution_time_s=args.max_execution_s or base.max_execution_time_s,
-        max_memory_bytes=base.max_memory_bytes,
-        max_result_bytes=base.max_result_bytes,
-        max_threads=base.max_threads,
-        nice=base.nice if args.nice is None else args.nice,
-        concurrency=concurrency,
-        per_client=min(base.per_client, concurrency),
-        queue_wait_s=base.queue_wait_s,
-    )
+    limits = _limits(args, s)
     tmp = Path(tempfile.mkdtemp(prefix="tailguard-query-isolation-"))
     flushes: dict[str, list[float]] = {"quiet": [], "heavy": []}
     asked: dict[str, list[Any]] = {"quiet": [], "heavy": []}
@@ -264,29 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        f"{n // k} events a flush ({len(rec[0])} requests), every {args.interval_s} s; "
-        f"port: {limits.concurrency} at once, {limits.per_client} per client, queue wait "
-        f"{limits.queue_wait_s:g} s; each query: {limits.settings()}"
-    )
-    for phase in ("quiet", "heavy"):
-        xs = flushes[phase]
-        print(
-            f"{phase:5s}: {len(xs)} flushes, p50 {statistics.median(xs) * 1000:.0f} ms, "
-            f"p99 {_pct(xs, 0.99) * 1000:.0f} ms, max {max(xs) * 1000:.0f} ms; RSS "
-            f"median {statistics.median(rss[phase]):.0f} MB, max {max(rss[phase]):.0f} MB"
-        )
-        for kind in ("report", "panel"):
-            got = [(c, t) for kd, c, t in asked[phase] if kd == kind]
-            if got:
-                secs = [t for _, t in got]
-                codes = {c: sum(1 for cc, _ in got if cc == c) for c, _ in got}
-                print(
-                    f"       {kind}: {len(got)} asked, answers {codes}, p50 "
-                    f"{statistics.median(secs):.2f} s, p90 {_pct(secs, 0.9):.2f} s, "
-                    f"max {max(secs):.2f} s"
-                )
-    print(f"RSS at start {rss_start:.0f} MB")
+    _report(
+        limits, f"{n // k} events a flush ({len(rec[0])} requests), every {args.interval_s} s",
+        flushes=flushes, asked=asked, rss=rss, rss_start=rss_start,
+    )  # fmt: skip
     print(f"stored: {stored[0]} requests of {len(records)}, {stored[1]} events of {n}")
     for kind in ("memory", "group", "time"):
         got = [(c, t) for kd, c, t in answers if kd == kind]

@@ -27,6 +27,7 @@ from pipeline.adapters.store import Store, record_from_row
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
+    Statement,
     compute_statement,
     records_digest,
     rows_digest,
@@ -43,9 +44,7 @@ def _iso_ns(ns: int | None) -> str | None:
     return iso_time(ns / 1e9)
 
 
-def build_statement(
-    store: Store, loaded: LoadedContract, tenant: str, period: str
-) -> dict[str, Any]:
+def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: str) -> Statement:
     """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
@@ -197,7 +196,7 @@ def verify(
                 f"({want[what]}); the statement is checked with the recorded one"
             )
     again = build_statement(store, recorded, str(doc["tenant"]), str(doc["period"]))
-    mine, theirs = _normal(doc), _normal(again)
+    mine, theirs = _normal(doc), _normal(again.to_json())
     # file names may differ between the two sides; the digests and contents decide
     for side in (mine, theirs):
         for key in ("contract", "slo_spec"):
@@ -225,7 +224,7 @@ def _dur(ms: int) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
 
 
-def render_text(st: dict[str, Any]) -> str:
+def render_text(st: Statement) -> str:
     sections = (_slo_lines, _breach_lines, _control_lines, _incident_lines, _input_lines)
     return "\n".join(line for section in sections for line in section(st))
 
@@ -234,125 +233,118 @@ def _met_text(met: bool | None) -> str:
     return "-" if met is None else ("yes" if met else "NO")
 
 
-def _slo_lines(st: dict[str, Any]) -> list[str]:
+def _slo_lines(st: Statement) -> list[str]:
     """The title, the counts and the SLO table (tiers after the SLOs)."""
     lines = [
-        f"Statement  tenant {st['tenant']}  period {st['period']} ({st['timezone']}: "
-        f"{st['period_start']} .. {st['period_end']})",
-        f"requests {st['requests']:,}  counted {st['counted']:,}  "
-        f"exempted {len(st['exempted']):,}"
-        + "".join(f", {k} {v:,}" for k, v in st["exempted_by_reason"].items()),
+        f"Statement  tenant {st.tenant}  period {st.period} ({st.timezone}: "
+        f"{st.period_start} .. {st.period_end})",
+        f"requests {st.requests:,}  counted {st.counted:,}  "
+        f"exempted {len(st.exempted):,}"
+        + "".join(f", {k} {v:,}" for k, v in st.exempted_by_reason.items()),
         "",
         "SLOs                 boundary           target      total       good   compliance"
         "   objective  met   P99 (period)",
     ]
-    for name, s in st["slos"].items():
-        p = st["percentiles"][name]["period"]
-        met = _met_text(s["met"])
+    for name, s in st.slos.items():
+        p = st.percentiles[name].period
+        met = _met_text(s.met)
         lines.append(
-            f"  {name:<18} {s['boundary']:<18} {s['threshold_ms']:>6.0f} ms {s['total']:>10,} "
-            f"{s['good']:>10,} {_pct(s['compliance']):>12} {_pct(s['objective'], 1):>11}  "
+            f"  {name:<18} {s.boundary:<18} {s.threshold_ms:>6.0f} ms {s.total:>10,} "
+            f"{s.good:>10,} {_pct(s.compliance):>12} {_pct(s.objective, 1):>11}  "
             f"{met:<4} {_ms(p)}"
         )
-    for name, t in st.get("tiers", {}).items():
-        met = _met_text(t["met"])
+    for name, t in st.tiers.items():
+        met = _met_text(t.met)
         lines.append(
-            f"  {name:<18} {t['primary']} + {t['secondary_weight']:g} x {t['secondary']} only"
-            f"{'':>3}{t['total']:>10,} {_pct(t['compliance']):>23} "
-            f"{_pct(t['objective'], 1):>11}  {met}"
+            f"  {name:<18} {t.primary} + {t.secondary_weight:g} x {t.secondary} only"
+            f"{'':>3}{t.total:>10,} {_pct(t.compliance):>23} "
+            f"{_pct(t.objective, 1):>11}  {met}"
         )
     return lines
 
 
-def _breach_lines(st: dict[str, Any]) -> list[str]:
+def _breach_lines(st: Statement) -> list[str]:
     """The breach rule's verdict, then each breach."""
-    rule = st["breach_rule"]
-    verdict = "within the contract" if rule["within"] else "BREACHED"
+    rule = st.breach_rule
+    verdict = "within the contract" if rule.within else "BREACHED"
     return [
         "",
-        f"Breaches (daily P{rule['percentile']:g} above target; severe above "
-        f"{rule['severe_above']:g} x): {rule['breaches']} of at most {rule['max_breaches']}, "
-        f"{rule['severe']} severe -> {verdict}",
+        f"Breaches (daily P{rule.percentile:g} above target; severe above "
+        f"{rule.severe_above:g} x): {rule.breaches} of at most {rule.max_breaches}, "
+        f"{rule.severe} severe -> {verdict}",
     ] + [
-        f"  {b['day']}  {b['slo']:<18} P{rule['percentile']:g} {_ms(b['p_ms'])} vs "
-        f"{b['target_ms']:.0f} ms ({b['ratio']:.2f} x){'  SEVERE' if b['severe'] else ''}"
-        for b in st["breaches"]
+        f"  {b.day}  {b.slo:<18} P{rule.percentile:g} {_ms(b.p_ms)} vs "
+        f"{b.target_ms:.0f} ms ({b.ratio:.2f} x){'  SEVERE' if b.severe else ''}"
+        for b in st.breaches
     ]
 
 
-def _control_lines(st: dict[str, Any]) -> list[str]:
+def _control_lines(st: Statement) -> list[str]:
     """Time at each control level, the levels' timeline, billing pauses, the credit and
     the cold starts."""
-    lv = st["levels"]
-    cr = st["credit"]
+    lv = st.levels
+    cr = st.credit
     lines = [
         "",
         f"Control levels while this tenant had traffic in the scope (observed until "
-        f"{lv['observed_until']}): "
-        + ", ".join(f"L{k} {_dur(v)}" for k, v in lv["ms_at_level"].items() if k != "0")
+        f"{lv.observed_until}): "
+        + ", ".join(f"L{k} {_dur(v)}" for k, v in lv.ms_at_level.items() if k != 0)
         + "  (the service's: "
-        + ", ".join(
-            f"L{k} {_dur(v)}" for k, v in lv.get("ms_at_level_service", {}).items() if k != "0"
-        )
+        + ", ".join(f"L{k} {_dur(v)}" for k, v in lv.ms_at_level_service.items() if k != 0)
         + ")",
     ]
-    for t in lv["timeline"]:
-        note = "customer notified" if t["notify_customer"] else "not notified"
-        lines.append(
-            f"  L{t['level']} {t['from']} .. {t['to']}  {', '.join(t['scopes'])}  ({note})"
-        )
-    lines += [f"  billing paused {p['from']} .. {p['to']}" for p in st["billing_pauses"]]
+    for t in lv.timeline:
+        note = "customer notified" if t.notify_customer else "not notified"
+        lines.append(f"  L{t.level} {t.from_} .. {t.to}  {', '.join(t.scopes)}  ({note})")
+    lines += [f"  billing paused {p.from_} .. {p.to}" for p in st.billing_pauses]
     lines += [
-        f"Credit: {st['credit_percent']:.6f} % of the period's fee  "
-        f"(paused {_dur(cr['paused_ms'])}; "
-        + ", ".join(
-            f"L{c['level']} {c['fee_change_percent']:g} % x {_dur(c['ms'])}" for c in cr["levels"]
-        )
-        + f"; period {_dur(cr['period_ms'])})",
-        f"  formula: credit_percent = {cr['formula']}",
+        f"Credit: {st.credit_percent:.6f} % of the period's fee  "
+        f"(paused {_dur(cr.paused_ms)}; "
+        + ", ".join(f"L{c.level} {c.fee_change_percent:g} % x {_dur(c.ms)}" for c in cr.levels)
+        + f"; period {_dur(cr.period_ms)})",
+        f"  formula: credit_percent = {cr.formula}",
         "",
-        f"Cold starts: {len(st['cold_starts'])}",
+        f"Cold starts: {len(st.cold_starts)}",
     ]
-    for c in st["cold_starts"]:
+    for c in st.cold_starts:
         lines.append(
-            f"  {c['started']} {c['engine_host']}: {c['requests']} requests, "
+            f"  {c.started} {c.engine_host}: {c.requests} requests, "
             + (
-                f"exempted ({c['nth_of_day']} of the day)"
-                if c["exempted"]
-                else f"NOT exempted ({c['nth_of_day']} of the day: over the cap)"
+                f"exempted ({c.nth_of_day} of the day)"
+                if c.exempted
+                else f"NOT exempted ({c.nth_of_day} of the day: over the cap)"
             )
         )
     return lines
 
 
-def _incident_lines(st: dict[str, Any]) -> list[str]:
+def _incident_lines(st: Statement) -> list[str]:
     """Budget exhaustions: those not this tenant's, then each of its incidents with its
     worst requests."""
-    lines = [f"Incidents (budget exhausted): {len(st['incidents'])}"]
-    others = st.get("budget_exhausted_not_this_tenant", [])
+    lines = [f"Incidents (budget exhausted): {len(st.incidents)}"]
+    others = st.budget_exhausted_not_this_tenant
     if others:
-        named = ", ".join(str(o["slo"]) + " " + str(o["at"]) for o in others[:5])
+        named = ", ".join(str(o.slo) + " " + str(o.at) for o in others[:5])
         lines.append(
             f"  not this tenant's (no bad request of it before them): {len(others)} "
             f"({named}{', ...' if len(others) > 5 else ''})"
         )
-    for i in st["incidents"]:
+    for i in st.incidents:
         lines.append(
-            f"  {i['at']}  {i['slo']} ({i['boundary']}): {i['bad_requests']} bad requests of this "
-            f"tenant before it; queue {_pct(i['queue_share'], 1)}, compute "
-            f"{_pct(i['compute_share'], 1)}"
+            f"  {i.at}  {i.slo} ({i.boundary}): {i.bad_requests} bad requests of this "
+            f"tenant before it; queue {_pct(i.queue_share, 1)}, compute "
+            f"{_pct(i.compute_share, 1)}"
         )
         lines += [
-            f"    {w['request_id']:<22} {_ms(w['value_ms']):>14}  queue {_ms(w['queue_ms'])}"
-            f"  -> {w['explain']}"
-            for w in i["worst"]
+            f"    {w.request_id:<22} {_ms(w.value_ms):>14}  queue {_ms(w.queue_ms)}  -> {w.explain}"
+            for w in i.worst
         ]
     return lines
 
 
-def _input_lines(st: dict[str, Any]) -> list[str]:
+def _input_lines(st: Statement) -> list[str]:
     """What the statement was computed from, and how to check it."""
-    inp = st["inputs"]
+    inp = st.inputs
     rng = inp["event_time_range"]
     return [
         "",
@@ -379,7 +371,7 @@ def _e(x: object) -> str:
     return html.escape(str(x))
 
 
-def _timeline_svg(st: dict[str, Any], lo_ms: int, hi_ms: int, label: str) -> str:
+def _timeline_svg(st: Statement, lo_ms: int, hi_ms: int, label: str) -> str:
     """[lo_ms, hi_ms] as a bar: level intervals coloured, billing pauses dark below."""
     w, h = 1000, 34
     span = max(1, hi_ms - lo_ms)
@@ -388,18 +380,18 @@ def _timeline_svg(st: dict[str, Any], lo_ms: int, hi_ms: int, label: str) -> str
         return (min(max(ms, lo_ms), hi_ms) - lo_ms) / span * w
 
     parts = [f'<rect x="0" y="6" width="{w}" height="18" fill="#e8f3ea"/>']
-    for t in st["levels"]["timeline"]:
-        width = max(1.0, x(t["to_ms"]) - x(t["from_ms"]))
+    for t in st.levels.timeline:
+        width = max(1.0, x(t.to_ms) - x(t.from_ms))
         parts.append(
-            f'<rect class="mark" x="{x(t["from_ms"]):.2f}" y="6" width="{width:.2f}" '
-            f'height="18" fill="{_LEVEL_COLOURS[t["level"]]}"><title>L{t["level"]} '
-            f"{_e(t['from'])} .. {_e(t['to'])}</title></rect>"
+            f'<rect class="mark" x="{x(t.from_ms):.2f}" y="6" width="{width:.2f}" '
+            f'height="18" fill="{_LEVEL_COLOURS[t.level]}"><title>L{t.level} '
+            f"{_e(t.from_)} .. {_e(t.to)}</title></rect>"
         )
-    for p in st["billing_pauses"]:
-        width = max(1.0, x(p["to_ms"]) - x(p["from_ms"]))
+    for p in st.billing_pauses:
+        width = max(1.0, x(p.to_ms) - x(p.from_ms))
         parts.append(
-            f'<rect class="mark" x="{x(p["from_ms"]):.2f}" y="26" width="{width:.2f}" '
-            f'height="6" fill="#555"><title>billing paused {_e(p["from"])} .. {_e(p["to"])}'
+            f'<rect class="mark" x="{x(p.from_ms):.2f}" y="26" width="{width:.2f}" '
+            f'height="6" fill="#555"><title>billing paused {_e(p.from_)} .. {_e(p.to)}'
             "</title></rect>"
         )
     return (
@@ -408,25 +400,25 @@ def _timeline_svg(st: dict[str, Any], lo_ms: int, hi_ms: int, label: str) -> str
     )
 
 
-def _timelines(st: dict[str, Any]) -> str:
+def _timelines(st: Statement) -> str:
     """The whole period, and the event-time range the data covers (zoomed)."""
     p0 = _period_start_ms(st)
     out = [
         _timeline_svg(
-            st, p0, p0 + int(st["credit"]["period_ms"]), "period: levels (L1 yellow, L2 orange, "
+            st, p0, p0 + int(st.credit.period_ms), "period: levels (L1 yellow, L2 orange, "
             "L3 red) and billing pauses (dark)",
         )
     ]  # fmt: skip
-    rng = st["inputs"].get("event_time_range", {})
+    rng = st.inputs.get("event_time_range", {})
     if rng.get("from_unix_ns") is not None:
         lo = int(rng["from_unix_ns"]) // 1_000_000
-        hi = int(st["inputs"]["observed_until_unix_ns"]) // 1_000_000 + 1
+        hi = int(st.inputs["observed_until_unix_ns"]) // 1_000_000 + 1
         out.append(_timeline_svg(st, lo, hi, f"zoomed: {rng['from']} .. {rng['to']} (the data)"))
     return "".join(out)
 
 
-def _period_start_ms(st: dict[str, Any]) -> int:
-    t = dt.datetime.fromisoformat(st["period_start"])
+def _period_start_ms(st: Statement) -> int:
+    t = dt.datetime.fromisoformat(st.period_start)
     return int(t.timestamp() * 1000)
 
 
@@ -436,118 +428,117 @@ def _met_cell(met: bool | None) -> str:
     return f"<td class='{cls}'>{text}</td>"
 
 
-def render_html(st: dict[str, Any]) -> str:
+def render_html(st: Statement) -> str:
     """One self-contained page (inline CSS and SVG, no scripts, no external links)."""
-    rule = st["breach_rule"]
+    rule = st.breach_rule
     rows = []
-    for name, s in st["slos"].items():
+    for name, s in st.slos.items():
         rows.append(
-            f"<tr><td>{_e(name)}</td><td>{_e(s['boundary'])}</td><td>{s['threshold_ms']:.0f} ms"
-            f"</td><td>{s['total']:,}</td><td>{s['good']:,}</td><td>{_pct(s['compliance'])}</td>"
-            f"<td>{_pct(s['objective'], 1)}</td>{_met_cell(s['met'])}"
-            f"<td>{_ms(st['percentiles'][name]['period'])}</td></tr>"
+            f"<tr><td>{_e(name)}</td><td>{_e(s.boundary)}</td><td>{s.threshold_ms:.0f} ms"
+            f"</td><td>{s.total:,}</td><td>{s.good:,}</td><td>{_pct(s.compliance)}</td>"
+            f"<td>{_pct(s.objective, 1)}</td>{_met_cell(s.met)}"
+            f"<td>{_ms(st.percentiles[name].period)}</td></tr>"
         )
-    for name, t in st.get("tiers", {}).items():
+    for name, t in st.tiers.items():
         rows.append(
-            f"<tr><td>{_e(name)}</td><td colspan='2'>blended: {_e(t['primary'])} + "
-            f"{t['secondary_weight']:g} x {_e(t['secondary'])} only</td><td>{t['total']:,}</td>"
-            f"<td>{t['good_primary']:,} + {t['good_secondary_only']:,}</td>"
-            f"<td>{_pct(t['compliance'])}</td><td>{_pct(t['objective'], 1)}</td>"
-            f"{_met_cell(t['met'])}<td></td></tr>"
+            f"<tr><td>{_e(name)}</td><td colspan='2'>blended: {_e(t.primary)} + "
+            f"{t.secondary_weight:g} x {_e(t.secondary)} only</td><td>{t.total:,}</td>"
+            f"<td>{t.good_primary:,} + {t.good_secondary_only:,}</td>"
+            f"<td>{_pct(t.compliance)}</td><td>{_pct(t.objective, 1)}</td>"
+            f"{_met_cell(t.met)}<td></td></tr>"
         )
-    days = sorted({d for p in st["percentiles"].values() for d in p["days"]})
+    days = sorted({d for p in st.percentiles.values() for d in p.days})
     day_rows = []
     for d in days:
         cells = []
-        for name, p in st["percentiles"].items():
-            v = p["days"].get(d)
-            thr = st["slos"][name]["threshold_ms"]
-            cls = "bad" if v and v["p"] > thr else ""
-            cells.append(f"<td class='{cls}'>{_ms(v['p']) if v else '-'}</td>")
+        for name, p in st.percentiles.items():
+            v = p.days.get(d)
+            thr = st.slos[name].threshold_ms
+            cls = "bad" if v and v.p > thr else ""
+            cells.append(f"<td class='{cls}'>{_ms(v.p) if v else '-'}</td>")
         day_rows.append(f"<tr><td>{_e(d)}</td>{''.join(cells)}</tr>")
     breach_rows = "".join(
-        f"<tr><td>{_e(b['day'])}</td><td>{_e(b['slo'])}</td><td>{_ms(b['p_ms'])}</td>"
-        f"<td>{b['target_ms']:.0f} ms</td><td class='{'bad' if b['severe'] else ''}'>"
-        f"{b['ratio']:.2f} x{' severe' if b['severe'] else ''}</td></tr>"
-        for b in st["breaches"]
+        f"<tr><td>{_e(b.day)}</td><td>{_e(b.slo)}</td><td>{_ms(b.p_ms)}</td>"
+        f"<td>{b.target_ms:.0f} ms</td><td class='{'bad' if b.severe else ''}'>"
+        f"{b.ratio:.2f} x{' severe' if b.severe else ''}</td></tr>"
+        for b in st.breaches
     )
     level_rows = "".join(
-        f"<tr><td>L{t['level']}</td><td>{_e(t['from'])}</td><td>{_e(t['to'])}</td>"
-        f"<td>{_e(', '.join(t['scopes']))}</td><td>{'yes' if t['notify_customer'] else 'no'}"
+        f"<tr><td>L{t.level}</td><td>{_e(t.from_)}</td><td>{_e(t.to)}</td>"
+        f"<td>{_e(', '.join(t.scopes))}</td><td>{'yes' if t.notify_customer else 'no'}"
         "</td></tr>"
-        for t in st["levels"]["timeline"]
+        for t in st.levels.timeline
     )
     credit_rows = "".join(
-        f"<tr><td>L{c['level']}</td><td>{c['fee_change_percent']:g} %</td><td>{_dur(c['ms'])}"
-        f"</td><td>{c['credit_percent']:.6f} %</td></tr>"
-        for c in st["credit"]["levels"]
+        f"<tr><td>L{c.level}</td><td>{c.fee_change_percent:g} %</td><td>{_dur(c.ms)}"
+        f"</td><td>{c.credit_percent:.6f} %</td></tr>"
+        for c in st.credit.levels
     )
     cold_rows = "".join(
-        f"<tr><td>{_e(c['started'])}</td><td>{_e(c['engine_host'])}</td><td>{c['requests']}</td>"
-        f"<td>{c['nth_of_day']}</td><td class='{'ok' if c['exempted'] else 'bad'}'>"
-        f"{'exempted' if c['exempted'] else 'over the cap'}</td></tr>"
-        for c in st["cold_starts"]
+        f"<tr><td>{_e(c.started)}</td><td>{_e(c.engine_host)}</td><td>{c.requests}</td>"
+        f"<td>{c.nth_of_day}</td><td class='{'ok' if c.exempted else 'bad'}'>"
+        f"{'exempted' if c.exempted else 'over the cap'}</td></tr>"
+        for c in st.cold_starts
     )
     incidents = []
-    for i in st["incidents"]:
+    for i in st.incidents:
         worst = "".join(
-            f"<tr><td><code>{_e(w['request_id'])}</code></td><td>{_ms(w['value_ms'])}</td>"
-            f"<td>{_ms(w['queue_ms'])}</td><td>{_ms(w['inference_ms'])}</td>"
-            f"<td><code>{_e(w['explain'])}</code></td></tr>"
-            for w in i["worst"]
+            f"<tr><td><code>{_e(w.request_id)}</code></td><td>{_ms(w.value_ms)}</td>"
+            f"<td>{_ms(w.queue_ms)}</td><td>{_ms(w.inference_ms)}</td>"
+            f"<td><code>{_e(w.explain)}</code></td></tr>"
+            for w in i.worst
         )
         incidents.append(
-            f"<h3>{_e(i['at'])}: {_e(i['slo'])} ({_e(i['boundary'])}) budget exhausted</h3>"
-            f"<p>{i['bad_requests']} bad requests of this tenant before it; queue "
-            f"{_pct(i['queue_share'], 1)}, compute {_pct(i['compute_share'], 1)}.</p>"
+            f"<h3>{_e(i.at)}: {_e(i.slo)} ({_e(i.boundary)}) budget exhausted</h3>"
+            f"<p>{i.bad_requests} bad requests of this tenant before it; queue "
+            f"{_pct(i.queue_share, 1)}, compute {_pct(i.compute_share, 1)}.</p>"
             "<table><tr><th>worst requests</th><th>value</th><th>queue</th><th>compute</th>"
             f"<th>explain</th></tr>{worst}</table>"
         )
-    inp = st["inputs"]
+    inp = st.inputs
     verdict = (
         "<span class='ok'>within the contract</span>"
-        if rule["within"]
+        if rule.within
         else "<span class='bad'>breached</span>"
     )
-    head = "".join(f"<th>{_e(n)}</th>" for n in st["percentiles"])
+    head = "".join(f"<th>{_e(n)}</th>" for n in st.percentiles)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<title>Statement {_e(st["tenant"])} {_e(st["period"])}</title>
+<title>Statement {_e(st.tenant)} {_e(st.period)}</title>
 <style>{_CSS}</style></head><body>
-<h1>Statement: {_e(st["tenant"])}, {_e(st["period"])}</h1>
-<p class="muted">{_e(st["period_start"])} .. {_e(st["period_end"])} ({_e(st["timezone"])});
-{st["requests"]:,} requests, {st["counted"]:,} counted, {len(st["exempted"]):,} exempted.</p>
-<h2>Credit: {st["credit_percent"]:.6f} % of the period's fee</h2>
+<h1>Statement: {_e(st.tenant)}, {_e(st.period)}</h1>
+<p class="muted">{_e(st.period_start)} .. {_e(st.period_end)} ({_e(st.timezone)});
+{st.requests:,} requests, {st.counted:,} counted, {len(st.exempted):,} exempted.</p>
+<h2>Credit: {st.credit_percent:.6f} % of the period's fee</h2>
 {_timelines(st)}
 <table><tr><th>level</th><th>fee change</th><th>time (outside pauses)</th><th>credit</th></tr>
-{credit_rows}<tr><td>billing paused</td><td>-100 %</td><td>{_dur(st["credit"]["paused_ms"])}</td>
-<td>{st["credit"]["paused_percent"]:.6f} %</td></tr></table>
-<p class="muted"><code>credit_percent = {_e(st["credit"]["formula"])}</code></p>
+{credit_rows}<tr><td>billing paused</td><td>-100 %</td><td>{_dur(st.credit.paused_ms)}</td>
+<td>{st.credit.paused_percent:.6f} %</td></tr></table>
+<p class="muted"><code>credit_percent = {_e(st.credit.formula)}</code></p>
 <h2>SLOs</h2>
 <table><tr><th>SLO</th><th>boundary</th><th>target</th><th>total</th><th>good</th>
-<th>compliance</th><th>objective</th><th></th><th>P{rule["percentile"]:g} period</th></tr>
+<th>compliance</th><th>objective</th><th></th><th>P{rule.percentile:g} period</th></tr>
 {"".join(rows)}</table>
-<h2>Breaches: {rule["breaches"]} of at most {rule["max_breaches"]},
-{rule["severe"]} severe: {verdict}</h2>
-<table><tr><th>day</th><th>SLO</th><th>P{
-        rule["percentile"]:g}</th><th>target</th><th>ratio</th></tr>
+<h2>Breaches: {rule.breaches} of at most {rule.max_breaches},
+{rule.severe} severe: {verdict}</h2>
+<table><tr><th>day</th><th>SLO</th><th>P{rule.percentile:g}</th><th>target</th><th>ratio</th></tr>
 {breach_rows}</table>
-<h2>Daily P{rule["percentile"]:g}</h2>
+<h2>Daily P{rule.percentile:g}</h2>
 <table><tr><th>day</th>{head}</tr>{"".join(day_rows)}</table>
 <h2>Control levels</h2>
-<p class="muted">{_e(st["levels"].get("rule", ""))}</p>
+<p class="muted">{_e(st.levels.rule)}</p>
 <table><tr><th>level</th><th>from</th><th>to</th><th>scopes</th><th>customer notified</th></tr>
 {level_rows}</table>
 <h2>Cold starts and exemptions</h2>
 <table><tr><th>started</th><th>engine</th><th>requests</th><th>n-th of day</th><th></th></tr>
 {cold_rows}</table>
 <p>Exempted by reason: {
-        _e(", ".join(f"{k} {v:,}" for k, v in st["exempted_by_reason"].items()) or "none")
+        _e(", ".join(f"{k} {v:,}" for k, v in st.exempted_by_reason.items()) or "none")
     }</p>
 <h2>Incidents</h2>
 {"".join(incidents) or "<p>none</p>"}
 <p class="muted">Budget exhaustions not this tenant's (no bad request of it before them):
-{len(st.get("budget_exhausted_not_this_tenant", []))}</p>
+{len(st.budget_exhausted_not_this_tenant)}</p>
 <h2>Inputs</h2>
 <p class="muted"><code>{inp["requests_rows"]:,} request rows {_e(inp["requests_digest"])}<br>
 event time {_e(inp["event_time_range"]["from"])} .. {_e(inp["event_time_range"]["to"])}<br>

@@ -186,7 +186,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar, cast, overload
 
@@ -429,6 +429,61 @@ class _Scope:
         return observed, holds
 
 
+@dataclass(slots=True)
+class _Step:
+    """One evaluation of a scope: its state, the signals, and what the entry
+    conditions say (``_observe``); ``held``: ms at the current (level, phase)."""
+
+    s: _Scope
+    now_ms: int
+    signals: Signals
+    observed: list[bool]  # per condition: its comparison holds now
+    holds: list[bool]  # per condition: it has held for its ``for``
+    opens: list[bool]  # per condition: it holds and may open a level
+    entered: int  # highest level whose entry holds: may step up
+    justified: int  # highest level whose entry holds on evidence other than alerts
+    gated_entry: int  # highest level whose entry holds but the load gate keeps shut
+    load_caused: bool
+    opener_seen: list[int]  # the openers of the level, still measured now
+    held: int
+
+    def move(
+        self, level: int, phase: Phase, *, escalated: bool = False, by: Iterable[_Cond] = ()
+    ) -> None:
+        """The scope to (level, phase) now; ``by``: the conditions that open the level."""
+        s, now_ms = self.s, self.now_ms
+        if level < s.level or phase == "half_open" or level == 0:
+            s.recovered_ms = now_ms  # a step down
+        if level > s.level or (phase == "degraded" and s.phase == "half_open"):
+            s.openers = tuple(c.index for c in by if not c.alert)
+        elif level == 0:
+            s.openers = ()
+        s.level, s.phase, s.since_ms, s.escalated = level, phase, now_ms, escalated
+
+
+@dataclass(slots=True)
+class _Exits:
+    """A level's exit as measured now (``PolicyEngine._exits``)."""
+
+    known: list[_Cond]  # the exit conditions not waived
+    failing: list[_Cond]  # of those, the ones that do not hold
+    lacking: str  # the waived ones, said
+    blind_all: bool
+    exit_ok: bool
+    held_because: list[Hold]
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What a phase of the evaluation decided: the conditions it rests on, the reason,
+    what holds the level, and whether it is past ``max_duration``."""
+
+    figs: list[_Cond]
+    reason: str
+    held_because: list[Hold] = field(default_factory=list)
+    overdue: bool = False
+
+
 class PolicyEngine:
     """The degradation state machine, one state per scope (e.g. per model). Deterministic."""
 
@@ -470,20 +525,7 @@ class PolicyEngine:
         return level > 0 and (1 if phase == "half_open" else level) in self._cutoff
 
     def _compile(self, c: Condition) -> _Cond:
-        boolean = c.is_ is not None
-        compiled = _Cond(
-            index=len(self._conds),
-            signal=c.signal,
-            boolean=boolean,
-            compare=None if boolean else OPS[c.op or ">"],
-            value=0.0 if c.value is None else c.value,
-            is_value=bool(c.is_),
-            for_ms=c.for_ms,
-            text=c.describe(),
-            probe_text=c.describe(with_for=False),
-            alert=c.signal in ALERT_SIGNALS,
-            op=c.op or "",
-        )
+        compiled = _compiled(c, len(self._conds))
         self._conds.append(compiled)
         return compiled
 
@@ -526,208 +568,26 @@ class PolicyEngine:
                 f"scope {scope!r}: now_ms {now_ms} is before the previous evaluation "
                 f"({s.last.now_ms}); evaluations of a scope must be in time order"
             )
-        # 1. condition clocks
-        observed, holds = s.observe(self._conds, signals, now_ms)
-        clocks = s.clocks
-        # An alert opens a level only if it rose after the scope last stepped down: an
-        # alert still firing from before a recovery does not re-open what it opened.
-        opens = [
-            holds[c.index]
-            and (not c.alert or s.recovered_ms is None or (clocks[c.index] or 0) > s.recovered_ms)
-            for c in self._conds
-        ]
-        entered = 0  # highest level whose entry holds: may step up
-        justified = 0  # highest level whose entry holds on evidence other than alerts: keeps it
-        load_caused = signals.get(LOAD_SIGNAL) is True
-        gated_entry = 0  # highest level whose entry holds but the load gate keeps shut
-        for n in LEVELS:
-            if any(opens[c.index] for c in self._enter[n]):
-                if n in self._gated and not load_caused:
-                    gated_entry = n
-                else:
-                    entered = n
-            if any(holds[c.index] and not c.alert for c in self._enter[n]) and (
-                n not in self._gated or load_caused
-            ):
-                justified = n
-        # Coherent exit: the conditions that opened the level, still measured right now.
-        opener_seen = [i for i in s.openers if observed[i]]
-
+        st = self._observe(s, now_ms, signals)
         prev_level, prev_phase = s.level, s.phase
-        held = now_ms - s.since_ms
-        overdue = False
-        held_because: list[Hold] = []
-        reason: str
-        figs: list[_Cond]
-
-        def move(
-            level: int, phase: Phase, *, escalated: bool = False, by: Iterable[_Cond] = ()
-        ) -> None:
-            if level < s.level or phase == "half_open" or level == 0:
-                s.recovered_ms = now_ms  # a step down
-            if level > s.level or (phase == "degraded" and s.phase == "half_open"):
-                s.openers = tuple(c.index for c in by if not c.alert)
-            elif level == 0:
-                s.openers = ()
-            s.level, s.phase, s.since_ms, s.escalated = level, phase, now_ms, escalated
-
         if s.phase == "half_open":
-            probe = [c for c in self._enter[1] if observed[c.index] and not c.alert]
-            probe += [self._conds[i] for i in opener_seen if self._conds[i] not in probe]
-            if 1 in self._gated and not load_caused:
-                probe = []  # a probe sheds again only for a load-caused burn
-            if entered >= 1 or probe:
-                target = max(1, entered)
-                figs = self._holding(target, opens) if entered >= 1 else probe
-                move(target, "degraded", by=figs)
-                texts = _texts(figs, signals, probe=entered == 0)
-                reason = f"relapse during half-open -> L{target}: {texts}"
-            elif held >= self._ho_ms:
-                figs = []
-                move(0, "normal")
-                reason = f"half-open {format_ms(self._ho_ms)} passed without relapse -> normal"
-            else:
-                figs = []
-                held_because.append(
-                    Hold("half-open", f"half-open ({format_ms(held)} of {format_ms(self._ho_ms)})")
-                )
-                reason = (
-                    f"half-open since {s.since_ms}: admitting {self._admit:.0%} of shed "
-                    f"traffic until {s.since_ms + self._ho_ms}; relapse if "
-                    + " or ".join(c.probe_text for c in self._enter[1] if not c.alert)
-                )
-        elif entered > s.level:
-            figs = self._holding(entered, opens)
-            move(entered, "degraded", by=figs)
-            reason = f"L{entered} entry holds: {_texts(figs, signals)}"
+            out = self._half_open(st)
+        elif st.entered > s.level:
+            figs = self._holding(st.entered, st.opens)
+            st.move(st.entered, "degraded", by=figs)
+            out = _Outcome(figs, f"L{st.entered} entry holds: {_texts(figs, signals)}")
         elif s.level > 0:
-            lv = s.level
-            exits = self._exit[lv]
-            openers = [self._conds[i] for i in opener_seen]
-            over_max = held >= self._max_ms[lv]
-            # Unknown signals: an exit condition whose signal has been unknown for its
-            # whole window is waived; the level leaves on the exits that are measured.
-            waived = [c for c in exits if self._waived(c, s, now_ms, over_max)]
-            known = [c for c in exits if c not in waived]
-            # Blind: no exit is measured, or a level that turns traffic away lacks its
-            # pre-admission exit (the rest reads admitted traffic only): max_duration.
-            blind = [c for c in waived if c.signal in PRE_ADMISSION_SIGNALS]
-            blind = blind if lv in self._turns_away else []
-            blind_all = not known or bool(blind)
-            exit_ok = (
-                all(holds[c.index] for c in known) and not openers and (over_max or not blind_all)
-            )
-            failing = [c for c in known if not holds[c.index]]
-            lacking = "; ".join(f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived)
-            if justified >= lv:
-                held_because.extend(
-                    _hold(c, signals, now_ms, clocks[c.index], prefix="entry ")
-                    for c in self._enter[lv]
-                    if holds[c.index] and not c.alert
-                )
-            held_because.extend(_hold(c, signals, now_ms, clocks[c.index]) for c in failing)
-            if blind_all and not over_max:
-                what = ", ".join(c.signal for c in (blind or waived)) or "none"
-                held_because.append(
-                    Hold(
-                        "blind " + what,
-                        f"exit not measured ({what} unknown): held up to max_duration "
-                        f"{format_ms(self._max_ms[lv])}",
-                    )
-                )
-            held_because.extend(
-                _hold(
-                    c,
-                    signals,
-                    now_ms,
-                    clocks[c.index],
-                    prefix="opened by ",
-                    suffix=", still measured",
-                )
-                for c in openers
-                if not (justified >= lv and holds[c.index] and c in self._enter[lv])
-            )
-            if justified < lv and exit_ok and held >= self._dwell_ms:
-                figs = known
-                held_because = []
-                on = _texts(figs, signals) if figs else "no exit measured"
-                if lacking:
-                    on = f"{on}; {lacking}"
-                if blind_all:
-                    on = f"{on}; held past max_duration {format_ms(self._max_ms[lv])}"
-                if lv == 1:
-                    move(1, "half_open")
-                    reason = (
-                        f"L1 exit holds ({on}) after "
-                        f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} -> "
-                        f"half-open for {format_ms(self._ho_ms)}, admitting "
-                        f"{self._admit:.0%} of shed traffic"
-                    )
-                else:
-                    move(lv - 1, "degraded")
-                    reason = (
-                        f"L{lv} exit holds ({on}) after "
-                        f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} "
-                        f"-> L{lv - 1}"
-                    )
-            elif held >= self._max_ms[lv] and justified >= lv and lv < LEVELS[-1]:
-                # Its own entry still holds after max_duration: its actions are not enough.
-                figs = self._justifying(lv, holds)
-                limit = format_ms(self._max_ms[lv])
-                move(lv + 1, "degraded", escalated=True, by=figs)
-                held_because = []
-                reason = (
-                    f"L{lv} held {format_ms(held)} >= max_duration {limit} and its entry "
-                    f"still holds ({_texts(figs, signals)}) -> escalated to L{lv + 1}, "
-                    "notify customer"
-                )
-            else:
-                if held < self._dwell_ms and not failing and justified < lv:
-                    held_because.append(
-                        Hold(
-                            "min_dwell",
-                            f"min_dwell ({format_ms(held)} of {format_ms(self._dwell_ms)})",
-                        )
-                    )
-                if held >= self._max_ms[lv]:
-                    # Past max_duration: notified; it escalates only while its entry holds
-                    # (L3 has nowhere to go) and otherwise steps down as usual.
-                    overdue = True
-                    limit = format_ms(self._max_ms[lv])
-                    tail = (
-                        "no higher level: notify customer"
-                        if justified >= lv
-                        else "entry no longer holds: not escalated, notify customer"
-                    )
-                    prefix = f"L{lv} held {format_ms(held)} past max_duration {limit}; {tail}"
-                else:
-                    prefix = ""
-                if justified >= lv:
-                    figs = self._justifying(lv, holds)
-                    body = f"L{lv} entry holds: {_texts(figs, signals)}"
-                elif not exit_ok:
-                    figs = failing
-                    body = (
-                        f"L{lv} held, waiting for exit: {'; '.join(h.text for h in held_because)}"
-                    )
-                    if lacking:
-                        body += f" (not waited for: {lacking})"
-                else:
-                    figs = known
-                    body = (
-                        f"L{lv}: exit holds, min_dwell {format_ms(self._dwell_ms)} "
-                        f"until {s.since_ms + self._dwell_ms}"
-                    )
-                reason = f"{prefix}: {body}" if prefix else body
-        elif gated_entry:
-            figs = self._holding(gated_entry, opens)
-            reason = (
-                f"L{gated_entry} entry holds ({_texts(figs, signals)}) but the burn is not "
-                f"load-caused ({LOAD_SIGNAL} false): nothing shed"
+            out = self._degraded(st)
+        elif st.gated_entry:
+            figs = self._holding(st.gated_entry, st.opens)
+            out = _Outcome(
+                figs,
+                f"L{st.gated_entry} entry holds ({_texts(figs, signals)}) but the burn is not "
+                f"load-caused ({LOAD_SIGNAL} false): nothing shed",
             )
         else:
-            figs = []
-            reason = "normal: no entry condition holds"
+            out = _Outcome([], "normal: no entry condition holds")
+        figs, reason, held_because, overdue = out.figs, out.reason, out.held_because, out.overdue
 
         level, phase = s.level, s.phase
         if phase == "half_open":
@@ -762,6 +622,199 @@ class PolicyEngine:
         s.last = evaluation
         return evaluation
 
+    # -- the phases of an evaluation ------------------------------------------ #
+
+    def _observe(self, s: _Scope, now_ms: int, signals: Signals) -> _Step:
+        """The condition clocks advanced to ``now_ms``, and which levels' entries hold."""
+        observed, holds = s.observe(self._conds, signals, now_ms)
+        clocks = s.clocks
+        # An alert opens a level only if it rose after the scope last stepped down: an
+        # alert still firing from before a recovery does not re-open what it opened.
+        opens = [
+            holds[c.index]
+            and (not c.alert or s.recovered_ms is None or (clocks[c.index] or 0) > s.recovered_ms)
+            for c in self._conds
+        ]
+        entered = 0  # highest level whose entry holds: may step up
+        justified = 0  # highest level whose entry holds on evidence other than alerts: keeps it
+        load_caused = signals.get(LOAD_SIGNAL) is True
+        gated_entry = 0  # highest level whose entry holds but the load gate keeps shut
+        for n in LEVELS:
+            if any(opens[c.index] for c in self._enter[n]):
+                if n in self._gated and not load_caused:
+                    gated_entry = n
+                else:
+                    entered = n
+            if any(holds[c.index] and not c.alert for c in self._enter[n]) and (
+                n not in self._gated or load_caused
+            ):
+                justified = n
+        # Coherent exit: the conditions that opened the level, still measured right now.
+        opener_seen = [i for i in s.openers if observed[i]]
+        return _Step(
+            s, now_ms, signals, observed, holds, opens, entered, justified, gated_entry,
+            load_caused, opener_seen, now_ms - s.since_ms,
+        )  # fmt: skip
+
+    def _half_open(self, st: _Step) -> _Outcome:
+        """Half-open: a relapse re-opens a level, a quiet ``duration`` closes to normal."""
+        s, signals, observed, entered, held = st.s, st.signals, st.observed, st.entered, st.held
+        probe = [c for c in self._enter[1] if observed[c.index] and not c.alert]
+        probe += [self._conds[i] for i in st.opener_seen if self._conds[i] not in probe]
+        if 1 in self._gated and not st.load_caused:
+            probe = []  # a probe sheds again only for a load-caused burn
+        if entered >= 1 or probe:
+            target = max(1, entered)
+            figs = self._holding(target, st.opens) if entered >= 1 else probe
+            st.move(target, "degraded", by=figs)
+            texts = _texts(figs, signals, probe=entered == 0)
+            return _Outcome(figs, f"relapse during half-open -> L{target}: {texts}")
+        if held >= self._ho_ms:
+            st.move(0, "normal")
+            return _Outcome(
+                [], f"half-open {format_ms(self._ho_ms)} passed without relapse -> normal"
+            )
+        return _Outcome(
+            [],
+            f"half-open since {s.since_ms}: admitting {self._admit:.0%} of shed "
+            f"traffic until {s.since_ms + self._ho_ms}; relapse if "
+            + " or ".join(c.probe_text for c in self._enter[1] if not c.alert),
+            [Hold("half-open", f"half-open ({format_ms(held)} of {format_ms(self._ho_ms)})")],
+        )
+
+    def _degraded(self, st: _Step) -> _Outcome:
+        """At a level, not half-open: step down on its exit, escalate past its
+        ``max_duration`` while its entry holds, or hold it (and say why)."""
+        lv = st.s.level
+        ex = self._exits(st)
+        if st.justified < lv and ex.exit_ok and st.held >= self._dwell_ms:
+            return self._step_down(st, ex)
+        if st.held >= self._max_ms[lv] and st.justified >= lv and lv < LEVELS[-1]:
+            # Its own entry still holds after max_duration: its actions are not enough.
+            figs = self._justifying(lv, st.holds)
+            limit = format_ms(self._max_ms[lv])
+            st.move(lv + 1, "degraded", escalated=True, by=figs)
+            return _Outcome(
+                figs,
+                f"L{lv} held {format_ms(st.held)} >= max_duration {limit} and its entry "
+                f"still holds ({_texts(figs, st.signals)}) -> escalated to L{lv + 1}, "
+                "notify customer",
+            )
+        return self._keep(st, ex)
+
+    def _exits(self, st: _Step) -> _Exits:
+        """The level's exit as measured now, and what holds the level (so far)."""
+        s, signals, now_ms, holds, held = st.s, st.signals, st.now_ms, st.holds, st.held
+        justified, clocks = st.justified, s.clocks
+        lv = s.level
+        exits = self._exit[lv]
+        openers = [self._conds[i] for i in st.opener_seen]
+        over_max = held >= self._max_ms[lv]
+        # Unknown signals: an exit condition whose signal has been unknown for its
+        # whole window is waived; the level leaves on the exits that are measured.
+        waived = [c for c in exits if self._waived(c, s, now_ms, over_max)]
+        known = [c for c in exits if c not in waived]
+        # Blind: no exit is measured, or a level that turns traffic away lacks its
+        # pre-admission exit (the rest reads admitted traffic only): max_duration.
+        blind = [c for c in waived if c.signal in PRE_ADMISSION_SIGNALS]
+        blind = blind if lv in self._turns_away else []
+        blind_all = not known or bool(blind)
+        exit_ok = all(holds[c.index] for c in known) and not openers and (over_max or not blind_all)
+        failing = [c for c in known if not holds[c.index]]
+        lacking = "; ".join(f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived)
+        held_because: list[Hold] = []
+        if justified >= lv:
+            held_because.extend(
+                _hold(c, signals, now_ms, clocks[c.index], prefix="entry ")
+                for c in self._enter[lv]
+                if holds[c.index] and not c.alert
+            )
+        held_because.extend(_hold(c, signals, now_ms, clocks[c.index]) for c in failing)
+        if blind_all and not over_max:
+            what = ", ".join(c.signal for c in (blind or waived)) or "none"
+            held_because.append(
+                Hold(
+                    "blind " + what,
+                    f"exit not measured ({what} unknown): held up to max_duration "
+                    f"{format_ms(self._max_ms[lv])}",
+                )
+            )
+        held_because.extend(
+            _hold(
+                c, signals, now_ms, clocks[c.index], prefix="opened by ", suffix=", still measured"
+            )
+            for c in openers
+            if not (justified >= lv and holds[c.index] and c in self._enter[lv])
+        )
+        return _Exits(known, failing, lacking, blind_all, exit_ok, held_because)
+
+    def _step_down(self, st: _Step, ex: _Exits) -> _Outcome:
+        """The level's exit holds past ``min_dwell``: L1 half-opens, a higher level steps
+        one down."""
+        lv, held = st.s.level, st.held
+        figs = ex.known
+        on = _texts(figs, st.signals) if figs else "no exit measured"
+        if ex.lacking:
+            on = f"{on}; {ex.lacking}"
+        if ex.blind_all:
+            on = f"{on}; held past max_duration {format_ms(self._max_ms[lv])}"
+        if lv == 1:
+            st.move(1, "half_open")
+            reason = (
+                f"L1 exit holds ({on}) after "
+                f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} -> "
+                f"half-open for {format_ms(self._ho_ms)}, admitting "
+                f"{self._admit:.0%} of shed traffic"
+            )
+        else:
+            st.move(lv - 1, "degraded")
+            reason = (
+                f"L{lv} exit holds ({on}) after "
+                f"{format_ms(held)} >= min_dwell {format_ms(self._dwell_ms)} "
+                f"-> L{lv - 1}"
+            )
+        return _Outcome(figs, reason)
+
+    def _keep(self, st: _Step, ex: _Exits) -> _Outcome:
+        """The level is held: on its entry, waiting for its exit, or for ``min_dwell``;
+        past ``max_duration``, overdue (the customer is notified)."""
+        s, signals, held, justified = st.s, st.signals, st.held, st.justified
+        lv = s.level
+        held_because = ex.held_because
+        overdue = False
+        if held < self._dwell_ms and not ex.failing and justified < lv:
+            text = f"min_dwell ({format_ms(held)} of {format_ms(self._dwell_ms)})"
+            held_because.append(Hold("min_dwell", text))
+        if held >= self._max_ms[lv]:
+            # Past max_duration: notified; it escalates only while its entry holds
+            # (L3 has nowhere to go) and otherwise steps down as usual.
+            overdue = True
+            limit = format_ms(self._max_ms[lv])
+            tail = (
+                "no higher level: notify customer"
+                if justified >= lv
+                else "entry no longer holds: not escalated, notify customer"
+            )
+            prefix = f"L{lv} held {format_ms(held)} past max_duration {limit}; {tail}"
+        else:
+            prefix = ""
+        if justified >= lv:
+            figs = self._justifying(lv, st.holds)
+            body = f"L{lv} entry holds: {_texts(figs, signals)}"
+        elif not ex.exit_ok:
+            figs = ex.failing
+            body = f"L{lv} held, waiting for exit: {'; '.join(h.text for h in held_because)}"
+            if ex.lacking:
+                body += f" (not waited for: {ex.lacking})"
+        else:
+            figs = ex.known
+            body = (
+                f"L{lv}: exit holds, min_dwell {format_ms(self._dwell_ms)} "
+                f"until {s.since_ms + self._dwell_ms}"
+            )
+        reason = f"{prefix}: {body}" if prefix else body
+        return _Outcome(figs, reason, held_because, overdue)
+
     def _waived(self, c: _Cond, s: _Scope, now_ms: int, over_max: bool) -> bool:
         """An exit condition whose signal is unknown now and has been at every evaluation
         for its whole window: its ``for`` and at least ``min_dwell`` (or, past the
@@ -776,6 +829,24 @@ class PolicyEngine:
 
     def _justifying(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index] and not c.alert]
+
+
+def _compiled(c: Condition, index: int) -> _Cond:
+    """A condition compiled for evaluation; ``index``: its clock's slot."""
+    boolean = c.is_ is not None
+    return _Cond(
+        index=index,
+        signal=c.signal,
+        boolean=boolean,
+        compare=None if boolean else OPS[c.op or ">"],
+        value=0.0 if c.value is None else c.value,
+        is_value=bool(c.is_),
+        for_ms=c.for_ms,
+        text=c.describe(),
+        probe_text=c.describe(with_for=False),
+        alert=c.signal in ALERT_SIGNALS,
+        op=c.op or "",
+    )
 
 
 def _bounded(reason: str) -> str:

@@ -60,8 +60,8 @@ import itertools
 import math
 import zoneinfo
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 import msgspec
@@ -104,6 +104,248 @@ class BudgetEventRow:
     at_ms: int
 
 
+# --------------------------------------------------------------------------- #
+# The statement, typed. ``Statement.to_json`` is its one wire form (``statement --json``,
+# what ``--verify`` reads back): each field under its name, ``from_``/``to`` as
+# ``from``/``to``, mappings' keys as strings, tuples as lists, in field order.
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True, slots=True)
+class SLOResult:
+    """One bound SLO over the counted records."""
+
+    boundary: str
+    threshold_ms: float
+    objective: float
+    total: int
+    good: int
+    compliance: float | None  # good / total; None when nothing counted
+    met: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class TierResult:
+    """One blended tier whose primary and secondary the contract binds."""
+
+    primary: str
+    secondary: str
+    secondary_weight: float
+    objective: float
+    total: int
+    good_primary: int
+    good_secondary_only: int
+    compliance: float | None
+    met: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class DayPercentile:
+    """A day's nearest-rank percentile of an SLO's boundary over ``n`` values."""
+
+    p: float
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """An SLO's boundary's nearest-rank percentile over the period and per day."""
+
+    boundary: str
+    period: float | None
+    n: int
+    days: Mapping[str, DayPercentile]
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """A day whose percentile ``p_ms`` is above the SLO's ``target_ms``; severe above
+    ``severe_above`` x target."""
+
+    slo: str
+    boundary: str
+    day: str
+    p_ms: float
+    target_ms: float
+    ratio: float
+    severe: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BreachVerdict:
+    """The contract's breach rule and what the period's breaches make of it."""
+
+    percentile: float
+    per: str
+    severe_above: float
+    max_breaches: int
+    breaches: int
+    severe: int
+    within: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """``[from_ms, to_ms)``, its ends also as times in the contract's zone (a billing
+    pause)."""
+
+    from_: str
+    to: str
+    from_ms: int
+    to_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LevelInterval(Span):
+    """Where the tenant's level was ``level`` (above 0), held by ``scopes``."""
+
+    level: int
+    scopes: tuple[str, ...]
+    notify_customer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """The tenant's time at each level (only while it had traffic in the scope) and the
+    service's, over [period start, ``observed_until``]."""
+
+    observed_until: str
+    rule: str
+    traffic_slot_ms: int
+    ms_at_level: Mapping[int, int]  # the tenant's (level 0 included)
+    ms_at_level_service: Mapping[int, int]  # every covered scope's, traffic or not
+    timeline: tuple[LevelInterval, ...]  # the tenant's, levels above 0
+
+
+@dataclass(frozen=True, slots=True)
+class CreditTerm:
+    """A level's part of the credit: ``-fee_change_percent x ms / period_ms``."""
+
+    level: int
+    fee_change_percent: float
+    ms: int  # at the level, outside billing pauses
+    credit_percent: float
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The credit's terms: the billing pauses' (the whole fee) and each level's."""
+
+    period_ms: int
+    paused_ms: int
+    paused_percent: float
+    levels: tuple[CreditTerm, ...]
+    formula: str
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """An engine's cold start: its requests, exempted while within the day's cap."""
+
+    engine_host: str
+    started: str
+    started_unix_ns: int
+    day: str
+    nth_of_day: int
+    requests: int
+    exempted: bool
+    exempted_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exemption:
+    """A request attempt left out of every count, and why."""
+
+    request_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorstRequest:
+    """One of an incident's worst requests by the SLO's boundary (``value_ms``)."""
+
+    request_id: str
+    attempt: int
+    value_ms: float | None
+    queue_ms: float | None
+    inference_ms: float | None
+    engine_host: str | None
+    explain: str
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """A budget exhaustion that is the tenant's: its bad records before it."""
+
+    at: str
+    at_ms: int
+    slo: str
+    boundary: str
+    bad_requests: int
+    queue_share: float | None
+    compute_share: float | None
+    worst: tuple[WorstRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NotThisTenant:
+    """A budget exhaustion with no counted bad record of the tenant before it."""
+
+    at: str
+    at_ms: int
+    slo: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A tenant's statement for one billing period (the module docstring's rules)."""
+
+    statement_version: int
+    tenant: str
+    period: str
+    timezone: str
+    period_start: str
+    period_end: str
+    requests: int
+    counted: int
+    slos: Mapping[str, SLOResult]
+    tiers: Mapping[str, TierResult]
+    percentiles: Mapping[str, Percentiles]
+    breaches: tuple[Breach, ...]
+    breach_rule: BreachVerdict
+    levels: Levels
+    billing_pauses: tuple[Span, ...]
+    credit: Credit
+    credit_percent: float
+    cold_starts: tuple[ColdStart, ...]
+    exempted: tuple[Exemption, ...]
+    exempted_by_reason: Mapping[str, int]
+    incidents: tuple[Incident, ...]
+    budget_exhausted_not_this_tenant: tuple[NotThisTenant, ...]
+    inputs: Mapping[str, Any]  # what was read, named by the store's side
+
+    def to_json(self) -> dict[str, Any]:
+        """The statement's JSON form (``statement --json``; ``--verify`` reads it)."""
+        out = _json(self)
+        assert isinstance(out, dict)
+        return out
+
+
+_JSON_KEYS: Final = {"from_": "from"}
+
+
+def _json(x: Any) -> Any:
+    if hasattr(x, "__dataclass_fields__"):
+        return {_JSON_KEYS.get(f.name, f.name): _json(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, Mapping):
+        return {str(k): _json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json(v) for v in x]
+    return x
+
+
 def records_digest(records: Sequence[RequestRecord]) -> str:
     """Digest of the records (in (request_id, attempt) order, every field)."""
     ordered = sorted(records, key=lambda r: (r.request_id, r.attempt))
@@ -131,13 +373,9 @@ def _day(ns: int, tz: zoneinfo.ZoneInfo) -> str:
     return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=tz).date().isoformat()
 
 
-def _rid(r: RequestRecord) -> str:
-    return r.request_id if r.attempt == 1 else f"{r.request_id}#{r.attempt}"
-
-
 def _exemptions(
     records: Sequence[RequestRecord], contract: Contract, tz: zoneinfo.ZoneInfo
-) -> tuple[dict[tuple[str, int], str], list[dict[str, Any]]]:
+) -> tuple[dict[tuple[str, int], str], tuple[ColdStart, ...]]:
     """(request_id, attempt) -> reason for the exempted; and the cold starts seen."""
     reasons: dict[tuple[str, int], str] = {}
     windows = [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
@@ -152,7 +390,7 @@ def _exemptions(
             starts[(r.cold_start_unix_ns, r.engine_host or "")].append(r)
     cap = contract.exemptions.cold_starts
     per_day: dict[str, int] = defaultdict(int)
-    cold: list[dict[str, Any]] = []
+    cold: list[ColdStart] = []
     for (at_ns, host), recs in sorted(starts.items()):
         day = _day(at_ns, tz)
         per_day[day] += 1
@@ -171,18 +409,18 @@ def _exemptions(
                     reasons[key] = why
                     n_exempted += 1
         cold.append(
-            {
-                "engine_host": host,
-                "started": _iso(at_ns, tz),
-                "started_unix_ns": at_ns,
-                "day": day,
-                "nth_of_day": k,
-                "requests": len(recs),
-                "exempted": exempt,
-                "exempted_requests": n_exempted,
-            }
+            ColdStart(
+                engine_host=host,
+                started=_iso(at_ns, tz),
+                started_unix_ns=at_ns,
+                day=day,
+                nth_of_day=k,
+                requests=len(recs),
+                exempted=exempt,
+                exempted_requests=n_exempted,
+            )
         )
-    return reasons, cold
+    return reasons, tuple(cold)
 
 
 def _ns_of(t: dt.datetime) -> int:
@@ -307,8 +545,8 @@ def compute_statement(
     budget_events: Sequence[BudgetEventRow],
     observed_until_ns: int | None,
     inputs: dict[str, Any],
-) -> dict[str, Any]:
-    """The statement as a JSON-ready dict (see the module docstring for every rule)."""
+) -> Statement:
+    """The statement (see the module docstring for every rule)."""
     if tenant not in contract.tenants:
         raise ValueError(f"tenant {tenant!r} is not covered by the contract")
     tz = zoneinfo.ZoneInfo(contract.billing.timezone)
@@ -319,11 +557,73 @@ def compute_statement(
     )
     reasons, cold = _exemptions(recs, contract, tz)
     counted = [r for r in recs if (r.request_id, r.attempt) not in reasons]
-
+    slos, percentiles, breaches = _slo_results(counted, contract, spec, tz)
+    p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
+    until_ms = p_end_ms
+    if observed_until_ns is not None:
+        until_ms = max(p_start_ms, min(p_end_ms, observed_until_ns // _NS_PER_MS + 1))
+    mine, not_mine = _exhaustions(
+        budget_events, counted, contract, spec, tz=tz, p_start_ms=p_start_ms, p_end_ms=p_end_ms
+    )
+    pauses = _pauses(mine, contract, p_end_ms)
+    levels, credit = _levels_and_credit(
+        recs, level_changes, contract, tz, pauses=pauses, span_ms=(p_start_ms, until_ms, p_end_ms)
+    )
+    by_reason: dict[str, int] = defaultdict(int)
+    for why in reasons.values():
+        by_reason[why.split(":", 1)[0]] += 1
+    n_severe = sum(1 for b in breaches if b.severe)
     rule = contract.breach
-    slos: dict[str, Any] = {}
-    percentiles: dict[str, Any] = {}
-    breaches: list[dict[str, Any]] = []
+    return Statement(
+        statement_version=STATEMENT_VERSION,
+        tenant=tenant,
+        period=period,
+        timezone=contract.billing.timezone,
+        period_start=_iso(p_start, tz),
+        period_end=_iso(p_end, tz),
+        requests=len(recs),
+        counted=len(counted),
+        slos=slos,
+        tiers=_tiers(counted, contract, spec),
+        percentiles=percentiles,
+        breaches=breaches,
+        breach_rule=BreachVerdict(
+            percentile=rule.percentile,
+            per=rule.per,
+            severe_above=rule.severe_above,
+            max_breaches=rule.max_breaches,
+            breaches=len(breaches),
+            severe=n_severe,
+            within=len(breaches) <= rule.max_breaches and n_severe == 0,
+        ),
+        levels=levels,
+        billing_pauses=tuple(
+            Span(_iso(a * _NS_PER_MS, tz), _iso(b * _NS_PER_MS, tz), a, b) for a, b in pauses
+        ),
+        credit=credit,
+        credit_percent=_credit_percent(credit),
+        cold_starts=cold,
+        exempted=tuple(
+            Exemption(r.request_id, r.attempt, reasons[(r.request_id, r.attempt)])
+            for r in recs
+            if (r.request_id, r.attempt) in reasons
+        ),
+        exempted_by_reason=dict(sorted(by_reason.items())),
+        incidents=_incidents(mine, contract, spec, tz),
+        budget_exhausted_not_this_tenant=not_mine,
+        inputs=inputs,
+    )
+
+
+def _slo_results(
+    counted: Sequence[RequestRecord], contract: Contract, spec: SLOSpec, tz: zoneinfo.ZoneInfo
+) -> tuple[dict[str, SLOResult], dict[str, Percentiles], tuple[Breach, ...]]:
+    """Per bound SLO: its counts, its boundary's percentiles (period, per day), and the
+    days whose percentile is above its threshold (the breaches, by day then SLO)."""
+    rule = contract.breach
+    slos: dict[str, SLOResult] = {}
+    percentiles: dict[str, Percentiles] = {}
+    breaches: list[Breach] = []
     for name in contract.slos:
         slo = spec.slo(name)
         classify = SLOMatcher(slo).classify
@@ -344,44 +644,48 @@ def compute_statement(
                 by_day[_day(r.end_unix_ns, tz)].append(v)
         total = good + bad
         compliance = good / total if total else None
-        slos[name] = {
-            "boundary": slo.boundary,
-            "threshold_ms": slo.threshold_ms,
-            "objective": slo.objective,
-            "total": total,
-            "good": good,
-            "compliance": compliance,
-            "met": None if compliance is None else compliance >= slo.objective,
-        }
-        days: dict[str, Any] = {}
+        slos[name] = SLOResult(
+            boundary=slo.boundary,
+            threshold_ms=slo.threshold_ms,
+            objective=slo.objective,
+            total=total,
+            good=good,
+            compliance=compliance,
+            met=_met(compliance, slo.objective),
+        )
+        days: dict[str, DayPercentile] = {}
         for day in sorted(by_day):
             p = nearest_rank(by_day[day], rule.percentile)
             assert p is not None
-            days[day] = {"p": p, "n": len(by_day[day])}
+            days[day] = DayPercentile(p=p, n=len(by_day[day]))
             if p > slo.threshold_ms:
                 ratio = p / slo.threshold_ms
                 breaches.append(
-                    {
-                        "slo": name,
-                        "boundary": slo.boundary,
-                        "day": day,
-                        "p_ms": p,
-                        "target_ms": slo.threshold_ms,
-                        "ratio": ratio,
-                        "severe": ratio > rule.severe_above,
-                    }
+                    Breach(
+                        slo=name,
+                        boundary=slo.boundary,
+                        day=day,
+                        p_ms=p,
+                        target_ms=slo.threshold_ms,
+                        ratio=ratio,
+                        severe=ratio > rule.severe_above,
+                    )
                 )
-        percentiles[name] = {
-            "boundary": slo.boundary,
-            "period": nearest_rank(values, rule.percentile),
-            "n": len(values),
-            "days": days,
-        }
-    breaches.sort(key=lambda b: (b["day"], b["slo"]))
-    n_severe = sum(1 for b in breaches if b["severe"])
+        percentiles[name] = Percentiles(
+            boundary=slo.boundary,
+            period=nearest_rank(values, rule.percentile),
+            n=len(values),
+            days=days,
+        )
+    breaches.sort(key=lambda b: (b.day, b.slo))
+    return slos, percentiles, tuple(breaches)
 
-    # blended tiers of the spec whose primary and secondary the contract binds
-    tiers: dict[str, Any] = {}
+
+def _tiers(
+    counted: Sequence[RequestRecord], contract: Contract, spec: SLOSpec
+) -> dict[str, TierResult]:
+    """The blended tiers of the spec whose primary and secondary the contract binds."""
+    tiers: dict[str, TierResult] = {}
     for tname, tier in spec.tiers.items():
         if tier.primary not in contract.slos or tier.secondary not in contract.slos:
             continue
@@ -397,23 +701,35 @@ def compute_statement(
             elif sec.classify(r) == "good":
                 good_s += 1
         blended = (good_p + tier.secondary_weight * good_s) / total if total else None
-        tiers[tname] = {
-            "primary": tier.primary,
-            "secondary": tier.secondary,
-            "secondary_weight": tier.secondary_weight,
-            "objective": tier.objective,
-            "total": total,
-            "good_primary": good_p,
-            "good_secondary_only": good_s,
-            "compliance": blended,
-            "met": None if blended is None else blended >= tier.objective,
-        }
+        tiers[tname] = TierResult(
+            primary=tier.primary,
+            secondary=tier.secondary,
+            secondary_weight=tier.secondary_weight,
+            objective=tier.objective,
+            total=total,
+            good_primary=good_p,
+            good_secondary_only=good_s,
+            compliance=blended,
+            met=_met(blended, tier.objective),
+        )
+    return tiers
 
-    # -- budget exhaustions: the tenant's (its bad requests before it) ----------------------
-    p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
-    until_ms = p_end_ms
-    if observed_until_ns is not None:
-        until_ms = max(p_start_ms, min(p_end_ms, observed_until_ns // _NS_PER_MS + 1))
+
+_Exhaustion = tuple[BudgetEventRow, list[RequestRecord]]
+
+
+def _exhaustions(
+    budget_events: Sequence[BudgetEventRow],
+    counted: Sequence[RequestRecord],
+    contract: Contract,
+    spec: SLOSpec,
+    *,
+    tz: zoneinfo.ZoneInfo,
+    p_start_ms: int,
+    p_end_ms: int,
+) -> tuple[list[_Exhaustion], tuple[NotThisTenant, ...]]:
+    """The period's budget exhaustions of bound SLOs: the tenant's (with its bad records
+    in the lookback before each), and those that are not."""
     terms = contract.budget_exhausted
     exhausted = sorted(
         (
@@ -425,8 +741,8 @@ def compute_statement(
         ),
         key=lambda e: (e.at_ms, e.slo),
     )
-    mine: list[tuple[BudgetEventRow, list[RequestRecord]]] = []
-    not_mine: list[dict[str, Any]] = []
+    mine: list[_Exhaustion] = []
+    not_mine: list[NotThisTenant] = []
     for e in exhausted:
         verdict_of = SLOMatcher(spec.slo(e.slo)).classify
         look_ms = (
@@ -442,16 +758,21 @@ def compute_statement(
             mine.append((e, bad_recs))
         else:
             not_mine.append(
-                {
-                    "at": _iso(e.at_ms * _NS_PER_MS, tz),
-                    "at_ms": e.at_ms,
-                    "slo": e.slo,
-                    "why": f"no counted bad request of this tenant in the {terms.lookback} "
-                    "before it",
-                }
+                NotThisTenant(
+                    at=_iso(e.at_ms * _NS_PER_MS, tz),
+                    at_ms=e.at_ms,
+                    slo=e.slo,
+                    why=f"no counted bad request of this tenant in the {terms.lookback} before it",
+                )
             )
+    return mine, tuple(not_mine)
 
-    # -- levels, pauses, credit ------------------------------------------------------------
+
+def _pauses(
+    mine: Sequence[_Exhaustion], contract: Contract, p_end_ms: int
+) -> list[tuple[int, int]]:
+    """The billing pauses the tenant's exhaustions open (merged)."""
+    terms = contract.budget_exhausted
     pauses: list[tuple[int, int]] = []
     if terms.pause_billing:
         for e, _ in mine:
@@ -461,7 +782,22 @@ def compute_statement(
                 else min(p_end_ms, e.at_ms + parse_duration_ms(terms.pause_for))
             )
             pauses.append((e.at_ms, end))
-    pauses = _merge(pauses)
+    return _merge(pauses)
+
+
+def _levels_and_credit(
+    recs: Sequence[RequestRecord],
+    level_changes: Sequence[LevelChange],
+    contract: Contract,
+    tz: zoneinfo.ZoneInfo,
+    *,
+    pauses: list[tuple[int, int]],
+    span_ms: tuple[int, int, int],
+) -> tuple[Levels, Credit]:
+    """The tenant's (and the service's) time at each level over ``[period start,
+    observed until)``, and the credit they and the billing pauses give. ``span_ms``:
+    (period start, observed until, period end)."""
+    p_start_ms, until_ms, p_end_ms = span_ms
     traffic = traffic_intervals(
         recs, sorted({c.scope for c in level_changes}), contract.models, p_start_ms, until_ms
     )
@@ -478,144 +814,105 @@ def compute_statement(
         ms_service[lvl] += b - a
     paused_ms = sum(b - a for a, b in pauses)
     credit_terms = []
-    credit = 100.0 * paused_ms / period_ms
     for lvl in (1, 2, 3):
         t = contract.level_terms(lvl)
         fee = t.fee_change_percent if t is not None else 0.0
         part = -fee * ms_unpaused[lvl] / period_ms
-        credit += part
-        credit_terms.append(
-            {
-                "level": lvl,
-                "fee_change_percent": fee,
-                "ms": ms_unpaused[lvl],
-                "credit_percent": part,
-            }
-        )
-
-    # -- incidents ---------------------------------------------------------------------------
-    incidents: list[dict[str, Any]] = []
-    if terms.incident_report:
-        for e, bad_recs in mine:
-            slo = spec.slo(e.slo)
-            both = [
-                (r.queue_ms, r.inference_ms)
-                for r in bad_recs
-                if r.queue_ms is not None and r.inference_ms is not None
-            ]
-            q = sum(x for x, _ in both)
-            c = sum(y for _, y in both)
-            worst = sorted(
-                bad_recs,
-                key=lambda r: (-(r.boundary(slo.boundary) or math.inf), r.request_id, r.attempt),
-            )[: terms.worst_requests]
-            incidents.append(
-                {
-                    "at": _iso(e.at_ms * _NS_PER_MS, tz),
-                    "at_ms": e.at_ms,
-                    "slo": e.slo,
-                    "boundary": slo.boundary,
-                    "bad_requests": len(bad_recs),
-                    "queue_share": q / (q + c) if q + c > 0 else None,
-                    "compute_share": c / (q + c) if q + c > 0 else None,
-                    "worst": [
-                        {
-                            "request_id": r.request_id,
-                            "attempt": r.attempt,
-                            "value_ms": r.boundary(slo.boundary),
-                            "queue_ms": r.queue_ms,
-                            "inference_ms": r.inference_ms,
-                            "engine_host": r.engine_host,
-                            "explain": f"tailguard explain {r.request_id}",
-                        }
-                        for r in worst
-                    ],
-                }
+        credit_terms.append(CreditTerm(lvl, fee, ms_unpaused[lvl], part))
+    levels = Levels(
+        observed_until=_iso(until_ms * _NS_PER_MS, tz),
+        rule=(
+            f"a scope's level counts only in the {TRAFFIC_SLOT_MS // 1000} s slots in "
+            "which this tenant had a request of the scope's models in flight"
+        ),
+        traffic_slot_ms=TRAFFIC_SLOT_MS,
+        ms_at_level=ms_at,
+        ms_at_level_service=ms_service,
+        timeline=tuple(
+            LevelInterval(
+                from_=_iso(a * _NS_PER_MS, tz),
+                to=_iso(b * _NS_PER_MS, tz),
+                from_ms=a,
+                to_ms=b,
+                level=lvl,
+                scopes=tuple(scopes),
+                notify_customer=bool(
+                    (t := contract.level_terms(lvl)) is not None and t.notify_customer
+                ),
             )
+            for a, b, lvl, scopes in timeline
+            if lvl > 0
+        ),
+    )
+    credit = Credit(
+        period_ms=period_ms,
+        paused_ms=paused_ms,
+        paused_percent=100.0 * paused_ms / period_ms,
+        levels=tuple(credit_terms),
+        formula=(
+            "100 * paused_ms / period_ms + sum_L(-fee_change_percent(L) * "
+            "ms_at_L_outside_pauses / period_ms)"
+        ),
+    )
+    return levels, credit
 
-    exempted: list[dict[str, Any]] = [
-        {
-            "request_id": r.request_id,
-            "attempt": r.attempt,
-            "reason": reasons[(r.request_id, r.attempt)],
-        }
-        for r in recs
-        if (r.request_id, r.attempt) in reasons
-    ]
-    by_reason: dict[str, int] = defaultdict(int)
-    for why in reasons.values():
-        by_reason[why.split(":", 1)[0]] += 1
-    return {
-        "statement_version": STATEMENT_VERSION,
-        "tenant": tenant,
-        "period": period,
-        "timezone": contract.billing.timezone,
-        "period_start": _iso(p_start, tz),
-        "period_end": _iso(p_end, tz),
-        "requests": len(recs),
-        "counted": len(counted),
-        "slos": slos,
-        "tiers": tiers,
-        "percentiles": percentiles,
-        "breaches": breaches,
-        "breach_rule": {
-            "percentile": rule.percentile,
-            "per": rule.per,
-            "severe_above": rule.severe_above,
-            "max_breaches": rule.max_breaches,
-            "breaches": len(breaches),
-            "severe": n_severe,
-            "within": len(breaches) <= rule.max_breaches and n_severe == 0,
-        },
-        "levels": {
-            "observed_until": _iso(until_ms * _NS_PER_MS, tz),
-            "rule": (
-                f"a scope's level counts only in the {TRAFFIC_SLOT_MS // 1000} s slots in "
-                "which this tenant had a request of the scope's models in flight"
-            ),
-            "traffic_slot_ms": TRAFFIC_SLOT_MS,
-            "ms_at_level": {str(k): v for k, v in ms_at.items()},
-            "ms_at_level_service": {str(k): v for k, v in ms_service.items()},
-            "timeline": [
-                {
-                    "from": _iso(a * _NS_PER_MS, tz),
-                    "to": _iso(b * _NS_PER_MS, tz),
-                    "from_ms": a,
-                    "to_ms": b,
-                    "level": lvl,
-                    "scopes": scopes,
-                    "notify_customer": bool(
-                        (t := contract.level_terms(lvl)) is not None and t.notify_customer
-                    ),
-                }
-                for a, b, lvl, scopes in timeline
-                if lvl > 0
-            ],
-        },
-        "billing_pauses": [
-            {
-                "from": _iso(a * _NS_PER_MS, tz),
-                "to": _iso(b * _NS_PER_MS, tz),
-                "from_ms": a,
-                "to_ms": b,
-            }
-            for a, b in pauses
-        ],
-        "credit": {
-            "period_ms": period_ms,
-            "paused_ms": paused_ms,
-            "paused_percent": 100.0 * paused_ms / period_ms,
-            "levels": credit_terms,
-            "formula": (
-                "100 * paused_ms / period_ms + sum_L(-fee_change_percent(L) * "
-                "ms_at_L_outside_pauses / period_ms)"
-            ),
-        },
-        "credit_percent": credit,
-        "cold_starts": cold,
-        "exempted": exempted,
-        "exempted_by_reason": dict(sorted(by_reason.items())),
-        "incidents": incidents,
-        "budget_exhausted_not_this_tenant": not_mine,
-        "inputs": inputs,
-    }
+
+def _incidents(
+    mine: Sequence[_Exhaustion], contract: Contract, spec: SLOSpec, tz: zoneinfo.ZoneInfo
+) -> tuple[Incident, ...]:
+    """With ``incident_report``: each of the tenant's exhaustions, its bad records' queue
+    share and the worst of them by the SLO's boundary."""
+    terms = contract.budget_exhausted
+    if not terms.incident_report:
+        return ()
+    incidents: list[Incident] = []
+    for e, bad_recs in mine:
+        slo = spec.slo(e.slo)
+        both = [
+            (r.queue_ms, r.inference_ms)
+            for r in bad_recs
+            if r.queue_ms is not None and r.inference_ms is not None
+        ]
+        q = sum(x for x, _ in both)
+        c = sum(y for _, y in both)
+        worst = sorted(
+            bad_recs,
+            key=lambda r: (-(r.boundary(slo.boundary) or math.inf), r.request_id, r.attempt),
+        )[: terms.worst_requests]
+        incidents.append(
+            Incident(
+                at=_iso(e.at_ms * _NS_PER_MS, tz),
+                at_ms=e.at_ms,
+                slo=e.slo,
+                boundary=slo.boundary,
+                bad_requests=len(bad_recs),
+                queue_share=q / (q + c) if q + c > 0 else None,
+                compute_share=c / (q + c) if q + c > 0 else None,
+                worst=tuple(
+                    WorstRequest(
+                        request_id=r.request_id,
+                        attempt=r.attempt,
+                        value_ms=r.boundary(slo.boundary),
+                        queue_ms=r.queue_ms,
+                        inference_ms=r.inference_ms,
+                        engine_host=r.engine_host,
+                        explain=f"tailguard explain {r.request_id}",
+                    )
+                    for r in worst
+                ),
+            )
+        )
+    return tuple(incidents)
+
+
+def _met(compliance: float | None, objective: float) -> bool | None:
+    """An objective's verdict; None when nothing counted."""
+    return None if compliance is None else compliance >= objective
+
+
+def _credit_percent(credit: Credit) -> float:
+    """The paused share, then each level's part, added in that order."""
+    total = credit.paused_percent
+    for term in credit.levels:
+        total += term.credit_percent
+    return total

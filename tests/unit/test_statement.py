@@ -6,10 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import zoneinfo
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from pipeline.core.record import RequestRecord, build_record
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
+    Statement,
     compute_statement,
     nearest_rank,
     records_digest,
@@ -98,7 +101,7 @@ def statement(
     changes: list[LevelChange] | None = None,
     events: list[BudgetEventRow] | None = None,
     until_ns: int | None = None,
-) -> dict[str, Any]:
+) -> Statement:
     return compute_statement(
         tenant="acme",
         period="2026-11",
@@ -268,11 +271,11 @@ def test_counts_are_per_tenant_and_period_and_met_follows_the_objective() -> Non
         rec("f", UTC_NOV_NS + 30 * DAY_NS, gateway_total_ms=900),  # December
     ]
     s = statement(records)
-    assert s["requests"] == 3
-    assert (s["slos"]["total"]["total"], s["slos"]["total"]["good"]) == (3, 2)
-    assert s["slos"]["total"]["met"] is False  # 2/3 < 0.9
-    assert (s["slos"]["compute"]["total"], s["slos"]["compute"]["good"]) == (3, 2)
-    assert s["slos"]["compute"]["met"] is True  # 2/3 >= 0.5
+    assert s.requests == 3
+    assert (s.slos["total"].total, s.slos["total"].good) == (3, 2)
+    assert s.slos["total"].met is False  # 2/3 < 0.9
+    assert (s.slos["compute"].total, s.slos["compute"].good) == (3, 2)
+    assert s.slos["compute"].met is True  # 2/3 >= 0.5
 
 
 def test_a_blended_tier_credits_the_secondary_by_its_weight() -> None:
@@ -282,19 +285,19 @@ def test_a_blended_tier_credits_the_secondary_by_its_weight() -> None:
         rec("b", day, gateway_total_ms=500, inference_ms=200),  # secondary only: 0.7
         rec("c", day, gateway_total_ms=500, inference_ms=300),  # neither
     ]
-    t = statement(records)["tiers"]["blended"]
-    assert (t["total"], t["good_primary"], t["good_secondary_only"]) == (3, 1, 1)
-    assert t["compliance"] == pytest.approx((1 + 0.7) / 3)
-    assert t["met"] is False  # 0.567 < 0.6
+    t = statement(records).tiers["blended"]
+    assert (t.total, t.good_primary, t.good_secondary_only) == (3, 1, 1)
+    assert t.compliance == pytest.approx((1 + 0.7) / 3)
+    assert t.met is False  # 0.567 < 0.6
     # a tier whose secondary the contract does not bind is left out
-    assert statement(records, contract(slos=["total"]))["tiers"] == {}
+    assert statement(records, contract(slos=["total"])).tiers == {}
 
 
 def test_empty_period_is_not_met_nor_missed() -> None:
     s = statement([])
-    assert s["slos"]["total"] == s["slos"]["total"] | {"total": 0, "compliance": None, "met": None}
-    assert s["breaches"] == []
-    assert s["breach_rule"]["within"] is True
+    assert s.slos["total"] == replace(s.slos["total"], total=0, compliance=None, met=None)
+    assert s.breaches == ()
+    assert s.breach_rule.within is True
 
 
 @pytest.mark.parametrize(
@@ -316,12 +319,12 @@ def test_breaches_are_days_whose_p99_is_above_target(
         # nearest rank: of 100 values the 99th smallest is the P99
         records += [rec(f"{day}-x{i}", t + 99 + i, gateway_total_ms=p99) for i in range(2)]
     s = statement(records)
-    got = [b for b in s["breaches"] if b["slo"] == "total"]
+    got = [b for b in s.breaches if b.slo == "total"]
     assert len(got) == breaches
-    assert sum(b["severe"] for b in got) == severe
-    assert s["breach_rule"]["within"] is within
+    assert sum(b.severe for b in got) == severe
+    assert s.breach_rule.within is within
     for b in got:
-        assert b["p_ms"] == p99_by_day[int(b["day"][-2:]) - 1]
+        assert b.p_ms == p99_by_day[int(b.day[-2:]) - 1]
 
 
 # --------------------------------------------------------------------------- #
@@ -340,14 +343,14 @@ def test_cold_starts_beyond_the_daily_cap_are_not_exempted() -> None:
         ]
     records.append(rec("warm", day, gateway_total_ms=100))
     s = statement(records)
-    assert [c["exempted"] for c in s["cold_starts"]] == [True, True, False, True]
-    assert [c["nth_of_day"] for c in s["cold_starts"]] == [1, 2, 3, 1]
-    assert len(s["exempted"]) == 9
-    assert s["counted"] == 4  # the third cold start of day 5 and the warm request
-    assert s["slos"]["total"]["total"] == 4
-    assert s["slos"]["total"]["good"] == 1
-    assert all(x["reason"].startswith("cold start:") for x in s["exempted"])
-    assert s["exempted_by_reason"] == {"cold start": 9}
+    assert [c.exempted for c in s.cold_starts] == [True, True, False, True]
+    assert [c.nth_of_day for c in s.cold_starts] == [1, 2, 3, 1]
+    assert len(s.exempted) == 9
+    assert s.counted == 4  # the third cold start of day 5 and the warm request
+    assert s.slos["total"].total == 4
+    assert s.slos["total"].good == 1
+    assert all(x.reason.startswith("cold start:") for x in s.exempted)
+    assert s.exempted_by_reason == {"cold start": 9}
 
 
 def test_maintenance_windows_exempt_and_take_precedence_over_cold_starts() -> None:
@@ -370,11 +373,11 @@ def test_maintenance_windows_exempt_and_take_precedence_over_cold_starts() -> No
         rec("cold", day + 20, gateway_total_ms=5000, cold_start_unix_ns=day),
     ]
     s = statement(records, c)
-    assert {x["request_id"]: x["reason"] for x in s["exempted"]} == {
+    assert {x.request_id: x.reason for x in s.exempted} == {
         "in": "maintenance: driver upgrade",
         "cold": "maintenance: driver upgrade",
     }
-    assert s["cold_starts"][0]["exempted_requests"] == 0
+    assert s.cold_starts[0].exempted_requests == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -398,18 +401,18 @@ def test_exemptions_never_exceed_the_cap(
         expected_days.setdefault(day, []).append((at, host))
     s = statement(records, contract(exemptions={"cold_starts": {"max_per_day": cap}}))
     per_day: dict[str, int] = {}
-    for c in s["cold_starts"]:
-        per_day[c["day"]] = per_day.get(c["day"], 0) + c["exempted"]
+    for c in s.cold_starts:
+        per_day[c.day] = per_day.get(c.day, 0) + c.exempted
     assert all(n <= cap for n in per_day.values())
     distinct = {(at, host) for d in expected_days.values() for at, host in d}
     want = sum(
         min(cap, len({x for x in distinct if (x[0] - UTC_NOV_NS) // DAY_NS == d}))
         for d in expected_days
     )
-    assert sum(c["exempted"] for c in s["cold_starts"]) == want
-    exempted_ids = {x["request_id"] for x in s["exempted"]}
-    assert len(exempted_ids) == sum(c["exempted_requests"] for c in s["cold_starts"])
-    assert s["counted"] + len(exempted_ids) == len(records)
+    assert sum(c.exempted for c in s.cold_starts) == want
+    exempted_ids = {x.request_id for x in s.exempted}
+    assert len(exempted_ids) == sum(c.exempted_requests for c in s.cold_starts)
+    assert s.counted + len(exempted_ids) == len(records)
 
 
 # --------------------------------------------------------------------------- #
@@ -440,14 +443,14 @@ def test_credit_is_fee_change_times_time_at_the_highest_level_of_the_scopes() ->
     ]
     traffic = busy("m1", _ms(1, 0), _ms(1, 120)) + busy("m2", _ms(1, 0), _ms(1, 120))
     s = statement(traffic, changes=changes, until_ns=None)
-    at = s["levels"]["ms_at_level"]
-    assert (at["1"], at["2"], at["3"]) == (30 * 60_000, 60 * 60_000, 0)
-    assert s["levels"]["ms_at_level_service"] == at
+    at = s.levels.ms_at_level
+    assert (at[1], at[2], at[3]) == (30 * 60_000, 60 * 60_000, 0)
+    assert s.levels.ms_at_level_service == at
     want = (20 * 30 * 60_000 + 40 * 60 * 60_000) / NOV_MS
-    assert s["credit_percent"] == pytest.approx(want, rel=1e-12)
-    assert [(t["level"], t["scopes"]) for t in s["levels"]["timeline"]] == [
-        (1, ["m1"]),
-        (2, ["m2"]),
+    assert s.credit_percent == pytest.approx(want, rel=1e-12)
+    assert [(t.level, t.scopes) for t in s.levels.timeline] == [
+        (1, ("m1",)),
+        (2, ("m2",)),
     ]
 
 
@@ -455,8 +458,8 @@ def test_a_level_held_into_the_period_counts_from_its_start_until_observed() -> 
     changes = [LevelChange("m1", _ms(0, 0) - 60_000, 1, 3)]  # L3 since before the period
     until = (_ms(0, 0) + 10 * 60_000) * 1_000_000
     s = statement(busy("m1", _ms(0, 0), _ms(0, 11)), changes=changes, until_ns=until)
-    assert s["levels"]["ms_at_level"]["3"] == 10 * 60_000 + 1  # observed_until is inclusive
-    assert s["levels"]["timeline"][0]["notify_customer"] is False  # L3: not notified
+    assert s.levels.ms_at_level[3] == 10 * 60_000 + 1  # observed_until is inclusive
+    assert s.levels.timeline[0].notify_customer is False  # L3: not notified
 
 
 def test_only_the_contracts_models_count() -> None:
@@ -465,8 +468,8 @@ def test_only_the_contracts_models_count() -> None:
     s = statement(
         traffic, contract(models=["m1"]), changes=changes, until_ns=_ms(2, 10) * 1_000_000
     )
-    assert s["levels"]["ms_at_level"]["3"] == 0
-    assert s["levels"]["ms_at_level"]["1"] == 10 * 60_000 + 1
+    assert s.levels.ms_at_level[3] == 0
+    assert s.levels.ms_at_level[1] == 10 * 60_000 + 1
 
 
 @pytest.mark.parametrize(("pause_for", "paused_min"), [("period", None), ("2h", 120)])
@@ -490,19 +493,77 @@ def test_budget_exhaustion_pauses_billing_and_opens_an_incident(
         BudgetEventRow("unbound", "budget_exhausted", at),  # not an SLO of the contract
     ]
     s = statement(records, c, changes, events, until_ns=(at + HOUR_NS // 1_000_000) * 1_000_000)
-    [pause] = s["billing_pauses"]
+    [pause] = s.billing_pauses
     end_ms = at + (paused_min * 60_000 if paused_min else 0)
-    assert pause["from_ms"] == at
-    assert pause["to_ms"] == (end_ms if paused_min else _ms(30, 0))
-    paused = pause["to_ms"] - at
+    assert pause.from_ms == at
+    assert pause.to_ms == (end_ms if paused_min else _ms(30, 0))
+    paused = pause.to_ms - at
     # L1 for 60 min, of which the last 30 are paused (billing paused: the whole fee)
     want = 100 * paused / NOV_MS + 20 * 30 * 60_000 / NOV_MS
-    assert s["credit_percent"] == pytest.approx(want, rel=1e-12)
-    [inc] = s["incidents"]
-    assert (inc["slo"], inc["boundary"], inc["bad_requests"]) == ("total", "gateway_total_ms", 2)
-    assert inc["queue_share"] == pytest.approx(2200 / (2200 + 500))
-    assert [w["request_id"] for w in inc["worst"]] == ["slower", "slow"]
-    assert inc["worst"][0]["explain"] == "tailguard explain slower"
+    assert s.credit_percent == pytest.approx(want, rel=1e-12)
+    [inc] = s.incidents
+    assert (inc.slo, inc.boundary, inc.bad_requests) == ("total", "gateway_total_ms", 2)
+    assert inc.queue_share == pytest.approx(2200 / (2200 + 500))
+    assert [w.request_id for w in inc.worst] == ["slower", "slow"]
+    assert inc.worst[0].explain == "tailguard explain slower"
+
+
+# The statement's JSON form (``statement --json``, what ``--verify`` reads back): its keys
+# in this order, each nested value as written below.
+STATEMENT_KEYS = [
+    "statement_version", "tenant", "period", "timezone", "period_start", "period_end",
+    "requests", "counted", "slos", "tiers", "percentiles", "breaches", "breach_rule",
+    "levels", "billing_pauses", "credit", "credit_percent", "cold_starts", "exempted",
+    "exempted_by_reason", "incidents", "budget_exhausted_not_this_tenant", "inputs",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "want"),
+    [
+        # L1 on m1 for an hour around the exhaustion; the tenant's traffic on m1 in three
+        # minutes of it (the last one billing paused); observed until an hour after it
+        (("levels", "ms_at_level"),
+         {"0": _ms(3, 60) + 1 - _ms(0, 0) - 180_000, "1": 180_000, "2": 0, "3": 0}),
+        (("levels", "timeline", 0, "from"), "2026-11-03T23:50:00.000+00:00"),
+        (("levels", "timeline", 0, "to_ms"), _ms(3, -9)),
+        (("levels", "timeline", 2, "scopes"), ["m1"]),
+        (("billing_pauses",), [{"from": "2026-11-04T00:00:00.000+00:00",
+                                "to": "2026-11-04T02:00:00.000+00:00",
+                                "from_ms": _ms(3, 0), "to_ms": _ms(3, 120)}]),
+        (("credit", "levels", 0), {"level": 1, "fee_change_percent": -20.0, "ms": 120_000,
+                                   "credit_percent": 20 * 120_000 / NOV_MS}),
+        (("incidents", 0, "worst", 1, "request_id"), "slow"),
+        (("percentiles", "total", "days"), {"2026-11-03": {"p": 1900.0, "n": 2},
+                                            "2026-11-04": {"p": 100.0, "n": 1}}),
+        (("breaches", 0, "day"), "2026-11-03"),
+        (("breach_rule", "within"), False),  # that breach is severe
+        (("inputs",), {"store_database": "x"}),
+    ],
+)  # fmt: skip
+def test_the_json_form_names_every_field_as_the_statement_did(
+    path: tuple[str | int, ...], want: Any
+) -> None:
+    at = _ms(3, 0)
+    t = at * 1_000_000
+    records = [
+        rec("slow", t - 570 * 10**9, model="m1", gateway_total_ms=900, queue_ms=700),
+        rec("slower", t - 270 * 10**9, model="m1", gateway_total_ms=1900, queue_ms=1500),
+        rec("later", t + 90 * 10**9, model="m1", gateway_total_ms=100),
+    ]
+    changes = [LevelChange("m1", at - 30 * 60_000, 1, 1), LevelChange("m1", at + 30 * 60_000, 2, 0)]
+    st_ = compute_statement(
+        tenant="acme", period="2026-11", records=records, level_changes=changes,
+        contract=contract(budget_exhausted={"pause_for": "2h"}),
+        spec=SPEC, budget_events=[BudgetEventRow("total", "budget_exhausted", at)],
+        observed_until_ns=t + HOUR_NS, inputs={"store_database": "x"},
+    ).to_json()  # fmt: skip
+    assert list(st_) == STATEMENT_KEYS
+    assert orjson.loads(orjson.dumps(st_)) == st_  # lists, string keys: as read back
+    got: Any = st_
+    for step in path:
+        got = got[step]
+    assert got == want
 
 
 def test_unknown_tenant_is_an_error() -> None:
@@ -628,11 +689,11 @@ def test_time_at_each_level_equals_a_minute_by_minute_count(
             if m <= minute:
                 levels[s_] = lv
         want[max(levels.values(), default=0)] += 60_000
-    got = {int(k): v for k, v in st_["levels"]["ms_at_level_service"].items()}
+    got = dict(st_.levels.ms_at_level_service)
     assert got == want
     # the tenant had no traffic: none of it is the tenant's
-    assert st_["levels"]["ms_at_level"] == {"0": until * 60_000, "1": 0, "2": 0, "3": 0}
-    assert st_["credit_percent"] == 0.0
+    assert st_.levels.ms_at_level == {0: until * 60_000, 1: 0, 2: 0, 3: 0}
+    assert st_.credit_percent == 0.0
 
 
 @pytest.mark.parametrize(("lookback", "bad"), [("1h", 1), ("3h", 2), ("period", 3)])
@@ -647,7 +708,7 @@ def test_an_incident_looks_back_as_the_contract_says(lookback: str, bad: int) ->
     ]
     c = contract(budget_exhausted={"lookback": lookback})
     s = statement(records, c, events=[BudgetEventRow("total", "budget_exhausted", at)])
-    assert s["incidents"][0]["bad_requests"] == bad
+    assert s.incidents[0].bad_requests == bad
 
 
 # --------------------------------------------------------------------------- #
@@ -686,13 +747,13 @@ def test_a_level_counts_only_while_the_tenant_had_traffic_in_its_scope(
     records: list[RequestRecord], changes: list[LevelChange], want_ms: dict[int, int]
 ) -> None:
     s = statement(records, changes=changes, until_ns=_ms(2, 0) * 1_000_000)
-    got = {lvl: s["levels"]["ms_at_level"][str(lvl)] // 60_000 for lvl in want_ms}
+    got = {lvl: s.levels.ms_at_level[lvl] // 60_000 for lvl in want_ms}
     assert got == want_ms
     fees = {1: 20, 2: 40, 3: 60}
     want_credit = sum(fees[lv] * m * 60_000 for lv, m in want_ms.items()) / NOV_MS
-    assert s["credit_percent"] == pytest.approx(want_credit, rel=1e-12, abs=1e-15)
+    assert s.credit_percent == pytest.approx(want_credit, rel=1e-12, abs=1e-15)
     # the service's own levels are reported beside the tenant's, whatever its traffic
-    assert s["levels"]["ms_at_level_service"]["3"] == (
+    assert s.levels.ms_at_level_service[3] == (
         60 * 60_000 if any(c.level == 3 for c in changes) else 0
     )
 
@@ -727,7 +788,7 @@ def test_the_tenants_level_time_equals_a_minute_by_minute_count(
         live = {model for model, m in active if m == m_rel}
         mine = [lv for s_, lv in levels.items() if (s_ == "*" and live) or s_ in live]
         want[max(mine, default=0)] += 60_000
-    assert {int(k): v for k, v in st_["levels"]["ms_at_level"].items()} == want
+    assert st_.levels.ms_at_level == want
 
 
 def test_an_exhaustion_without_bad_requests_of_the_tenant_is_not_its_incident() -> None:
@@ -743,20 +804,20 @@ def test_an_exhaustion_without_bad_requests_of_the_tenant_is_not_its_incident() 
         BudgetEventRow("total", "budget_exhausted", at + HOUR_NS // 1_000_000 + 60_000),
     ]
     s = statement(records, events=events, until_ns=t + 2 * HOUR_NS)
-    [inc] = s["incidents"]
-    assert inc["at_ms"] == at + HOUR_NS // 1_000_000 + 60_000
-    assert inc["bad_requests"] == 1
-    assert [p["from_ms"] for p in s["billing_pauses"]] == [inc["at_ms"]]
-    [other] = s["budget_exhausted_not_this_tenant"]
-    assert (other["at_ms"], other["slo"]) == (at, "total")
-    assert "no counted bad request of this tenant" in other["why"]
+    [inc] = s.incidents
+    assert inc.at_ms == at + HOUR_NS // 1_000_000 + 60_000
+    assert inc.bad_requests == 1
+    assert [p.from_ms for p in s.billing_pauses] == [inc.at_ms]
+    [other] = s.budget_exhausted_not_this_tenant
+    assert (other.at_ms, other.slo) == (at, "total")
+    assert "no counted bad request of this tenant" in other.why
     # and for the other tenant it is the other way round
     theirs = compute_statement(
         tenant="other", period="2026-11", contract=contract(), spec=SPEC, records=records,
         level_changes=[], budget_events=events, observed_until_ns=t + 2 * HOUR_NS, inputs={},
     )  # fmt: skip
-    assert [i["at_ms"] for i in theirs["incidents"]] == [at]
-    assert all(i["bad_requests"] > 0 for i in s["incidents"] + theirs["incidents"])
+    assert [i.at_ms for i in theirs.incidents] == [at]
+    assert all(i.bad_requests > 0 for i in s.incidents + theirs.incidents)
 
 
 # --------------------------------------------------------------------------- #

@@ -83,12 +83,11 @@ def cmd_statement(args: argparse.Namespace) -> int:
             raise SystemExit(f"tailguard statement: {exc}") from None
     finally:
         store.close()
-    st["generated_at"] = _now_iso()
     if args.html is not None:
         args.html.write_text(render_html(st), encoding="utf-8")
         print(f"HTML statement: {args.html}", file=sys.stderr)
     if args.json:
-        print(orjson.dumps(st).decode())
+        print(orjson.dumps(st.to_json() | {"generated_at": _now_iso()}).decode())
     else:
         print(render_text(st))
     return 0
