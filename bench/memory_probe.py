@@ -51,8 +51,7 @@ from pipeline.adapters.malloc import malloc_stats, tune_malloc
 from pipeline.adapters.store import (
     Checkpoint,
     ClickHouseStore,
-    migrate,
-    open_store,
+    open_for_writing,
     write_checkpoints,
     write_raw_messages,
     write_requests,
@@ -180,8 +179,7 @@ class Probe:
         )  # fmt: skip
         store = None
         if self.store_dir is not None:
-            store = open_store(s)
-            migrate(store, raw_ttl_days=s.raw_events_ttl_days)
+            store = open_for_writing(s).store
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-writer")
         from pipeline.adapters.faust_wiring import tune_gc
 

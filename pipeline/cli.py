@@ -110,14 +110,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from pipeline.adapters.store import migrate, open_store
+    from pipeline.adapters.store import open_for_writing
 
-    settings = _settings(args)
-    store = open_store(settings)
-    try:
-        applied = migrate(store, settings.cluster)
-    finally:
-        store.close()
+    opened = open_for_writing(_settings(args))
+    opened.store.close()
+    applied = opened.applied
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
     return 0
 

@@ -43,7 +43,7 @@ from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 
 if TYPE_CHECKING:
-    from pipeline.adapters.store import ClickHouseStore
+    from pipeline.adapters.store import WritableStore
     from pipeline.settings import Settings
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
@@ -379,15 +379,11 @@ def run_replay(
     opened = None
     if store:
         from pipeline.adapters.queries.windows import read_ledger
-        from pipeline.adapters.rollups import check_rollups
-        from pipeline.adapters.store import migrate, open_store
+        from pipeline.adapters.store import open_for_writing
 
-        opened = open_store(settings)
-        migrate(opened, settings.cluster)
-        # an earlier write of windows cut short left its rollups short: set them right
-        check_rollups(opened)
+        opened = open_for_writing(settings)
         # A second replay of the same file into this store counts nothing twice.
-        ledger = read_ledger(opened, topic, 0, -1)
+        ledger = read_ledger(opened.store, topic, 0, -1)
     with dlq_path.open("wb") as dlq:
         result = replay_file(
             events,
@@ -407,7 +403,7 @@ def run_replay(
         try:
             rejected = store_replay(opened, result, topic, settings.window_config())
         finally:
-            opened.close()
+            opened.store.close()
         if rejected:
             with dlq_path.open("ab") as fh:  # each is a line of the DLQ file
                 for d in rejected:
@@ -421,24 +417,27 @@ def run_replay(
 
 
 def store_replay(
-    store: ClickHouseStore, result: ReplayResult, topic: str, window_config: WindowConfig
+    opened: WritableStore, result: ReplayResult, topic: str, window_config: WindowConfig
 ) -> list[DeadLetter]:
     """Write a replay's records, windows (with their ledger, covering its one partition)
     and control audit through the worker's writer, in the worker's order
-    (:class:`pipeline.adapters.flush.FlushWriter`); the records the store rejected, as
-    dead letters (the rest is written; the store is local: no retries)."""
+    (:class:`pipeline.adapters.flush.FlushWriter`; a check of the rollups the opening
+    put off runs after the first write of windows, as the worker's); the records the
+    store rejected, as dead letters (the rest is written; the store is local: no
+    retries)."""
     from pipeline.adapters.controller import replay_audit_rows
     from pipeline.adapters.flush import Flush, FlushWriter
     from pipeline.adapters.store import is_data_error, with_retry
 
     rejected: list[DeadLetter] = []
     writer = FlushWriter(
-        store,
+        opened.store,
         "replay",
         topic,
         window_config.relative_accuracy,
         retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
         dead_rows=rejected.extend,
+        rollups_unchecked=opened.rollups_unchecked,
     )
     writer.write(Flush(result.emitted, result.windows, through={0: 1}))
     if result.control is not None:  # the control audit, as a worker writes it

@@ -1,10 +1,10 @@
-"""The hours a repair of the rollups compares (pipeline.adapters.rollups), no store."""
+"""The hours a repair of the rollups compares (pipeline.adapters.store.rollups), no store."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.adapters.rollups import RepairResult, _scope, window_hours
+from pipeline.adapters.store.rollups import RepairResult, _scope, window_hours
 
 H = 1_763_316_000  # an hour's start (unix s)
 

@@ -36,8 +36,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pipeline.adapters.store import SLO_ROW_BOUNDARY, Store, write_windows
 from pipeline.core.windows import ClosedWindow
+
+from .protocol import Store
+from .windows import SLO_ROW_BOUNDARY, write_windows
 
 log = logging.getLogger(__name__)
 
