@@ -20,13 +20,7 @@ from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
 from pipeline.contract.summary import StatsSample
 from pipeline.core.budget import BudgetStatus
-from pipeline.core.control import (
-    Controller,
-    ControllerConfig,
-    ControlLoop,
-    ControlStep,
-    DecisionClock,
-)
+from pipeline.core.control import Controller, ControlLoop, ControlStep, build_control_loop
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import Evaluation
@@ -68,6 +62,31 @@ class _ControlRun:
     corrections: int = 0
     evaluations: int = 0
     _final_budgets: list[BudgetStatus] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        policy: ControlPolicy,
+        spec: SLOSpec | None,
+        burn_rules: BurnRules | None,
+        window_config: WindowConfig,
+        *,
+        queue_capacity: int,
+        gateway_instances: int,
+    ) -> _ControlRun:
+        """The control loop of ``replay`` and the backtest: the core's one assembly
+        (:func:`pipeline.core.control.build_control_loop`, the worker's), on windows of
+        ``window_config``; ``burn_rules`` None: the shipped rules."""
+        loop = build_control_loop(
+            policy,
+            spec,
+            burn_rules or load_burn_rules_file(),
+            size_ms=window_config.size_ms,
+            grace_ms=window_config.grace_ms,
+            queue_capacity=queue_capacity,
+            gateway_instances=gateway_instances,
+        )
+        return cls(loop, window_config.relative_accuracy)
 
     @property
     def controller(self) -> Controller:
@@ -281,13 +300,15 @@ def replay_file(
     policy: ControlPolicy | None = None,
     burn_rules: BurnRules | None = None,
     queue_capacity: int = 64,
+    gateway_instances: int = 1,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
     clock_config: ClockConfig | None = None,
     ledger: dict[str, int] | None = None,
 ) -> ReplayResult:
     """Replay a file; ``chunk`` lines are processed at a time (the results do not depend
-    on it). ``ledger``: requests already counted by the store (a file replayed before)."""
+    on it). ``ledger``: requests already counted by the store (a file replayed before).
+    ``queue_capacity``, ``gateway_instances``: the controller's, as the worker's."""
     wc = window_config or WindowConfig()
     proc = StreamProcessor(
         str(path),
@@ -299,14 +320,14 @@ def replay_file(
     proc.init_partition(0, ledger, seed_join=False)
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
-        controller = Controller(
+        result.control = _ControlRun.build(
             policy,
             spec,
-            burn_rules or load_burn_rules_file(),
-            ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
+            burn_rules,
+            wc,
+            queue_capacity=queue_capacity,
+            gateway_instances=gateway_instances,
         )
-        clock = DecisionClock(wc.size_ms)
-        result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):
@@ -394,6 +415,7 @@ def run_replay(
             policy=policy,
             burn_rules=burn_rules,
             queue_capacity=settings.queue_capacity,
+            gateway_instances=settings.gateway_instances,
             dlq_out=dlq,
             ledger=ledger,
         )
