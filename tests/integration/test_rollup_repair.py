@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.store.rollups import check_rollups, repair_rollups, write_windows_repairing
 from pipeline.adapters.store import (
     PartialWriteInjectingStore,
     migrate,
     open_store,
     write_windows,
 )
+from pipeline.adapters.store.rollups import check_rollups, repair_rollups, write_windows_repairing
 from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.windows import ClosedWindow
