@@ -379,6 +379,7 @@ def test_the_panels_and_the_report_agree_on_one_store(replayed: Replayed) -> Non
         if n
     }
     over_time = {(_ms(t), slo): c for t, slo, c in rows("Compliance per SLO over time")[1]}
+    assert over_time
     assert over_time.keys() == minutes.keys()
     assert all(_close(c, minutes[k]) for k, c in over_time.items())
     compared.append("Compliance per SLO over time")
@@ -446,5 +447,26 @@ def test_the_panels_and_the_report_agree_on_one_store(replayed: Replayed) -> Non
         want_burn = report.slos[row[0]]["burn_rate"]
         for window in ("5m", "1h"):
             assert _close(row[2 + names.index(window)], want_burn[window]), (row[0], window)
+    assert burn
     compared.append("Burn rates and budget at the end of the range")
-    assert len(compared) == 12
+    # the 5-minute burn rate at each minute: the report's chart of it, per SLO
+    title = "Burn rate per window: ${slo}"
+    assert charts.burn_rate
+    for slo, series_s in charts.burn_rate.items():
+        _, five = _panel_rows(
+            replayed, "tailguard-slo.json", title, picks={"slo": slo}, **everything
+        )
+        got_s = {_ms(t): r for t, w, r in five if w == "5m" and r is not None}
+        assert got_s == pytest.approx({round(t * 1000): v for t, v in series_s}, rel=1e-9), slo
+    compared.append(title)
+    # Not in the report: the heatmap (sketch buckets), the slowest requests and the
+    # per-tenant table (the report's request figures are over all tenants), and the budget
+    # over a rolling window chosen on the dashboard (the report's: the SLO's own window).
+    elsewhere = {
+        "Latency heatmap: ${boundary}",
+        "Top slow requests with their breakdown",
+        "Latency per tenant (exact, from requests)",
+        "Error budget remaining (rolling ${budget_window})",
+    }
+    titles = {p["title"] for m in dashboards().values() for p in m["panels"]}
+    assert set(compared) == titles - elsewhere
