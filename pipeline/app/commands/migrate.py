@@ -9,14 +9,11 @@ from pipeline.app.commands.settings import worker_settings
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from pipeline.adapters.store import migrate, open_store
+    from pipeline.adapters.store import open_for_writing
 
-    settings = worker_settings(args)
-    store = open_store(settings)
-    try:
-        applied = migrate(store, settings.cluster)
-    finally:
-        store.close()
+    opened = open_for_writing(worker_settings(args))
+    opened.store.close()
+    applied = opened.applied
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
     return 0
 
