@@ -118,13 +118,13 @@ def run_once(
     s = Settings()
     store = None
     if store_dir is not None:
-        from pipeline.adapters.store import migrate, open_store
+        from pipeline.adapters.store import open_for_writing
 
-        store = open_store(s.model_copy(update={"store_dir": Path(store_dir)}))
         # The workload's events are from November 2025: under the default 7-day TTL the
         # engine drops every lifecycle_events row at insert and the figures leave out
         # their storage (a TTL past 2106 overflows DateTime).
-        migrate(store, raw_ttl_days=3650)
+        update = {"store_dir": Path(store_dir), "raw_events_ttl_days": 3650}
+        store = open_for_writing(s.model_copy(update=update)).store
     proc = StreamProcessor(
         s.lifecycle_topic, s.join_config(), max_message_bytes=s.max_message_bytes,
         window_config=s.window_config(), slo_factory=_slo_factory(s.slo_spec),

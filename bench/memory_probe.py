@@ -51,8 +51,7 @@ from pipeline.adapters.malloc import malloc_stats, tune_malloc
 from pipeline.adapters.store import (
     Checkpoint,
     ClickHouseStore,
-    migrate,
-    open_store,
+    open_for_writing,
     write_checkpoints,
     write_raw_messages,
     write_requests,
@@ -181,8 +180,7 @@ class Probe:
         )  # fmt: skip
         store = None
         if self.store_dir is not None:
-            store = open_store(s)
-            migrate(store, raw_ttl_days=s.raw_events_ttl_days)
+            store = open_for_writing(s).store
         return s, proc, store
 
     def run(self) -> dict[str, Any]:

@@ -28,8 +28,7 @@ from pipeline.adapters.malloc import malloc_stats, tune_malloc
 from pipeline.adapters.store import (
     Checkpoint,
     KeptEvent,
-    migrate,
-    open_store,
+    open_for_writing,
     write_checkpoints,
     write_raw_events,
     write_requests,
@@ -66,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     records, kept = batch(int(a.rate / 3))
     with tempfile.TemporaryDirectory(prefix="tailguard-storeloop-") as tmp:
         s = Settings(store_dir=Path(tmp) / "store")
-        store = open_store(s)
-        migrate(store)
+        store = open_for_writing(s).store
         writer = ThreadPoolExecutor(max_workers=1)
         cps = [Checkpoint(p, 0, 0, 0) for p in range(8)]
 

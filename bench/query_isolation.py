@@ -258,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.05)
 
     try:
-        store = st.open_store(s.model_copy(update={"store_dir": tmp / "store"}))
-        st.migrate(store, raw_ttl_days=3650)  # the workload's events are from 2025
+        # the workload's events are from 2025: a retention that keeps them
+        update = {"store_dir": tmp / "store", "raw_events_ttl_days": 3650}
+        store = st.open_for_writing(s.model_copy(update=update)).store
         st.write_windows(store, windows, s.lifecycle_topic, 0.01, "bench")  # the panel's data
         server = QueryServer(tmp / "store", store.lock, limits=limits).start()
         sampler = threading.Thread(target=sample, daemon=True)

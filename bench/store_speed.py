@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tailguard-store-speed-"))
     try:
         base = load_store_module(base_tree(args.base, tmp))
-        store = this.open_store(s.model_copy(update={"store_dir": tmp / "store"}))
-        this.migrate(store, raw_ttl_days=3650)  # the workload's events are from 2025
+        # the workload's events are from 2025: a retention that keeps them
+        update = {"store_dir": tmp / "store", "raw_events_ttl_days": 3650}
+        store = this.open_for_writing(s.model_copy(update=update)).store
         if hasattr(base, "EmbeddedStore"):
             base_store = base.EmbeddedStore(store._client, "tailguard_base")
         else:  # an older store module: one class, a flag

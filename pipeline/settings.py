@@ -190,7 +190,9 @@ class Settings(EmitterSettings):
     store_raw_events: bool = True
     """TAILGUARD_STORE_RAW_EVENTS: keep raw lifecycle events in ClickHouse."""
     raw_events_ttl_days: Annotated[int, Field(ge=1)] = 7
-    """TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events."""
+    """TAILGUARD_RAW_EVENTS_TTL_DAYS: retention of raw events; whoever opens the store to
+    write (worker, migrate, replay --store) sets lifecycle_events to it (MODIFY TTL when
+    an earlier start rendered another)."""
 
     # --- Prometheus / Alertmanager (the controller; issue 16) --------------
     prometheus_port: Annotated[int | None, Field(ge=0, le=65535)] = None

@@ -42,13 +42,7 @@ from pipeline.contract.control_signal import (
 from pipeline.contract.summary import Progress, StatsSample, WindowSummary, decode_summary
 from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetEvent
-from pipeline.core.control import (
-    Controller,
-    ControllerConfig,
-    ControlLoop,
-    ControlStep,
-    DecisionClock,
-)
+from pipeline.core.control import ControlStep, build_control_loop
 from pipeline.core.policy import Evaluation
 from pipeline.kafka_settings import KafkaSettings
 from pipeline.spec.burn_rules import load_burn_rules_file
@@ -166,30 +160,22 @@ class ControllerShell:
         self.rules = load_burn_rules_file(settings.burn_rules_file)
         self.spec = load_spec_file(settings.slo_spec) if settings.slo_spec else None
         self.keyring = load_keyring(settings.keys)
-        self.controller = Controller(
+        # The core's one control loop, the same that drives `replay` and the backtest;
+        # when to evaluate: per-partition horizons and clocks.
+        self.loop = build_control_loop(
             self.policy,
             self.spec,
             self.rules,
-            ControllerConfig.for_windows(
-                settings.window_size_ms,
-                settings.window_grace_ms,
-                queue_capacity=settings.queue_capacity,
-                gateway_instances=settings.gateway_instances,
-            ),
+            size_ms=settings.window_size_ms,
+            grace_ms=settings.window_grace_ms,
+            queue_capacity=settings.queue_capacity,
+            gateway_instances=settings.gateway_instances,
+            partitions=0,  # of the lifecycle topic, read at start
+            decision_delay_ms=settings.control_decision_delay_ms,
         )
+        self.controller = self.loop.controller
         self.issuer: SignalIssuer | None = None
         self.producer: Producer | None = None
-        # When to evaluate (per-partition horizons and clocks): the core's one decision
-        # clock, the same that drives `replay`.
-        self.loop = ControlLoop(
-            self.controller,
-            DecisionClock(
-                settings.window_size_ms,
-                partitions=0,  # of the lifecycle topic, read at start
-                decision_delay_ms=settings.control_decision_delay_ms,
-                final_lag_ms=self.controller.config.budget_lag_ms,
-            ),
-        )
         self.published = 0
         # What /metrics shows (served by the worker when TAILGUARD_PROMETHEUS_PORT is set)
         self.metrics = MetricsState()

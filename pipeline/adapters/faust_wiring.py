@@ -41,9 +41,8 @@ from pipeline.adapters.reliable import (
     ShuttingDownError,
     read_dead_positions,
 )
-from pipeline.adapters.rollups import check_rollups
 from pipeline.adapters.stop_signal import PromptStop
-from pipeline.adapters.store import is_data_error, migrate, open_store
+from pipeline.adapters.store import open_for_writing
 from pipeline.adapters.telemetry import WorkerTelemetry
 from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
 from pipeline.core.processor import StreamProcessor
@@ -106,18 +105,8 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
     metrics endpoint, and give them to ``shell``; before consuming."""
     if isinstance(shell.topic_ids, TopicIds):
         shell.topic_ids.open()
-    store = open_store(settings)
-    migrate(store, settings.cluster, raw_ttl_days=settings.raw_events_ttl_days)
-    # a write of windows cut short by a kill left its rollups short: set them right
-    # (a store that cannot take the repair yet, full: after the first write of windows)
-    rollups_unchecked = False
-    try:
-        check_rollups(store)
-    except Exception as exc:
-        if is_data_error(exc):
-            raise
-        log.warning("rollups not checked at start-up (%s): checked after a write", exc)
-        rollups_unchecked = True
+    opened = open_for_writing(settings)
+    store = opened.store
     # Tools read the embedded store through this port while the worker owns it.
     query_server = start_query_server(settings, store)
     topic = settings.lifecycle_topic
@@ -145,7 +134,7 @@ def open_ports(settings: Settings, shell: WorkerShell) -> WorkerPorts:
         ledger=LedgerPublisher(kafka),
         read_ledgers=lambda first, memory_ms: read_topic_ledgers(kafka, first, memory_ms),
         closers=closers,
-        rollups_unchecked=rollups_unchecked,
+        rollups_unchecked=opened.rollups_unchecked,
     )
     shell.open(ports)
     if metrics is not None and settings.prometheus_port is not None:

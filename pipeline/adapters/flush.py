@@ -25,17 +25,18 @@ import msgspec
 import orjson
 
 from pipeline.adapters.reliable import ShuttingDownError
-from pipeline.adapters.rollups import check_rollups, write_windows_repairing
 from pipeline.adapters.store import (
     BudgetEventRow,
     Checkpoint,
     ControlRow,
     KeptEvent,
+    check_rollups,
     write_audit,
     write_checkpoints,
     write_isolating,
     write_raw_isolating,
     write_requests,
+    write_windows_repairing,
 )
 from pipeline.contract.codec import DeadLetter, SourceRef
 from pipeline.core.processor import KeptMessage

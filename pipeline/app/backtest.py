@@ -55,12 +55,6 @@ from typing import Any, Final
 from pipeline.app.figures import figure, percent
 from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.contract.codec import encode_event
-from pipeline.core.control import (
-    Controller,
-    ControllerConfig,
-    ControlLoop,
-    DecisionClock,
-)
 from pipeline.core.join import JoinConfig
 from pipeline.core.logical import LogicalRequest, logical_requests
 from pipeline.core.logical import counts as logical_counts
@@ -69,7 +63,7 @@ from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOEvaluator, SLOMatcher
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
-from pipeline.spec.burn_rules import BurnRules, load_burn_rules_file
+from pipeline.spec.burn_rules import BurnRules
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 from producers.simulator.gate import GatewayGate, directive_of
@@ -213,18 +207,14 @@ def run_loop(
         slo_factory=lambda: WindowSLOCounts(spec),
     )
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
-    controller = Controller(
+    control = _ControlRun.build(
         policy,
         spec,
-        burn_rules or load_burn_rules_file(),
-        ControllerConfig.for_windows(
-            wc.size_ms,
-            wc.grace_ms,
-            queue_capacity=queue_capacity,
-            gateway_instances=len(config.gateway_hosts),
-        ),
+        burn_rules,
+        wc,
+        queue_capacity=queue_capacity,
+        gateway_instances=len(config.gateway_hosts),
     )
-    control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     result.control = control
     batch: list[tuple[int, int, bytes]] = []
 

@@ -255,88 +255,28 @@ def run_demo(
 ) -> int:
     """``settings_overrides``: worker settings over the demo's (tests: a shorter window,
     another policy)."""
-    from pipeline.adapters.kafka_admin import ensure_topics, group_progress
-    from pipeline.adapters.store import open_store
-    from pipeline.app.report import read_report, render
+    from pipeline.adapters.kafka_admin import ensure_topics
 
     console = Console(stderr=True)
     workdir = workdir.resolve()
-    store_dir = workdir / "store"
-    for stale in (store_dir, workdir / "kafka"):
+    for stale in (workdir / "store", workdir / "kafka"):
         if stale.exists():
             shutil.rmtree(stale)
     workdir.mkdir(parents=True, exist_ok=True)
+    keys = workdir / "control-keys.json"  # a throwaway key for this demo's signals
     run_id = uuid.uuid4().hex[:8]
 
     with ExitStack() as stack:
-        topic_suffix = ""
-        if bootstrap is None:
-            try:  # developer tooling beside the package: a checkout has it, a wheel has not
-                from tools.dev.kafka_local import LocalKafka
-            except ImportError:
-                raise SystemExit(
-                    "tailguard demo: starting a local Kafka needs a checkout of tailguard "
-                    "(tools/dev/ is not installed with the package); pass --bootstrap HOST:PORT"
-                ) from None
-            console.print(
-                "[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)"
-            )
-            kafka = stack.enter_context(LocalKafka(workdir / "kafka"))
-            bootstrap = kafka.bootstrap_servers
-        else:
-            topic_suffix = f".demo-{run_id}"  # never mix with data already on a shared cluster
-        keys = workdir / "control-keys.json"  # a throwaway key for this demo's signals
-        keys.write_bytes(orjson.dumps({"active": "demo", "keys": {"demo": generate_secret_b64()}}))
-        keys.chmod(0o600)
-        fields: dict[str, Any] = {
-            "control_enabled": True,
-            "control_keys_file": keys,
-            "bootstrap_servers": bootstrap,
-            "store_dir": store_dir,
-            "topic_partitions": partitions,
-            "group_id": f"tailguard-demo-{run_id}",
-            "lifecycle_topic": f"tailguard.lifecycle{topic_suffix}",
-            "engine_stats_topic": f"tailguard.engine-stats{topic_suffix}",
-            "dlq_topic": f"tailguard.dlq{topic_suffix}",
-            "summaries_topic": f"tailguard.summaries{topic_suffix}",
-            "control_topic": f"tailguard.control{topic_suffix}",
-            "join_timeout_ms": DEMO_JOIN_TIMEOUT_MS,
-            "window_grace_ms": DEMO_WINDOW_GRACE_MS,
-            "flush_interval_ms": DEMO_FLUSH_INTERVAL_MS,
-            # the simulated gateways each take their share of an admission rate
-            "gateway_instances": len(sim_config.gateway_hosts),
-        }
+        bootstrap, topic_suffix = _broker(stack, console, workdir, bootstrap, run_id)
+        fields = _demo_fields(
+            workdir, keys, bootstrap, run_id=run_id, topic_suffix=topic_suffix,
+            partitions=partitions, sim_config=sim_config,
+        )  # fmt: skip
         settings = Settings(**(fields | (settings_overrides or {})))
         ensure_topics(settings)
         console.print(f"Kafka at {bootstrap}; topics ready ({partitions} partitions)")
-
-        env = dict(os.environ) | settings.to_env()
-        worker_log = (workdir / "worker.log").open("wb")
-        stack.callback(worker_log.close)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "worker"],
-            env=env,
-            stdout=worker_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        stack.callback(stop_process, worker, 30.0)
-        console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
-
-        gate = None
-        pace = None
-        if closed_loop:
-            # The simulated gateways read the control topic through the serving layer's
-            # own client (signatures, sequence numbers and expiry checked) and apply it.
-            from producers.control_client import ControlClient
-            from producers.control_keys import keyring_from_file
-            from producers.simulator.gate import ControlClientGate
-
-            client = ControlClient.from_settings(settings, keyring_from_file(keys))
-            client.start()
-            stack.callback(client.stop)
-            gate = ControlClientGate(client)
-            pace = _Pacer(settings, worker)
+        worker = _start_worker(stack, console, settings, workdir)
+        gate, pace = _closed_loop(stack, settings, keys, worker) if closed_loop else (None, None)
         label = "as fast as possible" if not speedup else f"at {speedup:g}x"
         loop = "closed loop: gateways apply directives" if closed_loop else "open loop"
         console.print(f"simulating {trace} {label} ({loop})")
@@ -351,63 +291,182 @@ def run_demo(
             pace=pace,
         )
         if gate is not None:
-            summary["gateways"] = {
-                "rejected_429_by_priority": gate.shed_by_priority(),
-                "context_capped_by_priority": dict(sorted(gate.capped.items())),
-                "half_open_admitted": gate.half_open_admitted,
-                "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
-                # evidence (window end) -> applied at a simulated gateway, event time
-                "loop_delay": gate.loop_delay.summary(),
-                # the serving side's view: a directive that expired before its heartbeat
-                # came failed open to L0 (a loaded machine delays heartbeats)
-                "control_client": {
-                    k: v
-                    for k, v in gate.client.counters().items()
-                    if k in ("accepted", "expired", "failed_open", "stale", "not_yet_valid")
-                },
-            }
+            summary["gateways"] = _gateways_summary(gate, pace)
         console.print(f"simulator: {summary}")
-
-        deadline = time.monotonic() + wait_timeout_s
-        last = None
-        # Caught up: every lifecycle message committed, then (control on) every summary
-        # sent until then taken by the controller, which runs in the same process and may
-        # trail the lifecycle input by minutes of event time when that input comes as fast
-        # as possible on a loaded machine: stopped then, the report would lack decisions.
-        summaries_end: int | None = None
-        while True:
-            if worker.poll() is not None:
-                tail = (workdir / "worker.log").read_text(errors="replace")[-3000:]
-                console.print(f"[red]worker exited with {worker.returncode}[/]\n{tail}")
-                return 1
-            if summaries_end is None:
-                prog = group_progress(settings, settings.lifecycle_topic)
-                if prog.end > 0 and prog.lag == 0:
-                    if not settings.control_enabled:
-                        break
-                    summaries_end = group_progress(settings, settings.summaries_topic).end
-                    continue
-                what = "messages not yet committed"
-            else:
-                prog = group_progress(settings, settings.summaries_topic)
-                if prog.committed >= summaries_end:
-                    break
-                what = "summaries not yet taken by the controller"
-            lag = (prog.end if summaries_end is None else summaries_end) - prog.committed
-            if (what, lag) != last:
-                console.print(f"waiting for the worker: {lag} {what}")
-                last = (what, lag)
-            if time.monotonic() > deadline:
-                console.print(f"[red]worker did not catch up within {wait_timeout_s:.0f} s[/]")
-                return 1
-            time.sleep(0.5)
+        if not _wait_caught_up(console, settings, worker, workdir, wait_timeout_s):
+            return 1
         rc = stop_process(worker, 30.0)
         console.print(f"worker caught up and stopped (exit {rc})")
 
+    _print_report(settings, summary, sim_config, speedup=speedup, gate=gate, json_out=json_out)
+    return 0
+
+
+def _broker(
+    stack: ExitStack, console: Console, workdir: Path, bootstrap: str | None, run_id: str
+) -> tuple[str, str]:
+    """The Kafka to use and the topics' suffix: a local broker started for the demo (its
+    own topics), or the one given (topics of this run only)."""
+    if bootstrap is not None:  # never mix with data already on a shared cluster
+        return bootstrap, f".demo-{run_id}"
+    from pipeline.adapters.local_kafka import KafkaLocalError, LocalKafka
+
+    console.print("[bold]starting a local Apache Kafka broker[/] (jars fetched once into .cache/)")
+    try:
+        kafka = stack.enter_context(LocalKafka(workdir / "kafka"))
+    except KafkaLocalError as exc:
+        raise SystemExit(f"tailguard demo: {exc}\n(or pass --bootstrap HOST:PORT)") from None
+    return kafka.bootstrap_servers, ""
+
+
+def _demo_fields(
+    workdir: Path,
+    keys: Path,
+    bootstrap: str,
+    *,
+    run_id: str,
+    topic_suffix: str,
+    partitions: int,
+    sim_config: SimConfig,
+) -> dict[str, Any]:
+    """The worker's settings for the demo (a new control key written to ``keys``)."""
+    keys.write_bytes(orjson.dumps({"active": "demo", "keys": {"demo": generate_secret_b64()}}))
+    keys.chmod(0o600)
+    return {
+        "control_enabled": True,
+        "control_keys_file": keys,
+        "bootstrap_servers": bootstrap,
+        "store_dir": workdir / "store",
+        "topic_partitions": partitions,
+        "group_id": f"tailguard-demo-{run_id}",
+        "lifecycle_topic": f"tailguard.lifecycle{topic_suffix}",
+        "engine_stats_topic": f"tailguard.engine-stats{topic_suffix}",
+        "dlq_topic": f"tailguard.dlq{topic_suffix}",
+        "summaries_topic": f"tailguard.summaries{topic_suffix}",
+        "control_topic": f"tailguard.control{topic_suffix}",
+        "join_timeout_ms": DEMO_JOIN_TIMEOUT_MS,
+        "window_grace_ms": DEMO_WINDOW_GRACE_MS,
+        "flush_interval_ms": DEMO_FLUSH_INTERVAL_MS,
+        # the simulated gateways each take their share of an admission rate
+        "gateway_instances": len(sim_config.gateway_hosts),
+    }
+
+
+def _start_worker(
+    stack: ExitStack, console: Console, settings: Settings, workdir: Path
+) -> subprocess.Popen[bytes]:
+    """``tailguard worker`` in its own process (stopped when the stack closes)."""
+    env = dict(os.environ) | settings.to_env()
+    worker_log = (workdir / "worker.log").open("wb")
+    stack.callback(worker_log.close)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "worker"],
+        env=env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    stack.callback(stop_process, worker, 30.0)
+    console.print(f"worker started (pid {worker.pid}, log {workdir / 'worker.log'})")
+    return worker
+
+
+def _closed_loop(
+    stack: ExitStack, settings: Settings, keys: Path, worker: subprocess.Popen[bytes]
+) -> tuple[Any, _Pacer]:
+    """The simulated gateways read the control topic through the serving layer's own
+    client (signatures, sequence numbers and expiry checked) and apply it; the pacer keeps
+    the simulator within reach of the worker."""
+    from producers.control_client import ControlClient
+    from producers.control_keys import keyring_from_file
+    from producers.simulator.gate import ControlClientGate
+
+    client = ControlClient.from_settings(settings, keyring_from_file(keys))
+    client.start()
+    stack.callback(client.stop)
+    return ControlClientGate(client), _Pacer(settings, worker)
+
+
+def _gateways_summary(gate: Any, pace: _Pacer | None) -> dict[str, Any]:
+    """What the simulated gateways did, for the simulator's summary."""
+    return {
+        "rejected_429_by_priority": gate.shed_by_priority(),
+        "context_capped_by_priority": dict(sorted(gate.capped.items())),
+        "half_open_admitted": gate.half_open_admitted,
+        "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
+        # evidence (window end) -> applied at a simulated gateway, event time
+        "loop_delay": gate.loop_delay.summary(),
+        # the serving side's view: a directive that expired before its heartbeat
+        # came failed open to L0 (a loaded machine delays heartbeats)
+        "control_client": {
+            k: v
+            for k, v in gate.client.counters().items()
+            if k in ("accepted", "expired", "failed_open", "stale", "not_yet_valid")
+        },
+    }
+
+
+def _wait_caught_up(
+    console: Console,
+    settings: Settings,
+    worker: subprocess.Popen[bytes],
+    workdir: Path,
+    wait_timeout_s: float,
+) -> bool:
+    """Caught up: every lifecycle message committed, then (control on) every summary
+    sent until then taken by the controller, which runs in the same process and may
+    trail the lifecycle input by minutes of event time when that input comes as fast
+    as possible on a loaded machine: stopped then, the report would lack decisions.
+    False (said on the console) when the worker exits or does not catch up in time."""
+    from pipeline.adapters.kafka_admin import group_progress
+
+    deadline = time.monotonic() + wait_timeout_s
+    last = None
+    summaries_end: int | None = None
+    while True:
+        if worker.poll() is not None:
+            tail = (workdir / "worker.log").read_text(errors="replace")[-3000:]
+            console.print(f"[red]worker exited with {worker.returncode}[/]\n{tail}")
+            return False
+        if summaries_end is None:
+            prog = group_progress(settings, settings.lifecycle_topic)
+            if prog.end > 0 and prog.lag == 0:
+                if not settings.control_enabled:
+                    return True
+                summaries_end = group_progress(settings, settings.summaries_topic).end
+                continue
+            what = "messages not yet committed"
+        else:
+            prog = group_progress(settings, settings.summaries_topic)
+            if prog.committed >= summaries_end:
+                return True
+            what = "summaries not yet taken by the controller"
+        lag = (prog.end if summaries_end is None else summaries_end) - prog.committed
+        if (what, lag) != last:
+            console.print(f"waiting for the worker: {lag} {what}")
+            last = (what, lag)
+        if time.monotonic() > deadline:
+            console.print(f"[red]worker did not catch up within {wait_timeout_s:.0f} s[/]")
+            return False
+        time.sleep(0.5)
+
+
+def _print_report(
+    settings: Settings,
+    summary: dict[str, Any],
+    sim_config: SimConfig,
+    *,
+    speedup: float | None,
+    gate: Any,
+    json_out: Path | None,
+) -> None:
+    """The report from the demo's store, what happened, and ``--json``'s file."""
+    from pipeline.adapters.store import open_store
+    from pipeline.app.report import read_report, render
+    from pipeline.spec.slo import load_spec_file
+
     store = open_store(settings)
     try:
-        from pipeline.spec.slo import load_spec_file
-
         spec = load_spec_file(settings.slo_spec) if settings.slo_spec is not None else None
         report = read_report(store, spec=spec)  # with why each SLO burned (load or not)
     finally:
@@ -423,7 +482,6 @@ def run_demo(
                 "samples_ms": gate.loop_delay.samples() if gate is not None else [],
             }
         json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    return 0
 
 
 def story(report: dict[str, Any], summary: dict[str, Any], config: SimConfig) -> str:

@@ -20,13 +20,7 @@ from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.codec import DeadLetter, SourceRef, dead_letter_record
 from pipeline.contract.summary import StatsSample
 from pipeline.core.budget import BudgetStatus
-from pipeline.core.control import (
-    Controller,
-    ControllerConfig,
-    ControlLoop,
-    ControlStep,
-    DecisionClock,
-)
+from pipeline.core.control import Controller, ControlLoop, ControlStep, build_control_loop
 from pipeline.core.eventtime import ClockConfig
 from pipeline.core.join import JoinConfig
 from pipeline.core.policy import Evaluation
@@ -43,7 +37,7 @@ from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
 
 if TYPE_CHECKING:
-    from pipeline.adapters.store import ClickHouseStore
+    from pipeline.adapters.store import WritableStore
     from pipeline.settings import Settings
 
 REPLAY_QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
@@ -68,6 +62,31 @@ class _ControlRun:
     corrections: int = 0
     evaluations: int = 0
     _final_budgets: list[BudgetStatus] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        policy: ControlPolicy,
+        spec: SLOSpec | None,
+        burn_rules: BurnRules | None,
+        window_config: WindowConfig,
+        *,
+        queue_capacity: int,
+        gateway_instances: int,
+    ) -> _ControlRun:
+        """The control loop of ``replay`` and the backtest: the core's one assembly
+        (:func:`pipeline.core.control.build_control_loop`, the worker's), on windows of
+        ``window_config``; ``burn_rules`` None: the shipped rules."""
+        loop = build_control_loop(
+            policy,
+            spec,
+            burn_rules or load_burn_rules_file(),
+            size_ms=window_config.size_ms,
+            grace_ms=window_config.grace_ms,
+            queue_capacity=queue_capacity,
+            gateway_instances=gateway_instances,
+        )
+        return cls(loop, window_config.relative_accuracy)
 
     @property
     def controller(self) -> Controller:
@@ -281,13 +300,15 @@ def replay_file(
     policy: ControlPolicy | None = None,
     burn_rules: BurnRules | None = None,
     queue_capacity: int = 64,
+    gateway_instances: int = 1,
     dlq_out: IO[bytes] | None = None,
     chunk: int = 1000,
     clock_config: ClockConfig | None = None,
     ledger: dict[str, int] | None = None,
 ) -> ReplayResult:
     """Replay a file; ``chunk`` lines are processed at a time (the results do not depend
-    on it). ``ledger``: requests already counted by the store (a file replayed before)."""
+    on it). ``ledger``: requests already counted by the store (a file replayed before).
+    ``queue_capacity``, ``gateway_instances``: the controller's, as the worker's."""
     wc = window_config or WindowConfig()
     proc = StreamProcessor(
         str(path),
@@ -299,14 +320,14 @@ def replay_file(
     proc.init_partition(0, ledger, seed_join=False)
     result = ReplayResult(spec, wc.relative_accuracy, queue_capacity=queue_capacity)
     if policy is not None:
-        controller = Controller(
+        result.control = _ControlRun.build(
             policy,
             spec,
-            burn_rules or load_burn_rules_file(),
-            ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, queue_capacity=queue_capacity),
+            burn_rules,
+            wc,
+            queue_capacity=queue_capacity,
+            gateway_instances=gateway_instances,
         )
-        clock = DecisionClock(wc.size_ms)
-        result.control = _ControlRun(ControlLoop(controller, clock), wc.relative_accuracy)
     with path.open("rb") as fh:
         batch: list[tuple[int, int, bytes]] = []
         for msg in _lines(fh):
@@ -379,15 +400,11 @@ def run_replay(
     opened = None
     if store:
         from pipeline.adapters.queries.windows import read_ledger
-        from pipeline.adapters.rollups import check_rollups
-        from pipeline.adapters.store import migrate, open_store
+        from pipeline.adapters.store import open_for_writing
 
-        opened = open_store(settings)
-        migrate(opened, settings.cluster)
-        # an earlier write of windows cut short left its rollups short: set them right
-        check_rollups(opened)
+        opened = open_for_writing(settings)
         # A second replay of the same file into this store counts nothing twice.
-        ledger = read_ledger(opened, topic, 0, -1)
+        ledger = read_ledger(opened.store, topic, 0, -1)
     with dlq_path.open("wb") as dlq:
         result = replay_file(
             events,
@@ -398,6 +415,7 @@ def run_replay(
             policy=policy,
             burn_rules=burn_rules,
             queue_capacity=settings.queue_capacity,
+            gateway_instances=settings.gateway_instances,
             dlq_out=dlq,
             ledger=ledger,
         )
@@ -407,7 +425,7 @@ def run_replay(
         try:
             rejected = store_replay(opened, result, topic, settings.window_config())
         finally:
-            opened.close()
+            opened.store.close()
         if rejected:
             with dlq_path.open("ab") as fh:  # each is a line of the DLQ file
                 for d in rejected:
@@ -421,24 +439,27 @@ def run_replay(
 
 
 def store_replay(
-    store: ClickHouseStore, result: ReplayResult, topic: str, window_config: WindowConfig
+    opened: WritableStore, result: ReplayResult, topic: str, window_config: WindowConfig
 ) -> list[DeadLetter]:
     """Write a replay's records, windows (with their ledger, covering its one partition)
     and control audit through the worker's writer, in the worker's order
-    (:class:`pipeline.adapters.flush.FlushWriter`); the records the store rejected, as
-    dead letters (the rest is written; the store is local: no retries)."""
+    (:class:`pipeline.adapters.flush.FlushWriter`; a check of the rollups the opening
+    put off runs after the first write of windows, as the worker's); the records the
+    store rejected, as dead letters (the rest is written; the store is local: no
+    retries)."""
     from pipeline.adapters.controller import replay_audit_rows
     from pipeline.adapters.flush import Flush, FlushWriter
     from pipeline.adapters.store import is_data_error, with_retry
 
     rejected: list[DeadLetter] = []
     writer = FlushWriter(
-        store,
+        opened.store,
         "replay",
         topic,
         window_config.relative_accuracy,
         retry=lambda fn, what: with_retry(fn, what, attempts=1, fatal=is_data_error),
         dead_rows=rejected.extend,
+        rollups_unchecked=opened.rollups_unchecked,
     )
     writer.write(Flush(result.emitted, result.windows, through={0: 1}))
     if result.control is not None:  # the control audit, as a worker writes it

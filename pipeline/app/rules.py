@@ -1,25 +1,17 @@
-"""``tailguard rules``: Prometheus rules and an Alertmanager example from the SLO spec.
+"""What ``tailguard rules`` writes: :mod:`pipeline.core.prom_rules`' documents as YAML.
 
-* ``rules export [--slo SPEC] [--burn-rules FILE] [--format prometheus|prometheusrule]``:
-  the recording and alerting rules of :mod:`pipeline.core.prom_rules` as YAML (a rule
-  file ``promtool check rules`` accepts, or a Prometheus Operator ``PrometheusRule``);
-* ``rules alertmanager [--receiver-url URL]``: an Alertmanager configuration whose
-  ``inhibit_rules`` let a page silence the ticket of the same SLO.
-
-(Registered by :func:`register`; ``pipeline.cli`` calls it.)
+:func:`export_text`: the recording and alerting rules of a spec and its burn rules (a rule
+file ``promtool check rules`` accepts, or a Prometheus Operator ``PrometheusRule``);
+:func:`to_yaml` renders any of the documents (the Alertmanager example too). The command
+is :mod:`pipeline.app.commands.rules`.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-
-from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 
 if TYPE_CHECKING:
     from pipeline.core.prom_rules import RulesOptions
@@ -62,62 +54,3 @@ def export_text(
     if fmt == "prometheusrule":
         doc = prometheus_rule(doc)
     return HEADER.format(spec=Path(spec_path).name, rules=Path(rules_path).name) + to_yaml(doc)
-
-
-def cmd_rules(args: argparse.Namespace) -> int:
-    # the core is imported here: the base install (emitters) builds the parser without it
-    from pipeline.core.prom_rules import RulesOptions, alertmanager_example
-    from pipeline.spec.loader import SpecError
-
-    if args.action == "alertmanager":
-        text = to_yaml(alertmanager_example(args.receiver_url))
-    else:
-        spec = args.slo or Path(os.environ.get("TAILGUARD_SLO_SPEC") or DEFAULT_SLO_SPEC)
-        rules = args.burn_rules or Path(
-            os.environ.get("TAILGUARD_BURN_RULES_FILE") or DEFAULT_BURN_RULES
-        )
-        opts = RulesOptions(service=args.service)
-        if args.runbook_url:
-            opts = RulesOptions(service=args.service, runbook_url=args.runbook_url)
-        try:
-            text = export_text(spec, rules, args.format, opts)
-        except SpecError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
-
-
-def register(sub: Any) -> None:
-    """Add ``rules`` to the CLI's subparsers."""
-    s = sub.add_parser(
-        "rules",
-        help="Prometheus recording + alerting rules (and an Alertmanager example) from the spec",
-    )
-    s.add_argument("action", choices=["export", "alertmanager"])
-    s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC, or shipped)")
-    s.add_argument(
-        "--burn-rules",
-        type=Path,
-        help="burn rules (default: TAILGUARD_BURN_RULES_FILE, or the shipped rules)",
-    )
-    s.add_argument(
-        "--format",
-        choices=["prometheus", "prometheusrule"],
-        default="prometheus",
-        help="a rule file (promtool check rules), or a Prometheus Operator PrometheusRule",
-    )
-    s.add_argument("--service", default="tailguard", help="the sloth_service label")
-    s.add_argument(
-        "--runbook-url", help="the alerts' runbook_url (default: docs/alerting.md#runbook)"
-    )
-    s.add_argument(
-        "--receiver-url",
-        default="http://127.0.0.1:5001/",
-        help="alertmanager: the example's webhook receiver",
-    )
-    s.add_argument("-o", "--out", type=Path, help="write here (default stdout)")
-    s.set_defaults(func=cmd_rules)

@@ -681,3 +681,34 @@ class ControlLoop:
                 self._announced[d.scope] = (d.level, d.phase, key, d.now_ms)
                 out.append(d)
         return out
+
+
+def build_control_loop(
+    policy: ControlPolicy,
+    spec: SLOSpec | None,
+    burn_rules: BurnRules,
+    *,
+    size_ms: int,
+    grace_ms: int,
+    queue_capacity: int,
+    gateway_instances: int,
+    partitions: int = 1,
+    decision_delay_ms: int = 0,
+) -> ControlLoop:
+    """The one assembly of the control loop, for the worker's controller, ``replay`` and
+    the backtest: a :class:`Controller` with budgets at the resolution of windows of
+    ``size_ms`` closed ``grace_ms`` late (:meth:`ControllerConfig.for_windows`), engine
+    queues full at ``queue_capacity``, admission split among ``gateway_instances``
+    gateways, and its :class:`DecisionClock` (live: ``partitions`` of the lifecycle topic,
+    decisions ``decision_delay_ms`` after every partition's clock and never past the
+    budgets' lag; a replay moves it by each closed window instead)."""
+    config = ControllerConfig.for_windows(
+        size_ms, grace_ms, queue_capacity=queue_capacity, gateway_instances=gateway_instances
+    )
+    clock = DecisionClock(
+        size_ms,
+        partitions=partitions,
+        decision_delay_ms=decision_delay_ms,
+        final_lag_ms=config.budget_lag_ms,
+    )
+    return ControlLoop(Controller(policy, spec, burn_rules, config), clock)

@@ -10,20 +10,26 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from pipeline.adapters.queries import budget, windows
+from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import ClickHouseStore, open_store
 from pipeline.app.replay import replay_file
+from pipeline.app.report import read_report
+from pipeline.app.report_html import read_html_data
 from pipeline.cli import main
 from pipeline.core.sketch import QuantileSketch
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.control_fixtures import TEST_POLICY, write_overload_jsonl
 from tools.dev.dashboards import (
+    BREAKDOWN,
     BURN_WINDOWS,
     CTX_BUCKETS,
     HEATMAP_BOUNDS_MS,
@@ -233,13 +239,14 @@ def test_selections_filter(replayed: Replayed) -> None:
 
 def _panel_rows(
     r: Replayed, dashboard: str, title: str, *, from_ms: int | None = None,
-    interval_ms: int = 60_000, picks: dict[str, str | list[str]] | None = None,
+    to_ms: int | None = None, interval_ms: int = 60_000,
+    picks: dict[str, str | list[str]] | None = None,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:  # fmt: skip
     model = dashboards()[dashboard]
     panel = next(p for p in model["panels"] if p["title"] == title)
     ctx = QueryContext(
-        r.from_ms if from_ms is None else from_ms, r.to_ms, interval_ms,
-        _variables(model, picks or {}, _variable_values(r, model)),
+        r.from_ms if from_ms is None else from_ms, r.to_ms if to_ms is None else to_ms,
+        interval_ms, _variables(model, picks or {}, _variable_values(r, model)),
     )  # fmt: skip
     return _run(r.store, interpolate(panel["targets"][0]["rawSql"], ctx))
 
@@ -314,3 +321,152 @@ def test_control_timeline_carries_the_level_into_the_range(replayed: Replayed) -
             levels_then[t["scope"]] = t["level"]
     assert at_start == levels_then
     assert max(at_start.values()) >= 1
+
+
+def _ms(t: datetime | str) -> int:
+    """Unix ms of a time the engine returned (naive: UTC), or of the report's text of it."""
+    d = datetime.fromisoformat(t) if isinstance(t, str) else t
+    return round((d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == pytest.approx(b, rel=1e-9)
+
+
+def test_the_panels_and_the_report_agree_on_one_store(replayed: Replayed) -> None:
+    """Panel by panel, the figures a dashboard shows over the whole store are the report's
+    (``tailguard report`` and its charts): both read through pipeline.adapters.queries."""
+    store = replayed.store
+    report = read_report(store, ReportFilter())
+    charts = read_html_data(store, ReportFilter())
+    everything = {
+        "from_ms": replayed.from_ms // 3_600_000 * 3_600_000,  # whole minutes and hours
+        "to_ms": replayed.to_ms + 3_600_000,
+    }
+    rows = partial(_panel_rows, replayed, "tailguard-slo.json", **everything)
+    latency_rows = partial(_panel_rows, replayed, "tailguard-latency.json", **everything)
+    compared: list[str] = []
+
+    # SLOs and tiers over the range: the report's table
+    cols, table = rows("Compliance per SLO and tier")
+    got = {r[0]: dict(zip(cols, r, strict=True)) for r in table}
+    assert set(got) == set(report.slos)
+    for slo, want in report.slos.items():
+        row = got[slo]
+        assert (row["kind"], int(row["total"]), int(row["good"])) == (
+            want["kind"], want["total"], want["good"]
+        ), slo  # fmt: skip
+        assert _close(row["compliance"], want["compliance"]), slo
+        assert _close(row["objective"], want["objective"]), slo
+        assert bool(row["met"]) == want["met"], slo
+    compared.append("Compliance per SLO and tier")
+    blended = {r[0]: (r[1], r[2]) for r in rows("Blended compliance")[1]}
+    tiers = {s: v for s, v in report.slos.items() if v["kind"] == "blended"}
+    assert blended
+    assert set(blended) == set(tiers)
+    for slo, (compliance, objective) in blended.items():
+        assert _close(compliance, tiers[slo]["compliance"]), slo
+        assert _close(objective, tiers[slo]["objective"]), slo
+    compared.append("Blended compliance")
+
+    # per minute: the report's reads of the same SLO counts and latency rollups
+    minutes = {
+        (t * 1000, slo): (float(g) + float(w) * float(s) if kind == "blended" else float(g))
+        / float(n)
+        for slo, kind, t, _o, w, n, g, s in budget.minute_counts(store, ReportFilter())
+        if n
+    }
+    over_time = {(_ms(t), slo): c for t, slo, c in rows("Compliance per SLO over time")[1]}
+    assert over_time
+    assert over_time.keys() == minutes.keys()
+    assert all(_close(c, minutes[k]) for k, c in over_time.items())
+    compared.append("Compliance per SLO over time")
+    for title in ("P50 / P99 including queue", "P50 / P99 excluding queue"):
+        series = {
+            (s.split()[0], _ms(t)): v for t, s, v in latency_rows(title)[1] if s.endswith("p99")
+        }
+        shown = {b for b, _ in series} & set(charts.latency_p99)
+        assert shown, title
+        for b in shown:
+            want = {round(t * 1000): v for t, v in charts.latency_p99[b]}
+            got_b = {t: v for (bb, t), v in series.items() if bb == b}
+            assert got_b.keys() == want.keys(), (title, b)
+            assert all(_close(v, want[t]) for t, v in got_b.items()), (title, b)
+        compared.append(title)
+    title = "Mean latency breakdown: queue / prefill / decode / gateway overhead"
+    means = {(c, _ms(t)): v for t, c, v in latency_rows(title)[1]}
+    assert {c for c, _ in means} == set(BREAKDOWN) == set(charts.breakdown)
+    for c, series_c in charts.breakdown.items():
+        assert {t for cc, t in means if cc == c} == {round(t * 1000) for t, _ in series_c}, c
+        assert all(_close(means[c, round(t * 1000)], v) for t, v in series_c), c
+    compared.append(title)
+    sums = {
+        (int(t) * 1000, b): float(s)
+        for t, b, _p, s, _n in windows.minute_p99_and_means(
+            store, ReportFilter(), ("inference_ms", "gateway_total_ms")
+        )
+    }
+    title = "Queue / compute ratio (inference / gateway total)"
+    ratio = latency_rows(title)[1]
+    assert ratio
+    for t, r in ratio:
+        want_r = sums.get((_ms(t), "inference_ms"), 0.0) / sums[_ms(t), "gateway_total_ms"]
+        assert _close(r, want_r), t
+    compared.append(title)
+
+    # control and budget audit
+    _, directives = rows("Control transitions with reasons")
+    assert sorted((_ms(r[0]), r[1], r[2], r[3], r[4]) for r in directives) == sorted(
+        (_ms(d["event_time"]), d["scope"], d["level"],
+         d["phase"], d["reason"])
+        for d in report.control
+    )  # fmt: skip
+    compared.append("Control transitions with reasons")
+    _, levels = rows("Control level per scope")
+    assert sorted((_ms(t), s, lv) for t, s, lv in levels) == sorted(
+        (round(t * 1000), s, lv) for s, rows_s in charts.control.items() for t, lv, _p, _r in rows_s
+    )
+    compared.append("Control level per scope")
+    _, events = rows("Budget events")
+    assert sorted((_ms(r[0]), r[1], r[2]) for r in events) == sorted(
+        (_ms(e["event_time"]), e["slo"], e["event"]) for e in report.budget_events
+    )
+    assert events
+    compared.append("Budget events")
+
+    # burn rates at the end of the data: the report's window ends with its last minute
+    ((last,),) = store.query_rows(f"SELECT max(window_start) FROM {store.database}.slo_1m")
+    _, burn = _panel_rows(
+        replayed, "tailguard-slo.json", "Burn rates and budget at the end of the range",
+        from_ms=everything["from_ms"], to_ms=_ms(last),
+    )  # fmt: skip
+    names = [name for name, _ in BURN_WINDOWS]
+    for row in burn:
+        want_burn = report.slos[row[0]]["burn_rate"]
+        for window in ("5m", "1h"):
+            assert _close(row[2 + names.index(window)], want_burn[window]), (row[0], window)
+    assert burn
+    compared.append("Burn rates and budget at the end of the range")
+    # the 5-minute burn rate at each minute: the report's chart of it, per SLO
+    title = "Burn rate per window: ${slo}"
+    assert charts.burn_rate
+    for slo, series_s in charts.burn_rate.items():
+        _, five = _panel_rows(
+            replayed, "tailguard-slo.json", title, picks={"slo": slo}, **everything
+        )
+        got_s = {_ms(t): r for t, w, r in five if w == "5m" and r is not None}
+        assert got_s == pytest.approx({round(t * 1000): v for t, v in series_s}, rel=1e-9), slo
+    compared.append(title)
+    # Not in the report: the heatmap (sketch buckets), the slowest requests and the
+    # per-tenant table (the report's request figures are over all tenants), and the budget
+    # over a rolling window chosen on the dashboard (the report's: the SLO's own window).
+    elsewhere = {
+        "Latency heatmap: ${boundary}",
+        "Top slow requests with their breakdown",
+        "Latency per tenant (exact, from requests)",
+        "Error budget remaining (rolling ${budget_window})",
+    }
+    titles = {p["title"] for m in dashboards().values() for p in m["panels"]}
+    assert set(compared) == titles - elsewhere

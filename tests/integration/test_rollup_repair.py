@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.rollups import check_rollups, repair_rollups, write_windows_repairing
 from pipeline.adapters.store import (
     PartialWriteInjectingStore,
     migrate,
     open_store,
     write_windows,
 )
+from pipeline.adapters.store.rollups import check_rollups, repair_rollups, write_windows_repairing
 from pipeline.app.replay import replay_file
 from pipeline.cli import main
 from pipeline.core.windows import ClosedWindow
@@ -101,7 +101,7 @@ def test_a_write_retried_through_a_partial_failure_lands_once(
         raise AssertionError("never landed")
 
     try:
-        with caplog.at_level(logging.WARNING, "pipeline.adapters.rollups"):
+        with caplog.at_level(logging.WARNING, "pipeline.adapters.store.rollups"):
             retries = write_windows_repairing(
                 store, windows, "t", 0.01, "tok", through_offsets={0: 1}, retry=retry
             )

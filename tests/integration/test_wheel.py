@@ -144,7 +144,19 @@ def test_a_fresh_install_validates_simulates_and_replays_from_its_shipped_files(
     assert summary["slos"]  # the shipped default spec was evaluated
     for migration in sorted((REPO / "sql").glob("*.sql")):
         assert f"applied migration {migration.stem}" in replay.stderr
-    demo = subprocess.run([tailguard, "demo", "--limit", "1"], cwd=tmp_path, env=env,
+    # The demo's local broker ships (pipeline.adapters.local_kafka): installed, its jars
+    # go to the user's cache, not beside the package ...
+    home = env | {"HOME": str(tmp_path), "XDG_CACHE_HOME": ""}
+    cache = _run([str(python), "-c", "from pipeline.adapters.local_kafka import "
+                  "default_cache_dir; print(default_cache_dir())"], cwd=tmp_path,
+                 env=home).stdout.strip()  # fmt: skip
+    assert Path(cache) == tmp_path / ".cache" / "tailguard" / "kafka"
+    # ... and without Java (nor jars) the demo says so in one message, before fetching
+    no_java = env | {"TAILGUARD_KAFKA_CACHE": str(tmp_path / "kafka-cache"),
+                     "JAVA_HOME": str(tmp_path / "no-java")}  # fmt: skip
+    demo = subprocess.run([tailguard, "demo", "--limit", "1"], cwd=tmp_path, env=no_java,
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert demo.returncode == 1
-    assert "needs a checkout of tailguard" in demo.stderr
+    assert "tailguard demo:" in demo.stderr
+    assert "--bootstrap HOST:PORT" in demo.stderr
+    assert "Traceback" not in demo.stderr

@@ -22,11 +22,9 @@ from pipeline.app.backtest import BACKTEST_JOIN, BACKTEST_WINDOW, BATCH_EVENTS
 from pipeline.app.replay import _ControlRun
 from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE
 from pipeline.contract.codec import encode_event
-from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.settings import DEFAULT_SLO_SPEC
-from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
 from pipeline.spec.slo import load_spec_file
 from producers.simulator.gate import GatewayGate, directive_of
@@ -64,15 +62,14 @@ def _run(dropped: frozenset[str]) -> Run:
     proc = StreamProcessor(
         "missing", BACKTEST_JOIN, window_config=wc, slo_factory=lambda: WindowSLOCounts(spec)
     )
-    controller = Controller(
+    control = _ControlRun.build(  # the backtest's control loop (the worker's assembly)
         load_policy_file(DEFAULT_POLICY_PATH),
         spec,
-        load_burn_rules_file(),
-        ControllerConfig.for_windows(
-            wc.size_ms, wc.grace_ms, gateway_instances=len(config.gateway_hosts)
-        ),
+        None,
+        wc,
+        queue_capacity=64,
+        gateway_instances=len(config.gateway_hosts),
     )
-    control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
     batch: list[tuple[int, int, bytes]] = []
 
     def step(final: bool = False) -> None:

@@ -1,8 +1,12 @@
 """Grafana dashboards for tailguard, generated here and committed under ``dashboards/json/``.
 
-The panel SQL is built in Python because the quantile expressions over the stored
-DDSketch buckets come from :mod:`pipeline.adapters.sketch_sql` (the same walk as
-the stream's sketch); writing them by hand in JSON would be unreadable and drift.
+The panel SQL is built in Python from the query functions ``tailguard report`` reads
+through (:mod:`pipeline.adapters.queries`: the latency rollups' quantiles and means, the
+SLO counts, the budget events, the directives), each given the Grafana macros for its
+time range and the dashboard's rollup for its interval; a panel only shapes their rows
+(a test holds the panels and the report to the same numbers on one store). Writing the
+quantile walk over the stored DDSketch buckets by hand in JSON would be unreadable and
+drift.
 
     python -m tools.dev.dashboards           # (re)write dashboards/json/*.json
     python -m tools.dev.dashboards --check   # exit 1 if a committed file is stale
@@ -24,7 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from pipeline.adapters.sketch_sql import quantile_from_merged_sql, value_of_key_sql
+from pipeline.adapters.queries.budget import COMPLIANCE_SQL, budget_events_sql, slo_counts_sql
+from pipeline.adapters.queries.control import directives_sql
+from pipeline.adapters.queries.windows import latency_sql
+from pipeline.adapters.sketch_sql import value_of_key_sql
 from pipeline.core.record import BOUNDARIES
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -118,23 +125,19 @@ REQUEST_FILTER: Final = " AND ".join(
 )
 
 
-def _quoted(names: tuple[str, ...]) -> str:
-    return ", ".join(f"'{n}'" for n in names)
-
-
-def _merged_quantile(q: float) -> str:
-    return quantile_from_merged_sql(q, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)")
+def _latency(boundaries: tuple[str, ...], quantiles: tuple[float, ...] = ()) -> str:
+    """The report's latency read (:func:`~pipeline.adapters.queries.windows.latency_sql`)
+    of the selected keys, per interval."""
+    return latency_sql(
+        rollup_source("latency"), KEY_FILTER, boundaries, bucket=BUCKET, quantiles=quantiles
+    )
 
 
 def quantiles_sql(boundaries: tuple[str, ...]) -> str:
     """P50 and P99 per boundary and interval, one series per (boundary, quantile)."""
     return (
-        "SELECT time, concat(boundary, ' ', q.1) AS series, q.2 AS latency_ms FROM ("
-        f"SELECT {BUCKET} AS time, boundary, "
-        f"{_merged_quantile(0.5)} AS p50, {_merged_quantile(0.99)} AS p99 "
-        f"FROM {rollup_source('latency')} "
-        f"WHERE boundary IN ({_quoted(boundaries)}) AND {KEY_FILTER} "
-        "GROUP BY time, boundary) "
+        "SELECT time, concat(boundary, ' ', q.1) AS series, q.2 AS latency_ms "
+        f"FROM ({_latency(boundaries, (0.5, 0.99))}) "
         "ARRAY JOIN [('p50', p50), ('p99', p99)] AS q "
         "ORDER BY time, series"
     )
@@ -142,20 +145,16 @@ def quantiles_sql(boundaries: tuple[str, ...]) -> str:
 
 def breakdown_sql() -> str:
     return (
-        f"SELECT {BUCKET} AS time, boundary AS component, sum(sum) / sum(count) AS mean_ms "
-        f"FROM {rollup_source('latency')} "
-        f"WHERE boundary IN ({_quoted(BREAKDOWN)}) AND {KEY_FILTER} "
-        "GROUP BY time, component ORDER BY time, component"
+        "SELECT time, boundary AS component, sum_ms / n AS mean_ms "
+        f"FROM ({_latency(BREAKDOWN)}) ORDER BY time, component"
     )
 
 
 def ratio_sql() -> str:
     return (
-        f"SELECT {BUCKET} AS time, sumIf(sum, boundary = 'inference_ms') / "
-        "nullIf(sumIf(sum, boundary = 'gateway_total_ms'), 0) AS queue_compute_ratio "
-        f"FROM {rollup_source('latency')} "
-        f"WHERE boundary IN ('inference_ms', 'gateway_total_ms') AND {KEY_FILTER} "
-        "GROUP BY time ORDER BY time"
+        "SELECT time, sumIf(sum_ms, boundary = 'inference_ms') / "
+        "nullIf(sumIf(sum_ms, boundary = 'gateway_total_ms'), 0) AS queue_compute_ratio "
+        f"FROM ({_latency(('inference_ms', 'gateway_total_ms'))}) GROUP BY time ORDER BY time"
     )
 
 
@@ -203,27 +202,25 @@ def tenant_sql() -> str:
     )
 
 
-COMPLIANCE: Final = (
-    "if(kind = 'blended', sum(good) + any(secondary_weight) * sum(good_secondary_only), "
-    "sum(good)) / nullIf(sum(total), 0)"
-)
+def _slo_counts(where: str = "1", bucket: str = BUCKET) -> str:
+    """The report's SLO counts (:func:`~pipeline.adapters.queries.budget.slo_counts_sql`)
+    per interval (a constant ``bucket``: over the range)."""
+    return slo_counts_sql(rollup_source("slo"), where, bucket)
 
 
 def compliance_over_time_sql() -> str:
     return (
-        f"SELECT {BUCKET} AS time, slo, {COMPLIANCE} AS compliance "
-        f"FROM {rollup_source('slo')} GROUP BY time, slo, kind ORDER BY time, slo"
+        f"SELECT time, slo, {COMPLIANCE_SQL} AS compliance "
+        f"FROM ({_slo_counts()}) ORDER BY time, slo"
     )
 
 
 def compliance_table_sql() -> str:
     return (
         "SELECT slo, kind, d.boundary AS boundary, d.threshold_ms AS threshold_ms, "
-        "objective, n_total AS total, n_good AS good, compliance, "
-        "compliance >= objective AS met FROM ("
-        "SELECT slo, kind, any(objective) AS objective, sum(total) AS n_total, "
-        f"sum(good) AS n_good, {COMPLIANCE} AS compliance "
-        f"FROM {rollup_source('slo')} GROUP BY slo, kind) AS c "
+        "objective, total, good, compliance, compliance >= objective AS met FROM ("
+        f"SELECT slo, kind, objective, total, good, {COMPLIANCE_SQL} AS compliance "
+        f"FROM ({_slo_counts(bucket='0')})) AS c "
         "LEFT JOIN (SELECT slo, any(boundary) AS boundary, any(threshold_ms) AS threshold_ms "
         "FROM ${db}.slo_windows WHERE $__timeFilter(window_start) GROUP BY slo) AS d "
         "ON c.slo = d.slo ORDER BY kind DESC, slo"
@@ -231,20 +228,20 @@ def compliance_table_sql() -> str:
 
 
 def blended_sql() -> str:
-    return (
-        f"SELECT slo, {COMPLIANCE} AS compliance, any(objective) AS objective "
-        f"FROM {rollup_source('slo')} WHERE kind = 'blended' GROUP BY slo, kind ORDER BY slo"
-    )
+    blended = _slo_counts("kind = 'blended'", bucket="0")
+    return f"SELECT slo, {COMPLIANCE_SQL} AS compliance, objective FROM ({blended}) ORDER BY slo"
 
 
 def _minutes(where: str, since: str) -> str:
-    """Per-minute SLO counts from ``slo_1m`` after ``since`` up to the end of the range."""
+    """Per-minute SLO counts from ``slo_1m`` after ``since`` up to the end of the range
+    (the report's read: :func:`~pipeline.adapters.queries.budget.slo_counts_sql`)."""
+    counts = slo_counts_sql(
+        "${db}.slo_1m",
+        f"kind = 'slo' AND {where}window_start > {since} AND window_start <= $__toTime",
+    )
     return (
-        "SELECT window_start AS t, slo, sum(total) AS n_total, sum(total) - sum(good) AS n_bad, "
-        "(1 - any(objective)) * sum(total) AS n_allowed, any(objective) AS obj "
-        f"FROM ${{db}}.slo_1m WHERE kind = 'slo' AND {where}"
-        f"window_start > {since} AND window_start <= $__toTime "
-        "GROUP BY t, slo"
+        "SELECT time AS t, slo, total AS n_total, total - good AS n_bad, "
+        f"(1 - objective) * total AS n_allowed, objective AS obj FROM ({counts})"
     )
 
 
@@ -321,11 +318,11 @@ def burn_table_sql() -> str:
 def control_timeline_sql() -> str:
     return (
         "SELECT time, scope, level FROM ("
-        "SELECT event_time AS time, scope, level FROM ${db}.control_signals FINAL "
-        "WHERE NOT heartbeat AND $__timeFilter(event_time) "
+        "SELECT event_time AS time, scope, level "
+        f"FROM ({directives_sql('${db}', '$__timeFilter(event_time)')}) "
         "UNION ALL SELECT toDateTime64($__fromTime, 3, 'UTC') AS time, scope, "
-        "argMax(level, (event_time, seq)) AS level FROM ${db}.control_signals FINAL "
-        "WHERE NOT heartbeat AND event_time < $__fromTime GROUP BY scope) "
+        "argMax(level, (event_time, seq)) AS level "
+        f"FROM ({directives_sql('${db}', 'event_time < $__fromTime')}) GROUP BY scope) "
         "ORDER BY time, scope"
     )
 
@@ -333,16 +330,17 @@ def control_timeline_sql() -> str:
 def control_table_sql() -> str:
     return (
         "SELECT event_time AS time, scope, level, phase, reason, notify_customer, "
-        "budget_exhausted, actions, figures FROM ${db}.control_signals FINAL "
-        "WHERE NOT heartbeat AND $__timeFilter(event_time) ORDER BY time DESC, scope LIMIT 500"
+        "budget_exhausted, actions, figures "
+        f"FROM ({directives_sql('${db}', '$__timeFilter(event_time)')}) "
+        "ORDER BY time DESC, scope LIMIT 500"
     )
 
 
-def budget_events_sql() -> str:
+def events_table_sql() -> str:
     return (
         "SELECT event_time AS time, slo, event, "
         "JSONExtractFloat(details, 'consumed_fraction') AS consumed_fraction, details "
-        "FROM ${db}.budget_events FINAL WHERE $__timeFilter(event_time) "
+        f"FROM ({budget_events_sql('${db}', '$__timeFilter(event_time)')}) "
         "ORDER BY time DESC, slo LIMIT 500"
     )
 
@@ -568,18 +566,7 @@ def latency_panels() -> list[dict[str, Any]]:
     ]
 
 
-def slo_panels() -> list[dict[str, Any]]:
-    level_map = [
-        {
-            "type": "value",
-            "options": {
-                "0": {"text": "L0 normal", "color": "green", "index": 0},
-                "1": {"text": "L1", "color": "yellow", "index": 1},
-                "2": {"text": "L2", "color": "orange", "index": 2},
-                "3": {"text": "L3", "color": "red", "index": 3},
-            },
-        }
-    ]
+def _blended_panel() -> dict[str, Any]:
     blended = _panel(
         "stat",
         "Blended compliance",
@@ -607,6 +594,21 @@ def slo_panels() -> list[dict[str, Any]]:
         "percentChangeColorMode": "standard",
         "orientation": "auto",
     }
+    return blended
+
+
+def _control_timeline_panel() -> dict[str, Any]:
+    level_map = [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": "L0 normal", "color": "green", "index": 0},
+                "1": {"text": "L1", "color": "yellow", "index": 1},
+                "2": {"text": "L2", "color": "orange", "index": 2},
+                "3": {"text": "L3", "color": "red", "index": 3},
+            },
+        }
+    ]
     timeline = _panel(
         "state-timeline",
         "Control level per scope",
@@ -634,6 +636,10 @@ def slo_panels() -> list[dict[str, Any]]:
         "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
         "tooltip": {"mode": "single", "sort": "none"},
     }
+    return timeline
+
+
+def slo_panels() -> list[dict[str, Any]]:
     burn_steps = _thresholds(
         (None, "green"),
         (BURN_FACTORS[0], "yellow"),
@@ -642,7 +648,7 @@ def slo_panels() -> list[dict[str, Any]]:
         (BURN_FACTORS[3], "dark-red"),
     )
     return [
-        blended,
+        _blended_panel(),
         table(
             "Compliance per SLO and tier",
             "Over the range: total, good and compliance per SLO (kind 'slo') and per blended "
@@ -692,7 +698,7 @@ def slo_panels() -> list[dict[str, Any]]:
             units={"objective": "percentunit", "budget_remaining": "percentunit"}
             | {name: "x" for name, _ in BURN_WINDOWS},
         ),
-        timeline,
+        _control_timeline_panel(),
         table(
             "Control transitions with reasons",
             "Every level/phase change the controller issued (control_signals, heartbeats "
@@ -704,7 +710,7 @@ def slo_panels() -> list[dict[str, Any]]:
             "Budget events",
             "budget_80pct_consumed and budget_exhausted, once per SLO and budget period "
             "(budget_events).",
-            budget_events_sql(),
+            events_table_sql(),
             (16, 37, 8, 9),
             units={"consumed_fraction": "percentunit"},
         ),

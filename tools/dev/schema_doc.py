@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from pipeline.adapters.store import migrate, open_store
+from pipeline.adapters.store import open_for_writing
 from pipeline.adapters.store.protocol import Store
 from pipeline.settings import Settings
 
@@ -116,9 +116,8 @@ def render(store: Store) -> list[str]:
 def generate() -> list[str]:
     """Migrate a fresh embedded store and render it."""
     with tempfile.TemporaryDirectory(prefix="tg-schema-doc-") as tmp:
-        store = open_store(Settings(store_dir=Path(tmp) / "store"))
+        store = open_for_writing(Settings(store_dir=Path(tmp) / "store")).store
         try:
-            migrate(store)
             return render(store)
         finally:
             store.close()

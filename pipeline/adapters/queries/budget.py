@@ -11,6 +11,30 @@ from pipeline.adapters.store import Store
 Row = tuple[Any, ...]
 # The SLO rollups and their bucket width.
 ROLLUP_MS: Final = {"slo_1m": 60_000, "slo_1h": 3_600_000}
+# SQL: the compliance of a row of :func:`slo_counts_sql`: good / total, a blended tier's
+# good on its secondary only counted at the tier's weight (pipeline.core.slo_windows).
+COMPLIANCE_SQL: Final = (
+    "if(kind = 'blended', good + secondary_weight * good_secondary_only, good) / nullIf(total, 0)"
+)
+
+
+def slo_counts_sql(source: str, where: str = "1", bucket: str = "window_start") -> str:
+    """SQL: ``(time, slo, kind, objective, secondary_weight, total, good,
+    good_secondary_only)`` per ``bucket`` (an expression of ``window_start``; a constant:
+    the whole range), SLO and kind, over the rows of ``source`` (``slo_1m``, ``slo_1h``,
+    or a union of them) that ``where`` keeps. The report and the dashboards read the SLO
+    counts through it (tools/dev/dashboards.py)."""
+    return (
+        f"SELECT {bucket} AS time, slo, kind, any(objective) AS objective, "
+        "any(secondary_weight) AS secondary_weight, sum(total) AS total, sum(good) AS good, "
+        f"sum(good_secondary_only) AS good_secondary_only FROM {source} WHERE {where} "
+        "GROUP BY time, slo, kind"
+    )
+
+
+def budget_events_sql(db: str, where: str) -> str:
+    """SQL: every column of the budget events ``where`` keeps (report and dashboards)."""
+    return f"SELECT * FROM {db}.budget_events FINAL WHERE {where}"
 
 
 def newest_window_start_ms(store: Store) -> int | None:
@@ -58,21 +82,20 @@ def rollup_windows(store: Store, table: str, from_unix_ms: int, until_unix_ms: i
 def minute_counts(store: Store, f: ReportFilter) -> list[Row]:
     """``(slo, kind, start s, objective, secondary_weight, total, good,
     good_secondary_only)`` per SLO, kind and minute of the filter."""
+    counts = slo_counts_sql(f"{store.database}.slo_1m", slo_where(f))
     return store.query_rows(
-        "SELECT slo, kind, toUnixTimestamp(window_start), any(objective), "
-        "any(secondary_weight), sum(total), sum(good), sum(good_secondary_only) "
-        f"FROM {store.database}.slo_1m WHERE {slo_where(f)} GROUP BY slo, kind, window_start "
-        "ORDER BY slo, kind, window_start",
+        "SELECT slo, kind, toUnixTimestamp(time), objective, secondary_weight, total, good, "
+        f"good_secondary_only FROM ({counts}) ORDER BY slo, kind, time",
         params(f),
     )
 
 
 def minute_slo_series(store: Store, f: ReportFilter) -> list[Row]:
     """``(start s, slo, objective, total, good)`` per minute and SLO (kind ``slo``)."""
+    counts = slo_counts_sql(f"{store.database}.slo_1m", f"kind = 'slo' AND {slo_where(f)}")
     return store.query_rows(
-        "SELECT toUnixTimestamp(window_start), slo, any(objective), sum(total), sum(good) "
-        f"FROM {store.database}.slo_1m WHERE kind = 'slo' AND {slo_where(f)} "
-        "GROUP BY window_start, slo ORDER BY window_start, slo",
+        f"SELECT toUnixTimestamp(time), slo, objective, total, good FROM ({counts}) "
+        "ORDER BY time, slo",
         params(f),
     )
 
@@ -81,10 +104,9 @@ def events_in(store: Store, f: ReportFilter, order: str = "event_time, slo") -> 
     """``(event_time, slo, event)`` of the filter's budget events."""
     if order not in {"event_time", "event_time, slo"}:
         raise ValueError(f"budget events ordered by {order!r}")
+    events = budget_events_sql(store.database, slo_where(f, "event_time"))
     return store.query_rows(
-        f"SELECT event_time, slo, event FROM {store.database}.budget_events FINAL "
-        f"WHERE {slo_where(f, 'event_time')} ORDER BY {order}",
-        params(f),
+        f"SELECT event_time, slo, event FROM ({events}) ORDER BY {order}", params(f)
     )
 
 

@@ -34,11 +34,16 @@ def directive_timeline(store: Store, f: ReportFilter) -> list[Row]:
     return _directives(store, f, "scope, event_time, level, phase, reason", "event_time, seq")
 
 
+def directives_sql(db: str, where: str) -> str:
+    """SQL: every column of the directives (heartbeats left out) ``where`` keeps (report
+    and dashboards)."""
+    return f"SELECT * FROM {db}.control_signals FINAL WHERE NOT heartbeat AND {where}"
+
+
 def _directives(store: Store, f: ReportFilter, columns: str, order: str) -> list[Row]:
     where, bound = _where(f)
     return store.query_rows(
-        f"SELECT {columns} FROM {store.database}.control_signals FINAL "
-        f"WHERE NOT heartbeat AND {where} ORDER BY {order}",
+        f"SELECT {columns} FROM ({directives_sql(store.database, where)}) ORDER BY {order}",
         bound,
     )
 

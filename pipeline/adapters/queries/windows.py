@@ -13,17 +13,42 @@ from pipeline.core.ledger import ENDED_THROUGH, pack
 Row = tuple[Any, ...]
 
 
+def latency_sql(
+    source: str,
+    where: str,
+    boundaries: tuple[str, ...],
+    *,
+    bucket: str = "window_start",
+    quantiles: tuple[float, ...] = (0.99,),
+) -> str:
+    """SQL: ``(time, boundary, p<q> for each of quantiles, sum_ms, n)`` per ``bucket`` (an
+    expression of ``window_start``) and boundary, over the rows of ``source``
+    (``latency_1m``, ``latency_1h`` or a union of them) that ``where`` keeps, their keys'
+    sketches merged: the quantiles of the merged sketch, and the sum and count of the
+    values. The report and the dashboards read the latency rollups through it
+    (tools/dev/dashboards.py)."""
+    qs = "".join(
+        f"{quantile_from_merged_sql(q, 'sumMapMerge(pos)', 'sumMapMerge(neg)', 'sum(zero_count)')}"
+        f" AS p{round(q * 100)}, "
+        for q in quantiles
+    )
+    bset = ", ".join(f"'{b}'" for b in boundaries)
+    return (
+        f"SELECT {bucket} AS time, boundary, {qs}sum(sum) AS sum_ms, sum(count) AS n "
+        f"FROM {source} WHERE boundary IN ({bset}) AND {where} GROUP BY time, boundary"
+    )
+
+
 def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
     """``(start s, boundary, p99, sum, count)`` per minute and boundary of the filter's
     model (all traffic without one), priorities and context buckets folded."""
-    q99 = quantile_from_merged_sql(0.99, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)")
-    bset = ", ".join(f"'{b}'" for b in boundaries)
     model = "{model:String}" if f.model is not None else "'*'"
+    where = f"model = {model} AND priority = '*' AND ctx_bucket = '*' AND " + time_where(
+        "window_start", f
+    )
+    minutes = latency_sql(f"{store.database}.latency_1m", where, boundaries)
     return store.query_rows(
-        f"SELECT toUnixTimestamp(window_start), boundary, {q99}, sum(sum), sum(count) "
-        f"FROM {store.database}.latency_1m WHERE model = {model} AND priority = '*' "
-        f"AND ctx_bucket = '*' AND boundary IN ({bset}) AND {time_where('window_start', f)} "
-        "GROUP BY window_start, boundary ORDER BY window_start",
+        f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
     )
 

@@ -12,7 +12,9 @@ The modules, and what each owns:
 * :mod:`~.client`: :class:`ClickHouseStore`, the lock-serialised clickhouse-connect
   client (the HTTP back-end as is); :mod:`~.embedded`: :class:`EmbeddedStore` (chDB in
   this process: plain column types, inserts from files of this host);
-* :mod:`~.opener`: :class:`StoreSettings` and :func:`open_store`;
+* :mod:`~.opener`: :class:`StoreSettings`, :func:`open_store` and :func:`open_for_writing`
+  (the one way a writer opens it: migrations, retention, rollups checked);
+  :mod:`~.rollups`: each rollup compared with its source, and set right;
   :mod:`~.faults`: fault injection, for tests only;
 * :mod:`~.migrations`: ``sql/*.sql`` applied in order; :mod:`~.retry`: backoff, data
   errors and their isolation;
@@ -51,7 +53,14 @@ from .faults import (
 )
 from .inserts import Columns, _insert, _insert_columns
 from .migrations import Migration, load_migrations, migrate, template_params
-from .opener import StoreSettings, open_store
+from .opener import (
+    StoreSettings,
+    WritableStore,
+    open_for_writing,
+    open_store,
+    raw_events_ttl_days,
+    set_raw_events_ttl,
+)
 from .protocol import FileInsertStore, Store, StoreError, file_inserts
 from .requests import (
     REQUEST_COLUMNS,
@@ -64,6 +73,12 @@ from .requests import (
     write_with_retry,
 )
 from .retry import is_data_error, with_retry, write_isolating
+from .rollups import (
+    RepairResult,
+    check_rollups,
+    repair_rollups,
+    write_windows_repairing,
+)
 from .windows import (
     SLO_COUNT_FIELDS,
     SLO_ROW_BOUNDARY,
@@ -100,23 +115,30 @@ __all__ = [
     "Migration",
     "OutageInjectingStore",
     "PartialWriteInjectingStore",
+    "RepairResult",
     "Store",
     "StoreError",
     "StoreSettings",
     "WindowRow",
+    "WritableStore",
     "_insert",
     "_insert_columns",
+    "check_rollups",
     "clickhouse_type",
     "file_inserts",
     "is_data_error",
     "kept_events",
     "load_migrations",
     "migrate",
+    "open_for_writing",
     "open_store",
     "raw_event_columns",
+    "raw_events_ttl_days",
     "record_columns",
     "record_from_row",
+    "repair_rollups",
     "request_columns",
+    "set_raw_events_ttl",
     "template_params",
     "window_columns",
     "window_rows",
@@ -132,5 +154,6 @@ __all__ = [
     "write_raw_messages",
     "write_requests",
     "write_windows",
+    "write_windows_repairing",
     "write_with_retry",
 ]

@@ -1,4 +1,4 @@
-"""CLI commands of the operator tools (registered by :func:`pipeline.cli.build_parser`).
+"""``explain``, ``capacity``, ``sql``: the operator's questions to the store.
 
 Each reads the store named by ``--store DIR`` (or ``TAILGUARD_STORE_DIR``, or
 the server of ``TAILGUARD_CLICKHOUSE_URL``); with the embedded store and a
@@ -11,17 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-
-def _settings(args: argparse.Namespace) -> Any:
-    from pipeline.cli_settings import worker_settings
-
-    return worker_settings(args)
+from pipeline.app.commands.common import Command, add_store
+from pipeline.app.commands.settings import worker_settings
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:
@@ -38,7 +34,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from pipeline.spec.loader import SpecError
     from pipeline.spec.slo import load_spec_file
 
-    settings = _settings(args)
+    settings = worker_settings(args)
     spec_path = args.slo or settings.slo_spec
     if spec_path is None:
         return _fail(args, "no SLO spec: pass --slo or set TAILGUARD_SLO_SPEC")
@@ -72,7 +68,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from pipeline.adapters.store import StoreError
     from pipeline.app.capacity import capacity, render, to_json
 
-    settings = _settings(args)
+    settings = worker_settings(args)
     try:
         store = open_reader(settings)
     except StoreError as exc:
@@ -106,7 +102,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from pipeline.adapters.store import StoreError
     from pipeline.app.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
 
-    settings = _settings(args)
+    settings = worker_settings(args)
     own_format = user_format(args.query)
     try:
         with read_only_client(settings) as client:
@@ -157,20 +153,14 @@ def _count(text: str) -> int:
     return v
 
 
-def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
-    s = sub.add_parser(
-        "explain", help="one request: timeline, breakdown, SLO verdicts, control level"
-    )
+def _explain_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("request_id")
     add_store(s)
     s.add_argument("--slo", type=Path, help="SLO spec (default: TAILGUARD_SLO_SPEC)")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_explain)
 
-    s = sub.add_parser(
-        "capacity",
-        help="throughput per instance at the concurrency that holds a P99, instances needed",
-    )
+
+def _capacity_arguments(s: argparse.ArgumentParser) -> None:
     add_store(s)
     s.add_argument(
         "--p99-ms", type=_number(0), default=300.0, help="P99 target (default 300, the documents')"
@@ -198,9 +188,9 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
     s.add_argument("--min-requests", type=_count, default=100, help="per level, to be chosen")
     s.add_argument("--model", help="only this model")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_capacity)
 
-    s = sub.add_parser("sql", help="read-only SQL against the store")
+
+def _sql_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("query")
     add_store(s)
     s.add_argument(
@@ -209,4 +199,18 @@ def register(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> 
         default="table",
         help="output (a query ending in its own FORMAT X is printed as the engine writes it)",
     )
-    s.set_defaults(func=cmd_sql)
+
+
+EXPLAIN = Command(
+    "explain",
+    "one request: timeline, breakdown, SLO verdicts, control level",
+    _explain_arguments,
+    cmd_explain,
+)
+CAPACITY = Command(
+    "capacity",
+    "throughput per instance at the concurrency that holds a P99, instances needed",
+    _capacity_arguments,
+    cmd_capacity,
+)
+SQL = Command("sql", "read-only SQL against the store", _sql_arguments, cmd_sql)

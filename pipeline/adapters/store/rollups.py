@@ -15,9 +15,13 @@ issue 37: ``latency_1m`` 5.2 % short of ``window_sketches``).
 
 :func:`repair_rollups` compares every rollup with its source per bucket (minute or hour
 and key, or window and SLO for ``slo_windows``) and, where they differ, inserts the
-difference: one row per differing bucket whose counts, sums and sketch bins are the
-source's minus the rollup's (min and max the source's). The rollups are sums (signed
-counts since 0006), so the bucket then equals its source, and nothing is deleted: a
+difference. What a rollup should hold is its view's own SELECT, as the migrations define
+it (:func:`view_selects`), run again over the source's rows of the hours compared: the
+aggregation is written once, in ``sql/``; this module only says how each rollup's rows
+combine (:data:`ROLLUPS`: its engine's merge functions). The difference is one row per
+differing bucket whose counts, sums and sketch bins are the source's minus the rollup's
+(min and max the source's). The rollups are sums (signed counts since 0006), so the
+bucket then equals its source, and nothing is deleted: a
 dashboard reads the short figure until the insert lands and the exact one after, never
 a gap. Run again, it finds nothing to do. Sources before their rollups
 (``slo_windows`` first: its inserts feed ``slo_1m`` and ``slo_1h`` through their views,
@@ -32,23 +36,26 @@ can race another worker's insert between its base table and its views.
 from __future__ import annotations
 
 import logging
+import re
+import string
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
 
-from pipeline.adapters.store import SLO_ROW_BOUNDARY, Store, write_windows
 from pipeline.core.windows import ClosedWindow
+from pipeline.shipped import SQL_DIR
+
+from .migrations import load_migrations
+from .protocol import Store, StoreError
+from .windows import write_windows
 
 log = logging.getLogger(__name__)
 
 # Relative difference of float sums taken as equal (the rollup adds the same values in
 # another order).
 _SUM_TOLERANCE = 1e-9
-_KEY = "model, priority, ctx_bucket, boundary"
-_SLO_WINDOW_KEY = (
-    "window_start, window_ms, source_topic, partition, correction, slo, kind, boundary, "
-    "threshold_ms, objective, secondary_weight"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,111 +110,156 @@ def _differs(a: str, b: str) -> str:
     return f"abs({a} - {b}) > {_SUM_TOLERANCE} * greatest(abs({a}), abs({b}), 1.0)"
 
 
-def _latency_delta(db: str, table: str, bucket: str, hours: set[int] | None) -> str:
-    """SELECT of the rows that make ``table`` (latency_1m/1h) equal window_sketches."""
-    src = (
-        f"SELECT toDateTime({bucket}(window_start), 'UTC') AS b, {_KEY}, 1 AS s_in, "
-        "sum(records) AS records, sum(count) AS count, sum(sum) AS sum, min(min) AS min, "
-        "max(max) AS max, sum(zero_count) AS zero_count, "
-        "sumMap(pos_keys, pos_counts) AS pos, sumMap(neg_keys, neg_counts) AS neg "
-        f"FROM {db}.window_sketches WHERE boundary != '{SLO_ROW_BOUNDARY}' "
-        f"AND {_scope('window_start', hours)} GROUP BY b, {_KEY}"
-    )
-    dst = (
-        f"SELECT toDateTime(window_start, 'UTC') AS b, {_KEY}, 1 AS d_in, "
-        "sum(records) AS records, sum(count) AS count, sum(sum) AS sum, "
-        "sum(zero_count) AS zero_count, sumMapMerge(pos) AS pos, sumMapMerge(neg) AS neg "
-        f"FROM {db}.{table} WHERE {_scope('window_start', hours)} GROUP BY b, {_KEY}"
-    )
-    neg = "arrayMap(x -> -x, {}.2)"
-    return (
-        f"SELECT b AS window_start, {_KEY}, "
-        "s.records - d.records AS records, s.count - d.count AS count, "
-        "s.sum - d.sum AS sum, if(s.s_in = 1, s.min, inf) AS min, "
-        "if(s.s_in = 1, s.max, -inf) AS max, s.zero_count - d.zero_count AS zero_count, "
-        "initializeAggregation('sumMapState', arrayConcat(s.pos.1, d.pos.1), "
-        f"arrayConcat(s.pos.2, {neg.format('d.pos')})) AS pos, "
-        "initializeAggregation('sumMapState', arrayConcat(s.neg.1, d.neg.1), "
-        f"arrayConcat(s.neg.2, {neg.format('d.neg')})) AS neg "
-        f"FROM ({src}) AS s FULL OUTER JOIN ({dst}) AS d USING (b, {_KEY}) "
-        "WHERE s.records != d.records OR s.count != d.count OR s.zero_count != d.zero_count "
-        f"OR s.pos != d.pos OR s.neg != d.neg OR {_differs('s.sum', 'd.sum')}"
-    )
+# How the rows of each rollup combine into one bucket's figure (its engine merges them
+# so: a SimpleAggregateFunction's function, sumMap for the sketch bins). What a rollup
+# holds is its materialized view's SELECT, read from the migrations (:func:`view_selects`):
+# the repair reruns it over the source and compares, never restating the aggregation.
+SUM, FLOAT_SUM, MIN, MAX, ANY, SUM_MAP = "sum", "float sum", "min", "max", "any", "sumMap"
 
 
-_LATENCY_COLUMNS = (
-    "window_start, model, priority, ctx_bucket, boundary, records, count, sum, min, max, "
-    "zero_count, pos, neg"
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    """A table a materialized view fills: its bucket (``bucket``, an expression of its
+    ``window_start``, and the ``key`` columns) and how its ``values`` combine."""
+
+    table: str
+    bucket: str
+    key: tuple[str, ...]
+    values: tuple[tuple[str, str], ...]  # (column, SUM | FLOAT_SUM | MIN | MAX | ANY | SUM_MAP)
+
+    @property
+    def columns(self) -> str:
+        return ", ".join(("window_start", *self.key, *(c for c, _ in self.values)))
+
+
+_LATENCY = (
+    ("records", SUM), ("count", SUM), ("sum", FLOAT_SUM), ("min", MIN), ("max", MAX),
+    ("zero_count", SUM), ("pos", SUM_MAP), ("neg", SUM_MAP),
+)  # fmt: skip
+_LATENCY_KEY = ("model", "priority", "ctx_bucket", "boundary")
+_SLO = (
+    ("objective", ANY), ("secondary_weight", ANY), ("total", SUM), ("good", SUM),
+    ("good_secondary_only", SUM),
+)  # fmt: skip
+_MINUTE = "toDateTime(window_start, 'UTC')"  # the rollups' DateTime buckets
+# Sources before their rollups: slo_windows' inserts feed slo_1m and slo_1h through
+# their views, which are compared after.
+ROLLUPS = (
+    Rollup(
+        "slo_windows",
+        "window_start",
+        (
+            "window_ms",
+            "source_topic",
+            "partition",
+            "correction",
+            "slo",
+            "kind",
+            "boundary",
+            "threshold_ms",
+            "objective",
+            "secondary_weight",
+        ),
+        (("total", SUM), ("good", SUM), ("good_secondary_only", SUM)),
+    ),
+    Rollup("latency_1m", _MINUTE, _LATENCY_KEY, _LATENCY),
+    Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY),
+    Rollup("slo_1m", _MINUTE, ("slo", "kind"), _SLO),
+    Rollup("slo_1h", _MINUTE, ("slo", "kind"), _SLO),
 )
 
-
-def _slo_windows_delta(db: str, hours: set[int] | None) -> str:
-    """SELECT of the rows that make slo_windows equal the '__slo__' rows of window_sketches
-    (the view's own SELECT, summed per window and SLO)."""
-    spread = (
-        "SELECT w.window_start AS window_start, w.window_ms AS window_ms, "
-        "w.source_topic AS source_topic, w.partition AS partition, "
-        "w.correction AS correction, slo_name AS slo, v.kind AS kind, "
-        "v.boundary AS boundary, v.threshold_ms AS threshold_ms, v.objective AS objective, "
-        "v.total AS total, v.good AS good, v.good_secondary_only AS good_secondary_only, "
-        "v.secondary_weight AS secondary_weight "
-        f"FROM {db}.window_sketches AS w "
-        "ARRAY JOIN mapKeys(w.slo_counts) AS slo_name, mapValues(w.slo_counts) AS v "
-        f"WHERE w.boundary = '{SLO_ROW_BOUNDARY}' AND {_scope('w.window_start', hours)}"
-    )
-    sums = "sum(total) AS total, sum(good) AS good, sum(good_secondary_only) AS gso"
-    src = f"SELECT {_SLO_WINDOW_KEY}, 1 AS s_in, {sums} FROM ({spread}) GROUP BY {_SLO_WINDOW_KEY}"
-    dst = (
-        f"SELECT {_SLO_WINDOW_KEY}, 1 AS d_in, {sums} FROM {db}.slo_windows "
-        f"WHERE {_scope('window_start', hours)} GROUP BY {_SLO_WINDOW_KEY}"
-    )
-    return (
-        f"SELECT {_SLO_WINDOW_KEY}, s.total - d.total AS total, s.good - d.good AS good, "
-        "s.gso - d.gso AS good_secondary_only "
-        f"FROM ({src}) AS s FULL OUTER JOIN ({dst}) AS d USING ({_SLO_WINDOW_KEY}) "
-        "WHERE s.total != d.total OR s.good != d.good OR s.gso != d.gso"
-    )
-
-
-_SLO_WINDOW_COLUMNS = f"{_SLO_WINDOW_KEY}, total, good, good_secondary_only"
-
-
-def _slo_delta(db: str, table: str, bucket: str, hours: set[int] | None) -> str:
-    """SELECT of the rows that make ``table`` (slo_1m/1h) equal slo_windows."""
-    sums = "sum(total) AS total, sum(good) AS good, sum(good_secondary_only) AS gso"
-    src = (
-        f"SELECT toDateTime({bucket}(window_start), 'UTC') AS b, slo, kind, 1 AS s_in, "
-        f"any(objective) AS objective, any(secondary_weight) AS secondary_weight, {sums} "
-        f"FROM {db}.slo_windows WHERE {_scope('window_start', hours)} GROUP BY b, slo, kind"
-    )
-    dst = (
-        f"SELECT toDateTime(window_start, 'UTC') AS b, slo, kind, 1 AS d_in, {sums} "
-        f"FROM {db}.{table} WHERE {_scope('window_start', hours)} GROUP BY b, slo, kind"
-    )
-    return (
-        "SELECT b AS window_start, slo, kind, s.objective AS objective, "
-        "s.secondary_weight AS secondary_weight, s.total - d.total AS total, "
-        "s.good - d.good AS good, s.gso - d.gso AS good_secondary_only "
-        f"FROM ({src}) AS s FULL OUTER JOIN ({dst}) AS d USING (b, slo, kind) "
-        "WHERE s.total != d.total OR s.good != d.good OR s.gso != d.gso"
-    )
-
-
-_SLO_COLUMNS = (
-    "window_start, slo, kind, objective, secondary_weight, total, good, good_secondary_only"
+_VIEW_RE = re.compile(
+    r"CREATE MATERIALIZED VIEW (?:IF NOT EXISTS )?\$\{db\}\.\w+ \$\{on_cluster\} "
+    r"TO \$\{db\}\.(?P<target>\w+) AS\s+(?P<select>SELECT\b[^;]*)",
 )
+_SOURCE_RE = re.compile(r"\bFROM \$\{db\}\.(\w+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSelect:
+    """A materialized view's SELECT as the migrations define it (``${db}`` templated)."""
+
+    source: str  # the table it reads
+    select: str
+
+    def over(self, db: str, hours: set[int] | None) -> str:
+        """The SELECT on ``db``, reading only the source's rows in ``hours``."""
+        text = string.Template(self.select).substitute(db=db)
+        table = f"{db}.{self.source}"
+        scoped = f"(SELECT * FROM {table} WHERE {_scope('window_start', hours)})"
+        return re.sub(rf"\b{re.escape(table)}\b", scoped, text)
+
+
+@cache
+def view_selects(sql_dir: Path = SQL_DIR) -> dict[str, ViewSelect]:
+    """Target table -> the SELECT of the view that fills it, as the last migration that
+    (re)defined the view wrote it: the view the store runs (migrations apply in order)."""
+    found: dict[str, ViewSelect] = {}
+    for mig in load_migrations(sql_dir):
+        text = "\n".join(
+            line for line in mig.sql.splitlines() if not line.lstrip().startswith("--")
+        )
+        for m in _VIEW_RE.finditer(text):
+            sources = set(_SOURCE_RE.findall(m["select"]))
+            if len(sources) != 1:
+                raise StoreError(f"{mig.name}: view of {m['target']} reads {sorted(sources)}")
+            found[m["target"]] = ViewSelect(sources.pop(), " ".join(m["select"].split()))
+    return found
+
+
+def _read(kind: str, column: str) -> str:
+    """SQL: the rows' ``column`` combined as the rollup's engine combines them."""
+    fn = {SUM: "sum", FLOAT_SUM: "sum", MIN: "min", MAX: "max", ANY: "any"}.get(kind)
+    return f"{fn or 'sumMapMerge'}({column}) AS {column}"
+
+
+def _delta(kind: str, c: str) -> str:
+    """SQL: the value of the row that brings the rollup's ``c`` (d) to its source's (s)."""
+    if kind in {SUM, FLOAT_SUM}:
+        return f"s.{c} - d.{c} AS {c}"
+    if kind in {MIN, MAX}:  # the source's (a bucket only the rollup has: neutral)
+        return f"if(s.s_in = 1, s.{c}, {'inf' if kind == MIN else '-inf'}) AS {c}"
+    if kind == ANY:
+        return f"s.{c} AS {c}"
+    return (  # sketch bins: the source's, and the rollup's negated
+        f"initializeAggregation('sumMapState', arrayConcat(s.{c}.1, d.{c}.1), "
+        f"arrayConcat(s.{c}.2, arrayMap(x -> -x, d.{c}.2))) AS {c}"
+    )
+
+
+def _differ(kind: str, c: str) -> str | None:
+    """SQL: the source's and the rollup's ``c`` differ (None: not compared)."""
+    if kind == FLOAT_SUM:
+        return _differs(f"s.{c}", f"d.{c}")
+    return f"s.{c} != d.{c}" if kind in {SUM, SUM_MAP} else None
+
+
+def _rollup_delta(rollup: Rollup, view: ViewSelect, db: str, hours: set[int] | None) -> str:
+    """SELECT of the rows that make ``rollup`` equal its view's SELECT over its source:
+    both read the same way, per bucket, and subtracted where they differ."""
+    key = ", ".join(rollup.key)
+    values = ", ".join(_read(kind, c) for c, kind in rollup.values)
+
+    def side(flag: str, rows: str) -> str:
+        return (
+            f"SELECT {rollup.bucket} AS b, {key}, 1 AS {flag}, {values} "
+            f"FROM {rows} GROUP BY b, {key}"
+        )
+
+    src = side("s_in", f"({view.over(db, hours)})")
+    dst = side("d_in", f"{db}.{rollup.table} WHERE {_scope('window_start', hours)}")
+    deltas = ", ".join(_delta(kind, c) for c, kind in rollup.values)
+    differ = " OR ".join(d for c, kind in rollup.values if (d := _differ(kind, c)))
+    return (
+        f"SELECT b AS window_start, {key}, {deltas} "
+        f"FROM ({src}) AS s FULL OUTER JOIN ({dst}) AS d USING (b, {key}) WHERE {differ}"
+    )
 
 
 def _steps(db: str, hours: set[int] | None) -> list[tuple[str, str, str]]:
     """(table, its columns, the SELECT of its missing difference), sources first."""
-    minute, hour = "toStartOfMinute", "toStartOfHour"
-    return [
-        ("slo_windows", _SLO_WINDOW_COLUMNS, _slo_windows_delta(db, hours)),
-        ("latency_1m", _LATENCY_COLUMNS, _latency_delta(db, "latency_1m", minute, hours)),
-        ("latency_1h", _LATENCY_COLUMNS, _latency_delta(db, "latency_1h", hour, hours)),
-        ("slo_1m", _SLO_COLUMNS, _slo_delta(db, "slo_1m", minute, hours)),
-        ("slo_1h", _SLO_COLUMNS, _slo_delta(db, "slo_1h", hour, hours)),
-    ]
+    views = view_selects()
+    return [(r.table, r.columns, _rollup_delta(r, views[r.table], db, hours)) for r in ROLLUPS]
 
 
 # A repair's insert is never taken for a repeat of an earlier one (the same difference can

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.app.commands.common import Command, add_kafka
+from pipeline.app.commands.settings import emitter_settings
+
 
 def cmd_vllm_scrape(args: argparse.Namespace) -> int:
-    from pipeline.cli_settings import emitter_settings
     from producers.emit import JsonlSink, open_kafka_sink
     from producers.vllm_scrape import VllmScraper
 
@@ -50,11 +51,7 @@ def cmd_vllm_scrape(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any, add_kafka: Callable[[argparse.ArgumentParser], None]) -> None:
-    s = sub.add_parser(
-        "vllm-scrape",
-        help="scrape unmodified vLLM engines' /metrics into engine.stats events (no plugin)",
-    )
+def _arguments(s: argparse.ArgumentParser) -> None:
     add_kafka(s)
     s.add_argument(
         "--url", action="append", required=True,
@@ -69,4 +66,11 @@ def register(sub: Any, add_kafka: Callable[[argparse.ArgumentParser], None]) -> 
     s.add_argument("--timeout-s", type=float, default=2.0, help="per scrape")
     s.add_argument("--rounds", type=int, help="scrape this many times, then exit")
     s.add_argument("-o", "--out", type=Path, help="write JSON Lines here instead of Kafka")
-    s.set_defaults(func=cmd_vllm_scrape)
+
+
+VLLM_SCRAPE = Command(
+    "vllm-scrape",
+    "scrape unmodified vLLM engines' /metrics into engine.stats events (no plugin)",
+    _arguments,
+    cmd_vllm_scrape,
+)

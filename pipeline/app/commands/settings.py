@@ -1,9 +1,10 @@
 """Settings built at the CLI: its flags over the ``TAILGUARD_*`` environment.
 
-Shared by :mod:`pipeline.cli` and :mod:`pipeline.app.tool_commands` (so neither imports the
-other). The emitters' commands build :class:`~pipeline.kafka_settings.EmitterSettings`
-(the base install: no core, no numpy); the worker's commands the full
-:class:`~pipeline.settings.Settings`, imported only then.
+The one place settings are built from flags, for every command of
+:mod:`pipeline.app.commands` (the CLI; nothing below it imports this). The emitters'
+commands build :class:`~pipeline.kafka_settings.EmitterSettings` (the base install: no
+core, no numpy); the worker's commands the full :class:`~pipeline.settings.Settings`,
+imported only then.
 """
 
 from __future__ import annotations

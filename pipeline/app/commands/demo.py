@@ -1,0 +1,50 @@
+"""``demo``: local Kafka + simulator + worker + report, end to end."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.app.commands.common import DEFAULT_OVERLOAD, Command, add_sim, need_file
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.app.demo import run_demo, sim_config_from_args
+
+    need_file(args.trace)
+    return run_demo(
+        trace=args.trace,
+        sim_config=sim_config_from_args(args),
+        speedup=args.speedup,
+        partitions=args.partitions or 8,
+        workdir=args.workdir,
+        bootstrap=args.bootstrap,
+        limit=args.limit,
+        tee_jsonl=args.tee,
+        json_out=args.json,
+        closed_loop=not args.open_loop,
+    )
+
+
+def _arguments(s: argparse.ArgumentParser) -> None:
+    add_sim(s)
+    s.add_argument(
+        "--speedup",
+        type=float,
+        default=20.0,
+        help="event time / wall time (0 = max); closed loop: the worker must keep up",
+    )
+    s.add_argument("--partitions", type=int)
+    s.add_argument("--bootstrap", help="use this Kafka instead of starting a local one")
+    s.add_argument("--workdir", type=Path, default=Path("var/demo"))
+    s.add_argument("--tee", type=Path, help="also write the simulated events to this JSONL file")
+    s.add_argument("--json", type=Path, help="also write the report as JSON to this file")
+    s.add_argument(
+        "--open-loop", action="store_true", help="gateways ignore the directives (default: apply)"
+    )
+    s.set_defaults(overload=DEFAULT_OVERLOAD)
+
+
+DEMO = Command(
+    "demo", "local Kafka + simulator + worker + report, end to end", _arguments, cmd_demo
+)
