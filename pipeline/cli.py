@@ -29,18 +29,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return worker_settings(args)
 
 
-def _select_core(settings: Settings) -> None:
-    """Pick the core's hot path (setting ``core_impl``) for this process and say which
-    runs; ``native`` without the extension is a start error."""
-    from pipeline.core import native
-
-    try:
-        impl = native.select(settings.core_impl)
-    except ValueError as exc:
-        raise SystemExit(f"tailguard: {exc}") from None
-    logging.getLogger("tailguard").info("%s", impl.describe())
-
-
 def _need_file(path: Path | None) -> None:
     """A missing input fails before anything is created (one line, via main)."""
     import errno
@@ -126,7 +114,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.adapters.faust_wiring import run_worker
 
     settings = _settings(args)
-    _select_core(settings)
     run_worker(settings, loglevel=args.loglevel)
     return 0
 
@@ -254,7 +241,6 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     if policy is None:
         raise SystemExit("tailguard backtest: no policy (pass --policy)")
-    _select_core(settings)  # after the inputs: a missing one fails in one line
     trace = read_trace(args.trace)
     if args.limit is not None:
         trace = trace[: args.limit]
@@ -282,7 +268,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     spec = _load_spec(args.slo or settings.slo_spec)
     policy, rules = _load_control(args.policy or settings.policy_file, settings.burn_rules_file)
-    _select_core(settings)  # after the inputs: a missing one fails in one line
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
     summary = run_replay(
         args.events, settings, spec=spec, policy=policy, burn_rules=rules, dlq_path=dlq_path,
