@@ -15,6 +15,16 @@ from tests.kafka_fixture import (  # the real local broker (see tests/kafka_fixt
     kafka,  # noqa: F401  (fixture)
 )
 
+try:  # (the vLLM test environment has no hypothesis)
+    from hypothesis import settings as hypothesis_settings
+except ImportError:  # pragma: no cover
+    pass
+else:
+    # Hypothesis fails an example slower than 200 ms by default: a timed assert, which a
+    # loaded machine (the suite's own parallel modules) fails. Tests never time themselves.
+    hypothesis_settings.register_profile("tailguard", deadline=None)
+    hypothesis_settings.load_profile("tailguard")
+
 UNIT = Path(__file__).parent / "unit"
 _SHARED = pytest.StashKey[SharedBroker]()  # the xdist controller's broker
 
