@@ -1,10 +1,9 @@
 # tailguard image: the same CLI as docs/commands.md (`tailguard ...`), used by docker-compose.yml.
 # Installed in place (editable) so that sql/, specs/ and data/ resolve next to the code,
-# as they do in a checkout. Pure Python: no Rust toolchain here, and setup.py leaves the
-# native extension out of editable installs (the worker logs that the Python core runs).
+# as they do in a checkout. Pure Python: nothing to compile.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml setup.py constraints.txt README.md ./
+COPY pyproject.toml constraints.txt README.md ./
 COPY pipeline ./pipeline
 COPY producers ./producers
 COPY sql ./sql

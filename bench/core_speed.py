@@ -9,11 +9,7 @@ ClickHouse writer. Reports CPU µs per event (``time.process_time``), the median
 pass over the same messages), ``process_us`` (``StreamProcessor.process``: decode, clock,
 join, records, windows, SLO counts), ``raw_rows_us``, ``columns_us``, ``store_us``.
 
-    python -m bench.core_speed [--instances 4] [--repeat 3] [--profile] [--impl both]
-
-``--impl`` picks the core's hot path (``pipeline.core.native``): ``python`` (the
-reference, the default), ``native`` (the Rust extension, issue 39) or ``both`` (the two
-alternately, repeat by repeat, in one process: ``{"python": ..., "native": ...}``).
+    python -m bench.core_speed [--instances 4] [--repeat 3] [--profile]
 
 The script runs against whatever ``pipeline`` package is first on the path, so the same
 workload measures an older commit too (``./tg bench`` section ``core_speed``: before and
@@ -234,8 +230,6 @@ def main() -> None:
     ap.add_argument(
         "--store", action="store_true", help="also write to an embedded ClickHouse (chDB) store"
     )
-    ap.add_argument("--impl", choices=("python", "native", "both"), default="python",
-                    help="the core's hot path (pipeline.core.native)")  # fmt: skip
     args = ap.parse_args()
     msgs, _n = load(args.instances)
     # The worker's garbage-collector settings, as the measured commit has them
@@ -248,35 +242,19 @@ def main() -> None:
         gc.set_threshold(50_000, 20, 100)
     else:
         tune_gc()
-    impls = ("python", "native") if args.impl == "both" else (args.impl,)
-    results: dict[str, list[dict[str, float]]] = {impl: [] for impl in impls}
+    results: list[dict[str, float]] = []
     for i in range(args.repeat):
-        for impl in impls:  # alternately: both see the same load on the machine
-            _select(impl)
-            if args.profile and i == args.repeat - 1:
-                from pyinstrument import Profiler
+        if args.profile and i == args.repeat - 1:
+            from pyinstrument import Profiler
 
-                prof = Profiler(interval=0.0005)
-                prof.start()
-                results[impl].append(run_once(msgs, store_dir=_store_dir(args.store)))
-                prof.stop()
-                print(prof.output_text(unicode=False, color=False, show_all=False))
-            else:
-                results[impl].append(run_once(msgs, store_dir=_store_dir(args.store)))
-    meds = {impl: _median(rs) for impl, rs in results.items()}
-    out = meds if args.impl == "both" else meds[args.impl]
-    print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
-
-
-def _select(impl: str) -> None:
-    """Run the core's hot path ``impl`` (a commit before issue 39 has only Python)."""
-    try:
-        from pipeline.core import native
-    except ImportError:  # pragma: no cover - an older commit
-        if impl != "python":
-            raise
-        return
-    native.select(impl)  # type: ignore[arg-type]
+            prof = Profiler(interval=0.0005)
+            prof.start()
+            results.append(run_once(msgs, store_dir=_store_dir(args.store)))
+            prof.stop()
+            print(prof.output_text(unicode=False, color=False, show_all=False))
+        else:
+            results.append(run_once(msgs, store_dir=_store_dir(args.store)))
+    print(orjson.dumps(_median(results), option=orjson.OPT_INDENT_2).decode())
 
 
 def _median(results: list[dict[str, float]]) -> dict[str, Any]:
@@ -301,12 +279,12 @@ _STAGES = (
 )
 
 
-def _measure(pythonpath: Path, instances: int, repeat: int, impl: str = "python") -> dict[str, Any]:
+def _measure(pythonpath: Path, instances: int, repeat: int) -> dict[str, Any]:
     script = Path(__file__).resolve()
     env = dict(os.environ, PYTHONPATH=str(pythonpath))
     out = subprocess.run(
         [sys.executable, str(script), "--instances", str(instances), "--repeat", str(repeat),
-         "--store", "--impl", impl],
+         "--store"],
         env=env, cwd=pythonpath, capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, Any] = orjson.loads(out.stdout[out.stdout.index("{") :])
@@ -329,30 +307,13 @@ def run(ctx: Context) -> Section:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=repo,
                        capture_output=True, check=False)  # fmt: skip
-    # this tree: the Python reference and (where built) the native hot path, alternately
-    # in one process (issue 39)
-    from pipeline.core import native
-
-    both = native.NATIVE is not None
-    mine = _measure(repo, instances, repeat, "both" if both else "python")
-    after, nat = (mine["python"], mine["native"]) if both else (mine, None)
+    after = _measure(repo, instances, repeat)
     s = Section("core_speed", "Core CPU cost per event, by stage: before and after issue 14")
     for key, label in _STAGES:
         b, a = before.get(key), after.get(key)
         s.figures.append(Figure(f"{label}: before ({BASE_COMMIT})", b, "µs/event"))
         s.figures.append(Figure(f"{label}: after (this tree)", a, "µs/event"))
-        if nat is not None:
-            s.figures.append(Figure(f"{label}: native hot path (this tree)", nat.get(key),
-                                    "µs/event"))  # fmt: skip
-    runs = [("before", before), ("after", after)]
-    if nat is not None:
-        runs.append(("native hot path", nat))
-        s.figures.append(
-            Figure("events per CPU-second: native / Python (this tree, same run)",
-                   nat["events_per_cpu_s"] / after["events_per_cpu_s"], "×",
-                   note=f"process only: {after['process_us'] / nat['process_us']:.2f} ×")
-        )  # fmt: skip
-    for label, r in runs:
+    for label, r in (("before", before), ("after", after)):
         s.figures.append(
             Figure(f"events per CPU-second, {label}", r["events_per_cpu_s"], "events/s")
         )
@@ -380,21 +341,8 @@ def run(ctx: Context) -> Section:
         "takes requests as JSON converted by the engine (no Python columns): those two "
         "stages are then 0 and their cost is inside the store figures."
     )
-    s.text.append(
-        "This tree is measured with both implementations of the core's hot path (issue "
-        "39, `pipeline.core.native`), alternately repeat by repeat in one process "
-        '(`--impl both`): "after" is the pure-Python reference, "native hot path" the '
-        "Rust extension `tailguard_native` (the partition clock, the sketch bin update "
-        "and the batch's boundary table in this phase). Without the extension built only "
-        "the reference is measured."
-        if nat is not None
-        else "The native hot path (issue 39) is not built here: only the pure-Python "
-        "reference is measured."
-    )
     s.commands.append(f"PYTHONPATH=<worktree of {BASE_COMMIT}> python bench/core_speed.py ...")
-    s.commands.append(
-        f"PYTHONPATH=. python bench/core_speed.py ... --impl {'both' if both else 'python'}"
-    )
+    s.commands.append("PYTHONPATH=. python bench/core_speed.py ...")
     s.seconds = time.monotonic() - t0
     return s
 

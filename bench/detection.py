@@ -226,10 +226,8 @@ def run(
     rate: float = 50_000.0,
     workers: int = 1,
     workdir: Path | None = None,
-    core_impl: str | None = None,
 ) -> dict[str, Any]:
-    """One detection run; ``core_impl`` sets the workers' ``TAILGUARD_CORE_IMPL`` (None:
-    the environment's, ``auto`` by default: the native hot path where it is built)."""
+    """One detection run."""
     from confluent_kafka import Consumer, TopicPartition
 
     from tools.dev.kafka_local import LocalKafka
@@ -247,8 +245,6 @@ def run(
     try:
         s, keyring, run_id = _settings(tmp, broker.bootstrap_servers)
         env = dict(os.environ) | s.to_env()
-        if core_impl is not None:
-            env["TAILGUARD_CORE_IMPL"] = core_impl
         for w in range(workers):
             wenv = env | {
                 "TAILGUARD_STORE_DIR": str(tmp / f"store-{w}"),
@@ -330,14 +326,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rate", type=float, default=50_000.0)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument(
-        "--impl",
-        choices=("auto", "python", "native"),
-        default=None,
-        help="the workers' core hot path (TAILGUARD_CORE_IMPL)",
-    )
     args = ap.parse_args()
-    out = run(args.quick, args.rate, args.workers, core_impl=args.impl)
+    out = run(args.quick, args.rate, args.workers)
     print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
 
 
@@ -362,27 +352,17 @@ if register is not None:
         n_runs = ctx.sizes.detection_runs
         # The target rate, n_runs times (each on its own broker, worker and topic), then
         # for context a rate one worker sustained on this machine before issue 14.
-        # Where the native hot path is built (issue 39), the same runs again with the
-        # pure-Python core, side by side (impl None: the default core; "python").
-        from pipeline.core import native
-
-        impls = [None] if native.NATIVE is None else [None, "python"]
-        plan = [(target_rate, i + 1, impl) for impl in impls for i in range(n_runs)]
-        plan += [] if quick else [(10_000.0, 0, None)]
+        plan = [(target_rate, i + 1) for i in range(n_runs)]
+        plan += [] if quick else [(10_000.0, 0)]
         results: list[tuple[int, dict[str, Any]]] = []
-        py_results: list[dict[str, Any]] = []
-        for rate, run_no, impl in plan:
-            r = run(quick=quick, rate=rate, workers=1, workdir=ctx.workdir, core_impl=impl)
-            if impl == "python":
-                py_results.append(r)
-            else:
-                results.append((run_no, r))
+        for rate, run_no in plan:
+            r = run(quick=quick, rate=rate, workers=1, workdir=ctx.workdir)
+            results.append((run_no, r))
             beyond = r.get("beyond_window_ms")
             at = f"at {r['rate_achieved_events_per_s']:,.0f} events/s"
-            core = "pure-Python core, " if impl == "python" else ""
-            label = f"{core}run {run_no} of {n_runs}" if run_no else "context: a lower input rate"
+            label = f"run {run_no} of {n_runs}" if run_no else "context: a lower input rate"
             name = f"L1 readable on the control topic, beyond the policy's window ({label}, {at})"
-            if run_no and impl != "python":
+            if run_no:
                 sec.figures.append(
                     at_most(name, beyond, "ms", TARGET_MS, note="1 worker")
                     if beyond is not None
@@ -399,21 +379,8 @@ if register is not None:
                            r["from_first_event_ms"], "ms",
                            note="includes the base window the policy waits for"),
                 ]  # fmt: skip
-            flag = f" --impl {impl}" if impl else ""
-            sec.commands.append(f"python -m bench.detection --rate {rate:.0f} --workers 1{flag}")
+            sec.commands.append(f"python -m bench.detection --rate {rate:.0f} --workers 1")
         passed = sum(1 for no, r in results if no and r["pass"])
-        if py_results:
-            py_passed = sum(1 for r in py_results if r["pass"])
-            sec.figures.insert(
-                0,
-                Figure(
-                    f"pure-Python core: runs at {target_rate:,.0f} events/s with L1 within "
-                    f"{TARGET_MS:,.0f} ms",
-                    py_passed,
-                    f"of {n_runs}",
-                    note="TAILGUARD_CORE_IMPL=python, the same runs (context, no target)",
-                ),
-            )
         sec.figures.insert(
             0,
             Figure(

@@ -5,8 +5,7 @@ makes to its joiners recorded (events, offsets, clocks, in order), then replays 
 calls against fresh joiners and reports CPU µs per event (``time.process_time``, the
 median of ``--repeat`` replays) with a digest of everything the join returned (records,
 counters, safe offsets): the same digest before and after a change means the same
-records, counters and offsets. Where the native hot path is built, its joiner
-(``tailguard_native.Joiner``) replays the same calls too (``native``: the same digest).
+records, counters and offsets.
 
     PYTHONPATH=$PWD python -m bench.join_speed [--instances 4] [--repeat 5] [--profile]
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import hashlib
 import importlib.util
 import pstats
@@ -28,9 +26,8 @@ from typing import Any
 import msgspec
 
 from bench.core_speed import load
-from pipeline.core import native
+from pipeline.core import processor
 from pipeline.core.join import JoinConfig, Joiner
-from pipeline.core.processor import StreamProcessor
 from pipeline.settings import Settings
 
 Call = tuple[Any, ...]
@@ -66,10 +63,9 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
             return super().drain_emitted()
 
     s = Settings()
-    saved = native.active()
-    native._active[0] = dataclasses.replace(native.PYTHON, joiner=Recording)
+    processor.Joiner = Recording  # type: ignore[misc]  # what the processor builds
     try:
-        proc = StreamProcessor(
+        proc = processor.StreamProcessor(
             s.lifecycle_topic, s.join_config(), max_message_bytes=s.max_message_bytes,
             window_config=s.window_config(), keep_events=False,
         )  # fmt: skip
@@ -77,7 +73,7 @@ def record_trace(msgs: list[tuple[int, int, bytes]]) -> tuple[list[Call], JoinCo
             proc.process(msgs[i : i + 1000], None)
         proc.drain()
     finally:
-        native.select(saved.name)
+        processor.Joiner = Joiner  # type: ignore[misc]
     # Joiner ids -> small ints (the recording joiners are gone after this)
     ids: dict[int, int] = {}
     out = [(c[0], ids.setdefault(c[1], len(ids)), *c[2:]) for c in calls]
@@ -149,8 +145,6 @@ def main() -> None:
     adds = sum(1 for c in calls if c[0] == "add")
     print(f"events={n} join_calls={len(calls)} adds={adds}")
     versions: dict[str, Any] = {"this": Joiner}
-    if native.NATIVE is not None:
-        versions["native"] = native.NATIVE.joiner
     if args.against is not None:
         spec = importlib.util.spec_from_file_location("_join_against", args.against)
         assert spec is not None

@@ -90,12 +90,7 @@ def join_sizes(proc: StreamProcessor) -> dict[str, float]:
         out[name] = out.get(name, 0) + n
 
     for st in proc._parts.values():
-        j = st.joiner
-        if not isinstance(j, Joiner):  # the native hot path's (tailguard_native.Joiner)
-            for name, n in j.sizes().items():
-                add(name, n)
-        else:
-            _python_join_sizes(j, add)
+        _join_sizes(st.joiner, add)
         w = st.windows
         add("open_windows", len(w._open))
         add("open_ledger", sum(len(x.ledger) for x in w._open.values()))
@@ -106,8 +101,8 @@ def join_sizes(proc: StreamProcessor) -> dict[str, float]:
     return out
 
 
-def _python_join_sizes(j: Joiner, add: Callable[[str, int], None]) -> None:
-    """The pure-Python joiner's structure lengths (see :func:`join_sizes`)."""
+def _join_sizes(j: Joiner, add: Callable[[str, int], None]) -> None:
+    """The joiner's structure lengths (see :func:`join_sizes`)."""
     add("pending", len(j._pending))
     add("pending_dict_kib", sys.getsizeof(j._pending) // 1024)
     add("resolved", len(j._resolved))

@@ -11,7 +11,7 @@ settings fail at start-up with the field name in the message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -66,11 +66,6 @@ class Settings(EmitterSettings):
     """TAILGUARD_CLUSTER: apply DDL ON CLUSTER with Replicated engines."""
 
     # --- Worker ------------------------------------------------------------
-    core_impl: Literal["auto", "python", "native"] = "auto"
-    """TAILGUARD_CORE_IMPL: the core's hot path (worker, replay, backtest): `native` (the Rust
-    extension tailguard_native that ./tg builds from native/; a start error without it),
-    `python` (the pure-Python reference), or `auto` (native when built, else python). Same
-    output either way; the start log says which runs."""
     join_timeout_ms: Annotated[int, Field(gt=0)] = 15_000
     """TAILGUARD_JOIN_TIMEOUT_MS: wait for the partner event."""
     inflight_ttl_ms: Annotated[int, Field(gt=0)] = 600_000

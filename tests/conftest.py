@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,16 @@ from tests.kafka_fixture import (  # the real local broker (see tests/kafka_fixt
     _session_kafka,  # noqa: F401  (fixture)
     kafka,  # noqa: F401  (fixture)
 )
+
+try:  # (the vLLM test environment has no hypothesis)
+    from hypothesis import settings as hypothesis_settings
+except ImportError:  # pragma: no cover
+    pass
+else:
+    # Hypothesis fails an example slower than 200 ms by default: a timed assert, which a
+    # loaded machine (the suite's own parallel modules) fails. Tests never time themselves.
+    hypothesis_settings.register_profile("tailguard", deadline=None)
+    hypothesis_settings.load_profile("tailguard")
 
 UNIT = Path(__file__).parent / "unit"
 _SHARED = pytest.StashKey[SharedBroker]()  # the xdist controller's broker
@@ -68,20 +77,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
     items.sort(key=_order)  # stable: the others keep their order
-
-
-@pytest.fixture(params=["python", "native"])
-def core_impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each implementation of the core's hot path selected in turn (``pipeline.core.
-    native``; the native one skipped where tailguard_native is not built): for tests of
-    what differs between them outside the core (the embedded store's insert formats)."""
-    from pipeline.core import native
-
-    if request.param == "native" and native.NATIVE is None:
-        pytest.skip("tailguard_native is not built")
-    before = native.active().name
-    native.select(request.param)
-    try:
-        yield request.param
-    finally:
-        native.select(before)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.contract.events import EngineFinished, GatewayCompleted, GatewayReceived
+from pipeline.contract.wire import from_model
+from pipeline.core.join import JoinConfig, Joiner
+from pipeline.core.record import RequestRecord
 
 T0_NS = 1_700_000_000_000_000_000
 
@@ -91,3 +94,10 @@ def finished(
         preemptions=0,
         priority=1,
     )
+
+
+def joined(events: list[Any]) -> list[RequestRecord]:
+    """The records the join makes of ``events`` (in order), timeouts drained."""
+    j = Joiner(JoinConfig(timeout_ms=1_000))
+    out = [j.add(from_model(e), i) for i, e in enumerate(events)]
+    return [r for r in out if r is not None] + j.drain()

@@ -1,6 +1,6 @@
 """Messy lifecycle traffic as processor calls, for the tests that run two processors side
-by side on it and compare every output call by call (the fast path against its reference,
-the native core against the pure-Python one).
+by side on it and compare every output call by call (the fast path against its
+reference).
 
 One request (:data:`REQUEST`): gap after the previous one (ms), engine time (ms), hosts
 (0-2), the fate of each of its three events (0 as sent, 1 lost, 2 twice, 3 late: sent

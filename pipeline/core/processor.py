@@ -23,7 +23,6 @@ from pipeline.contract.wire import (
     decode_fast,
     event_bytes,
 )
-from pipeline.core import native
 from pipeline.core.counted import CountedArchive
 from pipeline.core.eventtime import ClockConfig, PartitionClock
 from pipeline.core.join import Emitted, JoinConfig, JoinCounters, Joiner
@@ -147,7 +146,7 @@ class StreamProcessor:
         generation of the partition, :meth:`finish`; the later of it and this
         processor's own :meth:`ended_horizon`): records for them go to corrections, so a
         window is never written twice as a closed window."""
-        joiner = native.active().joiner(self.join_config)  # the reference or its native port
+        joiner = Joiner(self.join_config)
         ttl = self.join_config.resolved_ttl_ms
         led = dict(ledger or {})
         for rid, packed in sorted(led.items(), key=lambda kv: unpack(kv[1])[1]):
@@ -164,7 +163,7 @@ class StreamProcessor:
                 self.slo_factory,
                 horizon_ms=max(horizon_ms, self._ended.get(partition, 0)),
             ),
-            native.active().clock(self.clock_config),  # the reference or its native port
+            PartitionClock(self.clock_config),
             ledger={rid: unpack(packed)[0] for rid, packed in led.items()},
             counted=CountedArchive(self.join_config.counted_ttl_ms, self.join_config.max_counted),
         )

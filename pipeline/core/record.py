@@ -222,6 +222,100 @@ def build_record(
     return record_of(request_id, received, completed, finished, attempt, retried, conflicts)
 
 
+# What the engine side gives a record (engine.finished, or the gateway's stand-ins when
+# no engine reported): in :class:`RequestRecord`'s field order where they sit together.
+_EngineSide = tuple[
+    int,  # end_unix_ns: the window time
+    str | None,  # finish_reason
+    str | None,  # engine_host
+    int | None,  # engine_arrival_unix_ns
+    int | None,  # prompt_tokens
+    int | None,  # output_tokens
+    int | None,  # cached_tokens
+    int | None,  # preemptions
+    float | None,  # engine_e2e_ms
+    float | None,  # queue_ms
+    float | None,  # prefill_ms
+    float | None,  # decode_ms
+    float | None,  # inference_ms
+    float | None,  # ttft_engine_ms
+    float | None,  # tpot_ms
+    int | None,  # cold_start_unix_ns
+]
+# What a record takes from where the request started (gateway.received when it is known)
+_Origin = tuple[
+    str,  # model
+    int,  # ts_unix_ns
+    int | None,  # priority
+    str | None,  # tenant
+    bool | None,  # stream
+    int | None,  # gateway_received_unix_ns
+    int,  # client_attempt
+    str | None,  # logical_request_id
+]
+
+
+def _engine_side(finished: AnyFinished) -> _EngineSide:
+    """The engine's durations and counts of a record, from ``engine.finished``."""
+    # Window time: the engine's clock when the engine side is known, else the gateway's.
+    # A request is then placed by one clock whichever gateway served it.
+    tpot = (
+        finished.decode_ms / (finished.output_tokens - 1) if finished.output_tokens >= 2 else None
+    )
+    return (
+        finished.ts_unix_ns,
+        finished.finish_reason,
+        finished.host,
+        finished.arrival_unix_ns,
+        finished.prompt_tokens,
+        finished.output_tokens,
+        finished.cached_tokens,
+        finished.preemptions,
+        finished.e2e_ms,
+        finished.queue_ms,
+        finished.prefill_ms,
+        finished.decode_ms,
+        finished.inference_ms,
+        finished.queue_ms + finished.prefill_ms,
+        tpot,
+        finished.cold_start_unix_ns,
+    )
+
+
+def _gateway_only_side(
+    received: ReceivedFields | None, completed: AnyCompleted, ttfb: float | None
+) -> _EngineSide:
+    """A record's engine fields when no engine reported: none, but the window time, the
+    tokens and (streamed) the time per output token as the gateway saw them."""
+    prompt_tokens = received.prompt_tokens if received is not None else None
+    output_tokens = completed.output_tokens
+    tpot = None
+    if received is not None and received.stream and ttfb is not None and (output_tokens or 0) >= 2:
+        # Gateway only, streamed: first byte -> last byte over the tokens after the first,
+        # both on the gateway's monotonic clock (what the client saw, network included).
+        tpot = max(0.0, completed.total_ms - ttfb) / ((output_tokens or 0) - 1)
+    return (completed.ts_unix_ns, None, None, None, prompt_tokens, output_tokens, None, None,
+            None, None, None, None, None, None, tpot, None)  # fmt: skip
+
+
+def _origin(
+    received: ReceivedFields | None, completed: AnyCompleted | None, finished: AnyFinished | None
+) -> _Origin:
+    """Where a record's request started: ``gateway.received`` when it is known, else what
+    the terminal events say of it (the start on the first side's own clock)."""
+    if received is not None:
+        return (received.model, received.ts_unix_ns, received.priority, received.tenant,
+                received.stream, received.ts_unix_ns, received.client_attempt,
+                received.logical_request_id)  # fmt: skip
+    if completed is not None:
+        start_ns = completed.ts_unix_ns - int(completed.total_ms * 1e6)
+        priority = finished.priority if finished is not None else None
+        return (completed.model, start_ns, priority, None, None, None, 0, None)
+    assert finished is not None
+    return (finished.model, finished.arrival_unix_ns, finished.priority, None, None, None, 0,
+            None)  # fmt: skip
+
+
 def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per record)
     request_id: str,
     received: ReceivedFields | None,
@@ -236,7 +330,6 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
     :class:`RequestRecord`): keyword calls cost ~2 µs a record more."""
     if completed is None and finished is None:
         raise ValueError("a record needs gateway.completed or engine.finished")
-    source: Source
     revision = 1 if received is not None else 0
     if completed is not None:
         outcome: str = completed.outcome
@@ -247,86 +340,33 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         slo_tpot: float | None = completed.slo_tpot_ms
         control_mode: ControlMode | None = completed.control_mode
         control_verdict: ControlVerdict | None = completed.control_verdict
+        gateway_host: str | None = completed.host
     else:
         assert finished is not None
         outcome = _FINISH_TO_OUTCOME[finished.finish_reason]
         total = ttfb = slo_ttft = slo_tpot = None
         http_status = control_mode = control_verdict = None
-    if finished is not None:
-        source = "joined" if completed is not None else "engine_only"
-        if completed is not None:
-            revision += 2
-        e2e: float | None = finished.e2e_ms
-        queue: float | None = finished.queue_ms
-        prefill: float | None = finished.prefill_ms
-        decode: float | None = finished.decode_ms
-        inference: float | None = finished.inference_ms
-        prompt_tokens: int | None = finished.prompt_tokens
-        output_tokens: int | None = finished.output_tokens
-        # Window time: the engine's clock when the engine side is known, else the
-        # gateway's. A request is then placed by one clock whichever gateway served it.
-        end_unix_ns = finished.ts_unix_ns
-        tpot = (
-            finished.decode_ms / (finished.output_tokens - 1)
-            if finished.output_tokens >= 2
-            else None
-        )
-        ttft: float | None = finished.queue_ms + finished.prefill_ms
-        finish_reason: str | None = finished.finish_reason
-        engine_host: str | None = finished.host
-        arrival: int | None = finished.arrival_unix_ns
-        cached: int | None = finished.cached_tokens
-        preemptions: int | None = finished.preemptions
-        cold_start: int | None = finished.cold_start_unix_ns
-    else:
+        gateway_host = received.host if received is not None else None
+    source: Source
+    if finished is None:
         assert completed is not None
         source = "gateway_only"
-        e2e = queue = prefill = decode = inference = ttft = tpot = None
-        finish_reason = engine_host = None
-        arrival = cached = preemptions = cold_start = None
-        prompt_tokens = received.prompt_tokens if received is not None else None
-        output_tokens = completed.output_tokens
-        end_unix_ns = completed.ts_unix_ns
-        if (
-            received is not None
-            and received.stream
-            and ttfb is not None
-            and (output_tokens or 0) >= 2
-        ):
-            # Gateway only, streamed: first byte -> last byte over the tokens after the
-            # first, both on the gateway's monotonic clock (what the client saw, network
-            # included).
-            tpot = max(0.0, completed.total_ms - ttfb) / ((output_tokens or 0) - 1)
+        side = _gateway_only_side(received, completed, ttfb)
+    elif completed is None:
+        source = "engine_only"
+        side = _engine_side(finished)
+    else:
+        source = "joined"
+        revision += 2
+        side = _engine_side(finished)
+    (end_unix_ns, finish_reason, engine_host, arrival, prompt_tokens, output_tokens,
+     cached, preemptions, e2e, queue, prefill, decode, inference, ttft, tpot,
+     cold_start) = side  # fmt: skip
     if prompt_tokens is None and completed is not None:  # a gateway that read `usage`
         prompt_tokens = completed.prompt_tokens
-
-    if received is not None:
-        model = received.model
-        ts_unix_ns = received.ts_unix_ns
-        priority: int | None = received.priority
-        tenant = received.tenant
-        stream: bool | None = received.stream
-        received_ns: int | None = received.ts_unix_ns
-        client_attempt = received.client_attempt
-        logical_id = received.logical_request_id
-    else:
-        model = (completed or finished).model  # type: ignore[union-attr]
-        if completed is not None:
-            ts_unix_ns = completed.ts_unix_ns - int(completed.total_ms * 1e6)
-        else:
-            assert finished is not None
-            ts_unix_ns = finished.arrival_unix_ns
-        priority = finished.priority if finished is not None else None
-        tenant = None
-        stream = None
-        received_ns = None
-        client_attempt, logical_id = 0, None
-    if completed is not None:
-        gateway_host: str | None = completed.host
-    else:
-        gateway_host = received.host if received is not None else None
+    (model, ts_unix_ns, priority, tenant, stream, received_ns, client_attempt,
+     logical_id) = _origin(received, completed, finished)  # fmt: skip
     overhead = (total - e2e) if total is not None and e2e is not None else None
-    flags = record_flags(total, ttfb, e2e, inference, queue)
     return RequestRecord(
         request_id,
         source,
@@ -359,7 +399,7 @@ def record_of(  # noqa: PLR0917  (the hot path: the join calls it once per recor
         ttft,
         tpot,
         overhead,
-        flags,
+        record_flags(total, ttfb, e2e, inference, queue),
         attempt,
         retried and outcome != "ok",
         slo_ttft,

@@ -53,7 +53,6 @@ from ddsketch.mapping import LogarithmicMapping
 from numpy.typing import NDArray
 
 from pipeline.contract.sketch import SketchColumns as SketchColumns  # noqa: PLC0414
-from pipeline.core import native
 
 DEFAULT_RELATIVE_ACCURACY: Final = 0.01
 _INT32_MIN: Final = -(2**31)
@@ -342,10 +341,6 @@ class QuantileSketch:
         if checked is None:
             return
         arr, mags = checked
-        if self._native(arr, 1):  # the native kernel (pipeline.core.native), same result
-            self._min = min(self._min, float(arr.min()))
-            self._max = max(self._max, float(arr.max()))
-            return
         self._zero += arr.size - self._bump_signed(arr, mags, 1)
         self._count += int(arr.size)
         self._sum = _fold(self._sum, arr)
@@ -364,8 +359,6 @@ class QuantileSketch:
         if checked is None:
             return
         arr, mags = checked
-        if self._native(arr, -1):
-            return
         self._zero -= arr.size - self._bump_signed(arr, mags, -1)
         self._count -= int(arr.size)
         self._sum = _fold(self._sum, -arr)
@@ -382,24 +375,6 @@ class QuantileSketch:
         if n_neg:
             _bump(self._neg, self._keys(mags[neg] if n_neg < arr.size else mags), sign)
         return n_pos + n_neg
-
-    def _native(self, arr: FloatArray, sign: int) -> bool:
-        """Bins, zero count, count and sum of ``add_many`` (``sign`` 1) or ``remove_many``
-        (-1) by the native kernel when it is selected; False (nothing done) otherwise.
-        The values were checked before (``_checked``): the kernel's own refusal of an
-        invalid value (False, nothing changed) is a guard, not the error path."""
-        bump = native.sketch_kernel()
-        if bump is None:
-            return False
-        m = self._mapping
-        bad, zero, total = bump(self._pos, self._neg, arr, sign, m._multiplier, m._offset,
-                                _LN2, m.min_possible, m.max_possible, self._sum)  # fmt: skip
-        if bad >= 0:
-            return False
-        self._zero += sign * zero
-        self._count += sign * int(arr.size)
-        self._sum = total
-        return True
 
     def _keys(self, mags: FloatArray) -> IntArray:
         """``mapping.key`` of each (positive, indexable) magnitude, vectorised.

@@ -72,7 +72,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.contract.boundaries import QUEUE_BOUNDARIES
-from pipeline.core import native
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.spec.slo import SLO, Filter, SLOSpec
 
@@ -99,9 +98,6 @@ def boundary_table(records: Sequence[RequestRecord]) -> FloatArray:
     ``BOUNDARIES`` order; a missing value (None) is NaN. One flat ``np.fromiter`` over the
     rows' values (half the CPU of ``np.array`` over a list of tuples, same values)."""
     k = len(BOUNDARIES)
-    native_table = native.table_kernel()
-    if native_table is not None:  # its native port (pipeline.core.native), same values
-        return np.frombuffer(native_table(records, BOUNDARIES), np.float64).reshape(-1, k)
     flat = itertools.chain.from_iterable(map(_BOUNDARY_ROW, records))
     return np.fromiter(flat, np.float64, len(records) * k).reshape(len(records), k)
 

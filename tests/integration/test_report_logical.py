@@ -19,8 +19,7 @@ from pipeline.adapters.store import open_store
 from pipeline.cli import main
 from pipeline.contract.codec import encode_event
 from pipeline.contract.wire import from_model
-from pipeline.core import native
-from pipeline.core.join import JoinConfig
+from pipeline.core.join import JoinConfig, Joiner
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
 
@@ -206,7 +205,7 @@ def test_the_simulators_chains_agree_in_the_backtests_rule_and_the_report(
     assert sim.retries > 0
     assert all(e.logical_request_id is None for e in firsts)
     spec = load_spec_file(DEFAULT_SLO_SPEC)
-    j = native.PYTHON.joiner(JoinConfig(timeout_ms=5_000))
+    j = Joiner(JoinConfig(timeout_ms=5_000))
     recs = {}
     lifecycle = [e for e in events if e.kind != "engine.stats"]
     for i, e in enumerate(lifecycle):

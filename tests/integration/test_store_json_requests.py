@@ -1,7 +1,6 @@
-"""The embedded store takes request records as JSON the engine converts (off the GIL), or
-with the native hot path as RowBinary built natively (``tailguard_native.rowbinary``):
-either way every stored value equals what the column-wise insert (the path a ClickHouse
-server over HTTP takes) stores for the same records, on the real engine."""
+"""The embedded store takes request records as JSON the engine converts (off the GIL):
+every stored value equals what the column-wise insert (the path a ClickHouse server over
+HTTP takes) stores for the same records, on the real engine."""
 
 from __future__ import annotations
 
@@ -67,15 +66,13 @@ def _records() -> list[RequestRecord]:
     ]
 
 
-def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path, core_impl: str) -> None:
+def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path) -> None:
     store = st.open_store(Settings(store_dir=tmp_path / "store"))
     try:
         st.migrate(store)
         assert store.embedded
         recs = _records()
-        want_fmt = "RowBinary" if core_impl == "native" else "JSONEachRow"
-        assert st.requests._request_rows(recs)[1] == want_fmt
-        st.write_requests(store, recs)  # the embedded path: JSON (or RowBinary) into the engine
+        st.write_requests(store, recs)  # the embedded path: JSON into the engine
         by_json = store.query_rows(_ALL)
         store.command("TRUNCATE TABLE tailguard.requests")
         st._insert_columns(store, "requests", st.REQUEST_COLUMNS, st.request_columns(recs))
@@ -92,7 +89,7 @@ def test_json_insert_stores_what_the_column_insert_stores(tmp_path: Path, core_i
 
 @pytest.mark.parametrize("twice", [False, True], ids=["each request once", "a request twice"])
 def test_a_batch_stores_one_row_per_request_as_the_column_insert_does(
-    tmp_path: Path, twice: bool, core_impl: str
+    tmp_path: Path, twice: bool
 ) -> None:
     """The JSON insert skips the engine's in-block merge only for a batch without a repeated
     request: a partial record and its joined upgrade in one batch still leave one row, the

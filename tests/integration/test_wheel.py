@@ -2,14 +2,12 @@
 virtualenv (not editable: nothing of the checkout on its path), it validates its shipped
 spec, simulates from its shipped trace and replays into a store from its shipped SQL.
 
-Offline and quick (~15 s): the wheel is built without build isolation (setuptools, wheel
-and setuptools-rust are dev dependencies) and without the native extension
-(``TG_NATIVE=0``: no Rust compiled here; tests/unit/test_packaging.py checks how
-setup.py declares it for a build with a Rust toolchain), installed with ``--no-deps
---no-index``, and the runtime dependencies are those already installed here, put on the
-fresh environment's path by a ``.pth`` line (which adds the directory only: the editable
-install's finder there is not loaded); the test checks the installed wheel's own
-requirements (base and ``worker`` extra) are met by them.
+Offline and quick (~15 s): the wheel is built without build isolation (setuptools and
+wheel are dev dependencies), installed with ``--no-deps --no-index``, and the runtime
+dependencies are those already installed here, put on the fresh environment's path by a
+``.pth`` line (which adds the directory only: the editable install's finder there is not
+loaded); the test checks the installed wheel's own requirements (base and ``worker``
+extra) are met by them.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 _NOT_COPIED = shutil.ignore_patterns(
     ".git", ".venv*", ".cache", "var", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
-    "target",  # native/target: the Rust build directory (not in the wheel)
 )  # fmt: skip
 
 _CHECK_REQUIREMENTS = """
@@ -72,10 +69,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "-q", "-w", str(work / "dist"), str(src)],
-        cwd=work, env={**os.environ, "TG_NATIVE": "0"},
+        cwd=work, env=dict(os.environ),
     )  # fmt: skip
     (built,) = (work / "dist").glob("tailguard-*.whl")
-    assert built.name == "tailguard-0.1.0-py3-none-any.whl"  # pure Python: no extension
+    assert built.name == "tailguard-0.1.0-py3-none-any.whl"  # pure Python
     return built
 
 

@@ -23,8 +23,7 @@ from producers.envoy import parse_line
 from producers.gateway import LifecycleMiddleware
 from producers.litellm_hook import client_attempt_of, request_id_of
 from producers.vllm_stats import event_id_for
-from tests.core_impls import CORE_IMPL_IDS, CORE_IMPLS, joined
-from tests.factories import finished
+from tests.factories import finished, joined
 from tests.gateway_fixtures import MemorySink
 from tests.unit.test_envoy import BASE
 
@@ -105,8 +104,7 @@ def _engine_finished(rid: str, t_ms: float) -> Any:
     return ev.model_copy(update={"event_id": event_id_for("m-0", rid, "engine.finished")})
 
 
-@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
-def test_a_retry_reusing_the_request_id_is_joined_and_counted_once(impl: Any) -> None:
+def test_a_retry_reusing_the_request_id_is_joined_and_counted_once() -> None:
     """The client sends X-Request-Id ``dup`` twice: the first try fails at the engine (a
     502 after vLLM ran it), the retry (x-stainless-retry-count 1) is served. Both attempts
     are recorded, each with its own engine.finished, and they are one logical request,
@@ -121,7 +119,7 @@ def test_a_retry_reusing_the_request_id_is_joined_and_counted_once(impl: Any) ->
     ids = [first.json()["seen_id"], retry.json()["seen_id"]]
     assert ids == ["dup", "dup~retry1"]  # what vLLM was sent: two ids
     events = [*sink.events, *(_engine_finished(rid, 1.0) for rid in ids)]
-    records = joined(impl, events)
+    records = joined(events)
     final = {r.request_id: r for r in records}  # the last record of each
     assert sorted(final) == ["dup", "dup~retry1"]
     assert all(r.source == "joined" for r in final.values())

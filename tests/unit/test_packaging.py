@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import orjson
@@ -472,95 +470,17 @@ def test_the_import_rule_says_what_is_forbidden(module: str, imports: str, forbi
     assert _forbidden_imports({module: {imports}}) == ({(module, imports)} if forbidden else set())
 
 
-# --- the wheel's native extension (setup.py, issue 39) ---------------------------------------
-# Checked as configuration, without compiling Rust: tests/integration/test_wheel.py builds
-# the pure-Python wheel (TG_NATIVE=0); docs/performance.md shows a build with Rust.
-
-
-def _setup_py() -> ModuleType:
-    """setup.py as a module (not ``__main__``: setup() does not run)."""
-    spec = importlib.util.spec_from_file_location("tailguard_setup", REPO / "setup.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _bin_dir(tmp_path: Path, *tools: str) -> str:
-    """A PATH of one directory holding executables ``tools`` (they are never run)."""
-    path = tmp_path / "bin"
-    path.mkdir(exist_ok=True)
-    for tool in tools:
-        (path / tool).write_text("#!/bin/sh\nexit 1\n")
-        (path / tool).chmod(0o755)
-    return str(path)
-
-
-def test_the_wheel_build_declares_the_extension_optional_and_abi3(tmp_path: Path) -> None:
-    pytest.importorskip("setuptools_rust", reason="setuptools-rust (dev extra): run ./tg")
-    import tomllib
-
-    from setuptools_rust import Binding
-
-    setup_py = _setup_py()
-    keywords = setup_py.native_build({"PATH": _bin_dir(tmp_path, "cargo")}, ["bdist_wheel"])
-    (ext,) = keywords["rust_extensions"]
-    assert ext.target == {"": "tailguard_native"}  # a top-level module, as ./native installs
-    assert ext.binding is Binding.PyO3
-    assert ext.optional  # a failed Rust build leaves a wheel without it, not no wheel
-    assert ext.debug is None  # release in a wheel
-    cargo = tomllib.loads((REPO / ext.path).read_text())
-    assert (REPO / ext.path).resolve() == (REPO / "native" / "Cargo.toml").resolve()
-    assert cargo["lib"]["name"] == "tailguard_native"
-    assert cargo["lib"]["crate-type"] == ["cdylib"]
-    # the wheel's tag (cp311-abi3-...) is the stable ABI the crate is built for
-    limited_api = keywords["options"]["bdist_wheel"]["py_limited_api"]
-    assert limited_api == "cp311"
-    assert f"abi3-py{limited_api.removeprefix('cp')}" in cargo["dependencies"]["pyo3"]["features"]
-
-
-@pytest.mark.parametrize(
-    ("environ", "commands", "said"),
-    [
-        ({"TG_NATIVE": "0"}, ["bdist_wheel"], ""),  # asked for: no line
-        ({}, ["editable_wheel", "--dist-dir", "d"], "editable install without tailguard_native"),
-        ({"PATH": ""}, ["bdist_wheel"], "no Rust toolchain (cargo not on PATH)"),
-        ({"PATH": "", "CARGO": "cargo-x"}, ["bdist_wheel"], "(cargo-x not on PATH)"),
-    ],
-)
-def test_the_wheel_build_leaves_the_extension_out(
-    environ: dict[str, str],
-    commands: list[str],
-    said: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Without cargo, with TG_NATIVE=0, in an editable install: no extension declared
-    (a pure-Python ``py3-none-any`` wheel; ./tg builds it with tools/dev/build_native.sh)."""
-    environ = {"PATH": _bin_dir(tmp_path, "cargo"), **environ}
-    assert _setup_py().native_build(environ, commands) == {}
-    err = capsys.readouterr().err
-    assert (said in err) if said else err == ""
-
-
-def test_a_failed_build_does_not_ship_the_extension_an_earlier_build_left(tmp_path: Path) -> None:
-    lib = tmp_path / "build" / "lib.linux-x86_64-cpython-311"
-    (lib / "pipeline").mkdir(parents=True)
-    (lib / "pipeline" / "cli.py").write_text("")
-    (lib / "tailguard_native.abi3.so").write_bytes(b"\x7fELF")
-    _setup_py().forget_earlier_builds(tmp_path / "build")
-    assert sorted(p.name for p in lib.rglob("*")) == ["cli.py", "pipeline"]
-
-
-def test_setuptools_rust_is_a_build_requirement_and_a_pinned_dev_dependency() -> None:
+def test_the_wheel_builds_with_setuptools_alone() -> None:
+    """Pure Python (issue 50): the build needs no Rust toolchain, nor anything but
+    setuptools and wheel."""
     import tomllib
 
     from packaging.requirements import Requirement
 
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     build = {Requirement(r).name for r in pyproject["build-system"]["requires"]}
-    assert {"setuptools", "wheel", "setuptools-rust"} <= build
+    assert build == {"setuptools", "wheel"}
+    assert not (REPO / "setup.py").exists()  # everything is declared in pyproject.toml
     # the wheel test builds without build isolation: what it needs is in the dev venv
     dev = {Requirement(r).name for r in pyproject["project"]["optional-dependencies"]["dev"]}
     assert build <= dev
@@ -569,4 +489,4 @@ def test_setuptools_rust_is_a_build_requirement_and_a_pinned_dev_dependency() ->
         for line in (REPO / "constraints.txt").read_text().splitlines()
         if line.strip()
     }
-    assert {"setuptools-rust", "semantic-version"} <= pinned  # and what it needs
+    assert build <= pinned

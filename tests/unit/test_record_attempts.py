@@ -1,6 +1,6 @@
 """The client's attempt on the record (issue 47): gateway.received's ``client_attempt`` and
-``logical_request_id`` are carried to ``RequestRecord`` by the reference and by the native
-join alike (the packed in-flight path holds neither: such a received takes the full one)."""
+``logical_request_id`` are carried to ``RequestRecord`` by the record builder and by
+the join (the packed in-flight path holds neither: such a received takes the full one)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from typing import Any
 import pytest
 
 from pipeline.contract.wire import from_model
-from pipeline.core import native
 from pipeline.core.record import build_record
-from tests.core_impls import CORE_IMPL_IDS, CORE_IMPLS, joined
-from tests.factories import completed, finished, received
+from tests.factories import completed, finished, joined, received
 
 # (events the record is built from, client_attempt, logical id, what the record holds)
 CASES = [
@@ -47,13 +45,11 @@ def test_build_record_carries_the_attempt(
         assert (r.client_attempt, r.logical_request_id) == want
 
 
-@pytest.mark.parametrize("impl", CORE_IMPLS, ids=CORE_IMPL_IDS)
 @pytest.mark.parametrize(("kinds", "attempt", "logical", "want"), CASES)
-def test_the_join_builds_the_same_record(
-    impl: native.CoreImpl, kinds: str, attempt: int, logical: str | None, want: tuple[Any, Any]
+def test_the_join_carries_them(
+    kinds: str, attempt: int, logical: str | None, want: tuple[Any, Any]
 ) -> None:
     events = _events(kinds, attempt, logical)
     for order in (events, events[::-1]):  # the received first (in flight) or last
-        recs = joined(impl, order)  # received last: a partial record, then its upgrade
+        recs = joined(order)  # received last: a partial record, then its upgrade
         assert (recs[-1].client_attempt, recs[-1].logical_request_id) == want
-        assert recs == joined(native.PYTHON, order)

@@ -27,7 +27,6 @@ from pipeline.adapters.store import (
     write_requests,
 )
 from pipeline.adapters.store.faults import injecting_store
-from pipeline.core import native
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
@@ -67,11 +66,8 @@ def _kept() -> list[Any]:
     return StreamProcessor("lc", keep_events=True).process([(2, 7, _A)], None).kept
 
 
-# (the requests' format follows the core's implementation: RowBinary built natively, or
-# JSON: tests/integration/test_store_json_requests.py stores both)
-_REQUESTS_FMT = "RowBinary" if native.active().name == "native" else "JSONEachRow"
 WRITES = [
-    ("requests", lambda store: write_requests(store, _records()), _REQUESTS_FMT),
+    ("requests", lambda store: write_requests(store, _records()), "JSONEachRow"),
     (
         "lifecycle_events",
         lambda store: write_raw_messages(store, "lc", _kept()),

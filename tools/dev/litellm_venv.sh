@@ -9,7 +9,7 @@
 # python-dateutil<3 (we pin 4.0.0); installed into .venv, pip also moved click past
 # faust-streaming's click<8.4. Packages LiteLLM brings keep LiteLLM's versions; tailguard's
 # others follow constraints.txt (as ./tg vllm-test does for vLLM). ~700 MB; once per
-# version of pyproject.toml, setup.py, constraints.txt and this script (a stamp).
+# version of pyproject.toml, constraints.txt and this script (a stamp).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LITELLM_REQ='litellm[proxy]==1.100.5'  # the pin of pyproject.toml's `litellm` extra
@@ -17,7 +17,7 @@ PY=${TAILGUARD_PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VV=.venv-litellm
 STAMP=$VV/.tailguard-installed
-WANT=$(cat pyproject.toml setup.py constraints.txt "$0" | sha256sum | cut -c1-16)
+WANT=$(cat pyproject.toml constraints.txt "$0" | sha256sum | cut -c1-16)
 [ -x "$VV/bin/python" ] || "$PY" -m venv "$VV"
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
   echo "tg: installing $LITELLM_REQ into $VV (~700 MB, a minute or two)" >&2

@@ -11,7 +11,6 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from pipeline.core import native
 from pipeline.core.record import CONFLICTED_VERSION, RequestRecord, revision_of_version
 
 from .inserts import _JSON, _NO_INSERT_MERGE, _insert_columns
@@ -124,22 +123,6 @@ _REQUEST_SELECT = ", ".join(
     for n in _REQUEST_NAMES
 )
 _REQUEST_ID = operator.attrgetter("request_id")
-# With the native hot path, the same structure goes as RowBinary (tailguard_native.
-# rowbinary): the engine copies the values instead of parsing them from JSON text.
-_REQUEST_BINARY: Final = [
-    (n, "Nullable(String)" if n in _EMPTY_IF_NONE else t) for n, t in REQUEST_COLUMNS
-]
-
-
-def _request_rows(records: Sequence[RequestRecord]) -> tuple[bytes, str]:
-    """The records as the file insert's data and its format: RowBinary built natively
-    when the native hot path runs (and every value fits its column), else JSON lines."""
-    if native.active().name == "native":
-        try:
-            return native.EXTENSION.rowbinary(records, _REQUEST_BINARY), "RowBinary"
-        except (ValueError, TypeError, OverflowError):
-            pass  # a value out of its column's range: JSON, which the engine judges
-    return _JSON.encode(records), "JSONEachRow"
 
 
 def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
@@ -151,9 +134,8 @@ def write_requests(store: Store, records: Sequence[RequestRecord]) -> None:
     if files is not None and all(type(r) is RequestRecord for r in records):
         # one record per request id: none repeats the key (request_id, attempt)
         unique = len(set(map(_REQUEST_ID, records))) == len(records)
-        data, fmt = _request_rows(records)
         files.insert_from_file(
-            "requests", _REQUEST_NAMES, _REQUEST_SELECT, data, fmt=fmt,
+            "requests", _REQUEST_NAMES, _REQUEST_SELECT, _JSON.encode(records), fmt="JSONEachRow",
             structure=_REQUEST_STRUCTURE, settings=_NO_INSERT_MERGE if unique else None,
         )  # fmt: skip
     else:

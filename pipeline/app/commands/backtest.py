@@ -15,7 +15,6 @@ from pipeline.app.commands.common import (
     load_control,
     load_spec,
     need_file,
-    select_core,
 )
 from pipeline.app.commands.settings import worker_settings
 
@@ -44,7 +43,6 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     policy, rules = load_control(args.policy or settings.policy_file, settings.burn_rules_file)
     if policy is None:
         raise SystemExit("tailguard backtest: no policy (pass --policy)")
-    select_core(settings)  # after the inputs: a missing one fails in one line
     trace = read_trace(args.trace)
     if args.limit is not None:
         trace = trace[: args.limit]

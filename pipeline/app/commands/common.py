@@ -8,7 +8,6 @@ emitters' commands run on the base install.
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,6 @@ from pipeline.shipped import DEFAULT_TRACE
 
 if TYPE_CHECKING:
     from pipeline.kafka_settings import EmitterSettings
-    from pipeline.settings import Settings
 
 # The demo's and the backtest's overload episode (`--overload none` for none): arrivals
 # x2 from minute 20 to 30 of the trace's hour.
@@ -38,18 +36,6 @@ class Command:
 
 def no_arguments(p: argparse.ArgumentParser) -> None:
     """A command without flags of its own."""
-
-
-def select_core(settings: Settings) -> None:
-    """Pick the core's hot path (setting ``core_impl``) for this process and say which
-    runs; ``native`` without the extension is a start error."""
-    from pipeline.core import native
-
-    try:
-        impl = native.select(settings.core_impl)
-    except ValueError as exc:
-        raise SystemExit(f"tailguard: {exc}") from None
-    logging.getLogger("tailguard").info("%s", impl.describe())
 
 
 def need_file(path: Path | None) -> None:

@@ -15,7 +15,6 @@ from pipeline.app.commands.common import (
     load_control,
     load_spec,
     need_file,
-    select_core,
 )
 from pipeline.app.commands.settings import worker_settings
 
@@ -27,7 +26,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     settings = worker_settings(args)
     spec = load_spec(args.slo or settings.slo_spec)
     policy, rules = load_control(args.policy or settings.policy_file, settings.burn_rules_file)
-    select_core(settings)  # after the inputs: a missing one fails in one line
     dlq_path: Path = args.dlq or args.events.with_suffix(".dlq.jsonl")
     summary = run_replay(
         args.events, settings, spec=spec, policy=policy, burn_rules=rules, dlq_path=dlq_path,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.app.commands.common import Command, add_kafka, add_store, select_core
+from pipeline.app.commands.common import Command, add_kafka, add_store
 from pipeline.app.commands.settings import worker_settings
 
 
@@ -12,7 +12,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.adapters.faust_wiring import run_worker
 
     settings = worker_settings(args)
-    select_core(settings)
     run_worker(settings, loglevel=args.loglevel)
     return 0
 
