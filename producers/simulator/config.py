@@ -143,6 +143,43 @@ class OverloadEpisode:
         return 0.0 if self.shape == "burst" else self.jitter_ms
 
 
+@dataclass(frozen=True, slots=True)
+class TenantFlood:
+    """One tenant floods at one priority (issue 52): its requests at ``priority`` that
+    arrive in [start_offset_s, end_offset_s) of simulated time are each sent ``factor``
+    times (fractional: the extra copy with that probability), the copies within a second
+    after the original. Copies and their draws come from the request id, not the run's
+    generator, so the rest of the run is drawn as without the flood."""
+
+    tenant: str
+    priority: int
+    start_offset_s: float
+    end_offset_s: float
+    factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.tenant:
+            raise ValueError("TenantFlood.tenant must be non-empty")
+        if not 0 <= self.priority <= 3:
+            raise ValueError("TenantFlood.priority must be 0..3")
+        if not (math.isfinite(self.start_offset_s) and self.start_offset_s >= 0):
+            raise ValueError("TenantFlood.start_offset_s must be finite and >= 0")
+        if not (math.isfinite(self.end_offset_s) and self.end_offset_s > self.start_offset_s):
+            raise ValueError("TenantFlood.end_offset_s must be finite and > start_offset_s")
+        if not (math.isfinite(self.factor) and self.factor >= 1):
+            raise ValueError("TenantFlood.factor must be finite and >= 1")
+
+    def copies(self, tenant: str, priority: int, offset_ms: float, u: float) -> int:
+        """The extra copies of a request of ``tenant`` at ``priority`` arriving at
+        ``offset_ms`` (``u`` uniform in [0, 1): the fractional copy's draw)."""
+        if tenant != self.tenant or priority != self.priority:
+            return 0
+        if not self.start_offset_s * 1000.0 <= offset_ms < self.end_offset_s * 1000.0:
+            return 0
+        extra = self.factor - 1.0
+        return int(extra) + (1 if u < extra - int(extra) else 0)
+
+
 def _check_range(name: str, lo_hi: tuple[float, float], lo_min: float = 0.0) -> None:
     lo, hi = lo_hi
     if not (math.isfinite(lo) and math.isfinite(hi) and lo_min <= lo <= hi):
@@ -201,6 +238,10 @@ class SimConfig:
     # Engine admission order: "fcfs" (arrival at the engine) or "priority" (vLLM's
     # --scheduling-policy priority: (priority, arrival), lower number first; no preemption).
     scheduling: Scheduling = "fcfs"
+    # Per-request first-token SLOs (issue 52): (ms, weight) pairs; each request carries
+    # one drawn from its request id (as x-llm-d-slo-ttft-ms). Empty: none.
+    slo_ttft_mix: tuple[tuple[float, float], ...] = ()
+    tenant_floods: tuple[TenantFlood, ...] = ()  # tenants flooding at a priority
 
     def __post_init__(self) -> None:
         if not self.start_unix_ns > 0:
@@ -284,6 +325,11 @@ class SimConfig:
             value = getattr(self, fname)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"SimConfig.{fname} must be finite and >= 0")
+        if not all(
+            math.isfinite(ms) and ms > 0 and math.isfinite(w) and w > 0
+            for ms, w in self.slo_ttft_mix
+        ):
+            raise ValueError("SimConfig.slo_ttft_mix must be (ms > 0, weight > 0) pairs")
         if self.scheduling not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"SimConfig.scheduling must be one of {', '.join(SCHEDULING_POLICIES)}"

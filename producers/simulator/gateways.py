@@ -42,6 +42,8 @@ class GatewayLoop(EngineLoop):
                     prompt_tokens=req.prompt_tokens,
                     t_ms=req.t_gateway_ms,
                     attempt=req.attempt,  # the SDK's x-stainless-retry-count
+                    tenant=req.tenant,
+                    slo_ttft_ms=req.slo_ttft_ms,
                 )
             )
             verdict = decision.act
@@ -199,6 +201,7 @@ class GatewayLoop(EngineLoop):
             patience_ms=req.patience_ms,
             attempt=req.attempt + 1,
             session=session,
+            slo_ttft_ms=req.slo_ttft_ms,
         )
         self._open_requests += 1
         self.retries += 1

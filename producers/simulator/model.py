@@ -93,6 +93,7 @@ give the same events.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Iterator, Sequence
@@ -109,6 +110,7 @@ from producers.simulator.config import (
     Scheduling,
     SimConfig,
     SimSummary,
+    TenantFlood,
     engine_hosts,
 )
 from producers.simulator.gate import GatewayGate
@@ -124,6 +126,7 @@ from producers.simulator.state import (
     _K_WAKE,
     _Engine,
     _Req,
+    _unit_hash,
     sdk_retry_delay_ms,
 )
 from producers.simulator.trace import TraceRequest
@@ -140,6 +143,7 @@ __all__ = [
     "SimConfig",
     "SimSummary",
     "Simulator",
+    "TenantFlood",
     "engine_hosts",
     "sdk_retry_delay_ms",
     "simulate",
@@ -278,7 +282,37 @@ class Simulator(GatewayLoop):
                     patience_ms=patience,
                 )
             )
-        return out
+        return self._own_arrivals(out)
+
+    def _own_arrivals(self, out: list[_Req]) -> list[_Req]:
+        """Each request's own first-token SLO (``slo_ttft_mix``) and the tenants'
+        floods (``tenant_floods``), both drawn from request ids (no draw from the run's
+        generator: without them the run is what it was)."""
+        cfg = self._cfg
+        if cfg.slo_ttft_mix:
+            total = sum(w for _, w in cfg.slo_ttft_mix)
+            for req in out:
+                u = _unit_hash(f"slo:{req.request_id}") * total
+                pick = cfg.slo_ttft_mix[-1][0]
+                for ms, w in cfg.slo_ttft_mix:
+                    if u < w:
+                        pick = ms
+                        break
+                    u -= w
+                req.slo_ttft_ms = pick
+        if not cfg.tenant_floods:
+            return out
+        flooded: list[_Req] = []
+        for req in out:
+            flooded.append(req)
+            for flood in cfg.tenant_floods:
+                u = _unit_hash(f"flood:{req.request_id}")
+                for k in range(1, flood.copies(req.tenant, req.priority, req.t_gateway_ms, u) + 1):
+                    rid = f"{req.request_id}-f{k}"
+                    at_ms = req.t_gateway_ms + 1000.0 * _unit_hash(f"flood-at:{rid}")
+                    flooded.append(dataclasses.replace(req, request_id=rid, t_gateway_ms=at_ms))
+        flooded.sort(key=lambda r: r.t_gateway_ms)  # stable
+        return flooded
 
     def _dispatch(self, kind: int, payload: object, version: int) -> None:
         if kind == _K_STATS:

@@ -70,6 +70,7 @@ class _Req:
     cutoff_retry_after_s: int = 0
     # the gate's (mode, reason) for it, as gateway.completed's control fields (None: off)
     control: tuple[str, str | None] | None = None
+    slo_ttft_ms: float | None = None  # its own first-token SLO (x-llm-d-slo-ttft-ms)
 
 
 @dataclass(slots=True, eq=False)
@@ -304,6 +305,7 @@ class SimCore:
                 output_tokens=output_tokens,
                 control_mode=None if req.control is None else req.control[0],  # type: ignore[arg-type]
                 control_verdict=_verdict_of(req, http_status),  # type: ignore[arg-type]
+                slo_ttft_ms=req.slo_ttft_ms,
             )
         )
         if req.gate_model and self._gate is not None:
