@@ -403,8 +403,9 @@ def _admission_doc(
     own = [r for r in records if r.slo_ttft_ms is not None]
     if own:
         out["own_slo"] = {"run": _own_slo(own, span_s)}
-        if in_ep is not None:
-            out["own_slo"]["episode"] = _own_slo([r for r in own if in_ep(r)], None)
+        if in_ep is not None and config.overload is not None:
+            ep_s = config.overload.end_offset_s - config.overload.start_offset_s
+            out["own_slo"]["episode"] = _own_slo([r for r in own if in_ep(r)], ep_s)
     errors = gate.prediction_error() if gate is not None else {"n": 0}
     if errors["n"]:
         out["ttft_prediction"] = errors

@@ -588,6 +588,18 @@ def _rate_moved(before: float | None, now: float | None) -> bool:
     return abs(now - before) > RATE_STEP * max(before, 1e-9)
 
 
+# A directive is re-issued when its first-token prediction (ttft_queue_ms) moves by more
+# than this share and at least TTFT_STEP_MS: gateways refuse as late on it (issue 52).
+TTFT_STEP: Final = 0.25
+TTFT_STEP_MS: Final = 100.0
+
+
+def _ttft_moved(before: float | None, now: float | None) -> bool:
+    if before is None or now is None:
+        return before is not now
+    return abs(now - before) > max(TTFT_STEP_MS, TTFT_STEP * before)
+
+
 @dataclass
 class DecisionClock:
     """Evaluation times in event time: one per base window end, from the first window
@@ -683,6 +695,7 @@ class ControlLoop:
         # scope -> (level, phase, held key or None right after a change, event time)
         self._announced: dict[str, tuple[int, str, tuple[str, ...] | None, int]] = {}
         self._rates: dict[str, float | None] = {}  # scope -> admit_rps last announced
+        self._ttfts: dict[str, float | None] = {}  # scope -> ttft_queue_ms last announced
 
     def add(self, s: WindowSummary | StatsSample) -> None:
         if isinstance(s, StatsSample):
@@ -701,14 +714,18 @@ class ControlLoop:
             last = self._announced.get(d.scope)
             key = held_key(d)
             rate = d.actions.admit_rps
+            ttft = d.actions.ttft_queue_ms
             if d.changed or last is None or last[:2] != (d.level, d.phase):
                 # a change (its reason says why); the next evaluation's key is absorbed
                 self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)
-                self._rates[d.scope] = rate
+                self._rates[d.scope], self._ttfts[d.scope] = rate, ttft
                 out.append(d)
-            elif _rate_moved(self._rates.get(d.scope), rate):
-                # capacity-aware admission: a new rate is issued at once (not held back)
-                self._rates[d.scope] = rate
+            elif _rate_moved(self._rates.get(d.scope), rate) or _ttft_moved(
+                self._ttfts.get(d.scope), ttft
+            ):
+                # capacity-aware admission: a new rate (or first-token prediction) is
+                # issued at once (not held back)
+                self._rates[d.scope], self._ttfts[d.scope] = rate, ttft
                 out.append(d)
             elif last[2] is None:
                 self._announced[d.scope] = (d.level, d.phase, key, last[3])

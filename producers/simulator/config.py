@@ -238,7 +238,7 @@ class SimConfig:
     # Engine admission order: "fcfs" (arrival at the engine) or "priority" (vLLM's
     # --scheduling-policy priority: (priority, arrival), lower number first; no preemption).
     scheduling: Scheduling = "fcfs"
-    # Per-request first-token SLOs (issue 52): (ms, weight) pairs; each request carries
+    # Per-request first-token SLOs (issue 52): (ms, weight) pairs; each stream carries
     # one drawn from its request id (as x-llm-d-slo-ttft-ms). Empty: none.
     slo_ttft_mix: tuple[tuple[float, float], ...] = ()
     tenant_floods: tuple[TenantFlood, ...] = ()  # tenants flooding at a priority

@@ -289,9 +289,9 @@ class Simulator(GatewayLoop):
         floods (``tenant_floods``), both drawn from request ids (no draw from the run's
         generator: without them the run is what it was)."""
         cfg = self._cfg
-        if cfg.slo_ttft_mix:
+        if cfg.slo_ttft_mix:  # a first-token SLO is a stream's (a body has no first token)
             total = sum(w for _, w in cfg.slo_ttft_mix)
-            for req in out:
+            for req in (r for r in out if r.stream):
                 u = _unit_hash(f"slo:{req.request_id}") * total
                 pick = cfg.slo_ttft_mix[-1][0]
                 for ms, w in cfg.slo_ttft_mix:

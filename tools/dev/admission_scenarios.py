@@ -40,13 +40,15 @@ from producers.simulator.trace import read_trace
 from tests.paths import SHARED_TRACE
 
 FLOOD = TenantFlood("tenant-a", 1, 1200.0, 1800.0, 10.0)
+NO_FLOOD = TenantFlood("tenant-a", 1, 1200.0, 1800.0, 1.0)
 SLO_MIX = ((300.0, 1.0), (1000.0, 1.0), (5000.0, 1.0))
 OVERLOAD_X4 = OverloadEpisode(1200.0, 1800.0, factor=4.0)
 
 # scenario -> [(run name, loop, SimConfig overrides, run_loop options)]
 SCENARIOS: dict[str, list[tuple[str, str, dict[str, Any], dict[str, Any]]]] = {
     "flood": [
-        ("tailguard, no flood", "tailguard", {}, {}),
+        # x1: no copies, measured over the same window
+        ("tailguard, no flood", "tailguard", {"tenant_floods": (NO_FLOOD,)}, {}),
         ("no control", "open", {"tenant_floods": (FLOOD,)}, {}),
         ("static levels", "static", {"tenant_floods": (FLOOD,)}, {}),
         ("AIMD", "aimd", {"tenant_floods": (FLOOD,)}, {}),
@@ -105,8 +107,8 @@ def render(scenario: str, runs: dict[str, dict[str, Any]]) -> str:
                 f"{r['by_tenant'][t]['flood_turned_away']:,} / "
                 f"{r['by_tenant'][t]['flood_requests']:,}" if "by_tenant" in r else "-"
                 for r in runs.values())])  # fmt: skip
-        rows.append(["priority 0 ttft-stream, run", *(
-            _pct(r["by_priority"]["0"]["slos"].get("ttft-stream")) for r in runs.values())])  # fmt: skip
+        p0 = [_pct(r["by_priority"]["0"]["slos"].get("ttft-stream")) for r in runs.values()]
+        rows.append(["priority 0 ttft-stream, run", *p0])
     else:
         own = [r.get("own_slo", {}) for r in runs.values()]
         part = "episode" if scenario == "deadline" else "run"
@@ -115,8 +117,8 @@ def render(scenario: str, runs: dict[str, dict[str, Any]]) -> str:
             rows.append([f"  {key}", *(f"{o.get(part, {}).get(key, 0):,}" for o in own)])
         rows.append(["  late share of admitted", *(
             _pct(o.get(part, {}).get("late_share")) for o in own)])  # fmt: skip
-        rows.append(["  goodput against own SLO, run", *(
-            f"{o['run']['goodput_rps']:.3f}/s" if o else "-" for o in own)])  # fmt: skip
+        rows.append([f"  goodput against own SLO ({part})", *(
+            f"{o[part]['goodput_rps']:.3f}/s" if o else "-" for o in own)])  # fmt: skip
         rows.append(["prediction error P50 / P90 (pred - actual)", *(
             f"{r['ttft_prediction']['p50_ms']:,.0f} / {r['ttft_prediction']['p90_ms']:,.0f} ms"
             if "ttft_prediction" in r else "-" for r in runs.values())])  # fmt: skip
