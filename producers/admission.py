@@ -68,18 +68,20 @@ allocation ``a_p`` is now shared max-min fairly among the tenants that want it
 (:func:`max_min_shares`: weighted water-filling, weights from the directive's
 ``tenant_weights``, 1 for a tenant it does not name) over their demands
 ``(1+H)·λ_{p,t}`` (the same decaying estimate, per tenant). Each (priority, tenant) has
-a token bucket refilled at its share (burst as a priority's). While the priority is
-short (``a_p < λ_p``: some of it must be turned away) and another tenant wants some
-of it, a request whose tenant's bucket is empty (above its share) may take only what
-the priority's bucket holds beyond the others' second (``(a_p - share)·1 s`` tokens:
-the spare inflow) or a lower priority's token (tiers stay strict); else it is refused
-first, with its tenant's own drain as ``Retry-After``. One whose tenant's bucket holds a
-token goes on to the priority's bucket (and its lenders) as above, and takes the
-tenant's token when admitted. A tenant that falls idle stops
-counting in the shares (its demand decays), so the others take its share. Priorities
-stay strict: the tenants of a priority share what the priority is allocated, never more.
-Requests without a tenant are one tenant (``""``). At most :data:`MAX_TENANTS` tenants
-are tracked per priority; the least active is forgotten first.
+a token bucket refilled at its share (burst as a priority's). While another tenant
+wants some of the priority (at priority >= 1), a request takes a token from the
+priority's bucket only when the bucket keeps a reserve for the others after it: a
+second of the shares of the tenants lighter than its own (demand per unit of weight)
+and served in full, so a heavy sender's burst cannot empty the bucket in front of a
+light one; and when its tenant's bucket is empty (above its share: it sends faster
+than it) a second of every other tenant's share. Beyond that it may take a lower
+priority's token (tiers stay strict), else it is refused, first (above its share: with
+its tenant's own drain as ``Retry-After``). An admitted request takes its tenant's
+token too. A tenant that falls idle stops counting in the shares (its demand decays),
+so the others take its share. Priorities stay strict: the tenants of a priority share
+what the priority is allocated, never more. Requests without a tenant are one tenant
+(``""``). At most :data:`MAX_TENANTS` tenants are tracked per priority; the least
+active is forgotten first.
 
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
@@ -273,7 +275,8 @@ class PriorityAdmission:
         for q in range(PRIORITIES):
             self._counts[q] *= decay
         self._counts[p] += 1.0
-        own = self._tenant(p, NO_TENANT if tenant is None else tenant, t_ms)
+        name = NO_TENANT if tenant is None else tenant
+        own = self._tenant(p, name, t_ms)
         if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
             self._warm = True
             self._allocate(rate)
@@ -284,19 +287,22 @@ class PriorityAdmission:
         if not self._warm:
             return self._decide_warming(p, rate, max_retry_after_s)
         self._allocate(rate)
-        short = p > 0 and self._alloc_rps[p] < self.demand_rps(self._last_ms)[p]
-        if short and self._above_share(p, own, weights):
-            # above its share while its priority is short: the others' second is kept
-            # for them; what is beyond it (spare inflow) and the lower priorities' it may
-            # still take (strict tiers), else it is turned away first
-            reserve = (self._alloc_rps[p] - own.share_rps) * BURST_S
+        reserve = self._reserve(p, name, weights) if p > 0 else None
+        if reserve is not None:
+            # tokens kept for the others (module docstring); beyond them (spare inflow)
+            # and the lower priorities' it may take (strict tiers), else it is turned away
+            above = own.tokens < 1.0
             if self._tokens[p] >= 1.0 + reserve:
                 self._tokens[p] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
                 return ADMITTED
             lender = self._lender(p)
             if lender is not None:
                 self._tokens[lender] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
                 return ADMITTED
+            if not above:
+                return self._refused(p, max_retry_after_s)
             return Admit(
                 admitted=False,
                 retry_after_s=drain_retry_after_s(
@@ -318,6 +324,9 @@ class PriorityAdmission:
             return ADMITTED
         if p == 0:
             return ADMITTED  # never evicted
+        return self._refused(p, max_retry_after_s)
+
+    def _refused(self, p: int, max_retry_after_s: int) -> Admit:
         return Admit(
             admitted=False,
             retry_after_s=drain_retry_after_s(
@@ -351,17 +360,37 @@ class PriorityAdmission:
         x.last_ms = max(x.last_ms, t_ms)
         return x
 
-    def _above_share(self, p: int, own: _Tenant, weights: Mapping[str, float] | None) -> bool:
-        """Recompute priority ``p``'s tenants' shares of its allocation: is ``own`` above
-        its share (its bucket empty) while another tenant wants some of it?"""
+    def _reserve(self, p: int, name: str, weights: Mapping[str, float] | None) -> float | None:
+        """Recompute priority ``p``'s tenants' shares of its allocation; the tokens of
+        ``p``'s bucket tenant ``name`` must leave to the others: a second of the shares of the
+        tenants lighter than it (demand per unit of weight), of all the others when it is
+        above its share (its bucket empty). The lighter ones are those served in full:
+        tenants cut to the same level share by their buckets. None: no other tenant
+        wants any."""
         tenants = self._tenants[p]
         norm_s = self._norm_s()
         t_ms = self._last_ms
         demands = {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in tenants.items()}
-        for t, share in max_min_shares(self._alloc_rps[p], demands, weights).items():
+        shares = max_min_shares(self._alloc_rps[p], demands, weights)
+        for t, share in shares.items():
             tenants[t].share_rps = share
-        others = sum(1 for t, d in demands.items() if d >= MIN_TENANT_RPS and tenants[t] is not own)
-        return others > 0 and own.tokens < 1.0
+        own = tenants[name]
+        others = [t for t, d in demands.items() if d >= MIN_TENANT_RPS and t != name]
+        if not others:
+            return None
+        if own.tokens < 1.0:
+            return sum(shares[t] for t in others) * BURST_S
+
+        def per_weight(t: str) -> float:
+            w = 1.0 if weights is None else weights.get(t, 1.0)
+            return demands[t] / (w if math.isfinite(w) and w > 0.0 else 1.0)
+
+        mine = per_weight(name)
+        return BURST_S * sum(  # the lighter ones served in full (not cut to the level)
+            shares[t]
+            for t in others
+            if per_weight(t) < mine and shares[t] >= demands[t] * (1.0 - 1e-9)
+        )
 
     def _lender(self, p: int) -> int | None:
         """The lowest priority below ``p`` whose bucket holds a token, if any."""
