@@ -71,12 +71,13 @@ allocation ``a_p`` is now shared max-min fairly among the tenants that want it
 a token bucket refilled at its share (burst as a priority's). While another tenant
 wants some of the priority (at priority >= 1), a request takes a token from the
 priority's bucket only when the bucket keeps a reserve for the others after it: a
-second of the shares of the tenants lighter than its own (demand per unit of weight)
-and served in full, so a heavy sender's burst cannot empty the bucket in front of a
-light one; and when its tenant's bucket is empty (above its share: it sends faster
-than it) a second of every other tenant's share. Beyond that it may take a lower
-priority's token (tiers stay strict), else it is refused, first (above its share: with
-its tenant's own drain as ``Retry-After``). An admitted request takes its tenant's
+tenant asking more than the equal split of ``a_p`` (per unit of weight) keeps a second
+of the shares of those asking less (at least :data:`MIN_RESERVE_TOKENS`, at most half
+the bucket), so a heavy sender's burst cannot empty the bucket in front of light ones;
+a tenant whose own bucket is empty (above its share: it sends faster than it) keeps a
+second of every other tenant's share. Beyond that it may take a lower priority's token
+(tiers stay strict), else it is refused, first (above its share: with its tenant's own
+drain as ``Retry-After``). An admitted request takes its tenant's
 token too. A tenant that falls idle stops counting in the shares (its demand decays),
 so the others take its share. Priorities stay strict: the tenants of a priority share
 what the priority is allocated, never more. Requests without a tenant are one tenant
@@ -112,6 +113,7 @@ MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
 MAX_TENANTS: Final = 256  # tenants tracked per priority (the least active forgotten first)
 NO_TENANT: Final = ""  # the tenant of requests that name none
+MIN_RESERVE_TOKENS: Final = 3.0  # kept for lighter tenants at least (half a bucket at most)
 MIN_TENANT_RPS: Final = 0.01  # a tenant asking less is idle (alone, a tenant is not held)
 
 
@@ -378,19 +380,24 @@ class PriorityAdmission:
         others = [t for t, d in demands.items() if d >= MIN_TENANT_RPS and t != name]
         if not others:
             return None
-        if own.tokens < 1.0:
-            return sum(shares[t] for t in others) * BURST_S
 
-        def per_weight(t: str) -> float:
+        def weight(t: str) -> float:
             w = 1.0 if weights is None else weights.get(t, 1.0)
-            return demands[t] / (w if math.isfinite(w) and w > 0.0 else 1.0)
+            return w if math.isfinite(w) and w > 0.0 else 1.0
 
-        mine = per_weight(name)
-        return BURST_S * sum(  # the lighter ones served in full (not cut to the level)
-            shares[t]
-            for t in others
-            if per_weight(t) < mine and shares[t] >= demands[t] * (1.0 - 1e-9)
-        )
+        # the equal split of the allocation per unit of weight, among those who want some
+        level = self._alloc_rps[p] / sum(weight(t) for t in [name, *others])
+        if own.tokens < 1.0:
+            kept = sum(shares[t] for t in others)
+        elif demands[name] / weight(name) > level:  # above its equal split
+            kept = sum(shares[t] for t in others if demands[t] / weight(t) <= level)
+        else:
+            return 0.0
+        if kept <= 0.0:
+            return 0.0
+        # a few tokens at least (light tenants arrive unevenly too), at most half the bucket
+        cap = _priority_burst(self._alloc_rps[p]) / 2.0
+        return min(cap, max(MIN_RESERVE_TOKENS, kept * BURST_S))
 
     def _lender(self, p: int) -> int | None:
         """The lowest priority below ``p`` whose bucket holds a token, if any."""

@@ -47,6 +47,7 @@ report`` applies it to the store.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -423,6 +424,9 @@ def _admission_doc(
                 "slos": {n: v["compliance"] for n, v in _slo_doc(spec, rs).items()},
                 "flood_requests": len(during),
                 "flood_turned_away": sum(1 for r in during if r.outcome == "rejected"),
+                "flood_turned_away_by": dict(
+                    Counter(str(r.control_verdict) for r in during if r.outcome == "rejected")
+                ),
                 "flood_slos": {n: v["compliance"] for n, v in _slo_doc(spec, during).items()},
             }
         out["by_tenant"] = by_tenant
