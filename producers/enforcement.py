@@ -32,9 +32,10 @@ The rules, in order (a directive at level 0 admits everything untouched)
 5. Deadline (issue 52): a request of priority >= 1 that carries its own first-token SLO
    (``slo_ttft_ms``: ``x-llm-d-slo-ttft-ms``) under a directive with a first-token
    prediction (``ttft_queue_ms + ttft_service_ms``, what the controller measured: the
-   queue ahead over the engines' service rate, plus the unqueued first-token time) is
-   refused at once -> ``deadline`` when the prediction exceeds its SLO by more than
-   :data:`DEADLINE_MARGIN`, rather than admitted to miss it; ``Retry-After`` the
+   queue ahead over the engines' service rate, plus the unqueued first-token time) and a
+   ``deadline_margin`` (the policy level's; none: never) is refused at once ->
+   ``deadline`` when the prediction exceeds its SLO by more than the margin, rather
+   than admitted to miss it; ``Retry-After`` the
    predicted excess (at least 1 s, at most ``retry_after_s``). An admitted request's
    verdict carries the prediction (``predicted_ttft_ms``); the gateway reports the first
    byte it saw with :meth:`Enforcement.observe_ttft`, and
@@ -102,8 +103,8 @@ STATUS: Final[Mapping[Reason, int]] = {
     "retry_budget": 429,
     "deadline": 429,
 }
-# A request is refused as late when its predicted first-token time exceeds its own SLO
-# by more than this share (the prediction's error on the shared trace: docs/admission.md).
+# The margin docs/admission.md measures with (a policy level's deadline_margin: a request
+# is refused as late when its predicted first-token time exceeds its own SLO by more).
 DEADLINE_MARGIN: Final = 0.25
 PREDICTION_ERRORS_KEPT: Final = 10_000  # the last predicted - actual first-token errors
 
@@ -122,6 +123,7 @@ class _ActionsLike(Protocol):
     admit_rps: float | None
     admit_gateways: int | None
     tenant_weights: Mapping[str, float] | None
+    deadline_margin: float | None
     ttft_queue_ms: float | None
     ttft_service_ms: float | None
 
@@ -335,12 +337,14 @@ def predicted_ttft_ms(actions: Any) -> float | None:
     return float(queue) + float(getattr(actions, "ttft_service_ms", None) or 0.0)
 
 
-def late_by_ms(predicted_ms: float | None, slo_ttft_ms: float | None) -> float | None:
+def late_by_ms(
+    predicted_ms: float | None, slo_ttft_ms: float | None, margin: float | None
+) -> float | None:
     """How much later than its SLO a request is predicted to get its first token when
-    that is beyond :data:`DEADLINE_MARGIN` (None: not late, or nothing to compare)."""
-    if predicted_ms is None or slo_ttft_ms is None:
+    that is beyond ``margin`` (None: not late, nothing to compare, or no margin set)."""
+    if predicted_ms is None or slo_ttft_ms is None or margin is None:
         return None
-    if predicted_ms <= slo_ttft_ms * (1.0 + DEADLINE_MARGIN):
+    if predicted_ms <= slo_ttft_ms * (1.0 + margin):
         return None
     return predicted_ms - slo_ttft_ms
 
@@ -550,7 +554,7 @@ class Enforcement:
         if reason is not None:
             return Verdict(reason=reason, retry_after_s=retry_after_s)
         predicted = predicted_ttft_ms(a)
-        late = late_by_ms(predicted, r.slo_ttft_ms)
+        late = late_by_ms(predicted, r.slo_ttft_ms, getattr(a, "deadline_margin", None))
         if late is not None and priority > 0:  # refused at once rather than admitted to miss
             ceiling = max(1, int(a.retry_after_s))
             return Verdict(

@@ -14,7 +14,8 @@ Kafka message: key = ``utf8(scope)`` (the topic is compacted, so the log keeps
 the latest signal per scope), value = one JSON object::
 
     {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
-                "cap_context_tokens":8192,"fallback_model":"llama-8b",
+                "cap_context_tokens":8192,"deadline_margin":null,
+                "fallback_model":"llama-8b",
                 "queue_timeout_ms":null,"rate_limit_rps":null,
                 "reject_new_sessions":true,"retry_after_s":30,
                 "shed_priorities_at_or_above":2,"tenant_weights":null,
@@ -291,6 +292,19 @@ class Actions(_Frozen):
             "With admit_rps: each priority's admitted rate is shared max-min fairly among "
             "the tenants that want it, in proportion to these weights (a tenant not named "
             "weighs 1; null: all equal). A tenant above its share is turned away first."
+        ),
+    )
+    deadline_margin: float | None = Field(
+        json_schema_extra={"policy": True, "turns_away": True},
+        default=None,
+        ge=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description=(
+            "Deadline-aware admission (with admission): refuse (429, deadline) a request "
+            "of priority >= 1 whose own first-token SLO (x-llm-d-slo-ttft-ms) the "
+            "directive's prediction (ttft_queue_ms + ttft_service_ms) exceeds by more "
+            "than this share (0.25: by 25 %); null: never refused as late."
         ),
     )
     ttft_queue_ms: float | None = Field(

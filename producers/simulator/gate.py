@@ -133,9 +133,6 @@ class GatewayGate:
     # False: the gateways are not told the tenant (admission blind within a priority, as
     # before issue 52), for the comparison
     fair_share: bool = True
-    # False: the gateways are not told the request's own first-token SLO (no deadline
-    # refusal), for the comparison
-    deadline_aware: bool = True
     # admitted requests with a first-token prediction: request id -> (gateway, verdict)
     _predicted: dict[str, tuple[str, Verdict]] = field(default_factory=dict)
     # deliveries not yet in force: (at_unix_ms, order, scope, directive), a heap
@@ -206,7 +203,7 @@ class GatewayGate:
             attempt=arrival.attempt,
             logical_id=arrival.logical_id,  # the simulated OpenAI SDK sends none
             tenant=arrival.tenant if self.fair_share else None,
-            slo_ttft_ms=arrival.slo_ttft_ms if self.deadline_aware else None,
+            slo_ttft_ms=arrival.slo_ttft_ms,
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
         act = d.act

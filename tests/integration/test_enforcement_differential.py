@@ -104,6 +104,7 @@ SEQUENCE: list[tuple[str, Directive]] = [
             tenant_weights={"t1": 3.0},
             ttft_queue_ms=800.0,
             ttft_service_ms=100.0,
+            deadline_margin=0.25,
             retry_after_s=6,
         ),
     ),

@@ -89,7 +89,7 @@ GOLDEN_KEY = b"tailguard-golden-vector-key-0001"
 GOLDEN_KEY_B64 = "dGFpbGd1YXJkLWdvbGRlbi12ZWN0b3Ita2V5LTAwMDE="
 GOLDEN_CANONICAL = (
     '{"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,'
-    '"cap_context_tokens":8192,'
+    '"cap_context_tokens":8192,"deadline_margin":null,'
     '"fallback_model":"llama-3-8b","queue_timeout_ms":null,"rate_limit_rps":150.0,'
     '"reject_new_sessions":true,'
     '"retry_after_s":30,"shed_priorities_at_or_above":2,"tenant_weights":null,'
@@ -101,7 +101,7 @@ GOLDEN_CANONICAL = (
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "pz/WX70iJ73k1aDjIScjoA/bUFBp6vNbM0nMcwxAt2I="
+GOLDEN_SIG = "czNczBUL4ccLidKj/UyFJB+4LTieWt4ndi6UbEQGGJg="
 
 
 def _golden_unsigned() -> UnsignedSignal:

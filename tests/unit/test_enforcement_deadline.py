@@ -30,7 +30,8 @@ def _r(priority: int = 2, slo: float | None = None, tenant: str | None = None) -
                         tenant=tenant)  # fmt: skip
 
 
-PREDICTED = {"ttft_queue_ms": 900.0, "ttft_service_ms": 100.0}  # 1,000 ms in all
+# 1,000 ms predicted in all; refused beyond 25 % over the request's own SLO
+PREDICTED = {"ttft_queue_ms": 900.0, "ttft_service_ms": 100.0, "deadline_margin": 0.25}
 
 DEADLINE = [
     # (id, directive, request, reason, retry-after before the spread)
@@ -41,7 +42,8 @@ DEADLINE = [
     # within the margin: 1,000 ms against 800 ms x (1 + 0.25) = 1,000 ms
     ("within-margin", _d(**PREDICTED), _r(2, slo=800.0), None),
     ("no-slo-admitted", _d(**PREDICTED), _r(2), None),
-    ("no-prediction-admitted", _d(), _r(2, slo=1.0), None),
+    ("no-prediction-admitted", _d(deadline_margin=0.25), _r(2, slo=1.0), None),
+    ("no-margin-never-late", _d(ttft_queue_ms=900.0, ttft_service_ms=100.0), _r(2, slo=1.0), None),
     ("level-0-admits", _d(0, **PREDICTED), _r(3, slo=1.0), None),
 ]
 
@@ -61,19 +63,22 @@ def test_deadline_rule(directive: Directive, request_: RequestFacts, reason: str
 
 
 @pytest.mark.parametrize(
-    ("predicted", "slo", "late"),
+    ("predicted", "slo", "margin", "late"),
     [
-        (None, 100.0, None),
-        (500.0, None, None),
-        (1000.0, 1000.0, None),
-        (1250.0, 1000.0, None),  # exactly at the margin
-        (1251.0, 1000.0, 251.0),
-        (5000.0, 300.0, 4700.0),
+        (None, 100.0, 0.25, None),
+        (500.0, None, 0.25, None),
+        (5000.0, 300.0, None, None),  # no margin: never late
+        (1000.0, 1000.0, 0.25, None),
+        (1250.0, 1000.0, 0.25, None),  # exactly at the margin
+        (1251.0, 1000.0, 0.25, 251.0),
+        (5000.0, 300.0, 0.25, 4700.0),
+        (1100.0, 1000.0, 0.0, 100.0),
     ],
 )
-def test_late_by(predicted: float | None, slo: float | None, late: float | None) -> None:
-    assert DEADLINE_MARGIN == 0.25
-    assert late_by_ms(predicted, slo) == late
+def test_late_by(
+    predicted: float | None, slo: float | None, margin: float | None, late: float | None
+) -> None:
+    assert late_by_ms(predicted, slo, margin) == late
 
 
 @pytest.mark.parametrize(
@@ -92,12 +97,16 @@ def test_predicted_ttft(actions: dict[str, float], want: float | None) -> None:
 def test_late_retry_after_is_the_predicted_excess() -> None:
     """5.3 s late -> 6 s before the spread (at most retry_after_s)."""
     d = Enforcement().decide(
-        _d(ttft_queue_ms=5_500.0, ttft_service_ms=100.0, retry_after_s=30), _r(2, slo=300.0), 0.0
+        _d(ttft_queue_ms=5_500.0, ttft_service_ms=100.0, deadline_margin=0.25, retry_after_s=30),
+        _r(2, slo=300.0),
+        0.0,
     )
     assert d.verdict.reason == "deadline"
     assert 3 <= d.verdict.retry_after_s <= 6
     capped = Enforcement().decide(
-        _d(ttft_queue_ms=90_000.0, retry_after_s=4), _r(2, slo=300.0), 0.0
+        _d(ttft_queue_ms=90_000.0, deadline_margin=DEADLINE_MARGIN, retry_after_s=4),
+        _r(2, slo=300.0),
+        0.0,
     )
     assert 2 <= capped.verdict.retry_after_s <= 4
 

@@ -8,9 +8,10 @@ beside the loops it is judged against (docs/admission.md shows the output).
   control, static levels, AIMD, tailguard blind to tenants (admission as before issue 52)
   and tailguard with fair shares. Per tenant: its compliance over the run and its
   priority-1 requests turned away during the flood.
-* ``deadline``: every request carries its own first-token SLO drawn from 300 ms, 1 s and
+* ``deadline``: every stream carries its own first-token SLO drawn from 300 ms, 1 s and
   5 s (equal weights); x4 from 1200 s to 1800 s. Runs: no control, static levels, AIMD,
-  tailguard without deadlines (today's) and with them. Goodput counted against each
+  tailguard without deadlines (today's policy) and with them (the same policy with
+  ``deadline_margin: 0.25`` at every level that admits). Goodput counted against each
   request's own SLO, the share of admitted requests that miss it, refused as late, and
   the prediction's error (P50/P90 of predicted - actual first-token time, admitted).
 * ``normal``: the same SLO mix, no overload: nothing should be refused as late and
@@ -33,8 +34,9 @@ from pipeline.app.backtest import run_loop
 from pipeline.cli import BACKTEST_START_UNIX_NS
 from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_POLICY, DEFAULT_SLO_SPEC, STATIC_POLICY
 from pipeline.spec.burn_rules import load_burn_rules_file
-from pipeline.spec.policy import load_policy_file
+from pipeline.spec.policy import ControlPolicy, load_policy_file
 from pipeline.spec.slo import load_spec_file
+from producers.enforcement import DEADLINE_MARGIN
 from producers.simulator.model import OverloadEpisode, SimConfig, TenantFlood
 from producers.simulator.trace import read_trace
 from tests.paths import SHARED_TRACE
@@ -61,12 +63,23 @@ SCENARIOS: dict[str, list[tuple[str, str, dict[str, Any], dict[str, Any]]]] = {
             ("no control", "open", {}),
             ("static levels", "static", {}),
             ("AIMD", "aimd", {}),
-            ("tailguard today", "tailguard", {"deadline_aware": False}),
-            ("tailguard deadline", "tailguard", {}),
+            ("tailguard today", "tailguard", {}),
+            ("tailguard deadline", "tailguard", {"deadline": True}),
         )
     ],
-    "normal": [("tailguard deadline", "tailguard", {"slo_ttft_mix": SLO_MIX}, {})],
+    "normal": [("tailguard deadline", "tailguard", {"slo_ttft_mix": SLO_MIX}, {"deadline": True})],
 }
+
+
+def with_deadline(policy: ControlPolicy, margin: float) -> ControlPolicy:
+    """``policy`` with ``deadline_margin: margin`` at every level that admits."""
+    levels = [
+        lv.model_copy(update={"actions": lv.actions.model_copy(update={"deadline_margin": margin})})
+        if lv.actions.admission
+        else lv
+        for lv in policy.levels
+    ]
+    return policy.model_copy(update={"levels": levels})
 
 
 def run(scenario: str) -> dict[str, dict[str, Any]]:
@@ -79,7 +92,10 @@ def run(scenario: str) -> dict[str, dict[str, Any]]:
     for name, loop, overrides, opts in SCENARIOS[scenario]:
         config = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, **overrides)
         policy = policies.get(loop, default)
-        out[name] = run_loop(trace, config, spec, policy, rules, loop=loop, **opts)
+        if opts.get("deadline"):
+            policy = with_deadline(policy, DEADLINE_MARGIN)
+        kw = {k: v for k, v in opts.items() if k != "deadline"}
+        out[name] = run_loop(trace, config, spec, policy, rules, loop=loop, **kw)
     return out
 
 
