@@ -79,7 +79,13 @@ from typing import Any, Final
 
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.summary import ModelWindow, StatsSample, WindowSummary
-from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
+from pipeline.core.admission import (
+    TTFT_SERVICE_BOUNDARIES,
+    AdmissionConfig,
+    AdmissionControl,
+    ModelLoad,
+    ttft_prediction,
+)
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
 from pipeline.core.load_cause import (
     SLOCoverage,
@@ -528,44 +534,41 @@ class Controller:
         }
         if self.policy.cuts_queue(d.level, d.phase):
             update["queue_timeout_ms"] = self.queue_cutoffs_ms(model)
-        update.update(self._ttft_prediction(model, at_ms, load, cap))
+        lo = at_ms - self.config.latency_window_ms
+        medians = latency_medians_ms(self._latency, model, lo, at_ms, TTFT_SERVICE_BOUNDARIES)
+        update.update(ttft_prediction(load, cap, medians))
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision)
 
-    def _ttft_prediction(
-        self, model: str, at_ms: int, load: ModelLoad, capacity_rps: float | None
-    ) -> dict[str, float]:
-        """Deadline-aware admission (issue 52): the first-token time a request arriving
-        now is predicted to take, from what the engines measured ``at_ms`` (as the rate,
-        ``budget_lag_ms`` behind): the queue ahead of it (their waiting requests) over
-        their service rate (the measured capacity, else what they served), and the
-        unqueued first-token time (median prefill plus median gateway overhead over the
-        latency window). Empty while either is unknown (nothing is refused as late)."""
-        rate_rps = capacity_rps if capacity_rps else load.served_rps
-        lo = at_ms - self.config.latency_window_ms
-        medians: dict[str, float] = {}
-        for b in ("prefill_ms", "gateway_overhead_ms"):
-            merged: QuantileSketch | None = None
-            for start, by_part in self._latency.items():
-                if lo <= start < at_ms:
-                    for by_model in by_part.values():
-                        sk = by_model.get(model, {}).get(b)
-                        if sk is None:
-                            continue
-                        if merged is None:
-                            merged = sk.copy()
-                        else:
-                            merged.merge(sk)
-            median = merged.quantile(0.5) if merged is not None else None
-            if median is not None:
-                medians[b] = median
-        if not rate_rps or "prefill_ms" not in medians:
-            return {}
-        return {
-            "ttft_queue_ms": round(1000.0 * load.waiting / rate_rps, 3),
-            "ttft_service_ms": round(sum(medians.values()), 3),
-        }
+
+def latency_medians_ms(
+    latency: Mapping[int, Mapping[int, Mapping[str, Mapping[str, QuantileSketch]]]],
+    model: str,
+    lo_ms: int,
+    hi_ms: int,
+    boundaries: tuple[str, ...],
+) -> dict[str, float]:
+    """The median of each of ``boundaries`` for ``model`` over the windows starting in
+    ``[lo_ms, hi_ms)`` (window start -> partition -> model -> boundary -> sketch), for
+    those that have one."""
+    medians: dict[str, float] = {}
+    for b in boundaries:
+        merged: QuantileSketch | None = None
+        for start, by_part in latency.items():
+            if lo_ms <= start < hi_ms:
+                for by_model in by_part.values():
+                    sk = by_model.get(model, {}).get(b)
+                    if sk is None:
+                        continue
+                    if merged is None:
+                        merged = sk.copy()
+                    else:
+                        merged.merge(sk)
+        median = merged.quantile(0.5) if merged is not None else None
+        if median is not None:
+            medians[b] = median
+    return medians
 
 
 # --------------------------------------------------------------------------- #
