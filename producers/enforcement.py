@@ -42,10 +42,10 @@ The rules, in order (a directive at level 0 admits everything untouched)
    :meth:`Enforcement.prediction_error` gives the P50/P90 of predicted - actual.
 6. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
    PriorityAdmission` per directive scope at ``admit_rps / admit_gateways`` requests/s,
-   by strict priority and, within a priority, max-min fair among tenants (``tenant``,
-   weighted by ``tenant_weights``); refused -> ``admission`` with its own
-   ``Retry-After`` (when the priority's, or the tenant's, bucket next holds a token: at
-   least 1 s, at most ``retry_after_s``).
+   by strict priority and, with ``fair_share`` (the policy level's), within a priority
+   max-min fair among tenants (``tenant``, weighted by ``tenant_weights``); refused ->
+   ``admission`` with its own ``Retry-After`` (when the priority's, or the tenant's,
+   bucket next holds a token: at least 1 s, at most ``retry_after_s``).
 7. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
    ``fallback_model``, and the queue cut-off of its priority (``queue_timeout_ms``;
    priority 0 never): a request with no first byte that long after it was forwarded is
@@ -122,6 +122,7 @@ class _ActionsLike(Protocol):
     admit_fraction: float | None
     admit_rps: float | None
     admit_gateways: int | None
+    fair_share: bool
     tenant_weights: Mapping[str, float] | None
     deadline_margin: float | None
     ttft_queue_ms: float | None
@@ -577,7 +578,7 @@ class Enforcement:
                 rate_rps,
                 now_ms,
                 a.retry_after_s,
-                tenant=r.tenant,
+                tenant=r.tenant if getattr(a, "fair_share", False) else None,
                 weights=getattr(a, "tenant_weights", None),
             )
             if not admit.admitted:

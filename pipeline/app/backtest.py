@@ -190,10 +190,7 @@ def run_loop(
     queue_capacity: int = 64,
     window_s: tuple[float, float] | None = None,
     loop_delay_ms: int = DEFAULT_LOOP_DELAY_MS,
-    fair_share: bool = True,
 ) -> dict[str, Any]:
-    """One loop over the trace (module docstring); ``fair_share`` False: the gateways
-    are not told the tenant (admission blind within a priority, as before issue 52)."""
     if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")
     if loop_delay_ms < 0:
@@ -201,7 +198,7 @@ def run_loop(
     wc = BACKTEST_WINDOW
     gate: GatewayGate | None
     if loop in ("static", "tailguard"):
-        gate = GatewayGate(fair_share=fair_share)
+        gate = GatewayGate()
     elif loop == "aimd":
         from producers.simulator.baselines import AIMDGate
 

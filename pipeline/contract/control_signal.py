@@ -15,7 +15,7 @@ the latest signal per scope), value = one JSON object::
 
     {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
                 "cap_context_tokens":8192,"deadline_margin":null,
-                "fallback_model":"llama-8b",
+                "fair_share":false,"fallback_model":"llama-8b",
                 "queue_timeout_ms":null,"rate_limit_rps":null,
                 "reject_new_sessions":true,"retry_after_s":30,
                 "shed_priorities_at_or_above":2,"tenant_weights":null,
@@ -284,14 +284,22 @@ class Actions(_Frozen):
         ),
     )
 
+    fair_share: bool = Field(
+        json_schema_extra={"policy": True},
+        default=False,
+        description=(
+            "With admit_rps: each priority's admitted rate is shared max-min fairly among "
+            "the tenants that want it (x-tenant-id), weighted by tenant_weights; a tenant "
+            "above its share is turned away first. False: blind within a priority."
+        ),
+    )
     tenant_weights: dict[TenantName, TenantWeight] | None = Field(
         json_schema_extra={"policy": True},
         default=None,
         max_length=10_000,
         description=(
-            "With admit_rps: each priority's admitted rate is shared max-min fairly among "
-            "the tenants that want it, in proportion to these weights (a tenant not named "
-            "weighs 1; null: all equal). A tenant above its share is turned away first."
+            "With fair_share: the tenants' weights within a priority (a tenant not named "
+            "weighs 1; null: all equal)."
         ),
     )
     deadline_margin: float | None = Field(

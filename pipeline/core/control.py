@@ -717,7 +717,8 @@ class ControlLoop:
             last = self._announced.get(d.scope)
             key = held_key(d)
             rate = d.actions.admit_rps
-            ttft = d.actions.ttft_queue_ms
+            # the prediction is re-issued only where the gateways refuse on it
+            ttft = d.actions.ttft_queue_ms if d.actions.deadline_margin is not None else None
             if d.changed or last is None or last[:2] != (d.level, d.phase):
                 # a change (its reason says why); the next evaluation's key is absorbed
                 self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)

@@ -130,9 +130,6 @@ class GatewayGate:
     half_open_admitted: int = 0
     fallbacks: int = 0
     loop_delay: LoopDelay = field(default_factory=LoopDelay)
-    # False: the gateways are not told the tenant (admission blind within a priority, as
-    # before issue 52), for the comparison
-    fair_share: bool = True
     # admitted requests with a first-token prediction: request id -> (gateway, verdict)
     _predicted: dict[str, tuple[str, Verdict]] = field(default_factory=dict)
     # deliveries not yet in force: (at_unix_ms, order, scope, directive), a heap
@@ -202,7 +199,7 @@ class GatewayGate:
             request_key=arrival.request_id,
             attempt=arrival.attempt,
             logical_id=arrival.logical_id,  # the simulated OpenAI SDK sends none
-            tenant=arrival.tenant if self.fair_share else None,
+            tenant=arrival.tenant,
             slo_ttft_ms=arrival.slo_ttft_ms,
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)

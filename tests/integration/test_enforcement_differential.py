@@ -101,6 +101,7 @@ SEQUENCE: list[tuple[str, Directive]] = [
             "m",
             admit_rps=40.0,
             admit_gateways=2,
+            fair_share=True,
             tenant_weights={"t1": 3.0},
             ttft_queue_ms=800.0,
             ttft_service_ms=100.0,

@@ -130,14 +130,16 @@ def test_prediction_error_of_admitted_requests() -> None:
 
 
 def test_the_heavy_tenant_is_refused_first_under_admission() -> None:
-    """The enforcement tells the admission the tenant: under admit_rps a tenant sending
-    ten times the others absorbs the refusals."""
-    e = Enforcement()
-    d = _d(admit_rps=20.0, admit_gateways=1, retry_after_s=10)
-    refused = {"heavy": 0, "light": 0}
-    for i in range(6_000):  # 60 s at 100/s: heavy 90/s, light 10/s, priority 1
-        tenant = "light" if i % 10 == 0 else "heavy"
-        if e.decide(d, _r(1, tenant=tenant), i * 10.0).refused and i >= 2_000:
-            refused[tenant] += 1
-    assert refused["light"] == 0
-    assert refused["heavy"] > 2_000
+    """Under a fair directive the enforcement tells the admission the tenant: a tenant
+    sending six times the other absorbs the refusals; blind, both are refused."""
+    refused = {}
+    for fair in (True, False):
+        e = Enforcement()
+        d = _d(admit_rps=40.0, admit_gateways=1, retry_after_s=10, fair_share=fair)
+        for i in range(6_000):  # 60 s at 100/s: heavy ~86/s, light ~14/s, priority 1
+            tenant = "light" if i % 7 == 3 else "heavy"
+            if e.decide(d, _r(1, tenant=tenant), i * 10.0).refused and i >= 2_000:
+                refused[fair, tenant] = refused.get((fair, tenant), 0) + 1
+    assert refused.get((True, "light"), 0) == 0
+    assert refused[True, "heavy"] > 2_000
+    assert refused[False, "light"] > 100  # blind (fair_share false): the light one too

@@ -68,9 +68,11 @@ def test_first_token_slos_are_drawn_per_stream_from_the_mix() -> None:
 def test_the_gate_tells_the_tenant_and_measures_the_prediction(
     fair_share: bool, tenant: str | None
 ) -> None:
-    gate = GatewayGate(fair_share=fair_share)
+    """The gate tells the tenant; the admission tracks it only under a fair directive."""
+    gate = GatewayGate()
     gate.set("m", directive_of(1, "degraded", {"admit_rps": 100.0, "ttft_queue_ms": 200.0,
-                                               "ttft_service_ms": 50.0}, "m"))  # fmt: skip
+                                               "ttft_service_ms": 50.0,
+                                               "fair_share": fair_share}, "m"))  # fmt: skip
     arrival = Arrival("m", 1, "r1", "r1", "g", 100, 0.0, tenant="tenant-a", slo_ttft_ms=1000.0)
     d = gate.decision(arrival)
     assert d.verdict.reason is None

@@ -54,8 +54,8 @@ SCENARIOS: dict[str, list[tuple[str, str, dict[str, Any], dict[str, Any]]]] = {
         ("no control", "open", {"tenant_floods": (FLOOD,)}, {}),
         ("static levels", "static", {"tenant_floods": (FLOOD,)}, {}),
         ("AIMD", "aimd", {"tenant_floods": (FLOOD,)}, {}),
-        ("tailguard blind", "tailguard", {"tenant_floods": (FLOOD,)}, {"fair_share": False}),
-        ("tailguard fair", "tailguard", {"tenant_floods": (FLOOD,)}, {}),
+        ("tailguard blind", "tailguard", {"tenant_floods": (FLOOD,)}, {}),
+        ("tailguard fair", "tailguard", {"tenant_floods": (FLOOD,)}, {"fair_share": True}),
     ],
     "deadline": [
         (name, loop, {"slo_ttft_mix": SLO_MIX, "overload": OVERLOAD_X4}, opts)
@@ -64,17 +64,24 @@ SCENARIOS: dict[str, list[tuple[str, str, dict[str, Any], dict[str, Any]]]] = {
             ("static levels", "static", {}),
             ("AIMD", "aimd", {}),
             ("tailguard today", "tailguard", {}),
-            ("tailguard deadline", "tailguard", {"deadline": True}),
+            ("tailguard deadline", "tailguard", {"deadline_margin": DEADLINE_MARGIN}),
         )
     ],
-    "normal": [("tailguard deadline", "tailguard", {"slo_ttft_mix": SLO_MIX}, {"deadline": True})],
+    "normal": [
+        (
+            "tailguard deadline",
+            "tailguard",
+            {"slo_ttft_mix": SLO_MIX},
+            {"deadline_margin": DEADLINE_MARGIN},
+        )
+    ],
 }
 
 
-def with_deadline(policy: ControlPolicy, margin: float) -> ControlPolicy:
-    """``policy`` with ``deadline_margin: margin`` at every level that admits."""
+def with_actions(policy: ControlPolicy, **actions: Any) -> ControlPolicy:
+    """``policy`` with ``actions`` set at every level that admits."""
     levels = [
-        lv.model_copy(update={"actions": lv.actions.model_copy(update={"deadline_margin": margin})})
+        lv.model_copy(update={"actions": lv.actions.model_copy(update=actions)})
         if lv.actions.admission
         else lv
         for lv in policy.levels
@@ -92,10 +99,9 @@ def run(scenario: str) -> dict[str, dict[str, Any]]:
     for name, loop, overrides, opts in SCENARIOS[scenario]:
         config = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, **overrides)
         policy = policies.get(loop, default)
-        if opts.get("deadline"):
-            policy = with_deadline(policy, DEADLINE_MARGIN)
-        kw = {k: v for k, v in opts.items() if k != "deadline"}
-        out[name] = run_loop(trace, config, spec, policy, rules, loop=loop, **kw)
+        if opts:
+            policy = with_actions(policy, **opts)
+        out[name] = run_loop(trace, config, spec, policy, rules, loop=loop)
     return out
 
 
