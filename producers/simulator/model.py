@@ -81,6 +81,12 @@ The model
   request (``<first id>-r<n>``) that carries its retry count (the SDK's
   ``x-stainless-retry-count``) to the gate. ``U`` is drawn from the request id, not the
   run's generator: a run stays deterministic per seed.
+* **Tenants and per-request SLOs (issue 52).** ``tenant_floods``: a tenant's requests
+  at one priority inside a window are sent ``factor`` times (copies within a second);
+  ``slo_ttft_mix``: each stream carries a first-token SLO (``x-llm-d-slo-ttft-ms``)
+  drawn from the mix. Both are drawn from request ids, not the run's generator, so a
+  run without them is what it was; the gate passes the tenant and the SLO to the
+  enforcement, and ``gateway.completed`` records the SLO.
 * **Engine stats.** Every ``stats_interval_ms`` each engine reports running
   and waiting counts, KV-cache usage (prompt + generated tokens of running
   sequences over ``kv_capacity_tokens``, capped at 1), a decayed prefix-cache
