@@ -61,12 +61,36 @@ How it decides
   twice what it can get, ``τ`` = 5 s more. :mod:`producers.enforcement` spreads the
   answer per request (so the clients refused together do not return together).
 
+Fair shares within a priority (issue 52)
+---------------------------------------
+Inside one priority, the tenant that sends most used to take most. Each priority's
+allocation ``a_p`` is now shared max-min fairly among the tenants that want it
+(:func:`max_min_shares`: weighted water-filling, weights from the directive's
+``tenant_weights``, 1 for a tenant it does not name) over their demands
+``(1+H)·λ_{p,t}`` (the same decaying estimate, per tenant). Each (priority, tenant) has
+a token bucket refilled at its share (burst as a priority's). While another tenant
+wants some of the priority (at priority >= 1), a request takes a token from the
+priority's bucket only when the bucket keeps a reserve for the others after it: a
+tenant asking more than the equal split of ``a_p`` (per unit of weight) keeps a second
+of the shares of those asking less (at least :data:`MIN_RESERVE_TOKENS`, at most half
+the bucket), so a heavy sender's burst cannot empty the bucket in front of light ones;
+a tenant whose own bucket is empty (above its share: it sends faster than it) keeps a
+second of every other tenant's share. Beyond that it may take a lower priority's token
+(tiers stay strict), else it is refused, first (above its share: with its tenant's own
+drain as ``Retry-After``). An admitted request takes its tenant's
+token too. A tenant that falls idle stops counting in the shares (its demand decays),
+so the others take its share. Priorities stay strict: the tenants of a priority share
+what the priority is allocated, never more. Requests without a tenant are one tenant
+(``""``). At most :data:`MAX_TENANTS` tenants are tracked per priority; the least
+active is forgotten first.
+
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -87,6 +111,54 @@ BURST_S: Final = 1.0  # a bucket holds this many seconds of its refill (or MIN_B
 # of priority 0.
 MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
+MAX_TENANTS: Final = 256  # tenants tracked per priority (the least active forgotten first)
+NO_TENANT: Final = ""  # the tenant of requests that name none
+MIN_RESERVE_TOKENS: Final = 3.0  # kept for lighter tenants at least (half a bucket at most)
+MIN_TENANT_RPS: Final = 0.01  # a tenant asking less is idle (alone, a tenant is not held)
+
+
+def max_min_shares(
+    capacity: float, demands: Mapping[str, float], weights: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Weighted max-min fair shares of ``capacity`` among ``demands`` (water-filling):
+    no tenant gets more than its demand; a tenant below its demand gets at least as much
+    per unit of weight as any other; the shares add up to ``min(capacity, sum of
+    demands)``. A weight not given (or not > 0) is 1."""
+
+    def w(t: str) -> float:
+        x = 1.0 if weights is None else weights.get(t, 1.0)
+        return x if math.isfinite(x) and x > 0.0 else 1.0
+
+    shares = dict.fromkeys(demands, 0.0)
+    active = sorted((t for t, d in demands.items() if d > 0.0), key=lambda t: demands[t] / w(t))
+    left = max(0.0, capacity)
+    weight_left = sum(w(t) for t in active)
+    for i, t in enumerate(active):  # by demand per unit of weight, smallest first
+        fair = left * w(t) / weight_left if weight_left > 0.0 else 0.0
+        if demands[t] <= fair:
+            shares[t] = demands[t]
+        else:  # this tenant and every later one are cut to the same level per weight
+            for u in active[i:]:
+                shares[u] = left * w(u) / weight_left
+            break
+        left -= demands[t]
+        weight_left -= w(t)
+    return shares
+
+
+class _Tenant:
+    """One tenant at one priority: its decayed arrival count, bucket and share."""
+
+    __slots__ = ("count", "last_ms", "share_rps", "tokens")
+
+    def __init__(self, t_ms: float) -> None:
+        self.count = 0.0
+        self.last_ms = t_ms
+        self.tokens = MIN_BURST_TOKENS
+        self.share_rps = 0.0
+
+    def decayed(self, t_ms: float) -> float:
+        return self.count * math.exp(-max(0.0, t_ms - self.last_ms) / TAU_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +215,7 @@ class PriorityAdmission:
         "_p0_overflows",
         "_shared",
         "_spare_rps",
+        "_tenants",
         "_tokens",
         "_warm",
     )
@@ -157,6 +230,7 @@ class PriorityAdmission:
         self._first_ms: float | None = None
         self._last_ms = 0.0
         self._warm = False
+        self._tenants: list[dict[str, _Tenant]] = [{} for _ in range(PRIORITIES)]
 
     def demand_rps(self, t_ms: float) -> tuple[float, ...]:
         """The estimated arrival rate per priority as of the last request (``t_ms``
@@ -173,9 +247,24 @@ class PriorityAdmission:
         """Each priority's refill rate as last computed (zeros during warm-up)."""
         return tuple(self._alloc_rps)
 
-    def decide(self, priority: int, rate_rps: float, t_ms: float, max_retry_after_s: int) -> Admit:
-        """Admit or reject one request of ``priority`` arriving at ``t_ms`` when this
-        gateway may admit ``rate_rps`` in all."""
+    def tenant_shares_rps(self, priority: int) -> dict[str, float]:
+        """Each tracked tenant's fair share of ``priority``'s allocation, as last
+        computed (requests/s)."""
+        return {t: x.share_rps for t, x in self._tenants[priority].items()}
+
+    def decide(
+        self,
+        priority: int,
+        rate_rps: float,
+        t_ms: float,
+        max_retry_after_s: int,
+        *,
+        tenant: str | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> Admit:
+        """Admit or reject one request of ``priority`` (from ``tenant``; None: the
+        one anonymous tenant) arriving at ``t_ms`` when this gateway may admit
+        ``rate_rps`` in all; ``weights``: the tenants' weights within a priority."""
         p = min(max(priority, 0), PRIORITIES - 1)
         rate = max(0.0, rate_rps)
         if self._first_ms is None:
@@ -188,6 +277,8 @@ class PriorityAdmission:
         for q in range(PRIORITIES):
             self._counts[q] *= decay
         self._counts[p] += 1.0
+        name = NO_TENANT if tenant is None else tenant
+        own = self._tenant(p, name, t_ms)
         if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
             self._warm = True
             self._allocate(rate)
@@ -198,15 +289,46 @@ class PriorityAdmission:
         if not self._warm:
             return self._decide_warming(p, rate, max_retry_after_s)
         self._allocate(rate)
+        reserve = self._reserve(p, name, weights) if p > 0 else None
+        if reserve is not None:
+            # tokens kept for the others (module docstring); beyond them (spare inflow)
+            # and the lower priorities' it may take (strict tiers), else it is turned away
+            above = own.tokens < 1.0
+            if self._tokens[p] >= 1.0 + reserve:
+                self._tokens[p] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
+                return ADMITTED
+            lender = self._lender(p)
+            if lender is not None:
+                self._tokens[lender] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
+                return ADMITTED
+            if not above:
+                return self._refused(p, max_retry_after_s)
+            return Admit(
+                admitted=False,
+                retry_after_s=drain_retry_after_s(
+                    own.tokens,
+                    own.share_rps,
+                    max_retry_after_s,
+                    demand_rps=own.count / self._norm_s(),
+                    reachable_rps=own.share_rps,
+                ),
+            )
         if self._tokens[p] >= 1.0:
             self._tokens[p] -= 1.0
+            own.tokens = max(0.0, own.tokens - 1.0)
             return ADMITTED
         lender = self._lender(p)
         if lender is not None:  # strict tiers: a lower priority pays first
             self._tokens[lender] -= 1.0
+            own.tokens = max(0.0, own.tokens - 1.0)
             return ADMITTED
         if p == 0:
             return ADMITTED  # never evicted
+        return self._refused(p, max_retry_after_s)
+
+    def _refused(self, p: int, max_retry_after_s: int) -> Admit:
         return Admit(
             admitted=False,
             retry_after_s=drain_retry_after_s(
@@ -217,6 +339,65 @@ class PriorityAdmission:
                 reachable_rps=sum(self._alloc_rps[p:]),
             ),
         )
+
+    def _norm_s(self) -> float:
+        """The bias-corrected horizon (s) a decayed count is divided by for a rate."""
+        if self._first_ms is None:
+            return 0.0
+        h_ms = max(0.0, self._last_ms - self._first_ms)
+        return max(1e-9, TAU_MS / 1000.0 * -math.expm1(-h_ms / TAU_MS))
+
+    def _tenant(self, p: int, name: str, t_ms: float) -> _Tenant:
+        """Count one arrival of tenant ``name`` at priority ``p`` (tracked, or added)."""
+        tenants = self._tenants[p]
+        x = tenants.get(name)
+        if x is None:
+            if len(tenants) >= MAX_TENANTS:  # forget the least active
+                del tenants[min(tenants, key=lambda t: tenants[t].decayed(t_ms))]
+            x = tenants[name] = _Tenant(t_ms)
+        dt_ms = max(0.0, t_ms - x.last_ms)
+        x.count = x.count * math.exp(-dt_ms / TAU_MS) + 1.0
+        burst = _priority_burst(x.share_rps)
+        x.tokens = min(burst, x.tokens + x.share_rps * dt_ms / 1000.0)
+        x.last_ms = max(x.last_ms, t_ms)
+        return x
+
+    def _reserve(self, p: int, name: str, weights: Mapping[str, float] | None) -> float | None:
+        """Recompute priority ``p``'s tenants' shares of its allocation; the tokens of
+        ``p``'s bucket tenant ``name`` must leave to the others: a second of the shares of the
+        tenants lighter than it (demand per unit of weight), of all the others when it is
+        above its share (its bucket empty). The lighter ones are those served in full:
+        tenants cut to the same level share by their buckets. None: no other tenant
+        wants any."""
+        tenants = self._tenants[p]
+        norm_s = self._norm_s()
+        t_ms = self._last_ms
+        demands = {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in tenants.items()}
+        shares = max_min_shares(self._alloc_rps[p], demands, weights)
+        for t, share in shares.items():
+            tenants[t].share_rps = share
+        own = tenants[name]
+        others = [t for t, d in demands.items() if d >= MIN_TENANT_RPS and t != name]
+        if not others:
+            return None
+
+        def weight(t: str) -> float:
+            w = 1.0 if weights is None else weights.get(t, 1.0)
+            return w if math.isfinite(w) and w > 0.0 else 1.0
+
+        # the equal split of the allocation per unit of weight, among those who want some
+        level = self._alloc_rps[p] / sum(weight(t) for t in [name, *others])
+        if own.tokens < 1.0:
+            kept = sum(shares[t] for t in others)
+        elif demands[name] / weight(name) > level:  # above its equal split
+            kept = sum(shares[t] for t in others if demands[t] / weight(t) <= level)
+        else:
+            return 0.0
+        if kept <= 0.0:
+            return 0.0
+        # a few tokens at least (light tenants arrive unevenly too), at most half the bucket
+        cap = _priority_burst(self._alloc_rps[p]) / 2.0
+        return min(cap, max(MIN_RESERVE_TOKENS, kept * BURST_S))
 
     def _lender(self, p: int) -> int | None:
         """The lowest priority below ``p`` whose bucket holds a token, if any."""

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
@@ -106,6 +107,11 @@ REQUEST_ID_HEADER: Final = b"x-request-id"
 MAX_CONTEXT_HEADER: Final = b"x-tailguard-max-context-tokens"
 FALLBACK_MODEL_HEADER: Final = b"x-tailguard-fallback-model"
 _INJECTED: Final = frozenset({MAX_CONTEXT_HEADER, FALLBACK_MODEL_HEADER})
+TENANT_HEADER: Final = b"x-tenant-id"  # who is asking (the fair share within a priority)
+# llm-d's per-request latency objectives (milliseconds): recorded as the client sent them
+# (producers.gateway); the first-token one is the enforcement's deadline (issue 52).
+SLO_TTFT_HEADER: Final = b"x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = b"x-llm-d-slo-tpot-ms"
 # scope["state"] key: why this middleware turned away a request it had let through
 # (the queue cut-off: "queue_timeout"); read by producers.gateway.LifecycleMiddleware.
 REJECTED_STATE_KEY: Final = "tailguard.rejected"
@@ -143,6 +149,26 @@ def int_header(scope: Scope, name: bytes) -> int | None:
 def default_priority_of(scope: Scope) -> int:
     value = int_header(scope, PRIORITY_HEADER)
     return DEFAULT_PRIORITY if value is None else value
+
+
+def positive_ms(value: str | None) -> float | None:
+    """A header's milliseconds: a finite number in (0, 2^53], else None."""
+    if value is None:
+        return None
+    try:
+        ms = float(value.strip())
+    except ValueError:
+        return None
+    return ms if math.isfinite(ms) and 0 < ms <= 2.0**53 else None
+
+
+def default_tenant_of(scope: Scope) -> str | None:
+    value = header(scope, TENANT_HEADER)
+    return value[:256] if value else None
+
+
+def default_slo_ttft_of(scope: Scope) -> float | None:
+    return positive_ms(header(scope, SLO_TTFT_HEADER))
 
 
 def default_is_new_session(scope: Scope) -> bool:
@@ -187,6 +213,8 @@ class ControlMiddleware:
         priority_of: Callable[[Scope], int] = default_priority_of,
         is_new_session: Callable[[Scope], bool] = default_is_new_session,
         request_key: Callable[[Scope], str | None] = default_request_key,
+        tenant_of: Callable[[Scope], str | None] = default_tenant_of,
+        slo_ttft_of: Callable[[Scope], float | None] = default_slo_ttft_of,
         clock_ms: Callable[[], float] = monotonic_ms,
         modes: Modes | None = None,
         enforcement: Enforcement | None = None,
@@ -197,6 +225,8 @@ class ControlMiddleware:
         self.priority_of = priority_of
         self.is_new_session = is_new_session
         self.request_key = request_key
+        self.tenant_of = tenant_of
+        self.slo_ttft_of = slo_ttft_of
         self.clock_ms = clock_ms
         self.enforcement = enforcement or Enforcement(modes or Modes())
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
@@ -231,6 +261,8 @@ class ControlMiddleware:
             self.counters["half_open_admitted"] += 1
         if extra:
             self.counters["headers_injected"] += 1
+        if decision.verdict.predicted_ttft_ms is not None:
+            send = self._timing_first_byte(send, decision.verdict)
         if act.queue_timeout_ms is not None or (decision.mode == "enforce" and facts.priority >= 1):
             # under a cut-off now, or one a later directive may set while this request
             # waits for its first byte (as the simulator's gateways: the backtest proves
@@ -251,6 +283,21 @@ class ControlMiddleware:
             )
             return
         await self.app(downstream, receive, send)
+
+    def _timing_first_byte(self, send: Send, verdict: Verdict) -> Send:
+        """The first body bytes' time after the decision is the actual of the verdict's
+        first-token prediction (:meth:`Enforcement.observe_ttft`)."""
+        t0 = self.clock_ms()
+        seen: list[bool] = []
+
+        async def timed_send(msg: Message) -> None:
+            body = msg.get("type") == "http.response.body"
+            if not seen and body and (msg.get("body") or not msg.get("more_body")):
+                seen.append(True)
+                self.enforcement.observe_ttft(verdict, self.clock_ms() - t0)
+            await send(msg)
+
+        return timed_send
 
     async def _watch_cutoff(
         self,
@@ -385,6 +432,8 @@ class ControlMiddleware:
             request_key=self.request_key(scope),
             attempt=attempt.attempt,
             logical_id=attempt.logical_id,
+            tenant=self.tenant_of(scope),
+            slo_ttft_ms=self.slo_ttft_of(scope),
         )
 
     def _later_cutoff(self, facts: RequestFacts) -> tuple[float, int] | None:

@@ -29,11 +29,24 @@ The rules, in order (a directive at level 0 admits everything untouched)
    per gateway instance and directive scope, burst one second (at least one token);
    empty -> refuse ``rate_limit`` (priority 0 takes a token when there is one and
    passes either way).
-5. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
+5. Deadline (issue 52): a request of priority >= 1 that carries its own first-token SLO
+   (``slo_ttft_ms``: ``x-llm-d-slo-ttft-ms``) under a directive with a first-token
+   prediction (``ttft_queue_ms + ttft_service_ms``, what the controller measured: the
+   queue ahead over the engines' service rate, plus the unqueued first-token time) and a
+   ``deadline_margin`` (the policy level's; none: never) is refused at once ->
+   ``deadline`` when the prediction exceeds its SLO by more than the margin, rather
+   than admitted to miss it; ``Retry-After`` the
+   predicted excess (at least 1 s, at most ``retry_after_s``). An admitted request's
+   verdict carries the prediction (``predicted_ttft_ms``); the gateway reports the first
+   byte it saw with :meth:`Enforcement.observe_ttft`, and
+   :meth:`Enforcement.prediction_error` gives the P50/P90 of predicted - actual.
+6. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
    PriorityAdmission` per directive scope at ``admit_rps / admit_gateways`` requests/s,
-   by strict priority; refused -> ``admission`` with its own ``Retry-After`` (when the
-   priority's bucket next holds a token: at least 1 s, at most ``retry_after_s``).
-6. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
+   by strict priority and, with ``fair_share`` (the policy level's), within a priority
+   max-min fair among tenants (``tenant``, weighted by ``tenant_weights``); refused ->
+   ``admission`` with its own ``Retry-After`` (when the priority's, or the tenant's,
+   bucket next holds a token: at least 1 s, at most ``retry_after_s``).
+7. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
    ``fallback_model``, and the queue cut-off of its priority (``queue_timeout_ms``;
    priority 0 never): a request with no first byte that long after it was forwarded is
    cancelled -> ``queue_timeout``. The gateway runs the timer; it reports a cut-off it
@@ -67,8 +80,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, get_args
 
@@ -88,7 +101,12 @@ STATUS: Final[Mapping[Reason, int]] = {
     "admission": 429,
     "queue_timeout": 503,
     "retry_budget": 429,
+    "deadline": 429,
 }
+# The margin docs/admission.md measures with (a policy level's deadline_margin: a request
+# is refused as late when its predicted first-token time exceeds its own SLO by more).
+DEADLINE_MARGIN: Final = 0.25
+PREDICTION_ERRORS_KEPT: Final = 10_000  # the last predicted - actual first-token errors
 
 ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
 PRIORITIES: Final = 4
@@ -104,6 +122,11 @@ class _ActionsLike(Protocol):
     admit_fraction: float | None
     admit_rps: float | None
     admit_gateways: int | None
+    fair_share: bool
+    tenant_weights: Mapping[str, float] | None
+    deadline_margin: float | None
+    ttft_queue_ms: float | None
+    ttft_service_ms: float | None
 
     def queue_timeout_for(self, priority: int) -> float | None: ...
 
@@ -143,7 +166,9 @@ class RequestFacts:
     request (``x-request-id``), for the half-open hash; ``prompt_tokens`` None: unknown;
     ``attempt`` and ``logical_id``: what the client's retry headers say
     (:func:`producers.client_retry.client_attempt`: 0 = a first try; the id every attempt
-    of one logical request shares, if sent), for the retry budget.
+    of one logical request shares, if sent), for the retry budget; ``tenant`` (None:
+    unknown) for the fair share within a priority; ``slo_ttft_ms``: the request's own
+    first-token SLO (None: none), for the deadline.
     """
 
     model: str | None
@@ -154,6 +179,7 @@ class RequestFacts:
     tenant: str | None = None
     attempt: int = 0
     logical_id: str | None = None
+    slo_ttft_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +195,8 @@ class Verdict:
     # a refusal's x-should-retry: False (do not retry: a retry over budget, or a refusal
     # whose retry would be); None: no header (the client's own rules)
     should_retry: bool | None = None
+    # admitted under a first-token prediction: what it predicted (for its error)
+    predicted_ttft_ms: float | None = None
 
     @property
     def status(self) -> int:
@@ -301,6 +329,40 @@ class Modes:
         )
 
 
+def predicted_ttft_ms(actions: Any) -> float | None:
+    """The first-token time a directive predicts for a request arriving now (None: it
+    carries no prediction): ``ttft_queue_ms + ttft_service_ms``."""
+    queue = getattr(actions, "ttft_queue_ms", None)
+    if queue is None:
+        return None
+    return float(queue) + float(getattr(actions, "ttft_service_ms", None) or 0.0)
+
+
+def late_by_ms(
+    predicted_ms: float | None, slo_ttft_ms: float | None, margin: float | None
+) -> float | None:
+    """How much later than its SLO a request is predicted to get its first token when
+    that is beyond ``margin`` (None: not late, nothing to compare, or no margin set)."""
+    if predicted_ms is None or slo_ttft_ms is None or margin is None:
+        return None
+    if predicted_ms <= slo_ttft_ms * (1.0 + margin):
+        return None
+    return predicted_ms - slo_ttft_ms
+
+
+def error_percentiles(errors_ms: Iterable[float]) -> dict[str, float | int | None]:
+    """``{"n", "p50_ms", "p90_ms"}`` of first-token prediction errors (predicted -
+    actual; None while there is none)."""
+    xs = sorted(errors_ms)
+    if not xs:
+        return {"n": 0, "p50_ms": None, "p90_ms": None}
+    return {
+        "n": len(xs),
+        "p50_ms": xs[min(len(xs) - 1, int(0.5 * len(xs)))],
+        "p90_ms": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
+    }
+
+
 def hash_admits(key: str, fraction: float) -> bool:
     """Deterministic: is ``key`` in the admitted ``fraction`` of the key space?"""
     h = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
@@ -389,6 +451,8 @@ class Enforcement:
     _admissions: dict[str, PriorityAdmission] = field(default_factory=dict)
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, last ms
     _retries: dict[str, RetryWindow] = field(default_factory=dict)
+    # predicted - actual first-token time (ms) of admitted requests, the last ones
+    _ttft_errors: deque[float] = field(default_factory=lambda: deque(maxlen=PREDICTION_ERRORS_KEPT))
     _spread_k: int = 0
     _jitter_k: int = 0
 
@@ -446,6 +510,22 @@ class Enforcement:
             int(directive.actions.retry_after_s), self._unit(request)
         )
 
+    def observe_ttft(self, verdict: Verdict, actual_ms: float | None) -> None:
+        """The gateway saw the first byte of a request admitted with ``verdict`` after
+        ``actual_ms`` (None: never): its prediction's error is kept."""
+        if verdict.predicted_ttft_ms is not None and actual_ms is not None:
+            self._ttft_errors.append(verdict.predicted_ttft_ms - actual_ms)
+
+    @property
+    def ttft_errors_ms(self) -> tuple[float, ...]:
+        """Predicted - actual first-token time (ms) of the last admitted requests with a
+        prediction."""
+        return tuple(self._ttft_errors)
+
+    def prediction_error(self) -> dict[str, float | int | None]:
+        """:func:`error_percentiles` of :attr:`ttft_errors_ms`."""
+        return error_percentiles(self._ttft_errors)
+
     # -- the rules
     def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
         a: _ActionsLike = d.actions
@@ -474,6 +554,14 @@ class Enforcement:
         retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
         if reason is not None:
             return Verdict(reason=reason, retry_after_s=retry_after_s)
+        predicted = predicted_ttft_ms(a)
+        late = late_by_ms(predicted, r.slo_ttft_ms, getattr(a, "deadline_margin", None))
+        if late is not None and priority > 0:  # refused at once rather than admitted to miss
+            ceiling = max(1, int(a.retry_after_s))
+            return Verdict(
+                reason="deadline",
+                retry_after_s=spread_retry_after_s(min(ceiling, max(1, math.ceil(late / 1000))), u),
+            )
         if (
             a.rate_limit_rps is not None
             and not self._take_token(scope, a.rate_limit_rps, now_ms)
@@ -485,7 +573,14 @@ class Enforcement:
             if admission is None:
                 admission = self._admissions[scope] = PriorityAdmission()
             rate_rps = a.admit_rps / (a.admit_gateways or 1)
-            admit = admission.decide(priority, rate_rps, now_ms, a.retry_after_s)
+            admit = admission.decide(
+                priority,
+                rate_rps,
+                now_ms,
+                a.retry_after_s,
+                tenant=r.tenant if getattr(a, "fair_share", False) else None,
+                weights=getattr(a, "tenant_weights", None),
+            )
             if not admit.admitted:
                 return Verdict(
                     reason="admission", retry_after_s=spread_retry_after_s(admit.retry_after_s, u)
@@ -494,7 +589,13 @@ class Enforcement:
         if cap is not None and r.prompt_tokens is not None and r.prompt_tokens <= cap:
             cap = None  # shorter already: nothing to cap
         cutoff = a.queue_timeout_for(priority)
-        if cutoff is None and cap is None and a.fallback_model is None and not half_open:
+        if (
+            cutoff is None
+            and cap is None
+            and a.fallback_model is None
+            and not half_open
+            and predicted is None
+        ):
             return ADMIT
         return Verdict(
             retry_after_s=retry_after_s if cutoff is not None else 0,
@@ -502,6 +603,7 @@ class Enforcement:
             fallback_model=a.fallback_model,
             queue_timeout_ms=cutoff,
             half_open_admitted=half_open,
+            predicted_ttft_ms=predicted,
         )
 
     def _unit(self, r: RequestFacts) -> float:

@@ -58,7 +58,6 @@ as they would without the middleware.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -81,6 +80,9 @@ from producers.asgi_control import (
     PRIORITY_HEADER,
     REJECTED_STATE_KEY,
     REQUEST_ID_HEADER,
+    SLO_TPOT_HEADER,
+    SLO_TTFT_HEADER,
+    TENANT_HEADER,
     ASGIApp,
     Message,
     Receive,
@@ -88,6 +90,7 @@ from producers.asgi_control import (
     Send,
     header,
     int_header,
+    positive_ms,
 )
 from producers.client_retry import (
     ClientAttempt,
@@ -99,7 +102,6 @@ from producers.emit import EventSink
 
 log = logging.getLogger(__name__)
 
-TENANT_HEADER: Final = b"x-tenant-id"
 MAX_REQUEST_ID_LEN: Final = 128
 _TRACE_HEADERS: Final = frozenset({b"traceparent", b"tracestate"})
 
@@ -107,9 +109,6 @@ _TRACE_HEADERS: Final = frozenset({b"traceparent", b"tracestate"})
 INFERENCE_ROUTES: Final = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
 )
-# llm-d's per-request latency objectives (milliseconds), recorded as the client sent them.
-SLO_TTFT_HEADER: Final = b"x-llm-d-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = b"x-llm-d-slo-tpot-ms"
 LLMD_PRIORITY_HEADER: Final = b"x-llm-d-priority"
 PRIORITY_STATE_KEY: Final = "tailguard.priority"
 SSE_TAIL_BYTES: Final = 64 * 1024
@@ -161,14 +160,7 @@ class PriorityRules:
 
 
 def _positive_ms(scope: Scope, name: bytes) -> float | None:
-    value = header(scope, name)
-    if value is None:
-        return None
-    try:
-        ms = float(value.strip())
-    except ValueError:
-        return None
-    return ms if math.isfinite(ms) and 0 < ms <= 2.0**53 else None
+    return positive_ms(header(scope, name))
 
 
 def priority_from_state(scope: Scope) -> int:

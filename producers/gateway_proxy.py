@@ -297,6 +297,18 @@ def control_metrics(enforcement: Enforcement | None, loop_delay: LoopDelay | Non
     if enforcement is not None:
         for what, n in sorted(enforcement.applied.items()):
             lines.append(f'tailguard_gateway_control_applied_total{{what="{what}"}} {n}')
+    lines += [
+        "# HELP tailguard_gateway_ttft_prediction_error_ms Predicted - actual first-byte "
+        "time of the last admitted requests with a first-token prediction (issue 52).",
+        "# TYPE tailguard_gateway_ttft_prediction_error_ms summary",
+    ]
+    if enforcement is not None:
+        err = enforcement.prediction_error()
+        for q, key in (("0.5", "p50_ms"), ("0.9", "p90_ms")):
+            if err[key] is not None:
+                lines.append(f'tailguard_gateway_ttft_prediction_error_ms{{quantile="{q}"}} '
+                             f"{err[key]}")  # fmt: skip
+        lines.append(f"tailguard_gateway_ttft_prediction_error_ms_count {err['n']}")
     text = "\n".join(lines) + "\n"
     return text + loop_delay.prometheus() if loop_delay is not None else text
 

@@ -70,6 +70,7 @@ from typing import Any, Final
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
+from producers.asgi_control import SLO_TTFT_HEADER, positive_ms
 from producers.client_retry import (
     ClientAttempt,
     attempt_request_id,
@@ -331,6 +332,7 @@ class TailguardGate:
             tenant=tenant,
             attempt=client.attempt,
             logical_id=client.logical_id,
+            slo_ttft_ms=positive_ms(headers.get(SLO_TTFT_HEADER.decode())),
         )
         self.counters["requests"] += 1
         self._emit(

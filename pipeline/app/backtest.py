@@ -47,6 +47,7 @@ report`` applies it to the store.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -346,6 +347,7 @@ def _run_json(  # noqa: PLR0917
         "notices": control.notices,
         "logical": _logical_doc(spec, logical, in_ep),
     }
+    out.update(_admission_doc(records, gate, config, spec, span_s=span_s, in_ep=in_ep))
     if ep is not None:
         ep_rs = [r for r in records if in_ep is not None and in_ep(r)]
         ep_s = ep.end_offset_s - ep.start_offset_s
@@ -367,6 +369,81 @@ def _run_json(  # noqa: PLR0917
             ),
         }
     return out
+
+
+def _admission_doc(
+    records: list[RequestRecord],
+    gate: GatewayGate | None,
+    config: SimConfig,
+    spec: SLOSpec,
+    *,
+    span_s: float,
+    in_ep: Any,
+) -> dict[str, Any]:
+    """Issue 52's figures, present only when the run has them: ``own_slo`` (requests
+    carrying their own first-token SLO: counted against it), ``ttft_prediction`` (the
+    gates' P50/P90 of predicted - actual first-token time on admitted requests) and
+    ``by_tenant`` (with a tenant flood: each tenant's requests, turned away and SLOs over
+    the run and, at the flood's priority, during the flood)."""
+    out: dict[str, Any] = {}
+    own = [r for r in records if r.slo_ttft_ms is not None]
+    if own:
+        out["own_slo"] = {"run": _own_slo(own, span_s)}
+        if in_ep is not None and config.overload is not None:
+            ep_s = config.overload.end_offset_s - config.overload.start_offset_s
+            out["own_slo"]["episode"] = _own_slo([r for r in own if in_ep(r)], ep_s)
+    errors = gate.prediction_error() if gate is not None else {"n": 0}
+    if errors["n"]:
+        out["ttft_prediction"] = errors
+    if config.tenant_floods:
+        flood = config.tenant_floods[0]
+        lo = config.start_unix_ns + int(flood.start_offset_s * 1e9)
+        hi = config.start_unix_ns + int(flood.end_offset_s * 1e9)
+        by_tenant: dict[str, Any] = {}
+        for tenant in sorted({r.tenant or "" for r in records}):
+            rs = [r for r in records if (r.tenant or "") == tenant]
+            during = [r for r in rs if r.priority == flood.priority and lo <= r.ts_unix_ns < hi]
+            by_tenant[tenant] = {
+                "requests": len(rs),
+                "turned_away": sum(1 for r in rs if r.outcome == "rejected"),
+                "slos": {n: v["compliance"] for n, v in _slo_doc(spec, rs).items()},
+                "flood_requests": len(during),
+                "flood_turned_away": sum(1 for r in during if r.outcome == "rejected"),
+                "flood_turned_away_by": dict(
+                    Counter(str(r.control_verdict) for r in during if r.outcome == "rejected")
+                ),
+                "flood_slos": {n: v["compliance"] for n, v in _slo_doc(spec, during).items()},
+            }
+        out["by_tenant"] = by_tenant
+    return out
+
+
+def _own_slo(records: list[RequestRecord], span_s: float | None) -> dict[str, Any]:
+    """Attempts carrying their own first-token SLO: ``good`` (served, first byte within
+    it), ``admitted`` (not turned away at the gateway: served, given up on, or cut off
+    in the queue), ``late_admitted`` (admitted, not good), ``refused_as_late``
+    (``deadline``: refused, or in shadow would have been)."""
+    good = sum(
+        1
+        for r in records
+        if r.outcome == "ok"
+        and r.gateway_ttfb_ms is not None
+        and r.slo_ttft_ms is not None
+        and r.gateway_ttfb_ms <= r.slo_ttft_ms
+    )
+    turned_away = sum(
+        1 for r in records if r.outcome == "rejected" and r.control_verdict != "queue_timeout"
+    )
+    admitted = len(records) - turned_away
+    return {
+        "requests": len(records),
+        "admitted": admitted,
+        "good": good,
+        "late_admitted": admitted - good,
+        "late_share": (admitted - good) / admitted if admitted else None,
+        "refused_as_late": sum(1 for r in records if r.control_verdict == "deadline"),
+        "goodput_rps": good / span_s if span_s else None,
+    }
 
 
 def _logical_doc(spec: SLOSpec, logical: list[LogicalRequest], in_ep: Any) -> dict[str, Any]:

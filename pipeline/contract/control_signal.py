@@ -14,10 +14,12 @@ Kafka message: key = ``utf8(scope)`` (the topic is compacted, so the log keeps
 the latest signal per scope), value = one JSON object::
 
     {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
-                "cap_context_tokens":8192,"fallback_model":"llama-8b",
+                "cap_context_tokens":8192,"deadline_margin":null,
+                "fair_share":false,"fallback_model":"llama-8b",
                 "queue_timeout_ms":null,"rate_limit_rps":null,
                 "reject_new_sessions":true,"retry_after_s":30,
-                "shed_priorities_at_or_above":2},
+                "shed_priorities_at_or_above":2,"tenant_weights":null,
+                "ttft_queue_ms":null,"ttft_service_ms":null},
      "as_of_unix_ms":1699999990000,
      "budget_exhausted":false,"expires_at_unix_ms":1700000030000,
      "figures":{"p99_ms":412.5,"violation_rate":0.31},
@@ -199,6 +201,8 @@ class _Frozen(BaseModel):
 
 
 CutoffMs = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+TenantName = Annotated[str, Field(min_length=1, max_length=256)]
+TenantWeight = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
 class Actions(_Frozen):
@@ -280,6 +284,59 @@ class Actions(_Frozen):
         ),
     )
 
+    fair_share: bool = Field(
+        json_schema_extra={"policy": True},
+        default=False,
+        description=(
+            "With admit_rps: each priority's admitted rate is shared max-min fairly among "
+            "the tenants that want it (x-tenant-id), weighted by tenant_weights; a tenant "
+            "above its share is turned away first. False: blind within a priority."
+        ),
+    )
+    tenant_weights: dict[TenantName, TenantWeight] | None = Field(
+        json_schema_extra={"policy": True},
+        default=None,
+        max_length=10_000,
+        description=(
+            "With fair_share: the tenants' weights within a priority (a tenant not named "
+            "weighs 1; null: all equal)."
+        ),
+    )
+    deadline_margin: float | None = Field(
+        json_schema_extra={"policy": True, "turns_away": True},
+        default=None,
+        ge=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description=(
+            "Deadline-aware admission (with admission): refuse (429, deadline) a request "
+            "of priority >= 1 whose own first-token SLO (x-llm-d-slo-ttft-ms) the "
+            "directive's prediction (ttft_queue_ms + ttft_service_ms) exceeds by more "
+            "than this share (0.25: by 25 %); null: never refused as late."
+        ),
+    )
+    ttft_queue_ms: float | None = Field(
+        default=None,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Deadline-aware admission: the time a request arriving now is predicted to "
+            "wait queued for its first token (the engines' waiting requests over their "
+            "measured service rate). A request that carries its own first-token SLO and "
+            "is predicted to miss it by a margin is refused at once (429, deadline); "
+            "priority 0 never."
+        ),
+    )
+    ttft_service_ms: float | None = Field(
+        default=None,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Deadline-aware admission: the first-token time without a queue (the "
+            "measured median prefill and gateway overhead), added to ttft_queue_ms."
+        ),
+    )
+
     @field_validator("queue_timeout_ms")
     @classmethod
     def _priority_0_never_cut(cls, v: list[float | None] | None) -> object:
@@ -311,7 +368,7 @@ def marked_fields(actions: type[Actions], mark: str) -> tuple[str, ...]:
 # the policy's ActionsSpec is derived from them (pipeline/spec/policy.py), so a field
 # added here with the mark is a policy field too, validated the same, and reaches the
 # directive (one definition). The others the controller fills in (admit_fraction,
-# admit_rps, admit_gateways, queue_timeout_ms).
+# admit_rps, admit_gateways, queue_timeout_ms, ttft_queue_ms, ttft_service_ms).
 POLICY_FIELDS: Final = marked_fields(Actions, "policy")
 # Policy fields that turn requests away when set (ActionsSpec.turns_away, the load gate).
 TURNS_AWAY_FIELDS: Final = marked_fields(Actions, "turns_away")

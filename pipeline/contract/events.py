@@ -52,8 +52,15 @@ Outcome = Literal["ok", "error", "client_abort", "timeout", "rejected"]
 # the enforcement refused it (enforce) or would have (shadow). One status per reason:
 # 429 + Retry-After, 503 for queue_timeout alone.
 ControlMode = Literal["shadow", "enforce"]
+# "deadline": the request's own first-token SLO would be missed (issue 52: predicted late).
 ControlVerdict = Literal[
-    "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout", "retry_budget"
+    "shed_priority",
+    "new_session",
+    "rate_limit",
+    "admission",
+    "queue_timeout",
+    "retry_budget",
+    "deadline",
 ]
 FinishReason = Literal["stop", "length", "abort", "error"]
 

@@ -57,7 +57,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["AdmissionConfig", "AdmissionControl", "AdmissionStep", "ModelLoad"]
+__all__ = [
+    "TTFT_SERVICE_BOUNDARIES",
+    "AdmissionConfig",
+    "AdmissionControl",
+    "AdmissionStep",
+    "ModelLoad",
+    "ttft_prediction",
+]
+
+# The unqueued first-token time: these boundaries' medians, added (issue 52).
+TTFT_SERVICE_BOUNDARIES: Final = ("prefill_ms", "gateway_overhead_ms")
+
+
+def ttft_prediction(
+    load: ModelLoad, capacity_rps: float | None, medians_ms: dict[str, float]
+) -> dict[str, float]:
+    """Deadline-aware admission (issue 52): the first-token time a request arriving now
+    is predicted to take, as a directive's ``ttft_queue_ms`` (the queue ahead of it, the
+    engines' waiting requests, over their service rate: the measured capacity, else what
+    they served) and ``ttft_service_ms`` (the unqueued first-token time: the medians of
+    :data:`TTFT_SERVICE_BOUNDARIES` over the latency window, added). Empty while either
+    is unknown (nothing is refused as late)."""
+    rate_rps = capacity_rps if capacity_rps else load.served_rps
+    if not rate_rps or "prefill_ms" not in medians_ms:
+        return {}
+    return {
+        "ttft_queue_ms": round(1000.0 * load.waiting / rate_rps, 3),
+        "ttft_service_ms": round(sum(medians_ms.get(b, 0.0) for b in TTFT_SERVICE_BOUNDARIES), 3),
+    }
+
 
 _MIN_RATE_RPS: Final = 0.1
 

@@ -79,7 +79,13 @@ from typing import Any, Final
 
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.contract.summary import ModelWindow, StatsSample, WindowSummary
-from pipeline.core.admission import AdmissionConfig, AdmissionControl, ModelLoad
+from pipeline.core.admission import (
+    TTFT_SERVICE_BOUNDARIES,
+    AdmissionConfig,
+    AdmissionControl,
+    ModelLoad,
+    ttft_prediction,
+)
 from pipeline.core.budget import DEFAULT_BASE_MS, BudgetBook, BudgetEvent, BudgetStatus
 from pipeline.core.load_cause import (
     SLOCoverage,
@@ -528,9 +534,41 @@ class Controller:
         }
         if self.policy.cuts_queue(d.level, d.phase):
             update["queue_timeout_ms"] = self.queue_cutoffs_ms(model)
+        lo = at_ms - self.config.latency_window_ms
+        medians = latency_medians_ms(self._latency, model, lo, at_ms, TTFT_SERVICE_BOUNDARIES)
+        update.update(ttft_prediction(load, cap, medians))
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision)
+
+
+def latency_medians_ms(
+    latency: Mapping[int, Mapping[int, Mapping[str, Mapping[str, QuantileSketch]]]],
+    model: str,
+    lo_ms: int,
+    hi_ms: int,
+    boundaries: tuple[str, ...],
+) -> dict[str, float]:
+    """The median of each of ``boundaries`` for ``model`` over the windows starting in
+    ``[lo_ms, hi_ms)`` (window start -> partition -> model -> boundary -> sketch), for
+    those that have one."""
+    medians: dict[str, float] = {}
+    for b in boundaries:
+        merged: QuantileSketch | None = None
+        for start, by_part in latency.items():
+            if lo_ms <= start < hi_ms:
+                for by_model in by_part.values():
+                    sk = by_model.get(model, {}).get(b)
+                    if sk is None:
+                        continue
+                    if merged is None:
+                        merged = sk.copy()
+                    else:
+                        merged.merge(sk)
+        median = merged.quantile(0.5) if merged is not None else None
+        if median is not None:
+            medians[b] = median
+    return medians
 
 
 # --------------------------------------------------------------------------- #
@@ -551,6 +589,18 @@ def _rate_moved(before: float | None, now: float | None) -> bool:
     if before is None or now is None:
         return before is not now
     return abs(now - before) > RATE_STEP * max(before, 1e-9)
+
+
+# A directive is re-issued when its first-token prediction (ttft_queue_ms) moves by more
+# than this share and at least TTFT_STEP_MS: gateways refuse as late on it (issue 52).
+TTFT_STEP: Final = 0.25
+TTFT_STEP_MS: Final = 100.0
+
+
+def _ttft_moved(before: float | None, now: float | None) -> bool:
+    if before is None or now is None:
+        return before is not now
+    return abs(now - before) > max(TTFT_STEP_MS, TTFT_STEP * before)
 
 
 @dataclass
@@ -648,6 +698,7 @@ class ControlLoop:
         # scope -> (level, phase, held key or None right after a change, event time)
         self._announced: dict[str, tuple[int, str, tuple[str, ...] | None, int]] = {}
         self._rates: dict[str, float | None] = {}  # scope -> admit_rps last announced
+        self._ttfts: dict[str, float | None] = {}  # scope -> ttft_queue_ms last announced
 
     def add(self, s: WindowSummary | StatsSample) -> None:
         if isinstance(s, StatsSample):
@@ -666,14 +717,19 @@ class ControlLoop:
             last = self._announced.get(d.scope)
             key = held_key(d)
             rate = d.actions.admit_rps
+            # the prediction is re-issued only where the gateways refuse on it
+            ttft = d.actions.ttft_queue_ms if d.actions.deadline_margin is not None else None
             if d.changed or last is None or last[:2] != (d.level, d.phase):
                 # a change (its reason says why); the next evaluation's key is absorbed
                 self._announced[d.scope] = (d.level, d.phase, None, d.now_ms)
-                self._rates[d.scope] = rate
+                self._rates[d.scope], self._ttfts[d.scope] = rate, ttft
                 out.append(d)
-            elif _rate_moved(self._rates.get(d.scope), rate):
-                # capacity-aware admission: a new rate is issued at once (not held back)
-                self._rates[d.scope] = rate
+            elif _rate_moved(self._rates.get(d.scope), rate) or _ttft_moved(
+                self._ttfts.get(d.scope), ttft
+            ):
+                # capacity-aware admission: a new rate (or first-token prediction) is
+                # issued at once (not held back)
+                self._rates[d.scope], self._ttfts[d.scope] = rate, ttft
                 out.append(d)
             elif last[2] is None:
                 self._announced[d.scope] = (d.level, d.phase, key, last[3])

@@ -43,6 +43,7 @@ from producers.enforcement import (
     Modes,
     RequestFacts,
     Verdict,
+    error_percentiles,
     hash_admits,
     stricter,
 )
@@ -95,6 +96,8 @@ class Arrival:
     t_ms: float
     attempt: int = 0  # the client's retries so far (the SDK's x-stainless-retry-count)
     logical_id: str | None = None  # an idempotency key, if the client sends one
+    tenant: str | None = None  # the x-tenant-id it carries
+    slo_ttft_ms: float | None = None  # its own first-token SLO (x-llm-d-slo-ttft-ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,8 @@ class GatewayGate:
     half_open_admitted: int = 0
     fallbacks: int = 0
     loop_delay: LoopDelay = field(default_factory=LoopDelay)
+    # admitted requests with a first-token prediction: request id -> (gateway, verdict)
+    _predicted: dict[str, tuple[str, Verdict]] = field(default_factory=dict)
     # deliveries not yet in force: (at_unix_ms, order, scope, directive), a heap
     _pending: list[tuple[float, int, str, DirectiveLike]] = field(default_factory=list)
     _delivered: int = 0
@@ -194,6 +199,8 @@ class GatewayGate:
             request_key=arrival.request_id,
             attempt=arrival.attempt,
             logical_id=arrival.logical_id,  # the simulated OpenAI SDK sends none
+            tenant=arrival.tenant,
+            slo_ttft_ms=arrival.slo_ttft_ms,
         )
         d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
         act = d.act
@@ -209,13 +216,24 @@ class GatewayGate:
                 self.capped[arrival.priority] += 1  # the prompt is cut
             if act.fallback_model is not None:
                 self.fallbacks += 1
+            if d.verdict.predicted_ttft_ms is not None:
+                self._predicted[arrival.request_id] = (arrival.gateway, d.verdict)
         return d
 
     def on_complete(self, done: Completion) -> None:
         """The simulator reports a request this gate admitted (``decide`` returned no
-        reject) once, when its ``gateway.completed`` is emitted. Directives need no
-        feedback: a no-op here; adaptive baselines override it."""
-        return
+        reject) once, when its ``gateway.completed`` is emitted: its first byte is the
+        actual of its first-token prediction, if it had one (adaptive baselines
+        override it)."""
+        seen = self._predicted.pop(done.request_id, None)
+        if seen is not None:
+            self.enforcements[seen[0]].observe_ttft(seen[1], done.ttfb_ms)
+
+    def prediction_error(self) -> dict[str, float | int | None]:
+        """P50/P90 of predicted - actual first-token time over every gateway's admitted
+        requests with a prediction (:meth:`producers.enforcement.Enforcement.
+        prediction_error`)."""
+        return error_percentiles([x for e in self.enforcements.values() for x in e.ttft_errors_ms])
 
     def shed_by_priority(self) -> dict[int, int]:
         out: dict[int, int] = {}

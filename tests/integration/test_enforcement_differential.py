@@ -13,7 +13,9 @@ injected headers and recorded ``control_verdict`` from all three. A share of the
 are clients' retries, as the SDKs mark them (``x-stainless-retry-count``, or a repeated
 ``idempotency-key``), so the retry budget is held to it too. The clocks are the test's:
 each gateway's admission reads the arrival's time, so the comparison does not depend on
-this machine's speed.
+this machine's speed. Each arrival names a tenant (``x-tenant-id``: one sends most, some
+none) and some carry their own first-token SLO (``x-llm-d-slo-ttft-ms``), so the fair
+share within a priority and the deadline refusal (issue 52) are held to it too.
 """
 
 from __future__ import annotations
@@ -91,7 +93,25 @@ SEQUENCE: list[tuple[str, Directive]] = [
     ("*", _d(3, "*", shed_priorities_at_or_above=0, retry_after_s=2)),
     ("*", _d(0, "*", "normal")),
     ("m", _d(1, "m", admit_rps=12.5, rate_limit_rps=40.0, cap_context_tokens=512)),
+    # fair shares (weighted) and the deadline: 900 ms predicted against 300 ms-5 s SLOs
+    (
+        "m",
+        _d(
+            2,
+            "m",
+            admit_rps=40.0,
+            admit_gateways=2,
+            fair_share=True,
+            tenant_weights={"t1": 3.0},
+            ttft_queue_ms=800.0,
+            ttft_service_ms=100.0,
+            deadline_margin=0.25,
+            retry_after_s=6,
+        ),
+    ),
 ]
+TENANTS = ["t0"] * 6 + ["t1", "t2", None]  # t0 sends most; some requests name none
+SLOS = [None, None, 300.0, 1000.0, 5000.0]  # the request's own first-token SLO
 
 
 class Clock:
@@ -124,12 +144,13 @@ def _retry_headers(i: int, rng: random.Random) -> dict[str, str]:
 
 
 def _expected(gate: GatewayGate, t_ms: float, model: str, prio: int, rid: str, *,
-              retry: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+              retry: dict[str, str], tenant: str | None,
+              slo: float | None) -> dict[str, Any]:  # fmt: skip
     attempt = client_attempt(retry.get)
     # the attempt's id, as the gateways record it and key it (a retry's is suffixed)
     key = attempt_request_id(rid, attempt)
     d = gate.decision(Arrival(model, prio, key, rid, "g", 100_000, t_ms, attempt.attempt,
-                              attempt.logical_id))  # fmt: skip
+                              attempt.logical_id, tenant=tenant, slo_ttft_ms=slo))  # fmt: skip
     v = d.act
     if v.reason is not None:
         return {"status": v.status, "retry_after": str(v.retry_after_s), "reason": v.reason,
@@ -197,13 +218,15 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
         clients = {k: stack.enter_context(httpx.Client(base_url=u, timeout=30.0))
                    for k, u in urls.items()}  # fmt: skip
         retry_rng = random.Random(47)
+        who_rng = random.Random(52)
         for i, t_ms, model, prio, rid, new in _arrivals():
             if i % PER_DIRECTIVE == 0:
                 scope, directive = SEQUENCE[(i // PER_DIRECTIVE) % len(SEQUENCE)]
                 scopes[scope] = directive
             clock.now_ms = t_ms
             retry = _retry_headers(i, retry_rng)
-            want = _expected(gate, t_ms, model, prio, rid, retry=retry)
+            tenant, slo = who_rng.choice(TENANTS), who_rng.choice(SLOS)
+            want = _expected(gate, t_ms, model, prio, rid, retry=retry, tenant=tenant, slo=slo)
             key = attempt_request_id(rid, client_attempt(retry.get))
             expected_verdicts[key] = want.pop("verdict")
             refused += want["status"] != 200
@@ -212,6 +235,10 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
                        "x-tailguard-model": model, **retry}  # fmt: skip
             if not new or key != rid:  # a retry continues its session (the simulator's)
                 headers["x-tailguard-session"] = rid
+            if tenant is not None:
+                headers["x-tenant-id"] = tenant
+            if slo is not None:
+                headers["x-llm-d-slo-ttft-ms"] = f"{slo:g}"
             body = {"model": model, "prompt": "hi", "max_tokens": 1}
             for name, client in clients.items():
                 got = _seen(client.post("/v1/completions", json=body, headers=headers))
@@ -220,7 +247,9 @@ def test_middleware_proxy_and_simulator_decide_alike() -> None:
     assert not mismatches, f"{len(mismatches)} mismatches, first: {mismatches[:5]}"
     # every field and reason was exercised, and the directives turned a real share away
     reasons = {why for (_p, why) in gate.rejected}
-    assert reasons == {"shed_priority", "new_session", "rate_limit", "admission", "retry_budget"}
+    assert reasons == {
+        "shed_priority", "new_session", "rate_limit", "admission", "retry_budget", "deadline"
+    }  # fmt: skip
     assert 0 < told_not_to_retry < refused  # some refusals invite a retry, some do not
     assert gate.half_open_admitted > 0
     assert sum(gate.capped.values()) > 0

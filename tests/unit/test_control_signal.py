@@ -89,10 +89,12 @@ GOLDEN_KEY = b"tailguard-golden-vector-key-0001"
 GOLDEN_KEY_B64 = "dGFpbGd1YXJkLWdvbGRlbi12ZWN0b3Ita2V5LTAwMDE="
 GOLDEN_CANONICAL = (
     '{"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,'
-    '"cap_context_tokens":8192,'
-    '"fallback_model":"llama-3-8b","queue_timeout_ms":null,"rate_limit_rps":150.0,'
+    '"cap_context_tokens":8192,"deadline_margin":null,'
+    '"fair_share":false,"fallback_model":"llama-3-8b","queue_timeout_ms":null,'
+    '"rate_limit_rps":150.0,'
     '"reject_new_sessions":true,'
-    '"retry_after_s":30,"shed_priorities_at_or_above":2},"as_of_unix_ms":1699999990000,'
+    '"retry_after_s":30,"shed_priorities_at_or_above":2,"tenant_weights":null,'
+    '"ttft_queue_ms":null,"ttft_service_ms":null},"as_of_unix_ms":1699999990000,'
     '"budget_exhausted":false,'
     '"expires_at_unix_ms":1700000030000,"figures":{"big":1.5e+20,"gpu_oom":false,'
     '"kv_hit_rate":0.78,"n":3.0,"p99_ms":412.5,"queue_depth":null,"violation_rate":1e-7},'
@@ -100,7 +102,7 @@ GOLDEN_CANONICAL = (
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "jHYJwO4rX21zaqOLO7WjgrHaZlF/maJdwAP/bs9Xkck="
+GOLDEN_SIG = "ZjF+DyLa3TV3b53oK8alGXndS7mdKzveQdTX6Iaoz10="
 
 
 def _golden_unsigned() -> UnsignedSignal:
