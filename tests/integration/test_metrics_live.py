@@ -30,7 +30,8 @@ from tests.control_fixtures import (
     write_control_keys,
 )
 from tests.integration.harness import WorkerProcess, make_settings
-from tools.dev.alertmanager_local import LocalAlertmanager, free_port
+from tools.dev.alertmanager_local import LocalAlertmanager
+from tools.dev.go_server import free_port
 from tools.dev.prometheus_local import LocalPrometheus, promtool
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(60)]

@@ -16,7 +16,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.contract.codec import SourceRef, decode_message
 from tests.unit.test_vllm_metrics import V1
-from tools.dev.alertmanager_local import free_port
+from tools.dev.go_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,29 +24,23 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import stat
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from tools.dev.go_server import HOST, LocalServer, go, run
 from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 AM_MODULE = "github.com/prometheus/alertmanager"
 AM_VERSION = "v0.35.0"
-HOST = "127.0.0.1"
-BUILD_TIMEOUT_S = 1800.0
 ENV_CACHE_DIR = "TAILGUARD_ALERTMANAGER_CACHE"
 
 log = logging.getLogger(__name__)
@@ -65,33 +59,6 @@ def binary_path(cache_dir: Path | None = None, version: str = AM_VERSION) -> Pat
     return (cache_dir or default_cache_dir()) / version / "bin" / "alertmanager"
 
 
-def _go() -> str:
-    found = shutil.which("go")
-    if found is None and Path("/usr/local/go/bin/go").exists():
-        found = "/usr/local/go/bin/go"
-    if found is None:
-        raise AlertmanagerLocalError(
-            "`go` not found on PATH: Alertmanager is built from its Go module "
-            "(install Go 1.25+, e.g. `apt-get install golang-go`)"
-        )
-    return found
-
-
-def _run(cmd: list[str], cwd: Path | None, env: dict[str, str]) -> str:
-    try:
-        out = subprocess.run(
-            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AlertmanagerLocalError(f"`{' '.join(cmd)}` failed: {exc}") from exc
-    if out.returncode != 0:
-        raise AlertmanagerLocalError(
-            f"`{' '.join(cmd)}` exited {out.returncode}:\n{(out.stderr or out.stdout)[-4000:]}"
-        )
-    return out.stdout
-
-
 def ensure_alertmanager(cache_dir: Path | None = None, *, version: str = AM_VERSION) -> Path:
     """The built binary, building it first when the cache lacks it (minutes, once)."""
     binary = binary_path(cache_dir, version)
@@ -102,11 +69,17 @@ def ensure_alertmanager(cache_dir: Path | None = None, *, version: str = AM_VERS
     with _file_lock(root.parent / ".build.lock"):
         if os.access(binary, os.X_OK):
             return binary
-        go = _go()
+        try:
+            go_bin = go()
+        except RuntimeError as exc:
+            raise AlertmanagerLocalError(str(exc)) from exc
         env = dict(os.environ, GOFLAGS="-mod=mod -buildvcs=false", CGO_ENABLED="0")
         t0 = time.monotonic()
-        download = [go, "mod", "download", "-json", f"{AM_MODULE}@{version}"]
-        info = json.loads(_run(download, None, env))
+        download = [go_bin, "mod", "download", "-json", f"{AM_MODULE}@{version}"]
+        try:
+            info = json.loads(run(download, None, env))
+        except RuntimeError as exc:
+            raise AlertmanagerLocalError(str(exc)) from exc
         src = root / "src"
         if src.exists():
             shutil.rmtree(src)
@@ -119,19 +92,16 @@ def ensure_alertmanager(cache_dir: Path | None = None, *, version: str = AM_VERS
             page.write_text("<!doctype html><p>Alertmanager built by tailguard: API only.</p>\n")
         tmp = binary.with_suffix(".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        _run([go, "build", "-trimpath", "-o", str(tmp), "./cmd/alertmanager"], src, env)
+        try:
+            run([go_bin, "build", "-trimpath", "-o", str(tmp), "./cmd/alertmanager"], src, env)
+        except RuntimeError as exc:
+            raise AlertmanagerLocalError(str(exc)) from exc
         tmp.replace(binary)
         shutil.rmtree(src, ignore_errors=True)
         took = time.monotonic() - t0
         (root / "BUILD.txt").write_text(f"{AM_MODULE}@{version} built in {took:.0f} s\n")
         log.info("built Alertmanager %s in %.0f s: %s", version, took, binary)
     return binary
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 CONFIG = """\
@@ -144,8 +114,11 @@ receivers:
 """
 
 
-class LocalAlertmanager:
+class LocalAlertmanager(LocalServer):
     """One Alertmanager process on 127.0.0.1 (clustering off), stopped by its PID."""
+
+    name = "alertmanager"
+    error = AlertmanagerLocalError
 
     def __init__(
         self,
@@ -156,65 +129,20 @@ class LocalAlertmanager:
         ready_timeout_s: float = 60.0,
         config: str = CONFIG,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        super().__init__(run_dir, port=port, ready_timeout_s=ready_timeout_s)
         self.config = config
-        self.port = port or free_port()
         self.binary = binary
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> None:
+    def command(self) -> list[str]:
         binary = self.binary or ensure_alertmanager()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "alertmanager.yml").write_text(self.config)
-        out = (self.run_dir / "alertmanager.out").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                str(binary),
-                f"--config.file={self.run_dir / 'alertmanager.yml'}",
-                f"--storage.path={self.run_dir / 'data'}",
-                f"--web.listen-address={HOST}:{self.port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        out.close()
-        (self.run_dir / "alertmanager.pid").write_text(f"{self.proc.pid}\n")
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise AlertmanagerLocalError(
-                    f"alertmanager exited {self.proc.returncode}; "
-                    f"see {self.run_dir}/alertmanager.out"
-                )
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r,  # noqa: S310
-            ):
-                if r.status == 200:
-                    return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AlertmanagerLocalError(f"alertmanager not ready in {self.ready_timeout_s} s")
-            time.sleep(0.1)  # polling a readiness endpoint: nothing to await
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout_s)
-        self.proc = None
+        return [
+            str(binary),
+            f"--config.file={self.run_dir / 'alertmanager.yml'}",
+            f"--storage.path={self.run_dir / 'data'}",
+            f"--web.listen-address={HOST}:{self.port}",
+            "--cluster.listen-address=",
+        ]
 
     def alerts(self, **filters: str) -> list[dict[str, Any]]:
         """``GET /api/v2/alerts`` (``active``, ``silenced``, ``inhibited``, ``unprocessed``)."""
@@ -223,15 +151,6 @@ class LocalAlertmanager:
         with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310
             doc: list[dict[str, Any]] = json.loads(r.read())
         return doc
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,11 +26,9 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,12 +36,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import yaml
 
-from tools.dev.alertmanager_local import HOST, _go, _run, free_port
+from tools.dev.go_server import HOST, LocalServer, go, run
 from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 PROM_MODULE = "github.com/prometheus/prometheus"
@@ -78,7 +75,7 @@ def ensure_prometheus(cache_dir: Path | None = None, *, version: str = PROM_VERS
         if all(os.access(out / b, os.X_OK) for b in BINARIES):
             return out
         try:
-            go = _go()
+            go_bin = go()
         except RuntimeError as exc:
             raise PrometheusLocalError(str(exc)) from exc
         # the module ships a go.work for its own development: not ours
@@ -86,13 +83,13 @@ def ensure_prometheus(cache_dir: Path | None = None, *, version: str = PROM_VERS
         t0 = time.monotonic()
         try:
             info = json.loads(
-                _run([go, "mod", "download", "-json", f"{PROM_MODULE}@{version}"], None, env)
+                run([go_bin, "mod", "download", "-json", f"{PROM_MODULE}@{version}"], None, env)
             )
             tmp = root / "bin.tmp"
             tmp.mkdir(parents=True, exist_ok=True)
             # the module cache is read-only; go build writes nothing into the source
-            build = [go, "build", "-trimpath", "-tags", "remove_all_sd", "-o", f"{tmp}/"]
-            _run([*build, "./cmd/prometheus", "./cmd/promtool"], Path(info["Dir"]), env)
+            build = [go_bin, "build", "-trimpath", "-tags", "remove_all_sd", "-o", f"{tmp}/"]
+            run([*build, "./cmd/prometheus", "./cmd/promtool"], Path(info["Dir"]), env)
         except RuntimeError as exc:
             raise PrometheusLocalError(str(exc)) from exc
         out.mkdir(parents=True, exist_ok=True)
@@ -115,9 +112,12 @@ def run_promtool(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedPr
     )
 
 
-class LocalPrometheus:
+class LocalPrometheus(LocalServer):
     """One Prometheus on 127.0.0.1 scraping ``targets`` every ``interval``, evaluating
     ``rule_files`` as often, alerting ``alertmanager`` (``host:port``); stopped by PID."""
+
+    name = "prometheus"
+    error = PrometheusLocalError
 
     def __init__(
         self,
@@ -130,18 +130,11 @@ class LocalPrometheus:
         port: int = 0,
         ready_timeout_s: float = 60.0,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        super().__init__(run_dir, port=port, ready_timeout_s=ready_timeout_s)
         self.targets = list(targets)
         self.rule_files = [Path(p).resolve() for p in rule_files]
         self.alertmanager = alertmanager
         self.interval = interval
-        self.port = port or free_port()
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
 
     def config(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -157,56 +150,18 @@ class LocalPrometheus:
             }
         return doc
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         binary = ensure_prometheus() / "prometheus"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         conf = self.run_dir / "prometheus.yml"
         conf.write_text(yaml.safe_dump(self.config(), sort_keys=False))
-        out = (self.run_dir / "prometheus.out").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                str(binary),
-                f"--config.file={conf}",
-                f"--storage.tsdb.path={self.run_dir / 'data'}",
-                f"--web.listen-address={HOST}:{self.port}",
-                # resolved alerts reach Alertmanager on the next evaluation, not a minute on
-                "--rules.alert.resend-delay=1s",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=self.run_dir,
-        )
-        out.close()
-        (self.run_dir / "prometheus.pid").write_text(f"{self.proc.pid}\n")
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise PrometheusLocalError(
-                    f"prometheus exited {self.proc.returncode}; see {self.run_dir}/prometheus.out"
-                )
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r,  # noqa: S310
-            ):
-                if r.status == 200:
-                    return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise PrometheusLocalError(f"prometheus not ready in {self.ready_timeout_s} s")
-            time.sleep(0.1)  # polling a readiness endpoint: nothing to await
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout_s)
-        self.proc = None
+        return [
+            str(binary),
+            f"--config.file={conf}",
+            f"--storage.tsdb.path={self.run_dir / 'data'}",
+            f"--web.listen-address={HOST}:{self.port}",
+            # resolved alerts reach Alertmanager on the next evaluation, not a minute on
+            "--rules.alert.resend-delay=1s",
+        ]
 
     def _get(self, path: str, **params: str) -> Any:
         query = urllib.parse.urlencode(params)
@@ -226,15 +181,6 @@ class LocalPrometheus:
         """``GET /api/v1/alerts``: the alerts pending or firing now."""
         alerts: list[dict[str, Any]] = self._get("/api/v1/alerts")["alerts"]
         return alerts
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

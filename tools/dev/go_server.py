@@ -1,0 +1,129 @@
+"""What the local Go servers for tests share: building with ``go`` and running one process.
+
+:mod:`tools.dev.alertmanager_local` and :mod:`tools.dev.prometheus_local` build their
+binary from a Go module into ``<repo>/.cache`` (:func:`go`, :func:`run`) and run it on
+127.0.0.1 as a :class:`LocalServer`: started with its log in ``<run_dir>/<name>.out`` and
+its PID in ``<run_dir>/<name>.pid``, ready when ``GET /-/ready`` answers 200, stopped by
+its PID (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Self
+
+HOST = "127.0.0.1"
+BUILD_TIMEOUT_S = 1800.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def go() -> str:
+    """The ``go`` binary's path (on PATH, or Go's own install folder)."""
+    found = shutil.which("go")
+    if found is None and Path("/usr/local/go/bin/go").exists():
+        found = "/usr/local/go/bin/go"
+    if found is None:
+        raise RuntimeError(
+            "`go` not found on PATH: the local Prometheus and Alertmanager are built from "
+            "their Go modules (install Go 1.25+, e.g. `apt-get install golang-go`)"
+        )
+    return found
+
+
+def run(cmd: list[str], cwd: Path | None, env: dict[str, str]) -> str:
+    """``cmd``'s standard output; a ``RuntimeError`` with its last output when it fails."""
+    try:
+        out = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {exc}") from exc
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` exited {out.returncode}:\n{(out.stderr or out.stdout)[-4000:]}"
+        )
+    return out.stdout
+
+
+class LocalServer:
+    """One server process on 127.0.0.1, run in ``run_dir``; a subclass names it, says
+    which error it raises and gives its command line (:meth:`command`)."""
+
+    name: ClassVar[str]
+    error: ClassVar[type[RuntimeError]]
+
+    def __init__(self, run_dir: Path, *, port: int = 0, ready_timeout_s: float = 60.0) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.port = port or free_port()
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The command line (building the binary first when missing, writing its config)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        out = (self.run_dir / f"{self.name}.out").open("ab")
+        self.proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.run_dir
+        )
+        out.close()
+        (self.run_dir / f"{self.name}.pid").write_text(f"{self.proc.pid}\n")
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise self.error(
+                    f"{self.name} exited {self.proc.returncode}; see {self.run_dir}/{self.name}.out"
+                )
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r,  # noqa: S310
+            ):
+                if r.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self.error(f"{self.name} not ready in {self.ready_timeout_s} s")
+            time.sleep(0.1)  # polling a readiness endpoint: nothing to await
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout_s)
+        self.proc = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
