@@ -48,7 +48,7 @@ report`` applies it to the store.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -56,6 +56,7 @@ from typing import Any, Final
 from pipeline.app.figures import figure, percent
 from pipeline.app.replay import ReplayResult, _ControlRun
 from pipeline.contract.codec import encode_event
+from pipeline.contract.events import Event
 from pipeline.core.join import JoinConfig
 from pipeline.core.logical import LogicalRequest, logical_requests
 from pipeline.core.logical import counts as logical_counts
@@ -74,6 +75,7 @@ from producers.simulator.trace import TraceRequest
 BACKTEST_WINDOW = WindowConfig(grace_ms=5_000)
 BACKTEST_JOIN = JoinConfig(timeout_ms=5_000)
 BATCH_EVENTS = 100  # events per processing step (a few seconds of simulated time)
+Batch = list[tuple[int, int, bytes]]  # the processor's input: (partition, offset, message)
 EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_total_ms")
 # The live loop's delay, evidence (the end of the window a decision read) to the
 # directive in force at a gateway, in event time: the P99 in real time (1x: a deployment's
@@ -217,11 +219,10 @@ def run_loop(
         gateway_instances=len(config.gateway_hosts),
     )
     result.control = control
-    batch: list[tuple[int, int, bytes]] = []
 
-    def step(final: bool = False) -> None:
+    def step(batch: Batch | None) -> None:
         n_before = len(control.decisions)
-        out = proc.drain() if final else proc.process(batch, wall_ms=None)
+        out = proc.drain() if batch is None else proc.process(batch, wall_ms=None)
         result._take(out)
         control.feed(out)
         if applies and gate is not None:
@@ -231,14 +232,9 @@ def run_loop(
                 directive = directive_of(d.level, d.phase, d.actions, d.scope, d.now_ms)
                 gate.deliver(d.scope, directive, d.now_ms + loop_delay_ms)
 
-    for offset, ev in enumerate(sim.events()):
-        batch.append((0, offset, encode_event(ev)))
-        if len(batch) >= BATCH_EVENTS:
-            step()
-            batch = []
-    if batch:
-        step()
-    step(final=True)
+    for batch in in_batches(enumerate(sim.events())):
+        step(batch)
+    step(None)  # the last windows, drained
     ep = config.overload
     if ep is None and window_s is not None:
         # measured as an episode, nothing replicated: the trace has its own
@@ -250,6 +246,19 @@ def run_loop(
     if applies and gate is not None:
         doc["loop_delay"] = {"set_ms": loop_delay_ms, **gate.loop_delay.summary()}
     return doc
+
+
+def in_batches(events: Iterable[tuple[int, Event]]) -> Iterator[Batch]:
+    """``(offset, event)`` pairs as the processor's input, encoded, :data:`BATCH_EVENTS`
+    to a batch (the last one shorter)."""
+    batch: Batch = []
+    for offset, ev in events:
+        batch.append((0, offset, encode_event(ev)))
+        if len(batch) >= BATCH_EVENTS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _p99(values: list[float]) -> float | None:

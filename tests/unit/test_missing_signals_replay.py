@@ -18,27 +18,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.app.backtest import BACKTEST_JOIN, BACKTEST_WINDOW, BATCH_EVENTS
 from pipeline.app.replay import _ControlRun
-from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE
-from pipeline.contract.codec import encode_event
-from pipeline.core.processor import StreamProcessor
-from pipeline.core.slo_windows import WindowSLOCounts
-from pipeline.settings import DEFAULT_SLO_SPEC
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
-from pipeline.spec.slo import load_spec_file
-from producers.simulator.gate import GatewayGate, directive_of
-from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
-from producers.simulator.trace import read_trace
+from tests.overload_replay import EPISODE_S, START_MS, at_s, replay_overload
 
 pytestmark = pytest.mark.long(30)
 
-LIMIT = 6000
-EPISODE_S = (120.0, 420.0)
 GATEWAY_ONLY = frozenset({"engine.stats", "engine.finished"})
 NO_STATS = frozenset({"engine.stats"})
 EVERYTHING: frozenset[str] = frozenset()
-START_MS = BACKTEST_START_UNIX_NS // 1_000_000
 
 
 @dataclass
@@ -52,59 +40,24 @@ class Run:
 def _run(dropped: frozenset[str]) -> Run:
     """The tailguard loop over the short trace, with the event kinds ``dropped`` never
     reaching the pipeline (they still happen in the simulator)."""
-    spec = load_spec_file(DEFAULT_SLO_SPEC)
-    config = SimConfig(
-        start_unix_ns=BACKTEST_START_UNIX_NS, seed=1, overload=OverloadEpisode(*EPISODE_S, 4.0)
+    replayed = replay_overload(
+        "missing",
+        lambda spec, wc, gateways: _ControlRun.build(  # the backtest's (the worker's) loop
+            load_policy_file(DEFAULT_POLICY_PATH),
+            spec,
+            None,
+            wc,
+            queue_capacity=64,
+            gateway_instances=gateways,
+        ),
+        lambda ev: None if ev.kind in dropped else ev,
     )
-    wc = BACKTEST_WINDOW
-    gate = GatewayGate()
-    sim = Simulator(read_trace(DEFAULT_TRACE)[:LIMIT], config, gate)
-    proc = StreamProcessor(
-        "missing", BACKTEST_JOIN, window_config=wc, slo_factory=lambda: WindowSLOCounts(spec)
-    )
-    control = _ControlRun.build(  # the backtest's control loop (the worker's assembly)
-        load_policy_file(DEFAULT_POLICY_PATH),
-        spec,
-        None,
-        wc,
-        queue_capacity=64,
-        gateway_instances=len(config.gateway_hosts),
-    )
-    batch: list[tuple[int, int, bytes]] = []
-
-    def step(final: bool = False) -> None:
-        n = len(control.decisions)
-        control.feed(proc.drain() if final else proc.process(batch, wall_ms=None))
-        for d in control.decisions[n:]:
-            gate.set(d.scope, directive_of(d.level, d.phase, d.actions, d.scope))
-            if d.actions.queue_timeout_ms is not None:
-                sim.apply_queue_cutoff(d.scope, d.actions.queue_timeout_ms, d.actions.retry_after_s)
-
-    waiting: dict[str, dict[str, tuple[int, int]]] = {}
-    deep_s: dict[str, float] = {}
-    for offset, ev in enumerate(sim.events()):
-        if ev.kind == "engine.stats":
-            waiting.setdefault(ev.model, {})[ev.host] = (ev.num_waiting, ev.num_running)
-            w = sum(x[0] for x in waiting[ev.model].values())
-            running = sum(x[1] for x in waiting[ev.model].values())
-            at_s = (ev.ts_unix_ns // 1_000_000 - START_MS) / 1000
-            if at_s >= EPISODE_S[0] and running > 0 and w >= 0.5 * running:
-                deep_s[ev.model] = at_s
-        if ev.kind in dropped:
-            continue
-        batch.append((0, offset, encode_event(ev)))
-        if len(batch) >= BATCH_EVENTS:
-            step()
-            batch = []
-    if batch:
-        step()
-    step(final=True)
-    gone = {m: max(EPISODE_S[1], deep_s.get(m, 0.0)) for m in waiting}
-    return Run(control.transitions, control.notices, gone)
+    control = replayed.control
+    return Run(control.transitions, control.notices, replayed.queue_gone_s)
 
 
 def _at_s(t: dict[str, Any]) -> float:
-    return (t["ts_unix_ns"] // 1_000_000 - START_MS) / 1000
+    return at_s(t["ts_unix_ns"])
 
 
 def _timeline(transitions: Iterable[dict[str, Any]], scope: str) -> list[tuple[float, int, str]]:

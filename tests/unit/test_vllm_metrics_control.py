@@ -15,28 +15,17 @@ from typing import Any
 
 import pytest
 
-from pipeline.app.backtest import BACKTEST_JOIN, BACKTEST_WINDOW, BATCH_EVENTS
 from pipeline.app.replay import _ControlRun
-from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE
-from pipeline.contract.codec import encode_event
-from pipeline.contract.events import EngineStats
+from pipeline.contract.events import EngineStats, Event
 from pipeline.core.control import Controller, ControllerConfig, ControlLoop, DecisionClock
-from pipeline.core.processor import StreamProcessor
-from pipeline.core.slo_windows import WindowSLOCounts
-from pipeline.settings import DEFAULT_SLO_SPEC
+from pipeline.core.windows import WindowConfig
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
-from pipeline.spec.slo import load_spec_file
-from producers.simulator.gate import GatewayGate, directive_of
-from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
-from producers.simulator.trace import read_trace
+from pipeline.spec.slo import SLOSpec
 from producers.vllm_metrics import ScrapeStats, parse_exposition
+from tests.overload_replay import EPISODE_S, at_s, replay_overload
 
 pytestmark = pytest.mark.long(30)
-
-LIMIT = 6000
-EPISODE_S = (120.0, 420.0)
-START_MS = BACKTEST_START_UNIX_NS // 1_000_000
 
 
 def vllm_metrics_text(ev: EngineStats, preemptions: int) -> str:
@@ -68,79 +57,47 @@ class Run:
     queue_gone_s: dict[str, float] = field(default_factory=dict)
 
 
-@cache
-def _run() -> Run:
-    spec = load_spec_file(DEFAULT_SLO_SPEC)
-    config = SimConfig(
-        start_unix_ns=BACKTEST_START_UNIX_NS, seed=1, overload=OverloadEpisode(*EPISODE_S, 4.0)
-    )
-    wc = BACKTEST_WINDOW
-    gate = GatewayGate()
-    sim = Simulator(read_trace(DEFAULT_TRACE)[:LIMIT], config, gate)
-    proc = StreamProcessor(
-        "vllm-metrics", BACKTEST_JOIN, window_config=wc,
-        slo_factory=lambda: WindowSLOCounts(spec),
-    )  # fmt: skip
+def _control(spec: SLOSpec, wc: WindowConfig, gateway_instances: int) -> _ControlRun:
     controller = Controller(
         load_policy_file(DEFAULT_POLICY_PATH),
         spec,
         load_burn_rules_file(),
-        ControllerConfig.for_windows(
-            wc.size_ms, wc.grace_ms, gateway_instances=len(config.gateway_hosts)
-        ),
+        ControllerConfig.for_windows(wc.size_ms, wc.grace_ms, gateway_instances=gateway_instances),
     )
-    control = _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
+    return _ControlRun(ControlLoop(controller, DecisionClock(wc.size_ms)), wc.relative_accuracy)
+
+
+@cache
+def _run() -> Run:
     scrapers: dict[str, ScrapeStats] = {}
-    run = Run(control.transitions)
-    batch: list[tuple[int, int, bytes]] = []
+    run = Run([])
 
-    def step(final: bool = False) -> None:
-        n = len(control.decisions)
-        control.feed(proc.drain() if final else proc.process(batch, wall_ms=None))
-        for d in control.decisions[n:]:
-            gate.set(d.scope, directive_of(d.level, d.phase, d.actions, d.scope))
-            if d.actions.queue_timeout_ms is not None:
-                sim.apply_queue_cutoff(d.scope, d.actions.queue_timeout_ms, d.actions.retry_after_s)
-
-    waiting: dict[str, dict[str, tuple[int, int]]] = {}
-    deep_s: dict[str, float] = {}
-    for offset, ev in enumerate(sim.events()):
+    def fed(ev: Event) -> Event | None:
         if ev.kind == "engine.finished":
-            continue  # no plugin
-        if ev.kind == "engine.stats":
-            waiting.setdefault(ev.model, {})[ev.host] = (ev.num_waiting, ev.num_running)
-            w = sum(x[0] for x in waiting[ev.model].values())
-            running = sum(x[1] for x in waiting[ev.model].values())
-            at_s = (ev.ts_unix_ns // 1_000_000 - START_MS) / 1000
-            if at_s >= EPISODE_S[0] and running > 0 and w >= 0.5 * running:
-                deep_s[ev.model] = at_s
-            # the engine's state reaches us only as its /metrics text, scraped
-            conv = scrapers.setdefault(ev.host, ScrapeStats(ev.host))
-            (scraped,) = conv.events(
-                parse_exposition(vllm_metrics_text(ev, run.scraped)), ev.ts_unix_ns
-            )
-            run.scraped += 1
-            run.plugin_events.append((ev.host, ev.num_running, ev.num_waiting, ev.ts_unix_ns))
-            run.scraped_events.append(
-                (scraped.host, scraped.num_running, scraped.num_waiting, scraped.ts_unix_ns)
-            )
-            ev = scraped  # noqa: PLW2901
-        batch.append((0, offset, encode_event(ev)))
-        if len(batch) >= BATCH_EVENTS:
-            step()
-            batch = []
-    if batch:
-        step()
-    step(final=True)
-    run.queue_gone_s = {m: max(EPISODE_S[1], deep_s.get(m, 0.0)) for m in waiting}
+            return None  # no plugin
+        if ev.kind != "engine.stats":
+            return ev
+        # the engine's state reaches us only as its /metrics text, scraped
+        conv = scrapers.setdefault(ev.host, ScrapeStats(ev.host))
+        (scraped,) = conv.events(
+            parse_exposition(vllm_metrics_text(ev, run.scraped)), ev.ts_unix_ns
+        )
+        run.scraped += 1
+        run.plugin_events.append((ev.host, ev.num_running, ev.num_waiting, ev.ts_unix_ns))
+        run.scraped_events.append(
+            (scraped.host, scraped.num_running, scraped.num_waiting, scraped.ts_unix_ns)
+        )
+        return scraped
+
+    replayed = replay_overload("vllm-metrics", _control, fed)
+    run.transitions = replayed.control.transitions
+    run.queue_gone_s = replayed.queue_gone_s
     return run
 
 
 def _timeline(transitions: list[dict[str, Any]], scope: str) -> list[tuple[float, int, str]]:
     return [
-        ((t["ts_unix_ns"] // 1_000_000 - START_MS) / 1000, t["level"], t["phase"])
-        for t in transitions
-        if t["scope"] == scope
+        (at_s(t["ts_unix_ns"]), t["level"], t["phase"]) for t in transitions if t["scope"] == scope
     ]
 
 
