@@ -15,6 +15,7 @@ from pipeline.adapters.store import (
     migrate,
     record_from_row,
     request_columns,
+    write_requests,
 )
 from pipeline.core.record import RequestRecord
 
@@ -49,3 +50,39 @@ def stored_requests(store: ClickHouseStore, order_by: str = "request_id") -> lis
     """The requests table (FINAL) as records."""
     sql = f"SELECT {', '.join(NAMES)} FROM {store.database}.requests FINAL ORDER BY {order_by}"
     return [record_from_row(r) for r in store.query_rows(sql)]
+
+
+def upgrade(
+    store: ClickHouseStore,
+    tmp_path: Path,
+    version: int,
+    records: Sequence[RequestRecord],
+    old_names: Sequence[str],
+) -> list[str]:
+    """The store as it was before ``version``, holding ``records`` in its columns
+    ``old_names``, migrated: the names of the migrations applied."""
+    migrate_before(store, tmp_path, version)
+    insert_old_requests(store, records, old_names)
+    return migrate(store)
+
+
+def write_new_requests(
+    store: ClickHouseStore, records: Sequence[RequestRecord], json_path: bool
+) -> None:
+    """``records`` written as JSON into the embedded engine, or column-wise."""
+    if json_path:
+        write_requests(store, records)
+    else:
+        store.insert_columns("requests", request_columns(records), NAMES,
+                             [t for _, t in REQUEST_COLUMNS])  # fmt: skip
+
+
+def column_types(store: ClickHouseStore, names: Sequence[str]) -> dict[str, str]:
+    """The requests table's type of each column in ``names``."""
+    listed = ", ".join(f"'{n}'" for n in names)
+    return dict(
+        store.query_rows(
+            "SELECT name, type FROM system.columns WHERE database = 'tailguard' "
+            f"AND table = 'requests' AND name IN ({listed})"
+        )
+    )

@@ -9,22 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.store import (
-    REQUEST_COLUMNS,
-    migrate,
-    open_store,
-    request_columns,
-    write_requests,
-)
+from pipeline.adapters.store import REQUEST_COLUMNS, open_store, write_requests
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
-from tests.integration.migrations import (
-    NAMES,
-    insert_old_requests,
-    migrate_before,
-    stored_requests,
-)
+from tests.integration.migrations import stored_requests, upgrade, write_new_requests
 
 pytestmark = pytest.mark.integration
 
@@ -43,11 +32,9 @@ def test_0012_keeps_old_rows_and_a_correction_replaces_its_row(
 ) -> None:
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        migrate_before(store, tmp_path, 12)
         ok = build_record("a", received("a"), completed("a"), finished("a"))
         other = build_record("b", received("b"), completed("b"), finished("b"))
-        insert_old_requests(store, [ok, other], OLD)
-        assert migrate(store)[0] == "0012_conflicts"
+        assert upgrade(store, tmp_path, 12, [ok, other], OLD)[0] == "0012_conflicts"
         assert stored_requests(store) == [ok, other]
         # a late gateway.completed error 500: the corrected record, same revision
         error = completed("a", outcome="error", http_status=500, eid="a:c2")
@@ -57,8 +44,7 @@ def test_0012_keeps_old_rows_and_a_correction_replaces_its_row(
             write_requests(store, [fixed])
             write_requests(store, [ok])  # the older version again (a re-delivery)
         else:
-            store.insert_columns("requests", request_columns([fixed, ok]), NAMES,
-                                 [t for _, t in REQUEST_COLUMNS])  # fmt: skip
+            write_new_requests(store, [fixed, ok], json_path=False)  # one block
         rows = stored_requests(store)
         assert rows == [fixed, other]
         assert rows[0].outcome == "error"

@@ -10,21 +10,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.adapters.store import (
-    REQUEST_COLUMNS,
-    migrate,
-    open_store,
-    request_columns,
-    write_requests,
-)
+from pipeline.adapters.store import REQUEST_COLUMNS, open_store
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import completed, finished, received
 from tests.integration.migrations import (
-    NAMES,
-    insert_old_requests,
-    migrate_before,
+    column_types,
     stored_requests,
+    upgrade,
+    write_new_requests,
 )
 
 pytestmark = pytest.mark.integration
@@ -37,10 +31,8 @@ OLD = [n for n, _ in REQUEST_COLUMNS if n not in NEW]  # 0013's table
 def test_0014_keeps_old_rows_and_stores_the_attempts(tmp_path: Path, json_path: bool) -> None:
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        migrate_before(store, tmp_path, 14)
         old = build_record("a", received("a"), completed("a"), finished("a"))
-        insert_old_requests(store, [old], OLD)
-        assert migrate(store) == ["0014_logical_requests"]
+        assert upgrade(store, tmp_path, 14, [old], OLD) == ["0014_logical_requests"]
         assert stored_requests(store) == [old]
         assert store.query_rows(
             "SELECT client_attempt, logical_request_id FROM tailguard.requests FINAL"
@@ -48,18 +40,11 @@ def test_0014_keeps_old_rows_and_stores_the_attempts(tmp_path: Path, json_path: 
         replace = msgspec.structs.replace
         retry = replace(old, request_id="a~retry1", client_attempt=1, logical_request_id="a")
         keyed = replace(old, request_id="b", logical_request_id="idem-\u00e9\n" + "k" * 200)
-        if json_path:
-            write_requests(store, [retry, keyed])
-        else:
-            store.insert_columns("requests", request_columns([retry, keyed]), NAMES,
-                                 [t for _, t in REQUEST_COLUMNS])  # fmt: skip
+        write_new_requests(store, [retry, keyed], json_path)
         assert stored_requests(store) == [old, retry, keyed]
-        types = dict(
-            store.query_rows(
-                "SELECT name, type FROM system.columns WHERE database = 'tailguard' "
-                "AND table = 'requests' AND name IN ('client_attempt', 'logical_request_id')"
-            )
-        )
-        assert types == {"client_attempt": "UInt16", "logical_request_id": "Nullable(String)"}
+        assert column_types(store, sorted(NEW)) == {
+            "client_attempt": "UInt16",
+            "logical_request_id": "Nullable(String)",
+        }
     finally:
         store.close()
