@@ -288,16 +288,9 @@ class ControlMiddleware:
         """The first body bytes' time after the decision is the actual of the verdict's
         first-token prediction (:meth:`Enforcement.observe_ttft`)."""
         t0 = self.clock_ms()
-        seen: list[bool] = []
-
-        async def timed_send(msg: Message) -> None:
-            body = msg.get("type") == "http.response.body"
-            if not seen and body and (msg.get("body") or not msg.get("more_body")):
-                seen.append(True)
-                self.enforcement.observe_ttft(verdict, self.clock_ms() - t0)
-            await send(msg)
-
-        return timed_send
+        return _timing_first_body(
+            send, self.clock_ms, lambda now_ms: self.enforcement.observe_ttft(verdict, now_ms - t0)
+        )
 
     async def _watch_cutoff(
         self,
@@ -314,15 +307,8 @@ class ControlMiddleware:
         enforce would have made, counted as such."""
         t0 = self.clock_ms()
         first_ms: list[float] = []
-
-        async def timed_send(msg: Message) -> None:
-            body = msg.get("type") == "http.response.body"
-            if not first_ms and body and (msg.get("body") or not msg.get("more_body")):
-                first_ms.append(self.clock_ms())
-            await send(msg)
-
         try:
-            await self.app(scope, receive, timed_send)
+            await self.app(scope, receive, _timing_first_body(send, self.clock_ms, first_ms.append))
         finally:
             first = first_ms[0] if first_ms else self.clock_ms()
             late = first - t0 > cutoff_ms
@@ -453,6 +439,23 @@ class ControlMiddleware:
             return facts, self.enforcement.decide(None, facts, 0.0)
         d = self.directives(facts.model or ALL_SCOPES)
         return facts, self.enforcement.decide(d, facts, self.clock_ms())
+
+
+def _timing_first_body(
+    send: Send, clock_ms: Callable[[], float], on_first: Callable[[float], object]
+) -> Send:
+    """``send``, calling ``on_first(clock_ms())`` once, when the first body bytes (or the
+    final body message) go out."""
+    seen: list[bool] = []
+
+    async def timed_send(msg: Message) -> None:
+        body = msg.get("type") == "http.response.body"
+        if not seen and body and (msg.get("body") or not msg.get("more_body")):
+            seen.append(True)
+            on_first(clock_ms())
+        await send(msg)
+
+    return timed_send
 
 
 def _mark(scope: Scope, key: str, value: object) -> None:
