@@ -83,11 +83,14 @@ import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, get_args
 
 from pipeline.contract.events import ControlVerdict
 from producers.admission import PriorityAdmission
 from producers.client_retry import SHOULD_RETRY_HEADER
+
+if TYPE_CHECKING:
+    from pipeline.kafka_settings import EmitterSettings
 
 Mode = Literal["off", "shadow", "enforce"]
 MODES: Final[tuple[Mode, ...]] = ("off", "shadow", "enforce")
@@ -326,6 +329,18 @@ class Modes:
             tuple(pairs),
             retry_budget_ratio,
             retry_budget_min_retries,
+        )
+
+    @classmethod
+    def of_settings(cls, settings: EmitterSettings) -> Modes:
+        """The gateway's modes from its ``TAILGUARD_CONTROL_*`` settings (a gateway's
+        flags, or the LiteLLM hook's environment)."""
+        return cls.parse(
+            settings.control_mode,
+            enforce_from_priority=settings.control_enforce_from_priority,
+            scopes=settings.control_mode_scopes,
+            retry_budget_ratio=settings.control_retry_budget_ratio,
+            retry_budget_min_retries=settings.control_retry_budget_min_retries,
         )
 
 

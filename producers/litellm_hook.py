@@ -265,13 +265,7 @@ class TailguardGate:
             and k[len("TAILGUARD_") :].lower() in EmitterSettings.model_fields
         }
         settings = EmitterSettings(**given)
-        modes = Modes.parse(
-            settings.control_mode,
-            enforce_from_priority=settings.control_enforce_from_priority,
-            scopes=settings.control_mode_scopes,
-            retry_budget_ratio=settings.control_retry_budget_ratio,
-            retry_budget_min_retries=settings.control_retry_budget_min_retries,
-        )
+        modes = Modes.of_settings(settings)
         closers: list[Callable[[], None]] = []
         if sink is None:
             kafka_sink = open_kafka_sink(settings, service="litellm")

@@ -183,6 +183,25 @@ def test_modes_parse(text: str, kwargs: dict[str, Any], want: Modes) -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, Modes("off")),
+        ({"control_mode": "enforce", "control_enforce_from_priority": 2},
+         Modes("enforce", 2)),
+        ({"control_mode": "shadow", "control_mode_scopes": "llama=enforce"},
+         Modes("shadow", 0, (("llama", "enforce"),))),
+        ({"control_retry_budget_ratio": 0.5, "control_retry_budget_min_retries": 0},
+         Modes("off", retry_budget_ratio=0.5, retry_budget_min_retries=0)),
+    ],
+)  # fmt: skip
+def test_modes_of_settings(env: dict[str, Any], want: Modes) -> None:
+    """The gateway command and the LiteLLM hook build their modes from the same settings."""
+    from pipeline.kafka_settings import EmitterSettings
+
+    assert Modes.of_settings(EmitterSettings(**env)) == want
+
+
+@pytest.mark.parametrize(
     ("text", "kwargs"),
     [("on", {}), ("enforce", {"enforce_from_priority": 4}), ("enforce", {"scopes": "llama"}),
      ("enforce", {"scopes": "llama=loud"}), ("enforce", {"scopes": "=shadow"}),

@@ -98,13 +98,7 @@ def _gateway_control(
     from producers.enforcement import Modes
 
     try:
-        modes = Modes.parse(
-            settings.control_mode,
-            enforce_from_priority=settings.control_enforce_from_priority,
-            scopes=settings.control_mode_scopes,
-            retry_budget_ratio=settings.control_retry_budget_ratio,
-            retry_budget_min_retries=settings.control_retry_budget_min_retries,
-        )
+        modes = Modes.of_settings(settings)
     except ValueError as exc:
         raise SystemExit(f"tailguard gateway: {exc}") from None
     if modes.mode == "off" and all(m == "off" for _, m in modes.scopes):
