@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 
 from pipeline.adapters import flush as flush_module
-from pipeline.adapters.dead_letters import DeadLetters
-from pipeline.adapters.flush import Flush, FlushBehind, FlushSettings, FlushWriter, raw_chunks
-from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
+from pipeline.adapters.flush import Flush, FlushBehind, FlushWriter, raw_chunks
+from pipeline.adapters.worker import WorkerShell
 from pipeline.core.processor import KeptMessage
-from tests.flush_fakes import fake_writer
+from tests.flush_fakes import fake_shell, fake_writer
 
 
 def _msgs(*sizes: int) -> list[KeptMessage]:
@@ -186,55 +185,20 @@ class _Commits:
         self.committed.update(offsets)
 
 
-class _Writer:
-    """A writer whose ``write(flush, hurry=)`` is the test's."""
-
-    def __init__(self, write: Any) -> None:
-        self.write = write
-
-
 def _loop_shell(
     write: Any, commits: list[dict[int, int]], lags: dict[int, int | None] | None = None
 ) -> tuple[WorkerShell, _Processor]:
     """A shell built through its constructor, its adapters fakes; opened on fake ports."""
-    noop = SimpleNamespace(record=lambda *_a: None, add=lambda *_a: None)
-    telemetry = SimpleNamespace(
-        write_duration=noop, write_retries=noop, records=noop, windows_closed=noop,
-        record_latencies=lambda _r: None, dead_letters=noop,
-    )  # fmt: skip
     lags = {0: 0} if lags is None else lags
     processor = _Processor()
     processor.partitions = sorted(lags)
-    settings = WorkerSettings(
-        flush=FlushSettings("g", "t", 0.01, flush_max_rows=100, take_max_messages=2),
-        engine_stats_topic="s", max_message_bytes=1 << 20, store_raw_events=True,
-        inflight_ttl_ms=0, join_memory_ms=0, provisional=False,
-    )  # fmt: skip
 
     def no_ids() -> str | None:
         raise AssertionError("the topic id is not read here")
 
-    sh = WorkerShell(
-        settings,
-        SimpleNamespace(),
-        processor,  # type: ignore[arg-type]
-        telemetry,  # type: ignore[arg-type]
-        topic_ids=no_ids,
-        lifecycle_input=_Input(lags),  # type: ignore[arg-type]
-        commits=_Commits(commits),  # type: ignore[arg-type]
+    sh = fake_shell(
+        processor, write, topic_ids=no_ids, lifecycle_input=_Input(lags), commits=_Commits(commits)
     )
-    sink = SimpleNamespace(flush=lambda _s: None, send_dead=lambda *_a, **_k: None)
-    sh.open(
-        WorkerPorts(
-            store=SimpleNamespace(close=lambda: None),  # type: ignore[arg-type]
-            dead=DeadLetters("t", sink, lambda *_a: []),
-            feed=None,
-            ledger=None,
-            read_ledgers=lambda *_a: {},
-            writer=_Writer(write),
-        )
-    )
-    sh.watch.assigned_gen = "generation-1"  # the group's last assignment
     return sh, processor
 
 

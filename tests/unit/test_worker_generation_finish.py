@@ -9,21 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from faust.types import TP
 
-from pipeline.adapters.dead_letters import DeadLetters
-from pipeline.adapters.flush import Flush, FlushSettings
-from pipeline.adapters.worker import WorkerPorts, WorkerSettings, WorkerShell
+from pipeline.adapters.flush import Flush
+from pipeline.adapters.worker import WorkerShell
 from pipeline.contract.codec import encode_batch
 from pipeline.core.join import JoinConfig
 from pipeline.core.ledger import ENDED_THROUGH
 from pipeline.core.processor import StreamProcessor
 from pipeline.core.windows import ALL_KEY
 from tests.factories import completed, finished, received
+from tests.flush_fakes import fake_shell
 from tests.unit.test_flush_yield import _Input
 
 
@@ -47,17 +46,6 @@ class _Commits:
 
 
 def _shell(topic_id: str | None) -> tuple[WorkerShell, list[Flush]]:
-    noop = SimpleNamespace(record=lambda *_a: None, add=lambda *_a: None)
-    telemetry = SimpleNamespace(
-        write_duration=noop, write_retries=noop, records=noop, windows_closed=noop,
-        record_latencies=lambda _r: None, dead_letters=noop, join_timeouts=noop,
-        join_conflicts=noop, lateness=noop,
-    )  # fmt: skip
-    settings = WorkerSettings(
-        flush=FlushSettings("g", "t", 0.01, flush_max_rows=100, take_max_messages=2),
-        engine_stats_topic="s", max_message_bytes=1 << 20, store_raw_events=True,
-        inflight_ttl_ms=0, join_memory_ms=0, provisional=False,
-    )  # fmt: skip
     processor = StreamProcessor("t", JoinConfig(timeout_ms=60_000))
     written: list[Flush] = []
 
@@ -65,23 +53,13 @@ def _shell(topic_id: str | None) -> tuple[WorkerShell, list[Flush]]:
         written.append(flush)
         return 0, []
 
-    sh = WorkerShell(
-        settings, SimpleNamespace(), processor, telemetry,  # type: ignore[arg-type]
-        topic_ids=lambda: topic_id, lifecycle_input=_Input({0: 0, 1: 0}),  # type: ignore[arg-type]
-        commits=_Commits(),  # type: ignore[arg-type]
-    )  # fmt: skip
-    sink = SimpleNamespace(flush=lambda _s: None, send_dead=lambda *_a, **_k: None)
-    sh.open(
-        WorkerPorts(
-            store=SimpleNamespace(close=lambda: None),  # type: ignore[arg-type]
-            dead=DeadLetters("t", sink, lambda *_a: []),
-            feed=None,
-            ledger=None,
-            read_ledgers=lambda *_a: {},
-            writer=SimpleNamespace(write=write),
-        )
+    sh = fake_shell(
+        processor,
+        write,
+        topic_ids=lambda: topic_id,
+        lifecycle_input=_Input({0: 0, 1: 0}),
+        commits=_Commits(),
     )
-    sh.watch.assigned_gen = "generation-1"  # the group's last assignment
     for p in (0, 1):
         processor.init_partition(p)
     # Partition 0: one request joined (in an open window), one waiting for its partner.
