@@ -12,7 +12,9 @@ slower still; never lower a figure in a test to make a suite faster.
 from __future__ import annotations
 
 import os
-from typing import Final
+import time
+from collections.abc import Callable
+from typing import Any, Final
 
 
 def _scale() -> float:
@@ -32,3 +34,17 @@ CEILING_SCALE: Final = _scale()
 def ceiling(timeout_s: float) -> float:
     """The ceiling of a wait written as ``timeout_s`` in a test."""
     return timeout_s * CEILING_SCALE
+
+
+def wait_for(fn: Callable[[], Any], what: str, timeout_s: float = 20.0, poll_s: float = 0.1) -> Any:
+    """``fn()``'s first truthy value, polled every ``poll_s`` (it observes another process:
+    its state is only readable so); an AssertionError naming ``what`` past the ceiling of
+    ``timeout_s``."""
+    deadline = time.monotonic() + ceiling(timeout_s)
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)

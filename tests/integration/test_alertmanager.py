@@ -28,7 +28,7 @@ from pipeline.core.alerts import AlertMessage, AlertTracker, rfc3339
 from pipeline.core.budget import BudgetBook
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
-from tests.ceilings import ceiling
+from tests.ceilings import wait_for
 from tools.dev.alertmanager_local import LocalAlertmanager
 
 pytestmark = pytest.mark.integration
@@ -58,18 +58,6 @@ def ours(alerts: list[dict[str, Any]], slo: str) -> dict[str, dict[str, Any]]:
         for a in alerts
         if a["labels"].get("service") == "tailguard" and a["labels"].get("slo") == slo
     }
-
-
-def wait_for(fn: Any, what: str, timeout_s: float = 20.0, poll_s: float = 0.1) -> Any:
-    """Poll Alertmanager's API until ``fn()`` is truthy (its state is only readable so)."""
-    deadline = time.monotonic() + ceiling(timeout_s)
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(poll_s)
 
 
 def test_alerts_reach_alertmanager_and_resolve(alertmanager: LocalAlertmanager) -> None:

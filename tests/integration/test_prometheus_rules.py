@@ -26,7 +26,7 @@ from pipeline.core.slo_exposition import WindowCounters
 from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
-from tests.ceilings import ceiling
+from tests import ceilings
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.prometheus_local import LocalPrometheus, run_promtool
 
@@ -263,14 +263,8 @@ class Feeder:
 
 
 def wait_for(fn: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + ceiling(timeout_s)
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)  # polling Prometheus' and Alertmanager's APIs
+    """Poll Prometheus' and Alertmanager's APIs until ``fn()`` is truthy."""
+    return ceilings.wait_for(fn, what, timeout_s, poll_s=0.2)
 
 
 @pytest.fixture
