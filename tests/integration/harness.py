@@ -16,6 +16,7 @@ from typing import Any
 from pipeline.adapters.kafka_admin import ensure_topics, group_progress_probe
 from pipeline.settings import EXAMPLE_SLO_SPEC, Settings
 from tests.ceilings import ceiling
+from tests.control_fixtures import TEST_POLICY, write_control_keys
 from tests.paths import REPO
 from tools.dev import fault_checks
 
@@ -43,6 +44,19 @@ def make_settings(bootstrap: str, tmp: Path, **over: object) -> Settings:
     s = Settings(**base)  # type: ignore[arg-type]
     ensure_topics(s)
     return s
+
+
+def control_settings(bootstrap: str, tmp: Path, **over: object) -> tuple[Settings, Path]:
+    """:func:`make_settings` of a worker whose controller runs ``TEST_POLICY`` (heartbeats
+    every second), signing with a fresh keys file; and that file."""
+    keys = write_control_keys(tmp / "keys.json")
+    policy_file = tmp / "policy.yaml"
+    policy_file.write_text(TEST_POLICY)
+    settings = make_settings(
+        bootstrap, tmp, control_enabled=True, control_keys_file=keys, policy_file=policy_file,
+        control_heartbeat_ms=1000, **over,
+    )  # fmt: skip
+    return settings, keys
 
 
 def settings_env(s: Settings) -> dict[str, str]:

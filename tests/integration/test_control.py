@@ -24,10 +24,9 @@ from tests.control_fixtures import (
     OVERLOAD_START_S,
     TEST_POLICY,
     emit_overload,
-    write_control_keys,
     write_overload_jsonl,
 )
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, control_settings
 from tests.measurement_fixtures import START_NS
 
 pytestmark = [pytest.mark.integration, pytest.mark.long(90)]
@@ -72,13 +71,7 @@ def _follow(
 
 
 def test_overload_degrades_then_recovers_and_the_client_follows(kafka, tmp_path: Path) -> None:
-    keys = write_control_keys(tmp_path / "keys.json")
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(TEST_POLICY)
-    s = make_settings(
-        kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
-        policy_file=policy_file, control_heartbeat_ms=1000,
-    )  # fmt: skip
+    s, keys = control_settings(kafka.bootstrap_servers, tmp_path)
     keyring = keyring_from_file(keys)
 
     # The same events through the pure core (replay) say what must happen.

@@ -38,12 +38,10 @@ from producers.enforcement import spread_retry_after_s, unit_of
 from tests.ceilings import ceiling
 from tests.control_fixtures import (
     OVERLOAD_START_S,
-    TEST_POLICY,
     overload_simulator,
-    write_control_keys,
 )
 from tests.gateway_fixtures import serve, wait_for
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, control_settings, make_settings
 from tests.measurement_fixtures import START_NS
 from tests.paths import REPO
 from tools.dev.fake_openai import FakeOpenAI
@@ -155,13 +153,7 @@ def _events(bootstrap: str, topic: str, out: Path, want_completed: int) -> list[
 def test_live_overload_gateways_shadow_count_what_enforce_refuses_report_shows_both(
     kafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = write_control_keys(tmp_path / "keys.json")
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(TEST_POLICY)
-    s = make_settings(
-        kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
-        policy_file=policy_file, control_heartbeat_ms=1000,
-    )  # fmt: skip
+    s, keys = control_settings(kafka.bootstrap_servers, tmp_path)
     # the gateways' own events go to a topic of their own (their clock is now; the
     # overload's is in the past), replayed into a store of their own below
     gw = make_settings(kafka.bootstrap_servers, tmp_path / "gateways")

@@ -25,11 +25,9 @@ from pipeline.core.prom_rules import ALERTNAME, alertmanager_example
 from pipeline.settings import EXAMPLE_SLO_SPEC
 from tests.ceilings import ceiling
 from tests.control_fixtures import (
-    TEST_POLICY,
     emit_overload,
-    write_control_keys,
 )
-from tests.integration.harness import WorkerProcess, make_settings
+from tests.integration.harness import WorkerProcess, control_settings
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.go_server import free_port
 from tools.dev.prometheus_local import LocalPrometheus, promtool
@@ -57,9 +55,6 @@ def _levels(raws: list[bytes]) -> dict[str, list[int]]:
 
 
 def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
-    keys = write_control_keys(tmp_path / "keys.json")
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(TEST_POLICY)
     port = free_port()
     # the spec's rules, with the burn windows of seconds (the replay runs in
     # seconds of wall time, and Prometheus' rates are over wall time)
@@ -77,11 +72,9 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
             alertmanager=am_prom.url.removeprefix("http://"),
         ) as prom,
     ):  # fmt: skip
-        s = make_settings(
-            kafka.bootstrap_servers, tmp_path, control_enabled=True, control_keys_file=keys,
-            policy_file=policy_file, control_heartbeat_ms=1000, prometheus_port=port,
-            alertmanager_url=am.url,
-        )  # fmt: skip
+        s, _ = control_settings(
+            kafka.bootstrap_servers, tmp_path, prometheus_port=port, alertmanager_url=am.url
+        )
         emit_overload(s)
         worker = WorkerProcess(s, tmp_path / "worker.log")
         try:
