@@ -6,8 +6,9 @@ last ``engine.stats`` sample with half a batch waiting after it, whichever is la
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.app.backtest import BACKTEST_JOIN, BACKTEST_WINDOW, Batch, in_batches
 from pipeline.app.replay import _ControlRun
@@ -30,6 +31,26 @@ START_MS = BACKTEST_START_UNIX_NS // 1_000_000
 def at_s(ts_unix_ns: int) -> float:
     """Seconds since the replay's start."""
     return (ts_unix_ns // 1_000_000 - START_MS) / 1000
+
+
+def timeline(transitions: Iterable[dict[str, Any]], scope: str) -> list[tuple[float, int, str]]:
+    """``scope``'s transitions as ``(seconds since the start, level, phase)``."""
+    return [
+        (at_s(t["ts_unix_ns"]), t["level"], t["phase"]) for t in transitions if t["scope"] == scope
+    ]
+
+
+def entered_and_left(
+    transitions: Iterable[dict[str, Any]], scope: str
+) -> tuple[list[tuple[float, int, str]], float, float]:
+    """``scope``'s timeline, when it first entered a level during the episode and when it
+    last changed; it must have entered one and ended at L0."""
+    line = timeline(transitions, scope)
+    entered = [t for t, lv, _ in line if lv >= 1 and EPISODE_S[0] <= t < EPISODE_S[1]]
+    assert entered, (scope, line)
+    last_t, last_level, _ = line[-1]
+    assert last_level == 0, (scope, line)
+    return line, entered[0], last_t
 
 
 @dataclass

@@ -11,7 +11,6 @@ sample with half a batch waiting after it, whichever is later.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 
 from pipeline.app.replay import _ControlRun
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
-from tests.overload_replay import EPISODE_S, START_MS, at_s, replay_overload
+from tests.overload_replay import EPISODE_S, START_MS, entered_and_left, replay_overload, timeline
 
 pytestmark = pytest.mark.long(30)
 
@@ -56,14 +55,6 @@ def _run(dropped: frozenset[str]) -> Run:
     return Run(control.transitions, control.notices, replayed.queue_gone_s)
 
 
-def _at_s(t: dict[str, Any]) -> float:
-    return at_s(t["ts_unix_ns"])
-
-
-def _timeline(transitions: Iterable[dict[str, Any]], scope: str) -> list[tuple[float, int, str]]:
-    return [(_at_s(t), t["level"], t["phase"]) for t in transitions if t["scope"] == scope]
-
-
 CASES = [NO_STATS, EVERYTHING]
 IDS = ["no-engine-stats", "all-events"]
 
@@ -76,14 +67,10 @@ def test_enters_during_the_episode_and_is_back_at_l0_after_the_queue(
     "waiting for exit: queue.depth_ratio unknown"."""
     run = _run(dropped)
     for scope, gone_s in run.queue_gone_s.items():
-        line = _timeline(run.transitions, scope)
-        entered = [t for t, lv, _ in line if lv >= 1 and EPISODE_S[0] <= t < EPISODE_S[1]]
-        assert entered, (scope, line)
-        last_t, last_level, _ = line[-1]
-        assert last_level == 0, (scope, line)
+        line, entered_t, last_t = entered_and_left(run.transitions, scope)
         assert last_t - gone_s <= 600, (scope, gone_s, line)  # the matrix's 10 minutes
         # no half-open or L0 inside the episode once entered (item 4)
-        assert not [t for t, lv, ph in line if entered[0] < t < EPISODE_S[1] and ph != "degraded"]
+        assert not [t for t, lv, ph in line if entered_t < t < EPISODE_S[1] and ph != "degraded"]
 
 
 def test_stats_less_reason_names_the_missing_signal() -> None:
@@ -97,7 +84,7 @@ def test_stats_less_reason_names_the_missing_signal() -> None:
 def test_back_at_l0_within_5_minutes_after_the_queue(dropped: frozenset[str]) -> None:
     run = _run(dropped)
     for scope, gone_s in run.queue_gone_s.items():
-        last_t, last_level, _ = _timeline(run.transitions, scope)[-1]
+        last_t, last_level, _ = timeline(run.transitions, scope)[-1]
         assert last_level == 0
         assert last_t - gone_s <= 300, (scope, gone_s, last_t)
 

@@ -23,7 +23,7 @@ from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
 from pipeline.spec.slo import SLOSpec
 from producers.vllm_metrics import ScrapeStats, parse_exposition
-from tests.overload_replay import EPISODE_S, at_s, replay_overload
+from tests.overload_replay import entered_and_left, replay_overload
 
 pytestmark = pytest.mark.long(30)
 
@@ -95,12 +95,6 @@ def _run() -> Run:
     return run
 
 
-def _timeline(transitions: list[dict[str, Any]], scope: str) -> list[tuple[float, int, str]]:
-    return [
-        (at_s(t["ts_unix_ns"]), t["level"], t["phase"]) for t in transitions if t["scope"] == scope
-    ]
-
-
 def test_scraped_stats_carry_the_engines_state() -> None:
     run = _run()
     assert run.scraped > 1000
@@ -111,15 +105,11 @@ def test_vllm_metrics_alone_enter_a_level_and_leave_it() -> None:
     run = _run()
     assert run.queue_gone_s
     for scope, gone_s in run.queue_gone_s.items():
-        line = _timeline(run.transitions, scope)
-        entered = [t for t, lv, _ in line if lv >= 1 and EPISODE_S[0] <= t < EPISODE_S[1]]
-        assert entered, (scope, line)
-        last_t, last_level, _ = line[-1]
-        assert last_level == 0, (scope, line)
+        line, entered_t, last_t = entered_and_left(run.transitions, scope)
         # The queue signals come back to normal with the engines' queues, but without
         # engine.finished what the engines serve is unknown (load.demand_ratio): the level
         # is left at its max_duration (15 min), then half-open (90 s), not 2 min after.
-        assert last_t - entered[0] <= 15 * 60 + 90 + 10, (scope, gone_s, line)
+        assert last_t - entered_t <= 15 * 60 + 90 + 10, (scope, gone_s, line)
         assert last_t > gone_s
     left = [t for t in run.transitions if t["phase"] == "half_open"]
     assert left
