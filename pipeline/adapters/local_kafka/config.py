@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from xml.sax.saxutils import escape as xml_escape
 
-from pipeline.adapters.local_kafka.fetch import KafkaLocalError, tail
+from pipeline.adapters.local_kafka.fetch import KafkaLocalError, run_logged, tail
 
 HOST = "127.0.0.1"
 
@@ -120,19 +120,10 @@ def format_storage(
         "-c",
         str(server_properties),
     ]
-    with fmt_log.open("wb") as fh:
-        try:
-            rc = subprocess.run(
-                cmd,
-                cwd=run_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                timeout=120,
-                check=False,
-            ).returncode
-        except subprocess.TimeoutExpired as exc:
-            raise KafkaLocalError(f"formatting KRaft storage timed out; see {fmt_log}") from exc
+    try:
+        rc = run_logged(cmd, cwd=run_dir, log_path=fmt_log, timeout_s=120)
+    except subprocess.TimeoutExpired as exc:
+        raise KafkaLocalError(f"formatting KRaft storage timed out; see {fmt_log}") from exc
     if rc != 0:
         raise KafkaLocalError(
             f"formatting KRaft storage in {data_dir} failed (exit {rc}):\n{tail(fmt_log)}"

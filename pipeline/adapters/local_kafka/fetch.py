@@ -214,22 +214,13 @@ def ensure_kafka_jars(
                 cmd.append(f"-Dmaven.repo.local={Path(maven_repo).resolve()}")
             log.info("fetching Kafka %s jars from Maven Central into %s", version, libs)
             started = time.monotonic()
-            with mvn_log.open("wb") as fh:
-                try:
-                    rc = subprocess.run(
-                        cmd,
-                        cwd=tmp,
-                        stdin=subprocess.DEVNULL,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                        timeout=timeout,
-                        check=False,
-                    ).returncode
-                except subprocess.TimeoutExpired as exc:
-                    raise KafkaLocalError(
-                        f"Maven did not finish fetching Kafka {version} within {timeout:.0f}s; "
-                        f"last output:\n{tail(mvn_log)}"
-                    ) from exc
+            try:
+                rc = run_logged(cmd, cwd=tmp, log_path=mvn_log, timeout_s=timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise KafkaLocalError(
+                    f"Maven did not finish fetching Kafka {version} within {timeout:.0f}s; "
+                    f"last output:\n{tail(mvn_log)}"
+                ) from exc
             if rc != 0:
                 raise KafkaLocalError(
                     f"Maven failed (exit {rc}) fetching Kafka {version} jars; "
@@ -257,6 +248,16 @@ def ensure_kafka_jars(
 
 
 _CONFIG_DUMP_LINE = re.compile(r"^\t[\w.-]+ = ")  # Kafka logs every config value at start
+
+
+def run_logged(cmd: list[str], *, cwd: Path, log_path: Path, timeout_s: float) -> int:
+    """``cmd``'s exit status, run in ``cwd`` with its output (stdout and stderr) into
+    ``log_path``; ``subprocess.TimeoutExpired`` past ``timeout_s``."""
+    with log_path.open("wb") as fh:
+        return subprocess.run(
+            cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+            timeout=timeout_s, check=False,
+        ).returncode  # fmt: skip
 
 
 def tail(path: Path, lines: int = 40) -> str:
