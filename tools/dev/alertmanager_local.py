@@ -23,7 +23,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.dev.go_server import HOST, LocalServer, go, run
+from tools.dev.go_server import HOST, LocalServer, fetch_main, go, run
 from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 AM_MODULE = "github.com/prometheus/alertmanager"
@@ -154,20 +153,14 @@ class LocalAlertmanager(LocalServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.dev.alertmanager_local",
+    return fetch_main(
+        argv,
+        prog="tools.dev.alertmanager_local",
         description=f"Local Prometheus Alertmanager {AM_VERSION} on {HOST} (built from Go).",
+        help_text="build Alertmanager from its Go module into the cache (once)",
+        ensure=ensure_alertmanager,
+        error=AlertmanagerLocalError,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="build Alertmanager from its Go module into the cache (once)")
-    args = parser.parse_args(argv)
-    if args.command == "fetch":
-        try:
-            print(ensure_alertmanager())
-        except AlertmanagerLocalError as exc:
-            print(f"alertmanager_local: {exc}", file=sys.stderr)
-            return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,14 +9,17 @@ its PID (SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -58,6 +61,30 @@ def run(cmd: list[str], cwd: Path | None, env: dict[str, str]) -> str:
             f"`{' '.join(cmd)}` exited {out.returncode}:\n{(out.stderr or out.stdout)[-4000:]}"
         )
     return out.stdout
+
+
+def fetch_main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    help_text: str,
+    ensure: Callable[[], Path],
+    error: type[RuntimeError],
+) -> int:
+    """A tool's command line, ``fetch`` only: build into the cache once (``ensure``) and
+    print the path; 1 with the ``error`` on standard error when it fails."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help=help_text)
+    args = parser.parse_args(argv)
+    if args.command == "fetch":
+        try:
+            print(ensure())
+        except error as exc:
+            print(f"{prog.rsplit('.', 1)[-1]}: {exc}", file=sys.stderr)
+            return 1
+    return 0
 
 
 class LocalServer:

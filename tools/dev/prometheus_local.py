@@ -25,7 +25,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from tools.dev.go_server import HOST, LocalServer, go, run
+from tools.dev.go_server import HOST, LocalServer, fetch_main, go, run
 from tools.dev.kafka_local import _file_lock, env_or_repo_path
 
 PROM_MODULE = "github.com/prometheus/prometheus"
@@ -184,20 +183,14 @@ class LocalPrometheus(LocalServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.dev.prometheus_local",
+    return fetch_main(
+        argv,
+        prog="tools.dev.prometheus_local",
         description=f"Local Prometheus ({PROM_MODULE}@{PROM_VERSION}) and promtool on {HOST}.",
+        help_text="build prometheus and promtool into the cache (once)",
+        ensure=ensure_prometheus,
+        error=PrometheusLocalError,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="build prometheus and promtool into the cache (once)")
-    args = parser.parse_args(argv)
-    if args.command == "fetch":
-        try:
-            print(ensure_prometheus())
-        except PrometheusLocalError as exc:
-            print(f"prometheus_local: {exc}", file=sys.stderr)
-            return 1
-    return 0
 
 
 if __name__ == "__main__":
