@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,8 @@ import orjson
 import pytest
 
 from pipeline.cli import DEFAULT_TRACE, main
-from pipeline.contract.codec import event_to_dict
+from pipeline.contract.codec import encode_event, event_to_dict
+from pipeline.contract.events import Event
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
 
@@ -33,6 +35,16 @@ def replay_into(
     assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
     out: dict[str, Any] = orjson.loads(capsys.readouterr().out)
     return out
+
+
+def replay_events(tmp: Path, events: Sequence[Event]) -> Path:
+    """``events`` written to ``TMP/events.jsonl`` (one a line, in this order) and replayed
+    into ``TMP/store`` in process (``tailguard replay --json``): the store's folder."""
+    path = tmp / "events.jsonl"
+    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    store_dir = tmp / "store"
+    assert main(["replay", str(path), "--store", str(store_dir), "--json"]) == 0
+    return store_dir
 
 
 def simulate_and_replay(

@@ -17,11 +17,11 @@ import pytest
 
 from pipeline.adapters.store import open_store
 from pipeline.cli import main
-from pipeline.contract.codec import encode_event
 from pipeline.contract.wire import from_model
 from pipeline.core.join import JoinConfig, Joiner
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
+from tests.measurement_fixtures import replay_events
 
 pytestmark = pytest.mark.integration
 
@@ -104,11 +104,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         kinds.append(kind)
         events += evs
     events.sort(key=lambda e: e.ts_unix_ns)
-    path = tmp / "events.jsonl"
-    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
-    store_dir = tmp / "store"
-    assert main(["replay", str(path), "--store", str(store_dir), "--json"]) == 0
-    return {"store": store_dir, "kinds": kinds}
+    return {"store": replay_events(tmp, events), "kinds": kinds}
 
 
 def _report(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
@@ -218,9 +214,7 @@ def test_the_simulators_chains_agree_in_the_backtests_rule_and_the_report(
     assert backtest["requests"] == len(firsts) == 400
     assert backtest["attempts"] == len(firsts) + sim.retries
     assert backtest["never_served"] == sum(e.priority >= 2 for e in firsts)
-    path = tmp_path / "events.jsonl"
-    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
-    assert main(["replay", str(path), "--store", str(tmp_path / "store"), "--json"]) == 0
+    store_dir = replay_events(tmp_path, events)
     capsys.readouterr()
-    report = _report(capsys, "--store", str(tmp_path / "store"))
+    report = _report(capsys, "--store", str(store_dir))
     assert report["logical"] == backtest

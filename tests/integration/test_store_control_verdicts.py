@@ -19,10 +19,10 @@ import pytest
 
 from pipeline.adapters.store import migrate, open_store, write_requests
 from pipeline.cli import main
-from pipeline.contract.codec import encode_event
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
+from tests.measurement_fixtures import replay_events
 
 pytestmark = pytest.mark.integration
 
@@ -106,11 +106,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     events += evs
     # a duplicate: a shadow request's gateway.completed again
     events.append(next(e for e in events if e.event_id == "q0008:c"))
-    path = tmp / "events.jsonl"
-    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
-    store_dir = tmp / "store"
-    assert main(["replay", str(path), "--store", str(store_dir), "--json"]) == 0
-    return {"store": store_dir, "wants": wants}
+    return {"store": replay_events(tmp, events), "wants": wants}
 
 
 def _cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
@@ -209,10 +205,7 @@ def test_report_text_shows_the_section(
 def test_a_store_without_modes_has_no_section(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "events.jsonl"
-    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in _request(0)[1]))  # off
-    store_dir = tmp_path / "store"
-    assert main(["replay", str(path), "--store", str(store_dir), "--json"]) == 0
+    store_dir = replay_events(tmp_path, _request(0)[1])  # off
     capsys.readouterr()
     out = _cli_json(capsys, "report", "--store", str(store_dir), "--json")
     assert out["requests"] == 1
