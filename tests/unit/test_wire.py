@@ -170,7 +170,7 @@ def test_optional_fields_added_later_decode_the_same() -> None:
 
 _MODES = [None, "shadow", "enforce"]
 _VERDICTS = [None, "shed_priority", "new_session", "rate_limit", "admission", "queue_timeout",
-             "retry_budget"]  # fmt: skip
+             "retry_budget", "deadline"]  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", _MODES)
