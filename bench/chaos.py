@@ -545,6 +545,7 @@ class Chaos:
             events_acked=self.acks.events_acked,
             events_failed=self.acks.events_failed,
             dropped=sink.counters.events_dropped if sink is not None else 0,
+            failed=sink.counters.events_failed if sink is not None else 0,
             left=left,
             drained=drained,
             drain_s=drain_s,
@@ -567,7 +568,10 @@ class Chaos:
         read_to = read_positions(log_text, acks.topic_ids)
         missing = doc["exactly_once"]["missing"]
         lost, never = split_missing(missing, acks.first_terminal, acks.generation, read_to)
-        (self.dir / "lost.txt").write_text("\n".join(lost))
+        # each one's first terminal event: (generation, partition, offset)
+        (self.dir / "lost.txt").write_text(
+            "".join(f"{rid} {acks.first_terminal.get(rid)}\n" for rid in lost)
+        )
         letters = match_letters(
             acks.bad, dead_letters(s, 60), acks.topic_ids, acks.generation, read_to
         )

@@ -138,6 +138,7 @@ class Ending:
     events_acked: int
     events_failed: int
     dropped: int  # by the producer
+    failed: int  # by the producer, for good (a delivery error it did not send again)
     left: int  # undelivered at the end
     drained: bool
     drain_s: float
@@ -168,7 +169,8 @@ def figures(
             note=f"{end.traffic_s / 60:.1f} min of traffic: "
             f"{end.received / end.traffic_s:,.0f} requests/s handed to the producer "
             f"(target {end.rate:,.0f}); {end.events_acked:,} lifecycle events "
-            f"acknowledged, {end.events_failed:,} failed (delivery errors), "
+            f"acknowledged; {end.events_failed:,} delivery errors reported, "
+            f"{end.failed:,} of them for good (the rest sent again: the topic was gone); "
             f"{end.dropped:,} dropped by the producer, {end.left:,} undelivered at the end",
         ),
         at_most(

@@ -47,6 +47,8 @@ class Acks:
     # the first acknowledged gateway.completed or engine.finished: (generation, partition,
     # offset); a request's events share a partition, acknowledged in offset order
     first_terminal: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # per partition: the generation its acknowledgements are of, and the last offset
+    last_offset: dict[int, tuple[int, int]] = field(default_factory=dict)
     requests: int = 0  # with a gateway.completed or engine.finished acknowledged
     events_acked: int = 0
     events_failed: int = 0
@@ -72,7 +74,7 @@ class Acks:
             if err is not None:
                 self.events_failed += len(items)
                 return
-            gen = self.generation
+            gen = self.generation_of(msg.partition(), msg.offset())
             self.acked_in_gen[gen] = self.acked_in_gen.get(gen, 0) + len(items)
             where = (gen, msg.partition(), msg.offset())
             for d in items:
@@ -86,6 +88,19 @@ class Acks:
                 if bit != 1 and not before & 6:
                     self.requests += 1
                     self.first_terminal[rid] = where
+
+    def generation_of(self, partition: int, offset: int) -> int:
+        """The topic generation an acknowledgement at ``offset`` of ``partition`` is of.
+        Not the generation when the callback runs: a callback can come seconds after its
+        acknowledgement (the producer's thread busy, the GIL), after the bench counted the
+        deletion. A producer's delivery reports come in the order the broker answered,
+        and a generation's offsets start again from 0: on a partition, an offset below
+        the last one acknowledged is the next generation's first (callers hold ``lock``)."""
+        gen, last = self.last_offset.get(partition, (0, -1))
+        if offset < last:
+            gen += 1
+        self.last_offset[partition] = (gen, offset)
+        return gen
 
     def bad_delivered(self, err: Any, msg: Any) -> None:
         with self.lock:

@@ -65,10 +65,20 @@ def test_a_request_is_expected_once_its_completed_or_finished_event_is_acknowled
     assert acks.expected() == {"a"}  # b: only its received event reached the broker
     assert acks.requests == 1
     assert (acks.events_acked, acks.events_failed) == (4, 1)
-    acks.generation = 1  # the topic deleted: later acknowledgements are the new topic's
+    acks.generation = 1  # the topic deleted (and created again)
     acks.delivered(None, _Msg(_ev("gateway.completed", "c"), offset_=3), "lc")
+    # late callbacks of the deleted topic's acknowledgements: still the old generation's
+    acks.delivered(None, _Msg(_ev("gateway.completed", "d"), partition_=2, offset_=10), "lc")
+    acks.delivered(None, _Msg(_ev("gateway.completed", "e"), partition_=2, offset_=0), "lc")
+    acks.delivered(None, _Msg(_ev("gateway.completed", "f"), partition_=2, offset_=1), "lc")
     # where each request's first terminal event landed: (generation, partition, offset)
-    assert acks.first_terminal == {"a": (0, 2, 7), "c": (1, 0, 3)}
+    assert acks.first_terminal == {
+        "a": (0, 2, 7),
+        "c": (0, 0, 3),  # partition 0's first acknowledgement: of the generation it began
+        "d": (0, 2, 10),  # acknowledged before the deletion, its callback after it
+        "e": (1, 2, 0),  # the offsets started again: the new generation
+        "f": (1, 2, 1),
+    }
 
 
 LOG = (
