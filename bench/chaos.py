@@ -28,7 +28,10 @@ offsets of the fault's end, the peak lag. At the end: traffic stops, the produce
 flushed, and the time to drain (every partition committed to its end) is measured; the
 worker is stopped (SIGTERM) and its store checked (:mod:`tools.dev.fault_checks`):
 every acknowledged request stored exactly once, the windows' totals equal the requests on
-every boundary, every rollup equals its source, one dead letter per bad position.
+every boundary, every rollup equals its source, one dead letter per bad position; a
+deleted topic's requests and bad positions that the worker never read are counted apart,
+by where its reading stopped (:mod:`bench.chaos_checks`). Traffic and the producers'
+record in :mod:`bench.chaos_traffic`.
 Every process started here (broker, workers) is stopped by its PID on the way out, on
 failure and on Ctrl-C / SIGTERM too; the tmpfs is unmounted.
 """
@@ -36,9 +39,6 @@ failure and on Ctrl-C / SIGTERM too; the tmpfs is unmounted.
 from __future__ import annotations
 
 import contextlib
-import heapq
-import json
-import math
 import os
 import random
 import signal
@@ -46,231 +46,42 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.common import REPO, Worker, new_settings, producer_config, send
+from bench.chaos_checks import (
+    Ending,
+    fault_table,
+    figures,
+    match_letters,
+    read_positions,
+    run_text,
+    split_missing,
+    store_check_profile,
+    store_checks,
+)
+from bench.chaos_traffic import QUIET, Acks, Traffic
+from bench.common import Worker, new_settings
 from bench.context import Context
-from bench.results import Figure, Section, at_most, register
+from bench.results import Section, register
 from pipeline.adapters.kafka_admin import ensure_topics, topic_id
-from pipeline.cli import DEFAULT_TRACE
-from pipeline.contract.codec import DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC_ID
-from pipeline.contract.events import Event
 from pipeline.settings import Settings
-from producers.emit import open_kafka_sink
-from producers.simulator.model import DEFAULT_MODELS, SimConfig, Simulator
-from producers.simulator.trace import read_trace
 from tools.dev.fault_checks import dead_letters
 from tools.dev.kafka_local import LocalKafka
 
 KINDS = ("kill", "broker", "store", "disk", "topic")
 DEFAULTS: dict[str, Any] = {"minutes": 30.0, "rate": 300.0, "seed": 1, "faults": ",".join(KINDS)}
 QUICK_MINUTES = 3.0
-BAD_EVERY_S = 60.0
-BAD_KINDS = (b"not json {", b'{"v": 1, "kind": "gateway.completed"}', b'"a string"')
 DISK_LEFT_BYTES = 6 * 1024 * 1024  # what a full disk leaves free (the measured disk-full run's)
 TMPFS_MIB_PER_MIN = 80  # the store's tmpfs per minute of traffic (1 GiB at least; 5 minutes
 # at 300 requests/s wrote ~30 MiB/min): a cap, tmpfs takes memory only for what is written
 RECOVERY_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 600.0
-QUIET = {"log_level": 2}  # the bench's own clients: no librdkafka line per refused connect
-BIT = {"gateway.received": 1, "gateway.completed": 2, "engine.finished": 4}
-
-
-# --- the producers' own record of what was acknowledged -----------------------------------
-
-
-@dataclass
-class Acks:
-    """Per request, the lifecycle kinds the broker acknowledged, from delivery callbacks
-    (called on the producers' threads); ``generation`` counts the topic's deletions so far."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    kinds: dict[str, int] = field(default_factory=dict)
-    gen_of: dict[str, int] = field(default_factory=dict)  # first completed/finished ack's
-    requests: int = 0  # with a gateway.completed or engine.finished acknowledged
-    events_acked: int = 0
-    events_failed: int = 0
-    generation: int = 0
-    acked_in_gen: dict[int, int] = field(default_factory=dict)
-    bad: list[tuple[str, int, int]] = field(default_factory=list)  # (topic id, part, offset)
-    bad_failed: int = 0
-    topic_id: str = ""
-
-    def delivered(self, err: Any, msg: Any, lifecycle: str) -> None:
-        if msg is None or msg.topic() != lifecycle:
-            return
-        try:
-            doc = orjson.loads(msg.value() or b"null")
-        except orjson.JSONDecodeError:
-            return
-        items = doc if isinstance(doc, list) else [doc]
-        with self.lock:
-            if err is not None:
-                self.events_failed += len(items)
-                return
-            gen = self.generation
-            self.acked_in_gen[gen] = self.acked_in_gen.get(gen, 0) + len(items)
-            for d in items:
-                bit = BIT.get(d.get("kind", ""), 0)
-                if not bit:
-                    continue
-                self.events_acked += 1
-                rid = d["request_id"]
-                before = self.kinds.get(rid, 0)
-                self.kinds[rid] = before | bit
-                if bit != 1 and not before & 6:
-                    self.requests += 1
-                    self.gen_of[rid] = gen
-
-    def bad_delivered(self, err: Any, msg: Any) -> None:
-        with self.lock:
-            if err is not None:
-                self.bad_failed += 1
-            else:
-                self.bad.append((self.topic_id, msg.partition(), msg.offset()))
-
-    def expected(self) -> set[str]:
-        """Requests with a ``gateway.completed`` or ``engine.finished`` acknowledged: each is
-        stored (complete, or partial after the join timeout) exactly once."""
-        with self.lock:
-            return {rid for rid, k in self.kinds.items() if k & 6}
-
-
-def track_deliveries(sink: Any, acks: Acks, lifecycle: str) -> None:
-    """Hear the sink's delivery reports too (its counters are kept as they are)."""
-    own = sink._on_delivery  # the sink's per-message callback factory
-
-    def on_delivery(n: int) -> Callable[[Any, Any], None]:
-        cb = own(n)
-
-        def both(err: Any, msg: Any) -> None:
-            cb(err, msg)
-            acks.delivered(err, msg, lifecycle)
-
-        return both
-
-    sink._on_delivery = on_delivery
-
-
-# --- traffic ----------------------------------------------------------------------------------
-
-
-def simulated_events(rate: float, seed: int, start_ns: int) -> Iterator[Event]:
-    """The simulator's events, forever, at ``rate`` requests/s from ``start_ns``: the trace
-    compressed to that rate with its engines multiplied to match, one simulation after the
-    other (each with its own seed and request-id prefix), merged in time order."""
-    trace = read_trace(REPO / DEFAULT_TRACE)
-    span_ms = trace[-1].arrival_offset_ms + 1.0
-    scale = rate / (len(trace) / (span_ms / 1000))
-    models = tuple(replace(m, engines=m.engines * math.ceil(scale)) for m in DEFAULT_MODELS)
-    seg_ns = int(span_ms / scale * 1e6)
-    heap: list[tuple[int, int, Event, Iterator[Event]]] = []
-    seq = 0
-    k = 0
-    while True:
-        if not heap or heap[0][0] >= start_ns + k * seg_ns - 5 * 10**9:
-            sim = Simulator(
-                trace,
-                SimConfig(
-                    start_unix_ns=start_ns + k * seg_ns,
-                    models=models,
-                    rate_scale=scale,
-                    seed=seed * 100_000 + k,
-                    request_id_prefix=f"chaos{seed}-{k}-",
-                    stats_interval_ms=5_000.0,
-                ),
-            )
-            it = iter(sim.events())
-            if (ev := next(it, None)) is not None:
-                heapq.heappush(heap, (ev.ts_unix_ns, seq, ev, it))
-                seq += 1
-            k += 1
-            continue
-        _, _, ev, it = heapq.heappop(heap)
-        yield ev
-        if (nxt := next(it, None)) is not None:
-            heapq.heappush(heap, (nxt.ts_unix_ns, seq, nxt, it))
-            seq += 1
-
-
-@dataclass
-class Traffic:
-    settings: Settings
-    rate: float
-    seed: int
-    acks: Acks
-    stop: threading.Event = field(default_factory=threading.Event)
-    bad_paused: threading.Event = field(default_factory=threading.Event)
-    received: int = 0  # gateway.received events handed to the producer
-    error: BaseException | None = None
-    sink: Any = None
-    bad_producer: Producer | None = None
-    started: float = 0.0
-    stopped: float = 0.0
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # reported by the main thread
-            self.error = exc
-
-    def _run(self) -> None:
-        s = self.settings
-        lifecycle = s.lifecycle_topic
-        self.sink = open_kafka_sink(s, service="chaos-bench", on_full="block", extra_config=QUIET)
-        track_deliveries(self.sink, self.acks, lifecycle)
-        self.bad_producer = Producer(
-            producer_config(s) | QUIET | {"linger.ms": 5, "on_delivery": self.acks.bad_delivered}
-        )
-        rng = random.Random(self.seed)
-        next_bad = time.monotonic() + BAD_EVERY_S / 2
-        n_bad = 0
-        self.started = time.monotonic()
-        for ev in simulated_events(self.rate, self.seed, time.time_ns() + 10**9):
-            while (ahead := ev.ts_unix_ns - time.time_ns()) > 0:
-                if self.stop.is_set():
-                    break
-                time.sleep(min(ahead / 1e9, 0.02))
-            if self.stop.is_set():
-                break
-            self.sink.emit(ev)
-            if ev.kind == "gateway.received":
-                self.received += 1
-            if time.monotonic() >= next_bad and not self.bad_paused.is_set():
-                next_bad += BAD_EVERY_S
-                send(
-                    self.bad_producer,
-                    lifecycle,
-                    rng.randrange(s.topic_partitions),
-                    BAD_KINDS[n_bad % len(BAD_KINDS)],
-                )
-                n_bad += 1
-            self.bad_producer.poll(0)
-        self.stopped = time.monotonic()
-
-    def finish(self, timeout_s: float = 300.0) -> int:
-        """Flush both producers until everything is acknowledged (or ``timeout_s``); the
-        events still undelivered."""
-        left = 0
-        deadline = time.monotonic() + timeout_s
-        if self.bad_producer is not None:
-            self.bad_producer.flush(max(1.0, deadline - time.monotonic()))
-        if self.sink is not None:
-            while (left := self.sink.flush(10.0)) and time.monotonic() < deadline:
-                pass
-        return left
-
-    def close(self) -> None:
-        if self.sink is not None:
-            self.sink.close(5.0)
-            self.sink = None
 
 
 # --- the fault schedule -----------------------------------------------------------------------
@@ -371,6 +182,62 @@ def _log_count(path: Path, since: int, text: str) -> int:
         return 0
 
 
+class StoreDisk:
+    """The store's disk: a size-limited tmpfs at ``where`` (mounting needs root; without
+    it the disk-full fault is skipped and ``note`` says why), shrunk to what the store
+    uses + ``DISK_LEFT_BYTES`` for the disk-full fault: a full disk that takes no memory
+    (a filler file on tmpfs would)."""
+
+    def __init__(self, where: Path, minutes: float) -> None:
+        self.where = where
+        self.mount: Path | None = None
+        self.note = ""
+        self.size_bytes = max(1024, round(minutes * TMPFS_MIB_PER_MIN)) * 2**20
+
+    def mount_tmpfs(self) -> Path:
+        self.where.mkdir(exist_ok=True)
+        size = f"{self.size_bytes // 2**20}m"
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=700", "tmpfs", str(self.where)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if r.returncode == 0:
+            self.mount = self.where
+        else:
+            self.note = (
+                f"the disk-full fault was skipped: mounting a {size} tmpfs for the store "
+                f"failed ({(r.stderr or r.stdout).strip()}; it needs root)"
+            )
+        return self.where
+
+    def fill(self) -> tuple[int, int]:
+        """Shrink the tmpfs to what is used + DISK_LEFT_BYTES; (bytes used, bytes left)."""
+        assert self.mount is not None
+        st = os.statvfs(self.mount)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        self._remount(used + DISK_LEFT_BYTES)
+        st = os.statvfs(self.mount)
+        return used, st.f_bavail * st.f_frsize
+
+    def free(self) -> None:
+        self._remount(self.size_bytes)
+
+    def _remount(self, size: int) -> None:
+        assert self.mount is not None
+        subprocess.run(
+            ["mount", "-o", f"remount,size={-(-size // 4096) * 4096}", str(self.mount)],
+            check=True,
+            capture_output=True,
+        )
+
+    def unmount(self) -> None:
+        if self.mount is not None:
+            subprocess.run(["umount", str(self.mount)], check=False, capture_output=True)
+            self.mount = None
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -382,9 +249,7 @@ class Chaos:
         self.rng = random.Random(seed * 7919)
         self.acks = Acks()
         self.kafka: LocalKafka | None = None
-        self.mount: Path | None = None
-        self.mount_note = ""
-        self.mount_bytes = 0
+        self.disk = StoreDisk(self.dir / "storefs", minutes)
         self.kinds: tuple[str, ...] = KINDS
         self.worker: Worker | None = None
         self.traffic: Traffic | None = None
@@ -401,34 +266,6 @@ class Chaos:
         self.gate: Callable[[], bool] = lambda: True  # may the next fault fire
 
     # -- processes --
-
-    def _mount_tmpfs(self) -> Path:
-        where = self.dir / "storefs"
-        where.mkdir(exist_ok=True)
-        self.mount_bytes = max(1024, round(self.minutes * TMPFS_MIB_PER_MIN)) * 2**20
-        size = f"{self.mount_bytes // 2**20}m"
-        r = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=700", "tmpfs", str(where)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if r.returncode == 0:
-            self.mount = where
-        else:
-            self.mount_note = (
-                f"the disk-full fault was skipped: mounting a {size} tmpfs for the store "
-                f"failed ({(r.stderr or r.stdout).strip()}; it needs root)"
-            )
-        return where
-
-    def _remount(self, size: int) -> None:
-        assert self.mount is not None
-        subprocess.run(
-            ["mount", "-o", f"remount,size={-(-size // 4096) * 4096}", str(self.mount)],
-            check=True,
-            capture_output=True,
-        )
 
     def _start_worker(self) -> Worker:
         assert self.settings is not None
@@ -448,9 +285,7 @@ class Chaos:
             self.progress.close()
         if self.kafka is not None:
             self.kafka.stop()
-        if self.mount is not None:
-            subprocess.run(["umount", str(self.mount)], check=False, capture_output=True)
-            self.mount = None
+        self.disk.unmount()
 
     # -- waiting --
 
@@ -579,19 +414,13 @@ class Chaos:
                 f"{_log_count(log, mark, 'ClickHouse ')} failed writes retried (worker log)"
             )
         elif p.kind == "disk":
-            if self.mount is None:
-                rec.notes.append(self.mount_note)
+            if self.disk.mount is None:
+                rec.notes.append(self.disk.note)
                 rec.held_s = 0.0
                 return rec
-            # The tmpfs shrunk to what the store uses + 6 MiB, then given its size back: a
-            # full disk that takes no memory (a filler file on tmpfs would).
-            st = os.statvfs(self.mount)
-            used = (st.f_blocks - st.f_bfree) * st.f_frsize
-            self._remount(used + DISK_LEFT_BYTES)
-            st = os.statvfs(self.mount)
-            left = st.f_bavail * st.f_frsize
+            used, left = self.disk.fill()
             self.hold(p.hold_s, rec)
-            self._remount(self.mount_bytes)
+            self.disk.free()
             rec.notes.append(
                 f"the store's tmpfs shrunk to its {used / 2**20:.0f} MiB + "
                 f"{left / 2**20:.1f} MiB free; "
@@ -638,7 +467,7 @@ class Chaos:
         noticed = time.monotonic() - t
         self.hold(p.hold_s, rec)
         ensure_topics(s)
-        self.acks.topic_id = topic_id(a, s.lifecycle_topic) or ""
+        self.acks.topic_ids[gen] = topic_id(a, s.lifecycle_topic) or ""
         recreated = time.monotonic() - t
         self.wait(lambda: self.acks.acked_in_gen.get(gen, 0) > 0, 120, rec)
         self.traffic.bad_paused.clear()
@@ -655,7 +484,7 @@ class Chaos:
     def run(self, sec: Section) -> None:
         schedule = plan(self.minutes, self.seed, self.kinds)
         self.kafka = LocalKafka(self.dir / "kafka", heap="1g").start()
-        store_root = self._mount_tmpfs()
+        store_root = self.disk.mount_tmpfs()
         s = new_settings(
             self.kafka.bootstrap_servers,
             store_root,
@@ -664,7 +493,7 @@ class Chaos:
         )
         self.settings = s
         a = AdminClient(s.kafka_config() | QUIET)
-        self.acks.topic_id = topic_id(a, s.lifecycle_topic) or ""
+        self.acks.topic_ids[0] = topic_id(a, s.lifecycle_topic) or ""
         self._start_worker()
         assert self.worker is not None
         sec.commands.append(f"{self.worker.command}  # {s.group_id}, store {s.store_dir}")
@@ -708,183 +537,59 @@ class Chaos:
         assert self.worker is not None
         rc = self.worker.stop(60)
         self.worker = None
-        baseline_s = float("nan") if base.recovered_s is None else base.recovered_s
-        self._check(
-            sec,
+        sink = self.traffic.sink
+        end = Ending(
             traffic_s=traffic_s,
+            rate=self.rate,
+            received=self.traffic.received,
+            events_acked=self.acks.events_acked,
+            events_failed=self.acks.events_failed,
+            dropped=sink.counters.events_dropped if sink is not None else 0,
+            failed=sink.counters.events_failed if sink is not None else 0,
             left=left,
             drained=drained,
             drain_s=drain_s,
-            baseline_s=baseline_s,
+            drain_timeout_s=DRAIN_TIMEOUT_S,
+            baseline_s=float("nan") if base.recovered_s is None else base.recovered_s,
             rc=rc,
-            schedule=schedule,
         )
+        self._check(sec, end, schedule)
 
-    def _check(
-        self,
-        sec: Section,
-        *,
-        traffic_s: float,
-        left: int,
-        drained: bool,
-        drain_s: float,
-        baseline_s: float,
-        rc: int,
-        schedule: list[Planned],
-    ) -> None:
+    def _check(self, sec: Section, end: Ending, schedule: list[Planned]) -> None:
+        """The store against the producers' record (:mod:`bench.chaos_checks`)."""
         s = self.settings
-        assert self.traffic is not None
         assert s is not None
-        expected = self.acks.expected()
-        sink = self.traffic.sink
-        dropped = sink.counters.events_dropped if sink is not None else 0
+        acks = self.acks
+        expected = acks.expected()
         ids_file = self.dir / "acknowledged.txt"
         ids_file.write_text("\n".join(sorted(expected)))
-        out = subprocess.run(
-            [sys.executable, "-m", "tools.dev.fault_checks", str(s.store_dir), "--ids",
-             str(ids_file)],
-            cwd=REPO, capture_output=True, text=True, check=True, timeout=1200,
-        )  # fmt: skip
-        doc = json.loads(out.stdout)
-        eo, bounds, drift = doc["exactly_once"], doc["boundaries"], doc["rollup_drift"]
-        missing = eo["missing"]
-        old_gen = sum(1 for rid in missing if self.acks.gen_of.get(rid, 0) < self.acks.generation)
-        letters = dead_letters(s, 60)
-        per_pos: dict[tuple[str, int, int], int] = {}
-        for letter in letters:
-            if DLQ_OFFSET in letter:
-                key = (
-                    letter.get(DLQ_TOPIC_ID, ""),
-                    int(letter[DLQ_PARTITION]),
-                    int(letter[DLQ_OFFSET]),
-                )
-                per_pos[key] = per_pos.get(key, 0) + 1
-        bad = self.acks.bad
-        one_each = sum(1 for pos in bad if per_pos.get(pos, 0) == 1)
-        no_letter_old = sum(
-            1 for pos in bad if per_pos.get(pos, 0) == 0 and pos[0] != self.acks.topic_id
+        doc = store_checks(s.store_dir, ids_file)
+        log_text = (self.dir / "worker.log").read_text(errors="replace")
+        read_to = read_positions(log_text, acks.topic_ids)
+        missing = doc["exactly_once"]["missing"]
+        lost, never = split_missing(missing, acks.first_terminal, acks.generation, read_to)
+        # each one's first terminal event: (generation, partition, offset)
+        (self.dir / "lost.txt").write_text(
+            "".join(f"{rid} {acks.first_terminal.get(rid)}\n" for rid in lost)
         )
-        unmatched = sum(c for pos, c in per_pos.items() if pos not in set(bad))
-        diff_bounds = {b: v for b, v in bounds.items() if len(set(v)) > 1}
-        stored = eo["stored"]
-        sec.figures += [
-            Figure(
-                "requests acknowledged by the broker (delivery callbacks)",
-                len(expected),
-                "",
-                note=f"{traffic_s / 60:.1f} min of traffic: "
-                f"{self.traffic.received / traffic_s:,.0f} requests/s handed to the producer "
-                f"(target {self.rate:,.0f}); {self.acks.events_acked:,} lifecycle events "
-                f"acknowledged, {self.acks.events_failed:,} failed (delivery errors), "
-                f"{dropped:,} dropped by the producer, {left:,} undelivered at the end",
-            ),
-            at_most(
-                "acknowledged requests missing from `requests`",
-                len(missing),
-                "",
-                0,
-                f"{old_gen} of them acknowledged on a generation of the topic that was then "
-                f"deleted; {len(doc['missing_read'])} read by the worker (their raw events are "
-                f"in the store); e.g. {', '.join(missing[:3])}"
-                if missing
-                else "",
-            ),
-            at_most("requests stored more than once", len(eo["twice"]), "", 0),
-            at_most(
-                "requests stored that were never acknowledged",
-                len(eo["extra"]),
-                "",
-                0,
-                ", ".join(eo["extra"][:3]),
-            ),
-            at_most(
-                "window totals (`__slo__` records) minus stored requests",
-                abs(eo["window_total"] - stored),
-                "",
-                0,
-                f"{eo['window_total']:,} in windows, {stored:,} stored",
-            ),
-            at_most("windows written twice", eo["windows"] - eo["windows_distinct"], "", 0),
-            at_most(
-                "boundaries whose windows ≠ requests or rollups",
-                len(diff_bounds),
-                "",
-                0,
-                "; ".join(f"{b} windows/requests/1m/1h {v}" for b, v in diff_bounds.items())
-                or f"{len(bounds)} boundaries equal",
-            ),
-            at_most(
-                "rollups differing from their source",
-                len(drift),
-                "",
-                0,
-                "; ".join(f"{k} {v}" for k, v in drift.items()),
-            ),
-            Figure(
-                "bad positions with exactly one dead letter",
-                one_each,
-                "",
-                f"= {len(bad)}",
-                one_each == len(bad),
-                f"{len(bad)} malformed messages acknowledged ({self.acks.bad_failed} failed); "
-                f"{len(letters)} letters, {unmatched} at no bad position; of the positions "
-                f"without a letter, {no_letter_old} on a deleted generation of the topic",
-            ),
-            Figure(
-                "time to drain (traffic stopped → every partition committed to its end)",
-                drain_s,
-                "s",
-                f"≤ {DRAIN_TIMEOUT_S:.0f} s",
-                drained,
-                f"steady delay produced → committed before the faults: {baseline_s:.0f} s "
-                "(windows close after size + grace)",
-            ),
-            Figure("worker exit status at the end (SIGTERM)", rc, "", "= 0", rc == 0),
-        ]
-        rows = ["| fault | at | acked then | held | caught up after | peak lag | notes |",
-                "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-        for d in self.done:
-            rec_s = "n/a" if d.recovered_s is None else f"{d.recovered_s:.1f} s"
-            at = "—" if math.isnan(d.at_s) else f"{d.at_s / 60:.1f} min"
-            held = "—" if math.isnan(d.held_s) else f"{d.held_s:.1f} s"
-            rows.append(
-                f"| {d.planned.kind} | {at} | {d.acked_at:,} | {held} | {rec_s} | "
-                f"{d.peak_lag:,} | {'; '.join(d.notes)} |"
-            )
-        loads = sorted(self.loads)
-        sec.text += [
-            f"Traffic: the simulator's events at {self.rate:,.0f} requests/s through "
-            f"`open_kafka_sink` for {self.minutes:g} min, seed {self.seed}, faults "
-            f"{', '.join(self.kinds) or 'none'}; one malformed "
-            f"message every {BAD_EVERY_S:.0f} s. Faults ({len(schedule)}, in seeded order; "
-            "'caught up after': from the fault's end until the group committed the end "
-            "offsets of that moment, which takes the steady delay above at least; the next "
-            "fault waits for its trigger and for the worker to commit after the previous "
-            "fault's end, not for that catch-up, so faults may overlap; 'peak lag': messages "
-            "produced and not committed, from the fault's start to its catch-up):",
-            "\n".join(rows),
-            f"Load average (1 min) during the run: min {loads[0]:.1f}, median "
-            f"{loads[len(loads) // 2]:.1f}, max {loads[-1]:.1f} on {os.cpu_count()} cores "
-            "shared with other engineers' work."
-            if loads
-            else "",
-        ]
-        if self.mount_note:
-            sec.text.append(self.mount_note)
-        if self.findings:
-            sec.text.append("Found: " + "; ".join(self.findings) + ".")
-        sc = REPO.parent / "shared" / "tools" / "store-check"
-        if sc.exists():
-            r = subprocess.run(
-                [str(sc), str(s.store_dir)],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=600,
-                env=dict(os.environ, TG=str(Path(sys.executable).with_name("tailguard"))),
-            )
-            sec.profiles.append((f"store-check (exit {r.returncode})", r.stdout + r.stderr))
+        letters = match_letters(
+            acks.bad, dead_letters(s, 60), acks.topic_ids, acks.generation, read_to
+        )
+        sec.figures += figures(
+            end, doc, expected=len(expected), lost=lost, never=never, read_to=read_to,
+            letters=letters,
+        )  # fmt: skip
+        text = run_text(
+            self.rate, self.minutes, self.seed,
+            kinds=self.kinds, faults=len(schedule), loads=self.loads,
+        )  # fmt: skip
+        sec.text.append(text)
+        sec.text.append(fault_table(self.done))
+        sec.text += [n for n in (self.disk.note, self.findings_text()) if n]
+        sec.profiles.append(store_check_profile(s.store_dir))
+
+    def findings_text(self) -> str:
+        return "Found: " + "; ".join(self.findings) + "." if self.findings else ""
 
 
 @register(

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
@@ -31,8 +31,6 @@ from pipeline.contract.events import Event
 from pipeline.contract.partitioning import partition_for
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from opentelemetry.metrics import CallbackOptions, MeterProvider
 
     from pipeline.kafka_settings import KafkaSettings
@@ -112,6 +110,30 @@ class Batcher:
         return p, orjson.dumps(b.items), len(b.items)
 
 
+def rebatch(
+    held: Iterable[tuple[str, int, bytes, int]], counts: Mapping[str, int], max_events: int
+) -> list[tuple[str, int, bytes, int]]:
+    """Batches ``(topic, partition, payload, n_events)`` made for other partition counts,
+    made again for ``counts`` (a topic created again with another number of partitions):
+    each event goes to the partition of its key (as :meth:`Batcher.add` chose it), in
+    order, at most ``max_events`` a message."""
+    out: list[tuple[str, int, bytes, int]] = []
+    for topic, _p, payload, _n in held:
+        doc = orjson.loads(payload)
+        items = doc if isinstance(doc, list) else [doc]
+        groups: dict[int, list[Any]] = {}
+        for d in items:
+            key = str(d.get("request_id") or d.get("host"))
+            groups.setdefault(partition_for(key, counts[topic]), []).append(d)
+        for q, ds in groups.items():
+            for i in range(0, len(ds), max_events):
+                chunk = ds[i : i + max_events]
+                out.append(
+                    (topic, q, orjson.dumps(chunk if len(chunk) > 1 else chunk[0]), len(chunk))
+                )
+    return out
+
+
 @dataclass
 class SinkCounters:
     events_sent: int = 0
@@ -173,6 +195,14 @@ class KafkaSink:
     wait in the buffer, so the bounded buffer alone decides what is dropped, and
     counts it. ``events_failed`` counts permanent delivery errors only.
 
+    A topic deleted (and created again) is no permanent error either: a batch that
+    librdkafka refuses because the topic or partition is unknown, or reports undelivered
+    for that reason, is held like one that found the queue full, and the partition
+    counts are read again (every ``metadata_retry_ms``) before anything more is
+    produced; a topic back with another partition count gets the held batches made
+    again for it (:func:`rebatch`). Meanwhile new events wait in the bounded buffer,
+    which alone decides what is dropped (and counted), as above.
+
     ``topic_for`` maps an event to its topic (lifecycle vs engine stats).
     ``partitions`` may be given (then no metadata is needed); otherwise it is
     read, and retried every ``metadata_retry_ms``, in the background thread.
@@ -191,7 +221,7 @@ class KafkaSink:
         metadata_retry_ms: int = 1000,
         name: str = "tailguard-producer",
     ) -> None:
-        from confluent_kafka import Producer  # adapter-only import
+        from confluent_kafka import KafkaError, KafkaException, Producer  # adapter-only
 
         if buffer_max_events < 1:
             raise ValueError("buffer_max_events must be >= 1")
@@ -211,6 +241,18 @@ class KafkaSink:
         conf.setdefault("error_cb", self._on_error)
         conf.setdefault("logger", log)  # librdkafka logs through Python logging
         self._producer = Producer(conf)
+        self._kafka_exception = KafkaException
+        # The topic or partition is not there (deleted; created again soon): held, not lost.
+        self._gone_codes = frozenset(
+            {
+                KafkaError._UNKNOWN_TOPIC,
+                KafkaError._UNKNOWN_PARTITION,
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+            }
+        )
+        # A batch met a topic that is gone: the partition counts are read again before
+        # anything more is produced (background thread only).
+        self._recheck = False
         self._topic_for = topic_for
         self._topics = list(topics)
         self._policy = policy or BatchPolicy()
@@ -262,7 +304,7 @@ class KafkaSink:
 
     @property
     def partitions_known(self) -> bool:
-        return len(self._batchers) == len(self._topics)
+        return len(self._batchers) == len(self._topics) and not self._recheck
 
     def flush(self, timeout_s: float = 10.0) -> int:
         """Hand everything buffered to Kafka and wait for delivery reports.
@@ -309,11 +351,40 @@ class KafkaSink:
             return
         counts = {t: len(md[t].partitions) for t in self._topics if t in md and md[t].partitions}
         if len(counts) == len(self._topics):
-            self._batchers = {t: Batcher(counts[t], self._policy) for t in self._topics}
+            self._use_counts(counts)
+            self._recheck = False
             log.info("producer: partitions %s", counts)
         else:
             missing = sorted(set(self._topics) - set(counts))
             self._log_error("topics %s do not exist yet; buffering", missing)
+
+    def _use_counts(self, counts: Mapping[str, int]) -> None:
+        """Batch for ``counts`` from now; a topic whose count changed (created again) gets
+        its open and held batches made again for it."""
+        old = {t: b.num_partitions for t, b in self._batchers.items()}
+        changed = {t for t in self._topics if old.get(t, counts[t]) != counts[t]}
+        if changed:
+            for t in changed:
+                self._held.extend((t, p, payload, n) for p, payload, n in self._batchers[t].drain())
+            again = [h for h in self._held if h[0] in changed]
+            kept = [h for h in self._held if h[0] not in changed]
+            self._held = deque(kept + rebatch(again, counts, self._policy.max_events))
+            log.warning("producer: partition counts changed %s -> %s", old, dict(counts))
+        self._batchers = {
+            t: self._batchers[t] if t in self._batchers and t not in changed
+            else Batcher(counts[t], self._policy)
+            for t in self._topics
+        }  # fmt: skip
+
+    def _topic_gone(self, topic: str, err: Any) -> None:
+        if not self._recheck:
+            self._log_error(
+                "topic %s unknown to the producer (%s: deleted?): holding its batches until "
+                "it exists again; new events wait in the buffer (%d events at most, then "
+                "dropped and counted)",
+                topic, err, self._buffer_max,
+            )  # fmt: skip
+        self._recheck = True
 
     def _log_error(self, fmt: str, *args: Any) -> None:
         now = time.monotonic()
@@ -325,9 +396,14 @@ class KafkaSink:
         self._log_error("kafka: %s", err)
 
     def _on_delivery(self, n: int) -> Callable[[Any, Any], None]:
-        def cb(err: Any, _msg: Any) -> None:
+        def cb(err: Any, msg: Any) -> None:
             self._inflight_events -= n
-            if err is not None:
+            if err is not None and err.code() in self._gone_codes and msg is not None:
+                # not written (its topic was deleted): produced again once it exists
+                self._held.append((msg.topic(), msg.partition(), msg.value(), n))
+                self._batched_events += n
+                self._topic_gone(msg.topic(), err)
+            elif err is not None:
                 self.counters.events_failed += n
                 self._log_error("delivery failed (%s); %d events lost", err, n)
             else:
@@ -355,13 +431,23 @@ class KafkaSink:
                 self._buffer_max,
             )
             return False
+        except self._kafka_exception as exc:
+            if exc.args[0].code() not in self._gone_codes:
+                return self._dropped(exc, n)
+            self._held.append((topic, p, payload, n))
+            self._topic_gone(topic, exc.args[0])
+            return False
         except Exception as exc:
-            self._batched_events -= n
-            self.counters.events_dropped += n
-            self._log_error("produce failed (%s); dropping %d events", exc, n)
-            return True
+            return self._dropped(exc, n)
         self._batched_events -= n
         self._inflight_events += n
+        return True
+
+    def _dropped(self, exc: Exception, n: int) -> bool:
+        """A batch librdkafka refused for good (dropped and counted)."""
+        self._batched_events -= n
+        self.counters.events_dropped += n
+        self._log_error("produce failed (%s); dropping %d events", exc, n)
         return True
 
     def _produce_held(self) -> None:
@@ -404,7 +490,8 @@ class KafkaSink:
                         continue
                 if self._held:
                     self._producer.poll(0.05)  # room in librdkafka's queue as it delivers
-                    self._produce_held()
+                    if self.partitions_known:  # (not while a topic that was gone is read)
+                        self._produce_held()
                 now = time.monotonic() * 1000
                 for event in take:
                     topic = self._topic_for(event)

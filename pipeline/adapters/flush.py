@@ -105,9 +105,14 @@ class WindowsTold(Protocol):
 class LedgerPort(Protocol):
     """The ledger topic (:class:`pipeline.adapters.ledger.LedgerPublisher`)."""
 
-    def publish(self, windows: Sequence[ClosedWindow], through: dict[int, int]) -> None: ...
+    def publish(
+        self,
+        windows: Sequence[ClosedWindow],
+        through: dict[int, int],
+        stop: threading.Event | None = None,
+    ) -> None: ...
 
-    def flush(self) -> None: ...
+    def flush(self, stop: threading.Event | None = None) -> None: ...
 
 
 class FlushWriter:
@@ -190,7 +195,8 @@ class FlushWriter:
                 self.rollups_unchecked = False
             # Workers with their own stores learn from the topic what this one counted.
             if self.ledger is not None:
-                self.ledger.publish(windows, dict(flush.through))  # acknowledged below
+                # acknowledged below; both wait for the broker, and give up at a stop signal
+                self.ledger.publish(windows, dict(flush.through), self.stopping)
         if self.told is not None:
             # The controller hears of a window once it is stored (at least once: it dedups).
             self.told.windows_stored(windows, flush.checkpoints)
@@ -199,7 +205,7 @@ class FlushWriter:
             # The ledger went out with the summaries (one round trip for both, not two
             # in a row before the controller hears of the windows); it is acknowledged
             # before anything is committed.
-            self.ledger.flush()
+            self.ledger.flush(self.stopping)
         if self.on_told is not None:
             self.on_told(windows)  # their final summaries are out (see ControlFeed.provisional)
         # One write when nothing can hurry it (fewer parts to merge).

@@ -14,6 +14,7 @@ offsets: :class:`TopicWatch`, ``WorkerShell.on_revoked``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -484,6 +485,8 @@ class GenerationFinish:
         self._ended: set[int] = set()  # partitions whose finished windows are buffered
 
     def finish(self, parts: list[int], gen: str | None) -> None:
+        # where reading stopped: a message of the generation from there on was never read
+        read = {p: o for p, o in self.processor.next_offsets().items() if p in set(parts)}
         out, done = self.processor.finish(parts)
         self.collect(out)
         self._ended.update(done.partitions)
@@ -497,8 +500,10 @@ class GenerationFinish:
         c.finished_partials += done.partials
         log.warning(
             "finished from topic %s's generation %s: partitions %s, %d windows closed "
-            "counting %d requests, %d partial records of requests waiting for their partner",
+            "counting %d requests, %d partial records of requests waiting for their "
+            "partner; read up to offsets %s",
             self.topic, gen, done.partitions, done.windows, done.requests, done.partials,
+            json.dumps({str(p): read[p] for p in sorted(read)}),
         )  # fmt: skip
 
     def take_ended(self) -> set[int]:

@@ -4,13 +4,14 @@ by a worker taking a partition over."""
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from pipeline.adapters.kafka_admin import wait_partitions
-from pipeline.adapters.reliable import ReliableProducer
+from pipeline.adapters.kafka_admin import KafkaAdminError, wait_for_broker, wait_partitions
+from pipeline.adapters.reliable import ReliableProducer, ShuttingDownError
 from pipeline.contract.ledger import LedgerEntry, decode_ledger, encode_ledger
 from pipeline.core.ledger import ENDED_THROUGH, counted_since, ledger_entries
 from pipeline.core.windows import ClosedWindow
@@ -18,6 +19,9 @@ from pipeline.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 _SCAN_STEP = 64  # messages read per step, backwards from the end
+# One metadata request for the ledger topic's partitions waits at most this long (a stop
+# signal is noticed between two requests: SIGTERM stops a worker within seconds).
+_METADATA_TIMEOUT_S = 3.0
 
 
 class LedgerPublisher:
@@ -29,17 +33,43 @@ class LedgerPublisher:
         self._producer = ReliableProducer(kafka, kafka.ledger_topic, "ledger")
         self._partitions: int | None = None
 
-    def publish(self, windows: Sequence[ClosedWindow], through: dict[int, int]) -> None:
-        """Per source partition, the requests these (stored) windows counted."""
+    def publish(
+        self,
+        windows: Sequence[ClosedWindow],
+        through: dict[int, int],
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Per source partition, the requests these (stored) windows counted. The ledger
+        topic's partition count is read at the first publish, waiting for the broker
+        while it does not answer (the windows are stored; nothing is committed until
+        their ledger is acknowledged); raises :class:`ShuttingDownError` when ``stop`` is
+        set meanwhile."""
         if self._partitions is None:
-            t = self.kafka.ledger_topic
-            self._partitions = wait_partitions(self.kafka, [t])[t]
+            self._partitions = self._ledger_partitions(stop or threading.Event())
         for entry in ledger_entries(self.kafka.lifecycle_topic, windows, through):
             for raw in encode_ledger(entry):
                 self._producer.send(raw, partition=entry.partition % self._partitions)
 
-    def flush(self) -> None:
-        self._producer.flush()
+    def flush(self, stop: threading.Event | None = None) -> None:
+        """Block until the broker acknowledged every entry published (see
+        :meth:`ReliableProducer.flush`; raises :class:`ShuttingDownError` at ``stop``)."""
+        self._producer.flush(stop)
+
+    def _ledger_partitions(self, stop: threading.Event) -> int:
+        """The ledger topic's partition count, asked again (after the broker answers, with
+        :func:`wait_for_broker`'s backoff) until metadata shows it."""
+        t = self.kafka.ledger_topic
+        while True:
+            try:
+                return wait_partitions(self.kafka, [t], _METADATA_TIMEOUT_S)[t]
+            except (KafkaException, KafkaAdminError) as exc:
+                log.warning(
+                    "ledger topic %s: partitions not known (%s): the ledger of stored windows "
+                    "waits for the broker",
+                    t, exc,
+                )  # fmt: skip
+            if not wait_for_broker(self.kafka, stop, probe_timeout_s=_METADATA_TIMEOUT_S):
+                raise ShuttingDownError("stopping while the ledger waited for the broker")
 
 
 def read_topic_ledgers(

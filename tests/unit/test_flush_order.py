@@ -47,7 +47,9 @@ def _writer(calls: list[str], **kwargs: Any) -> FlushWriter:
         windows_stored=lambda *_a: calls.append("summary"), flush=lambda _stop: None
     )
     ports: dict[str, Any] = {
-        "ledger": SimpleNamespace(publish=lambda *_a: calls.append("ledger"), flush=lambda: None),
+        "ledger": SimpleNamespace(
+            publish=lambda *_a: calls.append("ledger"), flush=lambda _s: None
+        ),
         "told": told,
     }
     ports.update(kwargs)
@@ -110,7 +112,8 @@ def test_the_ledger_is_acknowledged_with_the_summaries_and_the_clocks_follow_at_
     writer = _writer(
         calls,
         ledger=SimpleNamespace(
-            publish=lambda *_a: calls.append("ledger"), flush=lambda: calls.append("ledger acked")
+            publish=lambda *_a: calls.append("ledger"),
+            flush=lambda _s: calls.append("ledger acked"),
         ),
         told=SimpleNamespace(
             windows_stored=lambda *_a: None, flush=lambda _stop: calls.append("summaries acked")

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import time
 
-from producers.emit import BatchPolicy, KafkaSink
+import orjson
+import pytest
+
+from pipeline.contract.partitioning import partition_for
+from producers.emit import Batcher, BatchPolicy, KafkaSink, rebatch
 from tests.ceilings import ceiling
 from tests.factories import received
 
@@ -49,3 +53,31 @@ def test_a_full_librdkafka_queue_holds_batches_and_the_buffer_decides_drops() ->
         assert c.events_failed == 0  # message.timeout.ms = 0: nothing expires
     finally:
         sink.close(timeout_s=0.2)
+
+
+@pytest.mark.parametrize(
+    ("events", "before", "after", "max_events"),
+    [
+        (7, 4, 2, 200),  # fewer partitions
+        (7, 2, 4, 200),  # more
+        (9, 4, 1, 4),  # one partition, cut at max_events
+        (1, 4, 3, 200),  # a message of one event (no array)
+    ],
+)
+def test_held_batches_are_made_again_for_a_new_partition_count(
+    events: int, before: int, after: int, max_events: int
+) -> None:
+    batcher = Batcher(before, BatchPolicy(max_events=max_events))
+    made = [b for i in range(events) for b in batcher.add(received(f"r{i}"), 0.0)]
+    held = [("lc", p, payload, n) for p, payload, n in made + batcher.drain()]
+    out = rebatch(held, {"lc": after}, max_events)
+    seen: list[str] = []
+    for topic, p, payload, n in out:
+        doc = orjson.loads(payload)
+        items = doc if isinstance(doc, list) else [doc]
+        assert topic == "lc"
+        assert n == len(items) <= max_events
+        for d in items:
+            assert partition_for(d["request_id"], after) == p
+            seen.append(d["request_id"])
+    assert sorted(seen) == sorted(f"r{i}" for i in range(events))

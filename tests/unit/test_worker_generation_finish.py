@@ -111,3 +111,5 @@ def test_a_gone_generation_is_finished_and_written(
     assert sh.counts.health(0, sh.input)["generation_finished_partials"] == 1
     (line,) = [r.getMessage() for r in caplog.records if "finished from topic" in r.getMessage()]
     assert "partitions [0, 1], 2 windows closed counting 3 requests, 1 partial" in line
+    # where reading stopped: whatever the generation held from there on was never read
+    assert line.endswith('read up to offsets {"0": 2, "1": 1}')

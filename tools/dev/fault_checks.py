@@ -12,7 +12,9 @@ The store functions take an open store (one process per data directory: open it 
 the worker stopped). ``python -m tools.dev.fault_checks STORE_DIR --ids FILE`` prints
 all three checks as JSON (the chaos run calls it in a subprocess, chDB holding one data
 directory per process), with ``missing_read``: the missing requests whose raw events
-the store holds (the worker read them, and wrote no record).
+the store holds (the worker read them, and wrote no record), and ``missing_read_kinds``:
+how many of those by the kinds of their events stored (``gateway.received`` alone: the
+join drops a lone received, as at its TTL).
 """
 
 from __future__ import annotations
@@ -188,12 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(Settings(store_dir=args.store_dir))
     try:
         eo = exactly_once(store, ids)
-        q = "SELECT DISTINCT request_id FROM tailguard.lifecycle_events"
-        raw = {r for (r,) in store.query_rows(q)}
+        q = (
+            "SELECT request_id, arraySort(groupUniqArray(kind)) "
+            f"FROM {store.database}.lifecycle_events GROUP BY request_id"
+        )
+        raw = {str(r): ",".join(k) for r, k in store.query_rows(q)}
+        read = sorted(set(eo["missing"]) & raw.keys())
+        kinds: dict[str, int] = {}
+        for rid in read:
+            kinds[raw[rid]] = kinds.get(raw[rid], 0) + 1
         doc = {
             "exactly_once": eo,
-            # of the missing, those the worker had read (their raw events are stored)
-            "missing_read": sorted(set(eo["missing"]) & raw),
+            # of the missing, those the worker had read (their raw events are stored), and
+            # how many of them by the kinds of event stored
+            "missing_read": read,
+            "missing_read_kinds": kinds,
             "boundaries": boundary_counts(store),
             "rollup_drift": rollup_drift(store),
         }
