@@ -34,8 +34,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
+from pipeline.contract.wire import decode_clean
 from pipeline.core import windows as windows_core
+from pipeline.core.processor import KeptMessage
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch, SketchColumns, mapping_constants
 from pipeline.core.slo import RecordColumns
@@ -330,4 +333,65 @@ def hour_windows(
         )  # fmt: skip
         out.append(closed)
     out.sort(key=lambda cw: (cw.partition, cw.start_ms))
+    return out
+
+
+# Raw events: what the producers sent for each request of the retained days, one JSON
+# array per message (as producers.emit batches them), decoded by the contract's decoder
+# and kept as the processor keeps them (``KeptMessage``).
+MESSAGE_EVENTS: Final = 64
+
+
+def record_events(rec: RequestRecord) -> list[dict[str, Any]]:
+    """The lifecycle events (wire shape, ``pipeline/contract/wire.py``) of one record."""
+    rid, model = rec.request_id, rec.model
+    received = {
+        "v": 1, "event_id": f"{rid}:gateway.received", "ts_unix_ns": rec.ts_unix_ns,
+        "host": rec.gateway_host, "model": model, "request_id": rid,
+        "kind": "gateway.received", "priority": rec.priority, "tenant": rec.tenant,
+        "prompt_tokens": rec.prompt_tokens, "stream": rec.stream, "client_attempt": 0,
+    }  # fmt: skip
+    total = rec.gateway_total_ms or 0.0
+    completed: dict[str, Any] = {
+        "v": 1, "event_id": f"{rid}:gateway.completed",
+        "ts_unix_ns": rec.ts_unix_ns + int(total * 1_000_000), "host": rec.gateway_host,
+        "model": model, "request_id": rid, "kind": "gateway.completed", "total_ms": total,
+        "ttfb_ms": rec.gateway_ttfb_ms, "http_status": rec.http_status,
+        "outcome": rec.outcome,
+    }  # fmt: skip
+    if rec.output_tokens is not None:
+        completed["output_tokens"] = rec.output_tokens
+    if rec.control_mode is not None:
+        completed["control_mode"] = rec.control_mode
+        completed["control_verdict"] = rec.control_verdict
+    if rec.engine_host is None:
+        return [received, completed]
+    finished = {
+        "v": 1, "event_id": f"{rid}:engine.finished", "ts_unix_ns": rec.end_unix_ns,
+        "host": rec.engine_host, "model": model, "request_id": rid,
+        "kind": "engine.finished", "arrival_unix_ns": rec.engine_arrival_unix_ns,
+        "queue_ms": rec.queue_ms, "prefill_ms": rec.prefill_ms, "decode_ms": rec.decode_ms,
+        "inference_ms": rec.inference_ms, "e2e_ms": rec.engine_e2e_ms,
+        "prompt_tokens": rec.prompt_tokens, "output_tokens": rec.output_tokens,
+        "cached_tokens": rec.cached_tokens, "finish_reason": rec.finish_reason,
+        "preemptions": rec.preemptions, "priority": rec.priority,
+    }  # fmt: skip
+    return [received, finished, completed]
+
+
+def hour_messages(hour: Hour, partitions: int) -> list[KeptMessage]:
+    """The hour's raw events as the processor keeps them: per partition, messages of
+    :data:`MESSAGE_EVENTS` events in time order, decoded by ``decode_clean``."""
+    per_part: dict[int, list[dict[str, Any]]] = {}
+    for rec, p in zip(hour.records, (hour.partitions % partitions).tolist(), strict=True):
+        per_part.setdefault(p, []).extend(record_events(rec))
+    out: list[KeptMessage] = []
+    for p, evs in sorted(per_part.items()):
+        evs.sort(key=lambda e: e["ts_unix_ns"])
+        for n, i in enumerate(range(0, len(evs), MESSAGE_EVENTS)):
+            raw = orjson.dumps(evs[i : i + MESSAGE_EVENTS])
+            clean = decode_clean(raw, raws=False)
+            if clean is None:
+                raise ValueError(f"the decoder refused a generated message: {raw[:200]!r}")
+            out.append(KeptMessage(p, hour.index * 1_000_000 + n, clean[0], raw))
     return out

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench.month_data import HOUR_MS, MonthRecipe, generate_hour, hour_windows
+from bench.month_data import HOUR_MS, MonthRecipe, generate_hour, hour_messages, hour_windows
 from pipeline.adapters.flush import Flush, FlushWriter
 from pipeline.adapters.store import ClickHouseStore, load_migrations, migrate, open_store
 from pipeline.core.slo_windows import slo_factory
@@ -63,6 +63,7 @@ class Progress:
     migrations: dict[str, str]  # version -> digest of its text, as applied to this store
     hours_done: set[int]  # hours whose requests are written
     windows_done: set[int] = dataclasses.field(default_factory=set)  # ... and windows
+    raw_done: set[int] = dataclasses.field(default_factory=set)  # ... and raw events
     build_cpu_s: float = 0.0
     build_wall_s: float = 0.0
     requests: int = 0
@@ -74,6 +75,7 @@ class Progress:
             "migrations": self.migrations,
             "hours_done": sorted(self.hours_done),
             "windows_done": sorted(self.windows_done),
+            "raw_done": sorted(self.raw_done),
             "build_cpu_s": self.build_cpu_s,
             "build_wall_s": self.build_wall_s,
             "requests": self.requests,
@@ -92,13 +94,21 @@ class Progress:
         r["episodes"] = tuple(tuple(e) for e in r["episodes"])
         return cls(
             MonthRecipe(**r), data["digest"], data["migrations"], set(data["hours_done"]),
-            set(data.get("windows_done", ())), data["build_cpu_s"], data["build_wall_s"],
-            data["requests"],
+            set(data.get("windows_done", ())), set(data.get("raw_done", ())),
+            data["build_cpu_s"], data["build_wall_s"], data["requests"],
         )  # fmt: skip
 
     @property
+    def raw_hours(self) -> list[int]:
+        """The hours whose raw events the table keeps (its retention), newest first."""
+        r = self.recipe
+        return list(reversed(range(max(0, r.hours - 24 * r.raw_days), r.hours)))
+
+    @property
     def complete(self) -> bool:
-        return len(self.windows_done) == len(self.hours_done) == self.recipe.hours
+        return len(self.windows_done) == len(
+            self.hours_done
+        ) == self.recipe.hours and self.raw_done >= set(self.raw_hours)
 
 
 def last_full_hour_ms() -> int:
@@ -148,11 +158,12 @@ def _no_dead(letters: list[Any]) -> None:
 
 def build(store_dir: Path, recipe: MonthRecipe, *, max_hours: int | None = None,
           stop_file: Path | None = None, log: Any = sys.stderr) -> Progress:  # fmt: skip
-    """Write the hours of ``recipe`` not yet in the store, newest first, in two passes:
-    every hour's requests (the cheap part: ~6 µs a request), then every hour's windows
-    (~50 µs a request: the engine's inserts into ``window_sketches`` and its views), so
-    that a build cut short holds the whole month of requests and the latest windows.
-    Stops between hours once ``stop_file`` exists, or after ``max_hours`` flushes."""
+    """Write the hours of ``recipe`` not yet in the store, newest first, in passes: every
+    hour's requests (the cheap part: ~6 µs a request), the last day's raw events, every
+    hour's windows (~50 µs a request: the engine's inserts into ``window_sketches`` and
+    its views), the other retained days' raw events; so that a build cut short holds the
+    whole month of requests, the last day's events and the latest windows. Stops between
+    hours once ``stop_file`` exists, or after ``max_hours`` flushes."""
     store, prog = open_month(store_dir, recipe)
     recipe = prog.recipe
     s = settings_for(store_dir)
@@ -163,21 +174,28 @@ def build(store_dir: Path, recipe: MonthRecipe, *, max_hours: int | None = None,
         retry=_no_retry, dead_rows=_no_dead,
     )  # fmt: skip
     newest_first = list(reversed(range(recipe.hours)))
-    todo = [(h, False) for h in newest_first if h not in prog.hours_done]
-    todo += [(h, True) for h in newest_first if h not in prog.windows_done]
+    raw = prog.raw_hours
+    todo = [(h, "requests") for h in newest_first if h not in prog.hours_done]
+    todo += [(h, "raw events") for h in raw[:24] if h not in prog.raw_done]
+    todo += [(h, "windows") for h in newest_first if h not in prog.windows_done]
+    todo += [(h, "raw events") for h in raw[24:] if h not in prog.raw_done]
     if max_hours is not None:
         todo = todo[:max_hours]
     try:
-        for n, (index, windows_pass) in enumerate(todo):
+        for n, (index, what) in enumerate(todo):
             if stop_file is not None and stop_file.exists():
                 print("[month] stop file found: stopped between hours", file=log, flush=True)
                 break
             t, c = time.monotonic(), time.process_time()
             hour = generate_hour(recipe, index)
-            if windows_pass:  # (its requests are in: written by the first pass)
+            # (its requests are in: written by the first pass)
+            if what == "windows":
                 windows = hour_windows(hour, recipe.partitions, config, factory)
                 writer.write(Flush((), windows))
                 prog.windows_done.add(index)
+            elif what == "raw events":
+                writer.write(Flush((), (), hour_messages(hour, recipe.partitions)))
+                prog.raw_done.add(index)
             else:
                 writer.write(Flush(hour.records, ()))
                 prog.hours_done.add(index)
@@ -186,10 +204,11 @@ def build(store_dir: Path, recipe: MonthRecipe, *, max_hours: int | None = None,
             prog.build_wall_s += time.monotonic() - t
             prog.save(store_dir / "recipe.json")
             print(
-                f"[month] {'windows' if windows_pass else 'requests'} of hour {index} "
+                f"[month] {what} of hour {index} "
                 f"({n + 1}/{len(todo)}): {len(hour.records)} requests, "
                 f"{time.monotonic() - t:.1f} s; {len(prog.hours_done)} hours of requests "
-                f"({prog.requests:,}), {len(prog.windows_done)} of windows",
+                f"({prog.requests:,}), {len(prog.raw_done)} of raw events, "
+                f"{len(prog.windows_done)} of windows",
                 file=log,
                 flush=True,
             )
