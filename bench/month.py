@@ -239,6 +239,21 @@ def requests_in(store: Any, f: Any) -> int:
     return int(n)
 
 
+def covered_requests(store: Any) -> dict[str, int]:
+    """Requests each table's rows are of: ``requests`` all; the windows and rollups those
+    the written windows counted (their ``__slo__`` rows); raw events those with events."""
+    db = store.database
+    ((n_req,),) = store.query_rows(f"SELECT count() FROM {db}.requests")
+    ((n_win,),) = store.query_rows(
+        f"SELECT sum(records) FROM {db}.window_sketches WHERE boundary = '__slo__'"
+    )
+    ((n_raw,),) = store.query_rows(f"SELECT uniqExact(request_id) FROM {db}.lifecycle_events")
+    out = {"requests": int(n_req), "lifecycle_events": int(n_raw)}
+    for t in TABLES[2:]:
+        out[t] = int(n_win or 0)
+    return out
+
+
 def table_sizes(store: Any) -> dict[str, tuple[int, int, int]]:
     """``table -> (rows, bytes on disk, uncompressed bytes)`` of the active parts."""
     rows = store.query_rows(
@@ -365,6 +380,7 @@ def run(ctx: Context) -> Section:
     runs = int(os.environ.get("TG_MONTH_RUNS", "5"))
     try:
         sizes = table_sizes(store)
+        counted = covered_requests(store)
         direct = Timer(store, runs)
         read_all(direct, prog, ctx.workdir)
         server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
@@ -378,7 +394,7 @@ def run(ctx: Context) -> Section:
             server.stop()
     finally:
         store.close()
-    describe(section, prog, old, sizes, direct=direct, via_port=via_port)
+    describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
     return section
 
 
@@ -387,6 +403,7 @@ def describe(
     prog: Progress,
     old: Progress | None,
     sizes: dict[str, tuple[int, int, int]],
+    counted: dict[str, int],
     *,
     direct: Timer,
     via_port: Timer,
@@ -407,15 +424,17 @@ def describe(
         len(prog.windows_done), "hours", f"= {r.hours} hours", full,
     )  # fmt: skip
     section.figures.append(windows)
-    req_rows = sizes.get("requests", (0, 0, 0))[0] or 1
     for table in TABLES:
         rows, on_disk, raw = sizes.get(table, (0, 0, 0))
+        # per request of what the table covers: windows and rollups, the hours written
+        # so far; raw events, the retained days
+        covered = counted.get(table, counted["requests"]) or 1
         note = (
             f"{rows:,} rows, {on_disk / 2**20:,.0f} MiB on disk, "
-            f"{raw / 2**20:,.0f} MiB uncompressed"
+            f"{raw / 2**20:,.0f} MiB uncompressed; per {covered:,} requests it covers"
         )
         section.figures.append(
-            Figure(f"bytes on disk per request: {table}", on_disk / req_rows, "B", note=note)
+            Figure(f"bytes on disk per request: {table}", on_disk / covered, "B", note=note)
         )
     for group, name, colds, warms, note in direct.rows:
         p95 = _pct(warms, 0.95) if warms else float("nan")
