@@ -254,6 +254,41 @@ def covered_requests(store: Any) -> dict[str, int]:
     return out
 
 
+def codec_trial(store: Any, day_start_ms: int) -> tuple[int, int, int]:
+    """One day of ``requests`` copied into a table of the same columns, each compressed
+    with ZSTD(1) instead of the default (LZ4), merged to one part: ``(rows, bytes on disk
+    as stored, bytes on disk with ZSTD(1))`` of that day's partition."""
+    db = store.database
+    ((ddl,),) = store.query_rows(f"SHOW CREATE TABLE {db}.requests")
+    ddl = re.sub(r"CREATE TABLE \S+", f"CREATE TABLE {db}.requests_codec_trial", ddl, count=1)
+    ddl = re.sub(
+        r"(?m)^(\s+`\w+` [^,\n]+?)(,?)$",
+        lambda m: m.group(0) if "CODEC" in m.group(1) or "MATERIALIZED" in m.group(1)
+        else f"{m.group(1)} CODEC(ZSTD(1)){m.group(2)}",
+        ddl,
+    )  # fmt: skip
+    day = time.strftime("%Y%m%d", time.gmtime(day_start_ms / 1000))
+    store.command(f"DROP TABLE IF EXISTS {db}.requests_codec_trial")
+    store.command(ddl)
+    try:
+        store.command(f"OPTIMIZE TABLE {db}.requests PARTITION {day} FINAL")
+        store.command(
+            f"INSERT INTO {db}.requests_codec_trial SELECT * FROM {db}.requests "
+            f"WHERE toYYYYMMDD(ts) = {day}"
+        )
+        store.command(f"OPTIMIZE TABLE {db}.requests_codec_trial FINAL")
+        sizes = {}
+        for table in ("requests", "requests_codec_trial"):
+            ((rows, on_disk),) = store.query_rows(
+                "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE active AND "
+                f"database = '{db}' AND table = '{table}' AND partition = '{day}'"
+            )
+            sizes[table] = (int(rows), int(on_disk))
+    finally:
+        store.command(f"DROP TABLE IF EXISTS {db}.requests_codec_trial")
+    return sizes["requests"][0], sizes["requests"][1], sizes["requests_codec_trial"][1]
+
+
 def table_sizes(store: Any) -> dict[str, tuple[int, int, int]]:
     """``table -> (rows, bytes on disk, uncompressed bytes)`` of the active parts."""
     rows = store.query_rows(
@@ -381,6 +416,13 @@ def run(ctx: Context) -> Section:
     try:
         sizes = table_sizes(store)
         counted = covered_requests(store)
+        columns = store.query_rows(
+            "SELECT name, data_compressed_bytes FROM system.columns WHERE database = "
+            f"'{DATABASE}' AND table = 'requests' ORDER BY data_compressed_bytes DESC LIMIT 8"
+        )
+        # the day before the last (a whole day of requests)
+        day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
+        trial = codec_trial(store, day)
         direct = Timer(store, runs)
         read_all(direct, prog, ctx.workdir)
         server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
@@ -395,7 +437,26 @@ def run(ctx: Context) -> Section:
     finally:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
+    describe_bytes(section, counted, columns, trial)
     return section
+
+
+def describe_bytes(
+    section: Section, counted: dict[str, int], columns: list[Any], trial: tuple[int, int, int]
+) -> None:
+    """What a request's row costs, by column, and what ZSTD(1) would make of it."""
+    n = counted["requests"] or 1
+    rows, lz4, zstd = trial
+    trial_figure = Figure(
+        "bytes on disk per request: requests, one day's partition merged, as stored "
+        "(LZ4) -> every column ZSTD(1)",
+        zstd / max(rows, 1), "B",
+        note=f"{lz4 / max(rows, 1):.0f} B as stored ({rows:,} rows): "
+        f"{100 * (1 - zstd / max(lz4, 1)):.0f} % less",
+    )  # fmt: skip
+    section.figures.append(trial_figure)
+    cells = ", ".join(f"{name} {b / n:.1f} B" for name, b in columns)
+    section.text.append(f"`requests`, compressed bytes per request, largest columns: {cells}.")
 
 
 def describe(
