@@ -438,7 +438,38 @@ def run(ctx: Context) -> Section:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
     describe_bytes(section, counted, columns, trial)
+    describe_build(section, prog, ctx.workdir / "month-build.log")
     return section
+
+
+_LOGGED_HOUR = re.compile(r"\[month\] (requests|raw events|windows) of hour \d+ .*?, ([\d.]+) s;")
+
+
+def describe_build(section: Section, prog: Progress, log: Path) -> None:
+    """The build's rate per pass (from this run's build log) and, for a store not built
+    to its end, how long the rest would take at that rate."""
+    walls: dict[str, list[float]] = {}
+    if log.exists():
+        for m in _LOGGED_HOUR.finditer(log.read_text(errors="replace")):
+            walls.setdefault(m.group(1), []).append(float(m.group(2)))
+    r = prog.recipe
+    left = {
+        "requests": r.hours - len(prog.hours_done),
+        "raw events": len(set(prog.raw_hours) - prog.raw_done),
+        "windows": r.hours - len(prog.windows_done),
+    }
+    parts = []
+    for what, n_left in left.items():
+        w = walls.get(what)
+        if w:
+            mean = statistics.fmean(w)
+            parts.append(
+                f"{what}: {mean:.1f} s wall per hour of traffic in this run ({len(w)} hours), "
+                f"{n_left} hours left, ~{n_left * mean / 3600:.1f} h at that rate"
+            )
+        else:
+            parts.append(f"{what}: {n_left} hours left (none written by this run)")
+    section.text.append("Build (niced, on the shared machine): " + "; ".join(parts) + ".")
 
 
 def describe_bytes(
