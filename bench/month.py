@@ -547,8 +547,7 @@ def describe(
             section.figures.append(at_most(label, p95, "s", target, note=cold + note))
         elif target is not None:  # not run, or failed: the target is not shown met
             section.figures.append(Figure(label, None, "s", f"≤ {target:g} s", False, note))
-        else:
-            section.figures.append(Figure(label, p95 if warms else None, "s", note=cold + note))
+        # (the reads without a target: in the table below only)
     port_rows = {(g, n): w for g, n, _, w, _ in via_port.rows}
     lines = [
         "| read | cold P50 / P95 | warm P50 / P95 | port, warm P50 / P95 |",
