@@ -22,9 +22,17 @@ P95 (of 5 runs: the slowest):
 * ``explain`` for requests of the first and of the last day;
 * the budget queries (the controller's start-up read: newest window, base windows of the
   last hour, minute rollups of the last day, hour rollups of the month);
-* the same reads through the query port (warm).
+* the same reads through the query port, warm (the panels over 30 d, ``report`` over
+  1 h, the rest as above).
 
-Also: rows and bytes on disk per table, per request.
+A read's runs stop once they took ``TG_MONTH_READ_BUDGET_S`` (default 30) together, cold
+and warm apart (the table says how many ran); a ``report`` range holding more than
+``TG_MONTH_REPORT_MAX_ROWS`` requests (default 5 M) is not run: it reads every one of
+them whole into a record in this process (``read_logical``), gigabytes on a month.
+
+Also: rows and bytes on disk per table, per request it covers; the ``requests`` table's
+largest columns; one day's partition of it with ZSTD(1) on every column against as
+stored; the build's rate per pass and what the rest would take.
 """
 
 from __future__ import annotations
