@@ -221,11 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=default_dir())
     ap.add_argument("--days", type=int, default=MonthRecipe().days)
-    ap.add_argument("--partitions", type=int, default=MonthRecipe().partitions)
+    ap.add_argument(
+        "--partitions", type=int, default=None,
+        help="default: the existing store's (a store of another recipe is built anew)",
+    )  # fmt: skip
     ap.add_argument("--hours", type=int, default=None, help="write at most this many hours")
     ap.add_argument("--stop-file", type=Path, help="stop between hours once it exists")
     args = ap.parse_args(argv)
-    recipe = MonthRecipe(days=args.days, partitions=args.partitions)
+    existing = Progress.load(args.store / "recipe.json")
+    partitions = args.partitions
+    if partitions is None:
+        partitions = existing.recipe.partitions if existing else MonthRecipe().partitions
+    recipe = MonthRecipe(days=args.days, partitions=partitions)
     prog = build(args.store, recipe, max_hours=args.hours, stop_file=args.stop_file)
     print(
         f"[month] {len(prog.hours_done)}/{prog.recipe.hours} hours of requests "
