@@ -157,13 +157,15 @@ def _no_dead(letters: list[Any]) -> None:
 
 
 def build(store_dir: Path, recipe: MonthRecipe, *, max_hours: int | None = None,
-          stop_file: Path | None = None, log: Any = sys.stderr) -> Progress:  # fmt: skip
+          stop_file: Path | None = None, passes: set[str] | None = None,
+          log: Any = sys.stderr) -> Progress:  # fmt: skip
     """Write the hours of ``recipe`` not yet in the store, newest first, in passes: every
     hour's requests (the cheap part: ~6 µs a request), the last day's raw events, every
     hour's windows (~50 µs a request: the engine's inserts into ``window_sketches`` and
     its views), the other retained days' raw events; so that a build cut short holds the
     whole month of requests, the last day's events and the latest windows. Stops between
-    hours once ``stop_file`` exists, or after ``max_hours`` flushes."""
+    hours once ``stop_file`` exists, or after ``max_hours`` flushes; ``passes``: only
+    those ("requests", "raw events", "windows")."""
     store, prog = open_month(store_dir, recipe)
     recipe = prog.recipe
     s = settings_for(store_dir)
@@ -179,6 +181,8 @@ def build(store_dir: Path, recipe: MonthRecipe, *, max_hours: int | None = None,
     todo += [(h, "raw events") for h in raw[:24] if h not in prog.raw_done]
     todo += [(h, "windows") for h in newest_first if h not in prog.windows_done]
     todo += [(h, "raw events") for h in raw[24:] if h not in prog.raw_done]
+    if passes is not None:
+        todo = [t for t in todo if t[1] in passes]
     if max_hours is not None:
         todo = todo[:max_hours]
     try:
@@ -227,13 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--hours", type=int, default=None, help="write at most this many hours")
     ap.add_argument("--stop-file", type=Path, help="stop between hours once it exists")
+    ap.add_argument(
+        "--pass",
+        dest="passes",
+        action="append",
+        choices=("requests", "raw events", "windows"),
+        help="only this pass (repeatable; default: all, in order)",
+    )
     args = ap.parse_args(argv)
     existing = Progress.load(args.store / "recipe.json")
     partitions = args.partitions
     if partitions is None:
         partitions = existing.recipe.partitions if existing else MonthRecipe().partitions
     recipe = MonthRecipe(days=args.days, partitions=partitions)
-    prog = build(args.store, recipe, max_hours=args.hours, stop_file=args.stop_file)
+    prog = build(
+        args.store, recipe, max_hours=args.hours, stop_file=args.stop_file,
+        passes=set(args.passes) if args.passes else None,
+    )  # fmt: skip
     print(
         f"[month] {len(prog.hours_done)}/{prog.recipe.hours} hours of requests "
         f"({prog.requests:,}), {len(prog.windows_done)} of windows;"
