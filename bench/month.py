@@ -113,6 +113,10 @@ class Timer:
                 self.store.command(f"SYSTEM DROP {what}")
 
     def time(self, group: str, name: str, fn: Callable[[], Any], *, cold: bool = True) -> None:
+        skip = os.environ.get("TG_MONTH_SKIP_READS")
+        if skip and re.search(skip, f"{group} / {name}"):
+            self.skip(group, name, f"not run (TG_MONTH_SKIP_READS {skip!r})")
+            return
         colds: list[float] = []
         warms: list[float] = []
         note = ""
