@@ -38,6 +38,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.loop_delay",
     "bench.gateway_latency",
     "bench.chaos",
+    "bench.month",
 )
 PLACEHOLDERS: dict[str, str] = {}
 

@@ -96,14 +96,24 @@ def request_columns(records: Iterable[RequestRecord]) -> list[list[Any]]:
     return cols
 
 
+# Positions in a row of the columns record_from_row converts (the columns are the record's
+# fields, in its order: the record is built positionally, without a dict per row; on a
+# month of requests the dict's version cost ~35 µs a row, issue 53).
+_EMPTY_IF_NONE_AT: Final = tuple(i for i, n in enumerate(_REQUEST_NAMES) if n in _EMPTY_IF_NONE)
+_FLAGS_AT: Final = _REQUEST_NAMES.index("flags")
+_REVISION_AT: Final = _REQUEST_NAMES.index("revision")
+
+
 def record_from_row(row: Sequence[Any]) -> RequestRecord:
     """A ``requests`` row (columns in :data:`REQUEST_COLUMNS` order) as its record."""
-    d = dict(zip((n for n, _ in REQUEST_COLUMNS), row, strict=True))
-    for k in _EMPTY_IF_NONE:
-        d[k] = d[k] or None
-    d["flags"] = tuple(d["flags"])
-    d["revision"] = revision_of_version(d["revision"])  # the store version: see store_version
-    return RequestRecord(**d)
+    if len(row) != len(_REQUEST_NAMES):
+        raise ValueError(f"a requests row has {len(_REQUEST_NAMES)} columns, got {len(row)}")
+    v = list(row)
+    for i in _EMPTY_IF_NONE_AT:
+        v[i] = v[i] or None
+    v[_FLAGS_AT] = tuple(v[_FLAGS_AT])
+    v[_REVISION_AT] = revision_of_version(v[_REVISION_AT])  # the store version: store_version
+    return RequestRecord(*v)
 
 
 # Into the embedded engine, records go as JSON objects (msgspec's C encoder, fields by
