@@ -243,11 +243,15 @@ class KafkaSink:
         self._producer = Producer(conf)
         self._kafka_exception = KafkaException
         # The topic or partition is not there (deleted; created again soon): held, not lost.
+        # A broker that names topics by id (Kafka 4) answers a batch for the deleted topic's
+        # id, once the name exists again, with UNKNOWN_TOPIC_ID / INCONSISTENT_TOPIC_ID.
         self._gone_codes = frozenset(
             {
                 KafkaError._UNKNOWN_TOPIC,
                 KafkaError._UNKNOWN_PARTITION,
                 KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError.UNKNOWN_TOPIC_ID,
+                KafkaError.INCONSISTENT_TOPIC_ID,
             }
         )
         # A batch met a topic that is gone: the partition counts are read again before

@@ -32,7 +32,7 @@ def test_0014_keeps_old_rows_and_stores_the_attempts(tmp_path: Path, json_path: 
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
         old = build_record("a", received("a"), completed("a"), finished("a"))
-        assert upgrade(store, tmp_path, 14, [old], OLD) == ["0014_logical_requests"]
+        assert upgrade(store, tmp_path, 14, [old], OLD)[0] == "0014_logical_requests"
         assert stored_requests(store) == [old]
         assert store.query_rows(
             "SELECT client_attempt, logical_request_id FROM tailguard.requests FINAL"
