@@ -17,12 +17,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 
 from pipeline.adapters.query_server.session import (
     TOO_MANY_SIMULTANEOUS_QUERIES,
-    QueryLimits,
     QueryRefusedError,
     QueryResult,
     ReadOnlySession,
@@ -135,27 +133,22 @@ class FairQueue:
 
 
 class SessionPool:
-    """``limits.concurrency`` read-only sessions, handed out by a :class:`FairQueue`."""
+    """``limits.concurrency`` read-only sessions, handed out by a :class:`FairQueue`.
 
-    def __init__(
-        self,
-        store_dir: Path,
-        lock: threading.Lock,
-        *,
-        database: str = "tailguard",
-        limits: QueryLimits | None = None,
-    ) -> None:
-        self.limits = limits = limits or QueryLimits()
+    ``open_session`` opens one session; the sessions' ``limits`` (the first one's) are
+    the pool's: ``concurrency`` says how many it opens."""
+
+    def __init__(self, open_session: Callable[[], ReadOnlySession]) -> None:
         self.sessions: list[ReadOnlySession] = []
         try:
-            for _ in range(limits.concurrency):
-                self.sessions.append(
-                    ReadOnlySession(store_dir, lock, database=database, limits=limits)
-                )
+            first = open_session()
+            self.sessions.append(first)
+            self.limits = limits = first.limits
+            while len(self.sessions) < limits.concurrency:
+                self.sessions.append(open_session())
         except BaseException:
             self.close()
             raise
-        first = self.sessions[0]
         self.path, self.database, self.timezone = first.path, first.database, first.timezone
         self.queue = FairQueue(limits.concurrency, limits.per_client)
         self._lock = threading.Lock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -29,6 +30,7 @@ from pipeline.adapters.query_server.session import (
     UNKNOWN_SETTING,
     QueryLimits,
     QueryRefusedError,
+    ReadOnlySession,
 )
 
 log = logging.getLogger("tailguard.query_server")
@@ -253,7 +255,11 @@ class QueryServer:
         limits: QueryLimits | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
-        self.pool = SessionPool(self.store_dir, lock, database=database, limits=limits)
+        self.pool = SessionPool(
+            functools.partial(
+                ReadOnlySession, self.store_dir, lock, database=database, limits=limits
+            )
+        )
         # Fresh on every start; readers find it in the discovery file (mode 0600).
         self.token = secrets.token_urlsafe(32)
         try:
