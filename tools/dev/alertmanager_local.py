@@ -24,25 +24,21 @@ Command line::
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import stat
 import sys
-import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.dev.go_server import HOST, LocalServer, fetch_main, go, run
-from tools.dev.kafka_local import _file_lock, env_or_repo_path
+from tools.dev.go_server import HOST, LocalServer, build_once, fetch_main, run
+from tools.dev.kafka_local import env_or_repo_path
 
 AM_MODULE = "github.com/prometheus/alertmanager"
 AM_VERSION = "v0.35.0"
 ENV_CACHE_DIR = "TAILGUARD_ALERTMANAGER_CACHE"
-
-log = logging.getLogger(__name__)
 
 
 class AlertmanagerLocalError(RuntimeError):
@@ -61,28 +57,13 @@ def binary_path(cache_dir: Path | None = None, version: str = AM_VERSION) -> Pat
 def ensure_alertmanager(cache_dir: Path | None = None, *, version: str = AM_VERSION) -> Path:
     """The built binary, building it first when the cache lacks it (minutes, once)."""
     binary = binary_path(cache_dir, version)
-    if os.access(binary, os.X_OK):
-        return binary
     root = binary.parents[1]
-    root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.parent / ".build.lock"):
-        if os.access(binary, os.X_OK):
-            return binary
-        try:
-            go_bin = go()
-        except RuntimeError as exc:
-            raise AlertmanagerLocalError(str(exc)) from exc
-        env = dict(os.environ, GOFLAGS="-mod=mod -buildvcs=false", CGO_ENABLED="0")
-        t0 = time.monotonic()
-        download = [go_bin, "mod", "download", "-json", f"{AM_MODULE}@{version}"]
-        try:
-            info = json.loads(run(download, None, env))
-        except RuntimeError as exc:
-            raise AlertmanagerLocalError(str(exc)) from exc
+
+    def build(go_bin: str, env: dict[str, str], module_dir: Path) -> None:
         src = root / "src"
         if src.exists():
             shutil.rmtree(src)
-        shutil.copytree(info["Dir"], src)
+        shutil.copytree(module_dir, src)
         for p in [src, *src.rglob("*")]:  # the module cache is read-only
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
         for sub in ("elm", "mantine"):
@@ -91,16 +72,14 @@ def ensure_alertmanager(cache_dir: Path | None = None, *, version: str = AM_VERS
             page.write_text("<!doctype html><p>Alertmanager built by tailguard: API only.</p>\n")
         tmp = binary.with_suffix(".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            run([go_bin, "build", "-trimpath", "-o", str(tmp), "./cmd/alertmanager"], src, env)
-        except RuntimeError as exc:
-            raise AlertmanagerLocalError(str(exc)) from exc
+        run([go_bin, "build", "-trimpath", "-o", str(tmp), "./cmd/alertmanager"], src, env)
         tmp.replace(binary)
         shutil.rmtree(src, ignore_errors=True)
-        took = time.monotonic() - t0
-        (root / "BUILD.txt").write_text(f"{AM_MODULE}@{version} built in {took:.0f} s\n")
-        log.info("built Alertmanager %s in %.0f s: %s", version, took, binary)
-    return binary
+
+    return build_once(
+        root, binary, lambda: os.access(binary, os.X_OK), build,
+        module=AM_MODULE, version=version, title="Alertmanager", error=AlertmanagerLocalError,
+    )  # fmt: skip
 
 
 CONFIG = """\
@@ -164,5 +143,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     sys.exit(main())

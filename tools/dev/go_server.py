@@ -1,7 +1,7 @@
 """What the local Go servers for tests share: building with ``go`` and running one process.
 
 :mod:`tools.dev.alertmanager_local` and :mod:`tools.dev.prometheus_local` build their
-binary from a Go module into ``<repo>/.cache`` (:func:`go`, :func:`run`) and run it on
+binary from a Go module into ``<repo>/.cache`` once (:func:`build_once`) and run it on
 127.0.0.1 as a :class:`LocalServer`: started with its log in ``<run_dir>/<name>.out`` and
 its PID in ``<run_dir>/<name>.pid``, ready when ``GET /-/ready`` answers 200, stopped by
 its PID (SIGTERM, then SIGKILL).
@@ -11,27 +11,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from pipeline.adapters.local_kafka.broker import free_port
+from pipeline.adapters.local_kafka.fetch import file_lock
+
 HOST = "127.0.0.1"
 BUILD_TIMEOUT_S = 1800.0
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+log = logging.getLogger(__name__)
 
 
 def go() -> str:
@@ -63,6 +63,46 @@ def run(cmd: list[str], cwd: Path | None, env: dict[str, str]) -> str:
     return out.stdout
 
 
+def build_once(
+    root: Path,
+    out: Path,
+    built: Callable[[], bool],
+    build: Callable[[str, dict[str, str], Path], None],
+    *,
+    module: str,
+    version: str,
+    title: str,
+    error: type[RuntimeError],
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    """``out``, built first when ``built()`` says it is not (minutes, once): under the
+    cache's build lock (``<root>/../.build.lock``; another process may be building it, so
+    ``built()`` is asked again inside), ``module@version`` is downloaded with ``go mod
+    download`` and ``build(go, env, module_dir)`` makes ``out`` from the module's folder
+    (read-only, in Go's module cache); ``<root>/BUILD.txt`` says how long it took. ``go``
+    missing or failing: ``error``. ``env``: added to Go's environment."""
+    if built():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root.parent / ".build.lock"):
+        if built():
+            return out
+        go_env = dict(os.environ, GOFLAGS="-mod=mod -buildvcs=false", CGO_ENABLED="0")
+        go_env.update(env or {})
+        t0 = time.monotonic()
+        try:
+            go_bin = go()
+            download = [go_bin, "mod", "download", "-json", f"{module}@{version}"]
+            info = json.loads(run(download, None, go_env))
+            build(go_bin, go_env, Path(info["Dir"]))
+        except RuntimeError as exc:
+            raise error(str(exc)) from exc
+        took = time.monotonic() - t0
+        (root / "BUILD.txt").write_text(f"{module}@{version} built in {took:.0f} s\n")
+        log.info("built %s %s in %.0f s: %s", title, version, took, out)
+    return out
+
+
 def fetch_main(
     argv: Sequence[str] | None,
     *,
@@ -72,8 +112,10 @@ def fetch_main(
     ensure: Callable[[], Path],
     error: type[RuntimeError],
 ) -> int:
-    """A tool's command line, ``fetch`` only: build into the cache once (``ensure``) and
-    print the path; 1 with the ``error`` on standard error when it fails."""
+    """A tool's command line, ``fetch`` only: build into the cache once (``ensure``, its
+    progress logged at INFO on standard error) and print the path; 1 with the ``error``
+    on standard error when it fails."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help=help_text)

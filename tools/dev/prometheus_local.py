@@ -26,11 +26,9 @@ Command line::
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
@@ -39,15 +37,13 @@ from typing import Any
 
 import yaml
 
-from tools.dev.go_server import HOST, LocalServer, fetch_main, go, run
-from tools.dev.kafka_local import _file_lock, env_or_repo_path
+from tools.dev.go_server import HOST, LocalServer, build_once, fetch_main, run
+from tools.dev.kafka_local import env_or_repo_path
 
 PROM_MODULE = "github.com/prometheus/prometheus"
 PROM_VERSION = "v0.316.0"  # Prometheus 3.16.0
 ENV_CACHE_DIR = "TAILGUARD_PROMETHEUS_CACHE"
 BINARIES = ("prometheus", "promtool")
-
-log = logging.getLogger(__name__)
 
 
 class PrometheusLocalError(RuntimeError):
@@ -66,38 +62,23 @@ def bin_dir(cache_dir: Path | None = None, version: str = PROM_VERSION) -> Path:
 def ensure_prometheus(cache_dir: Path | None = None, *, version: str = PROM_VERSION) -> Path:
     """The folder holding ``prometheus`` and ``promtool``, built first when missing."""
     out = bin_dir(cache_dir, version)
-    if all(os.access(out / b, os.X_OK) for b in BINARIES):
-        return out
     root = out.parent
-    root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.parent / ".build.lock"):
-        if all(os.access(out / b, os.X_OK) for b in BINARIES):
-            return out
-        try:
-            go_bin = go()
-        except RuntimeError as exc:
-            raise PrometheusLocalError(str(exc)) from exc
-        # the module ships a go.work for its own development: not ours
-        env = dict(os.environ, GOFLAGS="-mod=mod -buildvcs=false", CGO_ENABLED="0", GOWORK="off")
-        t0 = time.monotonic()
-        try:
-            info = json.loads(
-                run([go_bin, "mod", "download", "-json", f"{PROM_MODULE}@{version}"], None, env)
-            )
-            tmp = root / "bin.tmp"
-            tmp.mkdir(parents=True, exist_ok=True)
-            # the module cache is read-only; go build writes nothing into the source
-            build = [go_bin, "build", "-trimpath", "-tags", "remove_all_sd", "-o", f"{tmp}/"]
-            run([*build, "./cmd/prometheus", "./cmd/promtool"], Path(info["Dir"]), env)
-        except RuntimeError as exc:
-            raise PrometheusLocalError(str(exc)) from exc
+
+    def build(go_bin: str, env: dict[str, str], module_dir: Path) -> None:
+        tmp = root / "bin.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        # the module cache is read-only; go build writes nothing into the source
+        cmd = [go_bin, "build", "-trimpath", "-tags", "remove_all_sd", "-o", f"{tmp}/"]
+        run([*cmd, "./cmd/prometheus", "./cmd/promtool"], module_dir, env)
         out.mkdir(parents=True, exist_ok=True)
         for b in BINARIES:
             (tmp / b).replace(out / b)
-        took = time.monotonic() - t0
-        (root / "BUILD.txt").write_text(f"{PROM_MODULE}@{version} built in {took:.0f} s\n")
-        log.info("built Prometheus %s in %.0f s: %s", version, took, out)
-    return out
+
+    return build_once(
+        root, out, lambda: all(os.access(out / b, os.X_OK) for b in BINARIES), build,
+        module=PROM_MODULE, version=version, title="Prometheus", error=PrometheusLocalError,
+        env={"GOWORK": "off"},  # the module ships a go.work for its own development: not ours
+    )  # fmt: skip
 
 
 def promtool() -> Path:
@@ -194,5 +175,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     sys.exit(main())
