@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from pipeline.adapters.local_kafka.broker import free_port
+from pipeline.adapters.local_kafka import free_port
 from pipeline.adapters.local_kafka.fetch import file_lock
 
 HOST = "127.0.0.1"

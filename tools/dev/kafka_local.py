@@ -36,13 +36,11 @@ from pipeline.adapters.local_kafka import (
     start_kafka,
     stop_kafka,
 )
-from pipeline.adapters.local_kafka.fetch import file_lock as _file_lock
 
 __all__ = [
     "KAFKA_VERSION",
     "KafkaLocalError",
     "LocalKafka",
-    "_file_lock",
     "default_cache_dir",
     "default_run_dir",
     "ensure_kafka_jars",
