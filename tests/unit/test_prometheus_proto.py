@@ -49,6 +49,7 @@ def _fields(b: bytes) -> list[tuple[int, Any]]:
     while i < len(b):
         key, i = _varint(b, i)
         field, wire = key >> 3, key & 7
+        value: Any
         if wire == 0:
             value, i = _varint(b, i)
         elif wire == 1:
@@ -69,7 +70,7 @@ def _double(raw: bytes) -> float:
 
 def _timestamp(b: bytes) -> float:
     f = dict(_fields(b))
-    return f.get(1, 0) + f.get(2, 0) / 1e9
+    return float(f.get(1, 0) + f.get(2, 0) / 1e9)
 
 
 def _histogram(b: bytes) -> dict[str, Any]:
