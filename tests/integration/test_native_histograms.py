@@ -105,7 +105,7 @@ def test_promql_p99_over_two_workers_is_within_the_sketch_error(
                 states[w % 2].windows_stored([window(w % 2, w * 10_000, v)])
                 fed += len(v)
             ceilings.wait_for(
-                lambda n=fed: _value(prom, f"histogram_count(sum({SELECTOR}))") == n,
+                lambda: _value(prom, f"histogram_count(sum({SELECTOR}))") == fed,  # noqa: B023
                 f"Prometheus' native histograms counting {fed} requests",
                 timeout_s=30,
             )
