@@ -21,8 +21,11 @@ vLLM metric                                 type          ``engine.stats`` field
 ``vllm:prefix_cache_queries_total`` (before               queries since the previous scrape
 0.10 ``vllm:gpu_prefix_cache_*``)                         (None: first scrape, no queries,
                                                           or a counter reset)
-``vllm:num_preemptions_total``              counter       not in contract v1: counted
-                                                          (:attr:`ScrapeStats.preemptions`)
+``vllm:num_preemptions_total``              counter       ``preemptions``: preempted since
+                                                          the previous scrape (None: first
+                                                          scrape, absent, or a counter
+                                                          reset); their sum:
+                                                          :attr:`ScrapeStats.preemptions`
 ==========================================  ============  ==================================
 
 ``gpu_memory_used_fraction`` is not among vLLM's metrics (None, as the plugin sends).
@@ -166,7 +169,7 @@ class ScrapeStats:
 
     host: str
     model: str | None = None  # override vLLM's model_name label
-    preemptions: int = 0  # preemptions seen since the scraper started (not in contract v1)
+    preemptions: int = 0  # preemptions sent since the scraper started (events' sum)
     invalid: int = 0  # figures the contract refused (counted, dropped)
     _last: dict[str, tuple[float | None, float | None, float | None]] = field(default_factory=dict)
 
@@ -178,7 +181,7 @@ class ScrapeStats:
             host = f"{self.host}/{e.engine}" if several else self.host
             before = self._last.get(host)
             self._last[host] = (e.prefix_cache_queries, e.prefix_cache_hits, e.preemptions)
-            hit_rate = None
+            hit_rate, preempted = None, None
             if before is not None:
                 q0, h0, p0 = before
                 if None not in (q0, h0, e.prefix_cache_queries, e.prefix_cache_hits):
@@ -187,7 +190,7 @@ class ScrapeStats:
                     if dq > 0 and 0 <= dh <= dq:
                         hit_rate = dh / dq
                 if p0 is not None and e.preemptions is not None and e.preemptions >= p0:
-                    self.preemptions += _count(e.preemptions - p0)
+                    preempted = _count(e.preemptions - p0)
             try:
                 out.append(
                     EngineStats(
@@ -202,8 +205,11 @@ class ScrapeStats:
                         kv_cache_usage=_fraction(e.kv_cache_usage),
                         prefix_cache_hit_rate=hit_rate,
                         gpu_memory_used_fraction=None,
+                        preemptions=preempted,
                     )
                 )
             except ValidationError:
                 self.invalid += 1
+                continue
+            self.preemptions += preempted or 0
         return out

@@ -1,13 +1,18 @@
-"""A worker's ``/metrics``: OpenMetrics over HTTP, on 127.0.0.1 unless told otherwise.
+"""A worker's ``/metrics``: protobuf or OpenMetrics over HTTP, on 127.0.0.1 unless told
+otherwise.
 
 :class:`MetricsState` holds the counters and histograms of the final windows this worker
 stored (:meth:`MetricsState.windows_stored`, from the writer thread), the latest
 evaluation (budgets, control levels, P99s) that the controller shell publishes after each
 step (the worker that runs it), and reads the worker's health when scraped;
 :class:`MetricsServer` serves it (a thread; ``close`` stops it). The content is
-:mod:`pipeline.core.slo_exposition`'s families (names and their meaning there), rendered
-by ``prometheus_client`` in the OpenMetrics text format
-(``application/openmetrics-text; version=1.0.0``); ``promtool check metrics`` accepts it.
+:mod:`pipeline.core.slo_exposition`'s families (names and their meaning there), in the
+format the scrape's ``Accept`` header asks for (:func:`render_for`): Prometheus' delimited
+protobuf (:mod:`pipeline.adapters.prometheus_proto`; the only format that carries the
+latency histogram's native buckets, which a Prometheus with ``scrape_native_histograms``
+asks for first), else OpenMetrics text (``application/openmetrics-text; version=1.0.0``)
+or the Prometheus text format 0.0.4, both rendered by ``prometheus_client`` with the
+classic buckets only; ``promtool check metrics`` accepts the text.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from pipeline.adapters import prometheus_proto
 from pipeline.contract.summary import WindowSummary
 from pipeline.core.budget import BudgetStatus
 from pipeline.core.slo_exposition import (
@@ -81,9 +87,13 @@ def render(families: Sequence[Family]) -> bytes:
 
 
 def render_for(families: Sequence[Family], accept: str) -> tuple[bytes, str]:
-    """``(body, content type)`` in the format the ``Accept`` header asks for: OpenMetrics
-    for Prometheus (its scrapes ask for it first), the Prometheus text format 0.0.4
-    otherwise (``curl``; what ``promtool check metrics`` reads)."""
+    """``(body, content type)`` in the format the ``Accept`` header asks for: protobuf
+    (native and classic histogram buckets) when it asks for that first, OpenMetrics for
+    Prometheus otherwise (its scrapes ask for it first without native histograms), the
+    Prometheus text format 0.0.4 otherwise (``curl``; what ``promtool check metrics``
+    reads)."""
+    if prometheus_proto.wants_protobuf(accept):
+        return prometheus_proto.encode(families), prometheus_proto.CONTENT_TYPE
     encoder, content_type = choose_encoder(accept)
     return encoder(_registry(families)), content_type
 
@@ -98,6 +108,7 @@ class MetricsState:
     ) -> None:
         self._lock = threading.Lock()
         self._counters = counters or WindowCounters()
+        self._counting_since_s = time.time()  # the counters' start (created) timestamp
         self._last_evaluation_s: float | None = None
         self._budgets: list[BudgetStatus] = []
         self._levels: dict[str, int] = {}
@@ -129,9 +140,11 @@ class MetricsState:
             self._last_evaluation_s = time.time()
 
     def use_counters(self, counters: WindowCounters) -> None:
-        """Count into ``counters`` (the spec's thresholds among its buckets) from now on."""
+        """Count into ``counters`` (fresh: the spec's thresholds among its buckets) from
+        now on; their start timestamp is now."""
         with self._lock:
             self._counters = counters
+            self._counting_since_s = time.time()
 
     def windows_stored(self, summaries: Sequence[WindowSummary]) -> None:
         """The final summaries of the windows this worker stored (the writer thread)."""
@@ -143,7 +156,7 @@ class MetricsState:
         with self._lock:
             budgets, levels, p99 = list(self._budgets), dict(self._levels), dict(self._p99)
             admit, nlc = dict(self._admit), list(self._not_load_caused)
-            counted = self._counters.families()
+            counted = self._counters.families(self._counting_since_s)
             last_s = self._last_evaluation_s
         health: Mapping[str, float] = {}
         if self.health is not None:

@@ -201,6 +201,15 @@ class EngineStats(_Event):
     kv_cache_usage: Fraction
     prefix_cache_hit_rate: Fraction | None = None
     gpu_memory_used_fraction: Fraction | None = None
+    preemptions: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = Field(
+        default=None,
+        description=(
+            "Requests the engine preempted since its previous engine.stats event (a "
+            "difference of vLLM's vllm:num_preemptions_total). Null: unknown (the first "
+            "snapshot, a counter reset, or an emitter that does not count them). Optional, "
+            "added in v1: events without it stay valid."
+        ),
+    )
 
 
 LifecycleEvent = GatewayReceived | GatewayCompleted | EngineFinished

@@ -109,6 +109,7 @@ class StatsWire(_WireEvent, frozen=True, kw_only=True, gc=False, tag="engine.sta
     kv_cache_usage: _Fraction
     prefix_cache_hit_rate: _Fraction | None = None
     gpu_memory_used_fraction: _Fraction | None = None
+    preemptions: _NonNegInt | None = None
 
 
 WireLifecycle = ReceivedWire | CompletedWire | FinishedWire

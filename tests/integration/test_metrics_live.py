@@ -2,8 +2,9 @@
 posts to a real Alertmanager (TAILGUARD_ALERTMANAGER_URL): the overload of
 test_control, scraped at the end and parsed with prometheus_client's parser, checked by
 ``promtool check metrics``, and scraped throughout by a real Prometheus loaded with the
-exported rules: its SLO counters equal the store's, and PromQL's P99 over the latency
-histogram lies within a bucket of the store's exact P99."""
+exported rules: its SLO counters equal the store's, and PromQL's P99 over the native
+latency histogram (scraped over protobuf) lies within the sketch's relative accuracy of
+the store's P99 of the same windows."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families as prometheu
 
 from pipeline.adapters.controller import read_topic
 from pipeline.adapters.query_server import open_reader
+from pipeline.adapters.sketch_sql import quantile_sql
 from pipeline.app.rules import export_text, to_yaml
 from pipeline.core.prom_rules import ALERTNAME, alertmanager_example
 from pipeline.settings import EXAMPLE_SLO_SPEC
@@ -28,6 +30,7 @@ from tests.control_fixtures import (
     emit_overload,
 )
 from tests.integration.harness import WorkerProcess, control_settings
+from tests.integration.test_native_histograms import NativePrometheus
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.go_server import free_port
 from tools.dev.prometheus_local import LocalPrometheus, promtool
@@ -67,7 +70,7 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
         LocalAlertmanager(
             tmp_path / "am-prom", config=to_yaml(alertmanager_example("http://127.0.0.1:9/"))
         ) as am_prom,
-        LocalPrometheus(
+        NativePrometheus(
             tmp_path / "prom", targets=[f"127.0.0.1:{port}"], rule_files=[rules],
             alertmanager=am_prom.url.removeprefix("http://"),
         ) as prom,
@@ -93,18 +96,33 @@ def test_live_worker_serves_metrics(kafka, tmp_path: Path) -> None:
                 lambda: _promql_counts(prom) == stored,
                 "Prometheus' scraped counters = the store's",
             )
-            p99_prom = _wait(
-                lambda: _value(
-                    prom,
-                    "histogram_quantile(0.99, sum by (le) (tailguard_request_latency_seconds_"
-                    'bucket{boundary="gateway_ttfb_ms"}))',
+            # every window the worker counted is in Prometheus' native histogram
+            counted = _wait(
+                lambda: (
+                    (n := _exposed_ttfb_count(url)) > 0
+                    and _value(prom, f"histogram_count(sum({TTFB}))") == n
+                    and n
                 ),
-                "PromQL's P99",
+                "Prometheus' native histogram = the worker's",
             )
-            p99_store = _store_p99_s(s)
-            print(f"gateway_ttfb_ms P99: PromQL {p99_prom:.3f} s, store {p99_store:.3f} s")
-            # within the bucket's width: bounds at most 1.33x apart
-            assert p99_store / 1.34 < p99_prom < p99_store * 1.34
+            p99_native = _value(prom, f"histogram_quantile(0.99, sum(rate({TTFB}[1h])))")
+            p99_classic = _value(
+                prom,
+                "histogram_quantile(0.99, sum by (le) (rate(tailguard_request_latency_seconds_"
+                'bucket{boundary="gateway_ttfb_ms"}[1h])))',
+            )
+            p99_sketch, p99_exact = _store_p99_s(s), _store_exact_p99_s(s)
+            print(
+                f"gateway_ttfb_ms P99: PromQL native {p99_native:.3f} s, classic "
+                f"{p99_classic:.3f} s; store: sketches {p99_sketch:.3f} s, exact "
+                f"{p99_exact:.3f} s; requests: histogram {counted:.0f}, store "
+                f"{_store_count(s):.0f}"
+            )
+            # the rate covers every window (the start timestamp's zero); the native
+            # buckets (0.27 % wide) add at most their width to the sketch's 1 %
+            assert p99_native is not None
+            assert abs(p99_native / p99_sketch - 1) <= RELATIVE_ACCURACY
+            assert abs(p99_native / p99_exact - 1) <= 2 * RELATIVE_ACCURACY
             # the page fired in Prometheus during the replayed overload, reached its
             # Alertmanager, and resolved there once the burn was over
             fired = prom.query(
@@ -213,7 +231,45 @@ def _value(prom: LocalPrometheus, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+RELATIVE_ACCURACY = 0.01  # the harness' windows' sketches
+TTFB = 'tailguard_request_latency_seconds{boundary="gateway_ttfb_ms"}'
+_ALL = "boundary = 'gateway_ttfb_ms' AND model = '*' AND priority = '*' AND ctx_bucket = '*'"
+
+
+def _exposed_ttfb_count(url: str) -> float:
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    return sum(
+        sample.value
+        for fam in text_string_to_metric_families(httpx.get(url, timeout=10, headers=accept).text)
+        for sample in fam.samples
+        if sample.name == "tailguard_request_latency_seconds_count"
+        and sample.labels.get("boundary") == "gateway_ttfb_ms"
+    )
+
+
+def _store_count(settings: Any) -> float:
+    store = open_reader(settings)
+    try:
+        ((n,),) = store.query_rows(f"SELECT sum(count) FROM tailguard.window_sketches WHERE {_ALL}")
+    finally:
+        store.close()
+    return float(n)
+
+
 def _store_p99_s(settings: Any) -> float:
+    """The store's P99 over every window: its sketches merged (what its queries report)."""
+    store = open_reader(settings)
+    try:
+        ((ms,),) = store.query_rows(
+            f"SELECT {quantile_sql(0.99, RELATIVE_ACCURACY)} FROM tailguard.window_sketches "
+            f"WHERE {_ALL}"
+        )
+    finally:
+        store.close()
+    return float(ms) / 1000.0
+
+
+def _store_exact_p99_s(settings: Any) -> float:
     store = open_reader(settings)
     try:
         ((ms,),) = store.query_rows(

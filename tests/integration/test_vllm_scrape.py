@@ -63,3 +63,5 @@ def test_scrape_into_jsonl(engine: str, tmp_path: Path, capsys: pytest.CaptureFi
         assert (ev.num_running, ev.num_waiting, ev.kv_cache_usage) == (48, 17, 0.8125)
     # the same counters twice: no lookups between the scrapes, no hit rate
     assert [e.get("prefix_cache_hit_rate") for e in events] == [None, None]
+    # vllm:num_preemptions_total sent as the preemptions since the previous scrape (3, then 3)
+    assert [e.get("preemptions") for e in events] == [None, 0]

@@ -18,7 +18,13 @@ from pipeline.core.budget import BudgetBook
 from pipeline.core.otel_names import BOUNDARY_NAMES
 from pipeline.core.record import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
-from pipeline.core.slo_exposition import HistogramSample, WindowCounters
+from pipeline.core.slo_exposition import (
+    HistogramSample,
+    WindowCounters,
+    native_index,
+    native_schema,
+    native_upper_bound,
+)
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
 
@@ -310,3 +316,45 @@ def test_not_load_caused_alert_fires_and_resolves() -> None:
     assert "not load-caused" in dict(a.annotations)["summary"]
     (r,) = t.step([], 70_000)
     assert r.resolved
+
+
+@pytest.mark.parametrize(
+    ("relative_accuracy", "schema"),
+    # the coarsest schema whose buckets grow by at most half the sketch's error
+    [(0.01, 8), (0.02, 7), (0.05, 5), (0.5, 2), (0.001, 8)],
+)
+def test_native_schema(relative_accuracy: float, schema: int) -> None:
+    assert native_schema(relative_accuracy) == schema
+    assert native_upper_bound(1, schema) - 1 <= relative_accuracy / 2 or schema == 8
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "index"),
+    [
+        # bucket i holds (2^((i-1)/2^s), 2^(i/2^s)]: a bound is in the bucket below it
+        (1.0, 8, 0), (2.0, 8, 256), (0.5, 8, -256), (1.0027, 8, 1), (1.0028, 8, 2),
+        (0.001, 8, -2551), (300.0, 8, 2107),
+        (64.0, 0, 6), (65.0, 0, 7),
+        (1.0, -1, 0), (2.0, -1, 1), (4.0, -1, 1), (5.0, -1, 2),
+    ],
+)  # fmt: skip
+def test_native_index(value: float, schema: int, index: int) -> None:
+    assert native_index(value, schema) == index
+    assert native_upper_bound(index - 1, schema) < value <= native_upper_bound(index, schema)
+
+
+def test_native_buckets_count_the_sketch() -> None:
+    latencies = [0.0, 0.0, 3.0, 95.0, 95.5, 2500.0, 64_000.0]
+    c = WindowCounters({"gateway_ttfb_ms": [2000.0]})
+    c.add(window(latencies, total=len(latencies), good=0))
+    (h,) = next(f for f in c.families() if f.kind == "histogram").samples
+    assert isinstance(h, HistogramSample)
+    assert h.native is not None
+    assert (h.native.schema, h.native.zero_count) == (8, 2)
+    # 95 and 95.5 ms: one sketch bin (2 % wide), so one native bucket
+    assert [n for _, n in h.native.positive] == [1, 2, 1, 1]
+    for (i, _), v_ms in zip(h.native.positive, [3.0, 95.0, 2500.0, 64_000.0], strict=True):
+        # the bucket of the sketch's value: within the sketch's 1 % of the observation
+        lo, hi = native_upper_bound(i - 1, 8), native_upper_bound(i, 8)
+        assert lo < v_ms / 1000 * 1.01
+        assert hi > v_ms / 1000 * 0.99

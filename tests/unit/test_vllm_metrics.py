@@ -156,26 +156,32 @@ def _g(queries: float | None, hits: float | None, preempt: float | None = None) 
 
 
 @pytest.mark.parametrize(
-    ("scrapes", "want_rates", "want_preemptions"),
+    ("scrapes", "want_rates", "want_preempted"),
     [
         # first scrape: no rate (nothing to take a difference from)
-        ([_g(100, 50)], [None], 0),
-        ([_g(100, 50), _g(300, 150)], [None, 0.5], 0),
+        ([_g(100, 50)], [None], [None]),
+        ([_g(100, 50), _g(300, 150)], [None, 0.5], [None, None]),
         # no new lookups: unknown, not 0
-        ([_g(100, 50), _g(100, 50)], [None, None], 0),
+        ([_g(100, 50), _g(100, 50)], [None, None], [None, None]),
         # a restarted engine (counters reset): unknown, then from the new base
-        ([_g(100, 50), _g(10, 1), _g(20, 11)], [None, None, 1.0], 0),
+        ([_g(100, 50), _g(10, 1), _g(20, 11)], [None, None, 1.0], [None] * 3),
         # an engine without the counters
-        ([_g(None, None), _g(None, None)], [None, None], 0),
-        ([_g(0, 0, 2), _g(0, 0, 5), _g(0, 0, 1), _g(0, 0, 4)], [None] * 4, 6),
+        ([_g(None, None), _g(None, None)], [None, None], [None, None]),
+        # preemptions since the previous scrape; a reset (5 -> 1) is unknown, not 0
+        ([_g(0, 0, 2), _g(0, 0, 5), _g(0, 0, 1), _g(0, 0, 4), _g(0, 0, 4)], [None] * 5,
+         [None, 3, None, 3, 0]),
+        # the counter appears later (an engine upgraded in place): from its first value
+        ([_g(0, 0), _g(0, 0, 7), _g(0, 0, 9)], [None] * 3, [None, None, 2]),
     ],
-    ids=["first", "half", "idle", "reset", "absent", "preemptions"],
-)
+    ids=["first", "half", "idle", "reset", "absent", "preemptions", "late-counter"],
+)  # fmt: skip
 def test_scrapes_to_events(
-    scrapes: list[EngineGauges], want_rates: list[float | None], want_preemptions: int
+    scrapes: list[EngineGauges],
+    want_rates: list[float | None],
+    want_preempted: list[int | None],
 ) -> None:
     conv = ScrapeStats("engine-1:8000")
-    rates = []
+    rates, preempted = [], []
     for i, g in enumerate(scrapes):
         (ev,) = conv.events([g], 1_000 + i)
         assert isinstance(ev, EngineStats)
@@ -185,8 +191,10 @@ def test_scrapes_to_events(
         assert (ev.num_running, ev.num_waiting, ev.kv_cache_usage) == (4, 2, 0.5)
         assert ev.gpu_memory_used_fraction is None
         rates.append(ev.prefix_cache_hit_rate)
+        preempted.append(ev.preemptions)
     assert rates == want_rates
-    assert conv.preemptions == want_preemptions
+    assert preempted == want_preempted
+    assert conv.preemptions == sum(n or 0 for n in want_preempted)
 
 
 def test_engines_of_one_endpoint_are_hosts_of_their_own() -> None:

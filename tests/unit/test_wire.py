@@ -255,3 +255,24 @@ def test_client_attempt_fields_decode_the_same(attempt: int, logical: str | None
 )  # fmt: skip
 def test_bad_client_attempt_fields_are_dead_letters_alike(field: str, value: object) -> None:
     _dead_alike("gateway.received", field, value)
+
+
+@pytest.mark.parametrize("preemptions", [None, 0, 7, 2**32 - 1])
+def test_stats_preemptions_decode_the_same(preemptions: int | None) -> None:
+    """engine.stats' optional preemptions (issue 51): decoded on the fast path to the same
+    event; an event without it (every emitter before) stays valid, with None."""
+    raw = dumps(dict(STATS, preemptions=preemptions))
+    _agree(raw)
+    (ev,) = decode_fast(raw, SRC).events
+    assert ev.preemptions == preemptions
+    (ev,) = decode_fast(dumps(STATS), SRC).events
+    assert ev.preemptions is None
+    assert not decode_fast(dumps(STATS), SRC).dead
+
+
+@pytest.mark.parametrize("value", [-1, 2**32, 1.5, "3", True, [1]])
+def test_bad_stats_preemptions_are_dead_letters_alike(value: object) -> None:
+    raw = dumps(dict(STATS, preemptions=value))
+    _agree(raw)
+    out = decode_fast(raw, SRC)
+    assert (out.events, len(out.dead)) == ([], 1)
