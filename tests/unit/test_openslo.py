@@ -319,7 +319,7 @@ def _counts(spec: SLOSpec, recs: list[RequestRecord]) -> tuple[SLOCounts, SLOCou
 
 def _tailguard(strict: bool) -> SLOSpec:
     return load_spec(
-        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: lat\n"
+        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: lat\n    service: svc\n"
         "    boundary: gateway_total_ms\n    threshold_ms: 400\n    objective: 0.995\n"
         f"    threshold_strict: {str(strict).lower()}\n    window: {{rolling: 28d}}\n"
     )
@@ -391,3 +391,36 @@ def test_unit_from_the_annotation() -> None:
     with pytest.raises(OpenSLOError) as info:
         import_openslo([doc])
     assert [i.path for i in info.value.issues] == ["[0].metadata.annotations.x-tailguard/unit"]
+
+
+# --------------------------------------------------------------------------- #
+# OpenSLO -> tailguard -> OpenSLO keeps what the SLO document says (issue 51)
+# --------------------------------------------------------------------------- #
+
+
+def _calendar(duration: str, start: str) -> list[dict[str, Any]]:
+    return [{"duration": duration, "isRolling": False,
+             "calendar": {"startTime": start, "timeZone": "UTC"}}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "kept"),
+    [
+        ({"spec__service": "checkout"}, ("spec", "service")),
+        ({"metadata__displayName": "Latency (p99.5)"}, ("metadata", "displayName")),
+        ({"spec__timeWindow": _calendar("1M", "2025-03-01 00:00:00")}, ("spec", "timeWindow")),
+        ({"spec__timeWindow": _calendar("1w", "2025-03-03 00:00:00")}, ("spec", "timeWindow")),
+    ],
+    ids=["service", "display-name", "month-start", "week-start"],
+)
+def test_openslo_round_trip_keeps_the_document(
+    change: dict[str, Any], kept: tuple[str, str]
+) -> None:
+    """Import, write the tailguard YAML, load it, export: the field comes back as given."""
+    doc = _slo(**change)
+    spec, _ = import_openslo([doc])
+    back = load_spec(yaml.safe_dump(spec_document(spec)))
+    (out,) = export_openslo(back)
+    part, key = kept
+    assert out[part][key] == doc[part][key]
+    assert import_openslo([out])[0] == back
