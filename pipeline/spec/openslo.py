@@ -16,7 +16,10 @@ OpenSLO v1                                 tailguard/v1
   ``thresholdMetric``                      ``{type: tailguard, spec: {boundary, unit}}``
                                            (or annotation ``x-tailguard/boundary``)
 ``objectives: [{op, value, target}]``      ``threshold_ms`` (``value``, in ms: see units),
-  (exactly one; ``targetPercent`` too)     ``objective`` (``target``); ``op: lte`` ->
+  (exactly one; ``targetPercent`` too)     ``objective`` (``target``, or
+                                           ``targetPercent`` / 100; a value on the other's
+                                           scale, ``targetPercent: 0.99``, is refused with
+                                           a hint); ``op: lte`` ->
                                            good iff value <= threshold, ``op: lt`` ->
                                            ``threshold_strict: true`` (good iff <)
 ``budgetingMethod: Occurrences``           (the only method: a request is good or bad)
@@ -407,10 +410,7 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
                 out["threshold_ms"] = float(Decimal(repr(value)) * UNIT_MS[unit])
         else:
             issues.add(f"{op_path}.value", "a number (the latency threshold) is needed")
-        target = _get(o, "target")
-        if target is None and _get(o, "targetPercent") is not None:
-            target = float(_get(o, "targetPercent")) / 100.0
-        out["objective"] = target
+        out["objective"] = _target_in(o, op_path, issues)
         if _get(o, "timeSliceTarget") is not None:
             issues.add(f"{op_path}.timeSliceTarget", "time slices do not map")
     window = _window_in(_get(spec, "timeWindow"), f"{path}.spec.timeWindow", issues)
@@ -427,6 +427,51 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
     if ann.get(X + "service") == "none":
         out.pop("service", None)
     return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _target_in(o: Any, op_path: str, issues: _Issues) -> Any:
+    """The objective as a fraction, from ``target`` (a fraction) or ``targetPercent`` (a
+    percentage). A value on the other field's scale is refused with the field that fits it:
+    ``targetPercent: 0.99`` (0.99 %, never a latency objective) or ``target: 99.9``."""
+    target, percent = _get(o, "target"), _get(o, "targetPercent")
+    if percent is not None:
+        where = f"{op_path}.targetPercent"
+        if not _number(percent):
+            text = str(percent).strip().rstrip("%").strip()
+            hint = f": write targetPercent: {text}" if _number(_float(text)) else ""
+            issues.add(where, f"a number, a percentage (99.9 = 99.9 %), is needed{hint}")
+            return None
+        if 0 < percent <= 1:
+            issues.add(
+                where,
+                f"targetPercent is a percentage (99.9 = 99.9 %): {percent} reads as {percent} %; "
+                f"for a fraction write target: {percent} (= targetPercent: {percent * 100:g})",
+            )
+            return None
+        if target is not None and _number(target) and abs(target * 100 - percent) > 1e-9:
+            issues.add(where, f"target {target} and targetPercent {percent} disagree")
+            return None
+        if target is None:
+            return percent / 100.0
+    if _number(target) and 1 < target < 100:
+        issues.add(
+            f"{op_path}.target",
+            f"target is a fraction (0.999 = 99.9 %): {target} reads as {target * 100:g} %; "
+            f"for a percentage write targetPercent: {target} (= target: {target / 100:g})",
+        )
+        return None
+    return target
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _source_unit(

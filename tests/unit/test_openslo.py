@@ -122,6 +122,12 @@ def test_plain_openslo_imports() -> None:
 
 
 UNIT = "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit"
+OBJECTIVE = "[0].spec.objectives[0]"
+
+
+def _objective(**target: Any) -> dict[str, Any]:
+    """A change to the objective's target (``target`` and/or ``targetPercent``)."""
+    return {"spec__objectives": [{"op": "lte", "value": 0.5, **target}]}
 
 
 def _source(kind: str, query: str, **spec: str) -> dict[str, Any]:
@@ -247,6 +253,13 @@ def _source(kind: str, query: str, **spec: str) -> dict[str, Any]:
             "no tailguard boundary",
         ),
         ({"spec__alertPolicies": ["missing"]}, "[0].spec.alertPolicies[0]", "no AlertPolicy"),
+        # targetPercent is a percentage, target a fraction: a value on the other's scale is
+        # refused with the field that fits it (issue 51: 0.99 was read as 0.99 %)
+        (_objective(targetPercent=0.99), f"{OBJECTIVE}.targetPercent", "targetPercent: 99"),
+        (_objective(targetPercent=1), f"{OBJECTIVE}.targetPercent", "target: 1"),
+        (_objective(targetPercent="99.9%"), f"{OBJECTIVE}.targetPercent", "targetPercent: 99.9"),
+        (_objective(target=99.9), f"{OBJECTIVE}.target", "targetPercent: 99.9"),
+        (_objective(target=0.99, targetPercent=99.9), f"{OBJECTIVE}.targetPercent", "disagree"),
         ({"apiVersion": "openslo/v2alpha"}, "[0].apiVersion", "only openslo/v1"),
         ({"kind": "Budget"}, "[0].kind", "SLO, SLI"),
     ],
