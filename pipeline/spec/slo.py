@@ -55,8 +55,32 @@ def _check_objective(v: float) -> float:
     return v
 
 
+def _percent_hint(v: object) -> object:
+    """A percentage with its sign (``99.9%``, a string in YAML) is refused with the fraction
+    to write; anything else goes on to the number checks."""
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            percent = float(v.strip()[:-1])
+        except ValueError:
+            percent = None
+        if percent is not None and 0 < percent < 100:
+            raise ValueError(
+                f"objective is a fraction, not a percentage: for {v.strip()} write "
+                f"objective: {round(percent / 100, 12):g}"
+            )
+        raise ValueError(
+            f"objective is a fraction strictly between 0 and 1 (0.99 = 99%), got {v!r}"
+        )
+    return v
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
-Objective = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_check_objective)]
+Objective = Annotated[
+    float,
+    Field(allow_inf_nan=False),
+    BeforeValidator(_percent_hint),
+    AfterValidator(_check_objective),
+]
 NonEmptyStr = Annotated[str, MinLen(1)]
 Priority = Annotated[int, Field(ge=0, le=3)]
 CtxBucket = Annotated[str, AfterValidator(_check_bucket)]
