@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
-        s = sub.add_parser(command.name, help=command.help)
+        s = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(s)
         s.set_defaults(func=command.run)
     return p

@@ -43,7 +43,7 @@ def fake_shell(
     telemetry = SimpleNamespace(
         write_duration=noop, write_retries=noop, records=noop, windows_closed=noop,
         record_latencies=lambda _r: None, dead_letters=noop, join_timeouts=noop,
-        join_conflicts=noop, lateness=noop,
+        join_conflicts=noop, join_duplicates=noop, lateness=noop,
     )  # fmt: skip
     settings = WorkerSettings(
         flush=FlushSettings("g", "t", 0.01, flush_max_rows=100, take_max_messages=2),

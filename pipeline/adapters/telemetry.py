@@ -10,6 +10,9 @@ Instruments (meter ``tailguard.worker``):
 * ``tailguard.join.conflicts`` (counter, attribute ``when``): conflicting terminal events
   (``pipeline.core.join``, "Conflicts"): ``before_record`` (resolved before the record was
   emitted) or ``after_record`` (the record emitted was corrected)
+* ``tailguard.join.duplicates`` (counter, attribute ``content``): repeated events, ignored:
+  ``changed`` (an event id the join holds, repeated with other content: a producer reusing
+  ids) or ``same`` (the same content; or an event the join no longer holds)
 * ``tailguard.windows.lateness`` (counter, attribute ``kind``): ``corrected`` (records
   that arrived after their window closed, written as corrections), ``retracted``
   (partials taken back when upgraded), ``quarantined`` (events out of range of the
@@ -146,6 +149,7 @@ class WorkerTelemetry:
         self.records = m.create_counter("tailguard.records", unit="{record}")
         self.join_timeouts = m.create_counter("tailguard.join.timeouts", unit="{record}")
         self.join_conflicts = m.create_counter("tailguard.join.conflicts", unit="{event}")
+        self.join_duplicates = m.create_counter("tailguard.join.duplicates", unit="{event}")
         self.lateness = m.create_counter("tailguard.windows.lateness", unit="{record}")
         self.windows_closed = m.create_counter("tailguard.windows.closed", unit="{window}")
         self.write_duration = m.create_histogram("tailguard.clickhouse.write.duration", unit="ms")

@@ -23,6 +23,7 @@ class WorkerCounts:
         self.telemetry = telemetry
         self._timeouts_seen = (0, 0)
         self._conflicts_seen = (0, 0)  # join conflicts (before, after the record) counted
+        self._duplicates_seen = (0, 0)  # join duplicates (ids repeated changed, same) counted
         self._seen: dict[str, int] = {}
         self._last_log = time.monotonic()
         self.rows_written = 0
@@ -52,6 +53,15 @@ class WorkerCounts:
             "generation_finished_requests": self.finished_requests,
             "generation_finished_windows": self.finished_windows,
             "generation_finished_partials": self.finished_partials,
+            **self._duplicates(),
+        }
+
+    def _duplicates(self) -> dict[str, float]:
+        """The join's duplicates, and of them ids repeated with other content."""
+        j = self.processor.join_counters()
+        return {
+            "join_duplicates": j.duplicates,
+            "join_duplicate_ids_changed": j.duplicate_ids_changed,
         }
 
     def count(self) -> None:
@@ -71,6 +81,13 @@ class WorkerCounts:
         if after > seen_after:
             t.join_conflicts.add(after - seen_after, {"when": "after_record"})
         self._conflicts_seen = (before, after)
+        changed, same = j.duplicate_ids_changed, j.duplicates - j.duplicate_ids_changed
+        seen_changed, seen_same = self._duplicates_seen
+        if changed > seen_changed:
+            t.join_duplicates.add(changed - seen_changed, {"content": "changed"})
+        if same > seen_same:
+            t.join_duplicates.add(same - seen_same, {"content": "same"})
+        self._duplicates_seen = (changed, same)
         w = self.processor.window_counters()
         c = self.processor.counters
         for name, value in (
@@ -96,14 +113,15 @@ class WorkerCounts:
         w = proc.window_counters()
         log.info(
             "messages=%d events=%d records=%d rows_written=%d dead_letters=%d pending=%d "
-            "joined=%d gateway_only=%d engine_only=%d duplicates=%d conflicts=%d "
+            "joined=%d gateway_only=%d engine_only=%d duplicates=%d duplicate_ids_changed=%d "
+            "conflicts=%d "
             "windows_closed=%d "
             "corrected=%d retracted=%d quarantined=%d replayed=%d counted_before=%d flagged=%d "
             "write_retries=%d",
             c.messages, c.events, c.records, self.rows_written, c.dead_letters,
             proc.pending(), j.joined, j.gateway_only, j.engine_only, j.duplicates,
-            j.conflicts, w.windows_closed, w.corrected, w.retracted, c.quarantined, c.replayed,
-            c.beyond_memory, c.flagged, self.write_retries,
+            j.duplicate_ids_changed, j.conflicts, w.windows_closed, w.corrected, w.retracted,
+            c.quarantined, c.replayed, c.beyond_memory, c.flagged, self.write_retries,
         )  # fmt: skip
         skew = {h: d for h, d in proc.host_skew_ms().items() if abs(d) >= 60_000}
         if skew:

@@ -462,7 +462,7 @@ def _print_report(
 ) -> None:
     """The report from the demo's store, what happened, and ``--json``'s file."""
     from pipeline.adapters.store import open_store
-    from pipeline.app.report import read_report, render
+    from pipeline.app.report import print_wide, read_report, render
     from pipeline.spec.slo import load_spec_file
 
     store = open_store(settings)
@@ -471,7 +471,7 @@ def _print_report(
         report = read_report(store, spec=spec)  # with why each SLO burned (load or not)
     finally:
         store.close()
-    Console().print(render(report))
+    print_wide(render(report))
     print(story(report.to_json(), summary, sim_config))
     if json_out is not None:
         doc = report.to_json()

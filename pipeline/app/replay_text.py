@@ -37,7 +37,9 @@ def render_summary(summary: dict[str, Any]) -> Any:
         f"{summary['dead_letters']:,} dead letters -> {summary.get('dlq_file', '-')}",
         f"join: {join.get('events', 0):,} events, {join.get('joined', 0):,} joined, "
         f"{join.get('gateway_only', 0):,} gateway only, {join.get('engine_only', 0):,} engine "
-        f"only, {join.get('duplicates', 0):,} duplicates, {join.get('conflicts', 0):,} "
+        f"only, {join.get('duplicates', 0):,} duplicates "
+        f"({join.get('duplicate_ids_changed', 0):,} an event id repeated with other content), "
+        f"{join.get('conflicts', 0):,} "
         f"conflicts ({join.get('conflicts_corrected', 0):,} corrected a record emitted)",
         f"windows: {windows.get('closed', 0):,} closed, {windows.get('corrections', 0):,} "
         f"corrections ({windows.get('corrected_records', 0):,} late records corrected, "

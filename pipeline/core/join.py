@@ -21,7 +21,10 @@ Rules
   store keeps the highest revision).
 * A repeated ``event_id`` is a duplicate and is ignored, and so is a terminal event
   with another id but the same content (every field but ``event_id`` equal: a producer
-  that re-sent it under a new id).
+  that re-sent it under a new id). A repeated id whose content differs from the event
+  the join holds under it is counted apart too (``JoinCounters.duplicate_ids_changed``:
+  a producer reusing ids); the first event stays. Where the join no longer holds the
+  event (a fully joined request past ``conflict_ttl_ms``) nothing tells.
 * **Conflicts.** A second terminal event of the same kind with another id and other
   content (two ``gateway.completed`` for one request, ok then error 500) is a conflict:
   counted (``JoinCounters.conflicts``), flagged on the record (``RequestRecord.conflicts``,
@@ -69,7 +72,9 @@ from pipeline.core.join_rules import (
     DUPLICATE,
     RETRY,
     after_resolved,
+    count_duplicate,
     count_repeat,
+    holds_received,
     partial_record,
     received_kind,
     rid_of,
@@ -87,9 +92,11 @@ from pipeline.core.join_state import (
     InflightCodec,
     JoinCounters,
     Pending,
+    Received,
     RecentJoins,
     Resolved,
     ResolvedMemory,
+    event_id_hash,
     resolved_from,
 )
 from pipeline.core.join_timers import JoinTimers
@@ -168,6 +175,27 @@ class Joiner:
         self._conflict_ms = cfg.conflict_keep_ms
         self._recent = RecentJoins(self._conflict_ms)
         self._timers = JoinTimers(self._pending, cfg.inflight_ttl_ms, cfg.timeout_ms)
+
+    def _held_received(
+        self, rid: str, n: int, event: AnyLifecycle
+    ) -> Received | AnyReceived | None:
+        """The gateway.received the join holds under ``event``'s id among the request's
+        ``n`` attempts (the compact copy or the event), for a duplicate's content; None
+        where it keeps only the id's hash (a fully joined request past conflict_ttl_ms)."""
+        h = event_id_hash(event.event_id)
+        for k in range(1, n + 1):
+            key = attempt_key(rid, k)
+            if not holds_received(self._pending, self._resolved, key, h):
+                continue
+            pending = self._pending.get(key)
+            if isinstance(pending, int):
+                return self._codec.unpack(pending).received
+            if pending is not None:
+                return pending.received
+            done = self._resolved.get(key)
+            kept = self._recent.get(key, self._attempts) if isinstance(done, int) else done
+            return None if kept is None else kept.received
+        return None
 
     def _unpack(self, v: int) -> Pending:
         entry = self._codec.unpack(v)
@@ -251,7 +279,7 @@ class Joiner:
             which = received_kind(self._pending, self._resolved, self._attempts, rid, event)  # type: ignore[arg-type]
             n = self._attempts.get(rid, 1)
             if which is DUPLICATE:
-                self.counters.duplicates += 1
+                count_duplicate(self._held_received(rid, n, event), event, self.counters)
                 return None
             if which is RETRY:
                 return self._start_attempt(rid, n, event, offset, wall_ms)  # type: ignore[arg-type]
@@ -283,8 +311,8 @@ class Joiner:
                     return None
             entry = self._pending[key] = Pending(offset, attempt)
         elif isinstance(entry, int):
-            if kind == "gateway.received":
-                self.counters.duplicates += 1  # (another id would have been a retry)
+            if kind == "gateway.received":  # (another id would have been a retry)
+                count_duplicate(self._codec.unpack(entry).received, event, self.counters)
                 return None
             entry = self._pending[key] = self._unpack(entry)
         if not store_event(entry, event, self.counters):

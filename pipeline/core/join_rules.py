@@ -107,6 +107,31 @@ def same_id(slot: Received | AnyLifecycle, event: AnyLifecycle) -> bool:
     return slot.event_id == event.event_id
 
 
+# What the join's compact copy of a gateway.received keeps (compared with a repeat's)
+_RECEIVED_FIELDS: Final = (
+    "ts_unix_ns", "host", "model", "priority", "tenant", "prompt_tokens", "stream",
+    "client_attempt", "logical_request_id",
+)  # fmt: skip
+
+
+def count_duplicate(
+    slot: Received | AnyLifecycle | None, event: AnyLifecycle, counters: JoinCounters
+) -> None:
+    """A duplicate: counted, and as ``duplicate_ids_changed`` too when it repeats the id of
+    ``slot`` (the event the join holds) with other content (the fields the join keeps of
+    a gateway.received; every field of a terminal event). ``slot`` None: not held, so
+    nothing tells."""
+    counters.duplicates += 1
+    if slot is None or not same_id(slot, event):
+        return
+    if isinstance(slot, Received):
+        changed = any(getattr(slot, f) != getattr(event, f) for f in _RECEIVED_FIELDS)
+    else:
+        changed = _content(slot) != _content(event)
+    if changed:
+        counters.duplicate_ids_changed += 1
+
+
 # --- an event of a kind the request has, or of a request already resolved ----------
 
 
@@ -140,7 +165,7 @@ def store_event(entry: Pending, event: AnyLifecycle, counters: JoinCounters) -> 
             entry.finished = event
             return True
     if same_id(slot, event):
-        counters.duplicates += 1
+        count_duplicate(slot, event, counters)
     elif isinstance(slot, Received):
         counters.conflicts += 1  # (another received of an attempt that has one)
     else:
@@ -154,11 +179,13 @@ def set_aside(
     """A terminal event of a kind the request has: a repeat of one it holds or set
     aside (a duplicate: False), or a conflict (True: counted, the worse one kept)."""
     if _repeats(slot, event):
-        counters.duplicates += 1
+        count_duplicate(slot, event, counters)
         return False
     marks = _marks(event)
     if st.seen and (marks[0] in st.seen or marks[1] in st.seen):
         counters.duplicates += 1
+        if marks[1] not in st.seen:  # the id of an event set aside, not its content
+            counters.duplicate_ids_changed += 1
         return False
     counters.conflicts += 1
     held = _marks(slot)
@@ -248,7 +275,7 @@ def count_repeat(
 ) -> None:
     if slot is None or same_id(slot, event):
         # Fully joined requests keep no events: any repeat of them is a duplicate.
-        counters.duplicates += 1
+        count_duplicate(slot, event, counters)
     else:
         counters.conflicts += 1
 

@@ -122,6 +122,9 @@ class Emitted(msgspec.Struct, frozen=True, gc=False):
 class JoinCounters:
     events: int = 0
     duplicates: int = 0
+    # of them, repeats of an event id whose content differs from the event the join holds
+    # under it (a producer reusing ids; ignored like any duplicate, but told apart)
+    duplicate_ids_changed: int = 0
     conflicts: int = 0  # conflicting terminal events (see "Conflicts")
     conflicts_corrected: int = 0  # of them, after the record was emitted: corrected
     joined: int = 0

@@ -89,6 +89,8 @@ HEALTH_COUNTERS: Final = frozenset(
         "generation_finished_requests",
         "generation_finished_windows",
         "generation_finished_partials",
+        "join_duplicates",
+        "join_duplicate_ids_changed",
     }
 )
 

@@ -7,18 +7,26 @@ What maps
 OpenSLO v1                                 tailguard/v1
 =========================================  ==============================================
 ``SLO`` ``metadata.name``                  ``slos[].name``
+``metadata.displayName``                   ``display_name``
 ``spec.description``                       ``description``
+``spec.service``                           ``service`` (export: ``--service`` for an SLO
+                                           naming none, marked ``x-tailguard/service:
+                                           none`` so that it imports as none again)
 ``indicator`` / ``indicatorRef`` -> ``SLI``  ``boundary``: ``thresholdMetric.metricSource``
   ``thresholdMetric``                      ``{type: tailguard, spec: {boundary, unit}}``
                                            (or annotation ``x-tailguard/boundary``)
 ``objectives: [{op, value, target}]``      ``threshold_ms`` (``value``, in ms: see units),
-  (exactly one; ``targetPercent`` too)     ``objective`` (``target``); ``op: lte`` ->
+  (exactly one; ``targetPercent`` too)     ``objective`` (``target``, or
+                                           ``targetPercent`` / 100; a value on the other's
+                                           scale, ``targetPercent: 0.99``, is refused with
+                                           a hint); ``op: lte`` ->
                                            good iff value <= threshold, ``op: lt`` ->
                                            ``threshold_strict: true`` (good iff <)
 ``budgetingMethod: Occurrences``           (the only method: a request is good or bad)
 ``timeWindow: [{duration, isRolling}]``     ``window: {rolling: <duration>}``; calendar
                                            ``1M`` -> ``{calendar: month}``, ``1w`` ->
-                                           ``{calendar: week}`` (UTC, from a Monday)
+                                           ``{calendar: week}`` (UTC, from a Monday);
+                                           ``calendar.startTime`` -> ``start``
 ``AlertPolicy`` + ``AlertCondition``       ``BurnRules``: a ``burn_rate`` rule per
   ``condition.kind: burnrate``             condition: ``threshold`` = ``factor``,
                                            ``lookbackWindow`` = ``long``, ``severity``
@@ -60,7 +68,6 @@ rolling months/quarters/years, unknown kinds.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -72,7 +79,7 @@ from pydantic import ValidationError
 from pipeline.spec.burn_rules import BurnRateRule, BurnRules
 from pipeline.spec.durations import format_ms, parse_duration_ms
 from pipeline.spec.loader import SpecIssue
-from pipeline.spec.slo import SLO, SLOSpec
+from pipeline.spec.slo import SLO, SLOSpec, calendar_start_issue
 
 API: Final = "openslo/v1"
 X: Final = "x-tailguard/"
@@ -127,7 +134,7 @@ def _window_out(slo: SLO) -> dict[str, Any]:
     return {
         "duration": "1M" if w.calendar == "month" else "1w",
         "isRolling": False,
-        "calendar": {"startTime": CALENDAR_START, "timeZone": "UTC"},
+        "calendar": {"startTime": w.start or CALENDAR_START, "timeZone": "UTC"},
     }
 
 
@@ -138,7 +145,8 @@ def _json(value: Any) -> str:
 def export_openslo(
     spec: SLOSpec, rules: BurnRules | None = None, *, service: str = "tailguard"
 ) -> list[dict[str, Any]]:
-    """The spec (and its burn rules) as OpenSLO v1 documents."""
+    """The spec (and its burn rules) as OpenSLO v1 documents; ``service`` for the SLOs
+    whose spec names none."""
     docs: list[dict[str, Any]] = []
     for i, s in enumerate(spec.slos):
         ann: dict[str, str] = {}
@@ -150,6 +158,8 @@ def export_openslo(
             ann[X + "errors"] = s.errors
         if s.client_abort != "measure":
             ann[X + "client-abort"] = s.client_abort
+        if s.service is None:  # OpenSLO needs one: the export's, not the SLO's
+            ann[X + "service"] = "none"
         if i == 0:
             if spec.description is not None:
                 ann[X + "spec-description"] = spec.description
@@ -158,7 +168,7 @@ def export_openslo(
                     {n: t.model_dump(exclude_none=True) for n, t in spec.tiers.items()}
                 )
         body: dict[str, Any] = {
-            "service": service,
+            "service": s.service or service,
             "indicator": {
                 "metadata": {"name": f"{s.name}-sli"},
                 "spec": {
@@ -185,6 +195,8 @@ def export_openslo(
         if rules is not None and rules.rules:
             body["alertPolicies"] = [POLICY_NAME]
         meta: dict[str, Any] = {"name": s.name}
+        if s.display_name is not None:
+            meta["displayName"] = s.display_name
         if ann:
             meta["annotations"] = ann
         docs.append({"apiVersion": API, "kind": "SLO", "metadata": meta, "spec": body})
@@ -301,24 +313,19 @@ def _window_in(tw: Any, path: str, issues: _Issues) -> dict[str, str] | None:
     if tz not in ("UTC", "Etc/UTC"):
         issues.add(f"{p}.calendar.timeZone", f"{tz}: tailguard's calendar windows are UTC")
         return None
-    start = str(_get(cal, "startTime") or CALENDAR_START)
-    if duration == "1M":
-        if not re.match(r"^\d{4}-\d{2}-01[ T]00:00:00", start):
-            issues.add(f"{p}.calendar.startTime", "a month window must start on a 1st at 00:00")
-            return None
-        return {"calendar": "month"}
-    if duration in ("1w", "7d"):
-        try:
-            day = dt.date.fromisoformat(start[:10])
-        except ValueError:
-            issues.add(f"{p}.calendar.startTime", f"not a date: {start!r}")
-            return None
-        if day.weekday() != 0 or start[11:19] not in ("", "00:00:00"):
-            issues.add(f"{p}.calendar.startTime", "a week window must start on a Monday 00:00")
-            return None
-        return {"calendar": "week"}
-    issues.add(f"{p}.duration", f"calendar window {duration!r}: only 1M (month) and 1w (week)")
-    return None
+    calendar = {"1M": "month", "1w": "week", "7d": "week"}.get(str(duration))
+    if calendar is None:
+        issues.add(f"{p}.duration", f"calendar window {duration!r}: only 1M (month) and 1w (week)")
+        return None
+    out = {"calendar": calendar}
+    given = _get(cal, "startTime")
+    if given is not None and str(given) != CALENDAR_START:  # export's own: not kept
+        out["start"] = str(given)
+    issue = calendar_start_issue(calendar, out.get("start", CALENDAR_START))
+    if issue is not None:
+        issues.add(f"{p}.calendar.startTime", issue)
+        return None
+    return out
 
 
 def _indicator(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> tuple[Any, str]:
@@ -337,8 +344,13 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
     ann = _annotations(doc)
     spec = _get(doc, "spec")
     out: dict[str, Any] = {"name": _get(_get(doc, "metadata"), "name")}
-    if _get(spec, "description") is not None:
-        out["description"] = _get(spec, "description")
+    for key, field, src in (
+        ("description", "description", spec),
+        ("display_name", "displayName", _get(doc, "metadata")),
+        ("service", "service", spec),
+    ):
+        if _get(src, field) is not None:
+            out[key] = _get(src, field)
     method = _get(spec, "budgetingMethod")
     if method != "Occurrences":
         issues.add(
@@ -398,10 +410,7 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
                 out["threshold_ms"] = float(Decimal(repr(value)) * UNIT_MS[unit])
         else:
             issues.add(f"{op_path}.value", "a number (the latency threshold) is needed")
-        target = _get(o, "target")
-        if target is None and _get(o, "targetPercent") is not None:
-            target = float(_get(o, "targetPercent")) / 100.0
-        out["objective"] = target
+        out["objective"] = _target_in(o, op_path, issues)
         if _get(o, "timeSliceTarget") is not None:
             issues.add(f"{op_path}.timeSliceTarget", "time slices do not map")
     window = _window_in(_get(spec, "timeWindow"), f"{path}.spec.timeWindow", issues)
@@ -415,7 +424,54 @@ def _slo_in(doc: Any, path: str, slis: Mapping[str, Any], issues: _Issues) -> di
         out["errors"] = ann[X + "errors"]
     if X + "client-abort" in ann:
         out["client_abort"] = ann[X + "client-abort"]
+    if ann.get(X + "service") == "none":
+        out.pop("service", None)
     return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _target_in(o: Any, op_path: str, issues: _Issues) -> Any:
+    """The objective as a fraction, from ``target`` (a fraction) or ``targetPercent`` (a
+    percentage). A value on the other field's scale is refused with the field that fits it:
+    ``targetPercent: 0.99`` (0.99 %, never a latency objective) or ``target: 99.9``."""
+    target, percent = _get(o, "target"), _get(o, "targetPercent")
+    if percent is not None:
+        where = f"{op_path}.targetPercent"
+        if not _number(percent):
+            text = str(percent).strip().rstrip("%").strip()
+            hint = f": write targetPercent: {text}" if _number(_float(text)) else ""
+            issues.add(where, f"a number, a percentage (99.9 = 99.9 %), is needed{hint}")
+            return None
+        if 0 < percent <= 1:
+            issues.add(
+                where,
+                f"targetPercent is a percentage (99.9 = 99.9 %): {percent} reads as {percent} %; "
+                f"for a fraction write target: {percent} (= targetPercent: {percent * 100:g})",
+            )
+            return None
+        if target is not None and _number(target) and abs(target * 100 - percent) > 1e-9:
+            issues.add(where, f"target {target} and targetPercent {percent} disagree")
+            return None
+        if target is None:
+            return percent / 100.0
+    if _number(target) and 1 < target < 100:
+        issues.add(
+            f"{op_path}.target",
+            f"target is a fraction (0.999 = 99.9 %): {target} reads as {target * 100:g} %; "
+            f"for a percentage write targetPercent: {target} (= target: {target / 100:g})",
+        )
+        return None
+    return target
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _source_unit(

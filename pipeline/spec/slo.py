@@ -55,8 +55,32 @@ def _check_objective(v: float) -> float:
     return v
 
 
+def _percent_hint(v: object) -> object:
+    """A percentage with its sign (``99.9%``, a string in YAML) is refused with the fraction
+    to write; anything else goes on to the number checks."""
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            percent = float(v.strip()[:-1])
+        except ValueError:
+            percent = None
+        if percent is not None and 0 < percent < 100:
+            raise ValueError(
+                f"objective is a fraction, not a percentage: for {v.strip()} write "
+                f"objective: {round(percent / 100, 12):g}"
+            )
+        raise ValueError(
+            f"objective is a fraction strictly between 0 and 1 (0.99 = 99%), got {v!r}"
+        )
+    return v
+
+
 Name = Annotated[str, AfterValidator(_check_name)]
-Objective = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_check_objective)]
+Objective = Annotated[
+    float,
+    Field(allow_inf_nan=False),
+    BeforeValidator(_percent_hint),
+    AfterValidator(_check_objective),
+]
 NonEmptyStr = Annotated[str, MinLen(1)]
 Priority = Annotated[int, Field(ge=0, le=3)]
 CtxBucket = Annotated[str, AfterValidator(_check_bucket)]
@@ -70,16 +94,43 @@ BucketList = Annotated[list[CtxBucket], BeforeValidator(one_or_many), MinLen(1)]
 # --------------------------------------------------------------------------- #
 
 
+def calendar_start_issue(calendar: str, start: str) -> str | None:
+    """Why ``start`` (``YYYY-MM-DD[ HH:MM:SS]``, UTC) cannot be the start of a ``calendar``
+    period (a month: a 1st at 00:00; a week: a Monday at 00:00); None when it can."""
+    try:
+        day = dt.date.fromisoformat(start[:10])
+    except ValueError:
+        return f"not a date: {start!r}"
+    if start[10:].strip() not in ("", "00:00:00", "T00:00:00", "T00:00:00Z"):
+        return f"a {calendar} window starts at 00:00: {start!r}"
+    if calendar == "month" and day.day != 1:
+        return f"a month window must start on a 1st: {start!r}"
+    if calendar == "week" and day.weekday() != 0:
+        return f"a week window must start on a Monday: {start!r}"
+    return None
+
+
 class Window(SpecModel):
-    """Either ``{rolling: 30d}`` or ``{calendar: month}`` (or ``week``; UTC, weeks start Monday)."""
+    """Either ``{rolling: 30d}`` or ``{calendar: month}`` (or ``week``; UTC, weeks start Monday).
+
+    ``start`` (calendar only, optional): a period's start, ``YYYY-MM-DD[ 00:00:00]`` on a
+    1st (month) or a Monday (week); OpenSLO's ``calendar.startTime``, kept for the round
+    trip. Periods are every calendar month or week (UTC) whatever it says."""
 
     rolling: Duration | None = None
     calendar: Literal["month", "week"] | None = None
+    start: str | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Window:
         if (self.rolling is None) == (self.calendar is None):
             raise ValueError("give exactly one of rolling (e.g. 30d) or calendar (month or week)")
+        if self.start is not None:
+            if self.calendar is None:
+                raise ValueError("start is for calendar windows only")
+            issue = calendar_start_issue(self.calendar, self.start)
+            if issue is not None:
+                raise ValueError(issue)
         return self
 
     @property
@@ -126,6 +177,10 @@ class SLO(SpecModel):
 
     name: Name
     description: str | None = None
+    # Labels for people and OpenSLO (``metadata.displayName``, ``spec.service``); what
+    # counts does not depend on them.
+    display_name: NonEmptyStr | None = None
+    service: NonEmptyStr | None = None
     boundary: Annotated[str, AfterValidator(_check_boundary)]
     threshold_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     # A strict threshold: good iff the value is < threshold_ms (OpenSLO ``op: lt``); a

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.app.backtest import render_text, run_backtest
+from pipeline.app.backtest import LOOPS, render_text, run_backtest
 from pipeline.cli import BACKTEST_START_UNIX_NS, DEFAULT_TRACE, main
 from pipeline.settings import DEFAULT_SLO_SPEC
 from pipeline.spec.policy import DEFAULT_POLICY_PATH, load_policy_file
@@ -310,3 +310,20 @@ def test_window_measures_an_episode_the_trace_already_has() -> None:
     stepped = dataclasses.replace(plain, overload=OverloadEpisode(30, 90, 2.0))
     run = run_loop(trace, stepped, spec, policy, loop="open", window_s=(60.0, 120.0))
     assert (run["episode"]["start_s"], run["episode"]["factor"]) == (30, 2.0)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["backtest", "--help"]], ids=["tailguard-help", "backtest-help"]
+)
+def test_help_names_the_loops_it_runs(argv: list[str], capsys: Any) -> None:
+    """What ``--help`` says backtest runs is what it runs: every loop of ``LOOPS`` (issue
+    51: it said "twice (open vs closed loop)" beside four loops)."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    (line,) = (s for s in text.split("backtest ")[1:] if "trace through the simulator" in s)
+    said = line[: line.index("?") + 1]
+    assert "twice" not in said
+    for loop in LOOPS:
+        assert loop in said, (loop, said)

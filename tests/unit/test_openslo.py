@@ -122,6 +122,12 @@ def test_plain_openslo_imports() -> None:
 
 
 UNIT = "[0].spec.indicator.spec.thresholdMetric.metricSource.spec.unit"
+OBJECTIVE = "[0].spec.objectives[0]"
+
+
+def _objective(**target: Any) -> dict[str, Any]:
+    """A change to the objective's target (``target`` and/or ``targetPercent``)."""
+    return {"spec__objectives": [{"op": "lte", "value": 0.5, **target}]}
 
 
 def _source(kind: str, query: str, **spec: str) -> dict[str, Any]:
@@ -247,6 +253,13 @@ def _source(kind: str, query: str, **spec: str) -> dict[str, Any]:
             "no tailguard boundary",
         ),
         ({"spec__alertPolicies": ["missing"]}, "[0].spec.alertPolicies[0]", "no AlertPolicy"),
+        # targetPercent is a percentage, target a fraction: a value on the other's scale is
+        # refused with the field that fits it (issue 51: 0.99 was read as 0.99 %)
+        (_objective(targetPercent=0.99), f"{OBJECTIVE}.targetPercent", "targetPercent: 99"),
+        (_objective(targetPercent=1), f"{OBJECTIVE}.targetPercent", "target: 1"),
+        (_objective(targetPercent="99.9%"), f"{OBJECTIVE}.targetPercent", "targetPercent: 99.9"),
+        (_objective(target=99.9), f"{OBJECTIVE}.target", "targetPercent: 99.9"),
+        (_objective(target=0.99, targetPercent=99.9), f"{OBJECTIVE}.targetPercent", "disagree"),
         ({"apiVersion": "openslo/v2alpha"}, "[0].apiVersion", "only openslo/v1"),
         ({"kind": "Budget"}, "[0].kind", "SLO, SLI"),
     ],
@@ -319,7 +332,7 @@ def _counts(spec: SLOSpec, recs: list[RequestRecord]) -> tuple[SLOCounts, SLOCou
 
 def _tailguard(strict: bool) -> SLOSpec:
     return load_spec(
-        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: lat\n"
+        "apiVersion: tailguard/v1\nkind: SLOSpec\nslos:\n  - name: lat\n    service: svc\n"
         "    boundary: gateway_total_ms\n    threshold_ms: 400\n    objective: 0.995\n"
         f"    threshold_strict: {str(strict).lower()}\n    window: {{rolling: 28d}}\n"
     )
@@ -391,3 +404,36 @@ def test_unit_from_the_annotation() -> None:
     with pytest.raises(OpenSLOError) as info:
         import_openslo([doc])
     assert [i.path for i in info.value.issues] == ["[0].metadata.annotations.x-tailguard/unit"]
+
+
+# --------------------------------------------------------------------------- #
+# OpenSLO -> tailguard -> OpenSLO keeps what the SLO document says (issue 51)
+# --------------------------------------------------------------------------- #
+
+
+def _calendar(duration: str, start: str) -> list[dict[str, Any]]:
+    return [{"duration": duration, "isRolling": False,
+             "calendar": {"startTime": start, "timeZone": "UTC"}}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "kept"),
+    [
+        ({"spec__service": "checkout"}, ("spec", "service")),
+        ({"metadata__displayName": "Latency (p99.5)"}, ("metadata", "displayName")),
+        ({"spec__timeWindow": _calendar("1M", "2025-03-01 00:00:00")}, ("spec", "timeWindow")),
+        ({"spec__timeWindow": _calendar("1w", "2025-03-03 00:00:00")}, ("spec", "timeWindow")),
+    ],
+    ids=["service", "display-name", "month-start", "week-start"],
+)
+def test_openslo_round_trip_keeps_the_document(
+    change: dict[str, Any], kept: tuple[str, str]
+) -> None:
+    """Import, write the tailguard YAML, load it, export: the field comes back as given."""
+    doc = _slo(**change)
+    spec, _ = import_openslo([doc])
+    back = load_spec(yaml.safe_dump(spec_document(spec)))
+    (out,) = export_openslo(back)
+    part, key = kept
+    assert out[part][key] == doc[part][key]
+    assert import_openslo([out])[0] == back

@@ -41,11 +41,11 @@ def latency_sql(
 
 def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
     """``(start s, boundary, p99, sum, count)`` per minute and boundary of the filter's
-    model (all traffic without one), priorities and context buckets folded."""
+    model (all traffic without one), priorities and context buckets folded: all traffic
+    is the one key ``('*', '*', '*')``, a model its keys ``(model, priority, ctx_bucket)``,
+    merged."""
     model = "{model:String}" if f.model is not None else "'*'"
-    where = f"model = {model} AND priority = '*' AND ctx_bucket = '*' AND " + time_where(
-        "window_start", f
-    )
+    where = f"model = {model} AND " + time_where("window_start", f)
     minutes = latency_sql(f"{store.database}.latency_1m", where, boundaries)
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",

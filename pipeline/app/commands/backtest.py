@@ -100,7 +100,8 @@ def _arguments(s: argparse.ArgumentParser) -> None:
 
 BACKTEST = Command(
     "backtest",
-    "one trace through the simulator twice (open vs closed loop): would the policy help?",
+    "one trace through the simulator once per control loop (open, static, aimd, tailguard; "
+    "--loops): would the policy help?",
     _arguments,
     cmd_backtest,
 )

@@ -3,30 +3,73 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from pathlib import Path
+from typing import Final
 
 import orjson
 
 from pipeline.app.commands.common import Command, add_store, load_spec
 from pipeline.app.commands.settings import worker_settings
+from pipeline.spec.durations import UNIT_MS, parse_duration_ms
+
+clock = time.time  # the now of relative times (a test sets its own)
+# ``<n> <unit> ago``: the unit words a person writes, in tailguard's duration units
+_AGO: Final = re.compile(r"^([0-9]+) ?([a-z]+) ago$")
+_AGO_UNITS: Final = {
+    **{u: u for u in UNIT_MS},
+    **dict.fromkeys(("sec", "secs", "second", "seconds"), "s"),
+    **dict.fromkeys(("min", "mins", "minute", "minutes"), "m"),
+    **dict.fromkeys(("hr", "hrs", "hour", "hours"), "h"),
+    **dict.fromkeys(("day", "days"), "d"),
+    **dict.fromkeys(("week", "weeks"), "w"),
+}
+# argparse takes an argument starting with "-" for an option unless it matches this:
+# a negative number, or a time relative to now ("--since -1h")
+_NEGATIVE: Final = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(?:ms|s|m|h|d|w)$")
+
+
+def report_time(text: str, now_unix_s: float) -> float:
+    """``--since/--until`` as unix seconds: ISO 8601 (UTC unless it says otherwise), unix
+    seconds, or relative to ``now_unix_s``: ``now``, ``-1h`` (a duration: ms s m h d w),
+    ``1 hour ago`` (seconds, minutes, hours, days, weeks; ``1h ago`` too)."""
+    import datetime as dt
+
+    t = text.strip().lower()
+    ago: str | None = None
+    if t == "now":
+        return now_unix_s
+    if t.startswith("-") and t[1:2].isdigit() and not t[-1:].isdigit():
+        ago = t[1:]
+    elif m := _AGO.match(t):
+        unit = _AGO_UNITS.get(m.group(2))
+        ago = None if unit is None else f"{m.group(1)}{unit}"
+    if ago is not None:
+        try:
+            return now_unix_s - parse_duration_ms(ago) / 1000
+        except ValueError:
+            pass
+    else:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            at = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp()
+    raise argparse.ArgumentTypeError(
+        f"not a time: {text!r} (ISO 8601, e.g. 2026-12-01T20:06:00; unix seconds; or "
+        "relative to now: -1h, 1 hour ago, 30m ago, now)"
+    )
 
 
 def _report_time(text: str) -> float:
-    """``--since/--until``: ISO 8601 (UTC unless it says otherwise) or unix seconds."""
-    import datetime as dt
-
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time: {text!r} (ISO 8601, e.g. 2026-12-01T20:06:00, or unix seconds)"
-        ) from None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+    return report_time(text, clock())
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -65,8 +108,10 @@ def _arguments(s: argparse.ArgumentParser) -> None:
     add_store(s)
     s.add_argument("--json", action="store_true", help="everything, as one JSON object")
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
-    s.add_argument("--since", type=_report_time, help="from this time (ISO 8601 or unix s)")
-    s.add_argument("--until", type=_report_time, help="before this time (ISO 8601 or unix s)")
+    s._negative_number_matcher = _NEGATIVE  # "--since -1h": -1h is the option's value
+    when = "ISO 8601, unix s, or relative: -1h, '1 hour ago'"
+    s.add_argument("--since", type=_report_time, help=f"from this time ({when})")
+    s.add_argument("--until", type=_report_time, help=f"before this time ({when})")
     s.add_argument(
         "--model",
         help="only this model: its requests, latency, SLOs (recounted over its requests), "

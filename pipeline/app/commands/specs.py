@@ -87,7 +87,11 @@ def _openslo_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--out", type=Path, help="write here (default stdout)")
     s.add_argument("--rules", type=Path, help="export: burn rules to add as alert policies")
     s.add_argument("--rules-out", type=Path, help="import: write the alert policies' rules here")
-    s.add_argument("--service", default="tailguard", help="export: OpenSLO service name")
+    s.add_argument(
+        "--service",
+        default="tailguard",
+        help="export: the OpenSLO service of SLOs whose spec names none (default tailguard)",
+    )
 
 
 SCHEMA = Command("schema", "print the v1 event contract as JSON Schema", no_arguments, cmd_schema)

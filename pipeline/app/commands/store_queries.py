@@ -26,11 +26,10 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipeline.adapters.query_server import open_reader
     from pipeline.adapters.store import StoreError
     from pipeline.app.explain import NotFoundError, explain_request, render, to_json
+    from pipeline.app.report import print_wide
     from pipeline.spec.loader import SpecError
     from pipeline.spec.slo import load_spec_file
 
@@ -57,16 +56,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(to_json(explanation, events)).decode())
     else:
-        Console().print(render(explanation, events))
+        print_wide(render(explanation, events))
     return 0
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipeline.adapters.query_server import open_reader
     from pipeline.adapters.store import StoreError
     from pipeline.app.capacity import capacity, render, to_json
+    from pipeline.app.report import print_wide
 
     settings = worker_settings(args)
     try:
@@ -91,15 +89,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(to_json(models, args.boundary)).decode())
     else:
-        Console().print(render(models, args.boundary))
+        print_wide(render(models, args.boundary))
     return 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from pipeline.adapters.query_server import read_only_client
     from pipeline.adapters.store import StoreError
+    from pipeline.app.report import print_wide
     from pipeline.app.sql import clean_error, render, run, run_raw, to_json, to_tsv, user_format
 
     settings = worker_settings(args)
@@ -122,7 +119,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     elif args.format == "tsv":
         sys.stdout.write(to_tsv(names, rows))
     else:
-        Console().print(render(names, rows))
+        print_wide(render(names, rows))
     return 0
 
 
