@@ -19,7 +19,7 @@ from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
-from pipeline.core.budget import period_at, window_budget
+from pipeline.core.budget import period_at, scope_expected_requests, window_budget
 from pipeline.core.logical import counts as logical_counts
 from pipeline.core.logical import logical_requests
 from pipeline.core.slo_windows import covers_model, minute_rows
@@ -247,7 +247,9 @@ def _window_budgets(
         first = min((m[0] for m in mine), default=end_ms)
         left, allowance = window_budget(
             row["objective"], slo.window, total=total, bad=bad, first_ms=first, now_ms=end_ms,
-            expected_requests=slo.expected_requests if name == slo.name else None,
+            expected_requests=scope_expected_requests(slo.expected_requests, f.model or "*")
+            if name == slo.name
+            else None,
         )  # fmt: skip
         row["budget_bad"] = bad
         row["budget_allowed"] = None if allowance is None else allowance.allowed

@@ -46,7 +46,7 @@ from pipeline.app.report import (
     verdict_cells,
     with_selection,
 )
-from pipeline.core.budget import period_at, window_budget
+from pipeline.core.budget import period_at, scope_expected_requests, window_budget
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLOSpec
 
@@ -134,7 +134,8 @@ def _window_remaining(
                 continue
             left, _ = window_budget(
                 slo.objective, slo.window, total=round(total), bad=bad, first_ms=held[0][0],
-                now_ms=now_ms, expected_requests=slo.expected_requests,
+                now_ms=now_ms,
+                expected_requests=scope_expected_requests(slo.expected_requests, f.model or "*"),
             )  # fmt: skip
             if left is not None:
                 points.append((t_ms / 1000, left))

@@ -589,6 +589,13 @@ def period_at(window: Window, now_ms: int) -> tuple[int, int]:
     return _period_ms(window, now_ms)
 
 
+def scope_expected_requests(expected_requests: int | None, scope: str) -> int | None:
+    """An SLO's ``expected_requests`` is the volume of all its traffic (scope ``"*"``): a
+    narrower scope (one model) has no expected volume and its budget is projected
+    (specs/README.md). The one rule for the controller's trackers and the report."""
+    return expected_requests if scope == "*" else None
+
+
 def window_budget(
     objective: float,
     window: Window,
@@ -1004,8 +1011,7 @@ class BudgetBook:
             except KeyError:
                 raise KeyError(f"unknown SLO or tier {slo!r}") from None
             objective, window = s.objective, s.window
-            # the expected volume is of all the SLO's traffic: other scopes project
-            expected = s.expected_requests if scope == "*" else None
+            expected = scope_expected_requests(s.expected_requests, scope)
         return BudgetTracker(
             slo, objective, window, self.rules, scope=scope, base_ms=self.base_ms,
             expected_requests=expected,

@@ -42,6 +42,7 @@ MID = "2026-11-03T09:06:00Z"  # a minute edge in the overload
 MID_S = START_NS / 1e9 + 360
 SMALL, LARGE = "llama-3-8b", "llama-3-70b"
 ONLY_SMALL = "small-queue"  # an SLO that selects the small model only
+ALL_QUEUE = "all-queue"  # an SLO of every model with an expected volume
 
 
 def report(built: dict[str, Any], *args: str) -> dict[str, Any]:
@@ -80,6 +81,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     objective: 0.99
     window: {{rolling: 1h}}
     filter: {{model: [{SMALL}]}}
+  - name: {ALL_QUEUE}
+    boundary: queue_ms
+    threshold_ms: 50
+    objective: 0.99
+    window: {{rolling: 1h}}
+    expected_requests: 10000000
 
 tiers:""",
         )
@@ -293,3 +300,21 @@ def test_per_model_slo_counts_add_up_to_the_windows(built: dict[str, Any]) -> No
         total = sum(p[name]["total"] for p in per_model if name in p)
         good = sum(p[name]["good"] for p in per_model if name in p)
         assert (total, good) == (s["total"], s["good"]), name
+
+
+@pytest.mark.parametrize(
+    ("args", "basis"),
+    [
+        ((), "expected"),  # all the SLO's traffic: the spec's expected volume
+        (("--model", SMALL), "projected"),  # one model: no expected volume of its own
+        (("--slo", ALL_QUEUE), "expected"),  # choosing SLOs keeps the scope
+    ],
+)
+def test_expected_requests_budget_the_whole_traffic_only(
+    built: dict[str, Any], args: tuple[str, ...], basis: str
+) -> None:
+    """``expected_requests`` is the SLO's volume over all its traffic (specs/README.md):
+    a report filtered to one model projects that model's budget instead of charging it
+    against the whole SLO's expected volume (issue 51's note on ``report --model``)."""
+    out = built["full"] if not args else report(built, *args)
+    assert out["slos"][ALL_QUEUE]["budget_basis"] == basis
