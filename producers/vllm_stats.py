@@ -223,6 +223,9 @@ class EngineRecorder:
         self._last_stats_s: float | None = None
         self._pc_queries = 0  # prefix-cache token queries / hits since the last engine.stats
         self._pc_hits = 0
+        # requests preempted since the last engine.stats (IterationStats.num_preempted_reqs
+        # summed); None until an iteration has reported it (a vLLM without the field)
+        self._preempted: int | None = None
         self._last_error_log = -math.inf
         self.counters = RecorderCounters()
         # Cold starts: a request that reached the engine within cold_start_window_ms of the
@@ -239,12 +242,18 @@ class EngineRecorder:
     def record(self, scheduler_stats: object | None, iteration_stats: object | None) -> None:
         try:
             if iteration_stats is not None:
+                self._count_preempted(iteration_stats)
                 self._record_finished(iteration_stats)
             if scheduler_stats is not None and self._stats_enabled:
                 self._record_scheduler(scheduler_stats)
         except Exception:  # never raise into vLLM's output loop
             self.counters.errors += 1
             self._log_rate_limited("tailguard: record() failed; continuing", exc_info=True)
+
+    def _count_preempted(self, iteration_stats: object) -> None:
+        n = getattr(iteration_stats, "num_preempted_reqs", None)
+        if n is not None:
+            self._preempted = (self._preempted or 0) + _count(n)
 
     # --- engine.finished -------------------------------------------------------------------
 
@@ -350,6 +359,7 @@ class EngineRecorder:
             usage = getattr(scheduler_stats, "gpu_cache_usage", None)  # vLLM < 0.10
         hit_rate = self._pc_hits / self._pc_queries if self._pc_queries > 0 else None
         self._pc_queries = self._pc_hits = 0
+        preempted, self._preempted = self._preempted, None if self._preempted is None else 0
         ts_ns = int(self._wall() * _NS)
         waiting = _count(getattr(scheduler_stats, "num_waiting_reqs", 0)) + _count(
             getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
@@ -367,6 +377,7 @@ class EngineRecorder:
                 kv_cache_usage=_fraction(usage) or 0.0,
                 prefix_cache_hit_rate=None if hit_rate is None else _fraction(hit_rate),
                 gpu_memory_used_fraction=None,  # not in SchedulerStats
+                preemptions=preempted,
             )
         except ValidationError as exc:
             self.counters.invalid += 1

@@ -204,8 +204,9 @@ class EngineStats(_Event):
     preemptions: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = Field(
         default=None,
         description=(
-            "Requests the engine preempted since its previous engine.stats event (a "
-            "difference of vLLM's vllm:num_preemptions_total). Null: unknown (the first "
+            "Requests the engine preempted since its previous engine.stats event (the "
+            "plugin: vLLM's IterationStats.num_preempted_reqs summed; vllm-scrape: a "
+            "difference of vllm:num_preemptions_total). Null: unknown (the first "
             "snapshot, a counter reset, or an emitter that does not count them). Optional, "
             "added in v1: events without it stay valid."
         ),

@@ -75,6 +75,13 @@ class Finished019:  # vLLM 0.19: no request_id, no num_preemptions
 class Iteration:  # IterationStats
     iteration_timestamp: float = WALL
     finished_requests: list[Any] = field(default_factory=list)
+    num_preempted_reqs: int = 0
+
+
+@dataclass
+class OldIteration:  # IterationStats without num_preempted_reqs
+    iteration_timestamp: float = WALL
+    finished_requests: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -343,6 +350,38 @@ def test_prefix_cache_hit_rate_over_the_steps_since_the_last_stats() -> None:
     rec.record(Scheduler(prefix_cache_stats=PrefixCache(queries=10, hits=0)), None)
     rates = [e.prefix_cache_hit_rate for e in stats_of(sink)]
     assert rates == [0.5, pytest.approx(100 / 300), None, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # (time, preempted in the step or None for an IterationStats without the field,
+        #  whether the scheduler stats come with the step); engine.stats at 0, 1, 2, 3
+        pytest.param(
+            [(0.0, 2, True), (0.5, 3, False), (0.9, 0, False), (1.0, 1, True),
+             (2.0, 0, True), (3.0, 4, True)],
+            [2, 4, 0, 4], id="summed-between-stats",
+        ),
+        pytest.param(
+            [(0.0, None, True), (1.0, None, True)], [None, None], id="vllm-without-the-field"
+        ),
+        pytest.param(
+            [(0.0, None, True), (0.5, 5, False), (1.0, 0, True), (2.0, 0, True)],
+            [None, 5, 0], id="known-from-the-first-report",
+        ),
+    ],
+)  # fmt: skip
+def test_engine_stats_count_the_preemptions_since_the_last_stats(
+    steps: list[tuple[float, int | None, bool]], expected: list[int | None]
+) -> None:
+    sink = MemorySink()
+    mono = Clock(0.0)
+    rec = recorder(sink, interval_ms=1000, mono=mono)
+    for t, preempted, with_stats in steps:
+        mono.t = t
+        it = OldIteration() if preempted is None else Iteration(num_preempted_reqs=preempted)
+        rec.record(Scheduler() if with_stats else None, it)
+    assert [e.preemptions for e in stats_of(sink)] == expected
 
 
 def test_old_kv_cache_usage_name_and_clamping() -> None:
