@@ -113,8 +113,6 @@ MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
 MAX_TENANTS: Final = 256  # tenants tracked per priority (the least active forgotten first)
 NO_TENANT: Final = ""  # the tenant of requests that name none
-MIN_RESERVE_TOKENS: Final = 3.0  # kept for lighter tenants at least (half a bucket at most)
-MIN_TENANT_RPS: Final = 0.01  # a tenant asking less is idle (alone, a tenant is not held)
 
 
 def max_min_shares(
@@ -149,10 +147,11 @@ def max_min_shares(
 class _Tenant:
     """One tenant at one priority: its decayed arrival count, bucket and share."""
 
-    __slots__ = ("count", "last_ms", "share_rps", "tokens")
+    __slots__ = ("count", "held", "last_ms", "share_rps", "tokens")
 
     def __init__(self, t_ms: float) -> None:
         self.count = 0.0
+        self.held = False  # its share is below its demand (it is cut by the water-filling)
         self.last_ms = t_ms
         self.tokens = MIN_BURST_TOKENS
         self.share_rps = 0.0
@@ -210,6 +209,7 @@ class PriorityAdmission:
     __slots__ = (
         "_alloc_rps",
         "_counts",
+        "_fair",
         "_first_ms",
         "_last_ms",
         "_p0_overflows",
@@ -230,6 +230,7 @@ class PriorityAdmission:
         self._first_ms: float | None = None
         self._last_ms = 0.0
         self._warm = False
+        self._fair = False  # several tenants at priorities >= 1 (fair shares)
         self._tenants: list[dict[str, _Tenant]] = [{} for _ in range(PRIORITIES)]
 
     def demand_rps(self, t_ms: float) -> tuple[float, ...]:
@@ -281,40 +282,16 @@ class PriorityAdmission:
         own = self._tenant(p, name, t_ms)
         if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
             self._warm = True
-            self._allocate(rate)
+            self._allocate(rate, weights)
             left = self._shared
             for q in range(PRIORITIES):
                 self._tokens[q] = min(_priority_burst(self._alloc_rps[q]), left)
                 left -= self._tokens[q]
         if not self._warm:
             return self._decide_warming(p, rate, max_retry_after_s)
-        self._allocate(rate)
-        reserve = self._reserve(p, name, weights) if p > 0 else None
-        if reserve is not None:
-            # tokens kept for the others (module docstring); beyond them (spare inflow)
-            # and the lower priorities' it may take (strict tiers), else it is turned away
-            above = own.tokens < 1.0
-            if self._tokens[p] >= 1.0 + reserve:
-                self._tokens[p] -= 1.0
-                own.tokens = max(0.0, own.tokens - 1.0)
-                return ADMITTED
-            lender = self._lender(p)
-            if lender is not None:
-                self._tokens[lender] -= 1.0
-                own.tokens = max(0.0, own.tokens - 1.0)
-                return ADMITTED
-            if not above:
-                return self._refused(p, max_retry_after_s)
-            return Admit(
-                admitted=False,
-                retry_after_s=drain_retry_after_s(
-                    own.tokens,
-                    own.share_rps,
-                    max_retry_after_s,
-                    demand_rps=own.count / self._norm_s(),
-                    reachable_rps=own.share_rps,
-                ),
-            )
+        self._allocate(rate, weights)
+        if p > 0 and self._fair:
+            return self._decide_fair(p, own, max_retry_after_s)
         if self._tokens[p] >= 1.0:
             self._tokens[p] -= 1.0
             own.tokens = max(0.0, own.tokens - 1.0)
@@ -327,6 +304,35 @@ class PriorityAdmission:
         if p == 0:
             return ADMITTED  # never evicted
         return self._refused(p, max_retry_after_s)
+
+    def _decide_fair(self, p: int, own: _Tenant, max_retry_after_s: int) -> Admit:
+        """Priority ``p >= 1`` among several tenants (module docstring): within its
+        tenant's share, by strict tiers; above it, only the top half of a bucket (what
+        the traffic within its shares left unused), else refused first."""
+        within = not own.held or own.tokens >= 1.0  # within its tenant's share
+        if within and self._tokens[p] >= 1.0:
+            self._tokens[p] -= 1.0
+            own.tokens = max(0.0, own.tokens - 1.0)
+            return ADMITTED
+        # what the traffic within its shares left unused: the top half of a bucket, a
+        # lower priority's first (its own priority's only for a tenant above its share)
+        for q in range(PRIORITIES - 1, p if within else p - 1, -1):
+            if self._tokens[q] >= 1.0 + _priority_burst(self._alloc_rps[q]) / 2.0:
+                self._tokens[q] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
+                return ADMITTED
+        if within:
+            return self._refused(p, max_retry_after_s)
+        return Admit(
+            admitted=False,
+            retry_after_s=drain_retry_after_s(
+                own.tokens,
+                own.share_rps,
+                max_retry_after_s,
+                demand_rps=own.count / self._norm_s(),
+                reachable_rps=own.share_rps,
+            ),
+        )
 
     def _refused(self, p: int, max_retry_after_s: int) -> Admit:
         return Admit(
@@ -362,43 +368,6 @@ class PriorityAdmission:
         x.last_ms = max(x.last_ms, t_ms)
         return x
 
-    def _reserve(self, p: int, name: str, weights: Mapping[str, float] | None) -> float | None:
-        """Recompute priority ``p``'s tenants' shares of its allocation; the tokens of
-        ``p``'s bucket tenant ``name`` must leave to the others: a second of the shares of the
-        tenants lighter than it (demand per unit of weight), of all the others when it is
-        above its share (its bucket empty). The lighter ones are those served in full:
-        tenants cut to the same level share by their buckets. None: no other tenant
-        wants any."""
-        tenants = self._tenants[p]
-        norm_s = self._norm_s()
-        t_ms = self._last_ms
-        demands = {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in tenants.items()}
-        shares = max_min_shares(self._alloc_rps[p], demands, weights)
-        for t, share in shares.items():
-            tenants[t].share_rps = share
-        own = tenants[name]
-        others = [t for t, d in demands.items() if d >= MIN_TENANT_RPS and t != name]
-        if not others:
-            return None
-
-        def weight(t: str) -> float:
-            w = 1.0 if weights is None else weights.get(t, 1.0)
-            return w if math.isfinite(w) and w > 0.0 else 1.0
-
-        # the equal split of the allocation per unit of weight, among those who want some
-        level = self._alloc_rps[p] / sum(weight(t) for t in [name, *others])
-        if own.tokens < 1.0:
-            kept = sum(shares[t] for t in others)
-        elif demands[name] / weight(name) > level:  # above its equal split
-            kept = sum(shares[t] for t in others if demands[t] / weight(t) <= level)
-        else:
-            return 0.0
-        if kept <= 0.0:
-            return 0.0
-        # a few tokens at least (light tenants arrive unevenly too), at most half the bucket
-        cap = _priority_burst(self._alloc_rps[p]) / 2.0
-        return min(cap, max(MIN_RESERVE_TOKENS, kept * BURST_S))
-
     def _lender(self, p: int) -> int | None:
         """The lowest priority below ``p`` whose bucket holds a token, if any."""
         for q in range(PRIORITIES - 1, p, -1):
@@ -430,14 +399,41 @@ class PriorityAdmission:
             overflow = max(0.0, level - cap) if q > 0 or self._p0_overflows else 0.0
             self._tokens[q] = min(level, cap)
 
-    def _allocate(self, rate: float) -> None:
+    def _allocate(self, rate: float, weights: Mapping[str, float] | None) -> None:
         demand = self.demand_rps(self._last_ms)
         self._p0_overflows = demand[0] < rate
-        left = rate
-        for q in range(PRIORITIES):
-            want = (1.0 + HEADROOM) * demand[q]
-            # priority 0 takes what it needs, its headroom only up to the rate
-            a = min(want, max(rate, demand[0])) if q == 0 else min(want, left)
-            self._alloc_rps[q] = a
-            left = max(0.0, left - a)
-        self._spare_rps = left
+        # priority 0 takes what it needs, its headroom only up to the rate
+        self._alloc_rps[0] = min((1.0 + HEADROOM) * demand[0], max(rate, demand[0]))
+        left = max(0.0, rate - self._alloc_rps[0])
+        names = {t for q in range(1, PRIORITIES) for t in self._tenants[q]}
+        self._fair = len(names) > 1
+        if not self._fair:  # one tenant: strict tiers
+            for q in range(1, PRIORITIES):
+                a = min((1.0 + HEADROOM) * demand[q], left)
+                self._alloc_rps[q] = a
+                left = max(0.0, left - a)
+            self._spare_rps = left
+            return
+        # each tenant's max-min share of what priority 0 leaves, over its demand at
+        # priorities 1-3, filled by its own priorities in order (module docstring)
+        norm_s = self._norm_s()
+        t_ms = self._last_ms
+        wants = [
+            {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in self._tenants[q].items()}
+            for q in range(PRIORITIES)
+        ]
+        totals = {t: sum(wants[q].get(t, 0.0) for q in range(1, PRIORITIES)) for t in names}
+        for q in range(1, PRIORITIES):
+            self._alloc_rps[q] = 0.0
+        for t, share_rps in max_min_shares(left, totals, weights).items():
+            rest = share_rps
+            held = share_rps < totals[t] * (1.0 - 1e-9)
+            for q in range(1, PRIORITIES):
+                x = self._tenants[q].get(t)
+                if x is None:
+                    continue
+                x.held = held
+                x.share_rps = min(wants[q][t], max(0.0, rest))
+                rest -= x.share_rps
+                self._alloc_rps[q] += x.share_rps
+        self._spare_rps = max(0.0, left - sum(self._alloc_rps[1:]))
