@@ -96,6 +96,13 @@ from typing import Final
 
 PRIORITIES: Final = 4  # 0 (real-time, never evicted) ... 3 (fallback)
 TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
+# Fair shares (issue 52): a tenant's demand is estimated over a longer horizon than a
+# priority's (a light tenant's requests come in bursts; judged over 5 s, a burst made it
+# look heavy and held it: the flood scenario, docs/admission.md), and each tenant's share
+# is worked out for 1.5 x its demand (what a tenant within its share leaves unused stays
+# in the top half of its bucket, where a tenant above its share may take it).
+TENANT_TAU_MS: Final = 20_000.0
+FAIR_HEADROOM: Final = 0.5
 WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted
 BURST_S: Final = 1.0  # a bucket holds this many seconds of its refill (or MIN_BURST_TOKENS)
 # A bucket holds at least this many tokens. Arrivals are uneven even at a steady rate,
@@ -157,7 +164,7 @@ class _Tenant:
         self.share_rps = 0.0
 
     def decayed(self, t_ms: float) -> float:
-        return self.count * math.exp(-max(0.0, t_ms - self.last_ms) / TAU_MS)
+        return self.count * math.exp(-max(0.0, t_ms - self.last_ms) / TENANT_TAU_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +336,7 @@ class PriorityAdmission:
                 own.tokens,
                 own.share_rps,
                 max_retry_after_s,
-                demand_rps=own.count / self._norm_s(),
+                demand_rps=own.count / self._norm_s(TENANT_TAU_MS),
                 reachable_rps=own.share_rps,
             ),
         )
@@ -346,12 +353,12 @@ class PriorityAdmission:
             ),
         )
 
-    def _norm_s(self) -> float:
+    def _norm_s(self, tau_ms: float = TAU_MS) -> float:
         """The bias-corrected horizon (s) a decayed count is divided by for a rate."""
         if self._first_ms is None:
             return 0.0
         h_ms = max(0.0, self._last_ms - self._first_ms)
-        return max(1e-9, TAU_MS / 1000.0 * -math.expm1(-h_ms / TAU_MS))
+        return max(1e-9, tau_ms / 1000.0 * -math.expm1(-h_ms / tau_ms))
 
     def _tenant(self, p: int, name: str, t_ms: float) -> _Tenant:
         """Count one arrival of tenant ``name`` at priority ``p`` (tracked, or added)."""
@@ -362,7 +369,7 @@ class PriorityAdmission:
                 del tenants[min(tenants, key=lambda t: tenants[t].decayed(t_ms))]
             x = tenants[name] = _Tenant(t_ms)
         dt_ms = max(0.0, t_ms - x.last_ms)
-        x.count = x.count * math.exp(-dt_ms / TAU_MS) + 1.0
+        x.count = x.count * math.exp(-dt_ms / TENANT_TAU_MS) + 1.0
         burst = _priority_burst(x.share_rps)
         x.tokens = min(burst, x.tokens + x.share_rps * dt_ms / 1000.0)
         x.last_ms = max(x.last_ms, t_ms)
@@ -416,10 +423,11 @@ class PriorityAdmission:
             return
         # each tenant's max-min share of what priority 0 leaves, over its demand at
         # priorities 1-3, filled by its own priorities in order (module docstring)
-        norm_s = self._norm_s()
+        norm_s = self._norm_s(TENANT_TAU_MS)
         t_ms = self._last_ms
+        scale = (1.0 + FAIR_HEADROOM) / norm_s
         wants = [
-            {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in self._tenants[q].items()}
+            {t: scale * x.decayed(t_ms) for t, x in self._tenants[q].items()}
             for q in range(PRIORITIES)
         ]
         totals = {t: sum(wants[q].get(t, 0.0) for q in range(1, PRIORITIES)) for t in names}
