@@ -61,28 +61,40 @@ How it decides
   twice what it can get, ``τ`` = 5 s more. :mod:`producers.enforcement` spreads the
   answer per request (so the clients refused together do not return together).
 
-Fair shares within a priority (issue 52)
----------------------------------------
-Inside one priority, the tenant that sends most used to take most. Each priority's
-allocation ``a_p`` is now shared max-min fairly among the tenants that want it
-(:func:`max_min_shares`: weighted water-filling, weights from the directive's
-``tenant_weights``, 1 for a tenant it does not name) over their demands
-``(1+H)·λ_{p,t}`` (the same decaying estimate, per tenant). Each (priority, tenant) has
-a token bucket refilled at its share (burst as a priority's). While another tenant
-wants some of the priority (at priority >= 1), a request takes a token from the
-priority's bucket only when the bucket keeps a reserve for the others after it: a
-tenant asking more than the equal split of ``a_p`` (per unit of weight) keeps a second
-of the shares of those asking less (at least :data:`MIN_RESERVE_TOKENS`, at most half
-the bucket), so a heavy sender's burst cannot empty the bucket in front of light ones;
-a tenant whose own bucket is empty (above its share: it sends faster than it) keeps a
-second of every other tenant's share. Beyond that it may take a lower priority's token
-(tiers stay strict), else it is refused, first (above its share: with its tenant's own
-drain as ``Retry-After``). An admitted request takes its tenant's
-token too. A tenant that falls idle stops counting in the shares (its demand decays),
-so the others take its share. Priorities stay strict: the tenants of a priority share
-what the priority is allocated, never more. Requests without a tenant are one tenant
-(``""``). At most :data:`MAX_TENANTS` tenants are tracked per priority; the least
-active is forgotten first.
+Fair shares across tenants (issue 52)
+-------------------------------------
+Blind to tenants, the tenant that sends most takes most, and with strict tiers one
+tenant's flood at priority 1 takes what priority 2 had of every tenant's. With several
+tenants at priorities >= 1 (the directive's ``fair_share``: each request names its
+tenant) the allocation is worked out per tenant first:
+
+* **Shares.** Each tenant's demand at priorities 1-3, ``D_t = (1+H_f)·Σ_p λ_{p,t}``
+  (a decaying count per (priority, tenant), :data:`TENANT_TAU_MS` = 20 s, bias-corrected
+  as above; :data:`FAIR_HEADROOM` H_f = 50 %), shares what priority 0 leaves,
+  ``rate - a_0``, max-min fairly (:func:`max_min_shares`: weighted water-filling,
+  weights from the directive's ``tenant_weights``, 1 for a tenant it does not name). A
+  tenant whose share is below its demand is *held*.
+* **Strict tiers within a share.** Each tenant's share is filled by its own priorities
+  in order (its priority 1 first): ``e_{p,t}``, and ``a_p = Σ_t e_{p,t}``. Priority 0 is
+  as above. With one tenant this is the strict allocation above.
+* **Buckets.** Each (priority, tenant) has a token bucket refilled at ``e_{p,t}`` (burst
+  as a priority's). A request of a tenant not held, or held with a token in its own
+  bucket, is *within its share*: it takes its priority's token, else the top half of a
+  lower priority's bucket (lowest first), else it is refused with its priority's
+  drain. A held tenant with its own bucket empty is *above its share*: it takes only the
+  top half of its own or a lower priority's bucket (what the traffic within its shares
+  left unused: work-conserving), else it is refused first, with its own drain
+  (``drain_s`` over its share) as ``Retry-After``.
+
+Priorities stay strict within each tenant's share and among what tenants leave
+unused; what a tenant sends beyond its share is turned away before any other tenant's
+traffic within its share, whatever its priority (a flood at priority 1 no longer takes
+the other tenants' priority 2: docs/admission.md). Why the longer horizon and the
+headroom: a light tenant's requests come in bursts; judged over 5 s at 1.1 x demand, a
+burst held it and its bucket ran dry. A tenant that falls idle stops counting (its
+demand decays) and what its bucket does not use goes to the others. Requests without a
+tenant are one tenant (``""``). At most :data:`MAX_TENANTS` tenants are tracked per
+priority; the least active is forgotten first.
 
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
@@ -96,11 +108,10 @@ from typing import Final
 
 PRIORITIES: Final = 4  # 0 (real-time, never evicted) ... 3 (fallback)
 TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
-# Fair shares (issue 52): a tenant's demand is estimated over a longer horizon than a
-# priority's (a light tenant's requests come in bursts; judged over 5 s, a burst made it
-# look heavy and held it: the flood scenario, docs/admission.md), and each tenant's share
-# is worked out for 1.5 x its demand (what a tenant within its share leaves unused stays
-# in the top half of its bucket, where a tenant above its share may take it).
+# Fair shares (module docstring): a tenant's demand over a longer horizon than a
+# priority's, and its share worked out for 1.5 x its demand (what it leaves unused stays
+# in the top half of a bucket, where a tenant above its share may take it). Chosen on the
+# flood scenario (docs/admission.md, with the neighbours measured).
 TENANT_TAU_MS: Final = 20_000.0
 FAIR_HEADROOM: Final = 0.5
 WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted
