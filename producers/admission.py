@@ -283,7 +283,7 @@ class PriorityAdmission:
     ) -> Admit:
         """Admit or reject one request of ``priority`` (from ``tenant``; None: the
         one anonymous tenant) arriving at ``t_ms`` when this gateway may admit
-        ``rate_rps`` in all; ``weights``: the tenants' weights within a priority."""
+        ``rate_rps`` in all; ``weights``: the tenants' weights in the fair shares."""
         p = min(max(priority, 0), PRIORITIES - 1)
         rate = max(0.0, rate_rps)
         if self._first_ms is None:
