@@ -61,28 +61,40 @@ How it decides
   twice what it can get, ``τ`` = 5 s more. :mod:`producers.enforcement` spreads the
   answer per request (so the clients refused together do not return together).
 
-Fair shares within a priority (issue 52)
----------------------------------------
-Inside one priority, the tenant that sends most used to take most. Each priority's
-allocation ``a_p`` is now shared max-min fairly among the tenants that want it
-(:func:`max_min_shares`: weighted water-filling, weights from the directive's
-``tenant_weights``, 1 for a tenant it does not name) over their demands
-``(1+H)·λ_{p,t}`` (the same decaying estimate, per tenant). Each (priority, tenant) has
-a token bucket refilled at its share (burst as a priority's). While another tenant
-wants some of the priority (at priority >= 1), a request takes a token from the
-priority's bucket only when the bucket keeps a reserve for the others after it: a
-tenant asking more than the equal split of ``a_p`` (per unit of weight) keeps a second
-of the shares of those asking less (at least :data:`MIN_RESERVE_TOKENS`, at most half
-the bucket), so a heavy sender's burst cannot empty the bucket in front of light ones;
-a tenant whose own bucket is empty (above its share: it sends faster than it) keeps a
-second of every other tenant's share. Beyond that it may take a lower priority's token
-(tiers stay strict), else it is refused, first (above its share: with its tenant's own
-drain as ``Retry-After``). An admitted request takes its tenant's
-token too. A tenant that falls idle stops counting in the shares (its demand decays),
-so the others take its share. Priorities stay strict: the tenants of a priority share
-what the priority is allocated, never more. Requests without a tenant are one tenant
-(``""``). At most :data:`MAX_TENANTS` tenants are tracked per priority; the least
-active is forgotten first.
+Fair shares across tenants (issue 52)
+-------------------------------------
+Blind to tenants, the tenant that sends most takes most, and with strict tiers one
+tenant's flood at priority 1 takes what priority 2 had of every tenant's. With several
+tenants at priorities >= 1 (the directive's ``fair_share``: each request names its
+tenant) the allocation is worked out per tenant first:
+
+* **Shares.** Each tenant's demand at priorities 1-3, ``D_t = (1+H_f)·Σ_p λ_{p,t}``
+  (a decaying count per (priority, tenant), :data:`TENANT_TAU_MS` = 20 s, bias-corrected
+  as above; :data:`FAIR_HEADROOM` H_f = 50 %), shares what priority 0 leaves,
+  ``rate - a_0``, max-min fairly (:func:`max_min_shares`: weighted water-filling,
+  weights from the directive's ``tenant_weights``, 1 for a tenant it does not name). A
+  tenant whose share is below its demand is *held*.
+* **Strict tiers within a share.** Each tenant's share is filled by its own priorities
+  in order (its priority 1 first): ``e_{p,t}``, and ``a_p = Σ_t e_{p,t}``. Priority 0 is
+  as above. With one tenant this is the strict allocation above.
+* **Buckets.** Each (priority, tenant) has a token bucket refilled at ``e_{p,t}`` (burst
+  as a priority's). A request of a tenant not held, or held with a token in its own
+  bucket, is *within its share*: it takes its priority's token, else the top half of a
+  lower priority's bucket (lowest first), else it is refused with its priority's
+  drain. A held tenant with its own bucket empty is *above its share*: it takes only the
+  top half of its own or a lower priority's bucket (what the traffic within its shares
+  left unused: work-conserving), else it is refused first, with its own drain
+  (``drain_s`` over its share) as ``Retry-After``.
+
+Priorities stay strict within each tenant's share and among what tenants leave
+unused; what a tenant sends beyond its share is turned away before any other tenant's
+traffic within its share, whatever its priority (a flood at priority 1 no longer takes
+the other tenants' priority 2: docs/admission.md). Why the longer horizon and the
+headroom: a light tenant's requests come in bursts; judged over 5 s at 1.1 x demand, a
+burst held it and its bucket ran dry. A tenant that falls idle stops counting (its
+demand decays) and what its bucket does not use goes to the others. Requests without a
+tenant are one tenant (``""``). At most :data:`MAX_TENANTS` tenants are tracked per
+priority; the least active is forgotten first.
 
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
@@ -96,6 +108,12 @@ from typing import Final
 
 PRIORITIES: Final = 4  # 0 (real-time, never evicted) ... 3 (fallback)
 TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
+# Fair shares (module docstring): a tenant's demand over a longer horizon than a
+# priority's, and its share worked out for 1.5 x its demand (what it leaves unused stays
+# in the top half of a bucket, where a tenant above its share may take it). Chosen on the
+# flood scenario (docs/admission.md, with the neighbours measured).
+TENANT_TAU_MS: Final = 20_000.0
+FAIR_HEADROOM: Final = 0.5
 WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted
 BURST_S: Final = 1.0  # a bucket holds this many seconds of its refill (or MIN_BURST_TOKENS)
 # A bucket holds at least this many tokens. Arrivals are uneven even at a steady rate,
@@ -113,8 +131,6 @@ MIN_BURST_TOKENS: Final = 10.0
 HEADROOM: Final = 0.1  # a served priority is allocated (1 + HEADROOM) x its demand
 MAX_TENANTS: Final = 256  # tenants tracked per priority (the least active forgotten first)
 NO_TENANT: Final = ""  # the tenant of requests that name none
-MIN_RESERVE_TOKENS: Final = 3.0  # kept for lighter tenants at least (half a bucket at most)
-MIN_TENANT_RPS: Final = 0.01  # a tenant asking less is idle (alone, a tenant is not held)
 
 
 def max_min_shares(
@@ -149,16 +165,17 @@ def max_min_shares(
 class _Tenant:
     """One tenant at one priority: its decayed arrival count, bucket and share."""
 
-    __slots__ = ("count", "last_ms", "share_rps", "tokens")
+    __slots__ = ("count", "held", "last_ms", "share_rps", "tokens")
 
     def __init__(self, t_ms: float) -> None:
         self.count = 0.0
+        self.held = False  # its share is below its demand (it is cut by the water-filling)
         self.last_ms = t_ms
         self.tokens = MIN_BURST_TOKENS
         self.share_rps = 0.0
 
     def decayed(self, t_ms: float) -> float:
-        return self.count * math.exp(-max(0.0, t_ms - self.last_ms) / TAU_MS)
+        return self.count * math.exp(-max(0.0, t_ms - self.last_ms) / TENANT_TAU_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +227,7 @@ class PriorityAdmission:
     __slots__ = (
         "_alloc_rps",
         "_counts",
+        "_fair",
         "_first_ms",
         "_last_ms",
         "_p0_overflows",
@@ -230,6 +248,7 @@ class PriorityAdmission:
         self._first_ms: float | None = None
         self._last_ms = 0.0
         self._warm = False
+        self._fair = False  # several tenants at priorities >= 1 (fair shares)
         self._tenants: list[dict[str, _Tenant]] = [{} for _ in range(PRIORITIES)]
 
     def demand_rps(self, t_ms: float) -> tuple[float, ...]:
@@ -264,7 +283,7 @@ class PriorityAdmission:
     ) -> Admit:
         """Admit or reject one request of ``priority`` (from ``tenant``; None: the
         one anonymous tenant) arriving at ``t_ms`` when this gateway may admit
-        ``rate_rps`` in all; ``weights``: the tenants' weights within a priority."""
+        ``rate_rps`` in all; ``weights``: the tenants' weights in the fair shares."""
         p = min(max(priority, 0), PRIORITIES - 1)
         rate = max(0.0, rate_rps)
         if self._first_ms is None:
@@ -281,40 +300,16 @@ class PriorityAdmission:
         own = self._tenant(p, name, t_ms)
         if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
             self._warm = True
-            self._allocate(rate)
+            self._allocate(rate, weights)
             left = self._shared
             for q in range(PRIORITIES):
                 self._tokens[q] = min(_priority_burst(self._alloc_rps[q]), left)
                 left -= self._tokens[q]
         if not self._warm:
             return self._decide_warming(p, rate, max_retry_after_s)
-        self._allocate(rate)
-        reserve = self._reserve(p, name, weights) if p > 0 else None
-        if reserve is not None:
-            # tokens kept for the others (module docstring); beyond them (spare inflow)
-            # and the lower priorities' it may take (strict tiers), else it is turned away
-            above = own.tokens < 1.0
-            if self._tokens[p] >= 1.0 + reserve:
-                self._tokens[p] -= 1.0
-                own.tokens = max(0.0, own.tokens - 1.0)
-                return ADMITTED
-            lender = self._lender(p)
-            if lender is not None:
-                self._tokens[lender] -= 1.0
-                own.tokens = max(0.0, own.tokens - 1.0)
-                return ADMITTED
-            if not above:
-                return self._refused(p, max_retry_after_s)
-            return Admit(
-                admitted=False,
-                retry_after_s=drain_retry_after_s(
-                    own.tokens,
-                    own.share_rps,
-                    max_retry_after_s,
-                    demand_rps=own.count / self._norm_s(),
-                    reachable_rps=own.share_rps,
-                ),
-            )
+        self._allocate(rate, weights)
+        if p > 0 and self._fair:
+            return self._decide_fair(p, own, max_retry_after_s)
         if self._tokens[p] >= 1.0:
             self._tokens[p] -= 1.0
             own.tokens = max(0.0, own.tokens - 1.0)
@@ -328,6 +323,35 @@ class PriorityAdmission:
             return ADMITTED  # never evicted
         return self._refused(p, max_retry_after_s)
 
+    def _decide_fair(self, p: int, own: _Tenant, max_retry_after_s: int) -> Admit:
+        """Priority ``p >= 1`` among several tenants (module docstring): within its
+        tenant's share, by strict tiers; above it, only the top half of a bucket (what
+        the traffic within its shares left unused), else refused first."""
+        within = not own.held or own.tokens >= 1.0  # within its tenant's share
+        if within and self._tokens[p] >= 1.0:
+            self._tokens[p] -= 1.0
+            own.tokens = max(0.0, own.tokens - 1.0)
+            return ADMITTED
+        # what the traffic within its shares left unused: the top half of a bucket, a
+        # lower priority's first (its own priority's only for a tenant above its share)
+        for q in range(PRIORITIES - 1, p if within else p - 1, -1):
+            if self._tokens[q] >= 1.0 + _priority_burst(self._alloc_rps[q]) / 2.0:
+                self._tokens[q] -= 1.0
+                own.tokens = max(0.0, own.tokens - 1.0)
+                return ADMITTED
+        if within:
+            return self._refused(p, max_retry_after_s)
+        return Admit(
+            admitted=False,
+            retry_after_s=drain_retry_after_s(
+                own.tokens,
+                own.share_rps,
+                max_retry_after_s,
+                demand_rps=own.count / self._norm_s(TENANT_TAU_MS),
+                reachable_rps=own.share_rps,
+            ),
+        )
+
     def _refused(self, p: int, max_retry_after_s: int) -> Admit:
         return Admit(
             admitted=False,
@@ -340,12 +364,12 @@ class PriorityAdmission:
             ),
         )
 
-    def _norm_s(self) -> float:
+    def _norm_s(self, tau_ms: float = TAU_MS) -> float:
         """The bias-corrected horizon (s) a decayed count is divided by for a rate."""
         if self._first_ms is None:
             return 0.0
         h_ms = max(0.0, self._last_ms - self._first_ms)
-        return max(1e-9, TAU_MS / 1000.0 * -math.expm1(-h_ms / TAU_MS))
+        return max(1e-9, tau_ms / 1000.0 * -math.expm1(-h_ms / tau_ms))
 
     def _tenant(self, p: int, name: str, t_ms: float) -> _Tenant:
         """Count one arrival of tenant ``name`` at priority ``p`` (tracked, or added)."""
@@ -356,48 +380,11 @@ class PriorityAdmission:
                 del tenants[min(tenants, key=lambda t: tenants[t].decayed(t_ms))]
             x = tenants[name] = _Tenant(t_ms)
         dt_ms = max(0.0, t_ms - x.last_ms)
-        x.count = x.count * math.exp(-dt_ms / TAU_MS) + 1.0
+        x.count = x.count * math.exp(-dt_ms / TENANT_TAU_MS) + 1.0
         burst = _priority_burst(x.share_rps)
         x.tokens = min(burst, x.tokens + x.share_rps * dt_ms / 1000.0)
         x.last_ms = max(x.last_ms, t_ms)
         return x
-
-    def _reserve(self, p: int, name: str, weights: Mapping[str, float] | None) -> float | None:
-        """Recompute priority ``p``'s tenants' shares of its allocation; the tokens of
-        ``p``'s bucket tenant ``name`` must leave to the others: a second of the shares of the
-        tenants lighter than it (demand per unit of weight), of all the others when it is
-        above its share (its bucket empty). The lighter ones are those served in full:
-        tenants cut to the same level share by their buckets. None: no other tenant
-        wants any."""
-        tenants = self._tenants[p]
-        norm_s = self._norm_s()
-        t_ms = self._last_ms
-        demands = {t: (1.0 + HEADROOM) * x.decayed(t_ms) / norm_s for t, x in tenants.items()}
-        shares = max_min_shares(self._alloc_rps[p], demands, weights)
-        for t, share in shares.items():
-            tenants[t].share_rps = share
-        own = tenants[name]
-        others = [t for t, d in demands.items() if d >= MIN_TENANT_RPS and t != name]
-        if not others:
-            return None
-
-        def weight(t: str) -> float:
-            w = 1.0 if weights is None else weights.get(t, 1.0)
-            return w if math.isfinite(w) and w > 0.0 else 1.0
-
-        # the equal split of the allocation per unit of weight, among those who want some
-        level = self._alloc_rps[p] / sum(weight(t) for t in [name, *others])
-        if own.tokens < 1.0:
-            kept = sum(shares[t] for t in others)
-        elif demands[name] / weight(name) > level:  # above its equal split
-            kept = sum(shares[t] for t in others if demands[t] / weight(t) <= level)
-        else:
-            return 0.0
-        if kept <= 0.0:
-            return 0.0
-        # a few tokens at least (light tenants arrive unevenly too), at most half the bucket
-        cap = _priority_burst(self._alloc_rps[p]) / 2.0
-        return min(cap, max(MIN_RESERVE_TOKENS, kept * BURST_S))
 
     def _lender(self, p: int) -> int | None:
         """The lowest priority below ``p`` whose bucket holds a token, if any."""
@@ -430,14 +417,42 @@ class PriorityAdmission:
             overflow = max(0.0, level - cap) if q > 0 or self._p0_overflows else 0.0
             self._tokens[q] = min(level, cap)
 
-    def _allocate(self, rate: float) -> None:
+    def _allocate(self, rate: float, weights: Mapping[str, float] | None) -> None:
         demand = self.demand_rps(self._last_ms)
         self._p0_overflows = demand[0] < rate
-        left = rate
-        for q in range(PRIORITIES):
-            want = (1.0 + HEADROOM) * demand[q]
-            # priority 0 takes what it needs, its headroom only up to the rate
-            a = min(want, max(rate, demand[0])) if q == 0 else min(want, left)
-            self._alloc_rps[q] = a
-            left = max(0.0, left - a)
-        self._spare_rps = left
+        # priority 0 takes what it needs, its headroom only up to the rate
+        self._alloc_rps[0] = min((1.0 + HEADROOM) * demand[0], max(rate, demand[0]))
+        left = max(0.0, rate - self._alloc_rps[0])
+        names = {t for q in range(1, PRIORITIES) for t in self._tenants[q]}
+        self._fair = len(names) > 1
+        if not self._fair:  # one tenant: strict tiers
+            for q in range(1, PRIORITIES):
+                a = min((1.0 + HEADROOM) * demand[q], left)
+                self._alloc_rps[q] = a
+                left = max(0.0, left - a)
+            self._spare_rps = left
+            return
+        # each tenant's max-min share of what priority 0 leaves, over its demand at
+        # priorities 1-3, filled by its own priorities in order (module docstring)
+        norm_s = self._norm_s(TENANT_TAU_MS)
+        t_ms = self._last_ms
+        scale = (1.0 + FAIR_HEADROOM) / norm_s
+        wants = [
+            {t: scale * x.decayed(t_ms) for t, x in self._tenants[q].items()}
+            for q in range(PRIORITIES)
+        ]
+        totals = {t: sum(wants[q].get(t, 0.0) for q in range(1, PRIORITIES)) for t in names}
+        for q in range(1, PRIORITIES):
+            self._alloc_rps[q] = 0.0
+        for t, share_rps in max_min_shares(left, totals, weights).items():
+            rest = share_rps
+            held = share_rps < totals[t] * (1.0 - 1e-9)
+            for q in range(1, PRIORITIES):
+                x = self._tenants[q].get(t)
+                if x is None:
+                    continue
+                x.held = held
+                x.share_rps = min(wants[q][t], max(0.0, rest))
+                rest -= x.share_rps
+                self._alloc_rps[q] += x.share_rps
+        self._spare_rps = max(0.0, left - sum(self._alloc_rps[1:]))

@@ -107,7 +107,7 @@ REQUEST_ID_HEADER: Final = b"x-request-id"
 MAX_CONTEXT_HEADER: Final = b"x-tailguard-max-context-tokens"
 FALLBACK_MODEL_HEADER: Final = b"x-tailguard-fallback-model"
 _INJECTED: Final = frozenset({MAX_CONTEXT_HEADER, FALLBACK_MODEL_HEADER})
-TENANT_HEADER: Final = b"x-tenant-id"  # who is asking (the fair share within a priority)
+TENANT_HEADER: Final = b"x-tenant-id"  # who is asking (the fair shares across tenants)
 # llm-d's per-request latency objectives (milliseconds): recorded as the client sent them
 # (producers.gateway); the first-token one is the enforcement's deadline (issue 52).
 SLO_TTFT_HEADER: Final = b"x-llm-d-slo-ttft-ms"

@@ -42,8 +42,9 @@ The rules, in order (a directive at level 0 admits everything untouched)
    :meth:`Enforcement.prediction_error` gives the P50/P90 of predicted - actual.
 6. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
    PriorityAdmission` per directive scope at ``admit_rps / admit_gateways`` requests/s,
-   by strict priority and, with ``fair_share`` (the policy level's), within a priority
-   max-min fair among tenants (``tenant``, weighted by ``tenant_weights``); refused ->
+   by strict priority and, with ``fair_share`` (the policy level's), max-min fair among
+   tenants first (``tenant``, weighted by ``tenant_weights``; strict tiers within each
+   tenant's share, what a tenant sends beyond it turned away first); refused ->
    ``admission`` with its own ``Retry-After`` (when the priority's, or the tenant's,
    bucket next holds a token: at least 1 s, at most ``retry_after_s``).
 7. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
@@ -170,7 +171,7 @@ class RequestFacts:
     ``attempt`` and ``logical_id``: what the client's retry headers say
     (:func:`producers.client_retry.client_attempt`: 0 = a first try; the id every attempt
     of one logical request shares, if sent), for the retry budget; ``tenant`` (None:
-    unknown) for the fair share within a priority; ``slo_ttft_ms``: the request's own
+    unknown) for the fair shares across tenants; ``slo_ttft_ms``: the request's own
     first-token SLO (None: none), for the deadline.
     """
 

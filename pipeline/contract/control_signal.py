@@ -288,9 +288,10 @@ class Actions(_Frozen):
         json_schema_extra={"policy": True},
         default=False,
         description=(
-            "With admit_rps: each priority's admitted rate is shared max-min fairly among "
-            "the tenants that want it (x-tenant-id), weighted by tenant_weights; a tenant "
-            "above its share is turned away first. False: blind within a priority."
+            "With admit_rps: the admitted rate is shared max-min fairly among the tenants "
+            "that want it (x-tenant-id), weighted by tenant_weights, each tenant's share "
+            "by its own priorities in order; what a tenant sends above its share is "
+            "turned away first. False: blind to tenants, strict by priority."
         ),
     )
     tenant_weights: dict[TenantName, TenantWeight] | None = Field(
@@ -298,7 +299,7 @@ class Actions(_Frozen):
         default=None,
         max_length=10_000,
         description=(
-            "With fair_share: the tenants' weights within a priority (a tenant not named "
+            "With fair_share: the tenants' weights in the fair shares (a tenant not named "
             "weighs 1; null: all equal)."
         ),
     )

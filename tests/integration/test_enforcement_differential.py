@@ -15,7 +15,7 @@ are clients' retries, as the SDKs mark them (``x-stainless-retry-count``, or a r
 each gateway's admission reads the arrival's time, so the comparison does not depend on
 this machine's speed. Each arrival names a tenant (``x-tenant-id``: one sends most, some
 none) and some carry their own first-token SLO (``x-llm-d-slo-ttft-ms``), so the fair
-share within a priority and the deadline refusal (issue 52) are held to it too.
+shares across tenants and the deadline refusal (issue 52) are held to it too.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Fair shares within a priority (issue 52): producers/admission.py's max-min shares and
-the tenant buckets of PriorityAdmission."""
+"""Fair shares across tenants (issue 52): producers/admission.py's max-min shares and
+the tenant buckets of PriorityAdmission (strict tiers within each tenant's share)."""
 
 from __future__ import annotations
 
@@ -211,3 +211,79 @@ def test_the_tenants_tracked_are_bounded() -> None:
     for i in range(MAX_TENANTS * 3):
         adm.decide(2, 5.0, i * 10.0, MAX_RETRY_S, tenant=f"t{i}")
     assert len(adm.tenant_shares_rps(2)) <= MAX_TENANTS
+
+
+def feed_streams(
+    adm: PriorityAdmission,
+    streams: dict[tuple[str, int], float],
+    rate_rps: float,
+    *,
+    named: bool = True,
+    duration_s: float = 120.0,
+    skip_s: float = 30.0,
+) -> dict[tuple[str, int], float]:
+    """Evenly spaced arrivals per (tenant, priority) (``named``: the tenant passed, else
+    none, as with ``fair_share`` off): the admitted rate of each after ``skip_s``."""
+    arrivals: list[tuple[float, str, int]] = []
+    for i, ((t, p), rps) in enumerate(sorted(streams.items())):
+        step_ms = 1000.0 / rps
+        at = (i * 0.137 % 1.0) * step_ms
+        while at < duration_s * 1000.0:
+            arrivals.append((at, t, p))
+            at += step_ms
+    arrivals.sort()
+    admitted = dict.fromkeys(streams, 0)
+    for at, t, p in arrivals:
+        got = adm.decide(p, rate_rps, at, MAX_RETRY_S, tenant=t if named else None)
+        if got.admitted and at >= skip_s * 1000.0:
+            admitted[(t, p)] += 1
+    return {k: n / (duration_s - skip_s) for k, n in admitted.items()}
+
+
+@pytest.mark.parametrize(
+    ("streams", "named", "want_rps"),
+    [
+        # one tenant floods priority 1: the others' priority 2 is within their shares
+        # and served in full; the flooding tenant gets what they leave
+        ({("flood", 1): 40.0, ("b", 2): 3.0, ("c", 2): 3.0, ("c", 1): 1.0}, True,
+         {("flood", 1): 13.0, ("b", 2): 3.0, ("c", 2): 3.0, ("c", 1): 1.0}),
+        # blind to tenants (fair_share off): strict tiers, priority 1 takes it all
+        ({("flood", 1): 40.0, ("b", 2): 3.0, ("c", 2): 3.0, ("c", 1): 1.0}, False,
+         {("flood", 1): 19.5, ("b", 2): 0.0, ("c", 2): 0.0}),
+        # within a tenant's share its own priorities are strict: the held tenant's
+        # priority 1 is served before its priority 3
+        ({("heavy", 1): 12.0, ("heavy", 3): 12.0, ("light", 2): 4.0}, True,
+         {("heavy", 1): 12.0, ("heavy", 3): 4.0, ("light", 2): 4.0}),
+        # two tenants above their shares split what the light one leaves, whatever
+        # their priorities
+        ({("h1", 1): 30.0, ("h2", 2): 30.0, ("light", 3): 2.0}, True,
+         {("h1", 1): 9.0, ("h2", 2): 9.0, ("light", 3): 2.0}),
+    ],
+)  # fmt: skip
+def test_a_flood_at_one_priority_leaves_the_other_tenants_their_shares(
+    streams: dict[tuple[str, int], float],
+    named: bool,
+    want_rps: dict[tuple[str, int], float],
+) -> None:
+    got = feed_streams(PriorityAdmission(), streams, 20.0, named=named)
+    for k, want in want_rps.items():
+        assert got[k] == pytest.approx(want, rel=0.12, abs=0.3), (k, got)
+
+
+def test_a_light_tenants_burst_is_served() -> None:
+    """A light tenant sending 5 requests at once every 20 s (0.25/s on average) beside a
+    flooding one: its bursts come out of the bottom half of its priority's bucket, which
+    a tenant above its share may not take (from its second burst on: the first finds
+    nothing set aside for a tenant not seen yet)."""
+    adm = PriorityAdmission()
+    admitted = refused = 0
+    for i in range(12_000):  # 120 s: the flood at 100/s on priority 1
+        at = i * 10.0
+        adm.decide(1, 20.0, at, MAX_RETRY_S, tenant="flood")
+        if i % 2_000 == 1_000:  # at 10 s, 30 s, ... 110 s
+            for k in range(5):
+                got = adm.decide(2, 20.0, at + k * 0.1, MAX_RETRY_S, tenant="light")
+                if at >= 30_000:  # the first burst left out
+                    admitted += got.admitted
+                    refused += not got.admitted
+    assert (admitted, refused) == (25, 0)
