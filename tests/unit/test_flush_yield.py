@@ -142,7 +142,14 @@ class _Processor:
         return {}
 
     def join_counters(self) -> Any:
-        return SimpleNamespace(gateway_only=0, engine_only=0, conflicts=0, conflicts_corrected=0)
+        return SimpleNamespace(
+            gateway_only=0,
+            engine_only=0,
+            conflicts=0,
+            conflicts_corrected=0,
+            duplicates=0,
+            duplicate_ids_changed=0,
+        )
 
     def window_counters(self) -> Any:
         return SimpleNamespace(corrected=0, retracted=0)
