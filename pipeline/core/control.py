@@ -93,7 +93,7 @@ from pipeline.core.load_cause import (
     load_unknown,
     not_load_caused,
 )
-from pipeline.core.policy import Evaluation, PolicyEngine
+from pipeline.core.policy import Evaluation, PolicyEngine, bounded_reason
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.summary import ALL_MODELS
 from pipeline.spec.burn_rules import BurnRules
@@ -233,12 +233,15 @@ class Controller:
         self.duplicates = 0
         # start_ms -> partition -> model -> records (all outcomes: the demand)
         self._records: dict[int, dict[int, dict[str, int]]] = {}
+        # start_ms -> partition -> model -> records answered (outcome ok)
+        self._answered: dict[int, dict[int, dict[str, int]]] = {}
         # start_ms -> slo -> [total, bad, bad queue ms, bad boundary ms] (final + corrections)
         self._attrib: dict[int, dict[str, list[float]]] = {}
         self._batch: dict[str, int] = {}  # engine host -> largest num_running reported
         self._size_ms: int | None = None
         self.admission = AdmissionControl(self.config.admission)
         self._notices: dict[str, LoadNotice] = {}
+        self._lacking: dict[str, str] = {}  # model -> the engine evidence it lacks, said
 
     # -- input ------------------------------------------------------------------
 
@@ -289,6 +292,9 @@ class Controller:
         self._records.setdefault(s.start_ms, {})[s.partition] = {
             m: demand_count(mw) for m, mw in s.models.items()
         }
+        self._answered.setdefault(s.start_ms, {})[s.partition] = {
+            m: mw.answered for m, mw in s.models.items()
+        }
         self._size_ms = s.size_ms
         if s.final and self.book is not None:
             for name, c in s.slos.items():
@@ -323,7 +329,7 @@ class Controller:
         keep_from = now_ms - max(self.config.latency_window_ms, FIVE_MIN_MS) - 60_000
         for start in [s for s in self._latency if s < keep_from]:
             del self._latency[start]
-        for table in (self._records, self._attrib):
+        for table in (self._records, self._answered, self._attrib):
             for start in [s for s in table if s < keep_from]:
                 del table[start]
         stats_from = now_ms - self.config.stats_window_ms
@@ -384,16 +390,36 @@ class Controller:
         self._load_signals(model, now_ms, merged, latest, out)
         return out
 
-    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
-        """Requests the model's engines finished in the windows starting in [lo, hi)."""
-        served = 0
+    def _engine_finished(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines reported finished (``engine.finished``: every
+        request that reached one, answered or not) in the windows starting in [lo, hi)."""
+        return sum(self._finished_by_window(model, lo_ms, hi_ms).values())
+
+    def _finished_by_window(self, model: str, lo_ms: int, hi_ms: int) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
         for start, by_part in self._latency.items():
             if lo_ms <= start < hi_ms:
-                for by_model in by_part.values():
+                for part, by_model in by_part.items():
                     sk = by_model.get(model, {}).get("queue_ms")
                     if sk is not None:
-                        served += sk.count
-        return served
+                        out[(start, part)] = sk.count
+        return out
+
+    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines served in the windows starting in [lo, hi): per
+        window and partition, those its engines reported finished, or, where more, those
+        the gateways saw answered (outcome ok). Without ``engine.finished`` (engines
+        without our plugin, vLLM's own /metrics only, gateway only) what is served is
+        still measured, at the gateways: capacity, the demand ratio and the queue's wait
+        do not go unknown for want of the engines' own events (issue 47)."""
+        finished = self._finished_by_window(model, lo_ms, hi_ms)
+        for start, by_part in self._answered.items():
+            if lo_ms <= start < hi_ms:
+                for part, by_model in by_part.items():
+                    n = by_model.get(model, 0)
+                    if n > finished.get((start, part), 0):
+                        finished[(start, part)] = n
+        return sum(finished.values())
 
     def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
         """What the model's engines did in the last base window that is final in every
@@ -455,7 +481,11 @@ class Controller:
         out["slo.fast_burn"] = burn.fast
         out["load.burning"] = burn.caused
         out["load.caused"] = burn.caused
-        if burn.fast and not latest and served_minute == 0:
+        engine_minute = self._engine_finished(model, to_ms - cfg.latency_window_ms, to_ms)
+        self._lacking[model] = lacking_evidence(
+            stats=bool(latest), engine_finished=engine_minute > 0, served=served_minute > 0
+        )
+        if burn.fast and not latest and engine_minute == 0:
             # No engine evidence (no stats, nothing finished at an engine: gateway only):
             # the queue's share of a burn cannot be measured, so whether it is load-caused
             # is unknown -- not false. Nothing opens on it (an unknown entry never fires);
@@ -487,12 +517,22 @@ class Controller:
         for model in sorted(self.models):
             sig = self.signals(model, now_ms, budgets)
             signals[model] = sig
-            decisions.append(self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig)))
+            d = self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig))
+            decisions.append(self._noted(d, self._lacking.get(model, "")))
         # While a model's level turns traffic away, its burn counts the policy's own
         # refusals: a "not load-caused" notice is raised only for a model left alone.
         shedding = {d.scope for d in decisions if d.level > 0}
         notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices)
+
+    @staticmethod
+    def _noted(d: Evaluation, lacking: str) -> Evaluation:
+        """A decision that keeps or changes a level says what engine evidence it lacked
+        (:func:`lacking_evidence`), so an operator reads which signals were measured."""
+        if not lacking or not (d.level > 0 or d.changed):
+            return d
+        reason = bounded_reason(f"{d.reason} [{lacking}]")
+        return dataclasses.replace(d, decision=d.decision.model_copy(update={"reason": reason}))
 
     def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
         """See :meth:`SLOCoverage.queue_cutoff_ms`."""
@@ -540,6 +580,20 @@ class Controller:
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision)
+
+
+def lacking_evidence(*, stats: bool, engine_finished: bool, served: bool) -> str:
+    """What a model's decisions lack, said ("" when nothing): no ``engine.stats`` sample
+    in the last stats window (engines without our plugin, gateway only): the queue's
+    depth and wait are unknown; requests answered at the gateways but none reported by
+    an engine in the last minute (no plugin: vLLM's own /metrics, gateway only): what is
+    served is counted at the gateways and the bad requests' queue share is unknown."""
+    parts = []
+    if not stats:
+        parts.append("no engine.stats: queue.depth_ratio, queue.wait_ms unknown")
+    if served and not engine_finished:
+        parts.append("no engine.finished: served counted at the gateways, load.queue_share unknown")
+    return "; ".join(parts)
 
 
 def latency_medians_ms(

@@ -606,7 +606,7 @@ class PolicyEngine:
                 level=level,
                 phase=phase,
                 actions=actions,
-                reason=_bounded(reason),
+                reason=bounded_reason(reason),
                 figures=dict(list(figures.items())[:MAX_FIGURES]),
                 notify_customer=notify,
                 budget_exhausted=signals.get(BUDGET_SIGNAL) is True,
@@ -849,7 +849,7 @@ def _compiled(c: Condition, index: int) -> _Cond:
     )
 
 
-def _bounded(reason: str) -> str:
+def bounded_reason(reason: str) -> str:
     """A reason fits a signal (``REASON_MAX_CHARS``): cut, and marked as cut."""
     if len(reason) <= REASON_MAX_CHARS:
         return reason
