@@ -39,10 +39,13 @@ Load signals (is a burn load-caused? what can the engines serve?):
   half the SLO's threshold; or a whole batch is queued (``queue.depth_ratio >= 1``)
   and the queue a request joins is over the tightest queue-inclusive threshold
   covering the model (every request now is bad on it, before any is counted).
-  *Unknown* (None) when an SLO burns fast and the model's engines report nothing (no
-  stats sample, nothing finished at an engine in the last minute: a gateway-only
-  deployment): the queue's share cannot be measured, so no level that turns traffic
-  away opens, and the burn is reported as a :class:`LoadNotice` naming what is missing.
+  Gateway only (an SLO burns fast and the model's engines report nothing: no stats
+  sample, nothing finished at an engine in the last minute): the queue's share cannot
+  be measured, so the burn is load-caused only when the demand is at least
+  ``GATEWAY_ONLY_DEMAND_RATIO`` times what the gateways have seen answered
+  (``load.demand_ratio``: requests wait for engines that cannot keep up); otherwise it is
+  *unknown* (None): no level that turns traffic away opens on it, and the burn is
+  reported as a :class:`LoadNotice` naming what is missing.
 * ``load.demand_ratio``: requests the model's gateways received per second, before
   admission (rejections included, a client's retries not: :func:`demand_count`),
   over what its engines have shown they serve: the measured capacity
@@ -103,6 +106,11 @@ from pipeline.spec.slo import SLOSpec
 FIVE_MIN_MS: Final = 300_000
 # The healthy queue: what the engines serve in this share of the queue cut-off.
 HEALTHY_QUEUE_SHARE: Final = 0.1
+# Gateway only (no engine events): a fast burn is load-caused when the demand is at least
+# this many times what the gateways have seen answered (``load.demand_ratio``); below,
+# whether it is load-caused is unknown. Well above the ~1 of normal load, where the
+# capacity is the most ever served.
+GATEWAY_ONLY_DEMAND_RATIO: Final = 1.5
 
 Signals = dict[str, float | bool | None]
 
@@ -485,11 +493,24 @@ class Controller:
         self._lacking[model] = lacking_evidence(
             stats=bool(latest), engine_finished=engine_minute > 0, served=served_minute > 0
         )
-        if burn.fast and not latest and engine_minute == 0:
-            # No engine evidence (no stats, nothing finished at an engine: gateway only):
-            # the queue's share of a burn cannot be measured, so whether it is load-caused
-            # is unknown -- not false. Nothing opens on it (an unknown entry never fires);
-            # the burn is alerted as a notice that says what is missing.
+        demand_ratio = out["load.demand_ratio"]
+        if (
+            burn.fast
+            and not latest
+            and engine_minute == 0
+            and isinstance(demand_ratio, float)
+            and demand_ratio >= GATEWAY_ONLY_DEMAND_RATIO
+        ):
+            # Gateway only, and the gateways receive far more than they have ever seen
+            # answered: the burn is load-caused (requests wait for engines that cannot
+            # keep up), measured on the gateways' own counts.
+            out["load.burning"] = out["load.caused"] = True
+        elif burn.fast and not latest and engine_minute == 0:
+            # No engine evidence (no stats, nothing finished at an engine: gateway only)
+            # and demand within reach of what is served: the queue's share of a burn
+            # cannot be measured, so whether it is load-caused is unknown -- not false.
+            # Nothing opens on it (an unknown entry never fires); the burn is alerted as a
+            # notice that says what is missing.
             out["load.burning"] = out["load.caused"] = None
             worst = max(
                 (slo for slo in self.coverage.covering(model) if slo.name in sums),
@@ -498,7 +519,7 @@ class Controller:
             )
             if worst is not None:
                 rate = _burn_rate(sums[worst.name], worst.objective)
-                text = load_unknown(model, worst.name, rate)
+                text = load_unknown(model, worst.name, rate, GATEWAY_ONLY_DEMAND_RATIO)
                 self._notices[model] = LoadNotice(now_ms, model, worst.name, None, text)
         elif burn.fast and not burn.caused and burn.worst is not None:
             rate, name, share = burn.worst
