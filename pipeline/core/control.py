@@ -42,10 +42,10 @@ Load signals (is a burn load-caused? what can the engines serve?):
   Gateway only (an SLO burns fast and the model's engines report nothing: no stats
   sample, nothing finished at an engine in the last minute): the queue's share cannot
   be measured, so the burn is load-caused only when the demand is at least
-  ``GATEWAY_ONLY_DEMAND_RATIO`` times what the gateways have seen answered
-  (``load.demand_ratio``: requests wait for engines that cannot keep up); otherwise it is
-  *unknown* (None): no level that turns traffic away opens on it, and the burn is
-  reported as a :class:`LoadNotice` naming what is missing.
+  ``GATEWAY_ONLY_DEMAND_RATIO`` times what the gateways have seen answered, at most
+  ever or in the last minute (requests wait for engines that cannot keep up); otherwise
+  it is *unknown* (None): no level that turns traffic away opens on it, and the burn
+  is reported as a :class:`LoadNotice` naming what is missing.
 * ``load.demand_ratio``: requests the model's gateways received per second, before
   admission (rejections included, a client's retries not: :func:`demand_count`),
   over what its engines have shown they serve: the measured capacity
@@ -493,13 +493,16 @@ class Controller:
         self._lacking[model] = lacking_evidence(
             stats=bool(latest), engine_finished=engine_minute > 0, served=served_minute > 0
         )
-        demand_ratio = out["load.demand_ratio"]
+        # what the gateways have seen answered, at most: ever (the capacity) or now (a
+        # capacity learnt an evaluation behind would make a model's first minute look
+        # like an overload)
+        answered_rps = max(cap or 0.0, served_minute)
         if (
             burn.fast
             and not latest
             and engine_minute == 0
-            and isinstance(demand_ratio, float)
-            and demand_ratio >= GATEWAY_ONLY_DEMAND_RATIO
+            and answered_rps > 0
+            and load.demand_rps >= GATEWAY_ONLY_DEMAND_RATIO * answered_rps
         ):
             # Gateway only, and the gateways receive far more than they have ever seen
             # answered: the burn is load-caused (requests wait for engines that cannot

@@ -82,3 +82,51 @@ def test_decisions_say_which_engine_evidence_they_lack(
 ) -> None:
     got = lacking_evidence(stats=stats, engine_finished=finished, served=served)
     assert got.startswith(text) if text else got == ""
+
+
+# --- gateway only: a burn is load-caused when the demand is far over what is answered ---
+
+
+def _gateway_only(answered: int, engine_finished: int) -> tuple[object, list[str]]:
+    """Two minutes of windows of one model with ``DEMAND`` requests received, ``answered``
+    answered, half of the streams' first bytes late (a fast burn), no engine stats:
+    ``load.burning`` and the notices at the end."""
+    from pipeline.contract.summary import SLOWindowCounts
+    from pipeline.settings import DEFAULT_SLO_SPEC
+    from pipeline.spec.slo import load_spec_file
+
+    spec = load_spec_file(DEFAULT_SLO_SPEC)
+    ctl = Controller(load_policy_file(DEFAULT_POLICY_PATH), spec)
+    step = None
+    for i in range(12):
+        start = i * SIZE_MS
+        mw = ModelWindow(DEMAND, _finished(engine_finished), 0, answered)
+        slos = {"ttft-stream": SLOWindowCounts(DEMAND, DEMAND // 2, 0.99)}
+        ctl.add_window(WindowSummary(0, start, SIZE_MS, {"m": mw}, slos))
+        step = ctl.evaluate(start + SIZE_MS)
+    assert step is not None
+    return step.signals["m"]["load.burning"], [n.text for n in step.notices]
+
+
+GATEWAY_ONLY = [
+    # (answered, finished at an engine) -> (load.burning, a notice's text or None)
+    pytest.param(60, 0, True, None, id="demand 2x what is answered: load-caused"),
+    pytest.param(80, 0, True, None, id="demand 1.5x: load-caused"),
+    pytest.param(
+        100,
+        0,
+        None,
+        "load-caused unknown: no engine events",
+        id="1.2x: unknown, from its first minute on",
+    ),
+    pytest.param(60, 60, False, None, id="engine.finished: measured, not this rule"),
+]
+
+
+@pytest.mark.parametrize(("answered", "finished", "burning", "notice"), GATEWAY_ONLY)
+def test_gateway_only_burn_is_load_caused_on_demand(
+    answered: int, finished: int, burning: bool | None, notice: str | None
+) -> None:
+    got, notices = _gateway_only(answered, finished)
+    assert got is burning
+    assert any(notice in t for t in notices) if notice else not notices
