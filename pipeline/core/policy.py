@@ -55,7 +55,9 @@ memory, a plugin may die mid-level. The rules:
   observation restarted the 2 minutes: a gateway-only level whose burn was of
   unknown cause for a minute after the overload, then not load-caused, waited 3).
   A short gap (a lost sample, an engine restart) waives nothing, and a condition
-  measured only part of its window needs at least ``min_dwell``.
+  measured only part of its window needs at least ``min_dwell``. The one exception is
+  the pre-admission exit of a level that turns traffic away (below): it needs its
+  ``for`` on measured observations.
 * *Blind exits.* When no exit condition of the level is measured, or the level
   turns traffic away and its exit on a signal measured before admission
   (``PRE_ADMISSION_SIGNALS``: ``load.demand_ratio``, every arrival, refused ones
@@ -855,8 +857,14 @@ class PolicyEngine:
     def _exit_holds(self, c: _Cond, st: _Step) -> bool:
         """A measured exit condition holds: for its ``for`` on known observations, or now
         and never observed false for its whole window (:meth:`_calm_window`: its signal
-        was unknown for part of it; more evidence than a waived condition, never less)."""
-        return st.holds[c.index] or (st.observed[c.index] and self._calm_window(c, st))
+        was unknown for part of it; more evidence than a waived condition, never less).
+        The pre-admission exit of a level that turns traffic away, whose absence holds
+        the level (blind), needs its ``for`` on known observations: one sample of demand
+        after a long gap does not end what its absence held."""
+        if st.holds[c.index]:
+            return True
+        strict = c.signal in PRE_ADMISSION_SIGNALS and st.s.level in self._turns_away
+        return not strict and st.observed[c.index] and self._calm_window(c, st)
 
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]

@@ -138,6 +138,14 @@ CASES = [
         L1_BACK,
         f"load.burning unknown at times since {EPISODE_END}",
     ),
+    # the demand unknown for 8m, then measured under 0.9: it must hold for its 2m on
+    # measured demand (one sample after a gap does not end what its absence held)
+    (
+        "demand-unknown-then-known",
+        _until(12 * M, {"load.demand_ratio": None}),
+        [(0, 1, "degraded"), (14 * M, 1, "half_open"), (14 * M + HALF, 0, "normal")],
+        "load.demand_ratio < 0.9 for 2m",
+    ),
     # the pre-admission exit unknown at a level that turns traffic away: the queue and
     # the burn of admitted traffic alone do not end it before max_duration
     ("demand-unknown", _episode({"load.demand_ratio": None}), AT_MAX, "held past max_duration"),
