@@ -53,6 +53,17 @@ def entered_and_left(
     return line, entered[0], last_t
 
 
+def back_at_l0_s(transitions: Iterable[dict[str, Any]], scope: str) -> float:
+    """When ``scope`` was last back at L0 for good (0.0: it never left L0); it must end
+    at L0."""
+    line = timeline(transitions, scope)
+    if not line:
+        return 0.0
+    last_t, last_level, _ = line[-1]
+    assert last_level == 0, (scope, line)
+    return last_t
+
+
 @dataclass
 class Replayed:
     control: _ControlRun

@@ -15,8 +15,10 @@ One JSON object per message, ``"v": 2`` and a ``"type"``:
 * ``window``: ``partition``, ``start_ms``, ``size_ms``;
   ``models``: ``{model: {"records": n, "boundaries": {boundary: sketch}}}`` (``"*"`` =
   all traffic), plus ``"retries"``: of those records, the clients' retries
-  (``client_attempt > 0``; omitted when 0, read as 0 when absent), a sketch being an
-  object with the fields of :class:`~pipeline.contract.sketch.SketchColumns`;
+  (``client_attempt > 0``), and ``"answered"``: of those records, the ones with
+  outcome ok (each omitted when 0, read as 0 when absent; a reader before ``answered``
+  ignores it), a sketch being an object with the fields of
+  :class:`~pipeline.contract.sketch.SketchColumns`;
   ``slos``: ``{slo: {"total": n, "good": n, "objective": x}}``, plus ``"bad_queue_ms"``
   and ``"bad_ms"`` when the window has bad requests that reached an engine (the bad
   requests' queue time and their time at the SLO's boundary, summed: how much of the
@@ -58,6 +60,9 @@ class ModelWindow:
     records: int
     boundaries: dict[str, SketchColumns]
     retries: int = 0  # of ``records``, the clients' retries (client_attempt > 0)
+    # of ``records``, those answered (outcome ok): what was served, counted where the
+    # gateway (or, without one, the engine) saw it end -- known without engine events
+    answered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,7 @@ def encode_summary(s: Summary) -> bytes:
                 m: {
                     "records": mw.records,
                     **({"retries": mw.retries} if mw.retries else {}),
+                    **({"answered": mw.answered} if mw.answered else {}),
                     "boundaries": {b: sketch_record(c) for b, c in mw.boundaries.items()},
                 }
                 for m, mw in s.models.items()
@@ -208,7 +214,9 @@ def _model_window(mw: Mapping[str, Any], v: int) -> ModelWindow:
         sketches = {b: sketch_of_positional(c) for b, c in mw["b"].items()}
     else:
         sketches = {b: sketch_of_record(c) for b, c in mw["boundaries"].items()}
-    return ModelWindow(int(mw["records"]), sketches, int(mw.get("retries", 0)))
+    return ModelWindow(
+        int(mw["records"]), sketches, int(mw.get("retries", 0)), int(mw.get("answered", 0))
+    )
 
 
 def _slo_record(c: SLOWindowCounts) -> dict[str, Any]:

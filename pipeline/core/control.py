@@ -39,10 +39,13 @@ Load signals (is a burn load-caused? what can the engines serve?):
   half the SLO's threshold; or a whole batch is queued (``queue.depth_ratio >= 1``)
   and the queue a request joins is over the tightest queue-inclusive threshold
   covering the model (every request now is bad on it, before any is counted).
-  *Unknown* (None) when an SLO burns fast and the model's engines report nothing (no
-  stats sample, nothing finished at an engine in the last minute: a gateway-only
-  deployment): the queue's share cannot be measured, so no level that turns traffic
-  away opens, and the burn is reported as a :class:`LoadNotice` naming what is missing.
+  Gateway only (an SLO burns fast and the model's engines report nothing: no stats
+  sample, nothing finished at an engine in the last minute): the queue's share cannot
+  be measured, so the burn is load-caused only when the demand is at least
+  ``GATEWAY_ONLY_DEMAND_RATIO`` times what the gateways have seen answered, at most
+  ever or in the last minute (requests wait for engines that cannot keep up); otherwise
+  it is *unknown* (None): no level that turns traffic away opens on it, and the burn
+  is reported as a :class:`LoadNotice` naming what is missing.
 * ``load.demand_ratio``: requests the model's gateways received per second, before
   admission (rejections included, a client's retries not: :func:`demand_count`),
   over what its engines have shown they serve: the measured capacity
@@ -93,7 +96,7 @@ from pipeline.core.load_cause import (
     load_unknown,
     not_load_caused,
 )
-from pipeline.core.policy import Evaluation, PolicyEngine
+from pipeline.core.policy import Evaluation, PolicyEngine, bounded_reason
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.summary import ALL_MODELS
 from pipeline.spec.burn_rules import BurnRules
@@ -103,6 +106,11 @@ from pipeline.spec.slo import SLOSpec
 FIVE_MIN_MS: Final = 300_000
 # The healthy queue: what the engines serve in this share of the queue cut-off.
 HEALTHY_QUEUE_SHARE: Final = 0.1
+# Gateway only (no engine events): a fast burn is load-caused when the demand is at least
+# this many times what the gateways have seen answered (``load.demand_ratio``); below,
+# whether it is load-caused is unknown. Well above the ~1 of normal load, where the
+# capacity is the most ever served.
+GATEWAY_ONLY_DEMAND_RATIO: Final = 1.5
 
 Signals = dict[str, float | bool | None]
 
@@ -233,12 +241,15 @@ class Controller:
         self.duplicates = 0
         # start_ms -> partition -> model -> records (all outcomes: the demand)
         self._records: dict[int, dict[int, dict[str, int]]] = {}
+        # start_ms -> partition -> model -> records answered (outcome ok)
+        self._answered: dict[int, dict[int, dict[str, int]]] = {}
         # start_ms -> slo -> [total, bad, bad queue ms, bad boundary ms] (final + corrections)
         self._attrib: dict[int, dict[str, list[float]]] = {}
         self._batch: dict[str, int] = {}  # engine host -> largest num_running reported
         self._size_ms: int | None = None
         self.admission = AdmissionControl(self.config.admission)
         self._notices: dict[str, LoadNotice] = {}
+        self._lacking: dict[str, str] = {}  # model -> the engine evidence it lacks, said
 
     # -- input ------------------------------------------------------------------
 
@@ -289,6 +300,9 @@ class Controller:
         self._records.setdefault(s.start_ms, {})[s.partition] = {
             m: demand_count(mw) for m, mw in s.models.items()
         }
+        self._answered.setdefault(s.start_ms, {})[s.partition] = {
+            m: mw.answered for m, mw in s.models.items()
+        }
         self._size_ms = s.size_ms
         if s.final and self.book is not None:
             for name, c in s.slos.items():
@@ -323,7 +337,7 @@ class Controller:
         keep_from = now_ms - max(self.config.latency_window_ms, FIVE_MIN_MS) - 60_000
         for start in [s for s in self._latency if s < keep_from]:
             del self._latency[start]
-        for table in (self._records, self._attrib):
+        for table in (self._records, self._answered, self._attrib):
             for start in [s for s in table if s < keep_from]:
                 del table[start]
         stats_from = now_ms - self.config.stats_window_ms
@@ -384,16 +398,36 @@ class Controller:
         self._load_signals(model, now_ms, merged, latest, out)
         return out
 
-    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
-        """Requests the model's engines finished in the windows starting in [lo, hi)."""
-        served = 0
+    def _engine_finished(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines reported finished (``engine.finished``: every
+        request that reached one, answered or not) in the windows starting in [lo, hi)."""
+        return sum(self._finished_by_window(model, lo_ms, hi_ms).values())
+
+    def _finished_by_window(self, model: str, lo_ms: int, hi_ms: int) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
         for start, by_part in self._latency.items():
             if lo_ms <= start < hi_ms:
-                for by_model in by_part.values():
+                for part, by_model in by_part.items():
                     sk = by_model.get(model, {}).get("queue_ms")
                     if sk is not None:
-                        served += sk.count
-        return served
+                        out[(start, part)] = sk.count
+        return out
+
+    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines served in the windows starting in [lo, hi): per
+        window and partition, those its engines reported finished, or, where more, those
+        the gateways saw answered (outcome ok). Without ``engine.finished`` (engines
+        without our plugin, vLLM's own /metrics only, gateway only) what is served is
+        still measured, at the gateways: capacity, the demand ratio and the queue's wait
+        do not go unknown for want of the engines' own events (issue 47)."""
+        finished = self._finished_by_window(model, lo_ms, hi_ms)
+        for start, by_part in self._answered.items():
+            if lo_ms <= start < hi_ms:
+                for part, by_model in by_part.items():
+                    n = by_model.get(model, 0)
+                    if n > finished.get((start, part), 0):
+                        finished[(start, part)] = n
+        return sum(finished.values())
 
     def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
         """What the model's engines did in the last base window that is final in every
@@ -455,11 +489,31 @@ class Controller:
         out["slo.fast_burn"] = burn.fast
         out["load.burning"] = burn.caused
         out["load.caused"] = burn.caused
-        if burn.fast and not latest and served_minute == 0:
-            # No engine evidence (no stats, nothing finished at an engine: gateway only):
-            # the queue's share of a burn cannot be measured, so whether it is load-caused
-            # is unknown -- not false. Nothing opens on it (an unknown entry never fires);
-            # the burn is alerted as a notice that says what is missing.
+        engine_minute = self._engine_finished(model, to_ms - cfg.latency_window_ms, to_ms)
+        self._lacking[model] = lacking_evidence(
+            stats=bool(latest), engine_finished=engine_minute > 0, served=served_minute > 0
+        )
+        # what the gateways have seen answered, at most: ever (the capacity) or now (a
+        # capacity learnt an evaluation behind would make a model's first minute look
+        # like an overload)
+        answered_rps = max(cap or 0.0, served_minute)
+        if (
+            burn.fast
+            and not latest
+            and engine_minute == 0
+            and answered_rps > 0
+            and load.demand_rps >= GATEWAY_ONLY_DEMAND_RATIO * answered_rps
+        ):
+            # Gateway only, and the gateways receive far more than they have ever seen
+            # answered: the burn is load-caused (requests wait for engines that cannot
+            # keep up), measured on the gateways' own counts.
+            out["load.burning"] = out["load.caused"] = True
+        elif burn.fast and not latest and engine_minute == 0:
+            # No engine evidence (no stats, nothing finished at an engine: gateway only)
+            # and demand within reach of what is served: the queue's share of a burn
+            # cannot be measured, so whether it is load-caused is unknown -- not false.
+            # Nothing opens on it (an unknown entry never fires); the burn is alerted as a
+            # notice that says what is missing.
             out["load.burning"] = out["load.caused"] = None
             worst = max(
                 (slo for slo in self.coverage.covering(model) if slo.name in sums),
@@ -468,7 +522,7 @@ class Controller:
             )
             if worst is not None:
                 rate = _burn_rate(sums[worst.name], worst.objective)
-                text = load_unknown(model, worst.name, rate)
+                text = load_unknown(model, worst.name, rate, GATEWAY_ONLY_DEMAND_RATIO)
                 self._notices[model] = LoadNotice(now_ms, model, worst.name, None, text)
         elif burn.fast and not burn.caused and burn.worst is not None:
             rate, name, share = burn.worst
@@ -487,12 +541,22 @@ class Controller:
         for model in sorted(self.models):
             sig = self.signals(model, now_ms, budgets)
             signals[model] = sig
-            decisions.append(self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig)))
+            d = self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig))
+            decisions.append(self._noted(d, self._lacking.get(model, "")))
         # While a model's level turns traffic away, its burn counts the policy's own
         # refusals: a "not load-caused" notice is raised only for a model left alone.
         shedding = {d.scope for d in decisions if d.level > 0}
         notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices)
+
+    @staticmethod
+    def _noted(d: Evaluation, lacking: str) -> Evaluation:
+        """A decision that keeps or changes a level says what engine evidence it lacked
+        (:func:`lacking_evidence`), so an operator reads which signals were measured."""
+        if not lacking or not (d.level > 0 or d.changed):
+            return d
+        reason = bounded_reason(f"{d.reason} [{lacking}]")
+        return dataclasses.replace(d, decision=d.decision.model_copy(update={"reason": reason}))
 
     def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
         """See :meth:`SLOCoverage.queue_cutoff_ms`."""
@@ -540,6 +604,20 @@ class Controller:
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
         return dataclasses.replace(d, decision=decision)
+
+
+def lacking_evidence(*, stats: bool, engine_finished: bool, served: bool) -> str:
+    """What a model's decisions lack, said ("" when nothing): no ``engine.stats`` sample
+    in the last stats window (engines without our plugin, gateway only): the queue's
+    depth and wait are unknown; requests answered at the gateways but none reported by
+    an engine in the last minute (no plugin: vLLM's own /metrics, gateway only): what is
+    served is counted at the gateways and the bad requests' queue share is unknown."""
+    parts = []
+    if not stats:
+        parts.append("no engine.stats: queue.depth_ratio, queue.wait_ms unknown")
+    if served and not engine_finished:
+        parts.append("no engine.finished: served counted at the gateways, load.queue_share unknown")
+    return "; ".join(parts)
 
 
 def latency_medians_ms(

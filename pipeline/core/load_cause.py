@@ -175,11 +175,13 @@ def not_load_caused(model: str, slo: str, burn: float, queue_share: float | None
     return f"{slo} burning {burn:.0f}x on {model}, not load-caused: {why}; nothing shed"
 
 
-def load_unknown(model: str, slo: str, burn: float) -> str:
+def load_unknown(model: str, slo: str, burn: float, demand_limit: float) -> str:
     """The text of a notice: an SLO burning fast on a model whose engines report nothing
-    (a gateway-only deployment): whether the burn is load-caused cannot be told."""
+    (a gateway-only deployment) and whose demand is under ``demand_limit`` times what the
+    gateways saw answered: whether the burn is load-caused cannot be told."""
     return (
         f"{slo} burning {burn:.0f}x on {model}; load-caused unknown: no engine events for "
-        f"{model} (no queue time, no engine stats), so no level that turns traffic away "
-        "can open: alerted, nothing shed"
+        f"{model} (no queue time, no engine stats) and the demand under {demand_limit:g}x what the "
+        "gateways saw answered, so no level that turns traffic away opens: alerted, "
+        "nothing shed"
     )

@@ -43,13 +43,21 @@ memory, a plugin may die mid-level. The rules:
   observations that all satisfied the comparison; a gap in the evidence is not
   evidence. So an unknown signal never triggers an ``enter`` condition and never
   a half-open relapse (no false alarm from a missing signal).
-* An ``exit`` condition whose signal has been unknown at *every* evaluation for
-  its whole window -- at least its ``for`` and at least ``min_dwell``, counted
-  from the first evaluation that found it unknown (a single known observation
-  restarts that count) -- is *waived*: the level leaves on the exit conditions
-  whose signals are measured, and the reason names what it lacked ("L1 exit holds
-  (load.burning is false for 2m ...; queue.depth_ratio unknown since T) ...").
-  A short gap (a lost sample, an engine restart) waives nothing.
+* An ``exit`` condition that has not been observed false for its whole window --
+  at least its ``for`` and at least ``min_dwell``: every evaluation in it either
+  held it or lacked its signal (a single false observation restarts that count) --
+  holds when its signal is measured now, and is *waived* when it is unknown now:
+  the level leaves on the exit conditions whose signals are measured, and the
+  reason names what it lacked ("L1 exit holds (load.burning is false for 2m ...;
+  queue.depth_ratio unknown since T) ...", "... unknown at times since T"). So a
+  signal that is unknown for part of the window and then shows the cause gone
+  counts as much as one unknown throughout, never less (before, the first known
+  observation restarted the 2 minutes: a gateway-only level whose burn was of
+  unknown cause for a minute after the overload, then not load-caused, waited 3).
+  A short gap (a lost sample, an engine restart) waives nothing, and a condition
+  measured only part of its window needs at least ``min_dwell``. The one exception is
+  the pre-admission exit of a level that turns traffic away (below): it needs its
+  ``for`` on measured observations.
 * *Blind exits.* When no exit condition of the level is measured, or the level
   turns traffic away and its exit on a signal measured before admission
   (``PRE_ADMISSION_SIGNALS``: ``load.demand_ratio``, every arrival, refused ones
@@ -59,8 +67,8 @@ memory, a plugin may die mid-level. The rules:
   its ``max_duration``, and leaves from there as an exit would (L1 through
   half-open, whose probe relapses on the entry seen again). Past
   ``max_duration`` an exit condition unknown right now is waived too, so a
-  signal that flickers between known and unknown (which never completes either
-  clock) holds a level at most its ``max_duration``.
+  signal that flickers between unknown and failing holds a level at most its
+  ``max_duration``.
 * Coherent exit and half-open: an opener whose signal is unknown is not "still
   measured", so it neither blocks the exit nor makes a half-open relapse; a
   half-open probe relapses only on an entry (or opener) observed true. The blind
@@ -383,8 +391,8 @@ class _Cond:
 
 class _Scope:
     __slots__ = (
-        "clocks", "escalated", "last", "level", "openers", "phase", "recovered_ms", "since_ms",
-        "unknown",
+        "calm", "clocks", "escalated", "last", "level", "openers", "phase", "recovered_ms",
+        "since_ms", "unknown",
     )  # fmt: skip
 
     def __init__(self, n_conditions: int, now_ms: int) -> None:
@@ -397,6 +405,9 @@ class _Scope:
         # Per condition: since when its signal has been unknown at every evaluation
         # (None: known at the last one). Lets an exit go without a signal that is absent.
         self.unknown: list[int | None] = [None] * n_conditions
+        # Per condition: since when its comparison has not been observed false (every
+        # evaluation since held it or lacked its signal; None: false at the last one).
+        self.calm: list[int | None] = [None] * n_conditions
         self.last: Evaluation | None = None
         # The (non-alert) entry conditions that opened the current degraded level: it is
         # not left, nor half-opened, while any of them is still measured (coherent exit).
@@ -407,10 +418,11 @@ class _Scope:
     ) -> tuple[list[bool], list[bool]]:
         """Advance every condition's clocks to ``now_ms``: per condition, whether its
         comparison holds now (``observed``) and whether it has for its ``for`` (``holds``);
-        an unknown signal resets the clock and starts (or keeps) its unknown-since."""
+        an unknown signal resets the clock and starts (or keeps) its unknown-since; a
+        false observation ends its calm."""
         observed = [False] * len(self.clocks)
         holds = [False] * len(self.clocks)
-        clocks, unknown = self.clocks, self.unknown
+        clocks, unknown, calm = self.clocks, self.unknown, self.calm
         for c in conds:
             ok = c.observe(signals)
             if ok is None:
@@ -418,6 +430,10 @@ class _Scope:
                     unknown[c.index] = now_ms
             else:
                 unknown[c.index] = None
+            if ok is False:
+                calm[c.index] = None
+            elif calm[c.index] is None:
+                calm[c.index] = now_ms
             if ok:
                 start = clocks[c.index]
                 if start is None:
@@ -606,7 +622,7 @@ class PolicyEngine:
                 level=level,
                 phase=phase,
                 actions=actions,
-                reason=_bounded(reason),
+                reason=bounded_reason(reason),
                 figures=dict(list(figures.items())[:MAX_FIGURES]),
                 notify_customer=notify,
                 budget_exhausted=signals.get(BUDGET_SIGNAL) is True,
@@ -712,16 +728,25 @@ class PolicyEngine:
         over_max = held >= self._max_ms[lv]
         # Unknown signals: an exit condition whose signal has been unknown for its
         # whole window is waived; the level leaves on the exits that are measured.
-        waived = [c for c in exits if self._waived(c, s, now_ms, over_max)]
+        waived = [c for c in exits if self._waived(c, st, over_max)]
         known = [c for c in exits if c not in waived]
         # Blind: no exit is measured, or a level that turns traffic away lacks its
         # pre-admission exit (the rest reads admitted traffic only): max_duration.
         blind = [c for c in waived if c.signal in PRE_ADMISSION_SIGNALS]
         blind = blind if lv in self._turns_away else []
         blind_all = not known or bool(blind)
-        exit_ok = all(holds[c.index] for c in known) and not openers and (over_max or not blind_all)
-        failing = [c for c in known if not holds[c.index]]
-        lacking = "; ".join(f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived)
+        exit_ok = (
+            all(self._exit_holds(c, st) for c in known)
+            and not openers
+            and (over_max or not blind_all)
+        )
+        failing = [c for c in known if not self._exit_holds(c, st)]
+        # measured now, held over a window in which its signal was unknown at times
+        partly = [c for c in known if not holds[c.index] and self._exit_holds(c, st)]
+        lacking = "; ".join(
+            [f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived]
+            + [f"{c.signal} unknown at times since {s.calm[c.index]}" for c in partly]
+        )
         held_because: list[Hold] = []
         if justified >= lv:
             held_because.extend(
@@ -815,14 +840,31 @@ class PolicyEngine:
         reason = f"{prefix}: {body}" if prefix else body
         return _Outcome(figs, reason, held_because, overdue)
 
-    def _waived(self, c: _Cond, s: _Scope, now_ms: int, over_max: bool) -> bool:
-        """An exit condition whose signal is unknown now and has been at every evaluation
-        for its whole window: its ``for`` and at least ``min_dwell`` (or, past the
-        level's ``max_duration``, unknown now: a flickering signal holds no longer)."""
-        since = s.unknown[c.index]
-        if since is None:
+    def _calm_window(self, c: _Cond, st: _Step) -> bool:
+        """The exit condition has not been observed false for its whole window: its
+        ``for`` and at least ``min_dwell`` (each evaluation held it or lacked its signal)."""
+        since = st.s.calm[c.index]
+        return since is not None and st.now_ms - since >= max(c.for_ms, self._dwell_ms)
+
+    def _waived(self, c: _Cond, st: _Step, over_max: bool) -> bool:
+        """An exit condition whose signal is unknown now and that has not been observed
+        false for its whole window (:meth:`_calm_window`; or, past the level's
+        ``max_duration``, unknown now: a flickering signal holds no longer)."""
+        if st.s.unknown[c.index] is None:
             return False
-        return over_max or now_ms - since >= max(c.for_ms, self._dwell_ms)
+        return over_max or self._calm_window(c, st)
+
+    def _exit_holds(self, c: _Cond, st: _Step) -> bool:
+        """A measured exit condition holds: for its ``for`` on known observations, or now
+        and never observed false for its whole window (:meth:`_calm_window`: its signal
+        was unknown for part of it; more evidence than a waived condition, never less).
+        The pre-admission exit of a level that turns traffic away, whose absence holds
+        the level (blind), needs its ``for`` on known observations: one sample of demand
+        after a long gap does not end what its absence held."""
+        if st.holds[c.index]:
+            return True
+        strict = c.signal in PRE_ADMISSION_SIGNALS and st.s.level in self._turns_away
+        return not strict and st.observed[c.index] and self._calm_window(c, st)
 
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]
@@ -849,7 +891,7 @@ def _compiled(c: Condition, index: int) -> _Cond:
     )
 
 
-def _bounded(reason: str) -> str:
+def bounded_reason(reason: str) -> str:
     """A reason fits a signal (``REASON_MAX_CHARS``): cut, and marked as cut."""
     if len(reason) <= REASON_MAX_CHARS:
         return reason

@@ -40,7 +40,8 @@ def summarize(
     merged: dict[str, dict[str, QuantileSketch]] = {}
     records: dict[str, int] = {}
     retries: dict[str, int] = {}
-    for counts, into in ((win.records, records), (win.retries, retries)):
+    answered: dict[str, int] = {}
+    for counts, into in ((win.records, records), (win.retries, retries), (win.answered, answered)):
         for (model, prio, ctx), n in counts.items():
             name = ALL_MODELS if (model, prio, ctx) == (ALL, ALL, ALL) else model
             if name == ALL_MODELS and (prio, ctx) != (ALL, ALL):
@@ -64,6 +65,7 @@ def summarize(
             records.get(name, 0),
             {b: sk.to_columns() for b, sk in sks.items()},
             retries.get(name, 0),
+            answered.get(name, 0),
         )
         for name, sks in merged.items()
     }

@@ -42,7 +42,7 @@ import numpy as np
 from pipeline.core.ledger import RETRACTED, code_order
 from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
 from pipeline.core.sketch import FloatArray, IntArray, QuantileSketch, SketchColumns
-from pipeline.core.slo import RecordColumns
+from pipeline.core.slo import BoolArray, RecordColumns
 
 ALL: Final = "*"
 OTHER_MODEL: Final = "__other__"
@@ -124,6 +124,8 @@ class _Window:
     records: dict[WindowKey, int] = field(default_factory=dict)
     # of those, the clients' retries (client_attempt > 0): demand counts a request once
     retries: dict[WindowKey, int] = field(default_factory=dict)
+    # of those, the ones answered (outcome ok): what was served, seen at the gateway
+    answered: dict[WindowKey, int] = field(default_factory=dict)
     cells: dict[tuple[WindowKey, str], QuantileSketch] = field(default_factory=dict)
     rows: dict[WindowKey, _Rows] = field(default_factory=dict)
     slos: WindowSLOs | None = None
@@ -133,26 +135,25 @@ class _Window:
     ledger: dict[str, int] = field(default_factory=dict)
 
 
-def _count_retries(
-    retries: dict[WindowKey, int],
-    client_attempts: list[int],
-    rows: list[int],
+def _count_flagged(
+    counts: dict[WindowKey, int],
+    flagged: BoolArray,
     *,
     slots: IntArray,
     keys: list[WindowKey],
     signs: IntArray,
 ) -> None:
-    """Add the clients' retries (``client_attempt > 0``) among ``rows`` to a window's
-    ``retries``, per key (``slots``: each row's index in ``keys``) and in all traffic."""
-    is_retry = np.fromiter((client_attempts[i] > 0 for i in rows), np.bool_, len(rows))
-    if not is_retry.any():
+    """Add the records ``flagged`` (one flag per row of a window's batch) to the window's
+    ``counts``, per key (``slots``: each row's index in ``keys``) and in all traffic: the
+    clients' retries (``client_attempt > 0``), the records answered (outcome ok)."""
+    if not flagged.any():
         return
-    weights = signs * is_retry
+    weights = signs * flagged
     per_key = np.bincount(slots, weights=weights, minlength=len(keys)).astype(np.int64)
     for k, cnt in zip(keys, per_key.tolist(), strict=True):
         if cnt:
-            retries[k] = retries.get(k, 0) + cnt
-    retries[ALL_KEY] = retries.get(ALL_KEY, 0) + int(weights.sum())
+            counts[k] = counts.get(k, 0) + cnt
+    counts[ALL_KEY] = counts.get(ALL_KEY, 0) + int(weights.sum())
 
 
 def ledger_code(rec: RequestRecord) -> int:
@@ -185,6 +186,8 @@ class ClosedWindow:
     ledger: dict[str, int] = field(default_factory=dict)
     # of ``records``, the clients' retries (``client_attempt > 0``), keys with none omitted
     retries: dict[WindowKey, int] = field(default_factory=dict)
+    # of ``records``, those answered (outcome ok), keys with none omitted
+    answered: dict[WindowKey, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -362,7 +365,10 @@ class WindowAggregator:
             records[k] += cnt
         records[ALL_KEY] += int(s.sum())
         attempts = batch.cols.column("client_attempt")
-        _count_retries(win.retries, attempts, row_list, slots=slots, keys=keys, signs=s)
+        retried = np.fromiter((attempts[i] > 0 for i in row_list), np.bool_, len(row_list))
+        _count_flagged(win.retries, retried, slots=slots, keys=keys, signs=s)
+        ok = batch.cols.equal("outcome", "ok")[rows]
+        _count_flagged(win.answered, ok, slots=slots, keys=keys, signs=s)
         # sketch rows per key, in record order
         values = batch.cols.values[rows]
         order = np.argsort(slots, kind="stable")
@@ -546,6 +552,7 @@ class WindowAggregator:
         return ClosedWindow(
             self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches,
             win.slos, correction, win.ledger if with_ledger else {}, dict(win.retries),
+            dict(win.answered),
         )  # fmt: skip
 
     def min_open_offset(self) -> int | None:

@@ -64,22 +64,32 @@ def test_exit_demand_ratio(steps: list[tuple[ModelLoad, bool]], ratio: float) ->
     assert DEMAND_RPS / proven == pytest.approx(ratio)
 
 
-# --- retries count once (the demand's numerator) ---------------------------------------
+# --- retries count once (the demand's numerator); answers counted beside --------------
 
 RETRY_CASES = [
-    # (client_attempt of each record of one model's window) -> (records, retries, demand)
-    pytest.param((0, 0, 0), (3, 0, 3), id="first tries only"),
-    pytest.param((0, 1, 2), (3, 2, 1), id="a request and its two retries: once"),
-    pytest.param((1, 1, 0, 0), (4, 2, 2), id="retries of requests first tried earlier"),
+    # (client_attempt, outcome) of each record of one model's window
+    #   -> (records, retries, answered, demand)
+    pytest.param(((0, "ok"), (0, "ok"), (0, "ok")), (3, 0, 3, 3), id="first tries only"),
+    pytest.param(
+        ((0, "rejected"), (1, "rejected"), (2, "ok")),
+        (3, 2, 1, 1),
+        id="a request and its two retries: once, answered once",
+    ),
+    pytest.param(
+        ((1, "ok"), (1, "error"), (0, "client_abort"), (0, "timeout")),
+        (4, 2, 1, 2),
+        id="retries of requests first tried earlier; only ok is answered",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("attempts", "want"), RETRY_CASES)
 def test_demand_counts_a_request_once_whatever_its_retries(
-    attempts: tuple[int, ...], want: tuple[int, int, int]
+    attempts: tuple[tuple[int, str], ...], want: tuple[int, int, int, int]
 ) -> None:
-    """The windows count the clients' retries beside the records; the summary carries
-    them over the wire (v2, "retries", omitted when 0); the demand leaves them out."""
+    """The windows count the clients' retries and the answered records beside the
+    records; the summary carries them over the wire (v2, "retries" and "answered",
+    omitted when 0); the demand leaves the retries out."""
     import msgspec
 
     from pipeline.contract.summary import decode_summary, encode_summary
@@ -90,13 +100,13 @@ def test_demand_counts_a_request_once_whatever_its_retries(
     from tests.factories import completed, finished, received
 
     agg = WindowAggregator(0, WindowConfig(size_ms=10_000, grace_ms=0))
-    for i, k in enumerate(attempts):
+    for i, (k, outcome) in enumerate(attempts):
         rid = f"r{i}"
         r = build_record(rid, received(rid), completed(rid), finished(rid))
         r = msgspec.structs.replace(
-            r, end_unix_ns=(1_000 + i) * 1_000_000, model="m", client_attempt=k
+            r, end_unix_ns=(1_000 + i) * 1_000_000, model="m", client_attempt=k, outcome=outcome
         )
         agg.add(r, i)
     (closed,) = agg.close(20_000)
     got = decode_summary(encode_summary(summarize(closed))).models["m"]
-    assert (got.records, got.retries, demand_count(got)) == want
+    assert (got.records, got.retries, got.answered, demand_count(got)) == want

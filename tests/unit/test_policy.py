@@ -1008,9 +1008,9 @@ def test_one_actions_type_and_one_decision_type() -> None:
 
 def test_a_long_reason_is_cut_to_what_a_signal_carries() -> None:
     from pipeline.contract.control_signal import REASON_MAX_CHARS
-    from pipeline.core.policy import _bounded
+    from pipeline.core.policy import bounded_reason
 
-    assert _bounded("x" * REASON_MAX_CHARS) == "x" * REASON_MAX_CHARS
-    cut = _bounded("x" * (REASON_MAX_CHARS + 5))
+    assert bounded_reason("x" * REASON_MAX_CHARS) == "x" * REASON_MAX_CHARS
+    cut = bounded_reason("x" * (REASON_MAX_CHARS + 5))
     assert len(cut) == REASON_MAX_CHARS
     assert cut.endswith("\u2026")

@@ -2,11 +2,12 @@
 that turns traffic away does not leave on evidence measured on admitted traffic alone.
 
 Rules under test (``pipeline.core.policy``, "Unknown signals"): an entry on an unknown
-signal never fires; an exit condition whose signal has been unknown at every evaluation
-for its whole window (its ``for`` and at least ``min_dwell``) is waived, the level
-leaves on the exits that are measured and the reason names what it lacked; with no exit
-measured, or without the pre-admission one (``load.demand_ratio``) at a level that turns
-traffic away, the level leaves only once held for its ``max_duration``.
+signal never fires; an exit condition never observed false for its whole window (its
+``for`` and at least ``min_dwell``: each evaluation held it or lacked its signal) holds
+when measured now and is waived when unknown now; the level leaves on the exits that are
+measured and the reason names what it lacked; with no exit measured, or without the
+pre-admission one (``load.demand_ratio``) at a level that turns traffic away, the level
+leaves only once held for its ``max_duration``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ GONE: dict[str, Any] = {
 Signals = Callable[[int], dict[str, Any]]
 
 
+def _until(end_ms: int, after: dict[str, Any]) -> Signals:
+    """The episode; then ``after`` until ``end_ms``, and the signals of a gone cause."""
+
+    def at(t: int) -> dict[str, Any]:
+        if t < EPISODE_END:
+            return dict(OVERLOAD)
+        return {**GONE, **after} if t < end_ms else dict(GONE)
+
+    return at
+
+
 def _episode(after: dict[str, Any] | None = None, during: dict[str, Any] | None = None) -> Signals:
     def at(t: int) -> dict[str, Any]:
         if t < EPISODE_END:
@@ -51,9 +63,10 @@ def _episode(after: dict[str, Any] | None = None, during: dict[str, Any] | None 
     return at
 
 
-def _flicker(signal: str) -> Signals:
-    """After the episode, ``signal`` is unknown at every other evaluation."""
-    base = _episode()
+def _flicker(signal: str, known: dict[str, Any] | None = None) -> Signals:
+    """After the episode, ``signal`` is unknown at every other evaluation (``known``: the
+    other signals then, over the episode's end)."""
+    base = _episode(known)
 
     def at(t: int) -> dict[str, Any]:
         out = base(t)
@@ -98,13 +111,40 @@ CASES = [
         L1_BACK,
         f"queue.depth_ratio unknown since {EPISODE_END}",
     ),
-    # unknown at every other evaluation: never waived before max_duration; at max_duration
-    # an exit unknown right then is waived (15m is a known tick, 15m10s the next unknown)
+    # unknown at every other evaluation, the queue short whenever measured: never observed
+    # false for 2m, so it holds (before: held to max_duration, as if flickering evidence
+    # were less than none)
     (
-        "depth-flickers",
+        "depth-flickers-short",
         _flicker("queue.depth_ratio"),
+        L1_BACK,
+        f"queue.depth_ratio unknown at times since {EPISODE_END}",
+    ),
+    # unknown at every other evaluation, the queue long whenever measured: never held
+    # before max_duration; at max_duration an exit unknown right then is waived (15m is a
+    # known tick, 15m10s the next unknown)
+    (
+        "depth-flickers-long",
+        _flicker("queue.depth_ratio", {"queue.depth_ratio": 2.0}),
         [(0, 1, "degraded"), (15 * M + TICK, 1, "half_open"), (15 * M + TICK + HALF, 0, "normal")],
         "queue.depth_ratio unknown since",
+    ),
+    # gateway only: the burn's cause unknown for a minute after the episode (a fast burn,
+    # demand no longer over what is served), then false: the minute counts (before: the
+    # 2m clock restarted at the first false)
+    (
+        "burning-unknown-then-false",
+        _until(EPISODE_END + M, {"load.burning": None, "load.caused": None}),
+        L1_BACK,
+        f"load.burning unknown at times since {EPISODE_END}",
+    ),
+    # the demand unknown for 8m, then measured under 0.9: it must hold for its 2m on
+    # measured demand (one sample after a gap does not end what its absence held)
+    (
+        "demand-unknown-then-known",
+        _until(12 * M, {"load.demand_ratio": None}),
+        [(0, 1, "degraded"), (14 * M, 1, "half_open"), (14 * M + HALF, 0, "normal")],
+        "load.demand_ratio < 0.9 for 2m",
     ),
     # the pre-admission exit unknown at a level that turns traffic away: the queue and
     # the burn of admitted traffic alone do not end it before max_duration
