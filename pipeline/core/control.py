@@ -212,6 +212,86 @@ class ControlStep:
     notices: list[LoadNotice] = field(default_factory=list)
 
 
+class WindowEvidence:
+    """What the controller keeps of the windows it was fed, per window start and partition:
+    the latency sketches per model and boundary (final, or the latest snapshot), each
+    model's demand (records, all outcomes) and what the gateways saw answered (outcome
+    ok), and per SLO the load attribution sums. Pure bookkeeping; the signals read it."""
+
+    def __init__(self) -> None:
+        # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
+        self.latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}
+        # start_ms -> partition -> model -> records (all outcomes: the demand)
+        self.records: dict[int, dict[int, dict[str, int]]] = {}
+        # start_ms -> partition -> model -> records answered (outcome ok)
+        self.answered: dict[int, dict[int, dict[str, int]]] = {}
+        # start_ms -> slo -> [total, bad, bad queue ms, bad boundary ms] (final + corrections)
+        self.attrib: dict[int, dict[str, list[float]]] = {}
+
+    def add(self, s: WindowSummary, by_model: dict[str, dict[str, QuantileSketch]]) -> None:
+        self.latency.setdefault(s.start_ms, {})[s.partition] = by_model
+        self.records.setdefault(s.start_ms, {})[s.partition] = {
+            m: demand_count(mw) for m, mw in s.models.items()
+        }
+        self.answered.setdefault(s.start_ms, {})[s.partition] = {
+            m: mw.answered for m, mw in s.models.items()
+        }
+
+    def attribute(self, s: WindowSummary) -> None:
+        by_slo = self.attrib.setdefault(s.start_ms, {})
+        for name, c in s.slos.items():
+            acc = by_slo.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += c.total
+            acc[1] += c.total - c.good
+            acc[2] += c.bad_queue_ms
+            acc[3] += c.bad_ms
+
+    def prune(self, keep_from_ms: int) -> None:
+        for table in (self.latency, self.records, self.answered, self.attrib):
+            for start in [s for s in table if s < keep_from_ms]:
+                del table[start]
+
+    def engine_finished(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines reported finished (``engine.finished``: every
+        request that reached one, answered or not) in the windows starting in [lo, hi)."""
+        return sum(self._finished_by_window(model, lo_ms, hi_ms).values())
+
+    def _finished_by_window(self, model: str, lo_ms: int, hi_ms: int) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
+        for start, by_part in self.latency.items():
+            if lo_ms <= start < hi_ms:
+                for part, by_model in by_part.items():
+                    sk = by_model.get(model, {}).get("queue_ms")
+                    if sk is not None:
+                        out[(start, part)] = sk.count
+        return out
+
+    def served(self, model: str, lo_ms: int, hi_ms: int) -> int:
+        """Requests the model's engines served in the windows starting in [lo, hi): per
+        window and partition, those its engines reported finished, or, where more, those
+        the gateways saw answered (outcome ok). Without ``engine.finished`` (engines
+        without our plugin, vLLM's own /metrics only, gateway only) what is served is
+        still measured, at the gateways: capacity, the demand ratio and the queue's wait
+        do not go unknown for want of the engines' own events (issue 47)."""
+        finished = self._finished_by_window(model, lo_ms, hi_ms)
+        for start, by_part in self.answered.items():
+            if lo_ms <= start < hi_ms:
+                for part, by_model in by_part.items():
+                    n = by_model.get(model, 0)
+                    if n > finished.get((start, part), 0):
+                        finished[(start, part)] = n
+        return sum(finished.values())
+
+
+def noted(d: Evaluation, lacking: str) -> Evaluation:
+    """A decision that keeps or changes a level says what engine evidence it lacked
+    (:func:`lacking_evidence`), so an operator reads which signals were measured."""
+    if not lacking or not (d.level > 0 or d.changed):
+        return d
+    reason = bounded_reason(f"{d.reason} [{lacking}]")
+    return dataclasses.replace(d, decision=d.decision.model_copy(update={"reason": reason}))
+
+
 class Controller:
     def __init__(
         self,
@@ -231,20 +311,14 @@ class Controller:
             if spec is not None
             else None
         )
-        # start_ms -> partition -> model -> boundary -> sketch (final, or latest snapshot)
-        self._latency: dict[int, dict[int, dict[str, dict[str, QuantileSketch]]]] = {}
+        self.windows = WindowEvidence()
+        self._latency = self.windows.latency
         self._seen: dict[tuple[int, int] | tuple[int, int, str], None] = {}
         # Per engine host, its samples of the last stats window (in time order).
         # Stats arrive ahead of closed windows; signals at T use samples <= T only.
         self._stats: dict[str, list[StatsSample]] = {}
         self.models: set[str] = set()
         self.duplicates = 0
-        # start_ms -> partition -> model -> records (all outcomes: the demand)
-        self._records: dict[int, dict[int, dict[str, int]]] = {}
-        # start_ms -> partition -> model -> records answered (outcome ok)
-        self._answered: dict[int, dict[int, dict[str, int]]] = {}
-        # start_ms -> slo -> [total, bad, bad queue ms, bad boundary ms] (final + corrections)
-        self._attrib: dict[int, dict[str, list[float]]] = {}
         self._batch: dict[str, int] = {}  # engine host -> largest num_running reported
         self._size_ms: int | None = None
         self.admission = AdmissionControl(self.config.admission)
@@ -278,7 +352,7 @@ class Controller:
                         name, s.start_ms, s.size_ms, c.total, c.good,
                         objective=c.objective, delta=True,
                     )  # fmt: skip
-            self._attribute(s)
+            self.windows.attribute(s)
             return True
         wid = (s.partition, s.start_ms)
         if wid in self._seen:
@@ -296,13 +370,7 @@ class Controller:
             by_model[model] = {
                 b: QuantileSketch.from_columns(c, delta=True) for b, c in mw.boundaries.items()
             }
-        self._latency.setdefault(s.start_ms, {})[s.partition] = by_model
-        self._records.setdefault(s.start_ms, {})[s.partition] = {
-            m: demand_count(mw) for m, mw in s.models.items()
-        }
-        self._answered.setdefault(s.start_ms, {})[s.partition] = {
-            m: mw.answered for m, mw in s.models.items()
-        }
+        self.windows.add(s, by_model)
         self._size_ms = s.size_ms
         if s.final and self.book is not None:
             for name, c in s.slos.items():
@@ -310,17 +378,8 @@ class Controller:
                     name, s.start_ms, s.size_ms, c.total, c.good, objective=c.objective
                 )
         if s.final:
-            self._attribute(s)
+            self.windows.attribute(s)
         return True
-
-    def _attribute(self, s: WindowSummary) -> None:
-        by_slo = self._attrib.setdefault(s.start_ms, {})
-        for name, c in s.slos.items():
-            acc = by_slo.setdefault(name, [0.0, 0.0, 0.0, 0.0])
-            acc[0] += c.total
-            acc[1] += c.total - c.good
-            acc[2] += c.bad_queue_ms
-            acc[3] += c.bad_ms
 
     def add_stats(self, s: StatsSample) -> None:
         self.models.add(s.model)
@@ -335,11 +394,7 @@ class Controller:
 
     def _prune(self, now_ms: int) -> None:
         keep_from = now_ms - max(self.config.latency_window_ms, FIVE_MIN_MS) - 60_000
-        for start in [s for s in self._latency if s < keep_from]:
-            del self._latency[start]
-        for table in (self._records, self._answered, self._attrib):
-            for start in [s for s in table if s < keep_from]:
-                del table[start]
+        self.windows.prune(keep_from)
         stats_from = now_ms - self.config.stats_window_ms
         for host, xs in self._stats.items():
             if xs and xs[0].ts_ms < stats_from:
@@ -398,37 +453,6 @@ class Controller:
         self._load_signals(model, now_ms, merged, latest, out)
         return out
 
-    def _engine_finished(self, model: str, lo_ms: int, hi_ms: int) -> int:
-        """Requests the model's engines reported finished (``engine.finished``: every
-        request that reached one, answered or not) in the windows starting in [lo, hi)."""
-        return sum(self._finished_by_window(model, lo_ms, hi_ms).values())
-
-    def _finished_by_window(self, model: str, lo_ms: int, hi_ms: int) -> dict[tuple[int, int], int]:
-        out: dict[tuple[int, int], int] = {}
-        for start, by_part in self._latency.items():
-            if lo_ms <= start < hi_ms:
-                for part, by_model in by_part.items():
-                    sk = by_model.get(model, {}).get("queue_ms")
-                    if sk is not None:
-                        out[(start, part)] = sk.count
-        return out
-
-    def _served(self, model: str, lo_ms: int, hi_ms: int) -> int:
-        """Requests the model's engines served in the windows starting in [lo, hi): per
-        window and partition, those its engines reported finished, or, where more, those
-        the gateways saw answered (outcome ok). Without ``engine.finished`` (engines
-        without our plugin, vLLM's own /metrics only, gateway only) what is served is
-        still measured, at the gateways: capacity, the demand ratio and the queue's wait
-        do not go unknown for want of the engines' own events (issue 47)."""
-        finished = self._finished_by_window(model, lo_ms, hi_ms)
-        for start, by_part in self._answered.items():
-            if lo_ms <= start < hi_ms:
-                for part, by_model in by_part.items():
-                    n = by_model.get(model, 0)
-                    if n > finished.get((start, part), 0):
-                        finished[(start, part)] = n
-        return sum(finished.values())
-
     def _load(self, model: str, now_ms: int, latest: list[StatsSample]) -> ModelLoad:
         """What the model's engines did in the last base window that is final in every
         path (``budget_lag_ms`` behind, like the budget signals: a live controller and a
@@ -438,17 +462,17 @@ class Controller:
         lo = to_ms - self.config.latency_window_ms
         demand = sum(
             by_model.get(model, 0)
-            for start, by_part in self._records.items()
+            for start, by_part in self.windows.records.items()
             if lo <= start < to_ms
             for by_model in by_part.values()
         )
         minute_s = self.config.latency_window_ms / 1000
         return ModelLoad(
-            served_rps=self._served(model, to_ms - size, to_ms) / (size / 1000),
+            served_rps=self.windows.served(model, to_ms - size, to_ms) / (size / 1000),
             waiting=sum(x.num_waiting for x in latest),
             batch=sum(self._batch.get(x.host, x.num_running) for x in latest),
             demand_rps=demand / minute_s,
-            served_minute_rps=self._served(model, lo, to_ms) / minute_s,
+            served_minute_rps=self.windows.served(model, lo, to_ms) / minute_s,
         )
 
     def _load_signals(
@@ -463,7 +487,7 @@ class Controller:
         load = self._load(model, now_ms, latest)
         minute_s = cfg.latency_window_ms / 1000
         to_ms = now_ms - cfg.budget_lag_ms
-        served_minute = self._served(model, to_ms - cfg.latency_window_ms, to_ms) / minute_s
+        served_minute = self.windows.served(model, to_ms - cfg.latency_window_ms, to_ms) / minute_s
         depth = load.waiting / load.batch if load.batch > 0 else None
         wait_ms = 1000.0 * load.waiting / max(served_minute, 0.1) if latest else None
         out["queue.depth_ratio"] = depth
@@ -472,7 +496,7 @@ class Controller:
         out["load.demand_ratio"] = load.demand_rps / cap if cap else None
         # Attribution: final windows of the last minute, budget_lag behind (to_ms).
         sums: dict[str, list[float]] = {}
-        for start, by_slo in self._attrib.items():
+        for start, by_slo in self.windows.attrib.items():
             if to_ms - cfg.latency_window_ms <= start < to_ms:
                 for name, acc in by_slo.items():
                     tot = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
@@ -489,7 +513,7 @@ class Controller:
         out["slo.fast_burn"] = burn.fast
         out["load.burning"] = burn.caused
         out["load.caused"] = burn.caused
-        engine_minute = self._engine_finished(model, to_ms - cfg.latency_window_ms, to_ms)
+        engine_minute = self.windows.engine_finished(model, to_ms - cfg.latency_window_ms, to_ms)
         self._lacking[model] = lacking_evidence(
             stats=bool(latest), engine_finished=engine_minute > 0, served=served_minute > 0
         )
@@ -542,21 +566,12 @@ class Controller:
             sig = self.signals(model, now_ms, budgets)
             signals[model] = sig
             d = self._admit(model, now_ms, self.policy.evaluate(model, now_ms, sig))
-            decisions.append(self._noted(d, self._lacking.get(model, "")))
+            decisions.append(noted(d, self._lacking.get(model, "")))
         # While a model's level turns traffic away, its burn counts the policy's own
         # refusals: a "not load-caused" notice is raised only for a model left alone.
         shedding = {d.scope for d in decisions if d.level > 0}
         notices = [self._notices[m] for m in sorted(self._notices) if m not in shedding]
         return ControlStep(now_ms, decisions, budgets, events, signals, notices)
-
-    @staticmethod
-    def _noted(d: Evaluation, lacking: str) -> Evaluation:
-        """A decision that keeps or changes a level says what engine evidence it lacked
-        (:func:`lacking_evidence`), so an operator reads which signals were measured."""
-        if not lacking or not (d.level > 0 or d.changed):
-            return d
-        reason = bounded_reason(f"{d.reason} [{lacking}]")
-        return dataclasses.replace(d, decision=d.decision.model_copy(update={"reason": reason}))
 
     def queue_cutoff_ms(self, model: str, priority: int = 0) -> float | None:
         """See :meth:`SLOCoverage.queue_cutoff_ms`."""

@@ -193,7 +193,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar, cast, overload
@@ -728,21 +728,18 @@ class PolicyEngine:
         over_max = held >= self._max_ms[lv]
         # Unknown signals: an exit condition whose signal has been unknown for its
         # whole window is waived; the level leaves on the exits that are measured.
-        waived = [c for c in exits if self._waived(c, st, over_max)]
+        waived = [c for c in exits if _waived(c, st, over_max, self._dwell_ms)]
         known = [c for c in exits if c not in waived]
         # Blind: no exit is measured, or a level that turns traffic away lacks its
         # pre-admission exit (the rest reads admitted traffic only): max_duration.
         blind = [c for c in waived if c.signal in PRE_ADMISSION_SIGNALS]
         blind = blind if lv in self._turns_away else []
         blind_all = not known or bool(blind)
-        exit_ok = (
-            all(self._exit_holds(c, st) for c in known)
-            and not openers
-            and (over_max or not blind_all)
-        )
-        failing = [c for c in known if not self._exit_holds(c, st)]
+        exit_holds = {c.index: _exit_holds(c, st, self._dwell_ms, self._turns_away) for c in known}
+        exit_ok = all(exit_holds.values()) and not openers and (over_max or not blind_all)
+        failing = [c for c in known if not exit_holds[c.index]]
         # measured now, held over a window in which its signal was unknown at times
-        partly = [c for c in known if not holds[c.index] and self._exit_holds(c, st)]
+        partly = [c for c in known if not holds[c.index] and exit_holds[c.index]]
         lacking = "; ".join(
             [f"{c.signal} unknown since {s.unknown[c.index]}" for c in waived]
             + [f"{c.signal} unknown at times since {s.calm[c.index]}" for c in partly]
@@ -840,37 +837,40 @@ class PolicyEngine:
         reason = f"{prefix}: {body}" if prefix else body
         return _Outcome(figs, reason, held_because, overdue)
 
-    def _calm_window(self, c: _Cond, st: _Step) -> bool:
-        """The exit condition has not been observed false for its whole window: its
-        ``for`` and at least ``min_dwell`` (each evaluation held it or lacked its signal)."""
-        since = st.s.calm[c.index]
-        return since is not None and st.now_ms - since >= max(c.for_ms, self._dwell_ms)
-
-    def _waived(self, c: _Cond, st: _Step, over_max: bool) -> bool:
-        """An exit condition whose signal is unknown now and that has not been observed
-        false for its whole window (:meth:`_calm_window`; or, past the level's
-        ``max_duration``, unknown now: a flickering signal holds no longer)."""
-        if st.s.unknown[c.index] is None:
-            return False
-        return over_max or self._calm_window(c, st)
-
-    def _exit_holds(self, c: _Cond, st: _Step) -> bool:
-        """A measured exit condition holds: for its ``for`` on known observations, or now
-        and never observed false for its whole window (:meth:`_calm_window`: its signal
-        was unknown for part of it; more evidence than a waived condition, never less).
-        The pre-admission exit of a level that turns traffic away, whose absence holds
-        the level (blind), needs its ``for`` on known observations: one sample of demand
-        after a long gap does not end what its absence held."""
-        if st.holds[c.index]:
-            return True
-        strict = c.signal in PRE_ADMISSION_SIGNALS and st.s.level in self._turns_away
-        return not strict and st.observed[c.index] and self._calm_window(c, st)
-
     def _holding(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index]]
 
     def _justifying(self, level: int, holds: list[bool]) -> list[_Cond]:
         return [c for c in self._enter[level] if holds[c.index] and not c.alert]
+
+
+def _calm_window(c: _Cond, st: _Step, dwell_ms: int) -> bool:
+    """The exit condition has not been observed false for its whole window: its
+    ``for`` and at least ``min_dwell`` (each evaluation held it or lacked its signal)."""
+    since = st.s.calm[c.index]
+    return since is not None and st.now_ms - since >= max(c.for_ms, dwell_ms)
+
+
+def _waived(c: _Cond, st: _Step, over_max: bool, dwell_ms: int) -> bool:
+    """An exit condition whose signal is unknown now and that has not been observed
+    false for its whole window (:func:`_calm_window`; or, past the level's
+    ``max_duration``, unknown now: a flickering signal holds no longer)."""
+    if st.s.unknown[c.index] is None:
+        return False
+    return over_max or _calm_window(c, st, dwell_ms)
+
+
+def _exit_holds(c: _Cond, st: _Step, dwell_ms: int, turns_away: Container[int]) -> bool:
+    """A measured exit condition holds: for its ``for`` on known observations, or now
+    and never observed false for its whole window (:func:`_calm_window`: its signal
+    was unknown for part of it; more evidence than a waived condition, never less).
+    The pre-admission exit of a level that turns traffic away, whose absence holds
+    the level (blind), needs its ``for`` on known observations: one sample of demand
+    after a long gap does not end what its absence held."""
+    if st.holds[c.index]:
+        return True
+    strict = c.signal in PRE_ADMISSION_SIGNALS and st.s.level in turns_away
+    return not strict and st.observed[c.index] and _calm_window(c, st, dwell_ms)
 
 
 def _compiled(c: Condition, index: int) -> _Cond:

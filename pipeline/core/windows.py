@@ -217,6 +217,23 @@ class _Batch:
     codes: list[int]  # ledger codes (RETRACTED for a take-back)
 
 
+def _ledger_codes(cols: RecordColumns, signs: IntArray) -> tuple[list[str], list[int]]:
+    """Each record's ledger key and code (``ledger_code``; RETRACTED for a take-back)."""
+    rids: list[str] = cols.column("request_id")
+    attempts: list[int] = cols.column("attempt")
+    if attempts.count(1) == len(attempts):
+        keys = rids
+    else:
+        keys = [attempt_key(r, a) for r, a in zip(rids, attempts, strict=True)]
+    codes = (
+        np.array(cols.column("revision"), dtype=np.int64)
+        + 4 * cols.equal("source", "engine_only")
+        + 8 * cols.equal("superseded", True)
+    )
+    codes[signs < 0] |= RETRACTED
+    return keys, codes.tolist()
+
+
 class WindowAggregator:
     """Tumbling windows of one partition, plus corrections of closed ones.
 
@@ -296,7 +313,7 @@ class WindowAggregator:
         raw_ids = {k: i for i, k in enumerate(dict.fromkeys(raw))}
         labels = [self._label(k) for k in raw_ids]
         key_ids = np.fromiter(map(raw_ids.__getitem__, raw), np.int64, n)
-        batch = _Batch(cols, signs, offset_list, key_ids, labels, *self._ledger_codes(cols, signs))
+        batch = _Batch(cols, signs, offset_list, key_ids, labels, *_ledger_codes(cols, signs))
         groups = list(zip(lates, starts, strict=True))
         group_ids = dict.fromkeys(groups)
         if len(group_ids) == 1:
@@ -318,23 +335,6 @@ class WindowAggregator:
             prio = "unknown" if p is None else _PRIORITY_LABELS[p] if 0 <= p < 16 else str(p)
             label = self._key_labels[raw] = (model, prio, bucket)
         return label
-
-    @staticmethod
-    def _ledger_codes(cols: RecordColumns, signs: IntArray) -> tuple[list[str], list[int]]:
-        """Each record's ledger key and code (``ledger_code``; RETRACTED for a take-back)."""
-        rids: list[str] = cols.column("request_id")
-        attempts: list[int] = cols.column("attempt")
-        if attempts.count(1) == len(attempts):
-            keys = rids
-        else:
-            keys = [attempt_key(r, a) for r, a in zip(rids, attempts, strict=True)]
-        codes = (
-            np.array(cols.column("revision"), dtype=np.int64)
-            + 4 * cols.equal("source", "engine_only")
-            + 8 * cols.equal("superseded", True)
-        )
-        codes[signs < 0] |= RETRACTED
-        return keys, codes.tolist()
 
     def _apply_window(self, group: tuple[bool, int], rows: IntArray, batch: _Batch) -> None:
         """Apply the adds ``rows`` (indexes into the batch, in record order) of one window."""
