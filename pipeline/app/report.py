@@ -22,6 +22,7 @@ from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, window_budget
 from pipeline.core.logical import counts as logical_counts
 from pipeline.core.logical import logical_requests
+from pipeline.core.slo import SLOCounts, SLOEvaluator, compliance_report
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
 
@@ -294,7 +295,10 @@ def read_logical(store: Store, f: ReportFilter, spec: SLOSpec | None) -> dict[st
     requests whose final attempt ended in the filter's range (and is of its model), each
     once, by its final attempt's outcome and the latency the client saw; the requests
     never served; each SLO of the spec recounted over them. Exact over ``requests``: every
-    attempt of each is read, wherever it ended."""
+    attempt of each logical request that may have several is read, wherever it ended, and
+    grouped by the core's rule; the others (one attempt: the attempt is the logical
+    request) are counted in the engine (``single_attempt_counts``), their SLO verdicts by
+    the core's rules as SQL."""
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
     lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
     hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
@@ -305,7 +309,20 @@ def read_logical(store: Store, f: ReportFilter, spec: SLOSpec | None) -> dict[st
         and (hi is None or lr.record.end_unix_ns < hi)
         and (f.model is None or lr.record.model == f.model)
     ]
-    out = logical_counts(spec, kept)
+    out = logical_counts(None, kept)
+    slos = spec.slos if spec is not None else ()
+    n, never, *verdicts = requests.single_attempt_counts(store, f, slos)
+    out["attempts"] += int(n)
+    out["requests"] += int(n)
+    out["never_served"] += int(never)
+    if spec is not None:
+        ev = SLOEvaluator(spec)
+        ev.add_many(lr.record for lr in kept)
+        counts = ev.counts()
+        for i, s in enumerate(spec.slos):
+            single = SLOCounts(int(verdicts[2 * i]), int(verdicts[2 * i + 1]))
+            counts[s.name] = counts[s.name].merge(single)
+        out["slos"] = compliance_report(spec, counts, ev.blended_counts())["slos"]
     if f.slos:
         out["slos"] = {k: v for k, v in out["slos"].items() if k in f.slos}
     return out

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from pipeline.adapters.queries.filters import ReportFilter, params, selection_sql, time_where
+from pipeline.adapters.queries.filters import (
+    ReportFilter,
+    params,
+    selection_sql,
+    time_where,
+    verdict_sql,
+)
 from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.spec.slo import SLO
@@ -73,16 +79,51 @@ def control_counts(store: Store, f: ReportFilter) -> list[Row]:
 LOGICAL_KEY_SQL: Final = "ifNull(logical_request_id, request_id)"
 
 
+def _maybe_retried_sql(db: str) -> str:
+    """SQL: the logical keys that may have more than one attempt: those some row names as
+    its logical id, or whose request id some row of a later attempt has (``attempt > 1``),
+    over every version of every row (no ``FINAL``: a superset of the final rows' keys).
+    A row whose key is not among them is the one attempt of its logical request: its
+    logical id is NULL (else its key would be named), and any other row of its key would
+    share its request id, so be another attempt of it, one of them ``attempt > 1``."""
+    return (
+        f"SELECT {LOGICAL_KEY_SQL} FROM {db}.requests "
+        "WHERE logical_request_id IS NOT NULL OR attempt > 1"
+    )
+
+
 def logical_rows(store: Store, f: ReportFilter) -> list[Row]:
     """Whole rows (``REQUEST_COLUMNS``) of every attempt, wherever it ended, of the logical
-    requests that have an attempt in the filter (pipeline/core/logical.py groups them and
-    keeps those whose final attempt is in it)."""
+    requests that have an attempt in the filter and may have more than one
+    (:func:`_maybe_retried_sql`; pipeline/core/logical.py groups them and keeps those
+    whose final attempt is in it). The others: :func:`single_attempt_counts`."""
+    db = store.database
     return store.query_rows(
-        f"SELECT {_NAMES} FROM {store.database}.requests FINAL "
+        f"SELECT {_NAMES} FROM {db}.requests FINAL "
         f"WHERE {LOGICAL_KEY_SQL} IN (SELECT {LOGICAL_KEY_SQL} "
-        f"FROM {store.database}.requests FINAL WHERE {_where(f)})",
+        f"FROM {db}.requests FINAL WHERE {_where(f)} "
+        f"AND {LOGICAL_KEY_SQL} IN ({_maybe_retried_sql(db)}))",
         _params(f),
     )
+
+
+def single_attempt_counts(store: Store, f: ReportFilter, slos: Sequence[SLO]) -> Row:
+    """Over the filter's requests that are the one attempt of their logical request (the
+    rows :func:`logical_rows` leaves out; each is its own logical request, its record the
+    attempt's: pipeline/core/logical.py): ``(count, never served, then per SLO its
+    counted and good)``, the SLOs' verdicts by :func:`~pipeline.adapters.queries.filters.
+    verdict_sql`, exact."""
+    db = store.database
+    parts, bound = ["count()", "countIf(outcome NOT IN ('ok', 'client_abort'))"], {}
+    for i, slo in enumerate(slos):
+        counted, good, p = verdict_sql(slo, f"v{i}_")
+        parts += [f"countIf({counted})", f"countIf({good})"]
+        bound.update(p)
+    return store.query_rows(
+        f"SELECT {', '.join(parts)} FROM {db}.requests FINAL WHERE {_where(f)} "
+        f"AND {LOGICAL_KEY_SQL} NOT IN ({_maybe_retried_sql(db)})",
+        {**_params(f), **bound},
+    )[0]
 
 
 def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
