@@ -363,10 +363,9 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     by_outcome = requests.counts_by(store, f, "outcome")
     slos = read_slos(store, f, spec)
     if spec is not None:
-        for slo in spec.slos:
-            if slo.name in slos:
-                split = requests.bad_time_split(store, f, slo)
-                slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
+        shown = [slo for slo in spec.slos if slo.name in slos]
+        for slo, split in zip(shown, requests.bad_time_splits(store, f, shown), strict=True):
+            slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
         {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
          "event_time": str(t), "reason": reason}

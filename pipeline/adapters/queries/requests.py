@@ -236,20 +236,37 @@ def bad_time_split(store: Store, f: ReportFilter, slo: SLO) -> tuple[int, float,
     queueing (load-caused) and how much compute. The SLO's selection (models, priorities,
     context buckets, tenants, stream, the prompt exclusion, last attempts) as SQL; the
     count is exact over ``requests``, like the window counts (``SLOEvaluator.attribution``)."""
-    b = slo.boundary
-    if b not in BOUNDARIES:
-        raise ValueError(f"unknown boundary {b!r}")
-    late = ">=" if slo.threshold_strict else ">"  # pipeline.core.slo rule 4
-    conds = [f"{b} IS NOT NULL", f"{b} {late} {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"]
-    outcomes = ["ok", "client_abort"] if slo.client_abort == "measure" else ["ok"]
-    conds.append("outcome IN {bt_outcomes:Array(String)}")
-    selected, bound = selection_sql([slo], prefix="bt")
-    conds.append(selected)
-    p: dict[str, Any] = {**_params(f), **bound, "bt_outcomes": outcomes}
-    cond = " AND ".join(conds)
+    return bad_time_splits(store, f, [slo])[0]
+
+
+def bad_time_splits(
+    store: Store, f: ReportFilter, slos: Sequence[SLO]
+) -> list[tuple[int, float, float]]:
+    """:func:`bad_time_split` of each of ``slos``, in one read of the filter's requests."""
+    if not slos:
+        return []
+    parts: list[str] = []
+    p: dict[str, Any] = dict(_params(f))
+    for i, slo in enumerate(slos):
+        b = slo.boundary
+        if b not in BOUNDARIES:
+            raise ValueError(f"unknown boundary {b!r}")
+        late = ">=" if slo.threshold_strict else ">"  # pipeline.core.slo rule 4
+        conds = [
+            f"{b} IS NOT NULL", f"{b} {late} {float(slo.threshold_ms)!r}", "queue_ms IS NOT NULL"
+        ]  # fmt: skip
+        outcomes = ["ok", "client_abort"] if slo.client_abort == "measure" else ["ok"]
+        conds.append(f"outcome IN {{bt{i}_outcomes:Array(String)}}")
+        selected, bound = selection_sql([slo], prefix=f"bt{i}_")
+        conds.append(selected)
+        p.update(bound)
+        p[f"bt{i}_outcomes"] = outcomes
+        cond = " AND ".join(conds)
+        parts.append(f"countIf({cond}), sumIf(queue_ms, {cond}), sumIf({b}, {cond})")
     row = store.query_rows(
-        f"SELECT countIf({cond}), sumIf(queue_ms, {cond}), sumIf({b}, {cond}) "
-        f"FROM {store.database}.requests FINAL WHERE {_where(f)}",
-        p,
+        f"SELECT {', '.join(parts)} FROM {store.database}.requests FINAL WHERE {_where(f)}", p
     )[0]
-    return int(row[0]), float(row[1] or 0.0), float(row[2] or 0.0)
+    return [
+        (int(row[3 * i]), float(row[3 * i + 1] or 0.0), float(row[3 * i + 2] or 0.0))
+        for i in range(len(slos))
+    ]
