@@ -380,6 +380,118 @@ def read_all(timer: Timer, prog: Progress, workdir: Path, *, port: bool = False)
     )  # fmt: skip
 
 
+INGEST_REFRESH_S: Final = 10.0  # a dashboard's refresh period (Grafana's "10s")
+INGEST_TARGET: Final = 0.9  # the issue's: with the dashboard >= 90 % of the rate without
+
+
+def _ingest_hours(prog: Progress) -> list[Any]:
+    """What the ingestion phases write: ``TG_MONTH_INGEST_HOURS`` (default 3) hours of the
+    recipe's traffic (the latest), each as one flush as a worker leaves it: its requests,
+    its closed windows and its raw events."""
+    from bench.month_data import hour_messages, hour_windows
+    from pipeline.adapters.flush import Flush
+    from pipeline.core.slo_windows import slo_factory
+    from pipeline.spec.slo import load_spec_file
+
+    s = settings_for(Path("."))
+    factory = slo_factory(load_spec_file(s.slo_spec))
+    config = s.window_config()
+    n = int(os.environ.get("TG_MONTH_INGEST_HOURS", "3"))
+    flushes = []
+    for index in sorted(prog.hours_done)[-n:]:
+        hour = generate_hour(prog.recipe, index)
+        p = prog.recipe.partitions
+        flushes.append(
+            Flush(hour.records, hour_windows(hour, p, config, factory), hour_messages(hour, p))
+        )
+    return flushes
+
+
+def _write_phase(store: Any, database: str, flushes: list[Any]) -> tuple[int, float]:
+    """The flushes written through the flush's writers into a fresh ``database`` of the
+    month store's engine: ``(requests, seconds)``. The database is dropped after."""
+    from bench.month_store import GROUP, _no_dead, _no_retry
+    from pipeline.adapters.flush import FlushWriter
+    from pipeline.adapters.store import EmbeddedStore, migrate
+
+    s = settings_for(Path("."))
+    scratch = EmbeddedStore(store._client, database)  # the same engine, its own lock
+    scratch.command(f"DROP DATABASE IF EXISTS {database}")
+    migrate(scratch, raw_ttl_days=3650)  # (the generated hours may be older than a week)
+    writer = FlushWriter(
+        scratch, GROUP, s.lifecycle_topic, s.window_config().relative_accuracy,
+        retry=_no_retry, dead_rows=_no_dead,
+    )  # fmt: skip
+    try:
+        t = time.perf_counter()
+        for flush in flushes:
+            writer.write(flush)
+        took = time.perf_counter() - t
+    finally:
+        scratch.command(f"DROP DATABASE IF EXISTS {database}")
+    return sum(len(f.records) for f in flushes), took
+
+
+class DashboardRefresher:
+    """A dashboard refreshing every panel (both dashboards, over the last 30 days) every
+    :data:`INGEST_REFRESH_S`, through the query port as Grafana's plugin would: one panel
+    after another; a refresh that takes longer starts the next at once."""
+
+    def __init__(self, client: Any, queries: list[tuple[str, str]]) -> None:
+        self.client = client
+        self.queries = queries
+        self.refreshes: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            for _name, sql in self.queries:
+                if self._stop.is_set():
+                    return
+                self.client.query_rows(sql)
+            took = time.perf_counter() - t
+            self.refreshes.append(took)
+            self._stop.wait(max(0.0, INGEST_REFRESH_S - took))
+
+    def __enter__(self) -> DashboardRefresher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def ingestion_with_dashboard(store: Any, client: Any, prog: Progress) -> dict[str, Any]:
+    """The flush's write rate (requests/s: a worker's store side, every table and view
+    it writes) alone, with a dashboard refreshing every panel every 10 s (the month's
+    30 days, through the port), and alone again; the ratio: with / mean of the two alone."""
+    flushes = _ingest_hours(prog)
+    queries = dashboard_queries(prog.recipe.end_ms, RANGES[-1][1])
+    rates: dict[str, list[float]] = {"alone": [], "dashboard": []}
+    refreshes: list[float] = []
+    for phase in ("alone", "dashboard", "alone"):
+        if phase == "dashboard":
+            with DashboardRefresher(client, queries) as dash:
+                n, took = _write_phase(store, "tailguard_ingest", flushes)
+            refreshes = dash.refreshes
+        else:
+            n, took = _write_phase(store, "tailguard_ingest", flushes)
+        rates[phase].append(n / took)
+        print(f"[month] ingestion {phase}: {n:,} requests in {took:.1f} s", file=sys.stderr)
+    alone = statistics.fmean(rates["alone"])
+    return {
+        "requests": sum(len(f.records) for f in flushes),
+        "alone_per_s": rates["alone"],
+        "dashboard_per_s": rates["dashboard"][0],
+        "ratio": rates["dashboard"][0] / alone,
+        "refreshes_s": refreshes,
+        "panels": len(queries),
+    }
+
+
 def build_store(ctx: Context, store_dir: Path) -> None:
     """Build (or resume) the store in a process of its own, niced; ``TG_MONTH_BUILD_S``
     stops it between hours after that long."""
@@ -445,6 +557,7 @@ def run(ctx: Context) -> Section:
         try:
             via_port = Timer(client, runs, can_drop=False)
             read_all(via_port, prog, ctx.workdir, port=True)
+            ingest = ingestion_with_dashboard(store, client, prog)
         finally:
             client.close()
             server.stop()
@@ -452,6 +565,7 @@ def run(ctx: Context) -> Section:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
     describe_bytes(section, counted, columns, trial)
+    describe_ingestion(section, ingest)
     describe_build(section, prog, ctx.workdir / "month-build.log")
     return section
 
@@ -484,6 +598,22 @@ def describe_build(section: Section, prog: Progress, log: Path) -> None:
         else:
             parts.append(f"{what}: {n_left} hours left (none written by this run)")
     section.text.append("Build (niced, on the shared machine): " + "; ".join(parts) + ".")
+
+
+def describe_ingestion(section: Section, ingest: dict[str, Any]) -> None:
+    refreshes = ingest["refreshes_s"]
+    section.figures.append(
+        Figure(
+            "ingestion with a dashboard refreshing every 10 s / without (the flush's write "
+            "rate)",
+            ingest["ratio"], "x", f"≥ {INGEST_TARGET:g}", ingest["ratio"] >= INGEST_TARGET,
+            note=f"{ingest['requests']:,} requests (their windows and raw events) written "
+            f"{', '.join(f'{r:,.0f}' for r in ingest['alone_per_s'])} requests/s alone, "
+            f"{ingest['dashboard_per_s']:,.0f} with the dashboard ({len(refreshes)} refreshes "
+            f"of {ingest['panels']} panels over 30 d, "
+            f"{_ms(statistics.median(refreshes)) if refreshes else '-'} each, P50)",
+        )
+    )  # fmt: skip
 
 
 def describe_bytes(
