@@ -348,7 +348,9 @@ def read_all(timer: Timer, prog: Progress, workdir: Path, *, port: bool = False)
         timer.time(f"report {label}", "text", lambda f=f: report_text(store, f, spec), cold=cold)
         timer.time(f"report {label}", "--json", lambda f=f: report_json(store, f, spec), cold=cold)
     contract = load_contract_file(month_contract(workdir, TENANTS))
-    period = time.strftime("%Y-%m", time.gmtime((end_ms - 10 * DAY_MS) / 1000))
+    # a month the store holds most of (the month's: 10 days before its end)
+    back_ms = min(10 * DAY_MS, prog.recipe.days * DAY_MS // 2)
+    period = time.strftime("%Y-%m", time.gmtime((end_ms - back_ms) / 1000))
     # the smallest tenant: its month's rows are read whole into records (tenant_rows)
     tenant = TENANTS[-1]
     timer.time(
