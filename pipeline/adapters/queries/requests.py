@@ -150,23 +150,13 @@ def clock_skew(store: Store, f: ReportFilter) -> list[Row]:
     )
 
 
-def keyed_where(db: str, where: str) -> str:
-    """``where`` on the final version of each request (read with ``FINAL``), with the keys
-    it may hold named first: those of which some version matches ``where`` (no ``FINAL``:
-    a cheap read). ``FINAL`` then merges the versions of those keys only, its condition on
-    the ordering key applied before the merge, instead of every version of every request
-    of the store (a tenant's month on a month of requests: every request merged, minutes).
-    The same rows: a key none of whose versions matches has no final version that does."""
-    keys = f"SELECT request_id, attempt FROM {db}.requests WHERE {where}"
-    return f"(request_id, attempt) IN ({keys}) AND {where}"
-
-
 def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> list[Row]:
-    """Whole rows (``REQUEST_COLUMNS``) of a tenant's requests ending in the range."""
-    where = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+    """Whole rows (``REQUEST_COLUMNS``) of a tenant's requests ending in the range, in no
+    order (the statement orders its records itself: an ``ORDER BY`` here took 3 of 5 s
+    for 130,000 rows, issue 53)."""
     return store.query_rows(
         f"SELECT {_NAMES} FROM {store.database}.requests FINAL "
-        f"WHERE {keyed_where(store.database, where)} ORDER BY request_id, attempt",
+        "WHERE tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}",
         {"t": tenant, "a": from_unix_ns, "b": until_unix_ns},
     )
 
