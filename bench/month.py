@@ -27,8 +27,13 @@ P95 (of 5 runs: the slowest):
 
 A read's runs stop once they took ``TG_MONTH_READ_BUDGET_S`` (default 30) together, cold
 and warm apart (the table says how many ran); a ``report`` range holding more than
-``TG_MONTH_REPORT_MAX_ROWS`` requests (default 5 M) is not run: it reads every one of
-them whole into a record in this process (``read_logical``), gigabytes on a month.
+``TG_MONTH_REPORT_MAX_ROWS`` requests (default 5 M) is not run (minutes a run on a month:
+each of its reads of ``requests`` merges every version of the range, ``FINAL``).
+
+Last, the ingestion rate with a dashboard refreshing (:func:`ingestion_with_dashboard`):
+``TG_MONTH_INGEST_HOURS`` (default 3) hours of the recipe's traffic written through the
+flush's writers into a scratch database of the same engine, alone, with every panel of
+both dashboards over 30 d refreshed every 10 s through the query port, and alone again.
 
 Also: rows and bytes on disk per table, per request it covers; the ``requests`` table's
 largest columns; one day's partition of it with ZSTD(1) on every column against as
@@ -336,13 +341,11 @@ def read_all(timer: Timer, prog: Progress, workdir: Path, *, port: bool = False)
         n = requests_in(store, f)
         if port and range_ms > HOUR_MS:  # (the port adds transport, not reading: timed on 1 h)
             continue
-        if n > max_rows:  # every one of them a record in this process (read_logical)
+        if n > max_rows:  # (each read of requests merges every version of the range)
             for what in ("text", "--json"):
                 timer.skip(
                     f"report {label}", what,
-                    f"not run: {n:,} requests in range, each read whole into a record "
-                    f"(report.read_logical: ~{n * 1.5e-6:,.0f} GB here) > "
-                    f"TG_MONTH_REPORT_MAX_ROWS {max_rows:,}",
+                    f"not run: {n:,} requests in range > TG_MONTH_REPORT_MAX_ROWS {max_rows:,}",
                 )  # fmt: skip
             continue
         timer.time(f"report {label}", "text", lambda f=f: report_text(store, f, spec), cold=cold)
