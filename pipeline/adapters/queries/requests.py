@@ -96,13 +96,22 @@ def logical_rows(store: Store, f: ReportFilter) -> list[Row]:
     """Whole rows (``REQUEST_COLUMNS``) of every attempt, wherever it ended, of the logical
     requests that have an attempt in the filter and may have more than one
     (:func:`_maybe_retried_sql`; pipeline/core/logical.py groups them and keeps those
-    whose final attempt is in it). The others: :func:`single_attempt_counts`."""
+    whose final attempt is in it). The others: :func:`single_attempt_counts`.
+
+    ``FINAL`` merges the versions of the candidates' rows only (their ordering keys,
+    found without it: a key with an attempt in the filter has it in some version), not
+    every request of the store (issue 53: that merge was most of a report over an hour
+    of a month); which of them have an attempt in the filter is then decided on their
+    final versions."""
     db = store.database
+    key = LOGICAL_KEY_SQL
+    where = _where(f)
+    keys = f"SELECT {key} FROM {db}.requests WHERE {where} AND {key} IN ({_maybe_retried_sql(db)})"
+    rows = f"SELECT request_id, attempt FROM {db}.requests WHERE {key} IN ({keys})"
     return store.query_rows(
-        f"SELECT {_NAMES} FROM {db}.requests FINAL "
-        f"WHERE {LOGICAL_KEY_SQL} IN (SELECT {LOGICAL_KEY_SQL} "
-        f"FROM {db}.requests FINAL WHERE {_where(f)} "
-        f"AND {LOGICAL_KEY_SQL} IN ({_maybe_retried_sql(db)}))",
+        f"SELECT {_NAMES} FROM (SELECT {_NAMES}, max({where}) OVER (PARTITION BY {key}) "
+        f"AS has_one FROM {db}.requests FINAL WHERE (request_id, attempt) IN ({rows})) "
+        "WHERE has_one",
         _params(f),
     )
 
