@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pipeline.adapters.queries.filters import (
@@ -34,33 +35,6 @@ def _params(f: ReportFilter) -> dict[str, Any]:
     if f.selects:
         out.update(selection_sql(f.selects)[1])
     return out
-
-
-def boundary_quantiles(store: Store, f: ReportFilter, quantiles: Sequence[float]) -> Row:
-    """``count()``, then per boundary (``BOUNDARIES`` order) its count and
-    ``quantilesExact(quantiles)``."""
-    parts = []
-    for b in BOUNDARIES:
-        parts.append(f"count({b})")
-        parts.append(f"quantilesExact({', '.join(map(str, quantiles))})({b})")
-    return store.query_rows(
-        f"SELECT count(), {', '.join(parts)} FROM {store.database}.requests FINAL "
-        f"WHERE {_where(f)}",
-        _params(f),
-    )[0]
-
-
-def counts_by(store: Store, f: ReportFilter, column: str) -> dict[Any, Any]:
-    """Requests per value of ``column`` (``source`` or ``outcome``)."""
-    if column not in {"source", "outcome"}:
-        raise ValueError(f"counts by {column!r}: one of source, outcome")
-    return dict(
-        store.query_rows(
-            f"SELECT {column}, count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
-            f"GROUP BY {column} ORDER BY {column}",
-            _params(f),
-        )
-    )
 
 
 def control_counts(store: Store, f: ReportFilter) -> list[Row]:
@@ -116,33 +90,92 @@ def logical_rows(store: Store, f: ReportFilter) -> list[Row]:
     )
 
 
-def single_attempt_counts(store: Store, f: ReportFilter, slos: Sequence[SLO]) -> Row:
-    """Over the filter's requests that are the one attempt of their logical request (the
-    rows :func:`logical_rows` leaves out; each is its own logical request, its record the
-    attempt's: pipeline/core/logical.py): ``(count, never served, then per SLO its
-    counted and good)``, the SLOs' verdicts by :func:`~pipeline.adapters.queries.filters.
-    verdict_sql`, exact."""
-    db = store.database
-    parts, bound = ["count()", "countIf(outcome NOT IN ('ok', 'client_abort'))"], {}
+def _single_parts(db: str, slos: Sequence[SLO]) -> tuple[list[str], dict[str, Any]]:
+    """SQL: over the rows that are the one attempt of their logical request (those
+    :func:`logical_rows` leaves out; each is its own logical request, its record the
+    attempt's: pipeline/core/logical.py): their count, those never served, then per SLO
+    its counted and good (:func:`~pipeline.adapters.queries.filters.verdict_sql`)."""
+    single = f"{LOGICAL_KEY_SQL} NOT IN ({_maybe_retried_sql(db)})"
+    parts = [f"countIf({single})", f"countIf({single} AND outcome NOT IN ('ok', 'client_abort'))"]
+    bound: dict[str, Any] = {}
     for i, slo in enumerate(slos):
         counted, good, p = verdict_sql(slo, f"v{i}_")
-        parts += [f"countIf({counted})", f"countIf({good})"]
+        parts += [f"countIf({single} AND {counted})", f"countIf({single} AND {good})"]
         bound.update(p)
+    return parts, bound
+
+
+def single_attempt_counts(store: Store, f: ReportFilter, slos: Sequence[SLO]) -> Row:
+    """``(count, never served, then per SLO its counted and good)`` of the filter's
+    requests that are the one attempt of their logical request (:func:`_single_parts`),
+    exact."""
+    parts, bound = _single_parts(store.database, slos)
     return store.query_rows(
-        f"SELECT {', '.join(parts)} FROM {db}.requests FINAL WHERE {_where(f)} "
-        f"AND {LOGICAL_KEY_SQL} NOT IN ({_maybe_retried_sql(db)})",
+        f"SELECT {', '.join(parts)} FROM {store.database}.requests FINAL WHERE {_where(f)}",
         {**_params(f), **bound},
     )[0]
 
 
-def count_ended_from(store: Store, f: ReportFilter, from_unix_ms: int) -> int:
-    """Requests of the filter that ended at or after ``from_unix_ms``."""
-    ((n,),) = store.query_rows(
-        f"SELECT count() FROM {store.database}.requests FINAL WHERE {_where(f)} "
-        f"AND end_unix_ns >= {from_unix_ms * 1_000_000}",
-        _params(f),
+@dataclass(frozen=True, slots=True)
+class RangeSummary:
+    """What ``tailguard report`` counts over the filter's requests, from one read of them
+    (each read of ``requests`` merges every version of the range's day partitions,
+    ``FINAL``: one read, not one per figure, issue 53). Exact."""
+
+    requests: int
+    boundaries: tuple[tuple[int, tuple[float, ...]], ...]  # per BOUNDARIES: count, quantiles
+    by_source: dict[str, int]
+    by_outcome: dict[str, int]
+    ended_from: int  # requests that ended at or after ``ended_from_ms``
+    bad_splits: tuple[tuple[int, float, float], ...]  # per split SLO: bad_time_split's
+    single: Row  # single_attempt_counts' row, for the verdict SLOs
+
+
+def range_summary(
+    store: Store,
+    f: ReportFilter,
+    *,
+    quantiles: Sequence[float],
+    split_slos: Sequence[SLO],
+    verdict_slos: Sequence[SLO],
+    ended_from_ms: int,
+) -> RangeSummary:
+    """The filter's requests: their count; per boundary (``BOUNDARIES`` order) its count
+    and ``quantilesExact(quantiles)``; the count per source and per outcome; those that
+    ended at or after ``ended_from_ms``; :func:`bad_time_split` of each of
+    ``split_slos``; :func:`single_attempt_counts` of ``verdict_slos``."""
+    qs = ", ".join(map(str, quantiles))
+    parts = ["count()"]
+    for b in BOUNDARIES:
+        parts += [f"count({b})", f"quantilesExact({qs})({b})"]
+    parts += [
+        "sumMap([toString(source)], [toUInt64(1)])",
+        "sumMap([toString(outcome)], [toUInt64(1)])",
+        f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})",
+    ]
+    splits, split_bound = _split_parts(split_slos)
+    singles, single_bound = _single_parts(store.database, verdict_slos)
+    row = store.query_rows(
+        f"SELECT {', '.join(parts + splits + singles)} FROM {store.database}.requests FINAL "
+        f"WHERE {_where(f)}",
+        {**_params(f), **split_bound, **single_bound},
+    )[0]
+    nb = len(BOUNDARIES)
+    at = 1 + 2 * nb
+    (src_k, src_n), (out_k, out_n) = row[at], row[at + 1]
+    split_row = row[at + 3 : at + 3 + len(splits)]
+    return RangeSummary(
+        int(row[0]),
+        tuple(
+            (int(row[1 + 2 * i]), tuple(float(q) for q in row[2 + 2 * i]) if row[1 + 2 * i] else ())
+            for i in range(nb)
+        ),
+        {str(k): int(n) for k, n in zip(src_k, src_n, strict=True)},
+        {str(k): int(n) for k, n in zip(out_k, out_n, strict=True)},
+        int(row[at + 2]),
+        _splits_of(split_row, len(split_slos)),
+        tuple(row[at + 3 + len(splits) :]),
     )
-    return int(n)
 
 
 def clock_skew(store: Store, f: ReportFilter) -> list[Row]:
@@ -249,14 +282,11 @@ def bad_time_split(store: Store, f: ReportFilter, slo: SLO) -> tuple[int, float,
     return bad_time_splits(store, f, [slo])[0]
 
 
-def bad_time_splits(
-    store: Store, f: ReportFilter, slos: Sequence[SLO]
-) -> list[tuple[int, float, float]]:
-    """:func:`bad_time_split` of each of ``slos``, in one read of the filter's requests."""
-    if not slos:
-        return []
+def _split_parts(slos: Sequence[SLO]) -> tuple[list[str], dict[str, Any]]:
+    """SQL: per SLO, the count, Σ queue_ms and Σ boundary ms of its measured bad requests
+    (:func:`bad_time_split`), with their bound parameters."""
     parts: list[str] = []
-    p: dict[str, Any] = dict(_params(f))
+    p: dict[str, Any] = {}
     for i, slo in enumerate(slos):
         b = slo.boundary
         if b not in BOUNDARIES:
@@ -272,11 +302,26 @@ def bad_time_splits(
         p.update(bound)
         p[f"bt{i}_outcomes"] = outcomes
         cond = " AND ".join(conds)
-        parts.append(f"countIf({cond}), sumIf(queue_ms, {cond}), sumIf({b}, {cond})")
-    row = store.query_rows(
-        f"SELECT {', '.join(parts)} FROM {store.database}.requests FINAL WHERE {_where(f)}", p
-    )[0]
-    return [
+        parts += [f"countIf({cond})", f"sumIf(queue_ms, {cond})", f"sumIf({b}, {cond})"]
+    return parts, p
+
+
+def _splits_of(row: Sequence[Any], n: int) -> tuple[tuple[int, float, float], ...]:
+    return tuple(
         (int(row[3 * i]), float(row[3 * i + 1] or 0.0), float(row[3 * i + 2] or 0.0))
-        for i in range(len(slos))
-    ]
+        for i in range(n)
+    )
+
+
+def bad_time_splits(
+    store: Store, f: ReportFilter, slos: Sequence[SLO]
+) -> list[tuple[int, float, float]]:
+    """:func:`bad_time_split` of each of ``slos``, in one read of the filter's requests."""
+    if not slos:
+        return []
+    parts, p = _split_parts(slos)
+    row = store.query_rows(
+        f"SELECT {', '.join(parts)} FROM {store.database}.requests FINAL WHERE {_where(f)}",
+        {**_params(f), **p},
+    )[0]
+    return list(_splits_of(row, len(slos)))
