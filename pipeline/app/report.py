@@ -22,6 +22,7 @@ from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, scope_expected_requests, window_budget
 from pipeline.core.logical import counts as logical_counts
 from pipeline.core.logical import logical_requests
+from pipeline.core.slo import SLOCounts, SLOEvaluator, compliance_report
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
 
@@ -258,13 +259,12 @@ def _window_budgets(
         row["budget_window"] = slo.window.rolling or slo.window.calendar
 
 
-def read_open_windows(store: Store, f: ReportFilter) -> dict[str, Any]:
-    """Requests that ended after the end of the last closed window: their windows are
-    still open (within the grace period), so no SLO total counts them yet."""
-    last_ms = budget.last_window_end_ms(store)
+def open_windows(last_ms: int, requests_after: int) -> dict[str, Any]:
+    """Requests that ended after the end of the last closed window (``last_ms``): their
+    windows are still open (within the grace period), so no SLO total counts them yet."""
     return {
         "last_closed_window_end": _iso(last_ms / 1000) if last_ms else None,
-        "requests_after": requests.count_ended_from(store, f, last_ms),
+        "requests_after": requests_after,
     }
 
 
@@ -291,12 +291,18 @@ def control_verdicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 
 
-def read_logical(store: Store, f: ReportFilter, spec: SLOSpec | None) -> dict[str, Any]:
+def read_logical(
+    store: Store, f: ReportFilter, spec: SLOSpec | None, single: Row | None = None
+) -> dict[str, Any]:
     """Per logical request (:mod:`pipeline.core.logical`, the backtest's rule): the logical
     requests whose final attempt ended in the filter's range (and is of its model), each
     once, by its final attempt's outcome and the latency the client saw; the requests
     never served; each SLO of the spec recounted over them. Exact over ``requests``: every
-    attempt of each is read, wherever it ended."""
+    attempt of each logical request that may have several is read, wherever it ended, and
+    grouped by the core's rule; the others (one attempt: the attempt is the logical
+    request) are counted in the engine (``single_attempt_counts``, or ``single``: its row
+    as read with the rest, ``range_summary``), their SLO verdicts by the core's rules as
+    SQL."""
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
     lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
     hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
@@ -307,7 +313,22 @@ def read_logical(store: Store, f: ReportFilter, spec: SLOSpec | None) -> dict[st
         and (hi is None or lr.record.end_unix_ns < hi)
         and (f.model is None or lr.record.model == f.model)
     ]
-    out = logical_counts(spec, kept)
+    out = logical_counts(None, kept)
+    slos = spec.slos if spec is not None else ()
+    if single is None:
+        single = requests.single_attempt_counts(store, f, slos)
+    n, never, *verdicts = single
+    out["attempts"] += int(n)
+    out["requests"] += int(n)
+    out["never_served"] += int(never)
+    if spec is not None:
+        ev = SLOEvaluator(spec)
+        ev.add_many(lr.record for lr in kept)
+        counts = ev.counts()
+        for i, s in enumerate(spec.slos):
+            one = SLOCounts(int(verdicts[2 * i]), int(verdicts[2 * i + 1]))
+            counts[s.name] = counts[s.name].merge(one)
+        out["slos"] = compliance_report(spec, counts, ev.blended_counts())["slos"]
     if f.slos:
         out["slos"] = {k: v for k, v in out["slos"].items() if k in f.slos}
     return out
@@ -338,20 +359,19 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     were counted with, each SLO also says how much of its bad requests' time was queueing
     (exact over ``requests``: is its burn load-caused?)."""
     f = with_selection(f or ReportFilter(), spec)
-    row = requests.boundary_quantiles(store, f, QUANTILES)
-    boundaries = {}
-    for i, b in enumerate(BOUNDARIES):
-        n = int(row[1 + 2 * i])
-        qs = row[2 + 2 * i]
-        boundaries[b] = BoundaryStats(n, float(qs[0]) if n else None, float(qs[1]) if n else None)
-    by_source = requests.counts_by(store, f, "source")
-    by_outcome = requests.counts_by(store, f, "outcome")
     slos = read_slos(store, f, spec)
-    if spec is not None:
-        for slo in spec.slos:
-            if slo.name in slos:
-                split = requests.bad_time_split(store, f, slo)
-                slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
+    shown = [slo for slo in spec.slos if slo.name in slos] if spec is not None else []
+    last_ms = budget.last_window_end_ms(store)
+    summary = requests.range_summary(
+        store, f, quantiles=QUANTILES, split_slos=shown,
+        verdict_slos=spec.slos if spec is not None else (), ended_from_ms=last_ms,
+    )  # fmt: skip
+    boundaries = {
+        b: BoundaryStats(n, qs[0] if n else None, qs[1] if n else None)
+        for b, (n, qs) in zip(BOUNDARIES, summary.boundaries, strict=True)
+    }
+    for slo, split in zip(shown, summary.bad_splits, strict=True):
+        slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
         {"scope": scope, "seq": int(seq), "level": int(level), "phase": phase,
          "event_time": str(t), "reason": reason}
@@ -368,10 +388,10 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
         for g, e, n, p50 in requests.clock_skew(store, f)
     }
     return Report(
-        int(row[0]), by_source, by_outcome, boundaries, slos, control_rows, clock_skew,
-        read_open_windows(store, f), budget_events, f,
+        summary.requests, summary.by_source, summary.by_outcome, boundaries, slos,
+        control_rows, clock_skew, open_windows(last_ms, summary.ended_from), budget_events, f,
         control_verdicts(requests.control_counts(store, f)),
-        read_logical(store, f, spec),
+        read_logical(store, f, spec, summary.single),
     )  # fmt: skip
 
 

@@ -87,15 +87,23 @@ BURN_FACTORS: Final = (1.0, 3.0, 6.0, 14.4)
 
 # --- SQL pieces ----------------------------------------------------------------------
 
-BUCKET: Final = "toStartOfInterval(window_start, INTERVAL greatest($__interval_s, 60) second)"
+# From this interval on, panels read the hourly rollups, in buckets of at least an hour:
+# the interval Grafana gives a panel over more than ~10 days (30 d: 30 min); over a month
+# the minute rollups are 43,200 rows per key and boundary (issue 53: 2.4 s a panel).
+HOURLY_FROM_S: Final = 1800
+BUCKET: Final = (
+    "toStartOfInterval(window_start, INTERVAL greatest($__interval_s, "
+    f"if($__interval_s >= {HOURLY_FROM_S}, 3600, 60)) second)"
+)
 
 
 def rollup_source(table: str) -> str:
-    """The minute rollup for intervals under an hour, the hourly one above (one is empty)."""
+    """The minute rollup for intervals under :data:`HOURLY_FROM_S`, the hourly one from
+    there (one is empty)."""
     return (
-        f"(SELECT * FROM ${{db}}.{table}_1m WHERE $__interval_s < 3600 "
+        f"(SELECT * FROM ${{db}}.{table}_1m WHERE $__interval_s < {HOURLY_FROM_S} "
         "AND $__timeFilter(window_start) "
-        f"UNION ALL SELECT * FROM ${{db}}.{table}_1h WHERE $__interval_s >= 3600 "
+        f"UNION ALL SELECT * FROM ${{db}}.{table}_1h WHERE $__interval_s >= {HOURLY_FROM_S} "
         "AND window_start >= toStartOfHour($__fromTime) AND window_start <= $__toTime)"
     )
 
@@ -105,14 +113,19 @@ def _in(column: str, var: str) -> str:
 
 
 # The window keys: (model, priority, ctx_bucket) or the all-traffic key ('*', '*', '*');
-# merging every non-'*' key equals the '*' key, so filters apply to keys alone.
-KEY_FILTER: Final = " AND ".join(
-    [
-        "model != '*'",
-        _in("model", "model"),
-        _in("priority", "priority"),
-        _in("ctx_bucket", "ctx_bucket"),
-    ]
+# merging every non-'*' key equals the '*' key, so filters apply to keys alone, and with
+# every key variable All a panel reads the '*' key's rows only (a range of the rollups'
+# ordering key, not every key's sketches merged: issue 53).
+_EVERY_KEY: Final = " AND ".join(
+    f"$__conditionalAll(0, ${var})" for var in ("model", "priority", "ctx_bucket")
+)
+KEY_FILTER: Final = (
+    f"(({_EVERY_KEY}) AND model = '*' AND priority = '*' AND ctx_bucket = '*' OR "
+    f"NOT ({_EVERY_KEY}) AND model != '*' AND "
+    + " AND ".join(
+        [_in("model", "model"), _in("priority", "priority"), _in("ctx_bucket", "ctx_bucket")]
+    )
+    + ")"
 )
 REQUEST_FILTER: Final = " AND ".join(
     [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.slo import SLO
@@ -105,6 +105,46 @@ def selection_sql(slos: Sequence[SLO], prefix: str = "sel") -> tuple[str, dict[s
             conds.append("NOT superseded")
         ors.append("(" + " AND ".join(conds) + ")")
     return "(" + " OR ".join(ors) + ")", p
+
+
+# pipeline.core.slo's source sets (rule 2: which sources observed a boundary's layer)
+_OBSERVED_SQL: Final = {
+    "gateway_total_ms": "('joined', 'gateway_only')",
+    "gateway_ttfb_ms": "('joined', 'gateway_only')",
+    "gateway_overhead_ms": "('joined')",
+}
+_ENGINE_OBSERVED_SQL: Final = "('joined', 'engine_only')"
+# rule 4's lower bound: a missing value at KEY means "waited at least VALUE"
+_LOWER_BOUND_SQL: Final = {"gateway_ttfb_ms": "gateway_total_ms"}
+
+
+def verdict_sql(slo: SLO, prefix: str) -> tuple[str, str, dict[str, Any]]:
+    """:meth:`pipeline.core.slo.SLOMatcher.classify` as SQL over a ``requests`` row:
+    ``(counted, good)`` conditions (counted = not ``skip``; bad = counted and not good)
+    and their bound parameters. The rules are the core's (its docstring, rules 1-4);
+    ``tests/integration/test_verdict_sql.py`` holds the two equal record by record, as
+    ``classify_many`` is held to ``classify``. Each condition is 0 or 1, never NULL."""
+    selected, bound = selection_sql([slo], prefix=prefix)
+    b = slo.boundary
+    threshold = repr(float(slo.threshold_ms))
+    good_cmp, late_cmp = ("<", ">=") if slo.threshold_strict else ("<=", ">")
+    measured = "outcome = 'ok'"
+    if slo.client_abort == "measure":
+        measured = "outcome IN ('ok', 'client_abort')"
+    late = f"{b} {late_cmp} {threshold}"
+    lower = _LOWER_BOUND_SQL.get(b)
+    if lower is not None:
+        late = f"({late} OR ({b} IS NULL AND {lower} > {threshold}))"
+    counted = f"({measured} AND ifNull({b} {good_cmp} {threshold} OR {late}, 0))"
+    if slo.errors == "bad":
+        observed = _OBSERVED_SQL.get(b, _ENGINE_OBSERVED_SQL)
+        counted = f"({counted} OR (outcome NOT IN ('ok', 'client_abort') AND source IN {observed}))"
+    sel = f"ifNull({selected}, 0)"
+    return (
+        f"({sel} AND {counted})",
+        f"({sel} AND {measured} AND ifNull({b} {good_cmp} {threshold}, 0))",
+        bound,
+    )
 
 
 def scope_models(f: ReportFilter) -> list[str] | None:

@@ -1,0 +1,62 @@
+"""Migration 0017 (``latency_1h`` in granules of 256 rows, issue 53) upgrades a store
+written before it: the hourly rollup holds the same sketches and counts after it, in
+its new granules, and its view fills it from the windows written after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.store import migrate, open_store, write_windows
+from pipeline.app.replay import replay_file
+from pipeline.contract.codec import encode_event
+from pipeline.settings import Settings
+from pipeline.shipped import DEFAULT_TRACE
+from producers.simulator.model import SimConfig, Simulator
+from producers.simulator.trace import read_trace
+from tests.integration.migrations import migrate_before
+
+pytestmark = pytest.mark.integration
+
+# latency_1h as its engine merges it: per key, boundary and hour, the counts and bins
+HOURLY = (
+    "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), sum(count), "
+    "sum(sum), min(min), max(max), sum(zero_count), sumMapMerge(pos), sumMapMerge(neg) "
+    "FROM tailguard.latency_1h GROUP BY window_start, model, priority, ctx_bucket, boundary "
+    "ORDER BY window_start, model, priority, ctx_bucket, boundary"
+)
+
+
+def test_0017_keeps_the_hourly_rollup_in_smaller_granules(tmp_path: Path) -> None:
+    events = list(
+        Simulator(
+            read_trace(DEFAULT_TRACE)[:600],
+            SimConfig(start_unix_ns=1_800_000_000_000_000_000, seed=3),
+        ).events()
+    )
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    windows = replay_file(path).windows
+    half = len(windows) // 2
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        migrate_before(store, tmp_path, 17)
+        write_windows(store, windows[:half], "t", 0.01, "before")
+        before = store.query_rows(HOURLY)
+        assert before
+        assert migrate(store)[0] == "0017_latency_1h_granularity"
+        assert store.query_rows(HOURLY) == before
+        ((ddl,),) = store.query_rows(
+            "SELECT create_table_query FROM system.tables "
+            "WHERE database = 'tailguard' AND name = 'latency_1h'"
+        )
+        assert "index_granularity = 256" in ddl
+        write_windows(store, windows[half:], "t", 0.01, "after")
+        ((after,),) = store.query_rows("SELECT sum(records) FROM tailguard.latency_1h")
+        ((base,),) = store.query_rows(
+            "SELECT sum(records) FROM tailguard.window_sketches WHERE boundary != '__slo__'"
+        )
+        assert after == base > sum(r[5] for r in before)
+    finally:
+        store.close()
