@@ -47,8 +47,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pipeline.core.budget import DAY_MS, window_label
-from pipeline.spec.burn_rules import BurnRateRule, BurnRules
+from pipeline.spec.burn_rules import (
+    BudgetFractionRule,
+    BurnRateRule,
+    BurnRules,
+    ComplianceBelowRule,
+)
 from pipeline.spec.slo import SLO, SLOSpec
+
+AnyRule = BurnRateRule | BudgetFractionRule | ComplianceBelowRule
 
 SERVICE: Final = "tailguard"
 REQUESTS: Final = "tailguard_slo_requests_total"
@@ -99,19 +106,41 @@ def _num(x: float) -> str:
 
 
 def burn_rules_for(slo: SLO, rules: BurnRules) -> list[BurnRateRule]:
-    return [
-        r
-        for r in rules.rules
-        if isinstance(r, BurnRateRule) and r.applies_to(slo.name, slo.objective)
-    ]
+    return [r for r in rules_for(slo, rules) if isinstance(r, BurnRateRule)]
+
+
+def rules_for(slo: SLO, rules: BurnRules) -> list[AnyRule]:
+    """The rules that apply to ``slo``, as the evaluator picks them (``applies_to``:
+    ``slos:``, and a ``compliance_below`` only where ``below <= objective``)."""
+    return [r for r in rules.rules if r.applies_to(slo.name, slo.objective)]
+
+
+def _ratio_windows(mine: Sequence[AnyRule]) -> list[int]:
+    """Windows whose error ratio is recorded: burn-rate pairs and compliance windows."""
+    out: set[int] = set()
+    for r in mine:
+        if isinstance(r, BurnRateRule):
+            out.update((r.long_ms, r.short_ms))
+        elif isinstance(r, ComplianceBelowRule):
+            out.add(r.window_ms)
+    return sorted(out)
+
+
+def _guard_window_ms(r: AnyRule) -> int:
+    """The window ``min_requests`` is counted over (the evaluator's "short" window)."""
+    if isinstance(r, BurnRateRule):
+        return r.short_ms
+    if isinstance(r, BudgetFractionRule):
+        return r.within_ms
+    return r.window_ms
 
 
 def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str, Any]]:
     """The recording, metadata and alert groups of one SLO."""
     base = _labels(slo.name, opts.service)
     sel = _selector(base)
-    mine = burn_rules_for(slo, rules)
-    windows = sorted({ms for r in mine for ms in (r.long_ms, r.short_ms)})
+    mine = rules_for(slo, rules)
+    windows = _ratio_windows(mine)
     shortest = windows[0] if windows else 300_000
     windows = sorted({*windows, shortest})
     counted = f'{{slo="{slo.name}"}}'
@@ -126,7 +155,7 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
                 "labels": {**base, "sloth_window": w},
             }
         )
-    guarded = sorted({r.short_ms for r in mine if r.min_requests > 0})
+    guarded = sorted({_guard_window_ms(r) for r in mine if r.min_requests > 0})
     for ms in guarded:
         w = window_label(ms)
         sli.append(
@@ -136,6 +165,10 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
                 "labels": {**base, "sloth_window": w},
             }
         )
+    budget = 1.0 - slo.objective
+    pairs = sorted({(r.within_ms, r.of_ms) for r in mine if isinstance(r, BudgetFractionRule)})
+    for within_ms, of_ms in pairs:
+        sli.append(_spent_record(slo.name, within_ms, of_ms, budget, base))
     period = window_label(period_ms(slo))
     short = window_label(shortest)
     if period_ms(slo) not in windows:
@@ -148,7 +181,6 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
                 "labels": {**base, "sloth_window": period},
             }
         )
-    budget = 1.0 - slo.objective
     on = "on (sloth_id, sloth_slo, sloth_service) group_left"
     meta = [
         {"record": "slo:objective:ratio", "expr": f"vector({_num(slo.objective)})", "labels": base},
@@ -184,34 +216,88 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
     return groups
 
 
-def _alert(  # noqa: PLR0917
-    slo: SLO,
-    rules: Sequence[BurnRateRule],
-    severity: str,
-    base: dict[str, str],
-    sel: str,
-    budget: float,
-    opts: RulesOptions,
+def _spent_record(
+    slo: str, within_ms: int, of_ms: int, budget: float, base: dict[str, str]
 ) -> dict[str, Any]:
-    terms = []
-    for r in rules:
+    """``tailguard:slo_error_budget_spent:ratio``: bad over ``within`` / allowed bad over
+    ``of`` (``(1 - objective) x`` its requests), a ``budget_fraction`` rule's figure.
+
+    Both from ``rate()``: over a history shorter than ``of`` the rate is the observed one,
+    so the allowance is the observed traffic rate x ``of``, the evaluator's projection of
+    a young history (:mod:`pipeline.core.budget`)."""
+    within, of = window_label(within_ms), window_label(of_ms)
+    counted = f'{{slo="{slo}"}}'
+    return {
+        "record": "tailguard:slo_error_budget_spent:ratio",
+        "expr": f"(sum(rate({REQUESTS}{counted}[{within}])) - "
+        f"sum(rate({GOOD}{counted}[{within}]))) * {within_ms // 1000}\n"
+        f"/ ({_num(budget)} * sum(rate({REQUESTS}{counted}[{of}])) * {of_ms // 1000})",
+        "labels": {**base, "sloth_window": within, "tailguard_budget_of": of},
+    }
+
+
+def _term(r: AnyRule, sel: str, budget: float) -> str:
+    """One rule's condition, a vector with the SLO's labels (no window label)."""
+    parts: list[str]
+    if isinstance(r, BurnRateRule):
         long, short = window_label(r.long_ms), window_label(r.short_ms)
         limit = f"({_num(r.factor)} * {_num(budget)})"
         parts = [
             f"max(slo:sli_error:ratio_rate{short}{sel} > {limit}) without (sloth_window)",
             f"max(slo:sli_error:ratio_rate{long}{sel} > {limit}) without (sloth_window)",
         ]
-        if r.min_requests > 0:
-            parts.append(
-                f"max(tailguard:slo_requests:increase{short}{sel} >= {r.min_requests})"
-                " without (sloth_window)"
-            )
-        terms.append("(\n    " + "\n    and\n    ".join(parts) + "\n)")
-    expr = "\nor\n".join(terms)
-    what = ", ".join(
-        f"{_num(r.factor)}x over {window_label(r.long_ms)} and {window_label(r.short_ms)}"
-        for r in rules
+    elif isinstance(r, BudgetFractionRule):
+        within, of = window_label(r.within_ms), window_label(r.of_ms)
+        spent = (
+            "tailguard:slo_error_budget_spent:ratio"
+            + sel[:-1]
+            + f', sloth_window="{within}", tailguard_budget_of="{of}"}}'
+        )
+        parts = [f"max({spent} >= {_num(r.fraction)}) without (sloth_window, tailguard_budget_of)"]
+    else:
+        # below at every evaluation for `for`: every recorded ratio of the last `for`
+        # and the one `for` ago (the clock started at least `for` ago)
+        w, held = window_label(r.window_ms), window_label(r.for_ms)
+        ratio = f"slo:sli_error:ratio_rate{w}{sel}"
+        limit = f"(1 - {_num(r.below)})"
+        parts = [
+            f"max(min_over_time({ratio}[{held}]) > {limit}) without (sloth_window)",
+            f"max({ratio} offset {held} > {limit}) without (sloth_window)",
+        ]
+    if r.min_requests > 0:
+        parts.append(
+            f"max(tailguard:slo_requests:increase{window_label(_guard_window_ms(r))}{sel}"
+            f" >= {r.min_requests}) without (sloth_window)"
+        )
+    return "(\n    " + "\n    and\n    ".join(parts) + "\n)"
+
+
+def describe_rule(r: AnyRule) -> str:
+    """A rule's condition in words (the alert's summary)."""
+    if isinstance(r, BurnRateRule):
+        return f"{_num(r.factor)}x over {window_label(r.long_ms)} and {window_label(r.short_ms)}"
+    if isinstance(r, BudgetFractionRule):
+        return (
+            f"{_num(r.fraction * 100)}% of the {window_label(r.of_ms)} budget within "
+            f"{window_label(r.within_ms)}"
+        )
+    return (
+        f"compliance over {window_label(r.window_ms)} < {_num(r.below * 100)}% for "
+        f"{window_label(r.for_ms)}"
     )
+
+
+def _alert(  # noqa: PLR0917
+    slo: SLO,
+    rules: Sequence[AnyRule],
+    severity: str,
+    base: dict[str, str],
+    sel: str,
+    budget: float,
+    opts: RulesOptions,
+) -> dict[str, Any]:
+    expr = "\nor\n".join(_term(r, sel, budget) for r in rules)
+    what = "; ".join(f"{r.name}: {describe_rule(r)}" for r in rules)
     op = "<" if slo.threshold_strict else "<="
     return {
         "alert": ALERTNAME,

@@ -46,6 +46,8 @@ TICKET = {"name": "t", "kind": "burn_rate", "severity": "ticket", "factor": 1, "
           "short": "6h"}  # fmt: skip
 FRACTION = {"name": "f", "kind": "budget_fraction", "severity": "page", "fraction": 0.2,
             "within": "1h", "of": "1d"}  # fmt: skip
+BELOW = {"name": "c", "kind": "compliance_below", "severity": "page", "window": "5m",
+         "below": 0.98, "for": "10m"}  # fmt: skip
 
 
 def records(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,16 +70,25 @@ def alerts(doc: dict[str, Any]) -> list[dict[str, Any]]:
          ["page", "ticket"], 30),
         ({}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 30),  # no ticket rule: one alert
         ({}, [TICKET], ["6h", "3d"], [], ["ticket"], 30),
-        # budget_fraction stays worker-side: nothing of it here
-        ({}, [FRACTION], ["5m"], [], [], 30),
+        # budget_fraction: a spent-ratio recording, the page (its guard over `within`)
+        ({}, [FRACTION], ["5m"], [], ["page"], 30),
+        ({}, [{**FRACTION, "min_requests": 50}], ["5m"], ["1h"], ["page"], 30),
+        # compliance_below: its window's ratio; folded into the page with the burn rules
+        ({}, [PAGE, {**BELOW, "window": "10m", "min_requests": 20}], ["5m", "10m", "1h"],
+         ["5m", "10m"], ["page"], 30),
+        # ... skipped, as the evaluator skips it, for an objective below `below`
+        ({"objective": 0.95}, [BELOW], ["5m"], [], [], 30),
+        # every kind at once: still one page and one ticket
+        ({}, [PAGE, PAGE2, FRACTION, BELOW, TICKET], ["5m", "30m", "1h", "6h", "3d"], ["5m"],
+         ["page", "ticket"], 30),
         # a rule for another SLO only
         ({}, [{**PAGE, "slos": ["other"]}, TICKET], ["6h", "3d"], [], ["ticket"], 30),
         ({"window": {"calendar": "week"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 7),
         ({"window": {"calendar": "month"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 30),
         ({"window": {"rolling": "28d"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 28),
     ],
-    ids=["workbook", "page-only", "ticket-only", "fraction", "other-slo", "week", "month",
-         "28d"],
+    ids=["workbook", "page-only", "ticket-only", "fraction", "fraction-guarded",
+         "compliance", "compliance-skipped", "every-kind", "other-slo", "week", "month", "28d"],
 )  # fmt: skip
 def test_groups_per_slo(  # noqa: PLR0917
     slo: dict[str, Any],
@@ -97,7 +108,7 @@ def test_groups_per_slo(  # noqa: PLR0917
                if k.startswith("tailguard:slo_requests:")]  # fmt: skip
     assert guarded == want_guarded
     assert recs["slo:time_period:days/s"]["expr"] == f"vector({want_days})"
-    assert recs["slo:objective:ratio/s"]["expr"] == "vector(0.99)"
+    assert recs["slo:objective:ratio/s"]["expr"] == f"vector({slo.get('objective', 0.99)})"
     got = alerts(doc)
     assert [a["labels"]["severity"] for a in got] == want_severities
     assert len(got) <= 2
