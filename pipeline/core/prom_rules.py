@@ -220,18 +220,25 @@ def _spent_record(
     slo: str, within_ms: int, of_ms: int, budget: float, base: dict[str, str]
 ) -> dict[str, Any]:
     """``tailguard:slo_error_budget_spent:ratio``: bad over ``within`` / allowed bad over
-    ``of`` (``(1 - objective) x`` its requests), a ``budget_fraction`` rule's figure.
+    ``of``, a ``budget_fraction`` rule's figure (:mod:`pipeline.core.budget`).
 
-    Both from ``rate()``: over a history shorter than ``of`` the rate is the observed one,
-    so the allowance is the observed traffic rate x ``of``, the evaluator's projection of
-    a young history (:mod:`pipeline.core.budget`)."""
+    The allowance is ``(1 - objective) x`` the requests over ``of``, projected as the
+    evaluator does while less than ``of`` has been seen: requests seen x ``of`` /
+    max(history, ``within``). ``rate()`` divides by the range, not by the history, so
+    the history of each worker's series is measured in samples: ``count_over_time`` over
+    ``of`` x ``within`` / its count over ``within`` (the scrape interval cancels out)."""
     within, of = window_label(within_ms), window_label(of_ms)
-    counted = f'{{slo="{slo}"}}'
+    w_s, of_s = within_ms // 1000, of_ms // 1000
+    req = f'{REQUESTS}{{slo="{slo}"}}'
+    good = f'{GOOD}{{slo="{slo}"}}'
+    history = (
+        f"clamp(count_over_time({req}[{of}]) * {w_s} / count_over_time({req}[{within}]), "
+        f"{w_s}, {of_s})"
+    )
     return {
         "record": "tailguard:slo_error_budget_spent:ratio",
-        "expr": f"(sum(rate({REQUESTS}{counted}[{within}])) - "
-        f"sum(rate({GOOD}{counted}[{within}]))) * {within_ms // 1000}\n"
-        f"/ ({_num(budget)} * sum(rate({REQUESTS}{counted}[{of}])) * {of_ms // 1000})",
+        "expr": f"(sum(increase({req}[{within}])) - sum(increase({good}[{within}])))\n"
+        f"/ ({_num(budget)} * sum(increase({req}[{of}]) * {of_s}\n/ {history}))",
         "labels": {**base, "sloth_window": within, "tailguard_budget_of": of},
     }
 

@@ -199,6 +199,102 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
     assert run_promtool("test", "rules", str(bad)).returncode != 0
 
 
+ONE_SLO = """
+apiVersion: tailguard/v1
+kind: SLOSpec
+slos:
+  - {name: ttft-stream, boundary: gateway_ttfb_ms, threshold_ms: 2000, objective: 0.99}
+"""
+
+# budget_fraction: 20 % of the daily budget within an hour (the shipped rule). Two workers,
+# 50 requests/min each, 0.5 % bad for 2 h, then 8 % bad. Allowed over 1d: 0.01 x 100/min x
+# 1440 min = 1440 (rate() over the 2-3 h seen x 1d: the evaluator's projection of a young
+# history); bad over 1h after k minutes of the burn: 8 k + 0.5 (60 - k) >= 288 from k =
+# 34.4 (the 1h burn rate is then 4.8x = 0.2 x 24). 150 min: nothing; 160 min: the page,
+# having spent (8 x 40 + 0.5 x 20) / 1440 = 0.23 (rate()'s 59 intervals: 0.233).
+FRACTION_CASE = {
+    "rules": "  - {name: daily-budget-20pct-in-1h, kind: budget_fraction, severity: page,\n"
+    "     fraction: 0.2, within: 1h, of: 1d, min_requests: 200}\n",
+    "good": "0+49.75x120 6016+46x59",
+    "minutes": 180,
+    "cases": [("150m", False), ("160m", True)],
+    "refused": "150m",
+    "expr": (
+        'round(tailguard:slo_error_budget_spent:ratio{sloth_slo="ttft-stream"}, 0.01)',
+        "160m",
+        0.23,
+    ),
+}
+# compliance_below: compliance over 5m < 98 % at every evaluation for 10m (the shipped
+# rule). 0.5 % bad for 1 h, then 5 % bad from minute 60: the 5m ratio (4 one-minute
+# intervals, left-open range) is 1.6 % at 61 min, 2.75 % at 62 min, the first low
+# evaluation; the page fires 10 minutes later, at 72 min, not at 71.
+BELOW_CASE = {
+    "rules": "  - {name: slo-violation-imminent, kind: compliance_below, severity: page,\n"
+    "     window: 5m, below: 0.98, for: 10m}\n",
+    "good": "0+49.75x60 3032.5+47.5x59",
+    "minutes": 120,
+    "cases": [("61m", False), ("71m", False), ("72m", True), ("90m", True)],
+    "refused": "71m",
+    "expr": ('round(slo:sli_error:ratio_rate5m{sloth_slo="ttft-stream"}, 0.0001)', "62m", 0.0275),
+}
+
+
+@pytest.mark.parametrize("case", [FRACTION_CASE, BELOW_CASE], ids=["budget-fraction", "below"])
+def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[str, Any]) -> None:
+    """budget_fraction and compliance_below, exported into the SLO's one page alert: when
+    it fires, from the evaluator's arithmetic (pipeline.core.budget)."""
+    burn = "apiVersion: tailguard/v1\nkind: BurnRules\nrules:\n" + case["rules"]
+    text = export_text(write(tmp_path / "s.yaml", ONE_SLO), write(tmp_path / "b.yaml", burn))
+    rules = write(tmp_path / "rules.yaml", text)
+    doc = yaml.safe_load(text)
+    (page,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == ALERTNAME]
+    assert page["labels"]["severity"] == "page"
+    n = case["minutes"]
+    series = [
+        s
+        for w in ("w1", "w2")
+        for s in (
+            _series("tailguard_slo_requests_total", w, f"0+50x{n}"),
+            _series("tailguard_slo_good_requests_total", w, case["good"]),
+        )
+    ]
+    expr, at, value = case["expr"]
+
+    def tests(cases: list[tuple[str, bool]]) -> dict[str, Any]:
+        return {
+            "rule_files": [str(rules)],
+            "evaluation_interval": "1m",
+            "tests": [
+                {
+                    "interval": "1m",
+                    "input_series": series,
+                    "alert_rule_test": [
+                        {
+                            "eval_time": t,
+                            "alertname": ALERTNAME,
+                            "exp_alerts": [_expected(page)] if firing else [],
+                        }
+                        for t, firing in cases
+                    ],
+                    "promql_expr_test": [
+                        {
+                            "expr": f"sum({expr})",
+                            "eval_time": at,
+                            "exp_samples": [{"labels": "{}", "value": value}],
+                        },
+                    ],
+                }
+            ],
+        }
+
+    path = write(tmp_path / "tests.yaml", yaml.safe_dump(tests(case["cases"]), sort_keys=False))
+    assert "SUCCESS" in promtool_ok("test", "rules", str(path))
+    # the fixture can fail: the page expected one step early is refused
+    bad = write(tmp_path / "bad.yaml", yaml.safe_dump(tests([(case["refused"], True)])))
+    assert run_promtool("test", "rules", str(bad)).returncode != 0
+
+
 def test_promtool_check_metrics_accepts_the_exposition() -> None:
     state = MetricsState(
         health=lambda: {"consumer_lag_messages": 0, "events_consumed": 10, "store_up": 1}
