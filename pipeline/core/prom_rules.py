@@ -60,6 +60,7 @@ AnyRule = BurnRateRule | BudgetFractionRule | ComplianceBelowRule
 SERVICE: Final = "tailguard"
 REQUESTS: Final = "tailguard_slo_requests_total"
 GOOD: Final = "tailguard_slo_good_requests_total"
+TIER_SECONDARY: Final = "tailguard_slo_tier_secondary_good_requests_total"
 ALERTNAME: Final = "TailguardSLOBurn"
 SEVERITIES: Final = ("page", "ticket")
 RUNBOOK: Final = "docs/alerting.md#runbook"  # --runbook-url: where yours is published
@@ -105,14 +106,58 @@ def _num(x: float) -> str:
     return f"{x:.10g}"
 
 
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What one SLO's or blended tier's rules read: its objective, period and counters.
+
+    ``good``: ``(weight, counter selector)`` terms summed into its good requests; an SLO
+    has its good counter at 1, a tier its primary's at 1 and its secondary-only counter
+    at ``secondary_weight`` (the ``total`` is the primary's requests)."""
+
+    name: str
+    objective: float
+    period_ms: int
+    total: str
+    good: tuple[tuple[float, str], ...]
+    # a tier: the SLO whose alerts carry its conditions (None: an SLO)
+    primary: str | None = None
+    weight: float = 0.0
+
+    @classmethod
+    def of_slo(cls, slo: SLO) -> Objective:
+        sel = f'{{slo="{slo.name}"}}'
+        return cls(slo.name, slo.objective, period_ms(slo), REQUESTS + sel, ((1.0, GOOD + sel),))
+
+    @classmethod
+    def of_tier(cls, spec: SLOSpec, name: str) -> Objective:
+        tier = spec.tiers[name]
+        sel = f'{{slo="{tier.primary}"}}'
+        good = ((1.0, GOOD + sel), (tier.secondary_weight, f'{TIER_SECONDARY}{{tier="{name}"}}'))
+        return cls(
+            name, tier.objective, period_ms(spec.slo(tier.primary)), REQUESTS + sel, good,
+            tier.primary, tier.secondary_weight,
+        )  # fmt: skip
+
+    def good_sum(self, fn: str, w: str) -> str:
+        """``sum(fn(good[w]))``, weighted terms absent (no tier counter yet) read as 0."""
+        out = []
+        for weight, sel in self.good:
+            if weight == 1.0:
+                out.append(f"sum({fn}({sel}[{w}]))")
+            else:
+                out.append(f"{_num(weight)} * (sum({fn}({sel}[{w}])) or vector(0))")
+        return out[0] if len(out) == 1 else "(" + " + ".join(out) + ")"
+
+
 def burn_rules_for(slo: SLO, rules: BurnRules) -> list[BurnRateRule]:
-    return [r for r in rules_for(slo, rules) if isinstance(r, BurnRateRule)]
+    return [r for r in rules_for(slo.name, slo.objective, rules) if isinstance(r, BurnRateRule)]
 
 
-def rules_for(slo: SLO, rules: BurnRules) -> list[AnyRule]:
-    """The rules that apply to ``slo``, as the evaluator picks them (``applies_to``:
-    ``slos:``, and a ``compliance_below`` only where ``below <= objective``)."""
-    return [r for r in rules.rules if r.applies_to(slo.name, slo.objective)]
+def rules_for(name: str, objective: float, rules: BurnRules) -> list[AnyRule]:
+    """The rules that apply to an SLO or tier, as the evaluator picks them
+    (``applies_to``: ``slos:``, and a ``compliance_below`` only where ``below <=
+    objective``)."""
+    return [r for r in rules.rules if r.applies_to(name, objective)]
 
 
 def _ratio_windows(mine: Sequence[AnyRule]) -> list[int]:
@@ -135,23 +180,31 @@ def _guard_window_ms(r: AnyRule) -> int:
     return r.window_ms
 
 
-def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str, Any]]:
-    """The recording, metadata and alert groups of one SLO."""
-    base = _labels(slo.name, opts.service)
+@dataclass(frozen=True, slots=True)
+class _Built:
+    recordings: list[dict[str, Any]]
+    meta: list[dict[str, Any]]
+    # severity -> the rules' conditions, vectors with this objective's labels
+    terms: dict[str, list[str]]
+    # severity -> the rules in words (the alert's summary)
+    words: dict[str, list[str]]
+
+
+def _build(o: Objective, rules: BurnRules, opts: RulesOptions) -> _Built:
+    """The recordings of one SLO or tier and its rules' conditions per severity."""
+    base = _labels(o.name, opts.service)
     sel = _selector(base)
-    mine = rules_for(slo, rules)
+    mine = rules_for(o.name, o.objective, rules)
     windows = _ratio_windows(mine)
     shortest = windows[0] if windows else 300_000
     windows = sorted({*windows, shortest})
-    counted = f'{{slo="{slo.name}"}}'
     sli: list[dict[str, Any]] = []
     for ms in windows:
         w = window_label(ms)
         sli.append(
             {
                 "record": f"slo:sli_error:ratio_rate{w}",
-                "expr": f"1 - (sum(rate({GOOD}{counted}[{w}]))\n"
-                f"/ sum(rate({REQUESTS}{counted}[{w}])))",
+                "expr": f"1 - ({o.good_sum('rate', w)}\n/ sum(rate({o.total}[{w}])))",
                 "labels": {**base, "sloth_window": w},
             }
         )
@@ -161,17 +214,17 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
         sli.append(
             {
                 "record": f"tailguard:slo_requests:increase{w}",
-                "expr": f"sum(increase({REQUESTS}{counted}[{w}]))",
+                "expr": f"sum(increase({o.total}[{w}]))",
                 "labels": {**base, "sloth_window": w},
             }
         )
-    budget = 1.0 - slo.objective
+    budget = 1.0 - o.objective
     pairs = sorted({(r.within_ms, r.of_ms) for r in mine if isinstance(r, BudgetFractionRule)})
     for within_ms, of_ms in pairs:
-        sli.append(_spent_record(slo.name, within_ms, of_ms, budget, base))
-    period = window_label(period_ms(slo))
+        sli.append(_spent_record(o, within_ms, of_ms, base))
+    period = window_label(o.period_ms)
     short = window_label(shortest)
-    if period_ms(slo) not in windows:
+    if o.period_ms not in windows:
         ratio = f"slo:sli_error:ratio_rate{short}{sel}"
         sli.append(
             {
@@ -183,10 +236,10 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
         )
     on = "on (sloth_id, sloth_slo, sloth_service) group_left"
     meta = [
-        {"record": "slo:objective:ratio", "expr": f"vector({_num(slo.objective)})", "labels": base},
-        {"record": "slo:error_budget:ratio", "expr": f"vector(1 - {_num(slo.objective)})",
+        {"record": "slo:objective:ratio", "expr": f"vector({_num(o.objective)})", "labels": base},
+        {"record": "slo:error_budget:ratio", "expr": f"vector(1 - {_num(o.objective)})",
          "labels": base},
-        {"record": "slo:time_period:days", "expr": f"vector({_num(period_ms(slo) / DAY_MS)})",
+        {"record": "slo:time_period:days", "expr": f"vector({_num(o.period_ms / DAY_MS)})",
          "labels": base},
         {"record": "slo:current_burn_rate:ratio",
          "expr": f"slo:sli_error:ratio_rate{short}{sel}\n/ {on}\nslo:error_budget:ratio{sel}",
@@ -198,27 +251,58 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
          "expr": f"1 - slo:period_burn_rate:ratio{sel}", "labels": base},
         {"record": "sloth_slo_info", "expr": "vector(1)",
          "labels": {**base, "sloth_mode": "tailguard", "sloth_spec": "tailguard/v1",
-                    "sloth_objective": _num(slo.objective * 100)}},
+                    "sloth_objective": _num(o.objective * 100)}},
     ]  # fmt: skip
-    alerts: list[dict[str, Any]] = []
-    for severity in SEVERITIES:
-        of = [r for r in mine if r.severity == severity]
-        if not of:
-            continue
-        alerts.append(_alert(slo, of, severity, base, sel, budget, opts))
-    name = slo.name
+    terms: dict[str, list[str]] = {}
+    words: dict[str, list[str]] = {}
+    for r in mine:
+        terms.setdefault(r.severity, []).append(_term(r, sel, budget))
+        words.setdefault(r.severity, []).append(f"{r.name}: {describe_rule(r)}")
+    return _Built(sli, meta, terms, words)
+
+
+def _as_primary(term: str, primary: dict[str, str]) -> str:
+    """A tier's condition relabelled as its primary SLO's (one alert per SLO and severity:
+    ``or`` keeps one series per label set)."""
+    out = term
+    for k in ("sloth_id", "sloth_slo"):
+        out = f'label_replace(\n{out},\n"{k}", "{primary[k]}", "", "")'
+    return out
+
+
+def slo_groups(
+    slo: SLO, rules: BurnRules, opts: RulesOptions, tiers: Sequence[Objective] = ()
+) -> list[dict[str, Any]]:
+    """The recording, metadata and alert groups of one SLO and of the blended ``tiers``
+    whose primary it is (their conditions in its page and ticket)."""
+    base = _labels(slo.name, opts.service)
+    own = _build(Objective.of_slo(slo), rules, opts)
     groups = [
-        {"name": f"tailguard-slo-sli-recordings-{name}", "rules": sli},
-        {"name": f"tailguard-slo-meta-recordings-{name}", "rules": meta},
+        {"name": f"tailguard-slo-sli-recordings-{slo.name}", "rules": own.recordings},
+        {"name": f"tailguard-slo-meta-recordings-{slo.name}", "rules": own.meta},
     ]
+    terms = {k: list(v) for k, v in own.terms.items()}
+    words = {k: list(v) for k, v in own.words.items()}
+    for tier in tiers:
+        t = _build(tier, rules, opts)
+        groups += [
+            {"name": f"tailguard-tier-sli-recordings-{tier.name}", "rules": t.recordings},
+            {"name": f"tailguard-tier-meta-recordings-{tier.name}", "rules": t.meta},
+        ]
+        what = (
+            f"tier {tier.name} ({_num(tier.objective * 100)}%, secondary good at "
+            f"{_num(tier.weight)})"
+        )
+        for severity, ts in t.terms.items():
+            terms.setdefault(severity, []).extend(_as_primary(x, base) for x in ts)
+            words.setdefault(severity, []).extend(f"{what} {w}" for w in t.words[severity])
+    alerts = [_alert(slo, terms[s], words[s], s, opts) for s in SEVERITIES if terms.get(s)]
     if alerts:
-        groups.append({"name": f"tailguard-slo-alerts-{name}", "rules": alerts})
+        groups.append({"name": f"tailguard-slo-alerts-{slo.name}", "rules": alerts})
     return groups
 
 
-def _spent_record(
-    slo: str, within_ms: int, of_ms: int, budget: float, base: dict[str, str]
-) -> dict[str, Any]:
+def _spent_record(o: Objective, within_ms: int, of_ms: int, base: dict[str, str]) -> dict[str, Any]:
     """``tailguard:slo_error_budget_spent:ratio``: bad over ``within`` / allowed bad over
     ``of``, a ``budget_fraction`` rule's figure (:mod:`pipeline.core.budget`).
 
@@ -229,16 +313,15 @@ def _spent_record(
     ``of`` x ``within`` / its count over ``within`` (the scrape interval cancels out)."""
     within, of = window_label(within_ms), window_label(of_ms)
     w_s, of_s = within_ms // 1000, of_ms // 1000
-    req = f'{REQUESTS}{{slo="{slo}"}}'
-    good = f'{GOOD}{{slo="{slo}"}}'
+    req = o.total
     history = (
         f"clamp(count_over_time({req}[{of}]) * {w_s} / count_over_time({req}[{within}]), "
         f"{w_s}, {of_s})"
     )
     return {
         "record": "tailguard:slo_error_budget_spent:ratio",
-        "expr": f"(sum(increase({req}[{within}])) - sum(increase({good}[{within}])))\n"
-        f"/ ({_num(budget)} * sum(increase({req}[{of}]) * {of_s}\n/ {history}))",
+        "expr": f"(sum(increase({req}[{within}])) - {o.good_sum('increase', within)})\n"
+        f"/ ({_num(1.0 - o.objective)} * sum(increase({req}[{of}]) * {of_s}\n/ {history}))",
         "labels": {**base, "sloth_window": within, "tailguard_budget_of": of},
     }
 
@@ -294,21 +377,13 @@ def describe_rule(r: AnyRule) -> str:
     )
 
 
-def _alert(  # noqa: PLR0917
-    slo: SLO,
-    rules: Sequence[AnyRule],
-    severity: str,
-    base: dict[str, str],
-    sel: str,
-    budget: float,
-    opts: RulesOptions,
+def _alert(
+    slo: SLO, terms: Sequence[str], words: Sequence[str], severity: str, opts: RulesOptions
 ) -> dict[str, Any]:
-    expr = "\nor\n".join(_term(r, sel, budget) for r in rules)
-    what = "; ".join(f"{r.name}: {describe_rule(r)}" for r in rules)
     op = "<" if slo.threshold_strict else "<="
     return {
         "alert": ALERTNAME,
-        "expr": expr,
+        "expr": "\nor\n".join(terms),
         "labels": {
             "severity": severity,
             "slo": slo.name,
@@ -317,7 +392,8 @@ def _alert(  # noqa: PLR0917
             **dict(opts.alert_labels),
         },
         "annotations": {
-            "summary": f"SLO {slo.name}: error budget burning fast ({severity}: {what})",
+            "summary": f"SLO {slo.name}: error budget burning fast ({severity}: "
+            f"{'; '.join(words)})",
             "title": f"({{{{ $labels.sloth_service }}}} {slo.name}) {severity}: error "
             "budget burn rate",
             "boundary": f"{slo.boundary} {op} {_num(slo.threshold_ms)} ms for "
@@ -370,7 +446,8 @@ def rule_groups(
     o = opts or RulesOptions()
     groups: list[dict[str, Any]] = []
     for slo in spec.slos:
-        groups.extend(slo_groups(slo, rules, o))
+        tiers = [Objective.of_tier(spec, n) for n, t in spec.tiers.items() if t.primary == slo.name]
+        groups.extend(slo_groups(slo, rules, o, tiers))
     groups.append(deadman_group())
     return {"groups": groups}
 
