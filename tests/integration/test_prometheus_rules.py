@@ -27,6 +27,7 @@ from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
 from tests import ceilings
+from tests.paths import SPECS
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.prometheus_local import LocalPrometheus, run_promtool
 
@@ -48,6 +49,9 @@ slos:
     objective: 0.9
     window: {rolling: 7d}
     errors: exclude
+tiers:
+  decode-or-e2e: {primary: engine-e2e, secondary: decode-weekly, secondary_weight: 0.25,
+                  objective: 0.85}
 """
 
 # Windows of seconds, so that a real Prometheus fires and resolves within a test.
@@ -84,10 +88,16 @@ def promtool_ok(*args: str) -> str:
     return out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("spec", ["shipped", "unseen"])
+@pytest.mark.parametrize("spec", ["shipped", "example", "unseen"])
 @pytest.mark.parametrize("fmt", ["prometheus", "prometheusrule"])
 def test_exported_rules_pass_promtool(tmp_path: Path, spec: str, fmt: str) -> None:
-    spec_path = DEFAULT_SLO_SPEC if spec == "shipped" else write(tmp_path / "s.yaml", UNSEEN_SPEC)
+    """Every SLO has its page and its ticket, no more: its blended tiers', budget_fraction
+    and compliance_below rules' conditions are in them."""
+    spec_path = {
+        "shipped": DEFAULT_SLO_SPEC,
+        "example": SPECS / "slo-example.yaml",  # a blended tier
+        "unseen": write(tmp_path / "s.yaml", UNSEEN_SPEC),  # a blended tier, a week
+    }[spec]
     text = export_text(spec_path, DEFAULT_BURN_RULES, fmt)
     doc = yaml.safe_load(text)
     groups = doc["groups"] if fmt == "prometheus" else doc["spec"]["groups"]
@@ -238,14 +248,42 @@ BELOW_CASE = {
     "refused": "71m",
     "expr": ('round(slo:sli_error:ratio_rate5m{sloth_slo="ttft-stream"}, 0.0001)', "62m", 0.0275),
 }
+TIER_SPEC = """
+apiVersion: tailguard/v1
+kind: SLOSpec
+slos:
+  - {name: ttft-stream, boundary: gateway_ttfb_ms, threshold_ms: 2000, objective: 0.99}
+  - {name: engine, boundary: ttft_engine_ms, threshold_ms: 1500, objective: 0.99}
+tiers:
+  blended: {primary: ttft-stream, secondary: engine, secondary_weight: 0.5, objective: 0.99}
+"""
+# A blended tier (its rule only: `slos: [blended]`), paged as its primary. 0.5 % bad for
+# 1 h, then 20 % bad for the primary of which 16 % good on the secondary: the tier's
+# ratio is 0.20 - 0.5 x 0.16 = 0.12 (the weight counts: without it 0.20, the page at
+# 77 min). 6x over 1h: the 1h ratio (59 intervals) passes 0.06 between 85 and 90 min.
+TIER_CASE = {
+    "spec": TIER_SPEC,
+    "rules": "  - {name: tier-burn, kind: burn_rate, severity: page, factor: 6, long: 1h,\n"
+    "     short: 5m, slos: [blended]}\n",
+    "good": "0+49.75x60 3025+40x59",
+    "tier": "0x60 8+8x59",
+    "minutes": 120,
+    "cases": [("85m", False), ("90m", True)],
+    "refused": "85m",
+    "expr": ('round(slo:sli_error:ratio_rate5m{sloth_slo="blended"}, 0.0001)', "95m", 0.12),
+}
 
 
-@pytest.mark.parametrize("case", [FRACTION_CASE, BELOW_CASE], ids=["budget-fraction", "below"])
+@pytest.mark.parametrize(
+    "case", [FRACTION_CASE, BELOW_CASE, TIER_CASE], ids=["budget-fraction", "below", "tier"]
+)
 def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[str, Any]) -> None:
-    """budget_fraction and compliance_below, exported into the SLO's one page alert: when
-    it fires, from the evaluator's arithmetic (pipeline.core.budget)."""
+    """budget_fraction and compliance_below, and a blended tier's burn rate, exported into
+    the SLO's one page alert: when it fires, from the evaluator's arithmetic
+    (pipeline.core.budget, pipeline.core.slo)."""
     burn = "apiVersion: tailguard/v1\nkind: BurnRules\nrules:\n" + case["rules"]
-    text = export_text(write(tmp_path / "s.yaml", ONE_SLO), write(tmp_path / "b.yaml", burn))
+    spec = write(tmp_path / "s.yaml", case.get("spec", ONE_SLO))
+    text = export_text(spec, write(tmp_path / "b.yaml", burn))
     rules = write(tmp_path / "rules.yaml", text)
     doc = yaml.safe_load(text)
     (page,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == ALERTNAME]
@@ -259,6 +297,12 @@ def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[
             _series("tailguard_slo_good_requests_total", w, case["good"]),
         )
     ]
+    if "tier" in case:
+        series += [
+            {"series": f'tailguard_slo_tier_secondary_good_requests_total{{tier="blended", '
+             f'instance="{w}"}}', "values": case["tier"]}
+            for w in ("w1", "w2")
+        ]  # fmt: skip
     expr, at, value = case["expr"]
 
     def tests(cases: list[tuple[str, bool]]) -> dict[str, Any]:
