@@ -121,6 +121,59 @@ def test_groups_per_slo(  # noqa: PLR0917
                 assert f"{name}{part.split('{')[0]}/s" in recs
 
 
+def tier_spec(**tier: Any) -> Any:
+    slos = [
+        {"name": "p", "boundary": "gateway_total_ms", "threshold_ms": 400, "objective": 0.99,
+         "window": {"calendar": "week"}},
+        {"name": "s", "boundary": "inference_ms", "threshold_ms": 250, "objective": 0.99},
+    ]  # fmt: skip
+    t = {"primary": "p", "secondary": "s", "secondary_weight": 0.7, "objective": 0.99, **tier}
+    doc = {"apiVersion": "tailguard/v1", "kind": "SLOSpec", "slos": slos, "tiers": {"b": t}}
+    return load_spec(yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize(
+    ("tier", "rules", "want"),
+    [
+        # every rule applies to the tier too: its conditions join p's page and ticket
+        ({}, [PAGE, TICKET], {"p": ["page", "ticket"], "s": ["page", "ticket"]}),
+        # a rule for the tier only: p's page is the tier's condition alone
+        ({}, [{**PAGE, "slos": ["b"]}], {"p": ["page"]}),
+        # a rule for p only: the tier has recordings, no condition
+        ({}, [{**PAGE, "slos": ["p"]}], {"p": ["page"]}),
+        # compliance_below skipped for a tier whose objective is below `below`
+        ({"objective": 0.95}, [{**BELOW, "slos": ["b"]}], {}),
+    ],
+    ids=["all", "tier-only", "primary-only", "below-skipped"],
+)
+def test_a_tier_pages_as_its_primary(
+    tier: dict[str, Any], rules: list[dict[str, Any]], want: dict[str, list[str]]
+) -> None:
+    doc = rule_groups(tier_spec(**tier), rules_of(*rules))
+    got: dict[str, list[str]] = {}
+    for a in alerts(doc):
+        got.setdefault(a["labels"]["slo"], []).append(a["labels"]["severity"])
+    assert got == want
+    recs = records(doc)
+    ratio = recs["slo:sli_error:ratio_rate5m/b"]["expr"]
+    # the tier's good: its primary's good + weight x its secondary-only counter
+    assert 'sum(rate(tailguard_slo_good_requests_total{slo="p"}[5m]))' in ratio
+    assert (
+        '0.7 * (sum(rate(tailguard_slo_tier_secondary_good_requests_total{tier="b"}[5m])) '
+        "or vector(0))" in ratio
+    )
+    assert 'sum(rate(tailguard_slo_requests_total{slo="p"}[5m]))' in ratio
+    assert recs["slo:objective:ratio/b"]["expr"] == f"vector({tier.get('objective', 0.99)})"
+    assert recs["slo:time_period:days/b"]["expr"] == "vector(7)"  # the primary's window
+    for a in alerts(doc):
+        # each of the tier's conditions relabelled as the primary's: one series per alert
+        sev, slo = a["labels"]["severity"], a["labels"]["slo"]
+        mine = [r for r in rules if r.get("slos") in (None, ["b"]) and r["severity"] == sev]
+        mine = mine if slo == "p" else []
+        assert a["expr"].count('"sloth_slo", "p"') == len(mine)
+        assert ("tier b (99%, secondary good at 0.7)" in a["annotations"]["summary"]) == bool(mine)
+
+
 def test_burn_thresholds_are_factor_times_budget() -> None:
     (page,) = alerts(rule_groups(spec_of(objective=0.995), rules_of(PAGE)))
     assert page["expr"].count("> (14.4 * 0.005)") == 2
