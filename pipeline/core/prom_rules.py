@@ -9,25 +9,40 @@ evaluates them across workers and keeps paging when one worker, or the controlle
 Per SLO, Sloth's shape and names (labels ``sloth_id``, ``sloth_service``, ``sloth_slo``),
 with Sloth's meaning:
 
-* **SLI recordings** ``slo:sli_error:ratio_rate<w>`` for every window of the burn-rate
-  rules that apply to the SLO: ``1 - rate(good[w]) / rate(total[w])`` summed over the
-  workers; the SLO period's (``30d``) as the average of the shortest window's ratios over
-  the period (Sloth's: a 30-day range over the raw counters is costly); and
+* **SLI recordings** ``slo:sli_error:ratio_rate<w>`` for every window of the
+  ``burn_rate`` and ``compliance_below`` rules that apply to the SLO: ``1 - rate(good[w])
+  / rate(total[w])`` summed over the workers; the SLO period's (``30d``) as the average
+  of the shortest window's ratios over the period (Sloth's: a 30-day range over the raw
+  counters is costly); and
   ``tailguard:slo_requests:increase<w>`` for the short windows of rules with a low-traffic
-  guard (``min_requests``).
+  guard (``min_requests``); ``tailguard:slo_error_budget_spent:ratio`` per
+  ``budget_fraction`` rule's (``within``, ``of``).
 * **Metadata recordings**: ``slo:objective:ratio``, ``slo:error_budget:ratio``,
   ``slo:time_period:days``, ``slo:current_burn_rate:ratio`` (the shortest window),
   ``slo:period_burn_rate:ratio``, ``slo:period_error_budget_remaining:ratio``,
   ``sloth_slo_info``.
 * **Two alerts**, one ``page`` and one ``ticket`` (alertname ``TailguardSLOBurn``, label
-  ``severity``): the ``burn_rate`` rules of that severity, OR-ed; each is "error ratio over
-  ``long`` AND over ``short`` > factor x (1 - objective)", AND, with ``min_requests``, at
-  least that many requests over ``short``. Annotations: summary, the SLO's boundary and
-  threshold, the runbook, what ``tailguard`` command to run.
+  ``severity``): every rule of that severity that applies to the SLO, OR-ed, each a
+  condition with the SLO's labels:
 
-The other rule kinds (``budget_fraction``, ``compliance_below``) stay worker-side (the
-controller's evaluation, :mod:`pipeline.core.budget`): at most two alerts per SLO here, as
-Sloth does. Blended tiers have no counters of their own and are not exported.
+  - ``burn_rate``: "error ratio over ``long`` AND over ``short`` > factor x (1 -
+    objective)";
+  - ``budget_fraction``: ``tailguard:slo_error_budget_spent:ratio`` (bad over ``within`` /
+    the allowed bad over ``of``, the allowance projected over a young history as the
+    evaluator does) >= ``fraction``;
+  - ``compliance_below``: the ratio over ``window`` > 1 - ``below`` at every recorded
+    evaluation of the last ``for`` and at the one ``for`` ago (``min_over_time`` and
+    ``offset``: the clock started at least ``for`` ago);
+
+  AND, with ``min_requests``, at least that many requests over the rule's short window.
+  Annotations: summary (every condition in words), the SLO's boundary and threshold, the
+  runbook, what ``tailguard`` command to run.
+* **Blended tiers** (the spec's ``tiers:``): Sloth's recordings under the tier's name, its
+  good requests ``good(primary) + secondary_weight x
+  tailguard_slo_tier_secondary_good_requests_total{tier}`` over its primary's requests,
+  its objective, its primary's period. The rules that apply to the tier (as the evaluator
+  picks them) add their conditions to the **primary's** page and ticket, relabelled as the
+  primary's: one page and one ticket per SLO, its tiers included.
 
 A **dead-man group**: ``TailguardEvaluationsStopped`` (the controller's last evaluation is
 older than 5 minutes, or no worker exposes it) and ``TailguardWindowsStopped`` (workers
