@@ -146,7 +146,10 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
     0.99, budget 0.01; the shipped rules). Ticket: 6h and 3d ratios > 1 x 0.01 from about
     1 min into the burn; page: 30m and 6h ratios > 6 x 0.01 once (0.4 k + 0.3) / (60 + k) >
     0.06, k > 9.7 min (the 1h/5m pair needs k > 21). So at 55 min nothing, at 65 min the
-    ticket alone, at 80 min both."""
+    ticket alone, at 80 min both. The page holds the shipped budget_fraction and
+    compliance_below rules too; at 65 min neither fires (0.16 of the projected daily
+    budget spent within the hour; the 5m compliance low for 4 minutes, not 10).
+    (promtool's ``a+bxn`` is n + 1 samples: the burn's series starts one step on.)"""
     text = export_text(DEFAULT_SLO_SPEC, DEFAULT_BURN_RULES)
     rules = write(tmp_path / "rules.yaml", text)
     doc = yaml.safe_load(text)
@@ -156,7 +159,7 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
         for r in g["rules"]
         if r.get("alert") == ALERTNAME and r["labels"]["slo"] == "ttft-stream"
     }
-    good = "0+49.75x60 2985+30x60"  # per worker: 0.5 % bad, then 40 % bad from minute 60
+    good = "0+49.75x60 3015+30x59"  # per worker: 0.5 % bad, then 40 % bad from minute 60
     series = [
         s
         for w in ("w1", "w2")
