@@ -62,8 +62,6 @@ rules:
   - {name: page-fast, kind: burn_rate, severity: page, factor: 10, long: 20s, short: 4s,
      min_requests: 50}
   - {name: ticket-slow, kind: burn_rate, severity: ticket, factor: 2, long: 1m, short: 10s}
-  - {name: worker-side-only, kind: budget_fraction, severity: page, fraction: 0.2,
-     within: 1h, of: 1d}
 """
 
 FAST_SPEC = """
