@@ -125,47 +125,40 @@ def _num(x: float) -> str:
 class Objective:
     """What one SLO's or blended tier's rules read: its objective, period and counters.
 
-    ``good``: ``(weight, counter selector)`` terms summed into its good requests; an SLO
-    has its good counter at 1, a tier its primary's at 1 and its secondary-only counter
-    at ``secondary_weight`` (the ``total`` is the primary's requests)."""
+    ``total`` and ``good``: counter selectors (a tier: its primary's); ``credit``: a
+    tier's ``(secondary_weight, its secondary-only counter)``, added to the good
+    requests."""
 
     name: str
     objective: float
     period_ms: int
     total: str
-    good: tuple[tuple[float, str], ...]
-    # a tier: the SLO whose alerts carry its conditions (None: an SLO)
-    primary: str | None = None
-    weight: float = 0.0
+    good: str
+    credit: tuple[float, str] | None = None
 
     @classmethod
     def of_slo(cls, slo: SLO) -> Objective:
         sel = f'{{slo="{slo.name}"}}'
-        return cls(slo.name, slo.objective, period_ms(slo), REQUESTS + sel, ((1.0, GOOD + sel),))
+        return cls(slo.name, slo.objective, period_ms(slo), REQUESTS + sel, GOOD + sel)
 
     @classmethod
     def of_tier(cls, spec: SLOSpec, name: str) -> Objective:
         tier = spec.tiers[name]
         sel = f'{{slo="{tier.primary}"}}'
-        good = ((1.0, GOOD + sel), (tier.secondary_weight, f'{TIER_SECONDARY}{{tier="{name}"}}'))
+        credit = (tier.secondary_weight, f'{TIER_SECONDARY}{{tier="{name}"}}')
         return cls(
-            name, tier.objective, period_ms(spec.slo(tier.primary)), REQUESTS + sel, good,
-            tier.primary, tier.secondary_weight,
+            name, tier.objective, period_ms(spec.slo(tier.primary)), REQUESTS + sel,
+            GOOD + sel, credit,
         )  # fmt: skip
 
     def good_sum(self, fn: str, w: str) -> str:
-        """``sum(fn(good[w]))``, weighted terms absent (no tier counter yet) read as 0."""
-        out = []
-        for weight, sel in self.good:
-            if weight == 1.0:
-                out.append(f"sum({fn}({sel}[{w}]))")
-            else:
-                out.append(f"{_num(weight)} * (sum({fn}({sel}[{w}])) or vector(0))")
-        return out[0] if len(out) == 1 else "(" + " + ".join(out) + ")"
-
-
-def burn_rules_for(slo: SLO, rules: BurnRules) -> list[BurnRateRule]:
-    return [r for r in rules_for(slo.name, slo.objective, rules) if isinstance(r, BurnRateRule)]
+        """``sum(fn(good[w]))`` (+ a tier's weighted credit, read as 0 while no worker
+        exposes its counter: a worker of an earlier release)."""
+        good = f"sum({fn}({self.good}[{w}]))"
+        if self.credit is None:
+            return good
+        weight, sel = self.credit
+        return f"({good} + {_num(weight)} * (sum({fn}({sel}[{w}])) or vector(0)))"
 
 
 def rules_for(name: str, objective: float, rules: BurnRules) -> list[AnyRule]:
@@ -304,10 +297,8 @@ def slo_groups(
             {"name": f"tailguard-tier-sli-recordings-{tier.name}", "rules": t.recordings},
             {"name": f"tailguard-tier-meta-recordings-{tier.name}", "rules": t.meta},
         ]
-        what = (
-            f"tier {tier.name} ({_num(tier.objective * 100)}%, secondary good at "
-            f"{_num(tier.weight)})"
-        )
+        weight = tier.credit[0] if tier.credit is not None else 0.0
+        what = f"tier {tier.name} ({_num(tier.objective * 100)}%, secondary good at {_num(weight)})"
         for severity, ts in t.terms.items():
             terms.setdefault(severity, []).extend(_as_primary(x, base) for x in ts)
             words.setdefault(severity, []).extend(f"{what} {w}" for w in t.words[severity])
