@@ -23,6 +23,10 @@ One JSON object per message, ``"v": 2`` and a ``"type"``:
   and ``"bad_ms"`` when the window has bad requests that reached an engine (the bad
   requests' queue time and their time at the SLO's boundary, summed: how much of the
   burn was queueing; omitted when 0, read as 0 when absent);
+  ``tiers``: ``{tier: {"good_secondary_only": n}}`` per blended tier of the spec, the
+  requests bad for its primary and good for its secondary (the tier's total and primary
+  good are its primary's ``slos`` counts; omitted when empty, read as empty when absent: a
+  reader before ``tiers`` ignores it);
   ``final`` (omitted when true), ``correction_id`` (omitted when none);
 * ``stats``: the fields of :class:`StatsSample`;
 * ``progress``: ``partition``, ``horizon_ms``, ``clock_ms`` (omitted when none).
@@ -36,7 +40,7 @@ window's sketches and SLO counts, which were positional arrays (``"b": {boundary
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import orjson
@@ -90,6 +94,8 @@ class WindowSummary:
     # A correction of a closed window (late records, partials taken back): SLO counts
     # only, which add to the window's (may be negative); unique per correction.
     correction_id: str | None = None
+    # per blended tier, good_secondary_only (what its primary's counts lack); final only
+    tiers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +178,11 @@ def encode_summary(s: Summary) -> bytes:
                 for m, mw in s.models.items()
             },
             "slos": {n: _slo_record(c) for n, c in s.slos.items()},
+            **(
+                {"tiers": {n: {"good_secondary_only": g} for n, g in s.tiers.items()}}
+                if s.tiers
+                else {}
+            ),
             **({} if s.final else {"final": False}),
             **({} if s.correction_id is None else {"correction_id": s.correction_id}),
         }
@@ -206,6 +217,7 @@ def decode_summary(raw: bytes) -> Summary:
         int(d["partition"]), int(d["start_ms"]), int(d["size_ms"]), models, slos,
         final=bool(d.get("final", True)),
         correction_id=None if d.get("correction_id") is None else str(d["correction_id"]),
+        tiers={n: int(t["good_secondary_only"]) for n, t in d.get("tiers", {}).items()},
     )  # fmt: skip
 
 

@@ -9,25 +9,40 @@ evaluates them across workers and keeps paging when one worker, or the controlle
 Per SLO, Sloth's shape and names (labels ``sloth_id``, ``sloth_service``, ``sloth_slo``),
 with Sloth's meaning:
 
-* **SLI recordings** ``slo:sli_error:ratio_rate<w>`` for every window of the burn-rate
-  rules that apply to the SLO: ``1 - rate(good[w]) / rate(total[w])`` summed over the
-  workers; the SLO period's (``30d``) as the average of the shortest window's ratios over
-  the period (Sloth's: a 30-day range over the raw counters is costly); and
+* **SLI recordings** ``slo:sli_error:ratio_rate<w>`` for every window of the
+  ``burn_rate`` and ``compliance_below`` rules that apply to the SLO: ``1 - rate(good[w])
+  / rate(total[w])`` summed over the workers; the SLO period's (``30d``) as the average
+  of the shortest window's ratios over the period (Sloth's: a 30-day range over the raw
+  counters is costly); and
   ``tailguard:slo_requests:increase<w>`` for the short windows of rules with a low-traffic
-  guard (``min_requests``).
+  guard (``min_requests``); ``tailguard:slo_error_budget_spent:ratio`` per
+  ``budget_fraction`` rule's (``within``, ``of``).
 * **Metadata recordings**: ``slo:objective:ratio``, ``slo:error_budget:ratio``,
   ``slo:time_period:days``, ``slo:current_burn_rate:ratio`` (the shortest window),
   ``slo:period_burn_rate:ratio``, ``slo:period_error_budget_remaining:ratio``,
   ``sloth_slo_info``.
 * **Two alerts**, one ``page`` and one ``ticket`` (alertname ``TailguardSLOBurn``, label
-  ``severity``): the ``burn_rate`` rules of that severity, OR-ed; each is "error ratio over
-  ``long`` AND over ``short`` > factor x (1 - objective)", AND, with ``min_requests``, at
-  least that many requests over ``short``. Annotations: summary, the SLO's boundary and
-  threshold, the runbook, what ``tailguard`` command to run.
+  ``severity``): every rule of that severity that applies to the SLO, OR-ed, each a
+  condition with the SLO's labels:
 
-The other rule kinds (``budget_fraction``, ``compliance_below``) stay worker-side (the
-controller's evaluation, :mod:`pipeline.core.budget`): at most two alerts per SLO here, as
-Sloth does. Blended tiers have no counters of their own and are not exported.
+  - ``burn_rate``: "error ratio over ``long`` AND over ``short`` > factor x (1 -
+    objective)";
+  - ``budget_fraction``: ``tailguard:slo_error_budget_spent:ratio`` (bad over ``within`` /
+    the allowed bad over ``of``, the allowance projected over a young history as the
+    evaluator does) >= ``fraction``;
+  - ``compliance_below``: the ratio over ``window`` > 1 - ``below`` at every recorded
+    evaluation of the last ``for`` and at the one ``for`` ago (``min_over_time`` and
+    ``offset``: the clock started at least ``for`` ago);
+
+  AND, with ``min_requests``, at least that many requests over the rule's short window.
+  Annotations: summary (every condition in words), the SLO's boundary and threshold, the
+  runbook, what ``tailguard`` command to run.
+* **Blended tiers** (the spec's ``tiers:``): Sloth's recordings under the tier's name, its
+  good requests ``good(primary) + secondary_weight x
+  tailguard_slo_tier_secondary_good_requests_total{tier}`` over its primary's requests,
+  its objective, its primary's period. The rules that apply to the tier (as the evaluator
+  picks them) add their conditions to the **primary's** page and ticket, relabelled as the
+  primary's: one page and one ticket per SLO, its tiers included.
 
 A **dead-man group**: ``TailguardEvaluationsStopped`` (the controller's last evaluation is
 older than 5 minutes, or no worker exposes it) and ``TailguardWindowsStopped`` (workers
@@ -47,12 +62,20 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pipeline.core.budget import DAY_MS, window_label
-from pipeline.spec.burn_rules import BurnRateRule, BurnRules
+from pipeline.spec.burn_rules import (
+    BudgetFractionRule,
+    BurnRateRule,
+    BurnRules,
+    ComplianceBelowRule,
+)
 from pipeline.spec.slo import SLO, SLOSpec
+
+AnyRule = BurnRateRule | BudgetFractionRule | ComplianceBelowRule
 
 SERVICE: Final = "tailguard"
 REQUESTS: Final = "tailguard_slo_requests_total"
 GOOD: Final = "tailguard_slo_good_requests_total"
+TIER_SECONDARY: Final = "tailguard_slo_tier_secondary_good_requests_total"
 ALERTNAME: Final = "TailguardSLOBurn"
 SEVERITIES: Final = ("page", "ticket")
 RUNBOOK: Final = "docs/alerting.md#runbook"  # --runbook-url: where yours is published
@@ -98,47 +121,118 @@ def _num(x: float) -> str:
     return f"{x:.10g}"
 
 
-def burn_rules_for(slo: SLO, rules: BurnRules) -> list[BurnRateRule]:
-    return [
-        r
-        for r in rules.rules
-        if isinstance(r, BurnRateRule) and r.applies_to(slo.name, slo.objective)
-    ]
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What one SLO's or blended tier's rules read: its objective, period and counters.
+
+    ``total`` and ``good``: counter selectors (a tier: its primary's); ``credit``: a
+    tier's ``(secondary_weight, its secondary-only counter)``, added to the good
+    requests."""
+
+    name: str
+    objective: float
+    period_ms: int
+    total: str
+    good: str
+    credit: tuple[float, str] | None = None
+
+    @classmethod
+    def of_slo(cls, slo: SLO) -> Objective:
+        sel = f'{{slo="{slo.name}"}}'
+        return cls(slo.name, slo.objective, period_ms(slo), REQUESTS + sel, GOOD + sel)
+
+    @classmethod
+    def of_tier(cls, spec: SLOSpec, name: str) -> Objective:
+        tier = spec.tiers[name]
+        sel = f'{{slo="{tier.primary}"}}'
+        credit = (tier.secondary_weight, f'{TIER_SECONDARY}{{tier="{name}"}}')
+        return cls(
+            name, tier.objective, period_ms(spec.slo(tier.primary)), REQUESTS + sel,
+            GOOD + sel, credit,
+        )  # fmt: skip
+
+    def good_sum(self, fn: str, w: str) -> str:
+        """``sum(fn(good[w]))`` (+ a tier's weighted credit, read as 0 while no worker
+        exposes its counter: a worker of an earlier release)."""
+        good = f"sum({fn}({self.good}[{w}]))"
+        if self.credit is None:
+            return good
+        weight, sel = self.credit
+        return f"({good} + {_num(weight)} * (sum({fn}({sel}[{w}])) or vector(0)))"
 
 
-def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str, Any]]:
-    """The recording, metadata and alert groups of one SLO."""
-    base = _labels(slo.name, opts.service)
+def rules_for(name: str, objective: float, rules: BurnRules) -> list[AnyRule]:
+    """The rules that apply to an SLO or tier, as the evaluator picks them
+    (``applies_to``: ``slos:``, and a ``compliance_below`` only where ``below <=
+    objective``)."""
+    return [r for r in rules.rules if r.applies_to(name, objective)]
+
+
+def _ratio_windows(mine: Sequence[AnyRule]) -> list[int]:
+    """Windows whose error ratio is recorded: burn-rate pairs and compliance windows."""
+    out: set[int] = set()
+    for r in mine:
+        if isinstance(r, BurnRateRule):
+            out.update((r.long_ms, r.short_ms))
+        elif isinstance(r, ComplianceBelowRule):
+            out.add(r.window_ms)
+    return sorted(out)
+
+
+def _guard_window_ms(r: AnyRule) -> int:
+    """The window ``min_requests`` is counted over (the evaluator's "short" window)."""
+    if isinstance(r, BurnRateRule):
+        return r.short_ms
+    if isinstance(r, BudgetFractionRule):
+        return r.within_ms
+    return r.window_ms
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    recordings: list[dict[str, Any]]
+    meta: list[dict[str, Any]]
+    # severity -> the rules' conditions, vectors with this objective's labels
+    terms: dict[str, list[str]]
+    # severity -> the rules in words (the alert's summary)
+    words: dict[str, list[str]]
+
+
+def _build(o: Objective, rules: BurnRules, opts: RulesOptions) -> _Built:
+    """The recordings of one SLO or tier and its rules' conditions per severity."""
+    base = _labels(o.name, opts.service)
     sel = _selector(base)
-    mine = burn_rules_for(slo, rules)
-    windows = sorted({ms for r in mine for ms in (r.long_ms, r.short_ms)})
+    mine = rules_for(o.name, o.objective, rules)
+    windows = _ratio_windows(mine)
     shortest = windows[0] if windows else 300_000
     windows = sorted({*windows, shortest})
-    counted = f'{{slo="{slo.name}"}}'
     sli: list[dict[str, Any]] = []
     for ms in windows:
         w = window_label(ms)
         sli.append(
             {
                 "record": f"slo:sli_error:ratio_rate{w}",
-                "expr": f"1 - (sum(rate({GOOD}{counted}[{w}]))\n"
-                f"/ sum(rate({REQUESTS}{counted}[{w}])))",
+                "expr": f"1 - ({o.good_sum('rate', w)}\n/ sum(rate({o.total}[{w}])))",
                 "labels": {**base, "sloth_window": w},
             }
         )
-    guarded = sorted({r.short_ms for r in mine if r.min_requests > 0})
+    guarded = sorted({_guard_window_ms(r) for r in mine if r.min_requests > 0})
     for ms in guarded:
         w = window_label(ms)
         sli.append(
             {
                 "record": f"tailguard:slo_requests:increase{w}",
-                "expr": f"sum(increase({REQUESTS}{counted}[{w}]))",
+                "expr": f"sum(increase({o.total}[{w}]))",
                 "labels": {**base, "sloth_window": w},
             }
         )
-    period = window_label(period_ms(slo))
+    budget = 1.0 - o.objective
+    pairs = sorted({(r.within_ms, r.of_ms) for r in mine if isinstance(r, BudgetFractionRule)})
+    for within_ms, of_ms in pairs:
+        sli.append(_spent_record(o, within_ms, of_ms, base))
+    period = window_label(o.period_ms)
     short = window_label(shortest)
-    if period_ms(slo) not in windows:
+    if o.period_ms not in windows:
         ratio = f"slo:sli_error:ratio_rate{short}{sel}"
         sli.append(
             {
@@ -148,13 +242,12 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
                 "labels": {**base, "sloth_window": period},
             }
         )
-    budget = 1.0 - slo.objective
     on = "on (sloth_id, sloth_slo, sloth_service) group_left"
     meta = [
-        {"record": "slo:objective:ratio", "expr": f"vector({_num(slo.objective)})", "labels": base},
-        {"record": "slo:error_budget:ratio", "expr": f"vector(1 - {_num(slo.objective)})",
+        {"record": "slo:objective:ratio", "expr": f"vector({_num(o.objective)})", "labels": base},
+        {"record": "slo:error_budget:ratio", "expr": f"vector(1 - {_num(o.objective)})",
          "labels": base},
-        {"record": "slo:time_period:days", "expr": f"vector({_num(period_ms(slo) / DAY_MS)})",
+        {"record": "slo:time_period:days", "expr": f"vector({_num(o.period_ms / DAY_MS)})",
          "labels": base},
         {"record": "slo:current_burn_rate:ratio",
          "expr": f"slo:sli_error:ratio_rate{short}{sel}\n/ {on}\nslo:error_budget:ratio{sel}",
@@ -166,56 +259,137 @@ def slo_groups(slo: SLO, rules: BurnRules, opts: RulesOptions) -> list[dict[str,
          "expr": f"1 - slo:period_burn_rate:ratio{sel}", "labels": base},
         {"record": "sloth_slo_info", "expr": "vector(1)",
          "labels": {**base, "sloth_mode": "tailguard", "sloth_spec": "tailguard/v1",
-                    "sloth_objective": _num(slo.objective * 100)}},
+                    "sloth_objective": _num(o.objective * 100)}},
     ]  # fmt: skip
-    alerts: list[dict[str, Any]] = []
-    for severity in SEVERITIES:
-        of = [r for r in mine if r.severity == severity]
-        if not of:
-            continue
-        alerts.append(_alert(slo, of, severity, base, sel, budget, opts))
-    name = slo.name
+    terms: dict[str, list[str]] = {}
+    words: dict[str, list[str]] = {}
+    for r in mine:
+        terms.setdefault(r.severity, []).append(_term(r, sel, budget))
+        words.setdefault(r.severity, []).append(f"{r.name}: {describe_rule(r)}")
+    return _Built(sli, meta, terms, words)
+
+
+def _as_primary(term: str, primary: dict[str, str]) -> str:
+    """A tier's condition relabelled as its primary SLO's (one alert per SLO and severity:
+    ``or`` keeps one series per label set)."""
+    out = term
+    for k in ("sloth_id", "sloth_slo"):
+        out = f'label_replace(\n{out},\n"{k}", "{primary[k]}", "", "")'
+    return out
+
+
+def slo_groups(
+    slo: SLO, rules: BurnRules, opts: RulesOptions, tiers: Sequence[Objective] = ()
+) -> list[dict[str, Any]]:
+    """The recording, metadata and alert groups of one SLO and of the blended ``tiers``
+    whose primary it is (their conditions in its page and ticket)."""
+    base = _labels(slo.name, opts.service)
+    own = _build(Objective.of_slo(slo), rules, opts)
     groups = [
-        {"name": f"tailguard-slo-sli-recordings-{name}", "rules": sli},
-        {"name": f"tailguard-slo-meta-recordings-{name}", "rules": meta},
+        {"name": f"tailguard-slo-sli-recordings-{slo.name}", "rules": own.recordings},
+        {"name": f"tailguard-slo-meta-recordings-{slo.name}", "rules": own.meta},
     ]
+    terms = {k: list(v) for k, v in own.terms.items()}
+    words = {k: list(v) for k, v in own.words.items()}
+    for tier in tiers:
+        t = _build(tier, rules, opts)
+        groups += [
+            {"name": f"tailguard-tier-sli-recordings-{tier.name}", "rules": t.recordings},
+            {"name": f"tailguard-tier-meta-recordings-{tier.name}", "rules": t.meta},
+        ]
+        weight = tier.credit[0] if tier.credit is not None else 0.0
+        what = f"tier {tier.name} ({_num(tier.objective * 100)}%, secondary good at {_num(weight)})"
+        for severity, ts in t.terms.items():
+            terms.setdefault(severity, []).extend(_as_primary(x, base) for x in ts)
+            words.setdefault(severity, []).extend(f"{what} {w}" for w in t.words[severity])
+    alerts = [_alert(slo, terms[s], words[s], s, opts) for s in SEVERITIES if terms.get(s)]
     if alerts:
-        groups.append({"name": f"tailguard-slo-alerts-{name}", "rules": alerts})
+        groups.append({"name": f"tailguard-slo-alerts-{slo.name}", "rules": alerts})
     return groups
 
 
-def _alert(  # noqa: PLR0917
-    slo: SLO,
-    rules: Sequence[BurnRateRule],
-    severity: str,
-    base: dict[str, str],
-    sel: str,
-    budget: float,
-    opts: RulesOptions,
-) -> dict[str, Any]:
-    terms = []
-    for r in rules:
+def _spent_record(o: Objective, within_ms: int, of_ms: int, base: dict[str, str]) -> dict[str, Any]:
+    """``tailguard:slo_error_budget_spent:ratio``: bad over ``within`` / allowed bad over
+    ``of``, a ``budget_fraction`` rule's figure (:mod:`pipeline.core.budget`).
+
+    The allowance is ``(1 - objective) x`` the requests over ``of``, projected as the
+    evaluator does while less than ``of`` has been seen: requests seen x ``of`` /
+    max(history, ``within``). ``rate()`` divides by the range, not by the history, so
+    the history of each worker's series is measured in samples: ``count_over_time`` over
+    ``of`` x ``within`` / its count over ``within`` (the scrape interval cancels out)."""
+    within, of = window_label(within_ms), window_label(of_ms)
+    w_s, of_s = within_ms // 1000, of_ms // 1000
+    req = o.total
+    history = (
+        f"clamp(count_over_time({req}[{of}]) * {w_s} / count_over_time({req}[{within}]), "
+        f"{w_s}, {of_s})"
+    )
+    return {
+        "record": "tailguard:slo_error_budget_spent:ratio",
+        "expr": f"(sum(increase({req}[{within}])) - {o.good_sum('increase', within)})\n"
+        f"/ ({_num(1.0 - o.objective)} * sum(increase({req}[{of}]) * {of_s}\n/ {history}))",
+        "labels": {**base, "sloth_window": within, "tailguard_budget_of": of},
+    }
+
+
+def _term(r: AnyRule, sel: str, budget: float) -> str:
+    """One rule's condition, a vector with the SLO's labels (no window label)."""
+    parts: list[str]
+    if isinstance(r, BurnRateRule):
         long, short = window_label(r.long_ms), window_label(r.short_ms)
         limit = f"({_num(r.factor)} * {_num(budget)})"
         parts = [
             f"max(slo:sli_error:ratio_rate{short}{sel} > {limit}) without (sloth_window)",
             f"max(slo:sli_error:ratio_rate{long}{sel} > {limit}) without (sloth_window)",
         ]
-        if r.min_requests > 0:
-            parts.append(
-                f"max(tailguard:slo_requests:increase{short}{sel} >= {r.min_requests})"
-                " without (sloth_window)"
-            )
-        terms.append("(\n    " + "\n    and\n    ".join(parts) + "\n)")
-    expr = "\nor\n".join(terms)
-    what = ", ".join(
-        f"{_num(r.factor)}x over {window_label(r.long_ms)} and {window_label(r.short_ms)}"
-        for r in rules
+    elif isinstance(r, BudgetFractionRule):
+        within, of = window_label(r.within_ms), window_label(r.of_ms)
+        spent = (
+            "tailguard:slo_error_budget_spent:ratio"
+            + sel[:-1]
+            + f', sloth_window="{within}", tailguard_budget_of="{of}"}}'
+        )
+        parts = [f"max({spent} >= {_num(r.fraction)}) without (sloth_window, tailguard_budget_of)"]
+    else:
+        # below at every evaluation for `for`: every recorded ratio of the last `for`
+        # and the one `for` ago (the clock started at least `for` ago)
+        w, held = window_label(r.window_ms), window_label(r.for_ms)
+        ratio = f"slo:sli_error:ratio_rate{w}{sel}"
+        limit = f"(1 - {_num(r.below)})"
+        parts = [
+            f"max(min_over_time({ratio}[{held}]) > {limit}) without (sloth_window)",
+            f"max({ratio} offset {held} > {limit}) without (sloth_window)",
+        ]
+    if r.min_requests > 0:
+        parts.append(
+            f"max(tailguard:slo_requests:increase{window_label(_guard_window_ms(r))}{sel}"
+            f" >= {r.min_requests}) without (sloth_window)"
+        )
+    return "(\n    " + "\n    and\n    ".join(parts) + "\n)"
+
+
+def describe_rule(r: AnyRule) -> str:
+    """A rule's condition in words (the alert's summary)."""
+    if isinstance(r, BurnRateRule):
+        return f"{_num(r.factor)}x over {window_label(r.long_ms)} and {window_label(r.short_ms)}"
+    if isinstance(r, BudgetFractionRule):
+        return (
+            f"{_num(r.fraction * 100)}% of the {window_label(r.of_ms)} budget within "
+            f"{window_label(r.within_ms)}"
+        )
+    return (
+        f"compliance over {window_label(r.window_ms)} < {_num(r.below * 100)}% for "
+        f"{window_label(r.for_ms)}"
     )
+
+
+def _alert(
+    slo: SLO, terms: Sequence[str], words: Sequence[str], severity: str, opts: RulesOptions
+) -> dict[str, Any]:
     op = "<" if slo.threshold_strict else "<="
     return {
         "alert": ALERTNAME,
-        "expr": expr,
+        "expr": "\nor\n".join(terms),
         "labels": {
             "severity": severity,
             "slo": slo.name,
@@ -224,7 +398,8 @@ def _alert(  # noqa: PLR0917
             **dict(opts.alert_labels),
         },
         "annotations": {
-            "summary": f"SLO {slo.name}: error budget burning fast ({severity}: {what})",
+            "summary": f"SLO {slo.name}: error budget burning fast ({severity}: "
+            f"{'; '.join(words)})",
             "title": f"({{{{ $labels.sloth_service }}}} {slo.name}) {severity}: error "
             "budget burn rate",
             "boundary": f"{slo.boundary} {op} {_num(slo.threshold_ms)} ms for "
@@ -277,7 +452,8 @@ def rule_groups(
     o = opts or RulesOptions()
     groups: list[dict[str, Any]] = []
     for slo in spec.slos:
-        groups.extend(slo_groups(slo, rules, o))
+        tiers = [Objective.of_tier(spec, n) for n, t in spec.tiers.items() if t.primary == slo.name]
+        groups.extend(slo_groups(slo, rules, o, tiers))
     groups.append(deadman_group())
     return {"groups": groups}
 

@@ -21,6 +21,10 @@ Two kinds of figures, told apart by their names:
   ``tailguard_worker_*_total``              the worker's own counts (events consumed ...)
   ========================================  ===========================================
 
+  and per blended tier (label ``tier``) ``tailguard_slo_tier_secondary_good_requests_total``:
+  of its primary SLO's requests, those bad for the primary and good for the secondary (its
+  total and primary-good counts are the primary's counters).
+
 * **Gauges of the controller's last evaluation** (the worker that runs it), per SLO (or
   blended tier) and ``scope``: ``tailguard_slo_burn_rate`` and
   ``tailguard_slo_compliance_ratio`` (label ``window``), ``tailguard_slo_objective_ratio``,
@@ -443,7 +447,8 @@ class WindowCounters:
     """Cumulative counts of the final window summaries one worker stored.
 
     Per SLO, requests and good requests (:class:`~pipeline.contract.summary.SLOWindowCounts`
-    of final windows, each (partition, start) once, and of corrections); per model and
+    of final windows, each (partition, start) once, and of corrections), per blended tier
+    its secondary-only good requests (``WindowSummary.tiers``); per model and
     boundary, a histogram of the windows' sketches, classic and native (each sketch bin
     counted in the bucket holding the value the sketch reports for it: within the
     sketch's relative accuracy; native buckets at :func:`native_schema` of it). Counters
@@ -470,6 +475,9 @@ class WindowCounters:
         self._seen: dict[tuple[int, int], None] = {}
         self._exact: dict[str, list[int]] = {}  # slo -> [total, good]
         self._shown: dict[str, list[int]] = {}
+        # blended tier -> [good_secondary_only] (exact, shown)
+        self._tier_exact: dict[str, int] = {}
+        self._tier_shown: dict[str, int] = {}
         self._hist: dict[tuple[str, str], _Histogram] = {}
         self._values: dict[int, tuple[float, int]] = {}  # sketch key -> (ms, native index)
 
@@ -491,6 +499,9 @@ class WindowCounters:
             exact[1] += c.good
             shown[0] = max(shown[0], exact[0])
             shown[1] = max(shown[1], exact[1])
+        for tier, n in summary.tiers.items():
+            self._tier_exact[tier] = self._tier_exact.get(tier, 0) + n
+            self._tier_shown[tier] = max(self._tier_shown.get(tier, 0), self._tier_exact[tier])
         if summary.correction_id is not None:
             return
         for model, mw in summary.models.items():
@@ -539,6 +550,16 @@ class WindowCounters:
                 "Of the SLO's requests, those within its threshold",
                 (("slo", slo),),
                 good,
+                "counter",
+                start_s=start_s,
+            )
+        for tier in sorted(self._tier_shown):
+            b.add(
+                "tailguard_slo_tier_secondary_good_requests",
+                "Of a blended tier's requests (its primary SLO's), those bad for the primary "
+                "and good for the secondary (credited secondary_weight each)",
+                (("tier", tier),),
+                self._tier_shown[tier],
                 "counter",
                 start_s=start_s,
             )

@@ -29,14 +29,19 @@ def summarize(
     """
     if win.correction:
         slos_c: dict[str, SLOWindowCounts] = {}
+        tiers_c: dict[str, int] = {}
         if win.slos is not None:
             for r in win.slos.rows():
                 if r.kind == "slo" and (r.total or r.good):
                     slos_c[r.slo] = SLOWindowCounts(
                         r.total, r.good, r.objective, r.bad_queue_ms, r.bad_ms
                     )
+                elif r.kind == "blended" and r.good_secondary_only:
+                    tiers_c[r.slo] = r.good_secondary_only
         cid = correction_id or f"{win.partition}/{win.start_ms}/{sorted(win.ledger)[:1]}"
-        return WindowSummary(win.partition, win.start_ms, win.size_ms, {}, slos_c, True, cid)
+        return WindowSummary(
+            win.partition, win.start_ms, win.size_ms, {}, slos_c, True, cid, tiers_c
+        )
     merged: dict[str, dict[str, QuantileSketch]] = {}
     records: dict[str, int] = {}
     retries: dict[str, int] = {}
@@ -70,10 +75,13 @@ def summarize(
         for name, sks in merged.items()
     }
     slos: dict[str, SLOWindowCounts] = {}
+    tiers: dict[str, int] = {}
     if final and win.slos is not None:
         for r in win.slos.rows():
             if r.kind == "slo":
                 slos[r.slo] = SLOWindowCounts(
                     r.total, r.good, r.objective, r.bad_queue_ms, r.bad_ms
                 )
-    return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos, final)
+            else:
+                tiers[r.slo] = r.good_secondary_only
+    return WindowSummary(win.partition, win.start_ms, win.size_ms, models, slos, final, tiers=tiers)

@@ -27,6 +27,7 @@ from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
 from tests import ceilings
+from tests.paths import SPECS
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.prometheus_local import LocalPrometheus, run_promtool
 
@@ -48,6 +49,9 @@ slos:
     objective: 0.9
     window: {rolling: 7d}
     errors: exclude
+tiers:
+  decode-or-e2e: {primary: engine-e2e, secondary: decode-weekly, secondary_weight: 0.25,
+                  objective: 0.85}
 """
 
 # Windows of seconds, so that a real Prometheus fires and resolves within a test.
@@ -58,8 +62,6 @@ rules:
   - {name: page-fast, kind: burn_rate, severity: page, factor: 10, long: 20s, short: 4s,
      min_requests: 50}
   - {name: ticket-slow, kind: burn_rate, severity: ticket, factor: 2, long: 1m, short: 10s}
-  - {name: worker-side-only, kind: budget_fraction, severity: page, fraction: 0.2,
-     within: 1h, of: 1d}
 """
 
 FAST_SPEC = """
@@ -84,10 +86,16 @@ def promtool_ok(*args: str) -> str:
     return out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("spec", ["shipped", "unseen"])
+@pytest.mark.parametrize("spec", ["shipped", "example", "unseen"])
 @pytest.mark.parametrize("fmt", ["prometheus", "prometheusrule"])
 def test_exported_rules_pass_promtool(tmp_path: Path, spec: str, fmt: str) -> None:
-    spec_path = DEFAULT_SLO_SPEC if spec == "shipped" else write(tmp_path / "s.yaml", UNSEEN_SPEC)
+    """Every SLO has its page and its ticket, no more: its blended tiers', budget_fraction
+    and compliance_below rules' conditions are in them."""
+    spec_path = {
+        "shipped": DEFAULT_SLO_SPEC,
+        "example": SPECS / "slo-example.yaml",  # a blended tier
+        "unseen": write(tmp_path / "s.yaml", UNSEEN_SPEC),  # a blended tier, a week
+    }[spec]
     text = export_text(spec_path, DEFAULT_BURN_RULES, fmt)
     doc = yaml.safe_load(text)
     groups = doc["groups"] if fmt == "prometheus" else doc["spec"]["groups"]
@@ -136,7 +144,10 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
     0.99, budget 0.01; the shipped rules). Ticket: 6h and 3d ratios > 1 x 0.01 from about
     1 min into the burn; page: 30m and 6h ratios > 6 x 0.01 once (0.4 k + 0.3) / (60 + k) >
     0.06, k > 9.7 min (the 1h/5m pair needs k > 21). So at 55 min nothing, at 65 min the
-    ticket alone, at 80 min both."""
+    ticket alone, at 80 min both. The page holds the shipped budget_fraction and
+    compliance_below rules too; at 65 min neither fires (0.16 of the projected daily
+    budget spent within the hour; the 5m compliance low for 4 minutes, not 10).
+    (promtool's ``a+bxn`` is n + 1 samples: the burn's series starts one step on.)"""
     text = export_text(DEFAULT_SLO_SPEC, DEFAULT_BURN_RULES)
     rules = write(tmp_path / "rules.yaml", text)
     doc = yaml.safe_load(text)
@@ -146,7 +157,7 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
         for r in g["rules"]
         if r.get("alert") == ALERTNAME and r["labels"]["slo"] == "ttft-stream"
     }
-    good = "0+49.75x60 2985+30x60"  # per worker: 0.5 % bad, then 40 % bad from minute 60
+    good = "0+49.75x60 3015+30x59"  # per worker: 0.5 % bad, then 40 % bad from minute 60
     series = [
         s
         for w in ("w1", "w2")
@@ -196,6 +207,136 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
         {"eval_time": "65m", "alertname": ALERTNAME, "exp_alerts": cases[2][1]}
     ]
     bad = write(tmp_path / "bad.yaml", yaml.safe_dump(early, sort_keys=False))
+    assert run_promtool("test", "rules", str(bad)).returncode != 0
+
+
+ONE_SLO = """
+apiVersion: tailguard/v1
+kind: SLOSpec
+slos:
+  - {name: ttft-stream, boundary: gateway_ttfb_ms, threshold_ms: 2000, objective: 0.99}
+"""
+
+# budget_fraction: 20 % of the daily budget within an hour (the shipped rule). Two workers,
+# 50 requests/min each, 0.5 % bad for 2 h, then 8 % bad. Allowed over 1d: 0.01 x 100/min x
+# 1440 min = 1440 (rate() over the 2-3 h seen x 1d: the evaluator's projection of a young
+# history); bad over 1h after k minutes of the burn: 8 k + 0.5 (60 - k) >= 288 from k =
+# 34.4 (the 1h burn rate is then 4.8x = 0.2 x 24). 150 min: nothing; 160 min: the page,
+# having spent (8 x 40 + 0.5 x 20) / 1440 = 0.23 (rate()'s 59 intervals: 0.233).
+FRACTION_CASE = {
+    "rules": "  - {name: daily-budget-20pct-in-1h, kind: budget_fraction, severity: page,\n"
+    "     fraction: 0.2, within: 1h, of: 1d, min_requests: 200}\n",
+    "good": "0+49.75x120 6016+46x59",
+    "minutes": 180,
+    "cases": [("150m", False), ("160m", True)],
+    "refused": "150m",
+    "expr": (
+        'round(tailguard:slo_error_budget_spent:ratio{sloth_slo="ttft-stream"}, 0.01)',
+        "160m",
+        0.23,
+    ),
+}
+# compliance_below: compliance over 5m < 98 % at every evaluation for 10m (the shipped
+# rule). 0.5 % bad for 1 h, then 5 % bad from minute 60: the 5m ratio (4 one-minute
+# intervals, left-open range) is 1.6 % at 61 min, 2.75 % at 62 min, the first low
+# evaluation; the page fires 10 minutes later, at 72 min, not at 71.
+BELOW_CASE = {
+    "rules": "  - {name: slo-violation-imminent, kind: compliance_below, severity: page,\n"
+    "     window: 5m, below: 0.98, for: 10m}\n",
+    "good": "0+49.75x60 3032.5+47.5x59",
+    "minutes": 120,
+    "cases": [("61m", False), ("71m", False), ("72m", True), ("90m", True)],
+    "refused": "71m",
+    "expr": ('round(slo:sli_error:ratio_rate5m{sloth_slo="ttft-stream"}, 0.0001)', "62m", 0.0275),
+}
+TIER_SPEC = """
+apiVersion: tailguard/v1
+kind: SLOSpec
+slos:
+  - {name: ttft-stream, boundary: gateway_ttfb_ms, threshold_ms: 2000, objective: 0.99}
+  - {name: engine, boundary: ttft_engine_ms, threshold_ms: 1500, objective: 0.99}
+tiers:
+  blended: {primary: ttft-stream, secondary: engine, secondary_weight: 0.5, objective: 0.99}
+"""
+# A blended tier (its rule only: `slos: [blended]`), paged as its primary. 0.5 % bad for
+# 1 h, then 20 % bad for the primary of which 16 % good on the secondary: the tier's
+# ratio is 0.20 - 0.5 x 0.16 = 0.12 (the weight counts: without it 0.20, the page at
+# 77 min). 6x over 1h: the 1h ratio (59 intervals) passes 0.06 between 85 and 90 min.
+TIER_CASE = {
+    "spec": TIER_SPEC,
+    "rules": "  - {name: tier-burn, kind: burn_rate, severity: page, factor: 6, long: 1h,\n"
+    "     short: 5m, slos: [blended]}\n",
+    "good": "0+49.75x60 3025+40x59",
+    "tier": "0x60 8+8x59",
+    "minutes": 120,
+    "cases": [("85m", False), ("90m", True)],
+    "refused": "85m",
+    "expr": ('round(slo:sli_error:ratio_rate5m{sloth_slo="blended"}, 0.0001)', "95m", 0.12),
+}
+
+
+@pytest.mark.parametrize(
+    "case", [FRACTION_CASE, BELOW_CASE, TIER_CASE], ids=["budget-fraction", "below", "tier"]
+)
+def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[str, Any]) -> None:
+    """budget_fraction and compliance_below, and a blended tier's burn rate, exported into
+    the SLO's one page alert: when it fires, from the evaluator's arithmetic
+    (pipeline.core.budget, pipeline.core.slo)."""
+    burn = "apiVersion: tailguard/v1\nkind: BurnRules\nrules:\n" + case["rules"]
+    spec = write(tmp_path / "s.yaml", case.get("spec", ONE_SLO))
+    text = export_text(spec, write(tmp_path / "b.yaml", burn))
+    rules = write(tmp_path / "rules.yaml", text)
+    doc = yaml.safe_load(text)
+    (page,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == ALERTNAME]
+    assert page["labels"]["severity"] == "page"
+    n = case["minutes"]
+    series = [
+        s
+        for w in ("w1", "w2")
+        for s in (
+            _series("tailguard_slo_requests_total", w, f"0+50x{n}"),
+            _series("tailguard_slo_good_requests_total", w, case["good"]),
+        )
+    ]
+    if "tier" in case:
+        series += [
+            {"series": f'tailguard_slo_tier_secondary_good_requests_total{{tier="blended", '
+             f'instance="{w}"}}', "values": case["tier"]}
+            for w in ("w1", "w2")
+        ]  # fmt: skip
+    expr, at, value = case["expr"]
+
+    def tests(cases: list[tuple[str, bool]]) -> dict[str, Any]:
+        return {
+            "rule_files": [str(rules)],
+            "evaluation_interval": "1m",
+            "tests": [
+                {
+                    "interval": "1m",
+                    "input_series": series,
+                    "alert_rule_test": [
+                        {
+                            "eval_time": t,
+                            "alertname": ALERTNAME,
+                            "exp_alerts": [_expected(page)] if firing else [],
+                        }
+                        for t, firing in cases
+                    ],
+                    "promql_expr_test": [
+                        {
+                            "expr": f"sum({expr})",
+                            "eval_time": at,
+                            "exp_samples": [{"labels": "{}", "value": value}],
+                        },
+                    ],
+                }
+            ],
+        }
+
+    path = write(tmp_path / "tests.yaml", yaml.safe_dump(tests(case["cases"]), sort_keys=False))
+    assert "SUCCESS" in promtool_ok("test", "rules", str(path))
+    # the fixture can fail: the page expected one step early is refused
+    bad = write(tmp_path / "bad.yaml", yaml.safe_dump(tests([(case["refused"], True)])))
     assert run_promtool("test", "rules", str(bad)).returncode != 0
 
 

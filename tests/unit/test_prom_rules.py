@@ -46,6 +46,8 @@ TICKET = {"name": "t", "kind": "burn_rate", "severity": "ticket", "factor": 1, "
           "short": "6h"}  # fmt: skip
 FRACTION = {"name": "f", "kind": "budget_fraction", "severity": "page", "fraction": 0.2,
             "within": "1h", "of": "1d"}  # fmt: skip
+BELOW = {"name": "c", "kind": "compliance_below", "severity": "page", "window": "5m",
+         "below": 0.98, "for": "10m"}  # fmt: skip
 
 
 def records(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,16 +70,25 @@ def alerts(doc: dict[str, Any]) -> list[dict[str, Any]]:
          ["page", "ticket"], 30),
         ({}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 30),  # no ticket rule: one alert
         ({}, [TICKET], ["6h", "3d"], [], ["ticket"], 30),
-        # budget_fraction stays worker-side: nothing of it here
-        ({}, [FRACTION], ["5m"], [], [], 30),
+        # budget_fraction: a spent-ratio recording, the page (its guard over `within`)
+        ({}, [FRACTION], ["5m"], [], ["page"], 30),
+        ({}, [{**FRACTION, "min_requests": 50}], ["5m"], ["1h"], ["page"], 30),
+        # compliance_below: its window's ratio; folded into the page with the burn rules
+        ({}, [PAGE, {**BELOW, "window": "10m", "min_requests": 20}], ["5m", "10m", "1h"],
+         ["5m", "10m"], ["page"], 30),
+        # ... skipped, as the evaluator skips it, for an objective below `below`
+        ({"objective": 0.95}, [BELOW], ["5m"], [], [], 30),
+        # every kind at once: still one page and one ticket
+        ({}, [PAGE, PAGE2, FRACTION, BELOW, TICKET], ["5m", "30m", "1h", "6h", "3d"], ["5m"],
+         ["page", "ticket"], 30),
         # a rule for another SLO only
         ({}, [{**PAGE, "slos": ["other"]}, TICKET], ["6h", "3d"], [], ["ticket"], 30),
         ({"window": {"calendar": "week"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 7),
         ({"window": {"calendar": "month"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 30),
         ({"window": {"rolling": "28d"}}, [PAGE], ["5m", "1h"], ["5m"], ["page"], 28),
     ],
-    ids=["workbook", "page-only", "ticket-only", "fraction", "other-slo", "week", "month",
-         "28d"],
+    ids=["workbook", "page-only", "ticket-only", "fraction", "fraction-guarded",
+         "compliance", "compliance-skipped", "every-kind", "other-slo", "week", "month", "28d"],
 )  # fmt: skip
 def test_groups_per_slo(  # noqa: PLR0917
     slo: dict[str, Any],
@@ -97,7 +108,7 @@ def test_groups_per_slo(  # noqa: PLR0917
                if k.startswith("tailguard:slo_requests:")]  # fmt: skip
     assert guarded == want_guarded
     assert recs["slo:time_period:days/s"]["expr"] == f"vector({want_days})"
-    assert recs["slo:objective:ratio/s"]["expr"] == "vector(0.99)"
+    assert recs["slo:objective:ratio/s"]["expr"] == f"vector({slo.get('objective', 0.99)})"
     got = alerts(doc)
     assert [a["labels"]["severity"] for a in got] == want_severities
     assert len(got) <= 2
@@ -108,6 +119,59 @@ def test_groups_per_slo(  # noqa: PLR0917
         for name in ("slo:sli_error:ratio_rate", "tailguard:slo_requests:increase"):
             for part in a["expr"].split(name)[1:]:
                 assert f"{name}{part.split('{')[0]}/s" in recs
+
+
+def tier_spec(**tier: Any) -> Any:
+    slos = [
+        {"name": "p", "boundary": "gateway_total_ms", "threshold_ms": 400, "objective": 0.99,
+         "window": {"calendar": "week"}},
+        {"name": "s", "boundary": "inference_ms", "threshold_ms": 250, "objective": 0.99},
+    ]  # fmt: skip
+    t = {"primary": "p", "secondary": "s", "secondary_weight": 0.7, "objective": 0.99, **tier}
+    doc = {"apiVersion": "tailguard/v1", "kind": "SLOSpec", "slos": slos, "tiers": {"b": t}}
+    return load_spec(yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize(
+    ("tier", "rules", "want"),
+    [
+        # every rule applies to the tier too: its conditions join p's page and ticket
+        ({}, [PAGE, TICKET], {"p": ["page", "ticket"], "s": ["page", "ticket"]}),
+        # a rule for the tier only: p's page is the tier's condition alone
+        ({}, [{**PAGE, "slos": ["b"]}], {"p": ["page"]}),
+        # a rule for p only: the tier has recordings, no condition
+        ({}, [{**PAGE, "slos": ["p"]}], {"p": ["page"]}),
+        # compliance_below skipped for a tier whose objective is below `below`
+        ({"objective": 0.95}, [{**BELOW, "slos": ["b"]}], {}),
+    ],
+    ids=["all", "tier-only", "primary-only", "below-skipped"],
+)
+def test_a_tier_pages_as_its_primary(
+    tier: dict[str, Any], rules: list[dict[str, Any]], want: dict[str, list[str]]
+) -> None:
+    doc = rule_groups(tier_spec(**tier), rules_of(*rules))
+    got: dict[str, list[str]] = {}
+    for a in alerts(doc):
+        got.setdefault(a["labels"]["slo"], []).append(a["labels"]["severity"])
+    assert got == want
+    recs = records(doc)
+    ratio = recs["slo:sli_error:ratio_rate5m/b"]["expr"]
+    # the tier's good: its primary's good + weight x its secondary-only counter
+    assert 'sum(rate(tailguard_slo_good_requests_total{slo="p"}[5m]))' in ratio
+    assert (
+        '0.7 * (sum(rate(tailguard_slo_tier_secondary_good_requests_total{tier="b"}[5m])) '
+        "or vector(0))" in ratio
+    )
+    assert 'sum(rate(tailguard_slo_requests_total{slo="p"}[5m]))' in ratio
+    assert recs["slo:objective:ratio/b"]["expr"] == f"vector({tier.get('objective', 0.99)})"
+    assert recs["slo:time_period:days/b"]["expr"] == "vector(7)"  # the primary's window
+    for a in alerts(doc):
+        # each of the tier's conditions relabelled as the primary's: one series per alert
+        sev, slo = a["labels"]["severity"], a["labels"]["slo"]
+        mine = [r for r in rules if r.get("slos") in (None, ["b"]) and r["severity"] == sev]
+        mine = mine if slo == "p" else []
+        assert a["expr"].count('"sloth_slo", "p"') == len(mine)
+        assert ("tier b (99%, secondary good at 0.7)" in a["annotations"]["summary"]) == bool(mine)
 
 
 def test_burn_thresholds_are_factor_times_budget() -> None:

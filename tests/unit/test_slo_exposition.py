@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import msgspec
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
@@ -16,7 +17,7 @@ from pipeline.contract.summary import ModelWindow, SLOWindowCounts, WindowSummar
 from pipeline.core.alerts import AlertTracker
 from pipeline.core.budget import BudgetBook
 from pipeline.core.otel_names import BOUNDARY_NAMES
-from pipeline.core.record import BOUNDARIES
+from pipeline.core.record import BOUNDARIES, build_record
 from pipeline.core.sketch import QuantileSketch
 from pipeline.core.slo_exposition import (
     HistogramSample,
@@ -25,8 +26,12 @@ from pipeline.core.slo_exposition import (
     native_schema,
     native_upper_bound,
 )
+from pipeline.core.slo_windows import WindowSLOCounts
+from pipeline.core.summary import summarize
+from pipeline.core.windows import ClosedWindow
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
+from tests.factories import completed, finished, received
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 STEP = 10_000
@@ -105,6 +110,7 @@ def test_names_and_values_equal_the_trackers() -> None:
     [
         ("tailguard_slo_requests", "counter"),
         ("tailguard_slo_good_requests", "counter"),
+        ("tailguard_slo_tier_secondary_good_requests", "counter"),
         ("tailguard_request_latency_seconds", "histogram"),
         ("tailguard_worker_events_consumed", "counter"),
         ("tailguard_worker_rows_written", "counter"),
@@ -124,7 +130,7 @@ def test_types_and_no_recording_rule_names(name: str, kind: str) -> None:
              "store_write_retries", "store_rejected_rows"), 3.0)
     )  # fmt: skip
     state.use_counters(WindowCounters({"gateway_ttfb_ms": [2000.0]}))
-    state.windows_stored([window([100.0, 2500.0], total=2, good=1)])
+    state.windows_stored([window([100.0, 2500.0], total=2, good=1, tiers={"blended": 1})])
     state.publish(book_with([0.9] * 100).evaluate(T0 + 100 * STEP), {}, {})
     text = render(state.families()).decode()
     kinds = {f.name: f.type for f in text_string_to_metric_families(text)}
@@ -135,6 +141,7 @@ def test_types_and_no_recording_rule_names(name: str, kind: str) -> None:
 def window(
     latencies_ms: list[float], *, total: int, good: int, correction: bool = False,
     slo: str = "ttft-stream", model: str = "llama", boundary: str = "gateway_ttfb_ms",
+    tiers: dict[str, int] | None = None,
 ) -> WindowSummary:  # fmt: skip
     sk = QuantileSketch(0.01)
     sk.add_many(latencies_ms)
@@ -142,7 +149,7 @@ def window(
     models = {} if correction else {model: mw}
     return WindowSummary(
         0, T0, STEP, models, {slo: SLOWindowCounts(total, good, 0.99)},
-        correction_id="c1" if correction else None,
+        correction_id="c1" if correction else None, tiers=tiers or {},
     )  # fmt: skip
 
 
@@ -167,6 +174,58 @@ def test_slo_counters_never_go_down(
     by = {f.name: f for f in c.families()}
     assert by["tailguard_slo_requests"].samples[0].value == want_total  # type: ignore[union-attr]
     assert by["tailguard_slo_good_requests"].samples[0].value == want_good  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("steps", "want"),
+    [
+        ([4], 4),
+        ([4, 3], 7),
+        ([4, 4], 8),
+        ([4, -1], 4),  # a correction takes one back: the counter holds
+        ([4, -1, 2], 5),
+    ],
+)
+def test_tier_counter_counts_summaries_once_and_never_goes_down(
+    steps: list[int], want: int
+) -> None:
+    c = WindowCounters()
+    for i, n in enumerate(steps):
+        w = window([], total=abs(n), good=0, correction=n < 0, tiers={"blended": n})
+        c.add(dataclasses.replace(w, start_ms=T0 + i * STEP))
+        if n >= 0:
+            c.add(dataclasses.replace(w, start_ms=T0 + i * STEP))  # at-least-once: a repeat
+    by = {f.name: f for f in c.families()}
+    (sample,) = by["tailguard_slo_tier_secondary_good_requests"].samples
+    assert sample.labels == (("tier", "blended"),)  # type: ignore[union-attr]
+    assert sample.value == want  # type: ignore[union-attr]
+
+
+def test_summaries_carry_the_tier_count_the_counters_lack() -> None:
+    """slo-example.yaml's blended tier: tier1-gateway (total <= 400 ms) first, tier2-compute
+    (inference <= 250 ms) at 0.7: a request good on both, one good on tier 2 only, one bad
+    on both. The summary's tier count is the middle one; with the primary's counters it
+    gives the blended compliance (1 + 0.7 x 1) / 3."""
+    spec = load_spec_file("specs/slo-example.yaml")
+    acc = WindowSLOCounts(spec)
+    for i, (total_ms, inference_ms) in enumerate([(300.0, 200.0), (600.0, 200.0),
+                                                  (600.0, 300.0)]):  # fmt: skip
+        r = build_record(f"r{i}", received(f"r{i}"), completed(f"r{i}"), finished(f"r{i}"))
+        acc.add(msgspec.structs.replace(r, gateway_total_ms=total_ms, inference_ms=inference_ms))
+    win = ClosedWindow(0, T0, STEP, {}, {}, acc)
+    s = summarize(win)
+    assert s.tiers == {"blended": 1}
+    assert (s.slos["tier1-gateway"].total, s.slos["tier1-gateway"].good) == (3, 1)
+    c = WindowCounters()
+    c.add(s)
+    by = {f.name: f for f in c.families()}
+    (sample,) = by["tailguard_slo_tier_secondary_good_requests"].samples
+    assert sample.value == 1  # type: ignore[union-attr]
+    # a correction carries the tier's count too; a provisional summary none
+    assert summarize(dataclasses.replace(win, correction=True), correction_id="x").tiers == {
+        "blended": 1
+    }
+    assert summarize(win, final=False).tiers == {}
 
 
 def test_a_repeated_final_window_is_counted_once() -> None:

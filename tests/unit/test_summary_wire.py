@@ -74,6 +74,7 @@ def test_v2_window_has_named_fields() -> None:
     assert d["slos"] == {"chat-p99": {"total": 3, "good": 2, "objective": 0.99}}
     assert "final" not in d
     assert "correction_id" not in d
+    assert "tiers" not in d  # none: the v2 message of a spec without blended tiers
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,8 @@ def test_v2_window_has_named_fields() -> None:
         WIN,
         WindowSummary(1, 0, 60_000, WIN.models, {}, final=False),
         WindowSummary(1, 0, 60_000, {}, {"s": SLOWindowCounts(-2, 1, 0.999)}, True, "c-1"),
+        WindowSummary(2, 0, 10_000, WIN.models, WIN.slos, tiers={"blended": 4}),
+        WindowSummary(2, 0, 10_000, {}, {}, True, "c-2", tiers={"blended": -1}),
         Progress(3, 1_000),
         Progress(3, 1_000, 2_000),
         StatsSample("h", "m", 1, 0, 0, 0.0, 0.5, None),

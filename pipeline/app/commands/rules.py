@@ -1,8 +1,9 @@
 """``rules``: Prometheus rules and an Alertmanager example from the SLO spec.
 
 * ``rules export [--slo SPEC] [--burn-rules FILE] [--format prometheus|prometheusrule]``:
-  recording and alerting rules (one page and one ticket per SLO, dead-man alerts), written
-  by :mod:`pipeline.app.rules`;
+  recording and alerting rules (one page and one ticket per SLO, each holding every rule
+  kind's conditions and those of the SLO's blended tiers; dead-man alerts), written by
+  :mod:`pipeline.app.rules`;
 * ``rules alertmanager [--receiver-url URL]``: an Alertmanager configuration whose
   ``inhibit_rules`` let a page silence the ticket of the same SLO (docs/alerting.md).
 """
@@ -74,7 +75,9 @@ def _arguments(s: argparse.ArgumentParser) -> None:
 
 RULES = Command(
     "rules",
-    "Prometheus recording + alerting rules (and an Alertmanager example) from the spec",
+    "Prometheus recording + alerting rules (and an Alertmanager example) from the spec: "
+    "one page and one ticket per SLO (burn_rate, budget_fraction, compliance_below rules; "
+    "blended tiers in their primary's)",
     _arguments,
     cmd_rules,
 )
