@@ -1,0 +1,117 @@
+"""Issue 49, without a broker: how the producer classifies librdkafka's errors. A batch
+refused or undelivered because its topic or partition is gone (deleted, created again
+soon) is held and produced again, never counted failed; any other error counts its events
+failed. Each error name is tallied (``SinkCounters.delivery_errors``) and logged the first
+time it is met, not behind the rate-limited warnings (a same-partition recreation counted
+~3,000 events failed in CI and the error's name was never seen: it was ``_DESTROY``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from producers.emit import TOPIC_GONE_ERRORS, BatchPolicy, KafkaSink, delivery_outcome
+
+# (librdkafka's error name, what the sink does with the batch)
+CASES = [
+    ("_UNKNOWN_TOPIC", "held"),  # produce() refused: the topic is not in the metadata
+    ("_UNKNOWN_PARTITION", "held"),  # its partitions removed, the queue failed
+    ("UNKNOWN_TOPIC_OR_PART", "held"),  # the broker's answer
+    ("UNKNOWN_TOPIC_ID", "held"),  # Kafka 4: the deleted topic's id
+    ("INCONSISTENT_TOPIC_ID", "held"),
+    ("_DESTROY", "held"),  # a request in flight to a removed partition (CI's ~3,000)
+    ("_MSG_TIMED_OUT", "failed"),  # message.timeout.ms set by a caller: it expired
+    ("_PURGE_QUEUE", "failed"),
+    ("MSG_SIZE_TOO_LARGE", "failed"),
+    ("TOPIC_AUTHORIZATION_FAILED", "failed"),
+    ("_DESTROY_BROKER", "failed"),  # (librdkafka retries it: never a delivery report)
+]
+
+
+@pytest.mark.parametrize(("name", "outcome"), CASES)
+def test_each_error_name_is_held_or_failed(name: str, outcome: str) -> None:
+    assert delivery_outcome(name) == outcome
+
+
+@pytest.mark.parametrize("name", sorted(TOPIC_GONE_ERRORS))
+def test_every_held_name_is_one_librdkafka_reports(name: str) -> None:
+    # the set holds names (pure); a misspelt one would never match a real error
+    assert KafkaError(getattr(KafkaError, name)).name() == name
+
+
+class _Msg:
+    def __init__(self, topic: str, partition: int, value: bytes) -> None:
+        self._t, self._p, self._v = topic, partition, value
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def value(self) -> bytes:
+        return self._v
+
+
+@pytest.fixture
+def sink() -> KafkaSink:
+    s = KafkaSink(
+        {"bootstrap.servers": "127.0.0.1:9", "socket.connection.setup.timeout.ms": 1000},
+        topic_for=lambda _e: "lc",
+        topics=["lc"],
+        partitions={"lc": 1},
+        policy=BatchPolicy(max_events=1, max_delay_ms=1),
+    )
+    yield s
+    s.close(timeout_s=0.2)
+
+
+@pytest.mark.parametrize(("name", "outcome"), CASES)
+def test_a_delivery_report_holds_or_fails_the_batch_and_tallies_its_name(
+    sink: KafkaSink, caplog: pytest.LogCaptureFixture, name: str, outcome: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="producers.emit")
+    err = KafkaError(getattr(KafkaError, name))
+    for n in (3, 4):  # two batches answered with the same error
+        sink._inflight_events += n  # (as _produce_one counts a batch handed over)
+        sink._on_delivery(n)(err, _Msg("lc", 0, b"[]"))
+    c = sink.counters
+    assert c.delivery_errors == {name: 7}
+    assert sink._inflight_events == 0
+    if outcome == "held":
+        assert c.events_failed == 0
+        assert [(t, p, n) for t, p, _v, n in sink._held] == [("lc", 0, 3), ("lc", 0, 4)]
+        assert sink.buffered == 7  # still the sink's to deliver: flush reports it left
+    else:
+        assert c.events_failed == 7
+        assert not sink._held
+    first = [r for r in caplog.records if f"first delivery error {name}" in r.getMessage()]
+    assert len(first) == 1, caplog.text  # once per name, at once, with the batch's events
+    assert "3 events" in first[0].getMessage()
+
+
+@pytest.mark.parametrize(("name", "outcome"), CASES)
+def test_a_refused_produce_holds_or_drops_the_batch_and_tallies_its_name(
+    sink: KafkaSink, name: str, outcome: str
+) -> None:
+    real = sink._producer
+
+    class Refusing:  # librdkafka refusing the batch; the rest (poll, metadata) as it is
+        def produce(self, *_a: object, **_k: object) -> None:
+            raise KafkaException(KafkaError(getattr(KafkaError, name)))
+
+        def __getattr__(self, attr: str) -> object:
+            return getattr(real, attr)
+
+    sink._producer = Refusing()
+    try:
+        sink._batched_events += 5
+        sink._produce_one("lc", 0, b"[]", 5)
+    finally:
+        sink._producer = real
+    c = sink.counters
+    assert c.delivery_errors == {name: 5}
+    assert c.events_failed == 0  # refused before librdkafka had it: dropped, not failed
+    assert (len(sink._held), c.events_dropped) == ((1, 0) if outcome == "held" else (0, 5))
