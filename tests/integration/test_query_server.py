@@ -623,6 +623,24 @@ def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
         client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
 
 
+def test_a_text_accepted_once_is_not_checked_again_its_parameters_are(served_shared) -> None:
+    """Issue 49: the port keeps what its check accepted (``CheckCache``); the same text
+    with other parameters is checked again (and refused here), a refusal is never kept."""
+    _settings, _store, server, client = served_shared
+    checked = server.pool.checked
+    sql = "SELECT count() AS cached FROM {t:Identifier}"  # this test's own text
+    before = checked.hits
+    for _ in range(3):
+        assert client.query(sql, parameters={"t": "requests"}).result_rows == [(10,)]
+    assert checked.hits == before + 2
+    for _ in range(2):
+        with pytest.raises(Exception, match=r"code: 164\b"):
+            client.query(sql, parameters={"t": "system.tables"})
+        with pytest.raises(Exception, match=r"code: 164\b"):
+            client.query("SELECT * FROM file('/etc/passwd')")
+    assert checked.hits == before + 2
+
+
 def test_with_the_token_in_either_header(served_shared) -> None:
     _settings, _store, server, _client = served_shared
     basic = base64.b64encode(f"tailguard:{server.token}".encode()).decode()

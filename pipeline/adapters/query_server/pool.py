@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline.adapters.query_server.session import (
     TOO_MANY_SIMULTANEOUS_QUERIES,
+    CheckCache,
     QueryLimits,
     QueryRefusedError,
     QueryResult,
@@ -147,10 +148,13 @@ class SessionPool:
     ) -> None:
         self.limits = limits = limits or QueryLimits()
         self.sessions: list[ReadOnlySession] = []
+        self.checked = CheckCache()  # the sessions check alike: one cache for them all
         try:
             for _ in range(limits.concurrency):
                 self.sessions.append(
-                    ReadOnlySession(store_dir, lock, database=database, limits=limits)
+                    ReadOnlySession(
+                        store_dir, lock, database=database, limits=limits, checked=self.checked
+                    )
                 )
         except BaseException:
             self.close()

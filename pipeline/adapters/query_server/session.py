@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,46 @@ class QueryLimits:
         )
 
 
+class CheckCache:
+    """The query texts the port's check accepted, with ClickHouse's parse of each (LRU,
+    shared by a pool's sessions, which check alike: same database, same table functions).
+
+    The check is two engine calls (``formatQuerySingleLine`` and ``EXPLAIN AST``), both
+    syntactic: their verdict depends on the text and its parameters alone. Measured
+    (``bench/query_isolation.py``, issue 49): they were 44 % of the port's time for
+    ``report``'s 20 queries (median 14 ms each, 0.1 s at p90 on a loaded machine), and
+    ``report`` and the dashboards send the same texts again and again. Refusals are not
+    kept (each is checked again); nor is a text over ``max_sql_chars``."""
+
+    def __init__(self, max_entries: int = 512, max_sql_chars: int = 16_384) -> None:
+        self.max_entries = max_entries
+        self.max_sql_chars = max_sql_chars
+        self._lock = threading.Lock()
+        self._accepted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], str] = OrderedDict()
+        self.hits = 0
+
+    @staticmethod
+    def key(sql: str, params: Mapping[str, str] | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return sql, tuple(sorted((params or {}).items()))
+
+    def get(self, sql: str, params: Mapping[str, str] | None) -> str | None:
+        k = self.key(sql, params)
+        with self._lock:
+            normalized = self._accepted.get(k)
+            if normalized is not None:
+                self._accepted.move_to_end(k)
+                self.hits += 1
+            return normalized
+
+    def put(self, sql: str, params: Mapping[str, str] | None, normalized: str) -> None:
+        if len(sql) > self.max_sql_chars:
+            return
+        with self._lock:
+            self._accepted[self.key(sql, params)] = normalized
+            while len(self._accepted) > self.max_entries:
+                self._accepted.popitem(last=False)
+
+
 class ReadOnlySession:
     """A chDB connection of this process's engine, in ``readonly = 1`` mode.
 
@@ -128,12 +169,14 @@ class ReadOnlySession:
         *,
         database: str = "tailguard",
         limits: QueryLimits | None = None,
+        checked: CheckCache | None = None,
     ) -> None:
         import chdb  # adapter-only import
 
         if not _IDENT_RE.match(database):
             raise ValueError(f"invalid database name {database!r}")
         self.limits = limits = limits or QueryLimits()
+        self.checked = checked or CheckCache()
         self.path = os.path.realpath(store_dir)
         self.database = database
         self._engine_lock = lock
@@ -226,7 +269,15 @@ class ReadOnlySession:
         return self._run(lambda: self._check(sql, params))
 
     def _check(self, sql: str, params: Mapping[str, str] | None) -> str:
-        """:meth:`check`, holding this session's lock."""
+        """:meth:`check`, holding this session's lock; a text accepted before is not
+        checked again (:class:`CheckCache`)."""
+        normalized = self.checked.get(sql, params)
+        if normalized is None:
+            normalized = self._check_in_engine(sql, params)
+            self.checked.put(sql, params, normalized)
+        return normalized
+
+    def _check_in_engine(self, sql: str, params: Mapping[str, str] | None) -> str:
         try:
             text = self._conn.query(
                 f"SELECT formatQuerySingleLine({sql_string(sql)})", "TSVRaw"
