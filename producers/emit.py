@@ -439,7 +439,9 @@ class KafkaSink:
         seen[name] = seen.get(name, 0) + n
         return outcome
 
-    def _on_delivery(self, n: int) -> Callable[[Any, Any], None]:
+    def _on_delivery(self, n: int, made_for: int) -> Callable[[Any, Any], None]:
+        """The delivery report of a batch of ``n`` events made for ``made_for`` partitions."""
+
         def cb(err: Any, msg: Any) -> None:
             self._inflight_events -= n
             if err is None:
@@ -447,7 +449,7 @@ class KafkaSink:
                 self.counters.messages_sent += 1
             elif self._tally(err, n, "delivery") == "held" and msg is not None:
                 # not written (its topic was deleted): produced again once it exists
-                self._held.append((msg.topic(), msg.partition(), msg.value(), n))
+                self._hold_again(msg.topic(), msg.partition(), msg.value(), n, made_for)
                 self._batched_events += n
                 self._topic_gone(msg.topic(), err)
             else:
@@ -455,6 +457,19 @@ class KafkaSink:
                 self._log_error("delivery failed (%s); %d events lost", err, n)
 
         return cb
+
+    def _hold_again(self, topic: str, p: int, payload: bytes, n: int, made_for: int) -> None:
+        """Hold a batch reported undelivered. One reported after the partition counts were
+        read again (a late report: ``_DESTROY`` comes when librdkafka frees the removed
+        partition) is made again now for the new count, as :meth:`_use_counts` did for
+        those held before (otherwise it would go to a partition that is not its key's, or
+        not there at all, refused for ever)."""
+        b = self._batchers.get(topic)
+        if b is None or b.num_partitions == made_for:
+            self._held.append((topic, p, payload, n))
+            return
+        counts = {topic: b.num_partitions}
+        self._held.extend(rebatch([(topic, p, payload, n)], counts, self._policy.max_events))
 
     def _produce(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
         for p, payload, n in items:
@@ -466,7 +481,10 @@ class KafkaSink:
     def _produce_one(self, topic: str, p: int, payload: bytes, n: int) -> bool:
         """Hand one batch to librdkafka; False (and held) when its queue is full."""
         try:
-            self._producer.produce(topic, payload, partition=p, on_delivery=self._on_delivery(n))
+            made_for = self._batchers[topic].num_partitions
+            self._producer.produce(
+                topic, payload, partition=p, on_delivery=self._on_delivery(n, made_for)
+            )
         except BufferError:  # librdkafka's queue is full (broker down for long)
             self._held.append((topic, p, payload, n))
             self._log_error(

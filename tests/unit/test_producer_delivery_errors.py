@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from producers.emit import TOPIC_GONE_ERRORS, BatchPolicy, KafkaSink, delivery_outcome
+from pipeline.contract.partitioning import partition_for
+from producers.emit import TOPIC_GONE_ERRORS, Batcher, BatchPolicy, KafkaSink, delivery_outcome
+from tests.factories import received
 
 # (librdkafka's error name, what the sink does with the batch)
 CASES = [
@@ -76,7 +79,7 @@ def test_a_delivery_report_holds_or_fails_the_batch_and_tallies_its_name(
     err = KafkaError(getattr(KafkaError, name))
     for n in (3, 4):  # two batches answered with the same error
         sink._inflight_events += n  # (as _produce_one counts a batch handed over)
-        sink._on_delivery(n)(err, _Msg("lc", 0, b"[]"))
+        sink._on_delivery(n, 1)(err, _Msg("lc", 0, b"[]"))
     c = sink.counters
     assert c.delivery_errors == {name: 7}
     assert sink._inflight_events == 0
@@ -115,3 +118,39 @@ def test_a_refused_produce_holds_or_drops_the_batch_and_tallies_its_name(
     assert c.delivery_errors == {name: 5}
     assert c.events_failed == 0  # refused before librdkafka had it: dropped, not failed
     assert (len(sink._held), c.events_dropped) == ((1, 0) if outcome == "held" else (0, 5))
+
+
+@pytest.mark.parametrize(
+    ("made_for", "now", "kept_as_is"),
+    [
+        (4, 4, True),  # reported before the counts were read again: _use_counts remakes it
+        (4, 2, False),  # reported after (late, as _DESTROY is): made again for 2 now
+        (2, 4, False),
+    ],
+)
+def test_a_batch_reported_after_the_counts_changed_is_made_again_for_them(
+    made_for: int, now: int, kept_as_is: bool
+) -> None:
+    sink = KafkaSink(
+        {"bootstrap.servers": "127.0.0.1:9", "socket.connection.setup.timeout.ms": 1000},
+        topic_for=lambda _e: "lc",
+        topics=["lc"],
+        partitions={"lc": now},
+        policy=BatchPolicy(max_events=200, max_delay_ms=1),
+    )
+    try:
+        batcher = Batcher(made_for, BatchPolicy(max_events=200))
+        for i in range(40):
+            batcher.add(received(f"r{i}"), 0.0)
+        p, payload, n = max(batcher.drain(), key=lambda b: b[2])
+        sink._inflight_events += n
+        sink._on_delivery(n, made_for)(KafkaError(KafkaError._DESTROY), _Msg("lc", p, payload))
+        held = list(sink._held)
+        assert sum(h[3] for h in held) == n == sink.buffered
+        if kept_as_is:
+            assert held == [("lc", p, payload, n)]
+        for _t, q, body, _n in held:
+            for d in orjson.loads(body) if body.startswith(b"[") else [orjson.loads(body)]:
+                assert partition_for(d["request_id"], now) == q  # its key's partition now
+    finally:
+        sink.close(timeout_s=0.2)
