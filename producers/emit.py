@@ -146,7 +146,7 @@ DeliveryOutcome = Literal["held", "failed"]
 #   a produce request still in flight to one of them comes back with an error and librdkafka
 #   puts its messages back on the removed partition's queue, then fails them with _DESTROY
 #   when it frees that partition (rd_kafka_toppar_destroy_final), the producer still alive.
-#   Measured (issue 49): 1,466-2,060 events so in 2 of 4 same-partition recreations beside
+#   Measured (issue 49): 1,466-2,060 events so in 3 of 8 same-partition recreations beside
 #   4 busy loops; they were counted failed and lost. Only at the producer's own destruction
 #   would _DESTROY mean the end, and the sink serves no delivery report then (no poll).
 TOPIC_GONE_ERRORS: frozenset[str] = frozenset(
