@@ -8,6 +8,8 @@ time it is met, not behind the rate-limited warnings (a same-partition recreatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -58,8 +60,14 @@ class _Msg:
         return self._v
 
 
+def _free_handle(sink: KafkaSink) -> None:
+    """librdkafka's handle freed now, not at the interpreter's exit (no reconnect logs)."""
+    handle: Any = sink
+    handle._producer = None
+
+
 @pytest.fixture
-def sink() -> KafkaSink:
+def sink() -> Iterator[KafkaSink]:
     s = KafkaSink(
         {"bootstrap.servers": "127.0.0.1:9", "socket.connection.setup.timeout.ms": 1000},
         topic_for=lambda _e: "lc",
@@ -69,7 +77,7 @@ def sink() -> KafkaSink:
     )
     yield s
     s.close(timeout_s=0.2)
-    s._producer = None  # librdkafka's handle freed now, not at exit (no reconnect logs)
+    _free_handle(s)
 
 
 @pytest.mark.parametrize(("name", "outcome"), CASES)
@@ -109,7 +117,7 @@ def test_a_refused_produce_holds_or_drops_the_batch_and_tallies_its_name(
         def __getattr__(self, attr: str) -> object:
             return getattr(real, attr)
 
-    sink._producer = Refusing()
+    sink._producer = Refusing()  # type: ignore[assignment]
     try:
         sink._batched_events += 5
         sink._produce_one("lc", 0, b"[]", 5)
@@ -155,4 +163,4 @@ def test_a_batch_reported_after_the_counts_changed_is_made_again_for_them(
                 assert partition_for(d["request_id"], now) == q  # its key's partition now
     finally:
         sink.close(timeout_s=0.2)
-        sink._producer = None
+        _free_handle(sink)
