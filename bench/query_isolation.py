@@ -20,10 +20,15 @@ time, the interactive answers' seconds (p50 / max) and codes, the process's RSS 
 request and event written is stored.
 
     PYTHONPATH=$PWD python bench/query_isolation.py [--rounds 1] [--flushes 120]
-        [--concurrency N] [--nice N] [--max-execution-s 30]
+        [--concurrency N] [--nice N] [--max-execution-s 30] [--long-query-nice N]
 
-``--concurrency 1`` is the port as it was before issue 49 (one query at a time). Not part
-of ``./tg bench`` (it takes minutes). Another process's load moves every figure.
+``--concurrency 1`` is the port as it was before issue 49 (one query at a time);
+``--long-query-nice 0`` the port before its long-query nice (a client's queries after one
+that ran ``long_query_s`` at ``long_query_nice``, issue 49's last remainder). An
+opt-in section of ``./tg bench`` (``./tg bench --only query_isolation``, ~3 minutes, the
+defaults above): the heavy phase's slowest ``report`` and panel answers against issue 49's
+target (within 3 s), the answers' codes, what was stored, the bombs and the RSS. Another
+process's load moves every figure.
 """
 
 from __future__ import annotations
@@ -40,14 +45,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench.results import Figure, Section, at_most, register
 from bench.store_speed import workload
 from pipeline.adapters import store as st
 from pipeline.adapters.query_server import HOST, QueryLimits, QueryServer
 from pipeline.settings import Settings
 
+if TYPE_CHECKING:
+    from bench.context import Context
+
+TITLE = "Query port: report and a dashboard beside a hostile client"
+INTERACTIVE_TARGET_S = 3.0  # issue 49: report and a panel answer within 3 s meanwhile
 MEMORY_BOMB = "SELECT arrayMap(x -> x, range(100000000))"
 # ~3.7 * 10^8 pairs of request ids into one hash set: it grows until the memory limit
 GROUP_BOMB = "SELECT uniqExact(a.request_id, b.request_id) FROM requests AS a, requests AS b"
@@ -182,6 +194,10 @@ def _limits(args: argparse.Namespace, s: Settings) -> QueryLimits:
         concurrency=concurrency,
         per_client=min(base.per_client, concurrency),
         queue_wait_s=base.queue_wait_s,
+        long_query_s=base.long_query_s,
+        long_query_nice=(
+            base.long_query_nice if args.long_query_nice is None else args.long_query_nice
+        ),
     )
 
 
@@ -198,7 +214,8 @@ def _report(
     queries' answers. ``flush``: what one flush wrote, said."""
     print(
         f"{flush}; port: {limits.concurrency} at once, {limits.per_client} per client, queue wait "
-        f"{limits.queue_wait_s:g} s; each query: {limits.settings()}"
+        f"{limits.queue_wait_s:g} s; after a query of {limits.long_query_s:g} s or more, a "
+        f"client's next at nice {limits.long_query_nice}; each query: {limits.settings()}"
     )
     for phase in ("quiet", "heavy"):
         xs = flushes[phase]
@@ -220,8 +237,26 @@ def _report(
     print(f"RSS at start {rss_start:.0f} MB")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@dataclass
+class Outcome:
+    """What one run measured (see the module)."""
+
+    limits: QueryLimits
+    flush: str  # what one flush wrote, said
+    flushes: dict[str, list[float]] = field(default_factory=dict)  # phase -> seconds
+    asked: dict[str, list[Any]] = field(default_factory=dict)  # phase -> (kind, code, s)
+    rss: dict[str, list[float]] = field(default_factory=dict)  # phase -> MB samples
+    rss_start: float = 0.0
+    answers: list[Any] = field(default_factory=list)  # the hostile client's (kind, code, s)
+    stored: tuple[int, int] = (0, 0)  # requests, events in the store at the end
+    written: tuple[int, int] = (0, 0)
+
+    def interactive(self, phase: str, kind: str) -> list[tuple[str, float]]:
+        return [(c, t) for kd, c, t in self.asked[phase] if kd == kind]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="quiet + heavy phases, each")
     ap.add_argument("--flushes", type=int, default=120, help="flushes per phase")
     ap.add_argument("--interval-s", type=float, default=0.5, help="flush period")
@@ -229,15 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-execution-s", type=int, default=None, help="default: Settings'")
     ap.add_argument("--concurrency", type=int, default=None, help="default: Settings'")
     ap.add_argument("--nice", type=int, default=None, help="default: Settings'")
+    ap.add_argument(
+        "--long-query-nice",
+        type=int,
+        default=None,
+        help="a client's queries after a long one (default: QueryLimits'; at most --nice: off)",
+    )
     ap.add_argument("--hostile", nargs=2, metavar=("PORT", "SECONDS"), help=argparse.SUPPRESS)
     ap.add_argument("--interactive", nargs=2, metavar=("DIR", "SECONDS"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.hostile:
-        hostile(int(args.hostile[0]), sys.stdin.readline().strip(), float(args.hostile[1]))
-        return 0
-    if args.interactive:
-        interactive(args.interactive[0], float(args.interactive[1]))
-        return 0
+    return ap
+
+
+def measure(args: argparse.Namespace) -> Outcome:
+    """The quiet and heavy phases (module docstring), with the limits of ``args``."""
     records, kept, windows, n = workload(1)
     k = args.chunks
     rec = [records[i::k] for i in range(k)]
@@ -245,16 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings()
     limits = _limits(args, s)
     tmp = Path(tempfile.mkdtemp(prefix="tailguard-query-isolation-"))
-    flushes: dict[str, list[float]] = {"quiet": [], "heavy": []}
-    asked: dict[str, list[Any]] = {"quiet": [], "heavy": []}
-    rss: dict[str, list[float]] = {"quiet": [], "heavy": []}
-    answers: list[Any] = []
+    o = Outcome(
+        limits,
+        f"{n // k} events a flush ({len(rec[0])} requests), every {args.interval_s} s",
+        flushes={"quiet": [], "heavy": []},
+        asked={"quiet": [], "heavy": []},
+        rss={"quiet": [], "heavy": []},
+        written=(len(records), n),
+    )
     phase_now = ["quiet"]
     sampling = threading.Event()
 
     def sample() -> None:
         while not sampling.is_set():
-            rss[phase_now[0]].append(_rss_mb())
+            o.rss[phase_now[0]].append(_rss_mb())
             time.sleep(0.05)
 
     try:
@@ -265,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         server = QueryServer(tmp / "store", store.lock, limits=limits).start()
         sampler = threading.Thread(target=sample, daemon=True)
         try:
-            rss_start = _rss_mb()
+            o.rss_start = _rss_mb()
             sampler.start()
             j = 0
             seconds = str(args.flushes * args.interval_s)
@@ -287,34 +330,108 @@ def main(argv: list[str] | None = None) -> int:
                         t0 = time.monotonic()
                         st.write_requests(store, rec[j % k])
                         st.write_raw_messages(store, s.lifecycle_topic, kep[j % k])
-                        flushes[phase].append(time.monotonic() - t0)
+                        o.flushes[phase].append(time.monotonic() - t0)
                         j += 1
                         next_t += args.interval_s
                         time.sleep(max(0.0, next_t - time.monotonic()))  # the flush period
-                    asked[phase].extend(_lines(probe))
+                    o.asked[phase].extend(_lines(probe))
                     if child is not None:
-                        answers.extend(_lines(child))
+                        o.answers.extend(_lines(child))
             # nothing lost nor mixed up by the concurrent sessions: every request and event
-            stored = store.query_rows(
+            row = store.query_rows(
                 "SELECT (SELECT count() FROM tailguard.requests FINAL), "
                 "(SELECT count() FROM tailguard.lifecycle_events FINAL)"
             )[0]
+            o.stored = (int(row[0]), int(row[1]))
         finally:
             sampling.set()
             server.stop()
             store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _report(
-        limits, f"{n // k} events a flush ({len(rec[0])} requests), every {args.interval_s} s",
-        flushes=flushes, asked=asked, rss=rss, rss_start=rss_start,
-    )  # fmt: skip
-    print(f"stored: {stored[0]} requests of {len(records)}, {stored[1]} events of {n}")
+    return o
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.hostile:
+        hostile(int(args.hostile[0]), sys.stdin.readline().strip(), float(args.hostile[1]))
+        return 0
+    if args.interactive:
+        interactive(args.interactive[0], float(args.interactive[1]))
+        return 0
+    o = measure(args)
+    _report(o.limits, o.flush, flushes=o.flushes, asked=o.asked, rss=o.rss, rss_start=o.rss_start)
+    print(
+        f"stored: {o.stored[0]} requests of {o.written[0]}, {o.stored[1]} events of {o.written[1]}"
+    )
     for kind in ("memory", "group", "time"):
-        got = [(c, t) for kd, c, t in answers if kd == kind]
+        got = [(c, t) for kd, c, t in o.answers if kd == kind]
         if got:
             print(f"hostile {kind}: " + ", ".join(f"{c} after {t:.1f} s" for c, t in got))
     return 0
+
+
+@register("query_isolation", TITLE, order=97, opt_in=True)
+def run(ctx: Context) -> Section:
+    """The defaults (one round, 120 flushes a phase): issue 49's target as figures."""
+    o = measure(_parser().parse_args([]))
+    section = Section("query_isolation", TITLE)
+    figs = section.figures
+    for kind, what in (("report", "report's reads (open_reader + read_report)"),
+                       ("panel", "a dashboard panel (the SLO dashboard's first)")):  # fmt: skip
+        got = o.interactive("heavy", kind)
+        secs = [t for _, t in got]
+        quiet = [t for _, t in o.interactive("quiet", kind)]
+        figs.append(
+            at_most(
+                f"beside the hostile client: {what}, slowest answer",
+                max(secs), "s", INTERACTIVE_TARGET_S,
+                f"{len(got)} asked; p50 {statistics.median(secs):.2f} s, p90 "
+                f"{_pct(secs, 0.9):.2f} s; without it p50 {statistics.median(quiet):.2f} s, "
+                f"max {max(quiet):.2f} s",
+            )
+        )  # fmt: skip
+        bad = [c for c, _ in got if c != "ok"]
+        figs.append(at_most(f"beside the hostile client: {kind} answers not ok", len(bad), "",
+                            0, ", ".join(sorted(set(bad)))))  # fmt: skip
+    figs.append(
+        Figure("requests and events stored of those written", o.stored[0] + o.stored[1],
+               "rows", f"= {sum(o.written):,}", o.stored == o.written,
+               f"{o.stored[0]:,} requests of {o.written[0]:,}, {o.stored[1]:,} events of "
+               f"{o.written[1]:,}")
+    )  # fmt: skip
+    for kind in ("memory", "group", "time"):
+        got = [(c, t) for kd, c, t in o.answers if kd == kind]
+        if got:
+            figs.append(
+                Figure(f"hostile {kind} queries: the slowest answer", max(t for _, t in got),
+                       "s", note=", ".join(f"{c} after {t:.1f} s" for c, t in got))
+            )  # fmt: skip
+    figs.append(
+        Figure("worker RSS: max beside the hostile client − max without",
+               max(o.rss["heavy"]) - max(o.rss["quiet"]), "MB",
+               note=f"{max(o.rss['quiet']):.0f} → {max(o.rss['heavy']):.0f} MB; "
+               f"{o.rss_start:.0f} MB at start")
+    )  # fmt: skip
+    figs.append(
+        Figure("the writer's flush p99 beside the hostile client", _pct(o.flushes["heavy"], 0.99)
+               * 1000, "ms", note=f"without it {_pct(o.flushes['quiet'], 0.99) * 1000:.0f} ms; "
+               f"{o.flush}")
+    )  # fmt: skip
+    section.text.append(
+        f"The port: {o.limits.concurrency} queries at once, {o.limits.per_client} per client, "
+        f"each `{o.limits.settings()}`; a client's queries after one of "
+        f"{o.limits.long_query_s:g} s or more at nice {o.limits.long_query_nice}. Quiet, then "
+        "heavy: 120 flushes of the writer each (60 s); an interactive client asks every "
+        "second for report's reads and a panel; in the heavy phase a hostile client sends "
+        "back to back a memory bomb, a 10-fold cross join, a growing `uniqExact` and the "
+        "cross join again (module docstring of `bench/query_isolation.py`). The machine is "
+        "shared: other processes' load moves every figure (load average before and after, "
+        "above)."
+    )
+    section.commands.append("PYTHONPATH=$PWD python bench/query_isolation.py")
+    return section
 
 
 if __name__ == "__main__":

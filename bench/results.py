@@ -39,6 +39,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.gateway_latency",
     "bench.chaos",
     "bench.month",
+    "bench.query_isolation",
 )
 PLACEHOLDERS: dict[str, str] = {}
 

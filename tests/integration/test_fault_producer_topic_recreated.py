@@ -3,7 +3,13 @@ topic deleted and created again while it sends. It dropped the batches librdkafk
 for the unknown topic (1,989 events in a 5-minute chaos run) and counted the in-flight
 ones failed; now it holds them, reads the partition counts again, and sends them to the
 topic created again (made again for its partitions when their number changed): nothing
-dropped, nothing failed, every event emitted after the deletion on the new topic."""
+dropped, nothing failed, every event emitted after the deletion on the new topic.
+
+Under load the same-partition case counted ~3,000 events failed (2 of 3 clean-clone suite
+runs; 3 of 8 runs beside 4 busy loops here): librdkafka's ``_DESTROY``, the batches of
+requests in flight to the deleted topic's partitions when it removed them (see
+``producers.emit.TOPIC_GONE_ERRORS``); now held like the rest. The test prints each error
+name the producer met, with its events."""
 
 from __future__ import annotations
 
@@ -31,18 +37,7 @@ EMIT_EVERY_S = 0.002
 @pytest.mark.parametrize(
     ("case", "partitions_again"),
     [
-        pytest.param(
-            "created again as it was",
-            4,
-            # Known open defect (issue 49, session 27): passes alone and beside busy loops,
-            # fails inside the whole suite with ~3,000 events counted failed (error code not
-            # yet logged). Not strict: it still runs and reports XPASS when it holds.
-            marks=pytest.mark.xfail(
-                reason="same-partition recreation inside the whole suite: ~3,000 events "
-                "counted failed, cause open (issue 49)",
-                strict=False,
-            ),
-        ),
+        ("created again as it was", 4),
         ("created again with fewer partitions", 2),
     ],
 )
@@ -94,7 +89,7 @@ def test_the_producer_holds_its_batches_across_a_topic_recreation(
     print(
         f"{case}: {len(emitted)} emitted, {gone_at} before the deletion was seen; "
         f"{len(on_topic)} on the new topic; sent {c.events_sent}, dropped "
-        f"{c.events_dropped}, failed {c.events_failed}, left {left}"
+        f"{c.events_dropped}, failed {c.events_failed}, left {left}; errors {c.delivery_errors}"
     )
     assert left == 0
     assert c.events_dropped == 0

@@ -113,8 +113,9 @@ def test_clickhouse_connect_reads_through_the_port(served) -> None:
 def test_the_engine_itself_refuses_writes_on_the_read_only_session(served, sql: str) -> None:
     """readonly = 1 (ClickHouse's own setting) is what stops writes; chDB honours it."""
     _settings, store, server, _client = served
-    assert len(server.pool.sessions) == 2
-    for session in server.pool.sessions:  # every session of the port's pool
+    # every session of the port's pool: 2 at nice 0, 2 at long_query_nice
+    assert sorted(s.nice for s in server.pool.sessions) == [0, 0, 10, 10]
+    for session in server.pool.sessions:
         with pytest.raises(QueryRefusedError) as exc:
             session.execute_unchecked(sql)
         assert exc.value.code == 164
@@ -621,6 +622,51 @@ def test_query_parameters_do_not_smuggle_a_table_in(served_shared) -> None:
     assert rows.result_rows == [(10,)]
     with pytest.raises(Exception, match=r"code: 164\b"):
         client.query("SELECT hasColumnInTable('system', 'tables', 'name')")
+
+
+def test_a_text_accepted_once_is_not_checked_again_its_parameters_are(served_shared) -> None:
+    """Issue 49: the port keeps what its check accepted (``CheckCache``); the same text
+    with other parameters is checked again (and refused here), a refusal is never kept."""
+    _settings, _store, server, client = served_shared
+    checked = server.pool.checked
+    sql = "SELECT count() AS cached FROM {t:Identifier}"  # this test's own text
+    before = checked.hits
+    for _ in range(3):
+        assert client.query(sql, parameters={"t": "requests"}).result_rows == [(10,)]
+    assert checked.hits == before + 2
+    for _ in range(2):
+        with pytest.raises(Exception, match=r"code: 164\b"):
+            client.query(sql, parameters={"t": "system.tables"})
+        with pytest.raises(Exception, match=r"code: 164\b"):
+            client.query("SELECT * FROM file('/etc/passwd')")
+    assert checked.hits == before + 2
+
+
+def test_a_client_whose_last_query_ran_long_runs_its_next_one_niced(served_shared) -> None:
+    """Issue 49: a client whose last query ran ``long_query_s`` (1 s) or longer gets a
+    session at ``long_query_nice`` (10) for its next one; other clients, and that one
+    after a short query, run at the port's nice (0)."""
+    _settings, _store, server, _client = served_shared
+    assert (server.pool.limits.long_query_s, server.pool.limits.long_query_nice) == (1.0, 10)
+
+    def ask(agent: str, sql: str) -> str:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/",
+            data=sql.encode(),
+            headers={"X-ClickHouse-Key": server.token, "User-Agent": agent},
+        )
+        with urllib.request.urlopen(request, timeout=ceiling(30)) as resp:
+            return str(resp.read().decode().strip())
+
+    nice = "SELECT getSetting('os_thread_priority')"
+    steps = [
+        ("slow", nice, "0"),
+        ("slow", "SELECT sleep(1.2)", "0"),  # a long query, at nice 0 itself
+        ("slow", nice, "10"),  # the next one niced (and short: clears it)
+        ("other", nice, "0"),
+        ("slow", nice, "0"),
+    ]
+    assert [ask(agent, sql) for agent, sql, _ in steps] == [want for _, _, want in steps]
 
 
 def test_with_the_token_in_either_header(served_shared) -> None:

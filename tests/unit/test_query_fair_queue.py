@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.adapters.query_server.pool import MAX_WAITING_PER_CLIENT, FairQueue
+from pipeline.adapters.query_server.pool import MAX_WAITING_PER_CLIENT, FairQueue, LongClients
 from pipeline.adapters.query_server.session import QueryLimits, QueryRefusedError
 from tests.ceilings import ceiling
 
@@ -131,3 +131,24 @@ def test_a_client_is_its_user_name_and_user_agent() -> None:
     assert curl == client_of("default", "curl/8.5.0")
     assert len({grafana, curl, client_of("tailguard-41", "clickhouse-connect/0.8")}) == 3
     assert client_of("tailguard-41", "x") != client_of("tailguard-42", "x")  # each tool process
+
+
+@pytest.mark.parametrize(
+    ("runs", "long_after"),
+    [
+        ([("a", 0.2)], set()),
+        ([("a", 1.0)], {"a"}),  # at the threshold: long
+        ([("a", 5.0), ("b", 0.1)], {"a"}),  # per client
+        ([("a", 5.0), ("a", 0.1)], set()),  # a short query clears it
+        ([("a", 5.0), ("b", 31.0), ("c", 2.0)], {"b", "c"}),  # the oldest forgotten past 2
+    ],
+)
+def test_a_client_whose_last_query_ran_long_is_long(
+    runs: list[tuple[str, float]], long_after: set[str]
+) -> None:
+    """Issue 49: a client whose last query ran ``long_query_s`` or longer runs its next
+    one on a niced session (``SessionPool``); remembered for at most ``max_clients``."""
+    long = LongClients(1.0, max_clients=2)
+    for client, seconds in runs:
+        long.ran(client, seconds)
+    assert {c for c in "abc" if c in long} == long_after

@@ -88,6 +88,27 @@ API whether they open the directory themselves or go through the worker.
   concurrency, and each query's limits still bound it. A query the port
   answered ``159`` keeps its session and its client's turn until the engine
   returns.
+* **A long query's client runs its next one niced.** A client whose last query
+  ran ``long_query_s`` (1 s) or more runs its next one at ``long_query_nice``
+  (10), on a second set of ``concurrency`` sessions (:class:`SessionPool`; the
+  queries at once stay ``concurrency``, so the memory bound is unchanged); a
+  short query clears it. Its first bomb runs at nice 0 (stopped at the memory
+  limit in 1.2-1.9 s here), those that follow get ~1/10 of the CPU a nice-0
+  thread wants. Why: beside back-to-back 30 s queries and bombs, ``report``'s
+  queries got a session at once (no wait measured in the fair queue) but their
+  engine time doubled (0.22 -> 0.52 s for its 20 queries), the hostile thread
+  taking the cores from them and from the writer. Measured
+  (``bench/query_isolation.py``, 2 shared cores at load 7-26, back to back):
+  report's reads beside the hostile client p50 0.85-1.21 s, max 2.57-2.86 s
+  (3 runs; ``./tg bench --only query_isolation`` in ``bench/RESULTS.md``)
+  against p50 1.45-1.90 s, max 3.00-3.61 s with ``--long-query-nice 0``
+  (2 runs); the writer's flush p50 beside it 226-235 ms (2 runs) against 366-404 ms.
+* **A text checked once is not checked again.** The check above is two engine
+  calls per query; ``report`` and the dashboards send the same texts again and
+  again: :class:`~.session.CheckCache` keeps the texts accepted (with their
+  parameters; 512, least recently used out; refusals are never kept). Measured:
+  the check was 44 % of the port's time for report's queries beside a hostile
+  client (median 14 ms, p90 0.1 s each on a loaded machine).
 * **Never in the writer's way.** The read-only sessions are chDB connections
   of their own: their queries run alongside the worker's writes, which are on
   another connection of the same engine (ClickHouse sessions run

@@ -255,10 +255,12 @@ class QueryServer:
         limits: QueryLimits | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
+        limits = limits or QueryLimits()
         self.pool = SessionPool(
             functools.partial(
                 ReadOnlySession, self.store_dir, lock, database=database, limits=limits
-            )
+            ),
+            limits,
         )
         # Fresh on every start; readers find it in the discovery file (mode 0600).
         self.token = secrets.token_urlsafe(32)

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,11 @@ class QueryLimits:
     concurrency: int = 2  # queries running at once, one read-only session each
     per_client: int = 1  # queries one client runs at once
     queue_wait_s: float = 10.0  # the longest a query waits for its turn (then 202)
+    # A client whose last query ran this long runs its next ones at ``long_query_nice``
+    # (see :class:`~.pool.SessionPool`): back-to-back 30 s queries and bombs stop taking
+    # the cores from ``report``, the dashboards and the writer. Not if no higher than nice.
+    long_query_s: float = 1.0
+    long_query_nice: int = 10
 
     def __post_init__(self) -> None:
         if not 1 <= self.per_client <= self.concurrency:
@@ -79,15 +85,21 @@ class QueryLimits:
                 f"the query port's per-client cap ({self.per_client}) must be 1 to its "
                 f"concurrency ({self.concurrency})"
             )
-        if self.queue_wait_s <= 0 or not 0 <= self.nice <= 19:
+        if (
+            self.queue_wait_s <= 0
+            or self.long_query_s <= 0
+            or not 0 <= self.nice <= 19
+            or not 0 <= self.long_query_nice <= 19
+        ):
             raise ValueError(f"invalid query port limits: {self}")
 
     @property
     def threads(self) -> int:
         return self.max_threads or max(1, (os.cpu_count() or 1) // 4)
 
-    def settings(self) -> dict[str, int | str]:
-        """The engine's settings of one query (each session's, fixed before ``readonly``)."""
+    def settings(self, nice: int | None = None) -> dict[str, int | str]:
+        """The engine's settings of one query (each session's, fixed before ``readonly``);
+        ``nice``: another ``os_thread_priority`` than ``self.nice``."""
         return {
             "max_execution_time": int(self.max_execution_time_s),
             "timeout_overflow_mode": "throw",
@@ -95,7 +107,7 @@ class QueryLimits:
             "max_result_bytes": int(self.max_result_bytes),
             "result_overflow_mode": "throw",
             "max_threads": self.threads,
-            "os_thread_priority": int(self.nice),
+            "os_thread_priority": int(self.nice if nice is None else nice),
         }
 
     @classmethod
@@ -110,6 +122,46 @@ class QueryLimits:
             per_client=settings.query_per_client,
             queue_wait_s=settings.query_queue_wait_s,
         )
+
+
+class CheckCache:
+    """The query texts the port's check accepted, with ClickHouse's parse of each (LRU,
+    shared by a pool's sessions, which check alike: same database, same table functions).
+
+    The check is two engine calls (``formatQuerySingleLine`` and ``EXPLAIN AST``), both
+    syntactic: their verdict depends on the text and its parameters alone. Measured
+    (``bench/query_isolation.py``, issue 49): they were 44 % of the port's time for
+    ``report``'s 20 queries (median 14 ms each, 0.1 s at p90 on a loaded machine), and
+    ``report`` and the dashboards send the same texts again and again. Refusals are not
+    kept (each is checked again); nor is a text over ``max_sql_chars``."""
+
+    def __init__(self, max_entries: int = 512, max_sql_chars: int = 16_384) -> None:
+        self.max_entries = max_entries
+        self.max_sql_chars = max_sql_chars
+        self._lock = threading.Lock()
+        self._accepted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], str] = OrderedDict()
+        self.hits = 0
+
+    @staticmethod
+    def key(sql: str, params: Mapping[str, str] | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return sql, tuple(sorted((params or {}).items()))
+
+    def get(self, sql: str, params: Mapping[str, str] | None) -> str | None:
+        k = self.key(sql, params)
+        with self._lock:
+            normalized = self._accepted.get(k)
+            if normalized is not None:
+                self._accepted.move_to_end(k)
+                self.hits += 1
+            return normalized
+
+    def put(self, sql: str, params: Mapping[str, str] | None, normalized: str) -> None:
+        if len(sql) > self.max_sql_chars:
+            return
+        with self._lock:
+            self._accepted[self.key(sql, params)] = normalized
+            while len(self._accepted) > self.max_entries:
+                self._accepted.popitem(last=False)
 
 
 class ReadOnlySession:
@@ -128,12 +180,19 @@ class ReadOnlySession:
         *,
         database: str = "tailguard",
         limits: QueryLimits | None = None,
+        checked: CheckCache | None = None,
+        nice: int | None = None,
+        like: ReadOnlySession | None = None,
     ) -> None:
+        """``like``: a session of the same engine whose lookups (table functions, time
+        zone) this one takes instead of asking the engine again (a pool's)."""
         import chdb  # adapter-only import
 
         if not _IDENT_RE.match(database):
             raise ValueError(f"invalid database name {database!r}")
         self.limits = limits = limits or QueryLimits()
+        self.checked = checked or CheckCache()
+        self.nice = limits.nice if nice is None else nice  # its queries' os_thread_priority
         self.path = os.path.realpath(store_dir)
         self.database = database
         self._engine_lock = lock
@@ -152,17 +211,23 @@ class ReadOnlySession:
                 self._conn.query(f"USE {database}", "TSV")
             # Names only a table function has (``file`` and ``format`` are also scalar
             # functions: ``file`` is denied by name, ``format`` only parses its argument).
-            names = self._conn.query(
-                "SELECT lower(name) FROM system.table_functions "
-                "WHERE name NOT IN (SELECT name FROM system.functions)",
-                "TSVRaw",
-            )
-            self._table_functions = frozenset(names.bytes().decode().split())
-            self.timezone = self._conn.query("SELECT timezone()", "TSV").bytes().decode().strip()
+            self._table_functions: frozenset[str]
+            self.timezone: str
+            if like is not None:
+                self._table_functions, self.timezone = like._table_functions, like.timezone
+            else:
+                names = self._conn.query(
+                    "SELECT lower(name) FROM system.table_functions "
+                    "WHERE name NOT IN (SELECT name FROM system.functions)",
+                    "TSVRaw",
+                )
+                self._table_functions = frozenset(names.bytes().decode().split())
+                tz = self._conn.query("SELECT timezone()", "TSV")
+                self.timezone = tz.bytes().decode().strip()
             # The limits are the clients' queries', set after the session's own queries
             # above: on a busy machine the table-function lookup took 2.8 s, past a 2 s
             # limit, and the port failed to open (a suite run with six xdist workers).
-            for name, value in limits.settings().items():
+            for name, value in limits.settings(self.nice).items():
                 literal = sql_string(value) if isinstance(value, str) else str(int(value))
                 self._conn.query(f"SET {name} = {literal}", "TSV")
             self._conn.query("SET readonly = 1", "TSV")
@@ -226,7 +291,15 @@ class ReadOnlySession:
         return self._run(lambda: self._check(sql, params))
 
     def _check(self, sql: str, params: Mapping[str, str] | None) -> str:
-        """:meth:`check`, holding this session's lock."""
+        """:meth:`check`, holding this session's lock; a text accepted before is not
+        checked again (:class:`CheckCache`)."""
+        normalized = self.checked.get(sql, params)
+        if normalized is None:
+            normalized = self._check_in_engine(sql, params)
+            self.checked.put(sql, params, normalized)
+        return normalized
+
+    def _check_in_engine(self, sql: str, params: Mapping[str, str] | None) -> str:
         try:
             text = self._conn.query(
                 f"SELECT formatQuerySingleLine({sql_string(sql)})", "TSVRaw"
