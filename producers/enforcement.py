@@ -131,6 +131,7 @@ class _ActionsLike(Protocol):
     deadline_margin: float | None
     ttft_queue_ms: float | None
     ttft_service_ms: float | None
+    hold_fraction: float | None
 
     def queue_timeout_for(self, priority: int) -> float | None: ...
 
@@ -172,7 +173,10 @@ class RequestFacts:
     (:func:`producers.client_retry.client_attempt`: 0 = a first try; the id every attempt
     of one logical request shares, if sent), for the retry budget; ``tenant`` (None:
     unknown) for the fair shares across tenants; ``slo_ttft_ms``: the request's own
-    first-token SLO (None: none), for the deadline.
+    first-token SLO (None: none), for the deadline; ``budget_ms``: the latency its SLO
+    leaves it (None: unknown; a non-streaming request's is the SLO spec's threshold for
+    its boundary, :func:`producers.simulator.gate.nonstream_budget_ms`), for the hold
+    before refusal (a request with its own ``slo_ttft_ms`` has that as its budget).
     """
 
     model: str | None
@@ -184,6 +188,12 @@ class RequestFacts:
     attempt: int = 0
     logical_id: str | None = None
     slo_ttft_ms: float | None = None
+    budget_ms: float | None = None
+
+    @property
+    def slack_ms(self) -> float | None:
+        """The budget a hold at the gateway may take a share of (None: none)."""
+        return self.budget_ms if self.budget_ms is not None else self.slo_ttft_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +211,14 @@ class Verdict:
     should_retry: bool | None = None
     # admitted under a first-token prediction: what it predicted (for its error)
     predicted_ttft_ms: float | None = None
+    # held at the gateway for an admission token (rule 6): ask again with
+    # Enforcement.resume(hold_ticket, ...) at recheck_at_ms (neither forward nor refuse)
+    hold_ticket: int | None = None
+    recheck_at_ms: float | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.hold_ticket is not None
 
     @property
     def status(self) -> int:
@@ -258,6 +276,11 @@ RETRY_BUDGET_WINDOW_S: Final = 10  # the sliding window, in one-second slots
 # most this many per (gateway, scope), oldest forgotten first.
 LOGICAL_ID_MEMORY_MS: Final = 130_000.0
 MAX_LOGICAL_IDS: Final = 65_536
+# Hold before refusal (rule 6): a held request asks again at least this often, waits at
+# most this long whatever its budget, and at most this many are held per (gateway, scope).
+HOLD_RECHECK_MS: Final = 100.0
+HOLD_MAX_MS: Final = 3_000.0
+MAX_HELD_PER_SCOPE: Final = 64
 RETRY_AFTER_SPREAD: Final = 0.5  # a refusal's Retry-After is spread over [(1 - s)·R, R]
 _GOLDEN: Final = 0.6180339887498949
 
@@ -455,6 +478,29 @@ class RetryWindow:
         return last is not None and now_ms - last <= LOGICAL_ID_MEMORY_MS
 
 
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A request held at the gateway for an admission token (rule 6)."""
+
+    ticket: int
+    scope: str
+    priority: int
+    until_ms: float
+    request: RequestFacts
+    granted: bool = False
+
+
+def hold_ms(actions: Any, request: RequestFacts, priority: int) -> float:
+    """How long a request refused by admission may wait at the gateway for a token:
+    ``hold_fraction`` of its slack (:attr:`RequestFacts.slack_ms`), at most
+    :data:`HOLD_MAX_MS`; 0: not at all (no fraction, no slack, priority 0)."""
+    fraction = getattr(actions, "hold_fraction", None)
+    slack = request.slack_ms
+    if not fraction or slack is None or priority <= 0:
+        return 0.0
+    return max(0.0, min(HOLD_MAX_MS, float(fraction) * slack))
+
+
 @dataclass
 class Enforcement:
     """One gateway instance's enforcement; see the module docstring."""
@@ -471,19 +517,106 @@ class Enforcement:
     _ttft_errors: deque[float] = field(default_factory=lambda: deque(maxlen=PREDICTION_ERRORS_KEPT))
     _spread_k: int = 0
     _jitter_k: int = 0
+    # requests held for an admission token, per scope in (priority, arrival) order
+    _held: dict[str, list[_Held]] = field(default_factory=dict)
+    _tickets: dict[int, _Held] = field(default_factory=dict)
+    _ticket_k: int = 0
 
     def decide(
-        self, directive: DirectiveLike | None, request: RequestFacts, now_ms: float
+        self,
+        directive: DirectiveLike | None,
+        request: RequestFacts,
+        now_ms: float,
+        *,
+        can_hold: bool = False,
     ) -> Decision:
         """What to do with ``request`` under ``directive`` (the effective one for its
-        model, e.g. ``ControlClient.directive(model)``) at ``now_ms``; counted."""
+        model, e.g. ``ControlClient.directive(model)``) at ``now_ms``; counted.
+        ``can_hold``: the caller can wait (rule 6): a verdict may then be
+        :attr:`Verdict.held`, to be asked again with :meth:`resume`."""
         priority = min(max(request.priority, 0), PRIORITIES - 1)
         mode = self.modes.of(request.model, priority)
         if mode == "off":
             return PASS_OFF
         if directive is None or directive.level <= 0:
             return Decision(ADMIT, mode)
-        verdict = self._verdict(directive, request, priority, now_ms)
+        verdict = self._verdict(
+            directive, request, priority, now_ms, can_hold=can_hold and mode == "enforce"
+        )
+        return self._counted(directive, request, priority, mode, verdict, now_ms=now_ms)
+
+    def resume(
+        self, directive: DirectiveLike | None, ticket: int, now_ms: float
+    ) -> tuple[RequestFacts, Decision]:
+        """A held request (``ticket``, from :attr:`Verdict.hold_ticket`) asks again at
+        ``now_ms`` under the directive in force now: admitted once a token is its (held
+        requests take tokens in priority order, then arrival: a held lower priority never
+        takes one a higher priority waits for), refused (``admission``) once its hold
+        ran out, else held again (a new :attr:`Verdict.recheck_at_ms`). Without a
+        directive that admits by rate any more, it is admitted."""
+        h = self._tickets[ticket]
+        r = h.request
+        priority = h.priority
+        mode = self.modes.of(r.model, priority)
+        a = None if directive is None or directive.level <= 0 else directive.actions
+        if a is None or a.admit_rps is None:
+            self._release(h)
+            if a is None or directive is None:
+                return r, self._counted(directive, r, priority, mode, ADMIT, now_ms=now_ms)
+            verdict = self._admitted(
+                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+            )
+            return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
+        admission = self._admissions[h.scope]
+        self._grant(h.scope, admission, a, now_ms)
+        if h.granted:
+            self._release(h)
+            self.applied["held_admitted"] += 1
+            verdict = self._admitted(
+                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+            )
+        elif now_ms >= h.until_ms:
+            self._release(h)
+            refusal = admission.refusal(priority, a.retry_after_s)
+            verdict = Verdict(
+                reason="admission",
+                retry_after_s=spread_retry_after_s(refusal.retry_after_s, self._unit(r)),
+            )
+        else:
+            recheck_ms = min(h.until_ms, now_ms + HOLD_RECHECK_MS)
+            return r, Decision(
+                Verdict(hold_ticket=ticket, recheck_at_ms=recheck_ms),
+                mode,
+                directive.level,
+                directive.scope,
+            )
+        return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
+
+    def cancel(self, ticket: int) -> None:
+        """A held request is gone (its client left): it waits for nothing any more."""
+        h = self._tickets.get(ticket)
+        if h is not None:
+            self._release(h)
+
+    @property
+    def held_now(self) -> int:
+        """Requests held at this gateway now."""
+        return len(self._tickets)
+
+    def _counted(
+        self,
+        directive: DirectiveLike | None,
+        request: RequestFacts,
+        priority: int,
+        mode: Mode,
+        verdict: Verdict,
+        *,
+        now_ms: float,
+    ) -> Decision:
+        """The decision of ``verdict``, its refusal's invitation to retry settled, and
+        counted."""
+        if directive is None:
+            return Decision(verdict, mode)
         if verdict.reason is not None and verdict.should_retry is None and priority > 0:
             scope = (
                 directive.scope if directive.scope is not None else (request.model or ALL_SCOPES)
@@ -494,6 +627,8 @@ class Enforcement:
         model = request.model or ALL_SCOPES
         if verdict.reason is not None:
             self.refusals[(mode, model, priority, verdict.reason)] += 1
+        elif verdict.held:
+            self.applied["held"] += 1
         elif mode == "enforce":
             self.applied["admitted"] += 1
             if verdict.half_open_admitted:
@@ -543,7 +678,9 @@ class Enforcement:
         return error_percentiles(self._ttft_errors)
 
     # -- the rules
-    def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
+    def _verdict(
+        self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float, *, can_hold: bool
+    ) -> Verdict:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
         u = self._unit(r)
@@ -588,19 +725,45 @@ class Enforcement:
             admission = self._admissions.get(scope)
             if admission is None:
                 admission = self._admissions[scope] = PriorityAdmission()
-            rate_rps = a.admit_rps / (a.admit_gateways or 1)
-            admit = admission.decide(
-                priority,
-                rate_rps,
-                now_ms,
-                a.retry_after_s,
-                tenant=r.tenant if getattr(a, "fair_share", False) else None,
-                weights=getattr(a, "tenant_weights", None),
-            )
+            tenant = r.tenant if getattr(a, "fair_share", False) else None
+            weights = getattr(a, "tenant_weights", None)
+            if self._held.get(scope):
+                self._grant(scope, admission, a, now_ms)
+            if self._waiting_ahead(scope, priority):  # held ones of its priority or higher
+                admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
+                admit = admission.refusal(priority, a.retry_after_s)
+            else:
+                admit = admission.decide(
+                    priority,
+                    self._rate_rps(a),
+                    now_ms,
+                    a.retry_after_s,
+                    tenant=tenant,
+                    weights=weights,
+                )
             if not admit.admitted:
+                wait_ms = hold_ms(a, r, priority) if can_hold and tenant is None else 0.0
+                held = self._held.setdefault(scope, [])
+                if wait_ms > 0.0 and len(held) < MAX_HELD_PER_SCOPE:
+                    return self._hold(scope, r, priority, now_ms, wait_ms)
                 return Verdict(
                     reason="admission", retry_after_s=spread_retry_after_s(admit.retry_after_s, u)
                 )
+        return self._admitted(a, r, priority, u, half_open=half_open, predicted=predicted)
+
+    def _admitted(
+        self,
+        a: _ActionsLike,
+        r: RequestFacts,
+        priority: int,
+        u: float,
+        *,
+        half_open: bool,
+        predicted: float | None,
+    ) -> Verdict:
+        """An admitted request's verdict: its context cap, fallback, queue cut-off (with
+        the Retry-After of a cut, spread by ``u``) and first-token prediction."""
+        retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
         cap = a.cap_context_tokens
         if cap is not None and r.prompt_tokens is not None and r.prompt_tokens <= cap:
             cap = None  # shorter already: nothing to cap
@@ -621,6 +784,53 @@ class Enforcement:
             half_open_admitted=half_open,
             predicted_ttft_ms=predicted,
         )
+
+    @staticmethod
+    def _rate_rps(a: _ActionsLike) -> float:
+        """This gateway's share of the scope's admitted rate."""
+        return float(a.admit_rps or 0.0) / (a.admit_gateways or 1)
+
+    def _hold(
+        self, scope: str, r: RequestFacts, priority: int, now_ms: float, wait_ms: float
+    ) -> Verdict:
+        """Hold ``r`` for up to ``wait_ms`` (rule 6): its place in the scope's order."""
+        self._ticket_k += 1
+        h = _Held(self._ticket_k, scope, priority, now_ms + wait_ms, r)
+        held = self._held.setdefault(scope, [])
+        i = len(held)
+        while i > 0 and held[i - 1].priority > priority:  # behind its priority and higher
+            i -= 1
+        held.insert(i, h)
+        self._tickets[h.ticket] = h
+        return Verdict(
+            hold_ticket=h.ticket, recheck_at_ms=min(h.until_ms, now_ms + HOLD_RECHECK_MS)
+        )
+
+    def _grant(
+        self, scope: str, admission: PriorityAdmission, a: _ActionsLike, now_ms: float
+    ) -> None:
+        """Tokens to the held requests of ``scope`` in order (priority, then arrival),
+        each taken as a request asking again (its arrival counted once); the first that
+        finds none stops it: none behind it may take a token it waits for."""
+        for h in self._held.get(scope, ()):
+            if h.granted:
+                continue
+            if h.until_ms <= now_ms:
+                continue  # its hold ran out: refused when it asks again
+            admit = admission.decide(h.priority, self._rate_rps(a), now_ms, 0, count=False)
+            if not admit.admitted:
+                return
+            h.granted = True
+
+    def _waiting_ahead(self, scope: str, priority: int) -> bool:
+        """Is a request of ``priority`` or higher held (without a token) in ``scope``?"""
+        return any(not h.granted and h.priority <= priority for h in self._held.get(scope, ()))
+
+    def _release(self, h: _Held) -> None:
+        self._tickets.pop(h.ticket, None)
+        held = self._held.get(h.scope)
+        if held is not None and h in held:
+            held.remove(h)
 
     def _unit(self, r: RequestFacts) -> float:
         """The request's draw for spreading its Retry-After: from its key (the same key,
