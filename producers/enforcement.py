@@ -281,6 +281,7 @@ MAX_LOGICAL_IDS: Final = 65_536
 HOLD_RECHECK_MS: Final = 100.0
 HOLD_MAX_MS: Final = 3_000.0
 MAX_HELD_PER_SCOPE: Final = 64
+HOLD_OWN_BUCKET: Final = True
 RETRY_AFTER_SPREAD: Final = 0.5  # a refusal's Retry-After is spread over [(1 - s)·R, R]
 _GOLDEN: Final = 0.6180339887498949
 
@@ -728,8 +729,8 @@ class Enforcement:
             tenant = r.tenant if getattr(a, "fair_share", False) else None
             weights = getattr(a, "tenant_weights", None)
             if self._held.get(scope):
-                self._grant(scope, admission, a, now_ms)
-            if self._waiting_ahead(scope, priority):  # held ones of its priority or higher
+                self._grant(scope, admission, a, now_ms, above=priority)
+            if self._waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
                 admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
                 admit = admission.refusal(priority, a.retry_after_s)
             else:
@@ -807,24 +808,38 @@ class Enforcement:
         )
 
     def _grant(
-        self, scope: str, admission: PriorityAdmission, a: _ActionsLike, now_ms: float
+        self,
+        scope: str,
+        admission: PriorityAdmission,
+        a: _ActionsLike,
+        now_ms: float,
+        *,
+        above: int = PRIORITIES,
     ) -> None:
         """Tokens to the held requests of ``scope`` in order (priority, then arrival),
         each taken as a request asking again (its arrival counted once); the first that
         finds none stops it: none behind it may take a token it waits for."""
         for h in self._held.get(scope, ()):
+            if h.priority >= above:
+                return
             if h.granted:
                 continue
             if h.until_ms <= now_ms:
                 continue  # its hold ran out: refused when it asks again
-            admit = admission.decide(h.priority, self._rate_rps(a), now_ms, 0, count=False)
+            admit = admission.decide(
+                h.priority, self._rate_rps(a), now_ms, 0, count=False, own_bucket=HOLD_OWN_BUCKET
+            )
             if not admit.admitted:
                 return
             h.granted = True
 
-    def _waiting_ahead(self, scope: str, priority: int) -> bool:
-        """Is a request of ``priority`` or higher held (without a token) in ``scope``?"""
-        return any(not h.granted and h.priority <= priority for h in self._held.get(scope, ()))
+    def _waiting_ahead(self, scope: str, priority: int, now_ms: float) -> bool:
+        """Is a request of a higher priority than ``priority`` held in ``scope``, still
+        waiting for a token?"""
+        return any(
+            not h.granted and h.priority < priority and h.until_ms > now_ms
+            for h in self._held.get(scope, ())
+        )
 
     def _release(self, h: _Held) -> None:
         self._tickets.pop(h.ticket, None)
