@@ -96,6 +96,10 @@ demand decays) and what its bucket does not use goes to the others. Requests wit
 tenant are one tenant (``""``). At most :data:`MAX_TENANTS` tenants are tracked per
 priority; the least active is forgotten first.
 
+A request held at the gateway for a token (:mod:`producers.enforcement`, hold before
+refusal) asks again with ``count=False``: its arrival is counted once. A request that
+must wait behind held ones is counted without deciding (:meth:`PriorityAdmission.arrive`).
+
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
 
@@ -281,15 +285,12 @@ class PriorityAdmission:
         tenant: str | None = None,
         weights: Mapping[str, float] | None = None,
         count: bool = True,
-        own_bucket: bool = True,
     ) -> Admit:
         """Admit or reject one request of ``priority`` (from ``tenant``; None: the
         one anonymous tenant) arriving at ``t_ms`` when this gateway may admit
         ``rate_rps`` in all; ``weights``: the tenants' weights in the fair shares.
         ``count`` False: a request already counted asks again (one held at the gateway,
-        :mod:`producers.enforcement`): its arrival is not counted twice; ``own_bucket``
-        False: only a lower priority's token will do (its own priority's are left to
-        the requests of that priority arriving)."""
+        :mod:`producers.enforcement`): its arrival is not counted twice."""
         p = min(max(priority, 0), PRIORITIES - 1)
         rate = max(0.0, rate_rps)
         own = self._arrive(p, rate, t_ms, tenant, weights, count=count)
@@ -297,7 +298,7 @@ class PriorityAdmission:
             return self._decide_warming(p, rate, max_retry_after_s)
         if p > 0 and self._fair:
             return self._decide_fair(p, own, max_retry_after_s)
-        if own_bucket and self._tokens[p] >= 1.0:
+        if self._tokens[p] >= 1.0:
             self._tokens[p] -= 1.0
             own.tokens = max(0.0, own.tokens - 1.0)
             return ADMITTED

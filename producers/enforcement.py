@@ -47,6 +47,20 @@ The rules, in order (a directive at level 0 admits everything untouched)
    tenant's share, what a tenant sends beyond it turned away first); refused ->
    ``admission`` with its own ``Retry-After`` (when the priority's, or the tenant's,
    bucket next holds a token: at least 1 s, at most ``retry_after_s``).
+   **Hold before refusal** (issue 47; the policy level's ``hold_fraction``, none: never;
+   not with ``fair_share``): in ``enforce``, at a gateway that can wait (``decide(...,
+   can_hold=True)``: the ASGI middleware, so the reference proxy, and the simulator's
+   gateways; the LiteLLM hook refuses at once), a request of priority >= 1 with slack
+   (:attr:`RequestFacts.slack_ms`: ``budget_ms``, a non-streaming request's SLO
+   threshold, else its own ``slo_ttft_ms``) is *held* instead (:attr:`Verdict.held`:
+   neither forwarded nor refused) for up to ``hold_fraction`` of its slack, at most
+   :data:`HOLD_MAX_MS`, at most :data:`MAX_HELD_PER_SCOPE` per (gateway, scope). The
+   gateway asks again at ``recheck_at_ms`` (every :data:`HOLD_RECHECK_MS` at most) with
+   :meth:`Enforcement.resume`: held requests take the tokens as they come in priority
+   order, then arrival (a held lower priority never takes a token a higher priority
+   waits for, and a new arrival takes none while a higher priority is held); admitted
+   with the rest of rule 7, or refused -> ``admission`` once its wait has run out.
+   Measured off by default: docs/admission.md.
 7. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
    ``fallback_model``, and the queue cut-off of its priority (``queue_timeout_ms``;
    priority 0 never): a request with no first byte that long after it was forwarded is
@@ -281,7 +295,6 @@ MAX_LOGICAL_IDS: Final = 65_536
 HOLD_RECHECK_MS: Final = 100.0
 HOLD_MAX_MS: Final = 3_000.0
 MAX_HELD_PER_SCOPE: Final = 64
-HOLD_OWN_BUCKET: Final = True
 RETRY_AFTER_SPREAD: Final = 0.5  # a refusal's Retry-After is spread over [(1 - s)·R, R]
 _GOLDEN: Final = 0.6180339887498949
 
@@ -502,6 +515,72 @@ def hold_ms(actions: Any, request: RequestFacts, priority: int) -> float:
     return max(0.0, min(HOLD_MAX_MS, float(fraction) * slack))
 
 
+class HeldRequests:
+    """One gateway's requests held for an admission token (rule 6), per scope in
+    (priority, arrival) order, by ticket. Pure: time passed in."""
+
+    __slots__ = ("_by_scope", "_k", "tickets")
+
+    def __init__(self) -> None:
+        self._by_scope: dict[str, list[_Held]] = {}
+        self.tickets: dict[int, _Held] = {}
+        self._k = 0
+
+    def count(self, scope: str) -> int:
+        return len(self._by_scope.get(scope, ()))
+
+    def hold(self, scope: str, r: RequestFacts, priority: int, until_ms: float) -> _Held:
+        """Hold ``r`` until ``until_ms`` at most: its place is behind its priority and
+        every higher one."""
+        self._k += 1
+        h = _Held(self._k, scope, priority, until_ms, r)
+        held = self._by_scope.setdefault(scope, [])
+        i = len(held)
+        while i > 0 and held[i - 1].priority > priority:
+            i -= 1
+        held.insert(i, h)
+        self.tickets[h.ticket] = h
+        return h
+
+    def grant(
+        self,
+        scope: str,
+        admission: PriorityAdmission,
+        rate_rps: float,
+        now_ms: float,
+        *,
+        above: int = PRIORITIES,
+    ) -> None:
+        """Tokens to the held requests of ``scope`` in order (priority, then arrival),
+        each taken as a request asking again (its arrival counted once); the first that
+        finds none stops it: none behind it may take a token it waits for. ``above``:
+        only those of a higher priority than that (before a new arrival of it decides)."""
+        for h in self._by_scope.get(scope, ()):
+            if h.priority >= above:
+                return
+            if h.granted:
+                continue
+            if h.until_ms <= now_ms:
+                continue  # its hold ran out: refused when it asks again
+            if not admission.decide(h.priority, rate_rps, now_ms, 0, count=False).admitted:
+                return
+            h.granted = True
+
+    def waiting_ahead(self, scope: str, priority: int, now_ms: float) -> bool:
+        """Is a request of a higher priority than ``priority`` held in ``scope``, still
+        waiting for a token?"""
+        return any(
+            not h.granted and h.priority < priority and h.until_ms > now_ms
+            for h in self._by_scope.get(scope, ())
+        )
+
+    def release(self, h: _Held) -> None:
+        self.tickets.pop(h.ticket, None)
+        held = self._by_scope.get(h.scope)
+        if held is not None and h in held:
+            held.remove(h)
+
+
 @dataclass
 class Enforcement:
     """One gateway instance's enforcement; see the module docstring."""
@@ -518,10 +597,7 @@ class Enforcement:
     _ttft_errors: deque[float] = field(default_factory=lambda: deque(maxlen=PREDICTION_ERRORS_KEPT))
     _spread_k: int = 0
     _jitter_k: int = 0
-    # requests held for an admission token, per scope in (priority, arrival) order
-    _held: dict[str, list[_Held]] = field(default_factory=dict)
-    _tickets: dict[int, _Held] = field(default_factory=dict)
-    _ticket_k: int = 0
+    _holds: HeldRequests = field(default_factory=HeldRequests)
 
     def decide(
         self,
@@ -555,13 +631,13 @@ class Enforcement:
         takes one a higher priority waits for), refused (``admission``) once its hold
         ran out, else held again (a new :attr:`Verdict.recheck_at_ms`). Without a
         directive that admits by rate any more, it is admitted."""
-        h = self._tickets[ticket]
+        h = self._holds.tickets[ticket]
         r = h.request
         priority = h.priority
         mode = self.modes.of(r.model, priority)
         a = None if directive is None or directive.level <= 0 else directive.actions
         if a is None or a.admit_rps is None:
-            self._release(h)
+            self._holds.release(h)
             if a is None or directive is None:
                 return r, self._counted(directive, r, priority, mode, ADMIT, now_ms=now_ms)
             verdict = self._admitted(
@@ -569,15 +645,15 @@ class Enforcement:
             )
             return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
         admission = self._admissions[h.scope]
-        self._grant(h.scope, admission, a, now_ms)
+        self._holds.grant(h.scope, admission, self._rate_rps(a), now_ms)
         if h.granted:
-            self._release(h)
+            self._holds.release(h)
             self.applied["held_admitted"] += 1
             verdict = self._admitted(
                 a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
             )
         elif now_ms >= h.until_ms:
-            self._release(h)
+            self._holds.release(h)
             refusal = admission.refusal(priority, a.retry_after_s)
             verdict = Verdict(
                 reason="admission",
@@ -595,14 +671,14 @@ class Enforcement:
 
     def cancel(self, ticket: int) -> None:
         """A held request is gone (its client left): it waits for nothing any more."""
-        h = self._tickets.get(ticket)
+        h = self._holds.tickets.get(ticket)
         if h is not None:
-            self._release(h)
+            self._holds.release(h)
 
     @property
     def held_now(self) -> int:
         """Requests held at this gateway now."""
-        return len(self._tickets)
+        return len(self._holds.tickets)
 
     def _counted(
         self,
@@ -728,9 +804,9 @@ class Enforcement:
                 admission = self._admissions[scope] = PriorityAdmission()
             tenant = r.tenant if getattr(a, "fair_share", False) else None
             weights = getattr(a, "tenant_weights", None)
-            if self._held.get(scope):
-                self._grant(scope, admission, a, now_ms, above=priority)
-            if self._waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
+            holds = self._holds
+            holds.grant(scope, admission, self._rate_rps(a), now_ms, above=priority)
+            if holds.waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
                 admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
                 admit = admission.refusal(priority, a.retry_after_s)
             else:
@@ -744,9 +820,10 @@ class Enforcement:
                 )
             if not admit.admitted:
                 wait_ms = hold_ms(a, r, priority) if can_hold and tenant is None else 0.0
-                held = self._held.setdefault(scope, [])
-                if wait_ms > 0.0 and len(held) < MAX_HELD_PER_SCOPE:
-                    return self._hold(scope, r, priority, now_ms, wait_ms)
+                if wait_ms > 0.0 and holds.count(scope) < MAX_HELD_PER_SCOPE:
+                    h = holds.hold(scope, r, priority, now_ms + wait_ms)
+                    recheck_ms = min(h.until_ms, now_ms + HOLD_RECHECK_MS)
+                    return Verdict(hold_ticket=h.ticket, recheck_at_ms=recheck_ms)
                 return Verdict(
                     reason="admission", retry_after_s=spread_retry_after_s(admit.retry_after_s, u)
                 )
@@ -790,62 +867,6 @@ class Enforcement:
     def _rate_rps(a: _ActionsLike) -> float:
         """This gateway's share of the scope's admitted rate."""
         return float(a.admit_rps or 0.0) / (a.admit_gateways or 1)
-
-    def _hold(
-        self, scope: str, r: RequestFacts, priority: int, now_ms: float, wait_ms: float
-    ) -> Verdict:
-        """Hold ``r`` for up to ``wait_ms`` (rule 6): its place in the scope's order."""
-        self._ticket_k += 1
-        h = _Held(self._ticket_k, scope, priority, now_ms + wait_ms, r)
-        held = self._held.setdefault(scope, [])
-        i = len(held)
-        while i > 0 and held[i - 1].priority > priority:  # behind its priority and higher
-            i -= 1
-        held.insert(i, h)
-        self._tickets[h.ticket] = h
-        return Verdict(
-            hold_ticket=h.ticket, recheck_at_ms=min(h.until_ms, now_ms + HOLD_RECHECK_MS)
-        )
-
-    def _grant(
-        self,
-        scope: str,
-        admission: PriorityAdmission,
-        a: _ActionsLike,
-        now_ms: float,
-        *,
-        above: int = PRIORITIES,
-    ) -> None:
-        """Tokens to the held requests of ``scope`` in order (priority, then arrival),
-        each taken as a request asking again (its arrival counted once); the first that
-        finds none stops it: none behind it may take a token it waits for."""
-        for h in self._held.get(scope, ()):
-            if h.priority >= above:
-                return
-            if h.granted:
-                continue
-            if h.until_ms <= now_ms:
-                continue  # its hold ran out: refused when it asks again
-            admit = admission.decide(
-                h.priority, self._rate_rps(a), now_ms, 0, count=False, own_bucket=HOLD_OWN_BUCKET
-            )
-            if not admit.admitted:
-                return
-            h.granted = True
-
-    def _waiting_ahead(self, scope: str, priority: int, now_ms: float) -> bool:
-        """Is a request of a higher priority than ``priority`` held in ``scope``, still
-        waiting for a token?"""
-        return any(
-            not h.granted and h.priority < priority and h.until_ms > now_ms
-            for h in self._held.get(scope, ())
-        )
-
-    def _release(self, h: _Held) -> None:
-        self._tickets.pop(h.ticket, None)
-        held = self._held.get(h.scope)
-        if held is not None and h in held:
-            held.remove(h)
 
     def _unit(self, r: RequestFacts) -> float:
         """The request's draw for spreading its Retry-After: from its key (the same key,
