@@ -289,3 +289,49 @@ def test_the_asgi_middleware_waits_on_a_held_request(rate: float, status: int) -
     assert r.app_calls == (1 if status == 200 else 0)
     assert e.applied["held"] == 1
     assert e.held_now == 0
+
+
+def test_nonstream_budget_from_the_spec() -> None:
+    from pipeline.shipped import DEFAULT_SLO_SPEC
+    from pipeline.spec.slo import load_spec_file
+    from producers.simulator.gate import nonstream_budget_ms
+
+    assert nonstream_budget_ms(load_spec_file(DEFAULT_SLO_SPEC)) == BUDGET_MS  # nonstream-total
+    assert nonstream_budget_ms(load_spec_file("specs/slo-example.yaml")) in (None, BUDGET_MS)
+
+
+SIMULATED = [
+    # (id, hold_fraction): the simulator's gateways wait on a held request in event time
+    ("refused-at-once", None),
+    ("held", 0.3),
+]
+
+
+@pytest.mark.parametrize("fraction", [c[1] for c in SIMULATED], ids=[c[0] for c in SIMULATED])
+def test_the_simulated_gateways_wait_on_a_held_request(fraction: float | None) -> None:
+    from pipeline.contract.events import GatewayCompleted, GatewayReceived
+    from producers.simulator.gate import GatewayGate, directive_of
+    from producers.simulator.model import SimConfig, Simulator
+    from producers.simulator.trace import read_trace
+    from tests.paths import SHARED_TRACE
+
+    gate = GatewayGate(nonstream_budget_ms=BUDGET_MS)
+    gate.set("*", directive_of(1, "degraded", {"admit_rps": 3.0, "hold_fraction": fraction}))
+    config = SimConfig(start_unix_ns=1_700_000_000_000_000_000, seed=5, rate_scale=3.0)
+    events = list(Simulator(read_trace(SHARED_TRACE)[:1_500], config, gate).events())
+    received = {e.request_id: e for e in events if isinstance(e, GatewayReceived)}
+    completed = [e for e in events if isinstance(e, GatewayCompleted)]
+    assert sorted(e.request_id for e in completed) == sorted(received)  # none lost held
+    held = sum(e.applied["held"] for e in gate.enforcements.values())
+    admitted_after = sum(e.applied["held_admitted"] for e in gate.enforcements.values())
+    assert all(e.held_now == 0 for e in gate.enforcements.values())
+    if fraction is None:
+        assert held == 0
+        return
+    assert held > 0
+    assert admitted_after > 0
+    waited = [e for e in completed if e.http_status == 200 and not received[e.request_id].stream]
+    assert waited  # non-streaming requests were served
+    for e in completed:  # only non-streaming requests (with a budget) were held
+        if e.http_status == 429 and received[e.request_id].stream:
+            assert e.total_ms < 1_000.0  # a stream is refused at once, never held
