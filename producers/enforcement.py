@@ -635,11 +635,12 @@ class Enforcement:
         r = h.request
         priority = h.priority
         mode = self.modes.of(r.model, priority)
-        a = None if directive is None or directive.level <= 0 else directive.actions
-        if a is None or a.admit_rps is None:
+        if directive is None or directive.level <= 0:
             self._holds.release(h)
-            if a is None or directive is None:
-                return r, self._counted(directive, r, priority, mode, ADMIT, now_ms=now_ms)
+            return r, self._counted(directive, r, priority, mode, ADMIT, now_ms=now_ms)
+        a = directive.actions
+        if a.admit_rps is None:
+            self._holds.release(h)
             verdict = self._admitted(
                 a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
             )
