@@ -96,6 +96,10 @@ demand decays) and what its bucket does not use goes to the others. Requests wit
 tenant are one tenant (``""``). At most :data:`MAX_TENANTS` tenants are tracked per
 priority; the least active is forgotten first.
 
+A request held at the gateway for a token (:mod:`producers.enforcement`, hold before
+refusal) asks again with ``count=False``: its arrival is counted once. A request that
+must wait behind held ones is counted without deciding (:meth:`PriorityAdmission.arrive`).
+
 Priorities outside 0..3 are clamped into that range (as the event contract's).
 """
 
@@ -280,34 +284,18 @@ class PriorityAdmission:
         *,
         tenant: str | None = None,
         weights: Mapping[str, float] | None = None,
+        count: bool = True,
     ) -> Admit:
         """Admit or reject one request of ``priority`` (from ``tenant``; None: the
         one anonymous tenant) arriving at ``t_ms`` when this gateway may admit
-        ``rate_rps`` in all; ``weights``: the tenants' weights in the fair shares."""
+        ``rate_rps`` in all; ``weights``: the tenants' weights in the fair shares.
+        ``count`` False: a request already counted asks again (one held at the gateway,
+        :mod:`producers.enforcement`): its arrival is not counted twice."""
         p = min(max(priority, 0), PRIORITIES - 1)
         rate = max(0.0, rate_rps)
-        if self._first_ms is None:
-            self._first_ms = self._last_ms = t_ms
-            self._shared = _burst(rate) if rate > 0.0 else 0.0
-        dt_ms = max(0.0, t_ms - self._last_ms)
-        self._last_ms = max(self._last_ms, t_ms)
-        self._refill(dt_ms / 1000.0, rate)
-        decay = math.exp(-dt_ms / TAU_MS)
-        for q in range(PRIORITIES):
-            self._counts[q] *= decay
-        self._counts[p] += 1.0
-        name = NO_TENANT if tenant is None else tenant
-        own = self._tenant(p, name, t_ms)
-        if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
-            self._warm = True
-            self._allocate(rate, weights)
-            left = self._shared
-            for q in range(PRIORITIES):
-                self._tokens[q] = min(_priority_burst(self._alloc_rps[q]), left)
-                left -= self._tokens[q]
+        own = self._arrive(p, rate, t_ms, tenant, weights, count=count)
         if not self._warm:
             return self._decide_warming(p, rate, max_retry_after_s)
-        self._allocate(rate, weights)
         if p > 0 and self._fair:
             return self._decide_fair(p, own, max_retry_after_s)
         if self._tokens[p] >= 1.0:
@@ -322,6 +310,56 @@ class PriorityAdmission:
         if p == 0:
             return ADMITTED  # never evicted
         return self._refused(p, max_retry_after_s)
+
+    def arrive(
+        self,
+        priority: int,
+        rate_rps: float,
+        t_ms: float,
+        *,
+        tenant: str | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        """Count one arrival of ``priority`` at ``t_ms`` without deciding it (a request
+        that must wait behind held ones of its priority or higher takes no token)."""
+        p = min(max(priority, 0), PRIORITIES - 1)
+        self._arrive(p, max(0.0, rate_rps), t_ms, tenant, weights, count=True)
+
+    def _arrive(
+        self,
+        p: int,
+        rate: float,
+        t_ms: float,
+        tenant: str | None,
+        weights: Mapping[str, float] | None,
+        *,
+        count: bool,
+    ) -> _Tenant:
+        """Refill to ``t_ms``, count the arrival (``count``), allocate: the request's
+        tenant record."""
+        if self._first_ms is None:
+            self._first_ms = self._last_ms = t_ms
+            self._shared = _burst(rate) if rate > 0.0 else 0.0
+        dt_ms = max(0.0, t_ms - self._last_ms)
+        self._last_ms = max(self._last_ms, t_ms)
+        self._refill(dt_ms / 1000.0, rate)
+        decay = math.exp(-dt_ms / TAU_MS)
+        for q in range(PRIORITIES):
+            self._counts[q] *= decay
+        if count:
+            self._counts[p] += 1.0
+        name = NO_TENANT if tenant is None else tenant
+        own = self._tenant(p, name, t_ms, count=count)
+        if not self._warm and self._last_ms - self._first_ms >= WARMUP_MS:
+            self._warm = True
+            self._allocate(rate, weights)
+            left = self._shared
+            for q in range(PRIORITIES):
+                self._tokens[q] = min(_priority_burst(self._alloc_rps[q]), left)
+                left -= self._tokens[q]
+        if self._warm:
+            self._allocate(rate, weights)
+        return own
 
     def _decide_fair(self, p: int, own: _Tenant, max_retry_after_s: int) -> Admit:
         """Priority ``p >= 1`` among several tenants (module docstring): within its
@@ -352,6 +390,18 @@ class PriorityAdmission:
             ),
         )
 
+    def refusal(self, priority: int, max_retry_after_s: int) -> Admit:
+        """The refusal of a request of ``priority`` now, with its drain as
+        ``Retry-After`` (as :meth:`decide` refuses: no state changes)."""
+        p = min(max(priority, 1), PRIORITIES - 1)
+        if not self._warm:
+            rate = sum(self._alloc_rps) + self._spare_rps
+            return Admit(
+                admitted=False,
+                retry_after_s=drain_retry_after_s(self._shared, rate, max_retry_after_s),
+            )
+        return self._refused(p, max_retry_after_s)
+
     def _refused(self, p: int, max_retry_after_s: int) -> Admit:
         return Admit(
             admitted=False,
@@ -371,8 +421,9 @@ class PriorityAdmission:
         h_ms = max(0.0, self._last_ms - self._first_ms)
         return max(1e-9, tau_ms / 1000.0 * -math.expm1(-h_ms / tau_ms))
 
-    def _tenant(self, p: int, name: str, t_ms: float) -> _Tenant:
-        """Count one arrival of tenant ``name`` at priority ``p`` (tracked, or added)."""
+    def _tenant(self, p: int, name: str, t_ms: float, *, count: bool = True) -> _Tenant:
+        """Count one arrival of tenant ``name`` at priority ``p`` (tracked, or added;
+        ``count`` False: refilled only)."""
         tenants = self._tenants[p]
         x = tenants.get(name)
         if x is None:
@@ -380,7 +431,7 @@ class PriorityAdmission:
                 del tenants[min(tenants, key=lambda t: tenants[t].decayed(t_ms))]
             x = tenants[name] = _Tenant(t_ms)
         dt_ms = max(0.0, t_ms - x.last_ms)
-        x.count = x.count * math.exp(-dt_ms / TENANT_TAU_MS) + 1.0
+        x.count = x.count * math.exp(-dt_ms / TENANT_TAU_MS) + (1.0 if count else 0.0)
         burst = _priority_burst(x.share_rps)
         x.tokens = min(burst, x.tokens + x.share_rps * dt_ms / 1000.0)
         x.last_ms = max(x.last_ms, t_ms)

@@ -237,6 +237,8 @@ class ControlMiddleware:
             return
         try:
             facts, decision = self.decide(scope)
+            while decision.act.held:  # waits here for an admission token (or refusal)
+                decision = await self._wait_held(facts, decision)
             act = decision.act
             extra = _headers_of(act)
             downstream = _with_headers(scope, extra) if extra else scope
@@ -283,6 +285,21 @@ class ControlMiddleware:
             )
             return
         await self.app(downstream, receive, send)
+
+    async def _wait_held(self, facts: RequestFacts, decision: Decision) -> Decision:
+        """A request the enforcement holds for an admission token waits until its
+        recheck, then asks again under the directive in force then
+        (:meth:`Enforcement.resume`); a request cancelled meanwhile is forgotten."""
+        ticket = decision.act.hold_ticket
+        recheck_ms = decision.act.recheck_at_ms
+        assert ticket is not None
+        try:
+            await asyncio.sleep(max(0.0, (recheck_ms or 0.0) - self.clock_ms()) / 1000.0)
+            d = self.directives(facts.model or ALL_SCOPES)
+            return self.enforcement.resume(d, ticket, self.clock_ms())[1]
+        except BaseException:
+            self.enforcement.cancel(ticket)
+            raise
 
     def _timing_first_byte(self, send: Send, verdict: Verdict) -> Send:
         """The first body bytes' time after the decision is the actual of the verdict's
@@ -438,7 +455,7 @@ class ControlMiddleware:
         if self.enforcement.modes.of(facts.model, facts.priority) == "off":
             return facts, self.enforcement.decide(None, facts, 0.0)
         d = self.directives(facts.model or ALL_SCOPES)
-        return facts, self.enforcement.decide(d, facts, self.clock_ms())
+        return facts, self.enforcement.decide(d, facts, self.clock_ms(), can_hold=True)
 
 
 def _timing_first_body(

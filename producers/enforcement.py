@@ -47,6 +47,20 @@ The rules, in order (a directive at level 0 admits everything untouched)
    tenant's share, what a tenant sends beyond it turned away first); refused ->
    ``admission`` with its own ``Retry-After`` (when the priority's, or the tenant's,
    bucket next holds a token: at least 1 s, at most ``retry_after_s``).
+   **Hold before refusal** (issue 47; the policy level's ``hold_fraction``, none: never;
+   not with ``fair_share``): in ``enforce``, at a gateway that can wait (``decide(...,
+   can_hold=True)``: the ASGI middleware, so the reference proxy, and the simulator's
+   gateways; the LiteLLM hook refuses at once), a request of priority >= 1 with slack
+   (:attr:`RequestFacts.slack_ms`: ``budget_ms``, a non-streaming request's SLO
+   threshold, else its own ``slo_ttft_ms``) is *held* instead (:attr:`Verdict.held`:
+   neither forwarded nor refused) for up to ``hold_fraction`` of its slack, at most
+   :data:`HOLD_MAX_MS`, at most :data:`MAX_HELD_PER_SCOPE` per (gateway, scope). The
+   gateway asks again at ``recheck_at_ms`` (every :data:`HOLD_RECHECK_MS` at most) with
+   :meth:`Enforcement.resume`: held requests take the tokens as they come in priority
+   order, then arrival (a held lower priority never takes a token a higher priority
+   waits for, and a new arrival takes none while a higher priority is held); admitted
+   with the rest of rule 7, or refused -> ``admission`` once its wait has run out.
+   Measured off by default: docs/admission.md.
 7. Admitted: ``cap_context_tokens`` (when the prompt is longer, or its length unknown),
    ``fallback_model``, and the queue cut-off of its priority (``queue_timeout_ms``;
    priority 0 never): a request with no first byte that long after it was forwarded is
@@ -131,6 +145,7 @@ class _ActionsLike(Protocol):
     deadline_margin: float | None
     ttft_queue_ms: float | None
     ttft_service_ms: float | None
+    hold_fraction: float | None
 
     def queue_timeout_for(self, priority: int) -> float | None: ...
 
@@ -172,7 +187,10 @@ class RequestFacts:
     (:func:`producers.client_retry.client_attempt`: 0 = a first try; the id every attempt
     of one logical request shares, if sent), for the retry budget; ``tenant`` (None:
     unknown) for the fair shares across tenants; ``slo_ttft_ms``: the request's own
-    first-token SLO (None: none), for the deadline.
+    first-token SLO (None: none), for the deadline; ``budget_ms``: the latency its SLO
+    leaves it (None: unknown; a non-streaming request's is the SLO spec's threshold for
+    its boundary, :func:`producers.simulator.gate.nonstream_budget_ms`), for the hold
+    before refusal (a request with its own ``slo_ttft_ms`` has that as its budget).
     """
 
     model: str | None
@@ -184,6 +202,12 @@ class RequestFacts:
     attempt: int = 0
     logical_id: str | None = None
     slo_ttft_ms: float | None = None
+    budget_ms: float | None = None
+
+    @property
+    def slack_ms(self) -> float | None:
+        """The budget a hold at the gateway may take a share of (None: none)."""
+        return self.budget_ms if self.budget_ms is not None else self.slo_ttft_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +225,14 @@ class Verdict:
     should_retry: bool | None = None
     # admitted under a first-token prediction: what it predicted (for its error)
     predicted_ttft_ms: float | None = None
+    # held at the gateway for an admission token (rule 6): ask again with
+    # Enforcement.resume(hold_ticket, ...) at recheck_at_ms (neither forward nor refuse)
+    hold_ticket: int | None = None
+    recheck_at_ms: float | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.hold_ticket is not None
 
     @property
     def status(self) -> int:
@@ -258,6 +290,11 @@ RETRY_BUDGET_WINDOW_S: Final = 10  # the sliding window, in one-second slots
 # most this many per (gateway, scope), oldest forgotten first.
 LOGICAL_ID_MEMORY_MS: Final = 130_000.0
 MAX_LOGICAL_IDS: Final = 65_536
+# Hold before refusal (rule 6): a held request asks again at least this often, waits at
+# most this long whatever its budget, and at most this many are held per (gateway, scope).
+HOLD_RECHECK_MS: Final = 100.0
+HOLD_MAX_MS: Final = 3_000.0
+MAX_HELD_PER_SCOPE: Final = 64
 RETRY_AFTER_SPREAD: Final = 0.5  # a refusal's Retry-After is spread over [(1 - s)·R, R]
 _GOLDEN: Final = 0.6180339887498949
 
@@ -455,6 +492,95 @@ class RetryWindow:
         return last is not None and now_ms - last <= LOGICAL_ID_MEMORY_MS
 
 
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A request held at the gateway for an admission token (rule 6)."""
+
+    ticket: int
+    scope: str
+    priority: int
+    until_ms: float
+    request: RequestFacts
+    granted: bool = False
+
+
+def hold_ms(actions: Any, request: RequestFacts, priority: int) -> float:
+    """How long a request refused by admission may wait at the gateway for a token:
+    ``hold_fraction`` of its slack (:attr:`RequestFacts.slack_ms`), at most
+    :data:`HOLD_MAX_MS`; 0: not at all (no fraction, no slack, priority 0)."""
+    fraction = getattr(actions, "hold_fraction", None)
+    slack = request.slack_ms
+    if not fraction or slack is None or priority <= 0:
+        return 0.0
+    return max(0.0, min(HOLD_MAX_MS, float(fraction) * slack))
+
+
+class HeldRequests:
+    """One gateway's requests held for an admission token (rule 6), per scope in
+    (priority, arrival) order, by ticket. Pure: time passed in."""
+
+    __slots__ = ("_by_scope", "_k", "tickets")
+
+    def __init__(self) -> None:
+        self._by_scope: dict[str, list[_Held]] = {}
+        self.tickets: dict[int, _Held] = {}
+        self._k = 0
+
+    def count(self, scope: str) -> int:
+        return len(self._by_scope.get(scope, ()))
+
+    def hold(self, scope: str, r: RequestFacts, priority: int, until_ms: float) -> _Held:
+        """Hold ``r`` until ``until_ms`` at most: its place is behind its priority and
+        every higher one."""
+        self._k += 1
+        h = _Held(self._k, scope, priority, until_ms, r)
+        held = self._by_scope.setdefault(scope, [])
+        i = len(held)
+        while i > 0 and held[i - 1].priority > priority:
+            i -= 1
+        held.insert(i, h)
+        self.tickets[h.ticket] = h
+        return h
+
+    def grant(
+        self,
+        scope: str,
+        admission: PriorityAdmission,
+        rate_rps: float,
+        now_ms: float,
+        *,
+        above: int = PRIORITIES,
+    ) -> None:
+        """Tokens to the held requests of ``scope`` in order (priority, then arrival),
+        each taken as a request asking again (its arrival counted once); the first that
+        finds none stops it: none behind it may take a token it waits for. ``above``:
+        only those of a higher priority than that (before a new arrival of it decides)."""
+        for h in self._by_scope.get(scope, ()):
+            if h.priority >= above:
+                return
+            if h.granted:
+                continue
+            if h.until_ms <= now_ms:
+                continue  # its hold ran out: refused when it asks again
+            if not admission.decide(h.priority, rate_rps, now_ms, 0, count=False).admitted:
+                return
+            h.granted = True
+
+    def waiting_ahead(self, scope: str, priority: int, now_ms: float) -> bool:
+        """Is a request of a higher priority than ``priority`` held in ``scope``, still
+        waiting for a token?"""
+        return any(
+            not h.granted and h.priority < priority and h.until_ms > now_ms
+            for h in self._by_scope.get(scope, ())
+        )
+
+    def release(self, h: _Held) -> None:
+        self.tickets.pop(h.ticket, None)
+        held = self._by_scope.get(h.scope)
+        if held is not None and h in held:
+            held.remove(h)
+
+
 @dataclass
 class Enforcement:
     """One gateway instance's enforcement; see the module docstring."""
@@ -471,19 +597,104 @@ class Enforcement:
     _ttft_errors: deque[float] = field(default_factory=lambda: deque(maxlen=PREDICTION_ERRORS_KEPT))
     _spread_k: int = 0
     _jitter_k: int = 0
+    _holds: HeldRequests = field(default_factory=HeldRequests)
 
     def decide(
-        self, directive: DirectiveLike | None, request: RequestFacts, now_ms: float
+        self,
+        directive: DirectiveLike | None,
+        request: RequestFacts,
+        now_ms: float,
+        *,
+        can_hold: bool = False,
     ) -> Decision:
         """What to do with ``request`` under ``directive`` (the effective one for its
-        model, e.g. ``ControlClient.directive(model)``) at ``now_ms``; counted."""
+        model, e.g. ``ControlClient.directive(model)``) at ``now_ms``; counted.
+        ``can_hold``: the caller can wait (rule 6): a verdict may then be
+        :attr:`Verdict.held`, to be asked again with :meth:`resume`."""
         priority = min(max(request.priority, 0), PRIORITIES - 1)
         mode = self.modes.of(request.model, priority)
         if mode == "off":
             return PASS_OFF
         if directive is None or directive.level <= 0:
             return Decision(ADMIT, mode)
-        verdict = self._verdict(directive, request, priority, now_ms)
+        verdict = self._verdict(
+            directive, request, priority, now_ms, can_hold=can_hold and mode == "enforce"
+        )
+        return self._counted(directive, request, priority, mode, verdict, now_ms=now_ms)
+
+    def resume(
+        self, directive: DirectiveLike | None, ticket: int, now_ms: float
+    ) -> tuple[RequestFacts, Decision]:
+        """A held request (``ticket``, from :attr:`Verdict.hold_ticket`) asks again at
+        ``now_ms`` under the directive in force now: admitted once a token is its (held
+        requests take tokens in priority order, then arrival: a held lower priority never
+        takes one a higher priority waits for), refused (``admission``) once its hold
+        ran out, else held again (a new :attr:`Verdict.recheck_at_ms`). Without a
+        directive that admits by rate any more, it is admitted."""
+        h = self._holds.tickets[ticket]
+        r = h.request
+        priority = h.priority
+        mode = self.modes.of(r.model, priority)
+        if directive is None or directive.level <= 0:
+            self._holds.release(h)
+            return r, self._counted(directive, r, priority, mode, ADMIT, now_ms=now_ms)
+        a = directive.actions
+        if a.admit_rps is None:
+            self._holds.release(h)
+            verdict = self._admitted(
+                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+            )
+            return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
+        admission = self._admissions[h.scope]
+        self._holds.grant(h.scope, admission, self._rate_rps(a), now_ms)
+        if h.granted:
+            self._holds.release(h)
+            self.applied["held_admitted"] += 1
+            verdict = self._admitted(
+                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+            )
+        elif now_ms >= h.until_ms:
+            self._holds.release(h)
+            refusal = admission.refusal(priority, a.retry_after_s)
+            verdict = Verdict(
+                reason="admission",
+                retry_after_s=spread_retry_after_s(refusal.retry_after_s, self._unit(r)),
+            )
+        else:
+            recheck_ms = min(h.until_ms, now_ms + HOLD_RECHECK_MS)
+            return r, Decision(
+                Verdict(hold_ticket=ticket, recheck_at_ms=recheck_ms),
+                mode,
+                directive.level,
+                directive.scope,
+            )
+        return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
+
+    def cancel(self, ticket: int) -> None:
+        """A held request is gone (its client left): it waits for nothing any more."""
+        h = self._holds.tickets.get(ticket)
+        if h is not None:
+            self._holds.release(h)
+
+    @property
+    def held_now(self) -> int:
+        """Requests held at this gateway now."""
+        return len(self._holds.tickets)
+
+    def _counted(
+        self,
+        directive: DirectiveLike | None,
+        request: RequestFacts,
+        priority: int,
+        mode: Mode,
+        verdict: Verdict,
+        *,
+        now_ms: float,
+    ) -> Decision:
+        """The decision of ``verdict``, its refusal's invitation to retry settled, and
+        counted."""
+        if directive is None:
+            return Decision(verdict, mode)
         if verdict.reason is not None and verdict.should_retry is None and priority > 0:
             scope = (
                 directive.scope if directive.scope is not None else (request.model or ALL_SCOPES)
@@ -494,6 +705,8 @@ class Enforcement:
         model = request.model or ALL_SCOPES
         if verdict.reason is not None:
             self.refusals[(mode, model, priority, verdict.reason)] += 1
+        elif verdict.held:
+            self.applied["held"] += 1
         elif mode == "enforce":
             self.applied["admitted"] += 1
             if verdict.half_open_admitted:
@@ -543,7 +756,9 @@ class Enforcement:
         return error_percentiles(self._ttft_errors)
 
     # -- the rules
-    def _verdict(self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float) -> Verdict:
+    def _verdict(
+        self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float, *, can_hold: bool
+    ) -> Verdict:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
         u = self._unit(r)
@@ -588,19 +803,46 @@ class Enforcement:
             admission = self._admissions.get(scope)
             if admission is None:
                 admission = self._admissions[scope] = PriorityAdmission()
-            rate_rps = a.admit_rps / (a.admit_gateways or 1)
-            admit = admission.decide(
-                priority,
-                rate_rps,
-                now_ms,
-                a.retry_after_s,
-                tenant=r.tenant if getattr(a, "fair_share", False) else None,
-                weights=getattr(a, "tenant_weights", None),
-            )
+            tenant = r.tenant if getattr(a, "fair_share", False) else None
+            weights = getattr(a, "tenant_weights", None)
+            holds = self._holds
+            holds.grant(scope, admission, self._rate_rps(a), now_ms, above=priority)
+            if holds.waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
+                admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
+                admit = admission.refusal(priority, a.retry_after_s)
+            else:
+                admit = admission.decide(
+                    priority,
+                    self._rate_rps(a),
+                    now_ms,
+                    a.retry_after_s,
+                    tenant=tenant,
+                    weights=weights,
+                )
             if not admit.admitted:
+                wait_ms = hold_ms(a, r, priority) if can_hold and tenant is None else 0.0
+                if wait_ms > 0.0 and holds.count(scope) < MAX_HELD_PER_SCOPE:
+                    h = holds.hold(scope, r, priority, now_ms + wait_ms)
+                    recheck_ms = min(h.until_ms, now_ms + HOLD_RECHECK_MS)
+                    return Verdict(hold_ticket=h.ticket, recheck_at_ms=recheck_ms)
                 return Verdict(
                     reason="admission", retry_after_s=spread_retry_after_s(admit.retry_after_s, u)
                 )
+        return self._admitted(a, r, priority, u, half_open=half_open, predicted=predicted)
+
+    def _admitted(
+        self,
+        a: _ActionsLike,
+        r: RequestFacts,
+        priority: int,
+        u: float,
+        *,
+        half_open: bool,
+        predicted: float | None,
+    ) -> Verdict:
+        """An admitted request's verdict: its context cap, fallback, queue cut-off (with
+        the Retry-After of a cut, spread by ``u``) and first-token prediction."""
+        retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
         cap = a.cap_context_tokens
         if cap is not None and r.prompt_tokens is not None and r.prompt_tokens <= cap:
             cap = None  # shorter already: nothing to cap
@@ -621,6 +863,11 @@ class Enforcement:
             half_open_admitted=half_open,
             predicted_ttft_ms=predicted,
         )
+
+    @staticmethod
+    def _rate_rps(a: _ActionsLike) -> float:
+        """This gateway's share of the scope's admitted rate."""
+        return float(a.admit_rps or 0.0) / (a.admit_gateways or 1)
 
     def _unit(self, r: RequestFacts) -> float:
         """The request's draw for spreading its Retry-After: from its key (the same key,

@@ -68,7 +68,7 @@ from pipeline.core.windows import WindowConfig
 from pipeline.spec.burn_rules import BurnRules
 from pipeline.spec.policy import ControlPolicy
 from pipeline.spec.slo import SLOSpec
-from producers.simulator.gate import GatewayGate, directive_of
+from producers.simulator.gate import GatewayGate, directive_of, nonstream_budget_ms
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
 
@@ -194,7 +194,7 @@ def run_loop(
     wc = BACKTEST_WINDOW
     gate: GatewayGate | None
     if loop in ("static", "tailguard"):
-        gate = GatewayGate()
+        gate = GatewayGate(nonstream_budget_ms=nonstream_budget_ms(spec))
     elif loop == "aimd":
         from producers.simulator.baselines import AIMDGate
 

@@ -15,7 +15,7 @@ the latest signal per scope), value = one JSON object::
 
     {"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,
                 "cap_context_tokens":8192,"deadline_margin":null,
-                "fair_share":false,"fallback_model":"llama-8b",
+                "fair_share":false,"fallback_model":"llama-8b","hold_fraction":null,
                 "queue_timeout_ms":null,"rate_limit_rps":null,
                 "reject_new_sessions":true,"retry_after_s":30,
                 "shed_priorities_at_or_above":2,"tenant_weights":null,
@@ -314,6 +314,21 @@ class Actions(_Frozen):
             "of priority >= 1 whose own first-token SLO (x-llm-d-slo-ttft-ms) the "
             "directive's prediction (ttft_queue_ms + ttft_service_ms) exceeds by more "
             "than this share (0.25: by 25 %); null: never refused as late."
+        ),
+    )
+    hold_fraction: float | None = Field(
+        json_schema_extra={"policy": True},
+        default=None,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "Hold before refusal (with admission): a request admission has no token for "
+            "now, whose deadline leaves slack (a non-streaming request: the SLO spec's "
+            "threshold for its boundary; or its own first-token SLO), waits at the "
+            "gateway up to this share of that slack (at most 3 s) for a token at its "
+            "priority, in priority order, and is refused only when the wait runs out; "
+            "null: refused at once."
         ),
     )
     ttft_queue_ms: float | None = Field(

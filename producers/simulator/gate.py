@@ -98,6 +98,7 @@ class Arrival:
     logical_id: str | None = None  # an idempotency key, if the client sends one
     tenant: str | None = None  # the x-tenant-id it carries
     slo_ttft_ms: float | None = None  # its own first-token SLO (x-llm-d-slo-ttft-ms)
+    stream: bool | None = None  # None: unknown (a non-streaming one has a total budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +119,27 @@ class Completion:
     outcome: str
 
 
+def nonstream_budget_ms(spec: Any) -> float | None:
+    """A non-streaming request's latency budget from an SLO spec: the tightest threshold
+    of the SLOs on the gateway's total time that select non-streaming requests (None:
+    none does). What the hold before refusal takes a share of."""
+    found = [
+        float(slo.threshold_ms)
+        for slo in getattr(spec, "slos", ())
+        if slo.boundary == "gateway_total_ms"
+        and slo.filter is not None
+        and slo.filter.stream is False
+    ]
+    return min(found) if found else None
+
+
 @dataclass
 class GatewayGate:
     new_session_fraction: float = 0.3
     modes: Modes = field(default_factory=Modes)
+    # a non-streaming request's budget (nonstream_budget_ms of the SLO spec), for holds
+    nonstream_budget_ms: float | None = None
+    holds: bool = True  # the simulated gateways wait on a held verdict (GatewayLoop)
     scopes: dict[str, DirectiveLike] = field(default_factory=dict)
     # simulated gateway instance -> its enforcement (admit_gateways counts instances)
     enforcements: dict[str, Enforcement] = field(default_factory=dict)
@@ -183,7 +201,8 @@ class GatewayGate:
         return self.decision(arrival).act
 
     def decision(self, arrival: Arrival) -> Decision:
-        """The enforcement's decision (its verdict, mode and level) for this arrival."""
+        """The enforcement's decision (its verdict, mode and level) for this arrival; a
+        held one (``holds``) is asked again with :meth:`resume`."""
         enforcement = self.enforcements.get(arrival.gateway)
         if enforcement is None:
             enforcement = self.enforcements[arrival.gateway] = Enforcement(self.modes)
@@ -201,9 +220,28 @@ class GatewayGate:
             logical_id=arrival.logical_id,  # the simulated OpenAI SDK sends none
             tenant=arrival.tenant,
             slo_ttft_ms=arrival.slo_ttft_ms,
+            budget_ms=self.nonstream_budget_ms if arrival.stream is False else None,
         )
-        d = enforcement.decide(self.directive(arrival.model), facts, arrival.t_ms)
+        d = enforcement.decide(
+            self.directive(arrival.model), facts, arrival.t_ms, can_hold=self.holds
+        )
+        return self._acted(arrival, d)
+
+    def resume(self, arrival: Arrival, ticket: int, t_ms: float) -> Decision:
+        """A held arrival asks again at ``t_ms`` (:meth:`producers.enforcement.
+        Enforcement.resume`) under the directive in force now."""
+        enforcement = self.enforcements[arrival.gateway]
+        _facts, d = enforcement.resume(self.directive(arrival.model), ticket, t_ms)
+        return self._acted(arrival, d)
+
+    def cancel(self, arrival: Arrival, ticket: int) -> None:
+        """A held arrival's client left."""
+        self.enforcements[arrival.gateway].cancel(ticket)
+
+    def _acted(self, arrival: Arrival, d: Decision) -> Decision:
         act = d.act
+        if act.held:
+            return d
         if act.reason is not None:
             self.rejected[(arrival.priority, act.reason)] += 1
         else:

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 from pipeline.contract.events import GatewayReceived
 from producers.simulator.engines import EngineLoop
-from producers.simulator.gate import Arrival
+from producers.simulator.gate import Arrival, Verdict
 from producers.simulator.state import (
     _DONE,
     _K_ARRIVE,
     _K_CUTOFF,
+    _K_HOLD,
     _K_PATIENCE,
     _K_RETRY,
     _NS_PER_MS,
@@ -27,35 +28,32 @@ from producers.simulator.state import (
 class GatewayLoop(EngineLoop):
     """Gateways ask the gate, refuse, forward; clients retry, give up, are cut off."""
 
+    def _arrival(self, req: _Req) -> Arrival:
+        return Arrival(
+            model=self._cfg.models[req.model_idx].name,
+            priority=req.priority,
+            request_id=req.request_id,
+            session_id=req.session or req.request_id,
+            gateway=req.gateway,
+            prompt_tokens=req.prompt_tokens,
+            t_ms=req.t_gateway_ms,
+            attempt=req.attempt,  # the SDK's x-stainless-retry-count
+            tenant=req.tenant,
+            slo_ttft_ms=req.slo_ttft_ms,
+            stream=req.stream,
+        )
+
     def _on_gateway_arrival(self, req: _Req) -> None:
         cfg = self._cfg
         verdict = None
         if self._gate is not None:
             self._directives_arrive(req.t_gateway_ms)
-            decision = self._gate.decision(
-                Arrival(
-                    model=cfg.models[req.model_idx].name,
-                    priority=req.priority,
-                    request_id=req.request_id,
-                    session_id=req.session or req.request_id,
-                    gateway=req.gateway,
-                    prompt_tokens=req.prompt_tokens,
-                    t_ms=req.t_gateway_ms,
-                    attempt=req.attempt,  # the SDK's x-stainless-retry-count
-                    tenant=req.tenant,
-                    slo_ttft_ms=req.slo_ttft_ms,
-                )
-            )
+            decision = self._gate.decision(self._arrival(req))
             verdict = decision.act
             if decision.mode != "off":
                 req.control = (decision.mode, decision.verdict.reason)
-            if verdict.reason is None:
-                req.gate_model = cfg.models[req.model_idx].name
-                req.cutoff_ms = verdict.queue_timeout_ms
-                req.cutoff_retry_after_s = verdict.retry_after_s
-                fb = self._model_idx.get(verdict.fallback_model or "")
-                if fb is not None:
-                    req.model_idx = fb
+            if verdict.reason is None and not verdict.held:
+                self._gate_admitted(req, verdict)
         self._emit(
             GatewayReceived(
                 v=1,
@@ -80,21 +78,73 @@ class GatewayLoop(EngineLoop):
                 req, verdict.status, verdict.retry_after_s, verdict.should_retry
             )
             return
+        if verdict is not None and verdict.held:  # waits at the gateway for a token
+            req.hold_ticket = verdict.hold_ticket
+            self._push(verdict.recheck_at_ms or req.t_gateway_ms, _K_HOLD, req)
+        else:
+            self._forward(req, verdict, req.t_gateway_ms)
+        if req.patience_ms is not None:
+            self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
+
+    def _gate_admitted(self, req: _Req, verdict: Verdict) -> None:
+        req.gate_model = self._cfg.models[req.model_idx].name
+        req.cutoff_ms = verdict.queue_timeout_ms
+        req.cutoff_retry_after_s = verdict.retry_after_s
+        fb = self._model_idx.get(verdict.fallback_model or "")
+        if fb is not None:
+            req.model_idx = fb
+
+    def _on_hold(self, req: _Req) -> None:
+        """A held request asks the gate again (:meth:`GatewayGate.resume`): forwarded,
+        refused, or held on; gone if its client left meanwhile."""
+        assert self._gate is not None
+        assert req.hold_ticket is not None
+        arrival = self._arrival(req)
+        if req.state == _DONE:
+            self._gate.cancel(arrival, req.hold_ticket)
+            return
+        now = self._now_ms
+        self._directives_arrive(now)
+        decision = self._gate.resume(arrival, req.hold_ticket, now)
+        verdict = decision.act
+        if verdict.held:
+            self._push(verdict.recheck_at_ms or now, _K_HOLD, req)
+            return
+        req.hold_ticket = None
+        if decision.mode != "off":
+            req.control = (decision.mode, decision.verdict.reason)
+        if verdict.reason is not None:
+            self._reject_at_gateway(
+                req, verdict.status, verdict.retry_after_s, verdict.should_retry, t_ms=now
+            )
+            return
+        self._gate_admitted(req, verdict)
+        self._forward(req, verdict, now)
+
+    def _forward(self, req: _Req, verdict: Verdict | None, t_ms: float) -> None:
+        """The admitted request goes on to an engine after the gateway's overhead."""
+        cfg = self._cfg
         if verdict is not None and verdict.cap_context_tokens is not None:
             cap = verdict.cap_context_tokens
             req.prompt_tokens = min(req.prompt_tokens, cap)
             block = cfg.kv_block_tokens
             req.cached_tokens = min(req.cached_tokens, ((req.prompt_tokens - 1) // block) * block)
-        self._push(req.t_gateway_ms + req.pre_ms, _K_ARRIVE, req)
-        if req.patience_ms is not None:
-            self._push(req.t_gateway_ms + req.patience_ms, _K_PATIENCE, req)
+        self._push(t_ms + req.pre_ms, _K_ARRIVE, req)
 
     def _reject_at_gateway(
-        self, req: _Req, http_status: int, retry_after_s: int, should_retry: bool | None
+        self,
+        req: _Req,
+        http_status: int,
+        retry_after_s: int,
+        should_retry: bool | None,
+        *,
+        t_ms: float | None = None,
     ) -> None:
-        """The enforcement's refusal (429 + Retry-After [+ x-should-retry]) after the
-        gateway's own overhead; the client may retry (:meth:`_refuse`), as a new request."""
-        t_done = req.t_gateway_ms + req.pre_ms + req.post_ms
+        """The enforcement's refusal (429 + Retry-After [+ x-should-retry]) at ``t_ms``
+        (its arrival unless held) after the gateway's own overhead; the client may retry
+        (:meth:`_refuse`), as a new request."""
+        at_ms = req.t_gateway_ms if t_ms is None else t_ms
+        t_done = at_ms + req.pre_ms + req.post_ms
         req.state = _PENDING
         self._refuse(req, t_done, http_status, retry_after_s, should_retry)
 

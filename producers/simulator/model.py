@@ -124,6 +124,7 @@ from producers.simulator.gateways import GatewayLoop
 from producers.simulator.state import (
     _K_ARRIVE,
     _K_CUTOFF,
+    _K_HOLD,
     _K_PATIENCE,
     _K_READY,
     _K_RESTART,
@@ -344,6 +345,8 @@ class Simulator(GatewayLoop):
             self._on_gateway_arrival(payload)
         elif kind == _K_CUTOFF:
             self._on_cutoff(payload)
+        elif kind == _K_HOLD:
+            self._on_hold(payload)
         elif kind == _K_ARRIVE:
             self._on_engine_arrival(payload)
         elif kind == _K_PATIENCE:

@@ -39,6 +39,7 @@ _K_RETRY: Final = 5  # a client retries a request the gateway rejected (closed l
 _K_RESTART: Final = 6  # an engine restarts: weights load (cold start)
 _K_READY: Final = 7  # the restarted engine admits again
 _K_CUTOFF: Final = 8  # a directive's queue cut-off: still waiting -> 503, the client retries
+_K_HOLD: Final = 9  # a request held at the gateway for an admission token asks again
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +69,7 @@ class _Req:
     gate_model: str = ""  # the model a gate admitted it for ("" = no gate admitted it)
     cutoff_ms: float | None = None  # a directive's queue cut-off for it (None: none)
     cutoff_retry_after_s: int = 0
+    hold_ticket: int | None = None  # held at the gateway for an admission token
     # the gate's (mode, reason) for it, as gateway.completed's control fields (None: off)
     control: tuple[str, str | None] | None = None
     slo_ttft_ms: float | None = None  # its own first-token SLO (x-llm-d-slo-ttft-ms)

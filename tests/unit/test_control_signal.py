@@ -90,7 +90,8 @@ GOLDEN_KEY_B64 = "dGFpbGd1YXJkLWdvbGRlbi12ZWN0b3Ita2V5LTAwMDE="
 GOLDEN_CANONICAL = (
     '{"actions":{"admit_fraction":null,"admit_gateways":null,"admit_rps":null,'
     '"cap_context_tokens":8192,"deadline_margin":null,'
-    '"fair_share":false,"fallback_model":"llama-3-8b","queue_timeout_ms":null,'
+    '"fair_share":false,"fallback_model":"llama-3-8b","hold_fraction":null,'
+    '"queue_timeout_ms":null,'
     '"rate_limit_rps":150.0,'
     '"reject_new_sessions":true,'
     '"retry_after_s":30,"shed_priorities_at_or_above":2,"tenant_weights":null,'
@@ -102,7 +103,7 @@ GOLDEN_CANONICAL = (
     '"phase":"degraded","reason":"P99 > 300 ms for 5 min; KV hit < 80% \u2014 \u00e9",'
     '"scope":"llama-3-70b","seq":42,"v":1}'
 ).encode()
-GOLDEN_SIG = "ZjF+DyLa3TV3b53oK8alGXndS7mdKzveQdTX6Iaoz10="
+GOLDEN_SIG = "ehEDR7bJ0AqQ+e8AErCxmW0wLKTxOS97ZzU3seuvkP8="
 
 
 def _golden_unsigned() -> UnsignedSignal:
