@@ -178,6 +178,34 @@ class SinkCounters:
     delivery_errors: dict[str, int] = field(default_factory=dict)
 
 
+def tally(counters: SinkCounters, err: Any, n: int, where: str) -> DeliveryOutcome:
+    """Count ``n`` events under ``err``'s name (``KafkaError``); the first time a name is
+    met it is logged at once (not behind the rate limit), with what is done about it."""
+    name = err.name()
+    outcome = delivery_outcome(name)
+    seen = counters.delivery_errors
+    if name not in seen:
+        log.warning(
+            "producer: first %s error %s (%s): %d events %s",
+            where, name, err, n, "held, sent again" if outcome == "held" else "failed",
+        )  # fmt: skip
+    seen[name] = seen.get(name, 0) + n
+    return outcome
+
+
+def held_again(
+    batch: tuple[str, int, bytes, int], made_for: int, batcher: Batcher | None, max_events: int
+) -> list[tuple[str, int, bytes, int]]:
+    """A batch reported undelivered, to hold. One reported after the partition counts were
+    read again (a late report: ``_DESTROY`` comes when librdkafka frees the removed
+    partition) is made again for the new count, as ``KafkaSink._use_counts`` did for those
+    held before (otherwise it would go to a partition that is not its key's, or not there
+    at all, refused for ever)."""
+    if batcher is None or batcher.num_partitions == made_for:
+        return [batch]
+    return rebatch([batch], {batch[0]: batcher.num_partitions}, max_events)
+
+
 class JsonlSink:
     """Writes batched messages as JSON Lines (one message per line)."""
 
@@ -425,20 +453,6 @@ class KafkaSink:
     def _on_error(self, err: Any) -> None:
         self._log_error("kafka: %s", err)
 
-    def _tally(self, err: Any, n: int, where: str) -> DeliveryOutcome:
-        """Count ``n`` events under ``err``'s name; the first time a name is met it is
-        logged at once (not behind the rate limit), with what is done about it."""
-        name = err.name()
-        outcome = delivery_outcome(name)
-        seen = self.counters.delivery_errors
-        if name not in seen:
-            log.warning(
-                "producer: first %s error %s (%s): %d events %s",
-                where, name, err, n, "held, sent again" if outcome == "held" else "failed",
-            )  # fmt: skip
-        seen[name] = seen.get(name, 0) + n
-        return outcome
-
     def _on_delivery(self, n: int, made_for: int) -> Callable[[Any, Any], None]:
         """The delivery report of a batch of ``n`` events made for ``made_for`` partitions."""
 
@@ -447,9 +461,14 @@ class KafkaSink:
             if err is None:
                 self.counters.events_sent += n
                 self.counters.messages_sent += 1
-            elif self._tally(err, n, "delivery") == "held" and msg is not None:
+            elif tally(self.counters, err, n, "delivery") == "held" and msg is not None:
                 # not written (its topic was deleted): produced again once it exists
-                self._hold_again(msg.topic(), msg.partition(), msg.value(), n, made_for)
+                self._held.extend(
+                    held_again(
+                        (msg.topic(), msg.partition(), msg.value(), n), made_for,
+                        self._batchers.get(msg.topic()), self._policy.max_events,
+                    )
+                )  # fmt: skip
                 self._batched_events += n
                 self._topic_gone(msg.topic(), err)
             else:
@@ -457,19 +476,6 @@ class KafkaSink:
                 self._log_error("delivery failed (%s); %d events lost", err, n)
 
         return cb
-
-    def _hold_again(self, topic: str, p: int, payload: bytes, n: int, made_for: int) -> None:
-        """Hold a batch reported undelivered. One reported after the partition counts were
-        read again (a late report: ``_DESTROY`` comes when librdkafka frees the removed
-        partition) is made again now for the new count, as :meth:`_use_counts` did for
-        those held before (otherwise it would go to a partition that is not its key's, or
-        not there at all, refused for ever)."""
-        b = self._batchers.get(topic)
-        if b is None or b.num_partitions == made_for:
-            self._held.append((topic, p, payload, n))
-            return
-        counts = {topic: b.num_partitions}
-        self._held.extend(rebatch([(topic, p, payload, n)], counts, self._policy.max_events))
 
     def _produce(self, topic: str, items: list[tuple[int, bytes, int]]) -> None:
         for p, payload, n in items:
@@ -494,7 +500,7 @@ class KafkaSink:
             )
             return False
         except self._kafka_exception as exc:
-            if self._tally(exc.args[0], n, "produce") != "held":
+            if tally(self.counters, exc.args[0], n, "produce") != "held":
                 return self._dropped(exc, n)
             self._held.append((topic, p, payload, n))
             self._topic_gone(topic, exc.args[0])
