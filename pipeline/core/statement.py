@@ -62,6 +62,7 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
@@ -335,6 +336,9 @@ class Statement:
 
 
 _JSON_KEYS: Final = {"from_": "from"}
+_KEY: Final = attrgetter("request_id", "attempt")  # a record's key, and the records' order
+_END_NS: Final = attrgetter("end_unix_ns")
+_MODEL: Final = attrgetter("model")
 
 
 def _json(x: Any) -> Any:
@@ -349,8 +353,9 @@ def _json(x: Any) -> Any:
 
 def records_digest(records: Sequence[RequestRecord]) -> str:
     """Digest of the records (in (request_id, attempt) order, every field)."""
-    ordered = sorted(records, key=lambda r: (r.request_id, r.attempt))
-    return digest(orjson.dumps([list(msgspec.structs.astuple(r)) for r in ordered]))
+    ordered = sorted(records, key=_KEY)
+    # (orjson writes a tuple as the list it was)
+    return digest(orjson.dumps(list(map(msgspec.structs.astuple, ordered))))
 
 
 def rows_digest(rows: Sequence[Sequence[Any]]) -> str:
@@ -450,12 +455,15 @@ def traffic_intervals(
     record whose two times are more than ``_MAX_SPAN_MS`` apart (a clock off) marks only
     its end's slot. Merged, sorted intervals."""
     n = len(records)
-    end = np.fromiter((r.end_unix_ns for r in records), np.int64, n) // _NS_PER_MS
-    start = np.minimum(np.fromiter((r.ts_unix_ns for r in records), np.int64, n) // _NS_PER_MS, end)
+    end = np.fromiter(map(_END_NS, records), np.int64, n) // _NS_PER_MS
+    start = np.fromiter(map(attrgetter("ts_unix_ns"), records), np.int64, n) // _NS_PER_MS
+    start = np.minimum(start, end)
     start = np.where(end - start > _MAX_SPAN_MS, end, start)
     first, last = start // slot_ms, end // slot_ms
     codes: dict[str | None, int] = {}
-    model = np.fromiter((codes.setdefault(r.model, len(codes)) for r in records), np.int64, n)
+    model = np.fromiter(
+        (codes.setdefault(m, len(codes)) for m in map(_MODEL, records)), np.int64, n
+    )
     out: dict[str, list[tuple[int, int]]] = {}
     for scope in scopes:
         allowed = _scope_models(scope, models)
@@ -567,11 +575,10 @@ def compute_statement(
     tz = zoneinfo.ZoneInfo(contract.billing.timezone)
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
     recs = sorted(
-        (r for r in records if r.tenant == tenant and p_start <= r.end_unix_ns < p_end),
-        key=lambda r: (r.request_id, r.attempt),
+        (r for r in records if r.tenant == tenant and p_start <= r.end_unix_ns < p_end), key=_KEY
     )
     reasons, cold = _exemptions(recs, contract, tz)
-    counted = [r for r in recs if (r.request_id, r.attempt) not in reasons] if reasons else recs
+    counted = [r for r in recs if _KEY(r) not in reasons] if reasons else recs
     batch = _Counted.of(counted, contract, spec, tz)
     slos, percentiles, breaches = _slo_results(batch, contract, spec)
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
@@ -620,9 +627,9 @@ def compute_statement(
         credit_percent=_credit_percent(credit),
         cold_starts=cold,
         exempted=tuple(
-            Exemption(r.request_id, r.attempt, reasons[(r.request_id, r.attempt)])
+            Exemption(r.request_id, r.attempt, why)
             for r in recs
-            if (r.request_id, r.attempt) in reasons
+            if (why := reasons.get(_KEY(r))) is not None
         ),
         exempted_by_reason=dict(sorted(by_reason.items())),
         incidents=_incidents(mine, contract, spec, tz),
@@ -652,7 +659,7 @@ class _Counted:
     ) -> _Counted:
         cols = RecordColumns(records)
         verdicts = {n: SLOMatcher(spec.slo(n)).classify_many(cols) for n in contract.slos}
-        end_ns = np.fromiter((r.end_unix_ns for r in records), np.int64, len(records))
+        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
         return cls(records, cols, verdicts, end_ns, local_days(end_ns, tz))
 
 
