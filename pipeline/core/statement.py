@@ -627,9 +627,9 @@ def compute_statement(
         credit_percent=_credit_percent(credit),
         cold_starts=cold,
         exempted=tuple(
-            Exemption(r.request_id, r.attempt, why)
+            Exemption(r.request_id, r.attempt, reason)
             for r in recs
-            if (why := reasons.get(_KEY(r))) is not None
+            if (reason := reasons.get(_KEY(r))) is not None
         ),
         exempted_by_reason=dict(sorted(by_reason.items())),
         incidents=_incidents(mine, contract, spec, tz),
