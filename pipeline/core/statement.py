@@ -385,11 +385,13 @@ def _exemptions(
     """(request_id, attempt) -> reason for the exempted; and the cold starts seen."""
     reasons: dict[tuple[str, int], str] = {}
     windows = [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
-    for r in records:
-        for start, end, why in windows:
-            if start <= r.end_unix_ns < end:
-                reasons[(r.request_id, r.attempt)] = f"maintenance: {why}"
-                break
+    if windows:
+        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
+        window = np.full(len(records), -1, dtype=np.int64)  # the first window each ends in
+        for j, (start, end, _) in reversed(list(enumerate(windows))):
+            window[(start <= end_ns) & (end_ns < end)] = j
+        for i in np.flatnonzero(window >= 0).tolist():
+            reasons[_KEY(records[i])] = f"maintenance: {windows[int(window[i])][2]}"
     starts: dict[tuple[int, str], list[RequestRecord]] = defaultdict(list)
     for r in records:
         if r.cold_start_unix_ns is not None:
@@ -460,10 +462,9 @@ def traffic_intervals(
     start = np.minimum(start, end)
     start = np.where(end - start > _MAX_SPAN_MS, end, start)
     first, last = start // slot_ms, end // slot_ms
-    codes: dict[str | None, int] = {}
-    model = np.fromiter(
-        (codes.setdefault(m, len(codes)) for m in map(_MODEL, records)), np.int64, n
-    )
+    of_record = list(map(_MODEL, records))
+    codes = {m: i for i, m in enumerate(dict.fromkeys(of_record))}
+    model = np.fromiter(map(codes.__getitem__, of_record), np.int64, n)
     out: dict[str, list[tuple[int, int]]] = {}
     for scope in scopes:
         allowed = _scope_models(scope, models)

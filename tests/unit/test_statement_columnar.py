@@ -254,3 +254,35 @@ def test_the_per_record_references_can_fail() -> None:
     assert _day(NOV_2026_NS, ny) == "2026-10-31"
     oct_31 = (dt.date(2026, 10, 31) - dt.date(1970, 1, 1)).days
     assert local_days(np.array([NOV_2026_NS]), ny).tolist() == [oct_31]
+
+
+def _window(start_min: int, end_min: int, reason: str) -> dict[str, object]:
+    at = NOV_2026_NS / 1e9
+    return {
+        "start": dt.datetime.fromtimestamp(at + start_min * 60, tz=dt.UTC),
+        "end": dt.datetime.fromtimestamp(at + end_min * 60, tz=dt.UTC),
+        "reason": reason,
+    }
+
+
+@pytest.mark.parametrize(
+    ("end_min", "reason"),
+    [
+        (5, "a"),  # in both windows: the first listed
+        (15, "b"),  # in the second only
+        (10, "b"),  # the first's end is exclusive
+        (20, None),  # so is the second's
+        (-1, None),  # (before the period)
+    ],
+)
+def test_a_record_in_overlapping_maintenance_windows_takes_the_first_listed(
+    end_min: int, reason: str | None
+) -> None:
+    c = contract(exemptions={"maintenance": [_window(0, 10, "a"), _window(2, 20, "b")]})
+    s = compute_statement(
+        tenant="acme", period="2026-11", contract=c, spec=SPEC,
+        records=[rec("x", NOV_2026_NS + end_min * MIN_NS)],
+        level_changes=[], budget_events=[], observed_until_ns=None, inputs={},
+    )  # fmt: skip
+    want = [] if reason is None else [f"maintenance: {reason}"]
+    assert [x.reason for x in s.exempted] == want
