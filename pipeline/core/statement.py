@@ -62,13 +62,15 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
+import numpy as np
 import orjson
 
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import SLOMatcher
+from pipeline.core.slo import BoolArray, FloatArray, IntArray, RecordColumns, SLOMatcher
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import Contract, digest, period_bounds_ns
 from pipeline.spec.durations import parse_duration_ms
@@ -334,6 +336,9 @@ class Statement:
 
 
 _JSON_KEYS: Final = {"from_": "from"}
+_KEY: Final = attrgetter("request_id", "attempt")  # a record's key, and the records' order
+_END_NS: Final = attrgetter("end_unix_ns")
+_MODEL: Final = attrgetter("model")
 
 
 def _json(x: Any) -> Any:
@@ -348,8 +353,9 @@ def _json(x: Any) -> Any:
 
 def records_digest(records: Sequence[RequestRecord]) -> str:
     """Digest of the records (in (request_id, attempt) order, every field)."""
-    ordered = sorted(records, key=lambda r: (r.request_id, r.attempt))
-    return digest(orjson.dumps([list(msgspec.structs.astuple(r)) for r in ordered]))
+    ordered = sorted(records, key=_KEY)
+    # (orjson writes a tuple as the list it was)
+    return digest(orjson.dumps(list(map(msgspec.structs.astuple, ordered))))
 
 
 def rows_digest(rows: Sequence[Sequence[Any]]) -> str:
@@ -379,11 +385,13 @@ def _exemptions(
     """(request_id, attempt) -> reason for the exempted; and the cold starts seen."""
     reasons: dict[tuple[str, int], str] = {}
     windows = [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
-    for r in records:
-        for start, end, why in windows:
-            if start <= r.end_unix_ns < end:
-                reasons[(r.request_id, r.attempt)] = f"maintenance: {why}"
-                break
+    if windows:
+        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
+        window = np.full(len(records), -1, dtype=np.int64)  # the first window each ends in
+        for j, (start, end, _) in reversed(list(enumerate(windows))):
+            window[(start <= end_ns) & (end_ns < end)] = j
+        for i in np.flatnonzero(window >= 0).tolist():
+            reasons[_KEY(records[i])] = f"maintenance: {windows[int(window[i])][2]}"
     starts: dict[tuple[int, str], list[RequestRecord]] = defaultdict(list)
     for r in records:
         if r.cold_start_unix_ns is not None:
@@ -448,31 +456,47 @@ def traffic_intervals(
     models overlaps, from its start (``ts_unix_ns``) to its end (``end_unix_ns``); a
     record whose two times are more than ``_MAX_SPAN_MS`` apart (a clock off) marks only
     its end's slot. Merged, sorted intervals."""
-    slots: dict[str, set[int]] = defaultdict(set)
-    for r in records:
-        b = r.end_unix_ns // _NS_PER_MS
-        a = min(r.ts_unix_ns // _NS_PER_MS, b)
-        if b - a > _MAX_SPAN_MS:
-            a = b
-        slots[r.model].update(range(a // slot_ms, b // slot_ms + 1))
+    n = len(records)
+    end = np.fromiter(map(_END_NS, records), np.int64, n) // _NS_PER_MS
+    start = np.fromiter(map(attrgetter("ts_unix_ns"), records), np.int64, n) // _NS_PER_MS
+    start = np.minimum(start, end)
+    start = np.where(end - start > _MAX_SPAN_MS, end, start)
+    first, last = start // slot_ms, end // slot_ms
+    of_record = list(map(_MODEL, records))
+    codes = {m: i for i, m in enumerate(dict.fromkeys(of_record))}
+    model = np.fromiter(map(codes.__getitem__, of_record), np.int64, n)
     out: dict[str, list[tuple[int, int]]] = {}
     for scope in scopes:
         allowed = _scope_models(scope, models)
-        ks: set[int] = set()
-        for model, of_model in slots.items():
-            if allowed is None or model in allowed:
-                ks |= of_model
-        merged: list[tuple[int, int]] = []
-        for k in sorted(ks):
-            a, b = max(start_ms, k * slot_ms), min(end_ms, (k + 1) * slot_ms)
-            if a >= b:
-                continue
-            if merged and merged[-1][1] == a:
-                merged[-1] = (merged[-1][0], b)
-            else:
-                merged.append((a, b))
-        out[scope] = merged
+        if allowed is None:
+            mine = np.ones(n, dtype=np.bool_)
+        else:
+            mine = np.isin(model, [c for m, c in codes.items() if m in allowed])
+        out[scope] = _slot_runs(first[mine], last[mine], start_ms, end_ms, slot_ms)
     return out
+
+
+def _slot_runs(
+    first: IntArray, last: IntArray, start_ms: int, end_ms: int, slot_ms: int
+) -> list[tuple[int, int]]:
+    """The union of the slots ``first[i] .. last[i]`` (inclusive), each clipped to
+    ``[start_ms, end_ms)`` (a slot left empty is dropped), as merged sorted intervals."""
+    lengths = last - first + 1
+    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(lengths) - lengths, lengths
+    )
+    ks = np.unique(np.repeat(first, lengths) + offsets)
+    lo = np.maximum(start_ms, ks * slot_ms)
+    hi = np.minimum(end_ms, (ks + 1) * slot_ms)
+    keep = lo < hi
+    ks, lo, hi = ks[keep], lo[keep], hi[keep]
+    if not len(ks):
+        return []
+    # two kept slots touch exactly when they are consecutive (clipping only cuts the ends)
+    breaks = np.flatnonzero(np.diff(ks) != 1)
+    firsts = np.concatenate(([0], breaks + 1))
+    lasts = np.concatenate((breaks, [len(ks) - 1]))
+    return list(zip(lo[firsts].tolist(), hi[lasts].tolist(), strict=True))
 
 
 def _covers(intervals: list[tuple[int, int]], t: int) -> bool:
@@ -552,18 +576,18 @@ def compute_statement(
     tz = zoneinfo.ZoneInfo(contract.billing.timezone)
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
     recs = sorted(
-        (r for r in records if r.tenant == tenant and p_start <= r.end_unix_ns < p_end),
-        key=lambda r: (r.request_id, r.attempt),
+        (r for r in records if r.tenant == tenant and p_start <= r.end_unix_ns < p_end), key=_KEY
     )
     reasons, cold = _exemptions(recs, contract, tz)
-    counted = [r for r in recs if (r.request_id, r.attempt) not in reasons]
-    slos, percentiles, breaches = _slo_results(counted, contract, spec, tz)
+    counted = [r for r in recs if _KEY(r) not in reasons] if reasons else recs
+    batch = _Counted.of(counted, contract, spec, tz)
+    slos, percentiles, breaches = _slo_results(batch, contract, spec)
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
     until_ms = p_end_ms
     if observed_until_ns is not None:
         until_ms = max(p_start_ms, min(p_end_ms, observed_until_ns // _NS_PER_MS + 1))
     mine, not_mine = _exhaustions(
-        budget_events, counted, contract, spec, tz=tz, p_start_ms=p_start_ms, p_end_ms=p_end_ms
+        budget_events, batch, contract, tz=tz, p_start_ms=p_start_ms, p_end_ms=p_end_ms
     )
     pauses = _pauses(mine, contract, p_end_ms)
     levels, credit = _levels_and_credit(
@@ -584,7 +608,7 @@ def compute_statement(
         requests=len(recs),
         counted=len(counted),
         slos=slos,
-        tiers=_tiers(counted, contract, spec),
+        tiers=_tiers(batch, contract, spec),
         percentiles=percentiles,
         breaches=breaches,
         breach_rule=BreachVerdict(
@@ -604,9 +628,9 @@ def compute_statement(
         credit_percent=_credit_percent(credit),
         cold_starts=cold,
         exempted=tuple(
-            Exemption(r.request_id, r.attempt, reasons[(r.request_id, r.attempt)])
+            Exemption(r.request_id, r.attempt, reason)
             for r in recs
-            if (r.request_id, r.attempt) in reasons
+            if (reason := reasons.get(_KEY(r))) is not None
         ),
         exempted_by_reason=dict(sorted(by_reason.items())),
         incidents=_incidents(mine, contract, spec, tz),
@@ -615,34 +639,83 @@ def compute_statement(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    """The counted records as columns: each bound SLO's verdicts (``classify_many``:
+    masks counted and good) and each record's day (contract time zone) as a number."""
+
+    records: Sequence[RequestRecord]
+    cols: RecordColumns
+    verdicts: Mapping[str, tuple[BoolArray, BoolArray]]
+    end_ns: IntArray
+    day: IntArray  # days since 1970-01-01 in the contract's zone
+
+    @classmethod
+    def of(
+        cls,
+        records: Sequence[RequestRecord],
+        contract: Contract,
+        spec: SLOSpec,
+        tz: zoneinfo.ZoneInfo,
+    ) -> _Counted:
+        cols = RecordColumns(records)
+        verdicts = {n: SLOMatcher(spec.slo(n)).classify_many(cols) for n in contract.slos}
+        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
+        return cls(records, cols, verdicts, end_ns, local_days(end_ns, tz))
+
+
+_EPOCH_ORDINAL: Final = dt.date(1970, 1, 1).toordinal()
+
+
+def _offset_s(unix_s: int, tz: zoneinfo.ZoneInfo) -> int:
+    off = dt.datetime.fromtimestamp(unix_s, tz=tz).utcoffset()
+    assert off is not None
+    return int(off.total_seconds())
+
+
+def local_days(end_ns: IntArray, tz: zoneinfo.ZoneInfo) -> IntArray:
+    """Each time's calendar day in ``tz`` (what ``_day`` names), as days since
+    1970-01-01: the zone's offset is looked up once per hour of the times (per time in an
+    hour whose offset changes within it)."""
+    unix_s = end_ns // 1_000_000_000
+    hours, where = np.unique(unix_s // 3600, return_inverse=True)
+    offsets = np.empty(len(hours), dtype=np.int64)
+    steady = np.ones(len(hours), dtype=np.bool_)
+    for j, h in enumerate(hours.tolist()):
+        offsets[j] = _offset_s(h * 3600, tz)
+        steady[j] = offsets[j] == _offset_s(h * 3600 + 3599, tz)
+    off = offsets[where]
+    for i in np.flatnonzero(~steady[where]).tolist():
+        off[i] = _offset_s(int(unix_s[i]), tz)
+    days: IntArray = (unix_s + off) // 86_400
+    return days
+
+
+def _day_name(day: int) -> str:
+    return dt.date.fromordinal(_EPOCH_ORDINAL + day).isoformat()
+
+
+def _kth_smallest(values: FloatArray, percentile: float) -> int:
+    """Index into ``values`` of the nearest-rank percentile: the ``ceil(p/100 * n)``-th
+    smallest, ties in their order (as ``sorted``); ``values`` is not empty."""
+    k = max(1, math.ceil(percentile / 100.0 * len(values)))
+    return int(np.argsort(values, kind="stable")[k - 1])
+
+
 def _slo_results(
-    counted: Sequence[RequestRecord], contract: Contract, spec: SLOSpec, tz: zoneinfo.ZoneInfo
+    batch: _Counted, contract: Contract, spec: SLOSpec
 ) -> tuple[dict[str, SLOResult], dict[str, Percentiles], tuple[Breach, ...]]:
     """Per bound SLO: its counts, its boundary's percentiles (period, per day), and the
-    days whose percentile is above its threshold (the breaches, by day then SLO)."""
+    days whose percentile is above its threshold (the breaches, by day then SLO). A
+    percentile is the record's own value (the ``nearest_rank`` of the values)."""
     rule = contract.breach
     slos: dict[str, SLOResult] = {}
     percentiles: dict[str, Percentiles] = {}
     breaches: list[Breach] = []
     for name in contract.slos:
         slo = spec.slo(name)
-        classify = SLOMatcher(slo).classify
-        good = bad = 0
-        values: list[float] = []
-        by_day: dict[str, list[float]] = defaultdict(list)
-        for r in counted:
-            verdict = classify(r)
-            if verdict == "skip":
-                continue
-            if verdict == "good":
-                good += 1
-            else:
-                bad += 1
-            v = r.boundary(slo.boundary)
-            if v is not None:
-                values.append(v)
-                by_day[_day(r.end_unix_ns, tz)].append(v)
-        total = good + bad
+        counted, good_mask = batch.verdicts[name]
+        good, total = int(good_mask.sum()), int(counted.sum())
         compliance = good / total if total else None
         slos[name] = SLOResult(
             boundary=slo.boundary,
@@ -653,11 +726,22 @@ def _slo_results(
             compliance=compliance,
             met=_met(compliance, slo.objective),
         )
+        column = batch.cols.boundary(slo.boundary)
+        rows = np.flatnonzero(counted & ~np.isnan(column))  # in record order
+        values, days_of = column[rows], batch.day[rows]
+
+        def value(i: int, rows: IntArray = rows, boundary: str = slo.boundary) -> float:
+            v = batch.records[int(rows[i])].boundary(boundary)
+            assert v is not None
+            return v
+
         days: dict[str, DayPercentile] = {}
-        for day in sorted(by_day):
-            p = nearest_rank(by_day[day], rule.percentile)
-            assert p is not None
-            days[day] = DayPercentile(p=p, n=len(by_day[day]))
+        by_day = np.lexsort((np.arange(len(rows)), days_of))  # by day, then record order
+        bounds = np.flatnonzero(np.diff(days_of[by_day])) + 1
+        for group in np.split(by_day, bounds) if len(rows) else []:
+            day = _day_name(int(days_of[group[0]]))
+            p = value(int(group[_kth_smallest(values[group], rule.percentile)]))
+            days[day] = DayPercentile(p=p, n=len(group))
             if p > slo.threshold_ms:
                 ratio = p / slo.threshold_ms
                 breaches.append(
@@ -673,33 +757,24 @@ def _slo_results(
                 )
         percentiles[name] = Percentiles(
             boundary=slo.boundary,
-            period=nearest_rank(values, rule.percentile),
-            n=len(values),
+            period=value(_kth_smallest(values, rule.percentile)) if len(rows) else None,
+            n=len(rows),
             days=days,
         )
     breaches.sort(key=lambda b: (b.day, b.slo))
     return slos, percentiles, tuple(breaches)
 
 
-def _tiers(
-    counted: Sequence[RequestRecord], contract: Contract, spec: SLOSpec
-) -> dict[str, TierResult]:
+def _tiers(batch: _Counted, contract: Contract, spec: SLOSpec) -> dict[str, TierResult]:
     """The blended tiers of the spec whose primary and secondary the contract binds."""
     tiers: dict[str, TierResult] = {}
     for tname, tier in spec.tiers.items():
         if tier.primary not in contract.slos or tier.secondary not in contract.slos:
             continue
-        prim, sec = SLOMatcher(spec.slo(tier.primary)), SLOMatcher(spec.slo(tier.secondary))
-        total = good_p = good_s = 0
-        for r in counted:
-            vp = prim.classify(r)
-            if vp == "skip":
-                continue
-            total += 1
-            if vp == "good":
-                good_p += 1
-            elif sec.classify(r) == "good":
-                good_s += 1
+        counted, good = batch.verdicts[tier.primary]
+        good_secondary = batch.verdicts[tier.secondary][1]
+        total, good_p = int(counted.sum()), int(good.sum())
+        good_s = int((counted & ~good & good_secondary).sum())
         blended = (good_p + tier.secondary_weight * good_s) / total if total else None
         tiers[tname] = TierResult(
             primary=tier.primary,
@@ -720,9 +795,8 @@ _Exhaustion = tuple[BudgetEventRow, list[RequestRecord]]
 
 def _exhaustions(
     budget_events: Sequence[BudgetEventRow],
-    counted: Sequence[RequestRecord],
+    batch: _Counted,
     contract: Contract,
-    spec: SLOSpec,
     *,
     tz: zoneinfo.ZoneInfo,
     p_start_ms: int,
@@ -744,16 +818,15 @@ def _exhaustions(
     mine: list[_Exhaustion] = []
     not_mine: list[NotThisTenant] = []
     for e in exhausted:
-        verdict_of = SLOMatcher(spec.slo(e.slo)).classify
+        counted, good = batch.verdicts[e.slo]
         look_ms = (
             e.at_ms - p_start_ms  # since the period began
             if terms.lookback == "period"
             else parse_duration_ms(terms.lookback)
         )
         lo_ns, hi_ns = (e.at_ms - look_ms) * _NS_PER_MS, e.at_ms * _NS_PER_MS
-        bad_recs = [
-            r for r in counted if lo_ns <= r.end_unix_ns <= hi_ns and verdict_of(r) == "bad"
-        ]
+        bad = counted & ~good & (batch.end_ns >= lo_ns) & (batch.end_ns <= hi_ns)
+        bad_recs = [batch.records[i] for i in np.flatnonzero(bad).tolist()]
         if bad_recs:
             mine.append((e, bad_recs))
         else:
