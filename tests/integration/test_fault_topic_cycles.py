@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Message
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from pipeline.contract.codec import encode_batch
@@ -66,6 +66,7 @@ class Stream:
         self.messages = messages
         self.sent = 0
         self.delivered: set[str] = set()
+        self.acked_at: dict[str, tuple[int, int]] = {}  # request id -> (partition, offset)
         self.failed = 0
         self.running = threading.Event()
         self.idle = threading.Event()  # held, and everything sent acknowledged
@@ -87,9 +88,10 @@ class Stream:
             p, ids, value = self.messages[self.sent]
             self.sent += 1
 
-            def on_delivery(err: object, _msg: object, ids: list[str] = ids) -> None:
+            def on_delivery(err: object, msg: Message, ids: list[str] = ids) -> None:
                 if err is None:
                     self.delivered.update(ids)
+                    self.acked_at.update(dict.fromkeys(ids, (msg.partition(), msg.offset())))
                 else:
                     self.failed += 1
 

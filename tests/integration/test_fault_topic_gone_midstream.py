@@ -12,6 +12,8 @@ never written.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import time
 from collections import defaultdict
@@ -212,7 +214,21 @@ def test_a_topic_deleted_midstream_loses_nothing_read(
         f"{corrections} corrections"
     )
     assert stream.failed == 0
-    assert_exactly_once(s, want)
-    assert not _boundaries_differ(s)
     assert finished, log_text[-3000:]
+    # Acknowledged on the old topic past where the worker's reading stopped (its log's
+    # "read up to offsets"): deleted before anyone read them, as Kafka loses a deleted
+    # topic's messages; a busy machine's worker may be a few messages behind at the
+    # deletion. Everything read is stored once; what was never read is a short tail.
+    read_to: dict[str, int] = {}  # partition -> the first offset not read
+    for line in finished:
+        read_to.update(json.loads(line.split("read up to offsets ")[1]))
+
+    def never_read_at(p: int, offset: int) -> bool:
+        return offset >= read_to.get(str(p), math.inf)
+
+    never_read = {r for r in on_old if never_read_at(*stream.acked_at[r])}
+    print(f"acknowledged on the old topic, never read: {len(never_read)} {sorted(never_read)[:8]}")
+    assert len(never_read) <= 0.05 * len(on_old), "the worker was far behind at the deletion"
+    assert_exactly_once(s, want - never_read)
+    assert not _boundaries_differ(s)
     assert "partitions []" not in log_text
