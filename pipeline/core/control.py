@@ -312,7 +312,6 @@ class Controller:
             else None
         )
         self.windows = WindowEvidence()
-        self._latency = self.windows.latency
         self._seen: dict[tuple[int, int] | tuple[int, int, str], None] = {}
         # Per engine host, its samples of the last stats window (in time order).
         # Stats arrive ahead of closed windows; signals at T use samples <= T only.
@@ -404,7 +403,7 @@ class Controller:
         out: Signals = {}
         lo = now_ms - self.config.latency_window_ms
         merged: dict[str, QuantileSketch] = {}
-        for start, by_part in self._latency.items():
+        for start, by_part in self.windows.latency.items():
             if not lo <= start < now_ms:
                 continue
             for by_model in by_part.values():
@@ -614,7 +613,9 @@ class Controller:
         if self.policy.cuts_queue(d.level, d.phase):
             update["queue_timeout_ms"] = self.queue_cutoffs_ms(model)
         lo = at_ms - self.config.latency_window_ms
-        medians = latency_medians_ms(self._latency, model, lo, at_ms, TTFT_SERVICE_BOUNDARIES)
+        medians = latency_medians_ms(
+            self.windows.latency, model, lo, at_ms, TTFT_SERVICE_BOUNDARIES
+        )
         update.update(ttft_prediction(load, cap, medians))
         actions = d.actions.model_copy(update=update)
         decision = d.decision.model_copy(update={"actions": actions})
