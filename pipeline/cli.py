@@ -10,7 +10,7 @@ import sys
 
 from pipeline.app.commands import COMMANDS
 from pipeline.app.commands.backtest import BACKTEST_START_UNIX_NS
-from pipeline.app.commands.common import DEFAULT_OVERLOAD
+from pipeline.app.commands.common import DEFAULT_OVERLOAD, CommandParser
 from pipeline.app.commands.statement import DEFAULT_CONTRACT
 from pipeline.shipped import DEFAULT_TRACE
 
@@ -31,9 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     """``tailguard [-v] <command> ...``: one subcommand per row of the table."""
     p = argparse.ArgumentParser(prog="tailguard", description=DESCRIPTION)
     p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     for command in COMMANDS:
-        s = sub.add_parser(command.name, help=command.help, description=command.help)
+        s = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            dash_values=command.dash_values,
+        )
         command.add_arguments(s)
         s.set_defaults(func=command.run)
     return p

@@ -59,6 +59,8 @@ def test_not_a_time_is_refused_with_examples(text: str) -> None:
         (["--since=-1h"], H),
         (["--since", "1 hour ago"], H),
         (["--since", "-30m", "--until", "-10m"], 1800),
+        (["--sin", "-1h"], H),  # a prefix argparse accepts for --since
+        (["--since", "-1h", "--slo", "ttft"], H),
     ],
 )
 def test_cli_takes_relative_times(
@@ -68,3 +70,16 @@ def test_cli_takes_relative_times(
     monkeypatch.setattr(report_cmd, "clock", lambda: NOW)
     args = build_parser().parse_args(["report", *argv])
     assert args.since == NOW - ago_s
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--since"],
+        ["--since", "--json"],  # an option, not a value: --since has none
+        ["--since", "yesterday"],
+    ],
+)
+def test_cli_refuses_a_missing_or_bad_time(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", *argv])

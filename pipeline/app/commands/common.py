@@ -8,7 +8,7 @@ emitters' commands run on the base install.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,45 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    # its options whose value may begin with "-" (``report --since -1h``): see CommandParser
+    dash_values: tuple[str, ...] = ()
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. argparse takes an argument that begins with "-" for an option,
+    so ``--since -1h`` would leave ``--since`` without its value: each option of
+    ``dash_values`` (or a prefix argparse accepts for it) followed by an argument that
+    begins with one "-" is read as ``--since=-1h``, which argparse takes as it is."""
+
+    def __init__(self, *args: Any, dash_values: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dash_values = dash_values
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and self.dash_values:
+            args = _joined(list(args), self.dash_values)
+        return super().parse_known_args(args, namespace)
+
+
+def _joined(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """``[opt, "-v"]`` as ``[opt + "=-v"]`` for each of ``options`` (``--`` ends it)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        takes = len(arg) > 2 and any(o.startswith(arg) for o in options)
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        if takes and nxt.startswith("-") and not nxt.startswith("--"):
+            out.append(f"{arg}={nxt}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
 
 
 def no_arguments(p: argparse.ArgumentParser) -> None:

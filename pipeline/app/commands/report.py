@@ -26,9 +26,6 @@ _AGO_UNITS: Final = {
     **dict.fromkeys(("day", "days"), "d"),
     **dict.fromkeys(("week", "weeks"), "w"),
 }
-# argparse takes an argument starting with "-" for an option unless it matches this:
-# a negative number, or a time relative to now ("--since -1h")
-_NEGATIVE: Final = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(?:ms|s|m|h|d|w)$")
 
 
 def report_time(text: str, now_unix_s: float) -> float:
@@ -108,7 +105,6 @@ def _arguments(s: argparse.ArgumentParser) -> None:
     add_store(s)
     s.add_argument("--json", action="store_true", help="everything, as one JSON object")
     s.add_argument("--html", type=Path, help="also write a self-contained HTML report with charts")
-    s._negative_number_matcher = _NEGATIVE  # "--since -1h": -1h is the option's value
     when = "ISO 8601, unix s, or relative: -1h, '1 hour ago'"
     s.add_argument("--since", type=_report_time, help=f"from this time ({when})")
     s.add_argument("--until", type=_report_time, help=f"before this time ({when})")
@@ -120,4 +116,10 @@ def _arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--slo", action="append", help="only this SLO (repeatable)")
 
 
-REPORT = Command("report", "print the SLO report from the store", _arguments, cmd_report)
+REPORT = Command(
+    "report",
+    "print the SLO report from the store",
+    _arguments,
+    cmd_report,
+    dash_values=("--since", "--until"),  # "--since -1h": -1h is the option's value
+)
