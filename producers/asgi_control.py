@@ -292,7 +292,8 @@ class ControlMiddleware:
         (:meth:`Enforcement.resume`); a request cancelled meanwhile is forgotten."""
         ticket = decision.act.hold_ticket
         recheck_ms = decision.act.recheck_at_ms
-        assert ticket is not None
+        if ticket is None:  # not held: nothing to wait for
+            return decision
         try:
             await asyncio.sleep(max(0.0, (recheck_ms or 0.0) - self.clock_ms()) / 1000.0)
             d = self.directives(facts.model or ALL_SCOPES)
