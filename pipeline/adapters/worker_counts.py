@@ -21,10 +21,7 @@ class WorkerCounts:
     def __init__(self, processor: StreamProcessor, telemetry: WorkerTelemetry | Any) -> None:
         self.processor = processor
         self.telemetry = telemetry
-        self._timeouts_seen = (0, 0)
-        self._conflicts_seen = (0, 0)  # join conflicts (before, after the record) counted
-        self._duplicates_seen = (0, 0)  # join duplicates (ids repeated changed, same) counted
-        self._seen: dict[str, int] = {}
+        self._seen: dict[tuple[str, str], int] = {}  # what count() counted, by label
         self._last_log = time.monotonic()
         self.rows_written = 0
         self.write_retries = 0
@@ -65,42 +62,30 @@ class WorkerCounts:
         }
 
     def count(self) -> None:
-        """Join timeouts, conflicts and lateness counted since the last call, as metrics."""
+        """Join timeouts, conflicts, duplicates and lateness counted since the last call, as
+        metrics: each cumulative count adds to its counter, under its label, what it grew
+        by since the last call."""
         t = self.telemetry
         j = self.processor.join_counters()
-        gw, en = self._timeouts_seen
-        if j.gateway_only > gw:
-            t.join_timeouts.add(j.gateway_only - gw, {"side": "gateway_only"})
-        if j.engine_only > en:
-            t.join_timeouts.add(j.engine_only - en, {"side": "engine_only"})
-        self._timeouts_seen = (j.gateway_only, j.engine_only)
-        before, after = j.conflicts - j.conflicts_corrected, j.conflicts_corrected
-        seen_before, seen_after = self._conflicts_seen
-        if before > seen_before:
-            t.join_conflicts.add(before - seen_before, {"when": "before_record"})
-        if after > seen_after:
-            t.join_conflicts.add(after - seen_after, {"when": "after_record"})
-        self._conflicts_seen = (before, after)
-        changed, same = j.duplicate_ids_changed, j.duplicates - j.duplicate_ids_changed
-        seen_changed, seen_same = self._duplicates_seen
-        if changed > seen_changed:
-            t.join_duplicates.add(changed - seen_changed, {"content": "changed"})
-        if same > seen_same:
-            t.join_duplicates.add(same - seen_same, {"content": "same"})
-        self._duplicates_seen = (changed, same)
         w = self.processor.window_counters()
         c = self.processor.counters
-        for name, value in (
-            ("corrected", w.corrected),
-            ("retracted", w.retracted),
-            ("quarantined", c.quarantined),
-            ("replayed", c.replayed),
-            ("counted_before", c.beyond_memory),
+        for counter, (key, name), value in (
+            (t.join_timeouts, ("side", "gateway_only"), j.gateway_only),
+            (t.join_timeouts, ("side", "engine_only"), j.engine_only),
+            (t.join_conflicts, ("when", "before_record"), j.conflicts - j.conflicts_corrected),
+            (t.join_conflicts, ("when", "after_record"), j.conflicts_corrected),
+            (t.join_duplicates, ("content", "changed"), j.duplicate_ids_changed),
+            (t.join_duplicates, ("content", "same"), j.duplicates - j.duplicate_ids_changed),
+            (t.lateness, ("kind", "corrected"), w.corrected),
+            (t.lateness, ("kind", "retracted"), w.retracted),
+            (t.lateness, ("kind", "quarantined"), c.quarantined),
+            (t.lateness, ("kind", "replayed"), c.replayed),
+            (t.lateness, ("kind", "counted_before"), c.beyond_memory),
         ):
-            seen = self._seen.get(name, 0)
+            seen = self._seen.get((key, name), 0)  # each counter's label key is its own
             if value > seen:
-                t.lateness.add(value - seen, {"kind": name})
-                self._seen[name] = value
+                counter.add(value - seen, {key: name})
+                self._seen[(key, name)] = value
 
     def maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
