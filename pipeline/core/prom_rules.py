@@ -206,26 +206,22 @@ def _build(o: Objective, rules: BurnRules, opts: RulesOptions) -> _Built:
     windows = _ratio_windows(mine)
     shortest = windows[0] if windows else 300_000
     windows = sorted({*windows, shortest})
-    sli: list[dict[str, Any]] = []
-    for ms in windows:
-        w = window_label(ms)
-        sli.append(
-            {
-                "record": f"slo:sli_error:ratio_rate{w}",
-                "expr": f"1 - ({o.good_sum('rate', w)}\n/ sum(rate({o.total}[{w}])))",
-                "labels": {**base, "sloth_window": w},
-            }
+    sli = [
+        _window_record(
+            f"slo:sli_error:ratio_rate{w}",
+            f"1 - ({o.good_sum('rate', w)}\n/ sum(rate({o.total}[{w}])))",
+            base,
+            w,
         )
+        for w in map(window_label, windows)
+    ]
     guarded = sorted({_guard_window_ms(r) for r in mine if r.min_requests > 0})
-    for ms in guarded:
-        w = window_label(ms)
-        sli.append(
-            {
-                "record": f"tailguard:slo_requests:increase{w}",
-                "expr": f"sum(increase({o.total}[{w}]))",
-                "labels": {**base, "sloth_window": w},
-            }
+    sli += [
+        _window_record(
+            f"tailguard:slo_requests:increase{w}", f"sum(increase({o.total}[{w}]))", base, w
         )
+        for w in map(window_label, guarded)
+    ]
     budget = 1.0 - o.objective
     pairs = sorted({(r.within_ms, r.of_ms) for r in mine if isinstance(r, BudgetFractionRule)})
     for within_ms, of_ms in pairs:
@@ -235,12 +231,13 @@ def _build(o: Objective, rules: BurnRules, opts: RulesOptions) -> _Built:
     if o.period_ms not in windows:
         ratio = f"slo:sli_error:ratio_rate{short}{sel}"
         sli.append(
-            {
-                "record": f"slo:sli_error:ratio_rate{period}",
-                "expr": f"sum_over_time({ratio}[{period}])\n"
+            _window_record(
+                f"slo:sli_error:ratio_rate{period}",
+                f"sum_over_time({ratio}[{period}])\n"
                 f"/ ignoring (sloth_window)\ncount_over_time({ratio}[{period}])",
-                "labels": {**base, "sloth_window": period},
-            }
+                base,
+                period,
+            )
         )
     on = "on (sloth_id, sloth_slo, sloth_service) group_left"
     meta = [
@@ -324,12 +321,21 @@ def _spent_record(o: Objective, within_ms: int, of_ms: int, base: dict[str, str]
         f"clamp(count_over_time({req}[{of}]) * {w_s} / count_over_time({req}[{within}]), "
         f"{w_s}, {of_s})"
     )
-    return {
-        "record": "tailguard:slo_error_budget_spent:ratio",
-        "expr": f"(sum(increase({req}[{within}])) - {o.good_sum('increase', within)})\n"
+    return _window_record(
+        "tailguard:slo_error_budget_spent:ratio",
+        f"(sum(increase({req}[{within}])) - {o.good_sum('increase', within)})\n"
         f"/ ({_num(1.0 - o.objective)} * sum(increase({req}[{of}]) * {of_s}\n/ {history}))",
-        "labels": {**base, "sloth_window": within, "tailguard_budget_of": of},
-    }
+        base,
+        within,
+        tailguard_budget_of=of,
+    )
+
+
+def _window_record(
+    record: str, expr: str, base: dict[str, str], window: str, **more: str
+) -> dict[str, Any]:
+    """A recording over one window: the objective's labels and ``sloth_window``."""
+    return {"record": record, "expr": expr, "labels": {**base, "sloth_window": window, **more}}
 
 
 def _term(r: AnyRule, sel: str, budget: float) -> str:
