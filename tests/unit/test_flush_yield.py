@@ -21,7 +21,9 @@ import pytest
 from pipeline.adapters import flush as flush_module
 from pipeline.adapters.flush import Flush, FlushBehind, FlushWriter, raw_chunks
 from pipeline.adapters.worker import WorkerShell
+from pipeline.core.join_state import JoinCounters
 from pipeline.core.processor import KeptMessage
+from pipeline.core.windows import WindowCounters
 from tests.flush_fakes import fake_shell, fake_writer
 
 
@@ -141,18 +143,11 @@ class _Processor:
     def lateness_by_partition(self) -> dict[int, tuple[int, int, int]]:
         return {}
 
-    def join_counters(self) -> Any:
-        return SimpleNamespace(
-            gateway_only=0,
-            engine_only=0,
-            conflicts=0,
-            conflicts_corrected=0,
-            duplicates=0,
-            duplicate_ids_changed=0,
-        )
+    def join_counters(self) -> JoinCounters:
+        return JoinCounters()
 
-    def window_counters(self) -> Any:
-        return SimpleNamespace(corrected=0, retracted=0)
+    def window_counters(self) -> WindowCounters:
+        return WindowCounters()
 
 
 class _Input:
