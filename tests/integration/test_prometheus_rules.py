@@ -127,6 +127,42 @@ def _series(name: str, worker: str, values: str) -> dict[str, str]:
     return {"series": f'{name}{{slo="ttft-stream", instance="{worker}"}}', "values": values}
 
 
+def _two_workers(requests: str, good: str) -> list[dict[str, str]]:
+    """Workers w1 and w2 each count ttft-stream's requests and good requests so."""
+    return [
+        s
+        for w in ("w1", "w2")
+        for s in (
+            _series("tailguard_slo_requests_total", w, requests),
+            _series("tailguard_slo_good_requests_total", w, good),
+        )
+    ]
+
+
+def _unit_tests(
+    rules: Path,
+    series: list[dict[str, str]],
+    alerts: list[tuple[str, list[dict[str, Any]]]],
+    exprs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A ``promtool test rules`` file: one test of ``series`` at one sample a minute, the
+    page/ticket alerts expected at each time of ``alerts``, and the PromQL checks."""
+    return {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": t, "alertname": ALERTNAME, "exp_alerts": exp} for t, exp in alerts
+                ],
+                "promql_expr_test": exprs,
+            }
+        ],
+    }
+
+
 def _expected(rule: dict[str, Any]) -> dict[str, Any]:
     labels = {
         "sloth_id": "tailguard-ttft-stream", "sloth_service": "tailguard",
@@ -158,54 +194,32 @@ def test_promtool_unit_tests_of_the_burn_rate_arithmetic(tmp_path: Path) -> None
         if r.get("alert") == ALERTNAME and r["labels"]["slo"] == "ttft-stream"
     }
     good = "0+49.75x60 3015+30x59"  # per worker: 0.5 % bad, then 40 % bad from minute 60
-    series = [
-        s
-        for w in ("w1", "w2")
-        for s in (
-            _series("tailguard_slo_requests_total", w, "0+50x120"),
-            _series("tailguard_slo_good_requests_total", w, good),
-        )
-    ]
+    series = _two_workers("0+50x120", good)
     cases = [
         ("55m", []),
         ("65m", [_expected(mine["ticket"])]),
         ("80m", [_expected(mine["page"]), _expected(mine["ticket"])]),
     ]
-    tests = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "alert_rule_test": [
-                    {"eval_time": t, "alertname": ALERTNAME, "exp_alerts": exp} for t, exp in cases
-                ],
-                "promql_expr_test": [
-                    {  # Sloth's ratio over the workers: 40 % bad over the last 5 minutes
-                        "expr": 'slo:sli_error:ratio_rate5m{sloth_slo="ttft-stream"}',
-                        "eval_time": "80m",
-                        "exp_samples": [
-                            {
-                                "labels": 'slo:sli_error:ratio_rate5m{sloth_id="tailguard-'
-                                'ttft-stream", sloth_service="tailguard", '
-                                'sloth_slo="ttft-stream", sloth_window="5m"}',
-                                "value": 0.4,
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
+    exprs = [
+        {  # Sloth's ratio over the workers: 40 % bad over the last 5 minutes
+            "expr": 'slo:sli_error:ratio_rate5m{sloth_slo="ttft-stream"}',
+            "eval_time": "80m",
+            "exp_samples": [
+                {
+                    "labels": 'slo:sli_error:ratio_rate5m{sloth_id="tailguard-'
+                    'ttft-stream", sloth_service="tailguard", '
+                    'sloth_slo="ttft-stream", sloth_window="5m"}',
+                    "value": 0.4,
+                }
+            ],
+        }
+    ]
+    tests = _unit_tests(rules, series, cases, exprs)
     path = write(tmp_path / "tests.yaml", yaml.safe_dump(tests, sort_keys=False))
     assert "SUCCESS" in promtool_ok("test", "rules", str(path))
 
     # the fixture can fail: the page expected 15 minutes early is refused
-    early = {**tests}
-    early["tests"][0]["alert_rule_test"] = [  # type: ignore[index]
-        {"eval_time": "65m", "alertname": ALERTNAME, "exp_alerts": cases[2][1]}
-    ]
+    early = _unit_tests(rules, series, [("65m", cases[2][1])], exprs)
     bad = write(tmp_path / "bad.yaml", yaml.safe_dump(early, sort_keys=False))
     assert run_promtool("test", "rules", str(bad)).returncode != 0
 
@@ -290,14 +304,7 @@ def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[
     (page,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == ALERTNAME]
     assert page["labels"]["severity"] == "page"
     n = case["minutes"]
-    series = [
-        s
-        for w in ("w1", "w2")
-        for s in (
-            _series("tailguard_slo_requests_total", w, f"0+50x{n}"),
-            _series("tailguard_slo_good_requests_total", w, case["good"]),
-        )
-    ]
+    series = _two_workers(f"0+50x{n}", case["good"])
     if "tier" in case:
         series += [
             {"series": f'tailguard_slo_tier_secondary_good_requests_total{{tier="blended", '
@@ -307,31 +314,13 @@ def test_promtool_unit_tests_of_the_other_rule_kinds(tmp_path: Path, case: dict[
     expr, at, value = case["expr"]
 
     def tests(cases: list[tuple[str, bool]]) -> dict[str, Any]:
-        return {
-            "rule_files": [str(rules)],
-            "evaluation_interval": "1m",
-            "tests": [
-                {
-                    "interval": "1m",
-                    "input_series": series,
-                    "alert_rule_test": [
-                        {
-                            "eval_time": t,
-                            "alertname": ALERTNAME,
-                            "exp_alerts": [_expected(page)] if firing else [],
-                        }
-                        for t, firing in cases
-                    ],
-                    "promql_expr_test": [
-                        {
-                            "expr": f"sum({expr})",
-                            "eval_time": at,
-                            "exp_samples": [{"labels": "{}", "value": value}],
-                        },
-                    ],
-                }
-            ],
+        alerts = [(t, [_expected(page)] if firing else []) for t, firing in cases]
+        check = {
+            "expr": f"sum({expr})",
+            "eval_time": at,
+            "exp_samples": [{"labels": "{}", "value": value}],
         }
+        return _unit_tests(rules, series, alerts, [check])
 
     path = write(tmp_path / "tests.yaml", yaml.safe_dump(tests(case["cases"]), sort_keys=False))
     assert "SUCCESS" in promtool_ok("test", "rules", str(path))
