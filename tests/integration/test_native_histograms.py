@@ -22,6 +22,7 @@ from pipeline.contract.summary import ModelWindow, SLOWindowCounts, WindowSummar
 from pipeline.core.sketch import QuantileSketch, exact_quantile_lower
 from pipeline.core.slo_exposition import WindowCounters
 from tests import ceilings
+from tests.metrics_workers import served_workers
 from tools.dev.prometheus_local import LocalPrometheus
 
 pytestmark = pytest.mark.integration
@@ -67,15 +68,8 @@ def window(partition: int, start_ms: int, values_ms: Any) -> WindowSummary:
 
 @pytest.fixture
 def two_workers() -> Iterator[tuple[list[MetricsState], list[MetricsServer]]]:
-    states = [MetricsState() for _ in range(2)]
-    for s in states:
-        s.use_counters(WindowCounters({BOUNDARY: [2000.0]}, RELATIVE_ACCURACY))
-    servers = [MetricsServer(s) for s in states]
-    try:
-        yield states, servers
-    finally:
-        for srv in servers:
-            srv.close()
+    with served_workers(lambda: WindowCounters({BOUNDARY: [2000.0]}, RELATIVE_ACCURACY)) as workers:
+        yield workers
 
 
 def _value(prom: LocalPrometheus, expr: str) -> float | None:

@@ -27,6 +27,7 @@ from pipeline.shipped import DEFAULT_BURN_RULES, DEFAULT_SLO_SPEC
 from pipeline.spec.burn_rules import load_burn_rules_file
 from pipeline.spec.slo import load_spec_file
 from tests import ceilings
+from tests.metrics_workers import served_workers
 from tests.paths import SPECS
 from tools.dev.alertmanager_local import LocalAlertmanager
 from tools.dev.prometheus_local import LocalPrometheus, run_promtool
@@ -399,15 +400,8 @@ def wait_for(fn: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
 
 @pytest.fixture
 def two_workers() -> Iterator[tuple[list[MetricsState], list[MetricsServer]]]:
-    states = [MetricsState() for _ in range(2)]
-    for s in states:
-        s.use_counters(WindowCounters({"gateway_ttfb_ms": [2000.0]}))
-    servers = [MetricsServer(s) for s in states]
-    try:
-        yield states, servers
-    finally:
-        for srv in servers:
-            srv.close()
+    with served_workers(lambda: WindowCounters({"gateway_ttfb_ms": [2000.0]})) as workers:
+        yield workers
 
 
 def test_real_prometheus_pages_through_alertmanager_and_resolves(
