@@ -30,9 +30,7 @@ from producers.simulator.model import (
 from producers.simulator.run import run_simulation
 from producers.simulator.trace import TraceRequest, parse_timestamp_ns, read_trace
 from tests.paths import SHARED_TRACE
-
-START_NS = 1_700_000_000_000_000_000
-NO_STATS_MS = 1e12  # one stats round only: keeps low-rate runs cheap
+from tests.sim_fixtures import NO_STATS_MS, START_NS, exact_config
 
 
 @pytest.fixture(scope="module")
@@ -518,14 +516,7 @@ ONE_MODEL = (ModelConfig("m", 1.0, 1, 4, 0.5, 10.0, 2.0, 10_000),)
 
 @pytest.mark.parametrize(("prompt", "generated"), [(100, 1), (1_000, 50), (3, 400)])
 def test_unloaded_request_follows_the_iteration_formula(prompt: int, generated: int) -> None:
-    config = SimConfig(
-        start_unix_ns=START_NS,
-        models=ONE_MODEL,
-        patience_median_ms=None,
-        stream_stop_fraction=0.0,
-        engine_skew_max_ms=0.0,
-        prefix_hit_fraction=0.0,
-    )
+    config = exact_config(models=ONE_MODEL, prefix_hit_fraction=0.0)
     events = list(simulate([TraceRequest(0.0, prompt, generated)], config))
     fin = next(e for e in events if isinstance(e, EngineFinished))
     step_ms = 10.0 + 2.0  # one running sequence
@@ -564,14 +555,8 @@ def test_patience_is_for_the_first_byte(stream: bool, outcome: str, ttfb_is_none
 def test_abort_frees_the_engine_slot() -> None:
     # One slot; the first request's client leaves after 1 s, the second then runs at once.
     model = (ModelConfig("m", 1.0, 1, 1, 0.0, 10.0, 0.0, 10_000),)
-    config = SimConfig(
-        start_unix_ns=START_NS,
-        models=model,
-        stream_fraction=0.0,
-        patience_median_ms=1_000.0,
-        patience_sigma=0.0,
-        stream_stop_fraction=0.0,
-        engine_skew_max_ms=0.0,
+    config = exact_config(
+        models=model, stream_fraction=0.0, patience_median_ms=1_000.0, patience_sigma=0.0
     )
     trace = [TraceRequest(0.0, 10, 1_000), TraceRequest(100.0, 10, 1)]
     events = list(simulate(trace, dataclasses.replace(config, patience_median_ms=None)))

@@ -17,9 +17,8 @@ from producers.simulator.gate import Completion, GatewayGate, directive_of
 from producers.simulator.model import ModelConfig, OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest, read_trace
 from tests.paths import SHARED_TRACE
+from tests.sim_fixtures import NO_STATS_MS, START_NS, exact_config
 
-START_NS = 1_700_000_000_000_000_000
-NO_STATS_MS = 1e12
 ONE_SLOT = (ModelConfig("m", 1.0, 1, 1, 0.0, 10.0, 0.0, 1_000_000),)
 
 
@@ -63,12 +62,8 @@ def _admission_key(scheduling: str) -> Any:
 def test_engine_admits_in_the_policy_order(scheduling: str) -> None:
     # One engine, one slot, 60 requests arriving while the first runs: each admission
     # takes the first waiting request in the policy's order.
-    config = SimConfig(
-        start_unix_ns=START_NS,
+    config = exact_config(
         models=ONE_SLOT,
-        patience_median_ms=None,
-        stream_stop_fraction=0.0,
-        engine_skew_max_ms=0.0,
         stats_interval_ms=NO_STATS_MS,
         priority_weights=(0.25, 0.25, 0.25, 0.25),
         scheduling=scheduling,  # type: ignore[arg-type]
