@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -14,6 +14,8 @@ from pipeline.contract.codec import encode_event, event_to_dict
 from pipeline.contract.events import Event
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
+
+T = TypeVar("T")
 
 START_NS = 1_763_316_946_680_590_000  # the trace's own first timestamp
 
@@ -35,6 +37,17 @@ def replay_into(
     assert main(["replay", str(events), "--store", str(store_dir), "--json"]) == 0
     out: dict[str, Any] = orjson.loads(capsys.readouterr().out)
     return out
+
+
+def gathered(made: Iterable[tuple[T, Sequence[Event]]]) -> tuple[list[T], list[Event]]:
+    """What each of ``made`` (what a made-up request should give, its events) expects,
+    in order, and all their events, in order."""
+    wants: list[T] = []
+    events: list[Event] = []
+    for want, evs in made:
+        wants.append(want)
+        events += evs
+    return wants, events
 
 
 def replay_events(tmp: Path, events: Sequence[Event]) -> Path:

@@ -21,7 +21,7 @@ from pipeline.contract.wire import from_model
 from pipeline.core.join import JoinConfig, Joiner
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
-from tests.measurement_fixtures import replay_events
+from tests.measurement_fixtures import gathered, replay_events
 
 pytestmark = pytest.mark.integration
 
@@ -98,11 +98,7 @@ def _exact(store_dir: Path, lo_ns: int | None = None, hi_ns: int | None = None) 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("logical")
-    kinds, events = [], []
-    for i in range(N):
-        kind, evs = _chain(i)
-        kinds.append(kind)
-        events += evs
+    kinds, events = gathered(_chain(i) for i in range(N))
     events.sort(key=lambda e: e.ts_unix_ns)
     return {"store": replay_events(tmp, events), "kinds": kinds}
 

@@ -22,7 +22,7 @@ from pipeline.cli import main
 from pipeline.core.record import build_record
 from pipeline.settings import Settings
 from tests.factories import T0_NS, completed, finished, received
-from tests.measurement_fixtures import replay_events
+from tests.measurement_fixtures import gathered, replay_events
 
 pytestmark = pytest.mark.integration
 
@@ -96,14 +96,7 @@ def expected(wants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("control-verdicts")
-    wants, events = [], []
-    for i in range(N):
-        w, evs = _request(i)
-        wants.append(w)
-        events += evs
-    w, evs = _conflicted()
-    wants.append(w)
-    events += evs
+    wants, events = gathered([*(_request(i) for i in range(N)), _conflicted()])
     # a duplicate: a shadow request's gateway.completed again
     events.append(next(e for e in events if e.event_id == "q0008:c"))
     return {"store": replay_events(tmp, events), "wants": wants}
