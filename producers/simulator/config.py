@@ -56,27 +56,14 @@ class ModelConfig:
 # of each model's engines, so the plain trace runs well below saturation with a
 # gateway-total P99 of a few seconds; at 3x the rate both models are saturated
 # and queues grow without bound. Unloaded decode: 6.5 ms/token (8B), 10.2 (70B).
-DEFAULT_MODELS: Final[tuple[ModelConfig, ...]] = (
-    ModelConfig(
-        name="llama-3-8b",
-        weight=0.75,
-        engines=2,
-        max_concurrency=8,
-        prefill_ms_per_token=0.05,
-        decode_base_ms=6.0,
-        decode_ms_per_seq=0.5,
-        kv_capacity_tokens=32_768,
-    ),
-    ModelConfig(
-        name="llama-3-70b",
-        weight=0.25,
-        engines=2,
-        max_concurrency=4,
-        prefill_ms_per_token=0.2,
-        decode_base_ms=9.0,
-        decode_ms_per_seq=1.2,
-        kv_capacity_tokens=32_768,
-    ),
+DEFAULT_MODELS: Final[tuple[ModelConfig, ...]] = tuple(
+    ModelConfig(*row, kv_capacity_tokens=32_768)
+    for row in (
+        # name, weight, engines, max_concurrency, prefill_ms_per_token, decode_base_ms,
+        # decode_ms_per_seq
+        ("llama-3-8b", 0.75, 2, 8, 0.05, 6.0, 0.5),
+        ("llama-3-70b", 0.25, 2, 4, 0.2, 9.0, 1.2),
+    )
 )
 
 # Eight tenants with Zipf (s = 1) weights.
