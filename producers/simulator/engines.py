@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from pipeline.contract.events import EngineFinished, EngineStats
 from producers.simulator.state import (
@@ -170,11 +171,8 @@ class EngineLoop(SimCore):
             cold = self._wall_ns(eng.restart_ms, eng.skew_ms)
         self._emit(
             EngineFinished(
-                v=1,
+                **self._stamp(eng, now),
                 event_id=f"{req.request_id}:engine.finished",
-                ts_unix_ns=self._wall_ns(now, eng.skew_ms),
-                host=eng.host,
-                model=eng.model.name,
                 request_id=req.request_id,
                 kind="engine.finished",
                 arrival_unix_ns=self._wall_ns(req.t_engine_ms, eng.skew_ms),
@@ -203,6 +201,16 @@ class EngineLoop(SimCore):
             output_tokens=req.gen_tokens,
         )
 
+    def _stamp(self, eng: _Engine, now: float) -> dict[str, Any]:
+        """What each event of engine ``eng`` carries: contract version 1, its host and
+        model, and ``now`` on the engine's own (skewed) clock."""
+        return {
+            "v": 1,
+            "ts_unix_ns": self._wall_ns(now, eng.skew_ms),
+            "host": eng.host,
+            "model": eng.model.name,
+        }
+
     # -- stats --------------------------------------------------------------
 
     def _on_stats(self) -> None:
@@ -217,11 +225,8 @@ class EngineLoop(SimCore):
             hit = eng.hit_cached / eng.hit_prompt if eng.hit_prompt > 0 else None
             self._emit(
                 EngineStats(
-                    v=1,
+                    **self._stamp(eng, now),
                     event_id=f"{eng.host}:engine.stats:{self._stats_seq:09d}",
-                    ts_unix_ns=self._wall_ns(now, eng.skew_ms),
-                    host=eng.host,
-                    model=eng.model.name,
                     kind="engine.stats",
                     num_running=eng.running,
                     num_waiting=eng.waiting_live,
