@@ -335,3 +335,17 @@ def test_the_simulated_gateways_wait_on_a_held_request(fraction: float | None) -
     for e in completed:  # only non-streaming requests (with a budget) were held
         if e.http_status == 429 and received[e.request_id].stream:
             assert e.total_ms < 1_000.0  # a stream is refused at once, never held
+
+
+def test_the_asgi_middleware_has_nothing_to_wait_for_when_not_held() -> None:
+    """``_wait_held`` checks the hold ticket explicitly (not a runtime assert): a decision
+    that holds nothing comes back as it is, at once."""
+    import asyncio
+
+    from producers.asgi_control import ControlMiddleware
+    from producers.enforcement import ADMIT
+
+    decision = Decision(ADMIT, "enforce")
+    mw = ControlMiddleware(lambda *_a: None, lambda _s: _d(), clock_ms=lambda: 0.0)  # type: ignore[arg-type]
+    assert not decision.act.held
+    assert asyncio.run(mw._wait_held(_r(), decision)) is decision
