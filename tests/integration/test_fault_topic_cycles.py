@@ -252,3 +252,73 @@ def test_a_commit_of_an_old_generation_on_the_new_topic_is_ignored(kafka, tmp_pa
         assert f"partition {p}: resuming at offset 0," in log, log[-3000:]
     stored = _stored_final(s)
     assert stored.keys() == {ev.request_id for ev in events}
+
+
+# Per case: the committed offset of each partition before the worker's consumer reads
+# (None: none; ``stale``: made for another generation), and where it reads from after
+# Faust's seek to the committed offsets.
+SEEK_CASES = {
+    "no commit (a topic created again)": (None, False, 0),
+    "another generation's commit": (3, True, 0),
+    "a commit of this generation": (3, False, 3),
+    "a commit at the first offset": (0, False, 0),
+}
+
+
+@pytest.mark.parametrize(
+    ("committed", "stale", "reads_from"), list(SEEK_CASES.values()), ids=list(SEEK_CASES)
+)
+def test_a_fetch_faust_drops_is_read_again_from_where_the_commits_say(
+    kafka, tmp_path: Path, committed: int | None, stale: bool, reads_from: int
+) -> None:
+    """Issue 49's stall, forced: the consumer has fetched every message of a partition
+    (its position at the end) and Faust dropped them, as it does with a fetch returned
+    while its flow is stopped; it then seeks to the committed offsets. A lifecycle
+    partition without a commit of this generation is read from its first offset again:
+    aiokafka's own seek left it at the end, and with nothing more produced to it the
+    worker never read those messages (under CPU stress: the whole new generation after
+    a recreation, and no message read for 4 minutes)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.structs import OffsetAndMetadata
+
+    from pipeline.adapters.faust_wiring import _gate_committed_fetches, seek_to_committed
+    from pipeline.adapters.generations import Commits, TopicIds
+    from pipeline.adapters.kafka_admin import admin
+    from pipeline.core.generation import CommitMeta, commit_metadata
+    from tests.integration.faults import produce_batches
+
+    s = make_settings(kafka.bootstrap_servers, tmp_path, topic_partitions=PARTITIONS)
+    preload = produce_batches(s, lifecycle_events(200, seed=39), per_message=12)
+    ends = {p: len(sizes) for p, sizes in preload.per_message.items()}  # messages each
+    ids = TopicIds(lambda: admin(s.kafka_only()), s.lifecycle_topic)
+    topic, gen = s.lifecycle_topic, ids()
+    assert gen is not None
+
+    async def positions_after_the_drop() -> dict[int, int]:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers, group_id=s.group_id,
+            auto_offset_reset="earliest", enable_auto_commit=False,
+        )  # fmt: skip
+        await asyncio.wait_for(consumer.start(), ceiling(30))
+        try:
+            _gate_committed_fetches(consumer._coordinator, Commits(topic, None, ids).gate)
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            consumer.assign(tps)
+            if committed is not None:  # as the worker commits (Commits.commit)
+                meta = commit_metadata(CommitMeta("an-old-generation-id" if stale else gen))
+                await consumer.commit({tp: OffsetAndMetadata(committed, meta) for tp in tps})
+            for tp in tps:  # every message fetched (and dropped): positions at the end
+                consumer.seek(tp, 0)
+            deadline = asyncio.get_running_loop().time() + ceiling(30)
+            while [await consumer.position(tp) for tp in tps] != [ends[p] for p in sorted(ends)]:
+                assert asyncio.get_running_loop().time() < deadline, "not all fetched"
+                await consumer.getmany(timeout_ms=100)
+            await seek_to_committed(consumer, frozenset({topic}))  # Faust's perform_seek
+            return {tp.partition: await consumer.position(tp) for tp in tps}
+        finally:
+            await asyncio.wait_for(consumer.stop(), ceiling(30))
+
+    assert all(n > reads_from for n in ends.values()), ends
+    assert asyncio.run(positions_after_the_drop()) == dict.fromkeys(range(PARTITIONS), reads_from)

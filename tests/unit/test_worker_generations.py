@@ -67,3 +67,58 @@ def test_a_partition_started_past_where_reading_starts_is_read_again() -> None:
     assert skipped == {0}
     assert seeks == [{0: 0}]
     assert watch.barrier == {0: 0}
+
+
+class _SeekingConsumer:
+    """aiokafka's consumer as the worker's seek sees it: the committed offsets it finds
+    (``committed``, per partition; None: none) and the partitions sent to their first."""
+
+    def __init__(self, committed: dict[Any, int | None]) -> None:
+        self.committed = committed
+        self.to_first: list[Any] = []
+
+    async def seek_to_committed(self) -> dict[Any, int | None]:
+        return dict(self.committed)
+
+    async def seek_to_beginning(self, *tps: Any) -> bool:
+        self.to_first.extend(tps)
+        return True
+
+
+# committed offsets found -> the partitions moved to their first offset
+SEEK_TO_COMMITTED = {
+    "lifecycle partitions without a commit": (
+        {TP("lc", 0): None, TP("lc", 1): 7, TP("lc", 2): 0},
+        [TP("lc", 0), TP("lc", 2)],
+    ),
+    "every lifecycle partition committed": ({TP("lc", 0): 3, TP("lc", 1): 7}, []),
+    "other topics as aiokafka leaves them": ({TP("stats", 0): None, TP("stats", 1): 0}, []),
+}
+
+
+def test_the_seek_to_committed_sends_uncommitted_lifecycle_partitions_to_their_first() -> None:
+    """Faust's seek to the committed offsets (after dropping a fetch made while its flow
+    was stopped) leaves a partition without one where it is in aiokafka: past the
+    dropped messages. The worker's consumer thread sends those of the lifecycle topic
+    to their first offset (issue 49's stall)."""
+    import asyncio
+
+    from pipeline.adapters.faust_wiring import build_app
+    from pipeline.settings import Settings
+
+    app, _ = build_app(Settings(lifecycle_topic="lc", engine_stats_topic="stats"))
+    for name, (committed, to_first) in SEEK_TO_COMMITTED.items():
+        consumer = _SeekingConsumer(committed)
+
+        async def seek(consumer: _SeekingConsumer = consumer) -> Any:
+            thread = app.consumer._new_consumer_thread()  # type: ignore[attr-defined]
+            thread._consumer = consumer
+
+            async def call_thread(fn: Any, *args: Any) -> Any:  # (no thread here)
+                return await fn(*args)
+
+            thread.call_thread = call_thread
+            return await thread.seek_to_committed()
+
+        assert asyncio.run(seek()) == committed, name  # Faust's read offsets from it
+        assert consumer.to_first == to_first, name
