@@ -2,6 +2,11 @@
 beside the loops it is judged against (docs/admission.md shows the output).
 
     .venv/bin/python -m tools.dev.admission_scenarios [flood|deadline|normal ...] [--json F]
+        [--seed N] [--run NAME ...]
+
+``--seed`` sets the simulator's seed (the figures in docs/admission.md: seeds 0, 1, 2);
+``--run`` runs only the named runs of a scenario (e.g. ``--run "tailguard, no flood"
+--run "tailguard fair"``: the flood check's two).
 
 * ``flood``: the shared trace; tenant-a's priority-1 requests x10 from 1200 s to 1800 s
   (10 minutes). Runs: tailguard without the flood (the reference), then with it: no
@@ -89,7 +94,7 @@ def with_actions(policy: ControlPolicy, **actions: Any) -> ControlPolicy:
     return policy.model_copy(update={"levels": levels})
 
 
-def run(scenario: str) -> dict[str, dict[str, Any]]:
+def run(scenario: str, seed: int = 0, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
     trace = read_trace(SHARED_TRACE)
     spec = load_spec_file(DEFAULT_SLO_SPEC)
     rules = load_burn_rules_file(DEFAULT_BURN_RULES)
@@ -97,7 +102,9 @@ def run(scenario: str) -> dict[str, dict[str, Any]]:
     default = load_policy_file(DEFAULT_POLICY)
     out: dict[str, dict[str, Any]] = {}
     for name, loop, overrides, opts in SCENARIOS[scenario]:
-        config = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, **overrides)
+        if only is not None and name not in only:
+            continue
+        config = SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=seed, **overrides)
         policy = policies.get(loop, default)
         if opts:
             policy = with_actions(policy, **opts)
@@ -162,13 +169,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenarios", nargs="*", help=f"of {', '.join(SCENARIOS)} (default: all)")
     ap.add_argument("--json", type=Path, help="also write every run's backtest JSON here")
+    ap.add_argument("--seed", type=int, default=0, help="the simulator's seed (default 0)")
+    ap.add_argument(
+        "--run",
+        action="append",
+        dest="runs",
+        help="run only this run of a scenario (by name; repeat for several; default: all)",
+    )
     args = ap.parse_args(argv)
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         ap.error(f"unknown scenarios {sorted(unknown)}: of {', '.join(SCENARIOS)}")
+    chosen = args.scenarios or list(SCENARIOS)
+    known = {name for s in chosen for name, *_ in SCENARIOS[s]}
+    if args.runs is not None and set(args.runs) - known:
+        ap.error(f"unknown runs {sorted(set(args.runs) - known)}: of {sorted(known)}")
     docs: dict[str, Any] = {}
-    for scenario in args.scenarios or list(SCENARIOS):
-        runs = run(scenario)
+    for scenario in chosen:
+        only = None if args.runs is None else set(args.runs)
+        runs = run(scenario, args.seed, only)
+        if not runs:
+            continue
         docs[scenario] = runs
         print(f"## {scenario}\n{render(scenario, runs)}\n", flush=True)
     if args.json is not None:
