@@ -762,12 +762,14 @@ class Enforcement:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
         u = self._unit(r)
-        if self._over_retry_budget(scope, r, priority, now_ms):
-            return Verdict(
-                reason="retry_budget",
-                retry_after_s=spread_retry_after_s(a.retry_after_s, u),
-                should_retry=False,
-            )
+        over_budget = self._over_retry_budget(scope, r, priority, now_ms)
+        budget_refusal = Verdict(
+            reason="retry_budget",
+            retry_after_s=spread_retry_after_s(a.retry_after_s, u),
+            should_retry=False,
+        )
+        if over_budget and a.admit_rps is None:
+            return budget_refusal
         reason: Reason | None = None
         if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
             reason = "shed_priority"
@@ -783,10 +785,14 @@ class Enforcement:
             if half_open:
                 reason = None
         retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
+        if over_budget and (reason is not None or half_open):
+            return budget_refusal
         if reason is not None:
             return Verdict(reason=reason, retry_after_s=retry_after_s)
         predicted = predicted_ttft_ms(a)
         late = late_by_ms(predicted, r.slo_ttft_ms, getattr(a, "deadline_margin", None))
+        if late is not None and over_budget:
+            return budget_refusal
         if late is not None and priority > 0:  # refused at once rather than admitted to miss
             ceiling = max(1, int(a.retry_after_s))
             return Verdict(
@@ -798,6 +804,8 @@ class Enforcement:
             and not self._take_token(scope, a.rate_limit_rps, now_ms)
             and priority > 0  # priority 0 takes a token when there is one, never waits
         ):
+            if over_budget:
+                return budget_refusal
             return Verdict(reason="rate_limit", retry_after_s=retry_after_s)
         if a.admit_rps is not None:
             admission = self._admissions.get(scope)
@@ -807,6 +815,21 @@ class Enforcement:
             weights = getattr(a, "tenant_weights", None)
             holds = self._holds
             holds.grant(scope, admission, self._rate_rps(a), now_ms, above=priority)
+            if over_budget:  # only in place of a lower priority (strict tiers)
+                if (
+                    holds.waiting_ahead(scope, priority, now_ms)
+                    or not admission.borrow(
+                        priority,
+                        self._rate_rps(a),
+                        now_ms,
+                        a.retry_after_s,
+                        tenant=tenant,
+                        weights=weights,
+                    ).admitted
+                ):
+                    return budget_refusal
+                self._retries[scope].add(now_ms, kind=RETRY)
+                return self._admitted(a, r, priority, u, half_open=False, predicted=predicted)
             if holds.waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
                 admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
                 admit = admission.refusal(priority, a.retry_after_s)

@@ -338,3 +338,49 @@ def test_retry_after_grows_with_the_excess_in_an_overload() -> None:
     # τ·(λ - A)/A: 5 s at x2, 15 s at x4 (A = 1.1·λ capped at the rate = 10/s)
     assert got[2.0] == pytest.approx(6, abs=2)
     assert got[4.0] == pytest.approx(16, abs=3)
+
+
+# --- borrowing only: a retry over the retry budget (issue 47) ----------------------------
+
+BORROW_CASES = [
+    # (id, rate, demand per priority 0..3 for 30 s, priority that borrows, admitted,
+    #  the bucket it takes from: None when refused or priority 0)
+    ("p1-takes-p3s-token", 10.0, (0.0, 2.0, 0.0, 2.0), 1, True, 3),
+    ("p1-takes-p2s-when-p3-is-empty", 4.0, (0.0, 1.0, 1.0, 6.0), 1, True, 2),
+    ("p3-has-no-lower-priority", 10.0, (0.0, 0.0, 0.0, 2.0), 3, False, None),
+    # its own bucket holds 5 tokens, p2's 0.3, p3's none: refused all the same
+    ("refused-when-every-lower-is-refused", 3.0, (0.0, 1.0, 4.0, 4.0), 1, False, None),
+    ("spare-capacity-in-a-lower-bucket", 10.0, (0.0, 2.0, 0.0, 0.0), 1, True, 3),
+    ("priority-0-passes", 1.0, (2.0, 2.0, 2.0, 2.0), 0, True, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("rate", "demand", "p", "admitted", "lender"),
+    [c[1:] for c in BORROW_CASES],
+    ids=[c[0] for c in BORROW_CASES],
+)
+def test_borrow_admits_only_in_place_of_a_lower_priority(
+    rate: float, demand: tuple[float, ...], p: int, admitted: bool, lender: int | None
+) -> None:
+    """``borrow`` takes a token from the lowest priority below it that holds one, never
+    its own, and does not count the arrival (the demand estimate is unchanged)."""
+    adm = PriorityAdmission()
+    t_ms = 0.0
+    for t_ms, q in arrivals(demand, 30.0):
+        adm.decide(q, rate, t_ms, MAX_RETRY_S)
+    t_ms += 1.0
+    before = list(adm._tokens)  # noqa: SLF001 (the buckets are the point)
+    demand_before = adm.demand_rps(t_ms)
+    got = adm.borrow(p, rate, t_ms, MAX_RETRY_S)
+    assert got.admitted is admitted
+    if not admitted:
+        assert 1 <= got.retry_after_s <= MAX_RETRY_S
+    assert adm.demand_rps(t_ms) == pytest.approx(demand_before, rel=1e-3)  # decayed 1 ms
+    after = adm._tokens  # noqa: SLF001
+    for q in range(PRIORITIES):
+        refill = after[q] - before[q]
+        if q == lender:
+            assert refill < 0.0, (q, before, after)
+        else:
+            assert refill >= 0.0, (q, before, after)
