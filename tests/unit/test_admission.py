@@ -370,14 +370,14 @@ def test_borrow_admits_only_in_place_of_a_lower_priority(
     for t_ms, q in arrivals(demand, 30.0):
         adm.decide(q, rate, t_ms, MAX_RETRY_S)
     t_ms += 1.0
-    before = list(adm._tokens)  # noqa: SLF001 (the buckets are the point)
+    before = list(adm._tokens)
     demand_before = adm.demand_rps(t_ms)
     got = adm.borrow(p, rate, t_ms, MAX_RETRY_S)
     assert got.admitted is admitted
     if not admitted:
         assert 1 <= got.retry_after_s <= MAX_RETRY_S
     assert adm.demand_rps(t_ms) == pytest.approx(demand_before, rel=1e-3)  # decayed 1 ms
-    after = adm._tokens  # noqa: SLF001
+    after = adm._tokens
     for q in range(PRIORITIES):
         refill = after[q] - before[q]
         if q == lender:
