@@ -311,38 +311,6 @@ class PriorityAdmission:
             return ADMITTED  # never evicted
         return self._refused(p, max_retry_after_s)
 
-    def borrow(
-        self,
-        priority: int,
-        rate_rps: float,
-        t_ms: float,
-        max_retry_after_s: int,
-        *,
-        tenant: str | None = None,
-        weights: Mapping[str, float] | None = None,
-    ) -> Admit:
-        """Admit a request of ``priority`` only in place of a lower priority: a token
-        from the lowest priority's bucket below it that holds one (as :meth:`decide`'s
-        strict tiers borrow; among several tenants only from the top half of a bucket,
-        what the traffic within its shares left unused), never from its own. Its arrival
-        is not counted. For a retry over the retry budget (:mod:`producers.enforcement`):
-        it adds no load, and it is refused only when every lower priority is turned away
-        too (issue 47's strict tiers). Priority 0 passes; during the warm-up, the one
-        shared bucket decides as for every request."""
-        p = min(max(priority, 0), PRIORITIES - 1)
-        rate = max(0.0, rate_rps)
-        self._arrive(p, rate, t_ms, tenant, weights, count=False)
-        if p == 0:
-            return ADMITTED
-        if not self._warm:  # one shared bucket, first come first served: as decide
-            return self._decide_warming(p, rate, max_retry_after_s)
-        for q in range(PRIORITIES - 1, p, -1):
-            floor = _priority_burst(self._alloc_rps[q]) / 2.0 if self._fair else 0.0
-            if self._tokens[q] >= 1.0 + floor:
-                self._tokens[q] -= 1.0
-                return ADMITTED
-        return self._refused(p, max_retry_after_s)
-
     def arrive(
         self,
         priority: int,

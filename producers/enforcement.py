@@ -16,12 +16,6 @@ counts instances); not thread-safe: one caller at a time (an event loop, a simul
 
 The rules, in order (a directive at level 0 admits everything untouched)
 -------------------------------------------------------------------------
-0. A retry over the retry budget (:class:`RetryWindow`; never priority 0) -> refuse
-   ``retry_budget`` with ``x-should-retry: false``; but under an ``admit_rps`` it is
-   first put through rules 1-7 taking only a lower priority's admission token
-   (:meth:`producers.admission.PriorityAdmission.borrow`): strict tiers (issue 47), a
-   priority is refused only when every lower one is turned away too, and the retry
-   adds no load.
 1. ``shed_priorities_at_or_above = p`` and priority >= p -> refuse ``shed_priority``.
 2. ``reject_new_sessions`` and the request opens a new session and priority >= 1 ->
    refuse ``new_session`` (priority 0, real-time, is turned away only by an explicit
@@ -587,11 +581,6 @@ class HeldRequests:
             held.remove(h)
 
 
-def gateway_rate_rps(a: _ActionsLike) -> float:
-    """This gateway's share of the scope's admitted rate."""
-    return float(a.admit_rps or 0.0) / (a.admit_gateways or 1)
-
-
 @dataclass
 class Enforcement:
     """One gateway instance's enforcement; see the module docstring."""
@@ -657,7 +646,7 @@ class Enforcement:
             )
             return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
         admission = self._admissions[h.scope]
-        self._holds.grant(h.scope, admission, gateway_rate_rps(a), now_ms)
+        self._holds.grant(h.scope, admission, self._rate_rps(a), now_ms)
         if h.granted:
             self._holds.release(h)
             self.applied["held_admitted"] += 1
@@ -773,31 +762,12 @@ class Enforcement:
         a: _ActionsLike = d.actions
         scope = d.scope if d.scope is not None else (r.model or ALL_SCOPES)
         u = self._unit(r)
-        if not self._over_retry_budget(scope, r, priority, now_ms):
-            return self._rules(d, r, priority, now_ms, scope, u, can_hold=can_hold)
-        if a.admit_rps is not None:  # over budget: only in place of a lower priority
-            v = self._rules(d, r, priority, now_ms, scope, u, can_hold=False, borrow=True)
-            if v.reason is None:
-                self._retries[scope].add(now_ms, kind=RETRY)
-                return v
-        retry_after_s = spread_retry_after_s(a.retry_after_s, u)
-        return Verdict(reason="retry_budget", retry_after_s=retry_after_s, should_retry=False)
-
-    def _rules(  # noqa: PLR0917
-        self,
-        d: DirectiveLike,
-        r: RequestFacts,
-        priority: int,
-        now_ms: float,
-        scope: str,
-        u: float,
-        *,
-        can_hold: bool,
-        borrow: bool = False,
-    ) -> Verdict:
-        """Rules 1-7 (the module docstring); ``borrow``: admitted by rule 6 only with a
-        lower priority's token (:meth:`producers.admission.PriorityAdmission.borrow`)."""
-        a: _ActionsLike = d.actions
+        if self._over_retry_budget(scope, r, priority, now_ms):
+            return Verdict(
+                reason="retry_budget",
+                retry_after_s=spread_retry_after_s(a.retry_after_s, u),
+                should_retry=False,
+            )
         reason: Reason | None = None
         if a.shed_priorities_at_or_above is not None and priority >= a.shed_priorities_at_or_above:
             reason = "shed_priority"
@@ -835,19 +805,19 @@ class Enforcement:
                 admission = self._admissions[scope] = PriorityAdmission()
             tenant = r.tenant if getattr(a, "fair_share", False) else None
             weights = getattr(a, "tenant_weights", None)
-            holds, rate = self._holds, gateway_rate_rps(a)
-            holds.grant(scope, admission, rate, now_ms, above=priority)
+            holds = self._holds
+            holds.grant(scope, admission, self._rate_rps(a), now_ms, above=priority)
             if holds.waiting_ahead(scope, priority, now_ms):  # held ones of its priority or higher
-                if not borrow:
-                    admission.arrive(priority, rate, now_ms, tenant=tenant)
+                admission.arrive(priority, self._rate_rps(a), now_ms, tenant=tenant)
                 admit = admission.refusal(priority, a.retry_after_s)
-            elif borrow:
-                admit = admission.borrow(
-                    priority, rate, now_ms, a.retry_after_s, tenant=tenant, weights=weights
-                )
             else:
                 admit = admission.decide(
-                    priority, rate, now_ms, a.retry_after_s, tenant=tenant, weights=weights
+                    priority,
+                    self._rate_rps(a),
+                    now_ms,
+                    a.retry_after_s,
+                    tenant=tenant,
+                    weights=weights,
                 )
             if not admit.admitted:
                 wait_ms = hold_ms(a, r, priority) if can_hold and tenant is None else 0.0
@@ -893,6 +863,11 @@ class Enforcement:
             half_open_admitted=half_open,
             predicted_ttft_ms=predicted,
         )
+
+    @staticmethod
+    def _rate_rps(a: _ActionsLike) -> float:
+        """This gateway's share of the scope's admitted rate."""
+        return float(a.admit_rps or 0.0) / (a.admit_gateways or 1)
 
     def _unit(self, r: RequestFacts) -> float:
         """The request's draw for spreading its Retry-After: from its key (the same key,
