@@ -1,9 +1,15 @@
 """The SLO report read back from ClickHouse (the demo prints it).
 
-Quantiles here are exact (``quantilesExact``: the element at index
-``floor(p * n)`` of the sorted values), so that they can be checked against an
-exact computation over the events; the streaming sketches come with the
-measurement core.
+What the windows answer is read from them (issue 53: a report over 30 days reads the
+hourly rollups, not 50 M requests): the SLO counts, and each boundary's count, P50 and
+P99 -- quantiles of the merged latency sketches (1 % relative error, as the stream and
+the dashboards compute them), not of the sorted values. ``requests`` is read for what no
+window holds: the part of a range the windows do not cover (``pipeline.core.cover``: a
+cut base window at either end, what ended after the windows closed so far, and all of
+traffic selected by more than a model, ``--slo``), and, over the whole range in one
+read, the counts per source and outcome, the clock pairs, the control modes and the bad
+requests' queueing time (``requests.range_summary``). The per-logical-request section
+reads the retried requests' attempts (``requests.logical_rows``).
 """
 
 from __future__ import annotations
@@ -13,15 +19,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pipeline.adapters.queries import budget, control, requests
+from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, scope_expected_requests, window_budget
+from pipeline.core.cover import Cover, cover
+from pipeline.core.logical import SERVED, logical_requests
 from pipeline.core.logical import counts as logical_counts
-from pipeline.core.logical import logical_requests
 from pipeline.core.slo import SLOCounts, SLOEvaluator, compliance_report
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
@@ -29,6 +36,8 @@ from pipeline.spec.slo import SLOSpec
 Row = tuple[Any, ...]
 
 QUANTILES = (0.5, 0.99)
+# What the boundaries' P50 and P99 are (the report says so, text and --json).
+QUANTILE_BASIS = "merged latency sketches, 1 % relative error"
 # The controller's rule (ControllerConfig.load_share): from this share of the bad
 # requests' time spent queued, a burn is load-caused.
 LOAD_SHARE = 0.5
@@ -67,6 +76,8 @@ class Report:
     # per logical request (a request and its retries once: read_logical), exact over the
     # stored rows; beside the per-attempt figures above
     logical: dict[str, Any] = field(default_factory=dict)
+    # what each part of the report was read from (report_sources)
+    sources: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +95,7 @@ class Report:
             "clock_skew": self.clock_skew,
             "filters": self.filters.to_json(),
             "logical": self.logical,
+            "sources": self.sources,
         } | ({"control_verdicts": self.control_verdicts} if self.control_verdicts else {})
 
 
@@ -291,18 +303,28 @@ def control_verdicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 
 
+def _in_spans(t_ns: int, spans: tuple[tuple[int, int], ...]) -> bool:
+    return any(a <= t_ns < b for a, b in spans)
+
+
 def read_logical(
-    store: Store, f: ReportFilter, spec: SLOSpec | None, single: Row | None = None
+    store: Store,
+    f: ReportFilter,
+    spec: SLOSpec | None,
+    summary: requests.RangeSummary,
+    slo_cover: Cover,
 ) -> dict[str, Any]:
     """Per logical request (:mod:`pipeline.core.logical`, the backtest's rule): the logical
     requests whose final attempt ended in the filter's range (and is of its model), each
     once, by its final attempt's outcome and the latency the client saw; the requests
-    never served; each SLO of the spec recounted over them. Exact over ``requests``: every
-    attempt of each logical request that may have several is read, wherever it ended, and
-    grouped by the core's rule; the others (one attempt: the attempt is the logical
-    request) are counted in the engine (``single_attempt_counts``, or ``single``: its row
-    as read with the rest, ``range_summary``), their SLO verdicts by the core's rules as
-    SQL."""
+    never served; each SLO of the spec recounted over them. Exact: every attempt of each
+    logical request that may have several is read, wherever it ended, and grouped by the
+    core's rule. The others (one attempt: the attempt is the logical request, its SLO
+    verdicts the attempt's) are the range's requests (``summary``) less those attempts;
+    their SLO counts are the windows' over ``slo_cover``'s window parts less those
+    attempts' (the core's evaluator, as the stream counted them), plus, over its
+    ``rest``, those the engine counts by the core's rules as SQL
+    (``single_attempt_counts``)."""
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
     lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
     hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
@@ -315,9 +337,24 @@ def read_logical(
     ]
     out = logical_counts(None, kept)
     slos = spec.slos if spec is not None else ()
-    if single is None:
-        single = requests.single_attempt_counts(store, f, slos)
-    n, never, *verdicts = single
+    rest_all, rest_failed, n, never, *verdicts = requests.single_attempt_counts(
+        store, f, slos, slo_cover.rest
+    )
+    if slo_cover.windowed:  # (no model, no selection: the attempts in the window parts)
+        parts = (*slo_cover.hours, *slo_cover.minutes, *slo_cover.windows)
+        chained = [r for r in records if _in_spans(r.end_unix_ns, parts)]
+        failed = sum(v for k, v in summary.by_outcome.items() if k not in SERVED)
+        n += summary.requests - int(rest_all) - len(chained)
+        never += failed - int(rest_failed) - sum(r.outcome not in SERVED for r in chained)
+        if spec is not None:
+            ev = SLOEvaluator(spec)
+            ev.add_many(chained)
+            theirs = ev.counts()
+            counted = budget.cover_counts(store, slo_cover)
+            for i, s in enumerate(slos):
+                total, good = counted.get(s.name, (0, 0))
+                verdicts[2 * i] += total - theirs[s.name].total
+                verdicts[2 * i + 1] += good - theirs[s.name].good
     out["attempts"] += int(n)
     out["requests"] += int(n)
     out["never_served"] += int(never)
@@ -354,6 +391,62 @@ def load_cause(split: tuple[int, float, float], queue_inclusive: bool) -> dict[s
     return {"bad_measured": n, "bad_queue_share": share, "load": text}
 
 
+def covers(store: Store, f: ReportFilter) -> tuple[Cover, Cover]:
+    """The filter's range split by what answers each part (``pipeline.core.cover``): for
+    the latency figures (the windows' keys hold a model, not the traffic ``--slo``
+    selects) and for the SLO counts (the SLO windows are of all traffic)."""
+    closed_ns, window_ms = windows.closed_through(store)
+    since = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
+    until = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
+
+    def of(windowed: bool) -> Cover:
+        return cover(
+            since, until, closed_ns=closed_ns, window_ns=max(window_ms, 1) * 1_000_000,
+            windowed=windowed and window_ms > 0,
+        )  # fmt: skip
+
+    return of(not f.selects), of(not f.selects and f.model is None)
+
+
+def read_boundaries(store: Store, f: ReportFilter, latency: Cover) -> dict[str, BoundaryStats]:
+    """Per boundary: the count, P50 and P99 of the filter's requests, from the windows'
+    sketches over the cover's window parts merged with a sketch of the values in its
+    rest (the stream's own sketch: :data:`QUANTILE_BASIS`)."""
+    sketches = windows.cover_sketches(store, latency, BOUNDARIES, f.model)
+    if latency.rest:
+        rows = requests.boundary_values(store, f, latency.rest, BOUNDARIES)
+        for i, b in enumerate(BOUNDARIES):
+            values = [float(r[i]) for r in rows if r[i] is not None]
+            if values:
+                sketches[b].add_many(values)
+    out = {}
+    for b in BOUNDARIES:
+        sk = sketches[b]
+        p50, p99 = (sk.quantile(q) for q in QUANTILES)
+        out[b] = BoundaryStats(sk.count, p50, p99)
+    return out
+
+
+def report_sources(latency: Cover, slo_cover: Cover) -> dict[str, Any]:
+    """What the report's figures were read from, for ``--json`` (and the text's note)."""
+
+    def spans(c: Cover) -> dict[str, Any]:
+        return {
+            "windows": [[_iso(a / 1e9), _iso(b / 1e9)]
+                        for a, b in (*c.hours, *c.minutes, *c.windows)],
+            "requests": [[None if a is None else _iso(a / 1e9),
+                          None if b is None else _iso(b / 1e9)] for a, b in c.rest],
+        }  # fmt: skip
+
+    return {
+        "quantiles": QUANTILE_BASIS,
+        "latency": spans(latency),
+        "logical_slo_counts": spans(slo_cover),
+        "requests_whole_range": ["requests", "by_source", "by_outcome", "clock_skew",
+                                 "control_verdicts", "load cause", "open_windows"],
+    }  # fmt: skip
+
+
 def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None) -> Report:
     """The report of the store under the filter; with the SLO ``spec`` the stored windows
     were counted with, each SLO also says how much of its bad requests' time was queueing
@@ -362,14 +455,8 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     slos = read_slos(store, f, spec)
     shown = [slo for slo in spec.slos if slo.name in slos] if spec is not None else []
     last_ms = budget.last_window_end_ms(store)
-    summary = requests.range_summary(
-        store, f, quantiles=QUANTILES, split_slos=shown,
-        verdict_slos=spec.slos if spec is not None else (), ended_from_ms=last_ms,
-    )  # fmt: skip
-    boundaries = {
-        b: BoundaryStats(n, qs[0] if n else None, qs[1] if n else None)
-        for b, (n, qs) in zip(BOUNDARIES, summary.boundaries, strict=True)
-    }
+    latency, slo_cover = covers(store, f)
+    summary = requests.range_summary(store, f, split_slos=shown, ended_from_ms=last_ms)
     for slo, split in zip(shown, summary.bad_splits, strict=True):
         slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
@@ -385,13 +472,14 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     # never used to correct a measurement).
     clock_skew = {
         f"{g}->{e}": {"samples": int(n), "offset_p50_ms": float(p50)}
-        for g, e, n, p50 in requests.clock_skew(store, f)
+        for g, e, n, p50 in summary.clock_skew
     }
     return Report(
-        summary.requests, summary.by_source, summary.by_outcome, boundaries, slos,
-        control_rows, clock_skew, open_windows(last_ms, summary.ended_from), budget_events, f,
-        control_verdicts(requests.control_counts(store, f)),
-        read_logical(store, f, spec, summary.single),
+        summary.requests, summary.by_source, summary.by_outcome,
+        read_boundaries(store, f, latency), slos, control_rows, clock_skew,
+        open_windows(last_ms, summary.ended_from), budget_events, f,
+        control_verdicts(list(summary.control)),
+        read_logical(store, f, spec, summary, slo_cover), report_sources(latency, slo_cover),
     )  # fmt: skip
 
 

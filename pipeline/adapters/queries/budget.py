@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipeline.adapters.queries.filters import ReportFilter, params, slo_where
+from pipeline.adapters.queries.filters import ReportFilter, params, slo_where, spans_sql
 from pipeline.adapters.store import Store
+from pipeline.core.cover import Cover
 
 Row = tuple[Any, ...]
 # The SLO rollups and their bucket width.
@@ -77,6 +78,30 @@ def rollup_windows(store: Store, table: str, from_unix_ms: int, until_unix_ms: i
         "AND s >= {lo:Int64} AND s < {hi:Int64} GROUP BY slo, s",
         {"lo": from_unix_ms, "hi": until_unix_ms - until_unix_ms % size},
     )
+
+
+# Each window part of a Cover and the SLO table that holds it.
+_SLO_TIERS: Final = (("hours", "slo_1h"), ("minutes", "slo_1m"), ("windows", "slo_windows"))
+
+
+def cover_counts(store: Store, cover: Cover) -> dict[str, tuple[int, int]]:
+    """Per SLO (kind ``slo``), ``(total, good)`` of the requests that ended in the
+    cover's window parts: the hourly rollup for its hours, the minute rollup for its
+    minutes, the base windows for the rest (corrections summed in). Its ``rest`` is
+    not read here."""
+    parts = [
+        f"SELECT slo, toInt64(sum(total)), toInt64(sum(good)) FROM {store.database}.{table} "
+        f"WHERE kind = 'slo' AND {spans_sql('window_start', spans, 'ms')} GROUP BY slo"
+        for attr, table in _SLO_TIERS
+        if (spans := getattr(cover, attr))
+    ]
+    out: dict[str, tuple[int, int]] = {}
+    if not parts:
+        return out
+    for slo, total, good in store.query_rows(" UNION ALL ".join(parts)):
+        t, g = out.get(str(slo), (0, 0))
+        out[str(slo)] = (t + int(total), g + int(good))
+    return out
 
 
 def minute_counts(store: Store, f: ReportFilter) -> list[Row]:
