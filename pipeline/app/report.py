@@ -37,7 +37,7 @@ Row = tuple[Any, ...]
 
 QUANTILES = (0.5, 0.99)
 # What the boundaries' P50 and P99 are (the report says so, text and --json).
-QUANTILE_BASIS = "merged latency sketches, 1 % relative error"
+QUANTILE_BASIS = "of the merged latency sketches, within 1 % of the exact value"
 # The controller's rule (ControllerConfig.load_share): from this share of the bad
 # requests' time spent queued, a burn is load-caused.
 LOAD_SHARE = 0.5
@@ -578,7 +578,7 @@ def render(report: Report) -> Any:
         slo_rows, styles=styles,
     )  # fmt: skip
     parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
-    parts += [t, c]
+    parts += [t, Text(f"  P50 / P99: {QUANTILE_BASIS} (as the dashboards)", style="dim"), c]
     if any(x.get("budget_basis") not in (None, "range") for x in report.slos.values()):
         parts.append(
             Text(

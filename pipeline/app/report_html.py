@@ -486,7 +486,7 @@ def _verdicts_html(report: Report) -> str:
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
-    from pipeline.app.report import describe_filter, open_windows_hint
+    from pipeline.app.report import QUANTILE_BASIS, describe_filter, open_windows_hint
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
     boundaries = _table(
@@ -551,6 +551,7 @@ Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
 {f"<p>Showing {_esc(scope)}.</p>" if scope else ""}
 {f'<p class="note">{_esc(hint)}</p>' if hint else ""}
 <h2>Latency per boundary</h2>{charts[0]}{boundaries}
+<p class="note">P50 / P99: {_esc(QUANTILE_BASIS)}</p>
 <h2>Breakdown</h2>{charts[1]}
 <h2>SLOs, error budget and burn rate</h2>{slos}{charts[2]}{charts[3]}
 {_table(("time", "SLO", "event"), events_rows) if events_rows else ""}
