@@ -7,8 +7,9 @@ resource. Five charts, each a ``<figure class="chart" data-chart=NAME>`` whose
 marks (lines, bars, steps, points) are SVG groups with ids ``mark-...``:
 
 * ``latency``: P99 per minute per boundary (``latency_1m``, all traffic,
-  quantiles from the merged DDSketch buckets);
-* ``breakdown``: mean queue / prefill / decode / gateway overhead per minute
+  quantiles from the merged DDSketch buckets; per hour from ``latency_1h`` over ranges
+  of ~3 weeks and more: :func:`latency_bucket_s`);
+* ``breakdown``: mean queue / prefill / decode / gateway overhead per minute (or hour)
   (``latency_1m`` sums and counts), stacked;
 * ``budget``: error budget remaining per SLO (cumulative over the data, from
   ``slo_1m``: 1 − bad / allowed, allowed = Σ (1 − objective) × total) and the
@@ -74,6 +75,7 @@ class HtmlData:
     burn_rate: dict[str, Series]  # slo -> burn over BURN_WINDOW_MIN
     budget_events: list[tuple[float, str, str]]  # (t, slo, event)
     control: dict[str, list[tuple[float, int, str, str]]]  # scope -> (t, level, phase, reason)
+    latency_bucket_s: int = 60  # the latency and breakdown series' bucket (latency_bucket_s)
 
 
 def _ts(v: Any) -> float:
@@ -143,6 +145,30 @@ def _window_remaining(
     return out
 
 
+# From a chart interval of this many seconds on (the range over ~1,000 points), the
+# latency series are per hour, from the hourly rollup: the dashboards' rule for a panel
+# ~1,000 pixels wide (tools/dev/dashboards.py HOURLY_FROM_S; over 30 days, 43,200 minutes
+# of sketch states per boundary took minutes, issue 53). Traffic selected by ``--slo`` is
+# read from requests, per minute.
+HOURLY_FROM_S = 1800
+CHART_POINTS = 1000
+
+
+def latency_bucket_s(store: Store, f: ReportFilter) -> int:
+    """The latency series' bucket: 3600 when the filter's range (the store's hours where
+    open) is over :data:`CHART_POINTS` x :data:`HOURLY_FROM_S`, else 60."""
+    if f.selects:
+        return 60
+    lo, hi = f.since_unix_s, f.until_unix_s
+    if lo is None or hi is None:
+        extent = windows.extent_s(store)
+        if extent is None:
+            return 60
+        lo = extent[0] if lo is None else lo
+        hi = extent[1] + 3600 if hi is None else hi
+    return 3600 if (hi - lo) / CHART_POINTS >= HOURLY_FROM_S else 60
+
+
 def read_html_data(
     store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None
 ) -> HtmlData:
@@ -150,8 +176,13 @@ def read_html_data(
     narrows the SLO series and budget events, and SLOs their traffic and scopes (as
     :func:`pipeline.app.report.read_report`)."""
     f = with_selection(f or ReportFilter(), spec)
-    series_of = requests.minute_p99_and_means if f.selects else windows.minute_p99_and_means
-    rows = series_of(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+    bucket_s = latency_bucket_s(store, f)
+    if f.selects:
+        rows = requests.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+    else:
+        rows = windows.minute_p99_and_means(
+            store, f, (*LATENCY_BOUNDARIES, *SEGMENTS), hourly=bucket_s == 3600
+        )
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
     for t, b, p99, total, n in rows:
@@ -194,6 +225,7 @@ def read_html_data(
         dict(sorted(burn.items())),
         events,
         dict(sorted(directives.items())),
+        bucket_s,
     )
 
 
@@ -206,6 +238,8 @@ def series_json(data: HtmlData | None) -> dict[str, Any]:
         return {k: [[_iso(t), v] for t, v in s] for k, s in series.items()}
 
     return {
+        # per minute, or per hour over long ranges (latency_bucket_s)
+        "latency_bucket_s": data.latency_bucket_s,
         "latency_p99_ms_per_minute": pts(data.latency_p99),
         "breakdown_mean_ms_per_minute": pts(data.breakdown),
         "budget_remaining_per_minute": pts(data.budget_remaining),
@@ -512,13 +546,14 @@ def render_html(
         ],
     )  # fmt: skip
     t_end = max((p[0] for s in data.latency_p99.values() for p in s), default=None)
+    per = "hour" if data.latency_bucket_s == 3600 else "minute"
     charts = [
         line_chart(
-            "latency", "P99 per minute by boundary (ms, log scale; all traffic)",
+            "latency", f"P99 per {per} by boundary (ms, log scale; all traffic)",
             data.latency_p99, "P99 (ms, log)", log=True,
         ),
         stacked_bars(
-            "breakdown", "Where the time goes: mean per minute (queue, prefill, decode, gateway)",
+            "breakdown", f"Where the time goes: mean per {per} (queue, prefill, decode, gateway)",
             data.breakdown, "mean (ms)",
         ),
         line_chart(

@@ -42,14 +42,17 @@ def latency_sql(
     )
 
 
-def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
-    """``(start s, boundary, p99, sum, count)`` per minute and boundary of the filter's
-    model (all traffic without one), priorities and context buckets folded: all traffic
-    is the one key ``('*', '*', '*')``, a model its keys ``(model, priority, ctx_bucket)``,
-    merged."""
+def minute_p99_and_means(
+    store: Store, f: ReportFilter, boundaries: tuple[str, ...], *, hourly: bool = False
+) -> list[Row]:
+    """``(start s, boundary, p99, sum, count)`` per minute (``hourly``: per hour, from
+    the hourly rollup) and boundary of the filter's model (all traffic without one),
+    priorities and context buckets folded: all traffic is the one key ``('*', '*', '*')``,
+    a model its keys ``(model, priority, ctx_bucket)``, merged."""
     model = "{model:String}" if f.model is not None else "'*'"
     where = f"model = {model} AND " + time_where("window_start", f)
-    minutes = latency_sql(f"{store.database}.latency_1m", where, boundaries)
+    table = "latency_1h" if hourly else "latency_1m"
+    minutes = latency_sql(f"{store.database}.{table}", where, boundaries)
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
@@ -69,6 +72,16 @@ _SKETCH_TIERS: Final = (
 # where the windows are closed (a topic generation gone, a partition idle): the rest read
 # from ``requests`` is at most this long.
 IDLE_PARTITION_NS: Final = 3_600_000_000_000
+
+
+def extent_s(store: Store) -> tuple[int, int] | None:
+    """``(first, last)`` hour (unix s) of the all-traffic hourly rollup; None: empty."""
+    ((lo, hi, n),) = store.query_rows(
+        "SELECT toUnixTimestamp(min(window_start)), toUnixTimestamp(max(window_start)), "
+        f"count() FROM {store.database}.latency_1h "
+        "WHERE boundary = 'gateway_total_ms' AND model = '*'"
+    )
+    return (int(lo), int(hi)) if n else None
 
 
 def closed_through(store: Store) -> tuple[int, int]:
