@@ -311,8 +311,8 @@ def read_logical(
     store: Store,
     f: ReportFilter,
     spec: SLOSpec | None,
-    summary: requests.RangeSummary,
-    slo_cover: Cover,
+    summary: requests.RangeSummary | None = None,
+    slo_cover: Cover | None = None,
 ) -> dict[str, Any]:
     """Per logical request (:mod:`pipeline.core.logical`, the backtest's rule): the logical
     requests whose final attempt ended in the filter's range (and is of its model), each
@@ -324,7 +324,12 @@ def read_logical(
     their SLO counts are the windows' over ``slo_cover``'s window parts less those
     attempts' (the core's evaluator, as the stream counted them), plus, over its
     ``rest``, those the engine counts by the core's rules as SQL
-    (``single_attempt_counts``)."""
+    (``single_attempt_counts``). ``summary`` and ``slo_cover``: as ``read_report`` read
+    them (None: read here)."""
+    if summary is None:
+        summary = requests.range_summary(store, f, split_slos=(), ended_from_ms=0)
+    if slo_cover is None:
+        slo_cover = covers(store, f)[1]
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
     lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
     hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -134,8 +135,12 @@ def boundary_values(
     )
 
 
-# The sets of RangeSummary's one read: the range, its sources and outcomes, the clock
-# pairs, the control modes (issue 53: one read of the range, not one per table).
+# RangeSummary's read groups the range by these (sums per source, per outcome, per
+# control mode and of the whole range are added up from its groups), and the clock
+# skew's by host pair (issue 53: two reads of the range, not one per table; the skew's
+# exact median cannot be added up from groups, and a GROUPING SETS read held every
+# joined request's offset once per set).
+_DIMS: Final = ("source", "outcome", "model", "priority", "control_mode", "control_verdict")
 _SKEWED: Final = (
     "source = 'joined' AND gateway_received_unix_ns IS NOT NULL "
     "AND engine_arrival_unix_ns IS NOT NULL AND gateway_overhead_ms IS NOT NULL"
@@ -143,19 +148,13 @@ _SKEWED: Final = (
 _SKEW_MS: Final = (
     "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2"
 )
-_DIMS: Final = ("source", "outcome", "gateway_host", "engine_host", "model", "priority",
-                "control_mode", "control_verdict")  # fmt: skip
-_SETS: Final = (
-    "(), (source, outcome), (gateway_host, engine_host), "
-    "(model, priority, control_mode, control_verdict)"
-)
 
 
 @dataclass(frozen=True, slots=True)
 class RangeSummary:
     """What ``tailguard report`` counts over the filter's requests that the windows do
-    not (sources, outcomes, clock pairs, control modes, the bad requests' time), from
-    one read of them (``FINAL``: one read, not one per table, issue 53). Exact."""
+    not (sources, outcomes, clock pairs, control modes, the bad requests' time), exact,
+    from two reads of them (``FINAL``; issue 53: not one per table)."""
 
     requests: int
     by_source: dict[str, int]
@@ -173,52 +172,43 @@ class RangeSummary:
 def range_summary(
     store: Store, f: ReportFilter, *, split_slos: Sequence[SLO], ended_from_ms: int
 ) -> RangeSummary:
-    """The filter's :class:`RangeSummary`: one read, grouped by each of :data:`_SETS`."""
+    """The filter's :class:`RangeSummary`."""
     splits, split_bound = _split_parts(split_slos)
-    parts = [
-        "count()",
-        f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})",
-        f"countIf({_SKEWED})",
-        f"quantileExactIf(0.5)({_SKEW_MS}, {_SKEWED})",
-        "countIf(control_mode IS NOT NULL)",
-        *splits,
-    ]
-    grouping = ", ".join(f"grouping({d})" for d in _DIMS)
+    parts = ["count()", f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})", *splits]
     rows = store.query_rows(
-        f"SELECT {', '.join(_DIMS)}, [{grouping}], {', '.join(parts)} "
-        f"FROM {store.database}.requests FINAL WHERE {_where(f)} "
-        f"GROUP BY GROUPING SETS ({_SETS})",
+        f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {store.database}.requests FINAL "
+        f"WHERE {_where(f)} GROUP BY {', '.join(_DIMS)}",
         {**_params(f), **split_bound},
     )
     n = ended = 0
-    split_row: Sequence[Any] = [0] * len(splits)
-    by_source: dict[str, int] = {}
-    by_outcome: dict[str, int] = {}
-    skew: list[Row] = []
-    control: list[Row] = []
-    for row in rows:
-        (src, out, gw, eng, model, prio, mode, verdict) = row[:8]
-        used = [not g for g in row[8]]  # grouping(): 1 where the set leaves the column out
-        count, ended_n, skewed, skew_p50, with_mode = row[9:14]
-        if not any(used):  # the set (): the whole range
-            n, ended, split_row = int(count), int(ended_n), row[14:]
-        elif used[0]:
-            by_source[str(src)] = by_source.get(str(src), 0) + int(count)
-            by_outcome[str(out)] = by_outcome.get(str(out), 0) + int(count)
-        elif used[2] and skewed:
-            skew.append((gw, eng, int(skewed), float(skew_p50)))
-        elif used[4] and with_mode:
-            control.append((model, prio, mode, verdict, int(with_mode)))
+    split_sum = [0.0] * len(splits)
+    by_source: Counter[str] = Counter()
+    by_outcome: Counter[str] = Counter()
+    control: Counter[tuple[Any, ...]] = Counter()
+    for src, out, model, prio, mode, verdict, count, ended_n, *split_row in rows:
+        n += int(count)
+        ended += int(ended_n)
+        split_sum = [a + float(b or 0) for a, b in zip(split_sum, split_row, strict=True)]
+        by_source[str(src)] += int(count)
+        by_outcome[str(out)] += int(count)
+        if mode is not None:
+            control[model, prio, mode, verdict] += int(count)
+    skew = store.query_rows(
+        f"SELECT gateway_host, engine_host, count(), quantileExact(0.5)({_SKEW_MS}) "
+        f"FROM {store.database}.requests FINAL WHERE {_SKEWED} AND {_where(f)} "
+        "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
+        _params(f),
+    )
     return RangeSummary(
         n, dict(sorted(by_source.items())), dict(sorted(by_outcome.items())), ended,
-        _splits_of(split_row, len(split_slos)), tuple(sorted(skew)),
-        tuple(sorted(control, key=_control_order)),
+        _splits_of(split_sum, len(split_slos)), tuple(skew),
+        tuple((*k, c) for k, c in sorted(control.items(), key=lambda kv: _control_order(kv[0]))),
     )  # fmt: skip
 
 
-def _control_order(row: Row) -> tuple[Any, ...]:
+def _control_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
     """``ORDER BY model, priority, control_mode, control_verdict`` (NULLs last)."""
-    return tuple((v is None, v if v is not None else 0) for v in row[:4])
+    return tuple((v is None, v if v is not None else 0) for v in key)
 
 
 def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> list[Row]:
