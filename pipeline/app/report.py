@@ -140,14 +140,20 @@ def with_selection(f: ReportFilter, spec: SLOSpec | None) -> ReportFilter:
     return dataclasses.replace(f, selects=tuple(spec.slo(n) for n in dict.fromkeys(names)))
 
 
-def slo_minute_rows(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Row]:
+def slo_minute_rows(
+    store: Store, f: ReportFilter, spec: SLOSpec | None, *, fold: bool = False
+) -> list[Row]:
     """``(slo, kind, start s, objective, secondary_weight, total, good,
     good_secondary_only)`` per SLO, kind and minute of the filter, as ``slo_1m`` holds
-    them. SLO windows are per SLO, not per model: with a model (and the ``spec`` the
-    windows were counted with) they are recounted exactly over that model's stored
-    requests in the closed windows, by the stream's own evaluator, and SLOs that do not
-    select the model are left out."""
+    them (``fold``: the minutes before the last hour of them folded into one row per SLO
+    and kind, :func:`~pipeline.adapters.queries.budget.folded_counts`: what sums and
+    burn rates need). SLO windows are per SLO, not per model: with a model (and the
+    ``spec`` the windows were counted with) they are recounted exactly over that model's
+    stored requests in the closed windows, by the stream's own evaluator, and SLOs that
+    do not select the model are left out."""
     if f.model is None or spec is None:
+        if fold:
+            return budget.folded_counts(store, f, max(BURN_WINDOWS_MIN) * 60)
         return budget.minute_counts(store, f)
     last_ms = budget.last_window_end_ms(store)
     records = [record_from_row(r) for r in requests.filter_rows(store, f, last_ms)]
@@ -178,7 +184,7 @@ def read_slos(
     store: Store, f: ReportFilter, spec: SLOSpec | None = None
 ) -> dict[str, dict[str, Any]]:
     """Per SLO over the filter's windows: compliance, budget and burn rates, worst first."""
-    rows = slo_minute_rows(store, f, spec)
+    rows = slo_minute_rows(store, f, spec, fold=True)
     end_s = max((float(r[2]) + 60 for r in rows), default=0.0)
     acc: dict[tuple[str, str], dict[str, Any]] = {}
     for name, kind, t, objective, weight, total, good, secondary in rows:
@@ -243,18 +249,26 @@ def _window_budgets(
             windows[name] = spec.slo(slo_name)
     if not windows:
         return
-    start_ms = min(period_at(w.window, end_ms)[0] for w in windows.values())
-    period = dataclasses.replace(f, since_unix_s=start_ms / 1000, until_unix_s=end_ms / 1000)
-    per: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
-    for name, kind, t, _obj, weight, total, good, secondary in slo_minute_rows(store, period, spec):
-        good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
-        per.setdefault((str(name), str(kind)), []).append(
-            (int(t) * 1000, float(total), float(total) - float(good_w))
-        )
+    # per start of a window (rolling 30 d, the calendar month, ...): its SLOs' minutes
+    # from there, folded (slo_minute_rows); a model's, recounted once from the first
+    starts = sorted({period_at(w.window, end_ms)[0] for w in windows.values()})
+    if f.model is not None:
+        starts = starts[:1]
+    per: dict[tuple[int, str, str], list[tuple[int, float, float]]] = {}
+    for start_ms in starts:
+        period = dataclasses.replace(f, since_unix_s=start_ms / 1000, until_unix_s=end_ms / 1000)
+        for name, kind, t, _o, weight, total, good, secondary in slo_minute_rows(
+            store, period, spec, fold=True
+        ):
+            good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
+            per.setdefault((start_ms, str(name), str(kind)), []).append(
+                (int(t) * 1000, float(total), float(total) - float(good_w))
+            )
     for name, slo in windows.items():
         row = slos[name]
         p_start, _ = period_at(slo.window, end_ms)
-        mine = [m for m in per.get((name, row["kind"]), []) if m[0] >= p_start]
+        read_from = max(start for start in starts if start <= p_start)
+        mine = [m for m in per.get((read_from, name, row["kind"]), []) if m[0] >= p_start]
         total = int(sum(m[1] for m in mine))
         bad = sum(m[2] for m in mine)
         first = min((m[0] for m in mine), default=end_ms)

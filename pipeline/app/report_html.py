@@ -8,7 +8,7 @@ marks (lines, bars, steps, points) are SVG groups with ids ``mark-...``:
 
 * ``latency``: P99 per minute per boundary (``latency_1m``, all traffic,
   quantiles from the merged DDSketch buckets; per hour from ``latency_1h`` over ranges
-  of ~3 weeks and more: :func:`latency_bucket_s`);
+  of ~3 weeks and more: :func:`series_bucket_s`);
 * ``breakdown``: mean queue / prefill / decode / gateway overhead per minute (or hour)
   (``latency_1m`` sums and counts), stacked;
 * ``budget``: error budget remaining per SLO (cumulative over the data, from
@@ -75,7 +75,7 @@ class HtmlData:
     burn_rate: dict[str, Series]  # slo -> burn over BURN_WINDOW_MIN
     budget_events: list[tuple[float, str, str]]  # (t, slo, event)
     control: dict[str, list[tuple[float, int, str, str]]]  # scope -> (t, level, phase, reason)
-    latency_bucket_s: int = 60  # the latency and breakdown series' bucket (latency_bucket_s)
+    bucket_s: int = 60  # every series' bucket (series_bucket_s): 60, or 3600 over long ranges
 
 
 def _ts(v: Any) -> float:
@@ -84,37 +84,43 @@ def _ts(v: Any) -> float:
     return float(v)
 
 
-def _slo_series(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Any]:
-    """``(start s, slo, objective, total, good)`` per minute and SLO (kind ``slo``); with
-    a model, recounted over its requests (:func:`pipeline.app.report.slo_minute_rows`)."""
+def _slo_series(
+    store: Store, f: ReportFilter, spec: SLOSpec | None, bucket_s: int = 60
+) -> list[Any]:
+    """``(start s, slo, objective, total, good)`` per minute (``bucket_s`` 3600: per hour)
+    and SLO (kind ``slo``); with a model, recounted over its requests
+    (:func:`pipeline.app.report.slo_minute_rows`), its minutes added up per bucket."""
     if f.model is None or spec is None:
-        return budget.minute_slo_series(store, f)
-    rows = slo_minute_rows(store, f, spec)
-    return sorted(
-        ((t, slo, obj, total, good) for slo, kind, t, obj, _w, total, good, _s in rows
-         if kind == "slo"),
-        key=lambda r: (r[0], r[1]),
-    )  # fmt: skip
+        return budget.minute_slo_series(store, f, hourly=bucket_s == 3600)
+    acc: dict[tuple[int, str], list[Any]] = {}
+    for slo, kind, t, obj, _w, total, good, _s in slo_minute_rows(store, f, spec):
+        if kind == "slo":
+            a = acc.setdefault((int(t) // bucket_s * bucket_s, str(slo)), [obj, 0, 0])
+            a[1] += int(total)
+            a[2] += int(good)
+    return [(t, slo, obj, total, good) for (t, slo), (obj, total, good) in sorted(acc.items())]
 
 
 def _window_remaining(
-    store: Store, f: ReportFilter, spec: SLOSpec, shown: list[Any]
+    store: Store, f: ReportFilter, spec: SLOSpec, shown: list[Any], bucket_s: int = 60
 ) -> dict[str, Series]:
-    """Per SLO and minute shown, the budget left of the SLO's own window at the end of
-    that minute (as the SLO table: :func:`pipeline.core.budget.window_budget`, projected
-    until a whole window is seen); the counts from the window's start, before the range
+    """Per SLO and minute (bucket) shown, the budget left of the SLO's own window at the
+    end of that minute (as the SLO table: :func:`pipeline.core.budget.window_budget`,
+    projected until a whole window is seen; per hour, the window's counts of whole hours
+    and its first hour's start); the counts from the window's start, before the range
     too."""
     if not shown:
         return {}
+    bucket_ms = bucket_s * 1000
     first_s = min(float(r[0]) for r in shown)
     last_s = max(float(r[0]) for r in shown)
     slos = {x.name: x for x in spec.slos}
-    starts = [period_at(x.window, int(first_s * 1000) + 60_000)[0] for x in slos.values()]
+    starts = [period_at(x.window, int(first_s * 1000) + bucket_ms)[0] for x in slos.values()]
     wide = dataclasses.replace(
-        f, since_unix_s=min(starts) / 1000, until_unix_s=last_s + 60
+        f, since_unix_s=min(starts) / 1000, until_unix_s=last_s + bucket_s
     )  # the counts of every window the minutes shown fall in
     per: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    for t, slo, _obj, total, good in _slo_series(store, wide, spec):
+    for t, slo, _obj, total, good in _slo_series(store, wide, spec, bucket_s):
         per[str(slo)].append((int(float(t)) * 1000, float(total), float(total) - float(good)))
     out: dict[str, Series] = {}
     for name, minutes in per.items():
@@ -127,7 +133,7 @@ def _window_remaining(
         for t_ms, n, b in minutes:
             held.append((t_ms, n, b))
             total, bad = total + n, bad + b
-            now_ms = t_ms + 60_000
+            now_ms = t_ms + bucket_ms
             start_ms = period_at(slo.window, now_ms)[0]
             while held and held[0][0] < start_ms:
                 _, n0, b0 = held.popleft()
@@ -154,9 +160,11 @@ HOURLY_FROM_S = 1800
 CHART_POINTS = 1000
 
 
-def latency_bucket_s(store: Store, f: ReportFilter) -> int:
-    """The latency series' bucket: 3600 when the filter's range (the store's hours where
-    open) is over :data:`CHART_POINTS` x :data:`HOURLY_FROM_S`, else 60."""
+def series_bucket_s(store: Store, f: ReportFilter) -> int:
+    """The series' bucket: 3600 when the filter's range (the store's hours where open) is
+    over :data:`CHART_POINTS` x :data:`HOURLY_FROM_S`, else 60. Per hour, each SLO's burn
+    rate is over the hour (not :data:`BURN_WINDOW_MIN`) and its budget left at each
+    hour's end."""
     if f.selects:
         return 60
     lo, hi = f.since_unix_s, f.until_unix_s
@@ -176,7 +184,7 @@ def read_html_data(
     narrows the SLO series and budget events, and SLOs their traffic and scopes (as
     :func:`pipeline.app.report.read_report`)."""
     f = with_selection(f or ReportFilter(), spec)
-    bucket_s = latency_bucket_s(store, f)
+    bucket_s = series_bucket_s(store, f)
     if f.selects:
         rows = requests.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
     else:
@@ -194,9 +202,9 @@ def read_html_data(
     burn: dict[str, Series] = defaultdict(list)
     recent: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    series = _slo_series(store, f, spec)
+    series = _slo_series(store, f, spec, bucket_s)
     if spec is not None:
-        remaining.update(_window_remaining(store, f, spec, series))
+        remaining.update(_window_remaining(store, f, spec, series, bucket_s))
     for t, slo, objective, total, good in series:
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
         if spec is None:  # no windows known: cumulative over the data shown
@@ -238,8 +246,8 @@ def series_json(data: HtmlData | None) -> dict[str, Any]:
         return {k: [[_iso(t), v] for t, v in s] for k, s in series.items()}
 
     return {
-        # per minute, or per hour over long ranges (latency_bucket_s)
-        "latency_bucket_s": data.latency_bucket_s,
+        # per minute, or per hour over long ranges (series_bucket_s)
+        "bucket_s": data.bucket_s,
         "latency_p99_ms_per_minute": pts(data.latency_p99),
         "breakdown_mean_ms_per_minute": pts(data.breakdown),
         "budget_remaining_per_minute": pts(data.budget_remaining),
@@ -546,7 +554,7 @@ def render_html(
         ],
     )  # fmt: skip
     t_end = max((p[0] for s in data.latency_p99.values() for p in s), default=None)
-    per = "hour" if data.latency_bucket_s == 3600 else "minute"
+    per = "hour" if data.bucket_s == 3600 else "minute"
     charts = [
         line_chart(
             "latency", f"P99 per {per} by boundary (ms, log scale; all traffic)",
@@ -564,7 +572,8 @@ def render_html(
             markers=[(t, f"{slo}: {ev}") for t, slo, ev in data.budget_events],
         ),
         line_chart(
-            "burn", f"Burn rate over {BURN_WINDOW_MIN} min (1 = spending the budget exactly)",
+            "burn", f"Burn rate over {'1 h' if per == 'hour' else f'{BURN_WINDOW_MIN} min'} "
+            "(1 = spending the budget exactly)",
             data.burn_rate, "burn rate", y_min=0.0, hline=(1.0, "burn = 1"),
         ),
         step_chart("control", "Control level per scope (event time)", data.control, t_end),
