@@ -427,13 +427,18 @@ def covers(store: Store, f: ReportFilter) -> tuple[Cover, Cover]:
     return of(not f.selects), of(not f.selects and f.model is None)
 
 
-def read_boundaries(store: Store, f: ReportFilter, latency: Cover) -> dict[str, BoundaryStats]:
+def read_boundaries(
+    store: Store, f: ReportFilter, latency: Cover
+) -> tuple[dict[str, BoundaryStats], int]:
     """Per boundary: the count, P50 and P99 of the filter's requests, from the windows'
     sketches over the cover's window parts merged with a sketch of the values in its
-    rest (the stream's own sketch: :data:`QUANTILE_BASIS`)."""
-    sketches = windows.cover_sketches(store, latency, BOUNDARIES, f.model)
+    rest (the stream's own sketch: :data:`QUANTILE_BASIS`); and how many requests that
+    counts (the windows' and the rest's: the range's requests, unless the store's windows
+    fall short of its requests)."""
+    sketches, counted = windows.cover_sketches(store, latency, BOUNDARIES, f.model)
     if latency.rest:
         rows = requests.boundary_values(store, f, latency.rest, BOUNDARIES)
+        counted += len(rows)
         for i, b in enumerate(BOUNDARIES):
             values = [float(r[i]) for r in rows if r[i] is not None]
             if values:
@@ -443,10 +448,25 @@ def read_boundaries(store: Store, f: ReportFilter, latency: Cover) -> dict[str, 
         sk = sketches[b]
         p50, p99 = (sk.quantile(q) for q in QUANTILES)
         out[b] = BoundaryStats(sk.count, p50, p99)
-    return out
+    return out, counted
 
 
-def report_sources(latency: Cover, slo_cover: Cover) -> dict[str, Any]:
+def windows_short_hint(report: Report) -> str | None:
+    """A line when the windows counted fewer (or more) of the range's requests than
+    ``requests`` holds (a store whose windows are not all written, or drifted:
+    ``tools/store-check``): the boundaries then are of what the windows counted."""
+    counted = report.sources.get("boundaries_counted")
+    if counted is None or counted == report.requests:
+        return None
+    return (
+        f"the windows and the rest read from requests count {counted:,} of the "
+        f"{report.requests:,} requests in range: the boundaries' counts and P50 / P99 are "
+        "of those (windows not written for part of the range, or drifted: run "
+        "store-check)"
+    )
+
+
+def report_sources(latency: Cover, slo_cover: Cover, counted: int) -> dict[str, Any]:
     """What the report's figures were read from, for ``--json`` (and the text's note)."""
 
     def spans(c: Cover) -> dict[str, Any]:
@@ -459,6 +479,7 @@ def report_sources(latency: Cover, slo_cover: Cover) -> dict[str, Any]:
 
     return {
         "quantiles": QUANTILE_BASIS,
+        "boundaries_counted": counted,  # requests the boundaries' figures are of
         "latency": spans(latency),
         "logical_slo_counts": spans(slo_cover),
         "requests_whole_range": ["requests", "by_source", "by_outcome", "clock_skew",
@@ -493,12 +514,13 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
         f"{g}->{e}": {"samples": int(n), "offset_p50_ms": float(p50)}
         for g, e, n, p50 in summary.clock_skew
     }
+    boundaries, counted = read_boundaries(store, f, latency)
     return Report(
-        summary.requests, summary.by_source, summary.by_outcome,
-        read_boundaries(store, f, latency), slos, control_rows, clock_skew,
-        open_windows(last_ms, summary.ended_from), budget_events, f,
+        summary.requests, summary.by_source, summary.by_outcome, boundaries, slos,
+        control_rows, clock_skew, open_windows(last_ms, summary.ended_from), budget_events, f,
         control_verdicts(list(summary.control)),
-        read_logical(store, f, spec, summary, slo_cover), report_sources(latency, slo_cover),
+        read_logical(store, f, spec, summary, slo_cover),
+        report_sources(latency, slo_cover, counted),
     )  # fmt: skip
 
 
@@ -610,9 +632,9 @@ def render(report: Report) -> Any:
     for name, slo in report.slos.items():
         if slo.get("met") is False and slo.get("load"):
             parts.append(Text(f"  {name} — {slo['load']}", style="yellow"))
-    hint = open_windows_hint(report)
-    if hint:
-        parts.append(Text(hint, style="yellow"))
+    for hint in (open_windows_hint(report), windows_short_hint(report)):
+        if hint:
+            parts.append(Text(hint, style="yellow"))
     ctl = table(
         "control directives (event time)",
         ["event time", "scope", "level", "phase", "reason"],

@@ -528,7 +528,12 @@ def _verdicts_html(report: Report) -> str:
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
-    from pipeline.app.report import QUANTILE_BASIS, describe_filter, open_windows_hint
+    from pipeline.app.report import (
+        QUANTILE_BASIS,
+        describe_filter,
+        open_windows_hint,
+        windows_short_hint,
+    )
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
     boundaries = _table(
@@ -594,6 +599,7 @@ def render_html(
 Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
 {f"<p>Showing {_esc(scope)}.</p>" if scope else ""}
 {f'<p class="note">{_esc(hint)}</p>' if hint else ""}
+{f'<p class="note">{_esc(short)}</p>' if (short := windows_short_hint(report)) else ""}
 <h2>Latency per boundary</h2>{charts[0]}{boundaries}
 <p class="note">P50 / P99: {_esc(QUANTILE_BASIS)}</p>
 <h2>Breakdown</h2>{charts[1]}

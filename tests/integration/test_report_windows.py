@@ -83,6 +83,7 @@ def test_windows_and_requests_answer_the_same(
             stats = got.boundaries[name]
             assert (stats.count, stats.p50, stats.p99) == (n, p50, p99), (what, name)
         assert got.sources["latency"]["windows"], what  # the windows answered some of it
+        assert got.sources["boundaries_counted"] == got.requests, what
         # the same report with no window closed: everything from requests
         monkeypatch.setattr(windows, "closed_through", lambda _s: (0, 0))
         alone = read_report(store, f, SPEC)

@@ -102,11 +102,12 @@ def closed_through(store: Store) -> tuple[int, int]:
 
 def cover_sketches(
     store: Store, cover: Cover, boundaries: tuple[str, ...], model: str | None
-) -> dict[str, QuantileSketch]:
+) -> tuple[dict[str, QuantileSketch], int]:
     """Per boundary, the windows' sketches of the requests (of ``model``; all traffic:
     the key ``('*', '*', '*')``) that ended in the cover's window parts, merged: the
     hourly rollups for its hours, the minute rollups for its minutes, the base windows for
-    the rest (corrections summed in). Its ``rest`` is not read here."""
+    the rest (corrections summed in); and how many requests the windows counted there
+    (their ``records``). Its ``rest`` is not read here."""
     out = {b: QuantileSketch() for b in boundaries}
     key = "model = {model:String}" if model is not None else "model = '*'"
     parts = []
@@ -115,21 +116,23 @@ def cover_sketches(
         if not spans:
             continue
         parts.append(
-            "SELECT boundary, toInt64(sum(count)), sum(sum), min(min), max(max), "
-            f"toInt64(sum(zero_count)), {pos}, {neg} FROM {store.database}.{table} "
+            "SELECT boundary, toInt64(sum(records)), toInt64(sum(count)), sum(sum), min(min), "
+            f"max(max), toInt64(sum(zero_count)), {pos}, {neg} FROM {store.database}.{table} "
             f"WHERE boundary IN {{bs:Array(String)}} AND {key} "
             f"AND {spans_sql('window_start', spans, 'ms')} GROUP BY boundary"
         )
     if not parts:
-        return out
+        return out, 0
     bound: dict[str, Any] = {"bs": list(boundaries)} | ({"model": model} if model else {})
-    for b, n, total, lo, hi, zero, (pk, pc), (nk, nc) in store.query_rows(
+    records = 0
+    for b, n_rec, n, total, lo, hi, zero, (pk, pc), (nk, nc) in store.query_rows(
         " UNION ALL ".join(parts), bound
     ):
         cols = SketchColumns(int(n), float(total), float(lo), float(hi), int(zero),
                              list(pk), list(pc), list(nk), list(nc))  # fmt: skip
         out[str(b)].merge(QuantileSketch.from_columns(cols, delta=True))
-    return out
+        records += int(n_rec) if b == boundaries[0] else 0
+    return out, records
 
 
 def read_ledger(
