@@ -15,6 +15,7 @@ from pipeline.adapters.queries import windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.store import REQUEST_COLUMNS, open_store, record_from_row
 from pipeline.app.report import QUANTILES, read_report
+from pipeline.app.report_html import read_html_data, series_bucket_s
 from pipeline.cli import main
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.core.sketch import QuantileSketch
@@ -94,3 +95,34 @@ def test_windows_and_requests_answer_the_same(
         assert (got.requests, got.by_source, got.by_outcome) == (
             alone.requests, alone.by_source, alone.by_outcome
         ), what  # fmt: skip
+
+
+def test_long_ranges_chart_per_hour(built: dict[str, Any]) -> None:
+    """Over ~3 weeks and more the charts are per hour (``series_bucket_s``): each hour's
+    P99 is the sketch of its requests' values, and its SLO totals the minutes'."""
+    store = built["store"]
+    ends = [r.end_unix_ns for r in built["records"]]
+    hi = max(ends) / 1e9 + 3600
+    long_range, short = ReportFilter(hi - 30 * 86400, hi), ReportFilter(hi - 86400, hi)
+    assert series_bucket_s(store, short) == 60
+    assert series_bucket_s(store, long_range) == 3600
+    data = read_html_data(store, long_range, SPEC)
+    assert data.bucket_s == 3600
+    by_hour: dict[int, list[float]] = {}
+    for r in built["records"]:
+        if r.gateway_total_ms is not None:
+            by_hour.setdefault(r.end_unix_ns // 3_600_000_000_000 * 3600, []).append(
+                r.gateway_total_ms
+            )
+    want = {}
+    for t, values in by_hour.items():
+        sk = QuantileSketch()
+        sk.add_many(values)
+        want[float(t)] = sk.quantile(0.99)
+    assert dict(data.latency_p99["gateway_total_ms"]) == pytest.approx(want, rel=1e-12)
+    assert len(want) >= 1
+    for series in (*data.burn_rate.values(), *data.budget_remaining.values()):
+        assert all(t % 3600 == 0 for t, _ in series)
+    minutes = read_html_data(store, ReportFilter(hi - 2 * 86400, hi), SPEC)
+    assert minutes.bucket_s == 60
+    assert len(minutes.latency_p99["gateway_total_ms"]) > len(want)
