@@ -27,8 +27,12 @@ P95 (of 5 runs: the slowest):
 
 A read's runs stop once they took ``TG_MONTH_READ_BUDGET_S`` (default 30) together, cold
 and warm apart (the table says how many ran); a ``report`` range holding more than
-``TG_MONTH_REPORT_MAX_ROWS`` requests (default 5 M) is not run (minutes a run on a month:
-each of its reads of ``requests`` merges every version of the range, ``FINAL``).
+``TG_MONTH_REPORT_MAX_ROWS`` requests (default 60 M: a month at 20 requests/s is run;
+it was 5 M while the report read every figure from ``requests``) is not run (its reads
+of ``requests`` for the figures no window holds still merge every version of the range,
+``FINAL``). ``TG_MONTH_READS_ONLY=1``: the reads in this process only (no codec trial,
+no reads through the port, no ingestion run); ``TG_MONTH_SKIP_READS`` (a regex of
+``group / name``, e.g. ``'^(?!report)'``) leaves reads out.
 
 Last, the ingestion rate with a dashboard refreshing (:func:`ingestion_with_dashboard`):
 ``TG_MONTH_INGEST_HOURS`` (default 3) hours of the recipe's traffic written through the
@@ -335,7 +339,7 @@ def read_all(timer: Timer, prog: Progress, workdir: Path, *, port: bool = False)
             continue
         for name, sql in dashboard_queries(end_ms, range_ms):
             timer.time(f"panel {label}", name, lambda sql=sql: store.query_rows(sql), cold=cold)
-    max_rows = int(os.environ.get("TG_MONTH_REPORT_MAX_ROWS", "5000000"))
+    max_rows = int(os.environ.get("TG_MONTH_REPORT_MAX_ROWS", "60000000"))
     for label, range_ms in RANGES:
         f = _report_filter(end_ms, range_ms)
         n = requests_in(store, f)
@@ -554,24 +558,31 @@ def run(ctx: Context) -> Section:
         )
         # the day before the last (a whole day of requests)
         day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
-        trial = codec_trial(store, day)
+        # TG_MONTH_READS_ONLY=1: the reads in this process only (with TG_MONTH_SKIP_READS,
+        # e.g. '^(?!report)', one group of them): no codec trial (it merges a day of
+        # requests), no reads through the port, no ingestion run
+        reads_only = os.environ.get("TG_MONTH_READS_ONLY") == "1"
+        trial = None if reads_only else codec_trial(store, day)
         direct = Timer(store, runs)
         read_all(direct, prog, ctx.workdir)
-        server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
-        server.start(publish=False)
-        client = ClickHouseStore(_http_client(server.port, server.token, DATABASE), DATABASE)
-        try:
-            via_port = Timer(client, runs, can_drop=False)
-            read_all(via_port, prog, ctx.workdir, port=True)
-            ingest = ingestion_with_dashboard(store, client, prog)
-        finally:
-            client.close()
-            server.stop()
+        via_port, ingest = Timer(store, 0), None
+        if not reads_only:
+            server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
+            server.start(publish=False)
+            client = ClickHouseStore(_http_client(server.port, server.token, DATABASE), DATABASE)
+            try:
+                via_port = Timer(client, runs, can_drop=False)
+                read_all(via_port, prog, ctx.workdir, port=True)
+                ingest = ingestion_with_dashboard(store, client, prog)
+            finally:
+                client.close()
+                server.stop()
     finally:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
     describe_bytes(section, counted, columns, trial)
-    describe_ingestion(section, ingest)
+    if ingest is not None:
+        describe_ingestion(section, ingest)
     describe_build(section, prog, ctx.workdir / "month-build.log")
     return section
 
@@ -623,19 +634,24 @@ def describe_ingestion(section: Section, ingest: dict[str, Any]) -> None:
 
 
 def describe_bytes(
-    section: Section, counted: dict[str, int], columns: list[Any], trial: tuple[int, int, int]
+    section: Section,
+    counted: dict[str, int],
+    columns: list[Any],
+    trial: tuple[int, int, int] | None,
 ) -> None:
-    """What a request's row costs, by column, and what ZSTD(1) would make of it."""
+    """What a request's row costs, by column, and what ZSTD(1) would make of it (no
+    ``trial``: not tried)."""
     n = counted["requests"] or 1
-    rows, lz4, zstd = trial
-    trial_figure = Figure(
-        "bytes on disk per request: requests, one day's partition merged, as stored "
-        "(LZ4) -> every column ZSTD(1)",
-        zstd / max(rows, 1), "B",
-        note=f"{lz4 / max(rows, 1):.0f} B as stored ({rows:,} rows): "
-        f"{100 * (1 - zstd / max(lz4, 1)):.0f} % less",
-    )  # fmt: skip
-    section.figures.append(trial_figure)
+    if trial is not None:
+        rows, lz4, zstd = trial
+        trial_figure = Figure(
+            "bytes on disk per request: requests, one day's partition merged, as stored "
+            "(LZ4) -> every column ZSTD(1)",
+            zstd / max(rows, 1), "B",
+            note=f"{lz4 / max(rows, 1):.0f} B as stored ({rows:,} rows): "
+            f"{100 * (1 - zstd / max(lz4, 1)):.0f} % less",
+        )  # fmt: skip
+        section.figures.append(trial_figure)
     cells = ", ".join(f"{name} {b / n:.1f} B" for name, b in columns)
     section.text.append(f"`requests`, compressed bytes per request, largest columns: {cells}.")
 

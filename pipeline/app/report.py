@@ -1,9 +1,15 @@
 """The SLO report read back from ClickHouse (the demo prints it).
 
-Quantiles here are exact (``quantilesExact``: the element at index
-``floor(p * n)`` of the sorted values), so that they can be checked against an
-exact computation over the events; the streaming sketches come with the
-measurement core.
+What the windows answer is read from them (issue 53: a report over 30 days reads the
+hourly rollups, not 50 M requests): the SLO counts, and each boundary's count, P50 and
+P99 -- quantiles of the merged latency sketches (1 % relative error, as the stream and
+the dashboards compute them), not of the sorted values. ``requests`` is read for what no
+window holds: the part of a range the windows do not cover (``pipeline.core.cover``: a
+cut base window at either end, what ended after the windows closed so far, and all of
+traffic selected by more than a model, ``--slo``), and, over the whole range in one
+read, the counts per source and outcome, the clock pairs, the control modes and the bad
+requests' queueing time (``requests.range_summary``). The per-logical-request section
+reads the retried requests' attempts (``requests.logical_rows``).
 """
 
 from __future__ import annotations
@@ -13,15 +19,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pipeline.adapters.queries import budget, control, requests
+from pipeline.adapters.queries import budget, control, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, scope_expected_requests, window_budget
+from pipeline.core.cover import Cover, cover
+from pipeline.core.logical import SERVED, logical_requests
 from pipeline.core.logical import counts as logical_counts
-from pipeline.core.logical import logical_requests
 from pipeline.core.slo import SLOCounts, SLOEvaluator, compliance_report
 from pipeline.core.slo_windows import covers_model, minute_rows
 from pipeline.spec.slo import SLOSpec
@@ -29,6 +36,8 @@ from pipeline.spec.slo import SLOSpec
 Row = tuple[Any, ...]
 
 QUANTILES = (0.5, 0.99)
+# What the boundaries' P50 and P99 are (the report says so, text and --json).
+QUANTILE_BASIS = "of the merged latency sketches, within 1 % of the exact value"
 # The controller's rule (ControllerConfig.load_share): from this share of the bad
 # requests' time spent queued, a burn is load-caused.
 LOAD_SHARE = 0.5
@@ -67,6 +76,8 @@ class Report:
     # per logical request (a request and its retries once: read_logical), exact over the
     # stored rows; beside the per-attempt figures above
     logical: dict[str, Any] = field(default_factory=dict)
+    # what each part of the report was read from (report_sources)
+    sources: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +95,7 @@ class Report:
             "clock_skew": self.clock_skew,
             "filters": self.filters.to_json(),
             "logical": self.logical,
+            "sources": self.sources,
         } | ({"control_verdicts": self.control_verdicts} if self.control_verdicts else {})
 
 
@@ -128,14 +140,20 @@ def with_selection(f: ReportFilter, spec: SLOSpec | None) -> ReportFilter:
     return dataclasses.replace(f, selects=tuple(spec.slo(n) for n in dict.fromkeys(names)))
 
 
-def slo_minute_rows(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Row]:
+def slo_minute_rows(
+    store: Store, f: ReportFilter, spec: SLOSpec | None, *, fold: bool = False
+) -> list[Row]:
     """``(slo, kind, start s, objective, secondary_weight, total, good,
     good_secondary_only)`` per SLO, kind and minute of the filter, as ``slo_1m`` holds
-    them. SLO windows are per SLO, not per model: with a model (and the ``spec`` the
-    windows were counted with) they are recounted exactly over that model's stored
-    requests in the closed windows, by the stream's own evaluator, and SLOs that do not
-    select the model are left out."""
+    them (``fold``: the minutes before the last hour of them folded into one row per SLO
+    and kind, :func:`~pipeline.adapters.queries.budget.folded_counts`: what sums and
+    burn rates need). SLO windows are per SLO, not per model: with a model (and the
+    ``spec`` the windows were counted with) they are recounted exactly over that model's
+    stored requests in the closed windows, by the stream's own evaluator, and SLOs that
+    do not select the model are left out."""
     if f.model is None or spec is None:
+        if fold:
+            return budget.folded_counts(store, f, max(BURN_WINDOWS_MIN) * 60)
         return budget.minute_counts(store, f)
     last_ms = budget.last_window_end_ms(store)
     records = [record_from_row(r) for r in requests.filter_rows(store, f, last_ms)]
@@ -166,7 +184,7 @@ def read_slos(
     store: Store, f: ReportFilter, spec: SLOSpec | None = None
 ) -> dict[str, dict[str, Any]]:
     """Per SLO over the filter's windows: compliance, budget and burn rates, worst first."""
-    rows = slo_minute_rows(store, f, spec)
+    rows = slo_minute_rows(store, f, spec, fold=True)
     end_s = max((float(r[2]) + 60 for r in rows), default=0.0)
     acc: dict[tuple[str, str], dict[str, Any]] = {}
     for name, kind, t, objective, weight, total, good, secondary in rows:
@@ -231,18 +249,26 @@ def _window_budgets(
             windows[name] = spec.slo(slo_name)
     if not windows:
         return
-    start_ms = min(period_at(w.window, end_ms)[0] for w in windows.values())
-    period = dataclasses.replace(f, since_unix_s=start_ms / 1000, until_unix_s=end_ms / 1000)
-    per: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
-    for name, kind, t, _obj, weight, total, good, secondary in slo_minute_rows(store, period, spec):
-        good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
-        per.setdefault((str(name), str(kind)), []).append(
-            (int(t) * 1000, float(total), float(total) - float(good_w))
-        )
+    # per start of a window (rolling 30 d, the calendar month, ...): its SLOs' minutes
+    # from there, folded (slo_minute_rows); a model's, recounted once from the first
+    starts = sorted({period_at(w.window, end_ms)[0] for w in windows.values()})
+    if f.model is not None:
+        starts = starts[:1]
+    per: dict[tuple[int, str, str], list[tuple[int, float, float]]] = {}
+    for start_ms in starts:
+        period = dataclasses.replace(f, since_unix_s=start_ms / 1000, until_unix_s=end_ms / 1000)
+        for name, kind, t, _o, weight, total, good, secondary in slo_minute_rows(
+            store, period, spec, fold=True
+        ):
+            good_w = float(good) + float(weight) * float(secondary) if kind == "blended" else good
+            per.setdefault((start_ms, str(name), str(kind)), []).append(
+                (int(t) * 1000, float(total), float(total) - float(good_w))
+            )
     for name, slo in windows.items():
         row = slos[name]
         p_start, _ = period_at(slo.window, end_ms)
-        mine = [m for m in per.get((name, row["kind"]), []) if m[0] >= p_start]
+        read_from = max(start for start in starts if start <= p_start)
+        mine = [m for m in per.get((read_from, name, row["kind"]), []) if m[0] >= p_start]
         total = int(sum(m[1] for m in mine))
         bad = sum(m[2] for m in mine)
         first = min((m[0] for m in mine), default=end_ms)
@@ -291,18 +317,33 @@ def control_verdicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [acc[k] for k in sorted(acc, key=lambda k: (k[0], k[1] is None, k[1] or 0))]
 
 
+def _in_spans(t_ns: int, spans: tuple[tuple[int, int], ...]) -> bool:
+    return any(a <= t_ns < b for a, b in spans)
+
+
 def read_logical(
-    store: Store, f: ReportFilter, spec: SLOSpec | None, single: Row | None = None
+    store: Store,
+    f: ReportFilter,
+    spec: SLOSpec | None,
+    summary: requests.RangeSummary | None = None,
+    slo_cover: Cover | None = None,
 ) -> dict[str, Any]:
     """Per logical request (:mod:`pipeline.core.logical`, the backtest's rule): the logical
     requests whose final attempt ended in the filter's range (and is of its model), each
     once, by its final attempt's outcome and the latency the client saw; the requests
-    never served; each SLO of the spec recounted over them. Exact over ``requests``: every
-    attempt of each logical request that may have several is read, wherever it ended, and
-    grouped by the core's rule; the others (one attempt: the attempt is the logical
-    request) are counted in the engine (``single_attempt_counts``, or ``single``: its row
-    as read with the rest, ``range_summary``), their SLO verdicts by the core's rules as
-    SQL."""
+    never served; each SLO of the spec recounted over them. Exact: every attempt of each
+    logical request that may have several is read, wherever it ended, and grouped by the
+    core's rule. The others (one attempt: the attempt is the logical request, its SLO
+    verdicts the attempt's) are the range's requests (``summary``) less those attempts;
+    their SLO counts are the windows' over ``slo_cover``'s window parts less those
+    attempts' (the core's evaluator, as the stream counted them), plus, over its
+    ``rest``, those the engine counts by the core's rules as SQL
+    (``single_attempt_counts``). ``summary`` and ``slo_cover``: as ``read_report`` read
+    them (None: read here)."""
+    if summary is None:
+        summary = requests.range_summary(store, f, split_slos=(), ended_from_ms=0)
+    if slo_cover is None:
+        slo_cover = covers(store, f)[1]
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
     lo = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
     hi = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
@@ -315,9 +356,24 @@ def read_logical(
     ]
     out = logical_counts(None, kept)
     slos = spec.slos if spec is not None else ()
-    if single is None:
-        single = requests.single_attempt_counts(store, f, slos)
-    n, never, *verdicts = single
+    rest_all, rest_failed, n, never, *verdicts = requests.single_attempt_counts(
+        store, f, slos, slo_cover.rest
+    )
+    if slo_cover.windowed:  # (no model, no selection: the attempts in the window parts)
+        parts = (*slo_cover.hours, *slo_cover.minutes, *slo_cover.windows)
+        chained = [r for r in records if _in_spans(r.end_unix_ns, parts)]
+        failed = sum(v for k, v in summary.by_outcome.items() if k not in SERVED)
+        n += summary.requests - int(rest_all) - len(chained)
+        never += failed - int(rest_failed) - sum(r.outcome not in SERVED for r in chained)
+        if spec is not None:
+            ev = SLOEvaluator(spec)
+            ev.add_many(chained)
+            theirs = ev.counts()
+            counted = budget.cover_counts(store, slo_cover)
+            for i, s in enumerate(slos):
+                total, good = counted.get(s.name, (0, 0))
+                verdicts[2 * i] += total - theirs[s.name].total
+                verdicts[2 * i + 1] += good - theirs[s.name].good
     out["attempts"] += int(n)
     out["requests"] += int(n)
     out["never_served"] += int(never)
@@ -354,6 +410,83 @@ def load_cause(split: tuple[int, float, float], queue_inclusive: bool) -> dict[s
     return {"bad_measured": n, "bad_queue_share": share, "load": text}
 
 
+def covers(store: Store, f: ReportFilter) -> tuple[Cover, Cover]:
+    """The filter's range split by what answers each part (``pipeline.core.cover``): for
+    the latency figures (the windows' keys hold a model, not the traffic ``--slo``
+    selects) and for the SLO counts (the SLO windows are of all traffic)."""
+    closed_ns, window_ms = windows.closed_through(store)
+    since = None if f.since_unix_s is None else int(f.since_unix_s * 1e9)
+    until = None if f.until_unix_s is None else int(f.until_unix_s * 1e9)
+
+    def of(windowed: bool) -> Cover:
+        return cover(
+            since, until, closed_ns=closed_ns, window_ns=max(window_ms, 1) * 1_000_000,
+            windowed=windowed and window_ms > 0,
+        )  # fmt: skip
+
+    return of(not f.selects), of(not f.selects and f.model is None)
+
+
+def read_boundaries(
+    store: Store, f: ReportFilter, latency: Cover
+) -> tuple[dict[str, BoundaryStats], int]:
+    """Per boundary: the count, P50 and P99 of the filter's requests, from the windows'
+    sketches over the cover's window parts merged with a sketch of the values in its
+    rest (the stream's own sketch: :data:`QUANTILE_BASIS`); and how many requests that
+    counts (the windows' and the rest's: the range's requests, unless the store's windows
+    fall short of its requests)."""
+    sketches, counted = windows.cover_sketches(store, latency, BOUNDARIES, f.model)
+    if latency.rest:
+        rows = requests.boundary_values(store, f, latency.rest, BOUNDARIES)
+        counted += len(rows)
+        for i, b in enumerate(BOUNDARIES):
+            values = [float(r[i]) for r in rows if r[i] is not None]
+            if values:
+                sketches[b].add_many(values)
+    out = {}
+    for b in BOUNDARIES:
+        sk = sketches[b]
+        p50, p99 = (sk.quantile(q) for q in QUANTILES)
+        out[b] = BoundaryStats(sk.count, p50, p99)
+    return out, counted
+
+
+def windows_short_hint(report: Report) -> str | None:
+    """A line when the windows counted fewer (or more) of the range's requests than
+    ``requests`` holds (a store whose windows are not all written, or drifted:
+    ``tools/store-check``): the boundaries then are of what the windows counted."""
+    counted = report.sources.get("boundaries_counted")
+    if counted is None or counted == report.requests:
+        return None
+    return (
+        f"the windows and the rest read from requests count {counted:,} of the "
+        f"{report.requests:,} requests in range: the boundaries' counts and P50 / P99 are "
+        "of those (windows not written for part of the range, or drifted: run "
+        "store-check)"
+    )
+
+
+def report_sources(latency: Cover, slo_cover: Cover, counted: int) -> dict[str, Any]:
+    """What the report's figures were read from, for ``--json`` (and the text's note)."""
+
+    def spans(c: Cover) -> dict[str, Any]:
+        return {
+            "windows": [[_iso(a / 1e9), _iso(b / 1e9)]
+                        for a, b in (*c.hours, *c.minutes, *c.windows)],
+            "requests": [[None if a is None else _iso(a / 1e9),
+                          None if b is None else _iso(b / 1e9)] for a, b in c.rest],
+        }  # fmt: skip
+
+    return {
+        "quantiles": QUANTILE_BASIS,
+        "boundaries_counted": counted,  # requests the boundaries' figures are of
+        "latency": spans(latency),
+        "logical_slo_counts": spans(slo_cover),
+        "requests_whole_range": ["requests", "by_source", "by_outcome", "clock_skew",
+                                 "control_verdicts", "load cause", "open_windows"],
+    }  # fmt: skip
+
+
 def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None) -> Report:
     """The report of the store under the filter; with the SLO ``spec`` the stored windows
     were counted with, each SLO also says how much of its bad requests' time was queueing
@@ -362,14 +495,8 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     slos = read_slos(store, f, spec)
     shown = [slo for slo in spec.slos if slo.name in slos] if spec is not None else []
     last_ms = budget.last_window_end_ms(store)
-    summary = requests.range_summary(
-        store, f, quantiles=QUANTILES, split_slos=shown,
-        verdict_slos=spec.slos if spec is not None else (), ended_from_ms=last_ms,
-    )  # fmt: skip
-    boundaries = {
-        b: BoundaryStats(n, qs[0] if n else None, qs[1] if n else None)
-        for b, (n, qs) in zip(BOUNDARIES, summary.boundaries, strict=True)
-    }
+    latency, slo_cover = covers(store, f)
+    summary = requests.range_summary(store, f, split_slos=shown, ended_from_ms=last_ms)
     for slo, split in zip(shown, summary.bad_splits, strict=True):
         slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
@@ -385,13 +512,15 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     # never used to correct a measurement).
     clock_skew = {
         f"{g}->{e}": {"samples": int(n), "offset_p50_ms": float(p50)}
-        for g, e, n, p50 in requests.clock_skew(store, f)
+        for g, e, n, p50 in summary.clock_skew
     }
+    boundaries, counted = read_boundaries(store, f, latency)
     return Report(
         summary.requests, summary.by_source, summary.by_outcome, boundaries, slos,
         control_rows, clock_skew, open_windows(last_ms, summary.ended_from), budget_events, f,
-        control_verdicts(requests.control_counts(store, f)),
-        read_logical(store, f, spec, summary.single),
+        control_verdicts(list(summary.control)),
+        read_logical(store, f, spec, summary, slo_cover),
+        report_sources(latency, slo_cover, counted),
     )  # fmt: skip
 
 
@@ -490,7 +619,7 @@ def render(report: Report) -> Any:
         slo_rows, styles=styles,
     )  # fmt: skip
     parts: list[Any] = [Text(f"showing {scope}", style="bold")] if scope else []
-    parts += [t, c]
+    parts += [t, Text(f"  P50 / P99: {QUANTILE_BASIS} (as the dashboards)", style="dim"), c]
     if any(x.get("budget_basis") not in (None, "range") for x in report.slos.values()):
         parts.append(
             Text(
@@ -503,9 +632,9 @@ def render(report: Report) -> Any:
     for name, slo in report.slos.items():
         if slo.get("met") is False and slo.get("load"):
             parts.append(Text(f"  {name} — {slo['load']}", style="yellow"))
-    hint = open_windows_hint(report)
-    if hint:
-        parts.append(Text(hint, style="yellow"))
+    for hint in (open_windows_hint(report), windows_short_hint(report)):
+        if hint:
+            parts.append(Text(hint, style="yellow"))
     ctl = table(
         "control directives (event time)",
         ["event time", "scope", "level", "phase", "reason"],

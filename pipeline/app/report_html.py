@@ -7,8 +7,9 @@ resource. Five charts, each a ``<figure class="chart" data-chart=NAME>`` whose
 marks (lines, bars, steps, points) are SVG groups with ids ``mark-...``:
 
 * ``latency``: P99 per minute per boundary (``latency_1m``, all traffic,
-  quantiles from the merged DDSketch buckets);
-* ``breakdown``: mean queue / prefill / decode / gateway overhead per minute
+  quantiles from the merged DDSketch buckets; per hour from ``latency_1h`` over ranges
+  of ~3 weeks and more: :func:`series_bucket_s`);
+* ``breakdown``: mean queue / prefill / decode / gateway overhead per minute (or hour)
   (``latency_1m`` sums and counts), stacked;
 * ``budget``: error budget remaining per SLO (cumulative over the data, from
   ``slo_1m``: 1 − bad / allowed, allowed = Σ (1 − objective) × total) and the
@@ -74,6 +75,7 @@ class HtmlData:
     burn_rate: dict[str, Series]  # slo -> burn over BURN_WINDOW_MIN
     budget_events: list[tuple[float, str, str]]  # (t, slo, event)
     control: dict[str, list[tuple[float, int, str, str]]]  # scope -> (t, level, phase, reason)
+    bucket_s: int = 60  # every series' bucket (series_bucket_s): 60, or 3600 over long ranges
 
 
 def _ts(v: Any) -> float:
@@ -82,37 +84,43 @@ def _ts(v: Any) -> float:
     return float(v)
 
 
-def _slo_series(store: Store, f: ReportFilter, spec: SLOSpec | None) -> list[Any]:
-    """``(start s, slo, objective, total, good)`` per minute and SLO (kind ``slo``); with
-    a model, recounted over its requests (:func:`pipeline.app.report.slo_minute_rows`)."""
+def _slo_series(
+    store: Store, f: ReportFilter, spec: SLOSpec | None, bucket_s: int = 60
+) -> list[Any]:
+    """``(start s, slo, objective, total, good)`` per minute (``bucket_s`` 3600: per hour)
+    and SLO (kind ``slo``); with a model, recounted over its requests
+    (:func:`pipeline.app.report.slo_minute_rows`), its minutes added up per bucket."""
     if f.model is None or spec is None:
-        return budget.minute_slo_series(store, f)
-    rows = slo_minute_rows(store, f, spec)
-    return sorted(
-        ((t, slo, obj, total, good) for slo, kind, t, obj, _w, total, good, _s in rows
-         if kind == "slo"),
-        key=lambda r: (r[0], r[1]),
-    )  # fmt: skip
+        return budget.minute_slo_series(store, f, hourly=bucket_s == 3600)
+    acc: dict[tuple[int, str], list[Any]] = {}
+    for slo, kind, t, obj, _w, total, good, _s in slo_minute_rows(store, f, spec):
+        if kind == "slo":
+            a = acc.setdefault((int(t) // bucket_s * bucket_s, str(slo)), [obj, 0, 0])
+            a[1] += int(total)
+            a[2] += int(good)
+    return [(t, slo, obj, total, good) for (t, slo), (obj, total, good) in sorted(acc.items())]
 
 
 def _window_remaining(
-    store: Store, f: ReportFilter, spec: SLOSpec, shown: list[Any]
+    store: Store, f: ReportFilter, spec: SLOSpec, shown: list[Any], bucket_s: int = 60
 ) -> dict[str, Series]:
-    """Per SLO and minute shown, the budget left of the SLO's own window at the end of
-    that minute (as the SLO table: :func:`pipeline.core.budget.window_budget`, projected
-    until a whole window is seen); the counts from the window's start, before the range
+    """Per SLO and minute (bucket) shown, the budget left of the SLO's own window at the
+    end of that minute (as the SLO table: :func:`pipeline.core.budget.window_budget`,
+    projected until a whole window is seen; per hour, the window's counts of whole hours
+    and its first hour's start); the counts from the window's start, before the range
     too."""
     if not shown:
         return {}
+    bucket_ms = bucket_s * 1000
     first_s = min(float(r[0]) for r in shown)
     last_s = max(float(r[0]) for r in shown)
     slos = {x.name: x for x in spec.slos}
-    starts = [period_at(x.window, int(first_s * 1000) + 60_000)[0] for x in slos.values()]
+    starts = [period_at(x.window, int(first_s * 1000) + bucket_ms)[0] for x in slos.values()]
     wide = dataclasses.replace(
-        f, since_unix_s=min(starts) / 1000, until_unix_s=last_s + 60
+        f, since_unix_s=min(starts) / 1000, until_unix_s=last_s + bucket_s
     )  # the counts of every window the minutes shown fall in
     per: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    for t, slo, _obj, total, good in _slo_series(store, wide, spec):
+    for t, slo, _obj, total, good in _slo_series(store, wide, spec, bucket_s):
         per[str(slo)].append((int(float(t)) * 1000, float(total), float(total) - float(good)))
     out: dict[str, Series] = {}
     for name, minutes in per.items():
@@ -125,7 +133,7 @@ def _window_remaining(
         for t_ms, n, b in minutes:
             held.append((t_ms, n, b))
             total, bad = total + n, bad + b
-            now_ms = t_ms + 60_000
+            now_ms = t_ms + bucket_ms
             start_ms = period_at(slo.window, now_ms)[0]
             while held and held[0][0] < start_ms:
                 _, n0, b0 = held.popleft()
@@ -143,6 +151,32 @@ def _window_remaining(
     return out
 
 
+# From a chart interval of this many seconds on (the range over ~1,000 points), the
+# latency series are per hour, from the hourly rollup: the dashboards' rule for a panel
+# ~1,000 pixels wide (tools/dev/dashboards.py HOURLY_FROM_S; over 30 days, 43,200 minutes
+# of sketch states per boundary took minutes, issue 53). Traffic selected by ``--slo`` is
+# read from requests, per minute.
+HOURLY_FROM_S = 1800
+CHART_POINTS = 1000
+
+
+def series_bucket_s(store: Store, f: ReportFilter) -> int:
+    """The series' bucket: 3600 when the filter's range (the store's hours where open) is
+    over :data:`CHART_POINTS` x :data:`HOURLY_FROM_S`, else 60. Per hour, each SLO's burn
+    rate is over the hour (not :data:`BURN_WINDOW_MIN`) and its budget left at each
+    hour's end."""
+    if f.selects:
+        return 60
+    lo, hi = f.since_unix_s, f.until_unix_s
+    if lo is None or hi is None:
+        extent = windows.extent_s(store)
+        if extent is None:
+            return 60
+        lo = extent[0] if lo is None else lo
+        hi = extent[1] + 3600 if hi is None else hi
+    return 3600 if (hi - lo) / CHART_POINTS >= HOURLY_FROM_S else 60
+
+
 def read_html_data(
     store: Store, f: ReportFilter | None = None, spec: SLOSpec | None = None
 ) -> HtmlData:
@@ -150,8 +184,13 @@ def read_html_data(
     narrows the SLO series and budget events, and SLOs their traffic and scopes (as
     :func:`pipeline.app.report.read_report`)."""
     f = with_selection(f or ReportFilter(), spec)
-    series_of = requests.minute_p99_and_means if f.selects else windows.minute_p99_and_means
-    rows = series_of(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+    bucket_s = series_bucket_s(store, f)
+    if f.selects:
+        rows = requests.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
+    else:
+        rows = windows.minute_p99_and_means(
+            store, f, (*LATENCY_BOUNDARIES, *SEGMENTS), hourly=bucket_s == 3600
+        )
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)
     for t, b, p99, total, n in rows:
@@ -163,9 +202,9 @@ def read_html_data(
     burn: dict[str, Series] = defaultdict(list)
     recent: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     cum: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    series = _slo_series(store, f, spec)
+    series = _slo_series(store, f, spec, bucket_s)
     if spec is not None:
-        remaining.update(_window_remaining(store, f, spec, series))
+        remaining.update(_window_remaining(store, f, spec, series, bucket_s))
     for t, slo, objective, total, good in series:
         bad, allowed = float(total) - float(good), (1.0 - float(objective)) * float(total)
         if spec is None:  # no windows known: cumulative over the data shown
@@ -194,6 +233,7 @@ def read_html_data(
         dict(sorted(burn.items())),
         events,
         dict(sorted(directives.items())),
+        bucket_s,
     )
 
 
@@ -206,6 +246,8 @@ def series_json(data: HtmlData | None) -> dict[str, Any]:
         return {k: [[_iso(t), v] for t, v in s] for k, s in series.items()}
 
     return {
+        # per minute, or per hour over long ranges (series_bucket_s)
+        "bucket_s": data.bucket_s,
         "latency_p99_ms_per_minute": pts(data.latency_p99),
         "breakdown_mean_ms_per_minute": pts(data.breakdown),
         "budget_remaining_per_minute": pts(data.budget_remaining),
@@ -486,7 +528,12 @@ def _verdicts_html(report: Report) -> str:
 def render_html(
     report: Report, data: HtmlData | None, *, title: str = "tailguard SLO report"
 ) -> str:
-    from pipeline.app.report import describe_filter, open_windows_hint
+    from pipeline.app.report import (
+        QUANTILE_BASIS,
+        describe_filter,
+        open_windows_hint,
+        windows_short_hint,
+    )
 
     data = data or HtmlData({}, {}, {}, {}, [], {})
     boundaries = _table(
@@ -512,13 +559,14 @@ def render_html(
         ],
     )  # fmt: skip
     t_end = max((p[0] for s in data.latency_p99.values() for p in s), default=None)
+    per = "hour" if data.bucket_s == 3600 else "minute"
     charts = [
         line_chart(
-            "latency", "P99 per minute by boundary (ms, log scale; all traffic)",
+            "latency", f"P99 per {per} by boundary (ms, log scale; all traffic)",
             data.latency_p99, "P99 (ms, log)", log=True,
         ),
         stacked_bars(
-            "breakdown", "Where the time goes: mean per minute (queue, prefill, decode, gateway)",
+            "breakdown", f"Where the time goes: mean per {per} (queue, prefill, decode, gateway)",
             data.breakdown, "mean (ms)",
         ),
         line_chart(
@@ -529,7 +577,8 @@ def render_html(
             markers=[(t, f"{slo}: {ev}") for t, slo, ev in data.budget_events],
         ),
         line_chart(
-            "burn", f"Burn rate over {BURN_WINDOW_MIN} min (1 = spending the budget exactly)",
+            "burn", f"Burn rate over {'1 h' if per == 'hour' else f'{BURN_WINDOW_MIN} min'} "
+            "(1 = spending the budget exactly)",
             data.burn_rate, "burn rate", y_min=0.0, hline=(1.0, "burn = 1"),
         ),
         step_chart("control", "Control level per scope (event time)", data.control, t_end),
@@ -550,7 +599,9 @@ def render_html(
 Outcomes: {_counts(report.by_outcome)}. Generated {generated}.</p>
 {f"<p>Showing {_esc(scope)}.</p>" if scope else ""}
 {f'<p class="note">{_esc(hint)}</p>' if hint else ""}
+{f'<p class="note">{_esc(short)}</p>' if (short := windows_short_hint(report)) else ""}
 <h2>Latency per boundary</h2>{charts[0]}{boundaries}
+<p class="note">P50 / P99: {_esc(QUANTILE_BASIS)}</p>
 <h2>Breakdown</h2>{charts[1]}
 <h2>SLOs, error budget and burn rate</h2>{slos}{charts[2]}{charts[3]}
 {_table(("time", "SLO", "event"), events_rows) if events_rows else ""}

@@ -279,7 +279,7 @@ def test_sql_refuses_what_is_not_the_stores(built: tuple[Path, dict[str, Any]], 
 
 REPORT_KEYS = {
     "requests", "by_source", "by_outcome", "boundaries", "slos", "open_windows", "control",
-    "budget_events", "clock_skew", "filters", "series", "logical",
+    "budget_events", "clock_skew", "filters", "series", "logical", "sources",
 }  # fmt: skip
 SLO_KEYS = {
     "kind", "objective", "total", "good", "compliance", "met", "budget_bad", "budget_allowed",
@@ -310,7 +310,10 @@ def test_report_json_carries_what_the_text_and_html_show(
     assert set(series) == {
         "latency_p99_ms_per_minute", "breakdown_mean_ms_per_minute",
         "budget_remaining_per_minute", "burn_rate_5m_per_minute", "control_timeline",
+        "bucket_s",
     }  # fmt: skip
+    assert series["bucket_s"] == 60  # minutes of traffic: per minute
+    assert out["sources"]["boundaries_counted"] == out["requests"]
     assert series["latency_p99_ms_per_minute"]["gateway_total_ms"]
     assert set(series["control_timeline"]) == {c["scope"] for c in replay["control"]}
     assert out["open_windows"]["requests_after"] == 0  # a replay closes every window

@@ -56,6 +56,23 @@ def time_where(
     return " AND ".join(conds)
 
 
+def spans_sql(column: str, spans: Sequence[tuple[int | None, int | None]], unit: str) -> str:
+    """SQL: ``column`` in any of the spans (``[from, until)`` in unix ns; None: unbounded),
+    ``unit`` ``ns`` (unix nanoseconds) or ``ms`` (a DateTime64: whole milliseconds)."""
+    if not spans:
+        return "0"
+
+    def value(t: int) -> str:
+        return str(t) if unit == "ns" else f"fromUnixTimestamp64Milli({t // 1_000_000}, 'UTC')"
+
+    ors = []
+    for a, b in spans:
+        conds = [f"{column} >= {value(a)}"] if a is not None else []
+        conds += [f"{column} < {value(b)}"] if b is not None else []
+        ors.append("(" + (" AND ".join(conds) or "1") + ")")
+    return "(" + " OR ".join(ors) + ")"
+
+
 def slo_where(f: ReportFilter, column: str = "window_start") -> str:
     """The filter's time range on ``column`` and its SLOs."""
     cond = time_where(column, f)

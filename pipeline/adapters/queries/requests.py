@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -10,11 +12,13 @@ from pipeline.adapters.queries.filters import (
     ReportFilter,
     params,
     selection_sql,
+    spans_sql,
     time_where,
     verdict_sql,
 )
 from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.core.cover import OpenSpan
 from pipeline.spec.slo import SLO
 
 Row = tuple[Any, ...]
@@ -35,18 +39,6 @@ def _params(f: ReportFilter) -> dict[str, Any]:
     if f.selects:
         out.update(selection_sql(f.selects)[1])
     return out
-
-
-def control_counts(store: Store, f: ReportFilter) -> list[Row]:
-    """``(model, priority, control_mode, control_verdict, count)`` of the filter's requests
-    that carried a control mode (gateway.completed ``control_mode``, issue 48), exact."""
-    return store.query_rows(
-        "SELECT model, priority, control_mode, control_verdict, count() "
-        f"FROM {store.database}.requests FINAL WHERE {_where(f)} AND control_mode IS NOT NULL "
-        "GROUP BY model, priority, control_mode, control_verdict "
-        "ORDER BY model, priority, control_mode, control_verdict",
-        _params(f),
-    )
 
 
 # A row's logical request (pipeline/core/logical.py, "Which attempts"), as SQL.
@@ -105,91 +97,118 @@ def _single_parts(db: str, slos: Sequence[SLO]) -> tuple[list[str], dict[str, An
     return parts, bound
 
 
-def single_attempt_counts(store: Store, f: ReportFilter, slos: Sequence[SLO]) -> Row:
-    """``(count, never served, then per SLO its counted and good)`` of the filter's
-    requests that are the one attempt of their logical request (:func:`_single_parts`),
-    exact."""
+def _spans_where(f: ReportFilter, spans: Sequence[OpenSpan]) -> str:
+    """The filter's model and selected traffic (:func:`_where`), request ends in any of
+    ``spans`` instead of its time range."""
+    return _where(dataclasses.replace(f, since_unix_s=None, until_unix_s=None)) + (
+        f" AND {spans_sql('end_unix_ns', spans, 'ns')}"
+    )
+
+
+def single_attempt_counts(
+    store: Store, f: ReportFilter, slos: Sequence[SLO], spans: Sequence[OpenSpan]
+) -> Row:
+    """``(requests, those never served, then of those that are the one attempt of their
+    logical request: count, never served, then per SLO its counted and good)`` of the
+    filter's requests ending in ``spans`` (:func:`_single_parts`), exact."""
     parts, bound = _single_parts(store.database, slos)
+    failed = "countIf(outcome NOT IN ('ok', 'client_abort'))"
     return store.query_rows(
-        f"SELECT {', '.join(parts)} FROM {store.database}.requests FINAL WHERE {_where(f)}",
+        f"SELECT count(), {failed}, {', '.join(parts)} FROM {store.database}.requests FINAL "
+        f"WHERE {_spans_where(f, spans)}",
         {**_params(f), **bound},
     )[0]
 
 
+def boundary_values(
+    store: Store, f: ReportFilter, spans: Sequence[OpenSpan], boundaries: Sequence[str]
+) -> list[Row]:
+    """The ``boundaries``' values (NULL: none) of the filter's requests ending in
+    ``spans``: what the windows cannot answer of a range (``pipeline.core.cover``)."""
+    for b in boundaries:
+        if b not in BOUNDARIES:
+            raise ValueError(f"unknown boundary {b!r}")
+    return store.query_rows(
+        f"SELECT {', '.join(boundaries)} FROM {store.database}.requests FINAL "
+        f"WHERE {_spans_where(f, spans)}",
+        _params(f),
+    )
+
+
+# RangeSummary's read groups the range by these (sums per source, per outcome, per
+# control mode and of the whole range are added up from its groups), and the clock
+# skew's by host pair (issue 53: two reads of the range, not one per table; the skew's
+# exact median cannot be added up from groups, and a GROUPING SETS read held every
+# joined request's offset once per set).
+_DIMS: Final = ("source", "outcome", "model", "priority", "control_mode", "control_verdict")
+_SKEWED: Final = (
+    "source = 'joined' AND gateway_received_unix_ns IS NOT NULL "
+    "AND engine_arrival_unix_ns IS NOT NULL AND gateway_overhead_ms IS NOT NULL"
+)
+_SKEW_MS: Final = (
+    "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class RangeSummary:
-    """What ``tailguard report`` counts over the filter's requests, from one read of them
-    (each read of ``requests`` merges every version of the range's day partitions,
-    ``FINAL``: one read, not one per figure, issue 53). Exact."""
+    """What ``tailguard report`` counts over the filter's requests that the windows do
+    not (sources, outcomes, clock pairs, control modes, the bad requests' time), exact,
+    from two reads of them (``FINAL``; issue 53: not one per table)."""
 
     requests: int
-    boundaries: tuple[tuple[int, tuple[float, ...]], ...]  # per BOUNDARIES: count, quantiles
     by_source: dict[str, int]
     by_outcome: dict[str, int]
     ended_from: int  # requests that ended at or after ``ended_from_ms``
     bad_splits: tuple[tuple[int, float, float], ...]  # per split SLO: bad_time_split's
-    single: Row  # single_attempt_counts' row, for the verdict SLOs
+    # per gateway -> engine host pair with joined requests: (gateway, engine, joined,
+    # P50 of the engine clock's offset from the gateway's in ms: pipeline.core.skew)
+    clock_skew: tuple[Row, ...]
+    # (model, priority, control_mode, control_verdict, count) of the requests that
+    # carried a control mode (gateway.completed ``control_mode``, issue 48)
+    control: tuple[Row, ...]
 
 
 def range_summary(
-    store: Store,
-    f: ReportFilter,
-    *,
-    quantiles: Sequence[float],
-    split_slos: Sequence[SLO],
-    verdict_slos: Sequence[SLO],
-    ended_from_ms: int,
+    store: Store, f: ReportFilter, *, split_slos: Sequence[SLO], ended_from_ms: int
 ) -> RangeSummary:
-    """The filter's requests: their count; per boundary (``BOUNDARIES`` order) its count
-    and ``quantilesExact(quantiles)``; the count per source and per outcome; those that
-    ended at or after ``ended_from_ms``; :func:`bad_time_split` of each of
-    ``split_slos``; :func:`single_attempt_counts` of ``verdict_slos``."""
-    qs = ", ".join(map(str, quantiles))
-    parts = ["count()"]
-    for b in BOUNDARIES:
-        parts += [f"count({b})", f"quantilesExact({qs})({b})"]
-    parts += [
-        "sumMap([toString(source)], [toUInt64(1)])",
-        "sumMap([toString(outcome)], [toUInt64(1)])",
-        f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})",
-    ]
+    """The filter's :class:`RangeSummary`."""
     splits, split_bound = _split_parts(split_slos)
-    singles, single_bound = _single_parts(store.database, verdict_slos)
-    row = store.query_rows(
-        f"SELECT {', '.join(parts + splits + singles)} FROM {store.database}.requests FINAL "
-        f"WHERE {_where(f)}",
-        {**_params(f), **split_bound, **single_bound},
-    )[0]
-    nb = len(BOUNDARIES)
-    at = 1 + 2 * nb
-    (src_k, src_n), (out_k, out_n) = row[at], row[at + 1]
-    split_row = row[at + 3 : at + 3 + len(splits)]
-    return RangeSummary(
-        int(row[0]),
-        tuple(
-            (int(row[1 + 2 * i]), tuple(float(q) for q in row[2 + 2 * i]) if row[1 + 2 * i] else ())
-            for i in range(nb)
-        ),
-        {str(k): int(n) for k, n in zip(src_k, src_n, strict=True)},
-        {str(k): int(n) for k, n in zip(out_k, out_n, strict=True)},
-        int(row[at + 2]),
-        _splits_of(split_row, len(split_slos)),
-        tuple(row[at + 3 + len(splits) :]),
+    parts = ["count()", f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})", *splits]
+    rows = store.query_rows(
+        f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {store.database}.requests FINAL "
+        f"WHERE {_where(f)} GROUP BY {', '.join(_DIMS)}",
+        {**_params(f), **split_bound},
     )
-
-
-def clock_skew(store: Store, f: ReportFilter) -> list[Row]:
-    """Per gateway -> engine host pair: joined requests and the P50 of the engine clock's
-    offset from the gateway's (:mod:`pipeline.core.skew`'s estimate)."""
-    return store.query_rows(
-        "SELECT gateway_host, engine_host, count(), quantileExact(0.5)("
-        "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2) "
-        f"FROM {store.database}.requests FINAL WHERE source = 'joined' AND {_where(f)} "
-        "AND gateway_received_unix_ns IS NOT NULL AND engine_arrival_unix_ns IS NOT NULL "
-        "AND gateway_overhead_ms IS NOT NULL "
+    n = ended = 0
+    split_sum = [0.0] * len(splits)
+    by_source: Counter[str] = Counter()
+    by_outcome: Counter[str] = Counter()
+    control: Counter[tuple[Any, ...]] = Counter()
+    for src, out, model, prio, mode, verdict, count, ended_n, *split_row in rows:
+        n += int(count)
+        ended += int(ended_n)
+        split_sum = [a + float(b or 0) for a, b in zip(split_sum, split_row, strict=True)]
+        by_source[str(src)] += int(count)
+        by_outcome[str(out)] += int(count)
+        if mode is not None:
+            control[model, prio, mode, verdict] += int(count)
+    skew = store.query_rows(
+        f"SELECT gateway_host, engine_host, count(), quantileExact(0.5)({_SKEW_MS}) "
+        f"FROM {store.database}.requests FINAL WHERE {_SKEWED} AND {_where(f)} "
         "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
         _params(f),
     )
+    return RangeSummary(
+        n, dict(sorted(by_source.items())), dict(sorted(by_outcome.items())), ended,
+        _splits_of(split_sum, len(split_slos)), tuple(skew),
+        tuple((*k, c) for k, c in sorted(control.items(), key=lambda kv: _control_order(kv[0]))),
+    )  # fmt: skip
+
+
+def _control_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``ORDER BY model, priority, control_mode, control_verdict`` (NULLs last)."""
+    return tuple((v is None, v if v is not None else 0) for v in key)
 
 
 def tenant_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> list[Row]:

@@ -3,12 +3,15 @@ the ledger of the requests each window counted) and the rollup ``latency_1m``.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from pipeline.adapters.queries.filters import ReportFilter, params, time_where
+from pipeline.adapters.queries.filters import ReportFilter, params, spans_sql, time_where
 from pipeline.adapters.sketch_sql import quantile_from_merged_sql
 from pipeline.adapters.store import SLO_ROW_BOUNDARY, Store
+from pipeline.contract.sketch import SketchColumns
+from pipeline.core.cover import Cover
 from pipeline.core.ledger import ENDED_THROUGH, pack
+from pipeline.core.sketch import QuantileSketch
 
 Row = tuple[Any, ...]
 
@@ -39,18 +42,97 @@ def latency_sql(
     )
 
 
-def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
-    """``(start s, boundary, p99, sum, count)`` per minute and boundary of the filter's
-    model (all traffic without one), priorities and context buckets folded: all traffic
-    is the one key ``('*', '*', '*')``, a model its keys ``(model, priority, ctx_bucket)``,
-    merged."""
+def minute_p99_and_means(
+    store: Store, f: ReportFilter, boundaries: tuple[str, ...], *, hourly: bool = False
+) -> list[Row]:
+    """``(start s, boundary, p99, sum, count)`` per minute (``hourly``: per hour, from
+    the hourly rollup) and boundary of the filter's model (all traffic without one),
+    priorities and context buckets folded: all traffic is the one key ``('*', '*', '*')``,
+    a model its keys ``(model, priority, ctx_bucket)``, merged."""
     model = "{model:String}" if f.model is not None else "'*'"
     where = f"model = {model} AND " + time_where("window_start", f)
-    minutes = latency_sql(f"{store.database}.latency_1m", where, boundaries)
+    table = "latency_1h" if hourly else "latency_1m"
+    minutes = latency_sql(f"{store.database}.{table}", where, boundaries)
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
     )
+
+
+# Each part of a :class:`~pipeline.core.cover.Cover` the windows answer: its table, how
+# that table's rows merge their sketch (rollups: aggregate states; base windows: arrays).
+_SKETCH_TIERS: Final = (
+    ("hours", "latency_1h", "sumMapMerge(pos)", "sumMapMerge(neg)"),
+    ("minutes", "latency_1m", "sumMapMerge(pos)", "sumMapMerge(neg)"),
+    ("windows", "window_sketches", "sumMap(pos_keys, pos_counts)", "sumMap(neg_keys, neg_counts)"),
+)
+
+
+# A partition whose windows stopped closing this long before the newest is left out of
+# where the windows are closed (a topic generation gone, a partition idle): the rest read
+# from ``requests`` is at most this long.
+IDLE_PARTITION_NS: Final = 3_600_000_000_000
+
+
+def extent_s(store: Store) -> tuple[int, int] | None:
+    """``(first, last)`` hour (unix s) of the all-traffic hourly rollup; None: empty."""
+    ((lo, hi, n),) = store.query_rows(
+        "SELECT toUnixTimestamp(min(window_start)), toUnixTimestamp(max(window_start)), "
+        f"count() FROM {store.database}.latency_1h "
+        "WHERE boundary = 'gateway_total_ms' AND model = '*'"
+    )
+    return (int(lo), int(hi)) if n else None
+
+
+def closed_through(store: Store) -> tuple[int, int]:
+    """``(closed_ns, window_ms)``: every window ending at or before ``closed_ns`` (unix ns)
+    is closed, in every partition whose windows closed within :data:`IDLE_PARTITION_NS` of
+    the newest (the least of their newest ends); ``window_ms`` the base windows' length.
+    ``(0, 0)`` without windows."""
+    ((closed_ms, window_ms),) = store.query_rows(
+        "SELECT min(e), any(w) FROM (SELECT max(toUnixTimestamp64Milli(window_start) + "
+        f"window_ms) AS e, any(window_ms) AS w FROM {store.database}.window_sketches "
+        "WHERE boundary = {b:String} GROUP BY source_topic, partition) "
+        "WHERE e >= (SELECT max(toUnixTimestamp64Milli(window_start) + window_ms) "
+        f"FROM {store.database}.window_sketches WHERE boundary = {{b:String}}) - {{idle:Int64}}",
+        {"b": SLO_ROW_BOUNDARY, "idle": IDLE_PARTITION_NS // 1_000_000},
+    )
+    return int(closed_ms or 0) * 1_000_000, int(window_ms or 0)
+
+
+def cover_sketches(
+    store: Store, cover: Cover, boundaries: tuple[str, ...], model: str | None
+) -> tuple[dict[str, QuantileSketch], int]:
+    """Per boundary, the windows' sketches of the requests (of ``model``; all traffic:
+    the key ``('*', '*', '*')``) that ended in the cover's window parts, merged: the
+    hourly rollups for its hours, the minute rollups for its minutes, the base windows for
+    the rest (corrections summed in); and how many requests the windows counted there
+    (their ``records``). Its ``rest`` is not read here."""
+    out = {b: QuantileSketch() for b in boundaries}
+    key = "model = {model:String}" if model is not None else "model = '*'"
+    parts = []
+    for attr, table, pos, neg in _SKETCH_TIERS:
+        spans = getattr(cover, attr)
+        if not spans:
+            continue
+        parts.append(
+            "SELECT boundary, toInt64(sum(records)), toInt64(sum(count)), sum(sum), min(min), "
+            f"max(max), toInt64(sum(zero_count)), {pos}, {neg} FROM {store.database}.{table} "
+            f"WHERE boundary IN {{bs:Array(String)}} AND {key} "
+            f"AND {spans_sql('window_start', spans, 'ms')} GROUP BY boundary"
+        )
+    if not parts:
+        return out, 0
+    bound: dict[str, Any] = {"bs": list(boundaries)} | ({"model": model} if model else {})
+    records = 0
+    for b, n_rec, n, total, lo, hi, zero, (pk, pc), (nk, nc) in store.query_rows(
+        " UNION ALL ".join(parts), bound
+    ):
+        cols = SketchColumns(int(n), float(total), float(lo), float(hi), int(zero),
+                             list(pk), list(pc), list(nk), list(nc))  # fmt: skip
+        out[str(b)].merge(QuantileSketch.from_columns(cols, delta=True))
+        records += int(n_rec) if b == boundaries[0] else 0
+    return out, records
 
 
 def read_ledger(
