@@ -35,6 +35,8 @@ Last, the ingestion rate with a dashboard refreshing (:func:`ingestion_with_dash
 flush's writers into a scratch database of the same engine, alone, with every panel of
 both dashboards over 30 d refreshed every 10 s through the query port, and alone again.
 
+``TG_MONTH_PARTS`` (e.g. ``reads,ingest``) runs a subset of the section (:data:`PARTS`).
+
 Also: rows and bytes on disk per table, per request it covers; the ``requests`` table's
 largest columns; one day's partition of it with ZSTD(1) on every column against as
 stored; the build's rate per pass and what the rest would take.
@@ -171,7 +173,13 @@ def _ms(s: float) -> str:
 def dashboard_queries(end_ms: int, range_ms: int) -> list[tuple[str, str]]:
     """``(dashboard / panel, SQL)`` of every panel and variable query over the last
     ``range_ms`` before ``end_ms``, as the plugin sends them (multi-value variables All)."""
-    from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
+    from tools.dev.grafana_sql import (
+        ALL_VALUE,
+        QueryContext,
+        Variable,
+        interpolate,
+        panel_context,
+    )
 
     out = []
     for path in sorted((REPO / "dashboards" / "json").glob("*.json")):
@@ -195,8 +203,8 @@ def dashboard_queries(end_ms: int, range_ms: int) -> list[tuple[str, str]]:
         for p in model["panels"]:
             for t in p.get("targets", []):
                 sql = t.get("rawSql")
-                if sql:
-                    out.append((f"{board} / {p['title']}", interpolate(sql, ctx)))
+                if sql:  # (a panel with its own range, timeFrom: the last of it)
+                    out.append((f"{board} / {p['title']}", interpolate(sql, panel_context(ctx, p))))
     return out
 
 
@@ -527,6 +535,24 @@ def build_store(ctx: Context, store_dir: Path) -> None:
         raise RuntimeError(f"the month build failed ({rc}): see {log}")
 
 
+# What the section measures, each part on its own (TG_MONTH_PARTS, comma-separated: a
+# subset, e.g. "ingest" or "reads,ingest"; default every part): the ZSTD(1) trial on a
+# day of requests, the reads in process, the reads through the query port, the ingestion
+# with a dashboard refreshing against without.
+PARTS: Final = ("codec", "reads", "port", "ingest")
+
+
+def parts_to_run() -> frozenset[str]:
+    """The parts ``TG_MONTH_PARTS`` names (every part of :data:`PARTS` when unset)."""
+    raw = os.environ.get("TG_MONTH_PARTS", "").strip()
+    if not raw:
+        return frozenset(PARTS)
+    want = frozenset(p.strip() for p in raw.split(",") if p.strip())
+    if not want <= set(PARTS):
+        raise ValueError(f"TG_MONTH_PARTS {raw!r}: parts are {', '.join(PARTS)}")
+    return want
+
+
 TITLE: Final = "A month of traffic: dashboards, report, statement and explain on ~50 M requests"
 
 
@@ -545,6 +571,8 @@ def run(ctx: Context) -> Section:
     assert prog is not None
     store, prog = open_month(store_dir, prog.recipe)
     runs = int(os.environ.get("TG_MONTH_RUNS", "5"))
+    want = parts_to_run()
+    trial = ingest = None
     try:
         sizes = table_sizes(store)
         counted = covered_requests(store)
@@ -552,26 +580,34 @@ def run(ctx: Context) -> Section:
             "SELECT name, data_compressed_bytes FROM system.columns WHERE database = "
             f"'{DATABASE}' AND table = 'requests' ORDER BY data_compressed_bytes DESC LIMIT 8"
         )
-        # the day before the last (a whole day of requests)
-        day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
-        trial = codec_trial(store, day)
+        if "codec" in want:
+            # the day before the last (a whole day of requests)
+            day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
+            trial = codec_trial(store, day)
         direct = Timer(store, runs)
-        read_all(direct, prog, ctx.workdir)
+        if "reads" in want:
+            read_all(direct, prog, ctx.workdir)
         server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
         server.start(publish=False)
         client = ClickHouseStore(_http_client(server.port, server.token, DATABASE), DATABASE)
         try:
             via_port = Timer(client, runs, can_drop=False)
-            read_all(via_port, prog, ctx.workdir, port=True)
-            ingest = ingestion_with_dashboard(store, client, prog)
+            if "port" in want:
+                read_all(via_port, prog, ctx.workdir, port=True)
+            if "ingest" in want:
+                ingest = ingestion_with_dashboard(store, client, prog)
         finally:
             client.close()
             server.stop()
     finally:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
-    describe_bytes(section, counted, columns, trial)
-    describe_ingestion(section, ingest)
+    if trial is not None:
+        describe_bytes(section, counted, columns, trial)
+    if ingest is not None:
+        describe_ingestion(section, ingest)
+    if want != frozenset(PARTS):
+        section.text.append(f"Parts run (TG_MONTH_PARTS): {', '.join(sorted(want))}.")
     describe_build(section, prog, ctx.workdir / "month-build.log")
     return section
 

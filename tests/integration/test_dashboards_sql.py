@@ -36,7 +36,7 @@ from tools.dev.dashboards import (
     PRIORITIES,
     dashboards,
 )
-from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
+from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate, panel_context
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,7 @@ def test_every_panel_returns_rows_with_the_expected_columns(
     assert titles <= set(EXPECTED), titles - set(EXPECTED)
     for panel in model["panels"]:
         (target,) = panel["targets"]
-        sql = interpolate(target["rawSql"], ctx)
+        sql = interpolate(target["rawSql"], panel_context(ctx, panel))
         cols, rows = _run(replayed.store, sql)
         where = f"{name}: {panel['title']} ({selection}, {interval_ms} ms)"
         assert cols == list(EXPECTED[panel["title"]]), where
@@ -218,9 +218,13 @@ def test_selections_filter(replayed: Replayed) -> None:
     def total(picks: dict[str, str | list[str]]) -> int:
         variables = _variables(model, picks, listed)
         ctx = QueryContext(replayed.from_ms, replayed.to_ms, 60_000, variables)
-        _, rows = _run(replayed.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+        sql = interpolate(panel["targets"][0]["rawSql"], panel_context(ctx, panel))
+        _, rows = _run(replayed.store, sql)
         return sum(int(r[1]) for r in rows)
 
+    # the panel's own range (the last hour before the dashboard's end) covers the replay
+    span = panel_context(QueryContext(replayed.from_ms, replayed.to_ms), panel)
+    assert span.from_ms <= replayed.from_ms
     everything = total({})
     assert everything == replayed.summary["requests"]
     assert total({"model": listed["model"], "priority": list(PRIORITIES),
@@ -248,7 +252,7 @@ def _panel_rows(
         r.from_ms if from_ms is None else from_ms, r.to_ms if to_ms is None else to_ms,
         interval_ms, _variables(model, picks or {}, _variable_values(r, model)),
     )  # fmt: skip
-    return _run(r.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+    return _run(r.store, interpolate(panel["targets"][0]["rawSql"], panel_context(ctx, panel)))
 
 
 def test_p99_over_the_range_equals_the_merged_stream_sketches(replayed: Replayed) -> None:

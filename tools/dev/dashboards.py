@@ -191,6 +191,23 @@ def heatmap_sql() -> str:
     )
 
 
+# The two panels that read ``requests`` (one row per request, ordered by request id: a
+# time range is pruned to whole day partitions, nothing finer) show the last
+# REQUEST_PANEL_RANGE before now, whatever the dashboard's range (Grafana's "Relative
+# time" query option, ``timeFrom``; the panel's header says "Last 1 hour"). Over the
+# dashboard's 30 days they read every request of the month (51 M: seconds of both cores a
+# refresh, issue 53); over the last hour, one day's partition at most.
+REQUEST_PANEL_RANGE: Final = "1h"
+# ``FINAL`` within each day partition (of the request's start), not across them: a
+# request's versions share the day of its start, except one whose upgrade moved its start
+# across midnight (pipeline/core/join.py: an engine-only record joined by a late gateway
+# event starts at the gateway's clock), which a range within one day never merged anyway
+# (``$__timeFilter(ts)`` reads that day's partition only). Measured on a 2-day store of
+# 20 requests/s, the last hour: 0.6-1.2 s merged across partitions, 0.05-0.13 s within
+# each; an hour of a merged day: 0.75-1.7 s against 0.3-0.4 s (issue 53).
+REQUEST_FINAL_SETTINGS: Final = "SETTINGS do_not_merge_across_partitions_select_final = 1"
+
+
 def slow_requests_sql() -> str:
     return (
         "SELECT ts AS time, request_id, model, ifNull(toString(priority), 'unknown') AS priority, "
@@ -198,7 +215,7 @@ def slow_requests_sql() -> str:
         "prefill_ms, decode_ms, gateway_overhead_ms, queue_ms / gateway_total_ms AS queue_share, "
         "prompt_tokens, output_tokens "
         f"FROM ${{db}}.requests FINAL WHERE {REQUEST_FILTER} "
-        "ORDER BY coalesce(gateway_total_ms, engine_e2e_ms) DESC LIMIT 50"
+        "ORDER BY coalesce(gateway_total_ms, engine_e2e_ms) DESC LIMIT 50 " + REQUEST_FINAL_SETTINGS
     )
 
 
@@ -211,7 +228,7 @@ def tenant_sql() -> str:
         "quantileExact(0.99)(inference_ms) AS p99_inference_ms, "
         "countIf(outcome != 'ok') / count() AS not_ok_share "
         f"FROM ${{db}}.requests FINAL WHERE {REQUEST_FILTER} "
-        "GROUP BY tenant ORDER BY p99_gateway_total_ms DESC"
+        "GROUP BY tenant ORDER BY p99_gateway_total_ms DESC " + REQUEST_FINAL_SETTINGS
     )
 
 
@@ -427,8 +444,11 @@ def table(
     grid: tuple[int, int, int, int],
     *,
     units: dict[str, str] | None = None,
+    time_from: str | None = None,
 ) -> dict[str, Any]:
     panel = _panel("table", title, description, grid, [_target(sql, table=True)])
+    if time_from is not None:  # the panel's own range: the last ``time_from`` before now
+        panel["timeFrom"] = time_from
     panel["fieldConfig"] = {
         "defaults": {"custom": {"align": "auto", "filterable": True, "inspect": False}},
         "overrides": [
@@ -549,9 +569,11 @@ def latency_panels() -> list[dict[str, Any]]:
         heat,
         table(
             "Top slow requests with their breakdown",
-            "The 50 slowest requests (gateway total, else engine end-to-end) in the range, "
-            "from requests FINAL, with every boundary and the share of the time spent queued. "
-            "Honours all four variables, tenant included.",
+            f"The 50 slowest requests (gateway total, else engine end-to-end) of the last "
+            f"{REQUEST_PANEL_RANGE} (this panel's own range, whatever the dashboard's: a "
+            "read of requests over a month takes seconds), from requests FINAL, with every "
+            "boundary and the share of the time spent queued. Honours all four variables, "
+            "tenant included.",
             slow_requests_sql(),
             (0, 26, 24, 10),
             units=_ms_units(
@@ -563,18 +585,22 @@ def latency_panels() -> list[dict[str, Any]]:
                 "gateway_overhead_ms",
             )
             | {"queue_share": "percentunit"},
+            time_from=REQUEST_PANEL_RANGE,
         ),
         table(
             "Latency per tenant (exact, from requests)",
             "Tenant is not a window key (tenants are unbounded; window keys are capped), so "
-            "this table reads requests FINAL over the range: exact quantiles (quantileExact), "
-            "not sketches. The panels above read the rollups and ignore $tenant.",
+            f"this table reads requests FINAL over the last {REQUEST_PANEL_RANGE} (this "
+            "panel's own range, whatever the dashboard's: a read of requests over a month "
+            "takes seconds): exact quantiles (quantileExact), not sketches. The panels above "
+            "read the rollups and ignore $tenant.",
             tenant_sql(),
             (0, 36, 24, 8),
             units=_ms_units(
                 "p50_gateway_total_ms", "p99_gateway_total_ms", "p99_queue_ms", "p99_inference_ms"
             )
             | {"not_ok_share": "percentunit"},
+            time_from=REQUEST_PANEL_RANGE,
         ),
     ]
 
