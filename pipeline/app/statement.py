@@ -23,13 +23,13 @@ import orjson
 from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.queries import control as control_queries
 from pipeline.adapters.queries import requests
-from pipeline.adapters.store import Store, record_from_row
+from pipeline.adapters.store import Store, record_fields_from_columns, records_from_fields
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
     Statement,
     compute_statement,
-    records_digest,
+    field_tuples_digest,
     rows_digest,
 )
 from pipeline.core.timefmt import iso_time
@@ -48,14 +48,16 @@ def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: s
     """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    records = [record_from_row(r) for r in requests.tenant_rows(store, tenant, p_start, p_end)]
-    max_end, n_any = requests.last_end(store, p_start, p_end)
+    # read column by column, the records built from the columns, the digest from their
+    # field tuples (issue 53: the rows of a tenant-month are millions)
+    fields = record_fields_from_columns(requests.tenant_columns(store, tenant, p_start, p_end))
+    records = records_from_fields(fields)
+    until_ns = requests.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
     control = control_queries.levels_before(store, b_ms)
     events = budget_queries.events_between(store, a_ms, b_ms)
     level_changes = [LevelChange(str(s), int(t), int(q), int(lv)) for s, t, q, lv in control]
     budget = [BudgetEventRow(str(s), str(e), int(t)) for s, e, t in events]
-    until_ns = int(max_end) if n_any else None
     in_period = [c.at_ms for c in level_changes if c.at_ms >= a_ms]
     if in_period:
         last_ns = max(in_period) * 1_000_000
@@ -64,7 +66,7 @@ def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: s
     inputs = {
         "store_database": store.database,
         "requests_rows": len(records),
-        "requests_digest": records_digest(records),
+        "requests_digest": field_tuples_digest(zip(*fields, strict=True)),
         "event_time_range": {
             "from_unix_ns": min(ends) if ends else None,
             "to_unix_ns": max(ends) if ends else None,

@@ -8,6 +8,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from pipeline.adapters.store import (
     CHECKPOINT_COLUMNS,
     CONTROL_COLUMNS,
     EVENT_COLUMNS,
+    REQUEST_COLUMNS,
     SLO_COUNT_FIELDS,
     SLO_ROW_BOUNDARY,
     WINDOW_COLUMNS,
@@ -28,6 +30,10 @@ from pipeline.adapters.store import (
     EventRow,
     WindowRow,
     raw_event_columns,
+    record_fields_from_columns,
+    record_from_row,
+    records_from_fields,
+    request_columns,
     window_columns,
     window_rows,
     windows_columns,
@@ -41,8 +47,9 @@ from pipeline.contract.events import Event
 from pipeline.contract.wire import decode_fast
 from pipeline.core.sketch import SketchColumns
 from pipeline.core.slo_windows import SLOWindowRow
+from pipeline.core.statement import field_tuples_digest, records_digest
 from pipeline.core.windows import ClosedWindow
-from tests.factories import completed, finished, received
+from tests.factories import completed, finished, joined, received
 
 
 def _names(spec: tuple[tuple[str, str], ...]) -> list[str]:
@@ -93,6 +100,9 @@ class RecordingStore:
         raise AssertionError("no commands expected")
 
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
+        raise AssertionError("no queries expected")
+
+    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
         raise AssertionError("no queries expected")
 
     def insert_columns(
@@ -295,3 +305,38 @@ def test_checkpoints_and_audit_columns_by_name() -> None:
     }  # fmt: skip
     assert cs == {n: [getattr(control, n)] for n in ControlRow._fields}
     assert be == {n: [getattr(budget, n)] for n in BudgetEventRow._fields}
+
+
+def _stored_records() -> list[Any]:
+    """Records whose stored values differ from their fields: no tenant, hosts, flags, a
+    superseded attempt, a conflict (the store version); a joined, an engine-only and a
+    gateway-only one."""
+    base = joined([received("a", tenant=None), completed("a"), finished("a")])
+    base += joined([finished("b"), received("c", tenant="t2"), completed("c")])
+    (a, *rest) = base
+    return [
+        a,
+        msgspec.structs.replace(a, request_id="a", attempt=2, flags=("x", "y"), conflicts=2),
+        msgspec.structs.replace(a, request_id="d", superseded=True, gateway_host=None),
+        *rest,
+    ]
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_records_from_stored_columns_equal_those_from_stored_rows(n: int) -> None:
+    """The statement's columnar read makes the records (and their field tuples, the
+    digest's) that :func:`record_from_row` makes of the same rows."""
+    records = _stored_records()[:n]
+    stored = request_columns(records)
+    assert len(stored) == len(REQUEST_COLUMNS)
+    by_row = [record_from_row(row) for row in zip(*stored, strict=True)]
+    assert by_row == records  # (the round trip itself)
+    fields = record_fields_from_columns(stored)
+    assert records_from_fields(fields) == by_row
+    assert list(zip(*fields, strict=True)) == [msgspec.structs.astuple(r) for r in by_row]
+    assert field_tuples_digest(zip(*fields, strict=True)) == records_digest(by_row)
+
+
+def test_stored_columns_of_another_width_are_refused() -> None:
+    with pytest.raises(ValueError, match="columns"):
+        record_fields_from_columns([[]] * (len(REQUEST_COLUMNS) - 1))
