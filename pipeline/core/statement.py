@@ -60,9 +60,9 @@ import itertools
 import math
 import zoneinfo
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
@@ -351,24 +351,11 @@ def _json(x: Any) -> Any:
     return x
 
 
-# A record's key in its field tuple (msgspec.structs.astuple): _KEY's fields
-_TUPLE_KEY: Final = itemgetter(
-    RequestRecord.__struct_fields__.index("request_id"),
-    RequestRecord.__struct_fields__.index("attempt"),
-)
-
-
 def records_digest(records: Sequence[RequestRecord]) -> str:
     """Digest of the records (in (request_id, attempt) order, every field)."""
-    return field_tuples_digest(map(msgspec.structs.astuple, records))
-
-
-def field_tuples_digest(tuples: Iterable[tuple[Any, ...]]) -> str:
-    """:func:`records_digest` of records given as their field tuples (``astuple``'s: a
-    store read's columns zipped), without building the records (issue 53: 2 M of them
-    for a tenant-month)."""
+    ordered = sorted(records, key=_KEY)
     # (orjson writes a tuple as the list it was)
-    return digest(orjson.dumps(sorted(tuples, key=_TUPLE_KEY)))
+    return digest(orjson.dumps(list(map(msgspec.structs.astuple, ordered))))
 
 
 def rows_digest(rows: Sequence[Sequence[Any]]) -> str:

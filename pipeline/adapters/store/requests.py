@@ -128,21 +128,15 @@ def record_from_row(row: Sequence[Any]) -> RequestRecord:
     return RequestRecord(*v)
 
 
-def record_fields_from_columns(columns: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    """``requests`` columns (:data:`REQUEST_COLUMNS` order) as the records' field values,
-    column by column (what :func:`record_from_row` does to a row; one C-level pass per
-    converted column, none for the others): ``zip(*fields)`` are the records' field tuples
-    (``msgspec.structs.astuple``), ``map(RequestRecord, *fields)`` the records."""
+def records_from_columns(columns: Sequence[Sequence[Any]]) -> list[RequestRecord]:
+    """``requests`` columns (:data:`REQUEST_COLUMNS` order) as their records: what
+    :func:`record_from_row` makes of each row, column by column (one C-level pass per
+    converted column, none for the others; no row tuples)."""
     if len(columns) != len(_REQUEST_NAMES):
         raise ValueError(f"requests has {len(_REQUEST_NAMES)} columns, got {len(columns)}")
-    fields = [c if isinstance(c, list) else list(c) for c in columns]
+    fields = list(columns)
     for i, convert in _FROM_STORED:
         fields[i] = list(map(convert, fields[i]))
-    return fields
-
-
-def records_from_fields(fields: Sequence[Sequence[Any]]) -> list[RequestRecord]:
-    """The records of :func:`record_fields_from_columns`' field columns."""
     return list(map(RequestRecord, *fields))
 
 
