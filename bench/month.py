@@ -455,16 +455,21 @@ class DashboardRefresher:
         self.client = client
         self.queries = queries
         self.refreshes: list[float] = []
+        self.error: str | None = None  # a query that failed (the refreshing stopped there)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             t = time.perf_counter()
-            for _name, sql in self.queries:
+            for name, sql in self.queries:
                 if self._stop.is_set():
                     return
-                self.client.query_rows(sql)
+                try:
+                    self.client.query_rows(sql)
+                except Exception as exc:  # the phase would be measured without a dashboard
+                    self.error = f"{name}: " + str(exc).split("\n", 1)[0][:300]
+                    return
             took = time.perf_counter() - t
             self.refreshes.append(took)
             self._stop.wait(max(0.0, INGEST_REFRESH_S - took))
@@ -496,6 +501,8 @@ def ingestion_with_dashboard(store: Any, client: Any, prog: Progress) -> dict[st
             with DashboardRefresher(client, queries) as dash:
                 n, took = _write_phase(store, "tailguard_ingest", flushes)
             refreshes += dash.refreshes
+            if dash.error is not None:
+                raise RuntimeError(f"the dashboard's refresh failed: {dash.error}")
         else:
             n, took = _write_phase(store, "tailguard_ingest", flushes)
         rates[phase].append(n / took)

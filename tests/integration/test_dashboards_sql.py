@@ -33,7 +33,9 @@ from tools.dev.dashboards import (
     BURN_WINDOWS,
     CTX_BUCKETS,
     HEATMAP_BOUNDS_MS,
+    LAST_VERSIONS,
     PRIORITIES,
+    REQUEST_PANEL_COLUMNS,
     dashboards,
 )
 from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate, panel_context
@@ -239,6 +241,63 @@ def test_selections_filter(replayed: Replayed) -> None:
     assert every
     assert one
     assert one != every
+
+
+@pytest.fixture
+def rewritten(replayed: Replayed) -> Iterator[str]:
+    """A copy of the replayed ``requests`` with a second, older version of every request
+    written after it (a lower store version, 100 x slower): a table of requests written
+    twice, as partial records and superseded attempts leave it."""
+    db = replayed.store.database
+    replayed.store.command(f"DROP TABLE IF EXISTS {db}.requests_rewritten")
+    replayed.store.command(f"CREATE TABLE {db}.requests_rewritten AS {db}.requests")
+    try:
+        replayed.store.command(f"INSERT INTO {db}.requests_rewritten SELECT * FROM {db}.requests")
+        replayed.store.command(
+            f"INSERT INTO {db}.requests_rewritten SELECT * REPLACE (revision - 1 AS revision, "
+            "gateway_total_ms * 100 AS gateway_total_ms, engine_e2e_ms * 100 AS engine_e2e_ms) "
+            f"FROM {db}.requests WHERE revision > 0"
+        )
+        yield "requests_rewritten"
+    finally:
+        replayed.store.command(f"DROP TABLE IF EXISTS {db}.requests_rewritten")
+
+
+@pytest.mark.parametrize(
+    "title", ["Top slow requests with their breakdown", "Latency per tenant (exact, from requests)"]
+)
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_the_panels_reading_requests_show_what_final_gives(
+    replayed: Replayed, rewritten: str, title: str, selection: str
+) -> None:
+    """Each request's last version in the range (``LAST_VERSIONS``, no ``FINAL``) gives the
+    rows ``requests FINAL`` over the same range gives, on a table of requests written twice
+    (the older version 100 x slower: shown, it would change both panels)."""
+    model = dashboards()["tailguard-latency.json"]
+    panel = next(p for p in model["panels"] if p["title"] == title)
+    listed = _variable_values(replayed, model)
+    picks: dict[str, str | list[str]] = {}
+    if selection == "picked":
+        picks = {"model": listed["model"][:1], "tenant": listed["tenant"][:2]}
+    ctx = panel_context(
+        QueryContext(replayed.from_ms, replayed.to_ms, 60_000, _variables(model, picks, listed)),
+        panel,
+    )
+    raw = panel["targets"][0]["rawSql"]
+    assert LAST_VERSIONS in raw
+    columns = ", ".join(REQUEST_PANEL_COLUMNS)
+    final = f"(SELECT {columns} FROM ${{db}}.requests FINAL WHERE $__timeFilter(ts))"
+    every_row = f"(SELECT {columns} FROM ${{db}}.{rewritten} WHERE $__timeFilter(ts))"
+    last = LAST_VERSIONS.replace("${db}.requests ", f"${{db}}.{rewritten} ")
+    assert last != LAST_VERSIONS
+
+    def rows(source: str) -> list[tuple[Any, ...]]:
+        return _run(replayed.store, interpolate(raw.replace(LAST_VERSIONS, source), ctx))[1]
+
+    want = rows(final)
+    assert want
+    assert rows(last) == want
+    assert rows(every_row) != want  # (the older versions, unmerged, would show)
 
 
 def _panel_rows(
