@@ -362,6 +362,19 @@ def test_only_the_panels_reading_requests_have_their_own_short_range(name: str) 
             assert "timeFrom" not in p, p["title"]
 
 
+def test_the_tenant_variable_lists_the_tenants_of_the_request_panels_range() -> None:
+    (tenant,) = [
+        v for v in _load("tailguard-latency.json")["templating"]["list"] if v["name"] == "tenant"
+    ]
+    sql = tenant["query"]["rawSql"]
+    assert sql == gen.TENANTS_SQL
+    ctx = QueryContext(1_000_000_000_000, 1_000_086_400_000)
+    span = panel_context(ctx, {"timeFrom": gen.REQUEST_PANEL_RANGE})
+    span_s = (span.to_ms - span.from_ms) // 1000
+    want = f"ts >= toDateTime({span.to_ms // 1000}) - INTERVAL {span_s} SECOND AND "
+    assert want in interpolate(sql, ctx)
+
+
 def test_the_panels_reading_requests_are_the_two_per_request_ones() -> None:
     titles = {p["title"] for name in FILES for p in _load(name)["panels"] if "timeFrom" in p}
     assert titles == {

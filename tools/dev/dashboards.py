@@ -198,7 +198,16 @@ def heatmap_sql() -> str:
 # time" query option, ``timeFrom``; the panel's header says "Last 1 hour"). Over the
 # dashboard's 30 days they read every request of the month (51 M: seconds of both cores a
 # refresh, issue 53); over the last hour, one day's partition at most.
-REQUEST_PANEL_RANGE: Final = "1h"
+REQUEST_PANEL_RANGE_S: Final = 3600
+REQUEST_PANEL_RANGE: Final = f"{REQUEST_PANEL_RANGE_S // 3600}h"
+# The tenants the $tenant variable lists (it filters those two panels only): those with a
+# request started in the panels' range, the last REQUEST_PANEL_RANGE of the dashboard's
+# (a dashboard's range ends now); over the whole range it read every request of a month.
+TENANTS_SQL: Final = (
+    "SELECT DISTINCT tenant FROM ${db}.requests WHERE "
+    f"ts >= $__toTime - INTERVAL {REQUEST_PANEL_RANGE_S} SECOND AND ts <= $__toTime "
+    "ORDER BY tenant"
+)
 # The columns those panels read (and the key and version their rows are merged by).
 REQUEST_PANEL_COLUMNS: Final = (
     "request_id", "attempt", "revision", "ts", "model", "priority", "tenant", "ctx_bucket",
@@ -911,8 +920,7 @@ def latency_dashboard() -> dict[str, Any]:
             query_variable(
                 "tenant",
                 "tenant",
-                "SELECT DISTINCT tenant FROM ${db}.requests WHERE $__timeFilter(ts) "
-                "ORDER BY tenant",
+                TENANTS_SQL,
                 refresh=2,
             ),
             custom_variable(
