@@ -30,14 +30,17 @@ and warm apart (the table says how many ran); a ``report`` range holding more th
 ``TG_MONTH_REPORT_MAX_ROWS`` requests (default 60 M: a month at 20 requests/s is run;
 it was 5 M while the report read every figure from ``requests``) is not run (its reads
 of ``requests`` for the figures no window holds still merge every version of the range,
-``FINAL``). ``TG_MONTH_READS_ONLY=1``: the reads in this process only (no codec trial,
+``FINAL``). ``TG_MONTH_PARTS=reads``: the reads in this process only (no codec trial,
 no reads through the port, no ingestion run); ``TG_MONTH_SKIP_READS`` (a regex of
 ``group / name``, e.g. ``'^(?!report)'``) leaves reads out.
 
 Last, the ingestion rate with a dashboard refreshing (:func:`ingestion_with_dashboard`):
 ``TG_MONTH_INGEST_HOURS`` (default 3) hours of the recipe's traffic written through the
 flush's writers into a scratch database of the same engine, alone, with every panel of
-both dashboards over 30 d refreshed every 10 s through the query port, and alone again.
+both dashboards over 30 d refreshed every 10 s through the query port, and alone again
+(``TG_MONTH_INGEST_ROUNDS`` alternations, default 1).
+
+``TG_MONTH_PARTS`` (e.g. ``reads,ingest``) runs a subset of the section (:data:`PARTS`).
 
 Also: rows and bytes on disk per table, per request it covers; the ``requests`` table's
 largest columns; one day's partition of it with ZSTD(1) on every column against as
@@ -175,7 +178,13 @@ def _ms(s: float) -> str:
 def dashboard_queries(end_ms: int, range_ms: int) -> list[tuple[str, str]]:
     """``(dashboard / panel, SQL)`` of every panel and variable query over the last
     ``range_ms`` before ``end_ms``, as the plugin sends them (multi-value variables All)."""
-    from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
+    from tools.dev.grafana_sql import (
+        ALL_VALUE,
+        QueryContext,
+        Variable,
+        interpolate,
+        panel_context,
+    )
 
     out = []
     for path in sorted((REPO / "dashboards" / "json").glob("*.json")):
@@ -199,8 +208,8 @@ def dashboard_queries(end_ms: int, range_ms: int) -> list[tuple[str, str]]:
         for p in model["panels"]:
             for t in p.get("targets", []):
                 sql = t.get("rawSql")
-                if sql:
-                    out.append((f"{board} / {p['title']}", interpolate(sql, ctx)))
+                if sql:  # (a panel with its own range, timeFrom: the last of it)
+                    out.append((f"{board} / {p['title']}", interpolate(sql, panel_context(ctx, p))))
     return out
 
 
@@ -450,16 +459,21 @@ class DashboardRefresher:
         self.client = client
         self.queries = queries
         self.refreshes: list[float] = []
+        self.error: str | None = None  # a query that failed (the refreshing stopped there)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             t = time.perf_counter()
-            for _name, sql in self.queries:
+            for name, sql in self.queries:
                 if self._stop.is_set():
                     return
-                self.client.query_rows(sql)
+                try:
+                    self.client.query_rows(sql)
+                except Exception as exc:  # the phase would be measured without a dashboard
+                    self.error = f"{name}: " + str(exc).split("\n", 1)[0][:300]
+                    return
             took = time.perf_counter() - t
             self.refreshes.append(took)
             self._stop.wait(max(0.0, INGEST_REFRESH_S - took))
@@ -476,17 +490,23 @@ class DashboardRefresher:
 def ingestion_with_dashboard(store: Any, client: Any, prog: Progress) -> dict[str, Any]:
     """The flush's write rate (requests/s: a worker's store side, every table and view
     it writes) alone, with a dashboard refreshing every panel every 10 s (the month's
-    30 days, through the port), and alone again; the ratio: with / mean of the two alone."""
+    30 days, through the port), and alone again (``TG_MONTH_INGEST_ROUNDS`` times: with
+    the dashboard, alone); the ratio: mean with / mean alone."""
     flushes = _ingest_hours(prog)
     queries = dashboard_queries(prog.recipe.end_ms, RANGES[-1][1])
     rates: dict[str, list[float]] = {"alone": [], "dashboard": []}
     refreshes: list[float] = []
     _write_phase(store, "tailguard_ingest", flushes[:1])  # warm-up, not counted
-    for phase in ("alone", "dashboard", "alone"):
+    # TG_MONTH_INGEST_ROUNDS (default 1): alone, then that many times (with the dashboard,
+    # alone): on a shared machine whose load swings, one alternation is one sample
+    rounds = int(os.environ.get("TG_MONTH_INGEST_ROUNDS", "1"))
+    for phase in ("alone", *(("dashboard", "alone") * rounds)):
         if phase == "dashboard":
             with DashboardRefresher(client, queries) as dash:
                 n, took = _write_phase(store, "tailguard_ingest", flushes)
-            refreshes = dash.refreshes
+            refreshes += dash.refreshes
+            if dash.error is not None:
+                raise RuntimeError(f"the dashboard's refresh failed: {dash.error}")
         else:
             n, took = _write_phase(store, "tailguard_ingest", flushes)
         rates[phase].append(n / took)
@@ -495,8 +515,8 @@ def ingestion_with_dashboard(store: Any, client: Any, prog: Progress) -> dict[st
     return {
         "requests": sum(len(f.records) for f in flushes),
         "alone_per_s": rates["alone"],
-        "dashboard_per_s": rates["dashboard"][0],
-        "ratio": rates["dashboard"][0] / alone,
+        "dashboard_per_s": rates["dashboard"],
+        "ratio": statistics.fmean(rates["dashboard"]) / alone,
         "refreshes_s": refreshes,
         "panels": len(queries),
     }
@@ -531,6 +551,24 @@ def build_store(ctx: Context, store_dir: Path) -> None:
         raise RuntimeError(f"the month build failed ({rc}): see {log}")
 
 
+# What the section measures, each part on its own (TG_MONTH_PARTS, comma-separated: a
+# subset, e.g. "ingest" or "reads,ingest"; default every part): the ZSTD(1) trial on a
+# day of requests, the reads in process, the reads through the query port, the ingestion
+# with a dashboard refreshing against without.
+PARTS: Final = ("codec", "reads", "port", "ingest")
+
+
+def parts_to_run() -> frozenset[str]:
+    """The parts ``TG_MONTH_PARTS`` names (every part of :data:`PARTS` when unset)."""
+    raw = os.environ.get("TG_MONTH_PARTS", "").strip()
+    if not raw:
+        return frozenset(PARTS)
+    want = frozenset(p.strip() for p in raw.split(",") if p.strip())
+    if not want <= set(PARTS):
+        raise ValueError(f"TG_MONTH_PARTS {raw!r}: parts are {', '.join(PARTS)}")
+    return want
+
+
 TITLE: Final = "A month of traffic: dashboards, report, statement and explain on ~50 M requests"
 
 
@@ -549,6 +587,8 @@ def run(ctx: Context) -> Section:
     assert prog is not None
     store, prog = open_month(store_dir, prog.recipe)
     runs = int(os.environ.get("TG_MONTH_RUNS", "5"))
+    want = parts_to_run()
+    trial = ingest = None
     try:
         sizes = table_sizes(store)
         counted = covered_requests(store)
@@ -556,33 +596,34 @@ def run(ctx: Context) -> Section:
             "SELECT name, data_compressed_bytes FROM system.columns WHERE database = "
             f"'{DATABASE}' AND table = 'requests' ORDER BY data_compressed_bytes DESC LIMIT 8"
         )
-        # the day before the last (a whole day of requests)
-        day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
-        # TG_MONTH_READS_ONLY=1: the reads in this process only (with TG_MONTH_SKIP_READS,
-        # e.g. '^(?!report)', one group of them): no codec trial (it merges a day of
-        # requests), no reads through the port, no ingestion run
-        reads_only = os.environ.get("TG_MONTH_READS_ONLY") == "1"
-        trial = None if reads_only else codec_trial(store, day)
+        if "codec" in want:
+            # the day before the last (a whole day of requests)
+            day = prog.recipe.end_ms - prog.recipe.end_ms % DAY_MS - DAY_MS
+            trial = codec_trial(store, day)
         direct = Timer(store, runs)
-        read_all(direct, prog, ctx.workdir)
-        via_port, ingest = Timer(store, 0), None
-        if not reads_only:
-            server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
-            server.start(publish=False)
-            client = ClickHouseStore(_http_client(server.port, server.token, DATABASE), DATABASE)
-            try:
-                via_port = Timer(client, runs, can_drop=False)
+        if "reads" in want:
+            read_all(direct, prog, ctx.workdir)
+        server = QueryServer(settings_for(store_dir).store_dir, store.lock, database=DATABASE)
+        server.start(publish=False)
+        client = ClickHouseStore(_http_client(server.port, server.token, DATABASE), DATABASE)
+        try:
+            via_port = Timer(client, runs, can_drop=False)
+            if "port" in want:
                 read_all(via_port, prog, ctx.workdir, port=True)
+            if "ingest" in want:
                 ingest = ingestion_with_dashboard(store, client, prog)
-            finally:
-                client.close()
-                server.stop()
+        finally:
+            client.close()
+            server.stop()
     finally:
         store.close()
     describe(section, prog, old, sizes, counted, direct=direct, via_port=via_port)
-    describe_bytes(section, counted, columns, trial)
+    if trial is not None:
+        describe_bytes(section, counted, columns, trial)
     if ingest is not None:
         describe_ingestion(section, ingest)
+    if want != frozenset(PARTS):
+        section.text.append(f"Parts run (TG_MONTH_PARTS): {', '.join(sorted(want))}.")
     describe_build(section, prog, ctx.workdir / "month-build.log")
     return section
 
@@ -626,7 +667,8 @@ def describe_ingestion(section: Section, ingest: dict[str, Any]) -> None:
             ingest["ratio"], "x", f"≥ {INGEST_TARGET:g}", ingest["ratio"] >= INGEST_TARGET,
             note=f"{ingest['requests']:,} requests (their windows and raw events) written "
             f"{', '.join(f'{r:,.0f}' for r in ingest['alone_per_s'])} requests/s alone, "
-            f"{ingest['dashboard_per_s']:,.0f} with the dashboard ({len(refreshes)} refreshes "
+            f"{', '.join(f'{r:,.0f}' for r in ingest['dashboard_per_s'])} with the dashboard "
+            f"({len(refreshes)} refreshes "
             f"of {ingest['panels']} panels over 30 d, "
             f"{_ms(statistics.median(refreshes)) if refreshes else '-'} each, P50)",
         )

@@ -23,7 +23,7 @@ import orjson
 from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.queries import control as control_queries
 from pipeline.adapters.queries import requests
-from pipeline.adapters.store import Store, record_from_row
+from pipeline.adapters.store import Store, records_from_columns
 from pipeline.core.statement import (
     BudgetEventRow,
     LevelChange,
@@ -48,14 +48,14 @@ def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: s
     """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    records = [record_from_row(r) for r in requests.tenant_rows(store, tenant, p_start, p_end)]
-    max_end, n_any = requests.last_end(store, p_start, p_end)
+    # read column by column (issue 53: a tenant-month of a month store is 2 M rows)
+    records = records_from_columns(requests.tenant_columns(store, tenant, p_start, p_end))
+    until_ns = requests.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
     control = control_queries.levels_before(store, b_ms)
     events = budget_queries.events_between(store, a_ms, b_ms)
     level_changes = [LevelChange(str(s), int(t), int(q), int(lv)) for s, t, q, lv in control]
     budget = [BudgetEventRow(str(s), str(e), int(t)) for s, e, t in events]
-    until_ns = int(max_end) if n_any else None
     in_period = [c.at_ms for c in level_changes if c.at_ms >= a_ms]
     if in_period:
         last_ns = max(in_period) * 1_000_000

@@ -33,10 +33,12 @@ from tools.dev.dashboards import (
     BURN_WINDOWS,
     CTX_BUCKETS,
     HEATMAP_BOUNDS_MS,
+    LAST_VERSIONS,
     PRIORITIES,
+    REQUEST_PANEL_COLUMNS,
     dashboards,
 )
-from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate
+from tools.dev.grafana_sql import ALL_VALUE, QueryContext, Variable, interpolate, panel_context
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +200,7 @@ def test_every_panel_returns_rows_with_the_expected_columns(
     assert titles <= set(EXPECTED), titles - set(EXPECTED)
     for panel in model["panels"]:
         (target,) = panel["targets"]
-        sql = interpolate(target["rawSql"], ctx)
+        sql = interpolate(target["rawSql"], panel_context(ctx, panel))
         cols, rows = _run(replayed.store, sql)
         where = f"{name}: {panel['title']} ({selection}, {interval_ms} ms)"
         assert cols == list(EXPECTED[panel["title"]]), where
@@ -218,9 +220,13 @@ def test_selections_filter(replayed: Replayed) -> None:
     def total(picks: dict[str, str | list[str]]) -> int:
         variables = _variables(model, picks, listed)
         ctx = QueryContext(replayed.from_ms, replayed.to_ms, 60_000, variables)
-        _, rows = _run(replayed.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+        sql = interpolate(panel["targets"][0]["rawSql"], panel_context(ctx, panel))
+        _, rows = _run(replayed.store, sql)
         return sum(int(r[1]) for r in rows)
 
+    # the panel's own range (the last hour before the dashboard's end) covers the replay
+    span = panel_context(QueryContext(replayed.from_ms, replayed.to_ms), panel)
+    assert span.from_ms <= replayed.from_ms
     everything = total({})
     assert everything == replayed.summary["requests"]
     assert total({"model": listed["model"], "priority": list(PRIORITIES),
@@ -237,6 +243,63 @@ def test_selections_filter(replayed: Replayed) -> None:
     assert one != every
 
 
+@pytest.fixture
+def rewritten(replayed: Replayed) -> Iterator[str]:
+    """A copy of the replayed ``requests`` with a second, older version of every request
+    written after it (a lower store version, 100 x slower): a table of requests written
+    twice, as partial records and superseded attempts leave it."""
+    db = replayed.store.database
+    replayed.store.command(f"DROP TABLE IF EXISTS {db}.requests_rewritten")
+    replayed.store.command(f"CREATE TABLE {db}.requests_rewritten AS {db}.requests")
+    try:
+        replayed.store.command(f"INSERT INTO {db}.requests_rewritten SELECT * FROM {db}.requests")
+        replayed.store.command(
+            f"INSERT INTO {db}.requests_rewritten SELECT * REPLACE (revision - 1 AS revision, "
+            "gateway_total_ms * 100 AS gateway_total_ms, engine_e2e_ms * 100 AS engine_e2e_ms) "
+            f"FROM {db}.requests WHERE revision > 0"
+        )
+        yield "requests_rewritten"
+    finally:
+        replayed.store.command(f"DROP TABLE IF EXISTS {db}.requests_rewritten")
+
+
+@pytest.mark.parametrize(
+    "title", ["Top slow requests with their breakdown", "Latency per tenant (exact, from requests)"]
+)
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_the_panels_reading_requests_show_what_final_gives(
+    replayed: Replayed, rewritten: str, title: str, selection: str
+) -> None:
+    """Each request's last version in the range (``LAST_VERSIONS``, no ``FINAL``) gives the
+    rows ``requests FINAL`` over the same range gives, on a table of requests written twice
+    (the older version 100 x slower: shown, it would change both panels)."""
+    model = dashboards()["tailguard-latency.json"]
+    panel = next(p for p in model["panels"] if p["title"] == title)
+    listed = _variable_values(replayed, model)
+    picks: dict[str, str | list[str]] = {}
+    if selection == "picked":
+        picks = {"model": listed["model"][:1], "tenant": listed["tenant"][:2]}
+    ctx = panel_context(
+        QueryContext(replayed.from_ms, replayed.to_ms, 60_000, _variables(model, picks, listed)),
+        panel,
+    )
+    raw = panel["targets"][0]["rawSql"]
+    assert LAST_VERSIONS in raw
+    columns = ", ".join(REQUEST_PANEL_COLUMNS)
+    final = f"(SELECT {columns} FROM ${{db}}.requests FINAL WHERE $__timeFilter(ts))"
+    every_row = f"(SELECT {columns} FROM ${{db}}.{rewritten} WHERE $__timeFilter(ts))"
+    last = LAST_VERSIONS.replace("${db}.requests ", f"${{db}}.{rewritten} ")
+    assert last != LAST_VERSIONS
+
+    def rows(source: str) -> list[tuple[Any, ...]]:
+        return _run(replayed.store, interpolate(raw.replace(LAST_VERSIONS, source), ctx))[1]
+
+    want = rows(final)
+    assert want
+    assert rows(last) == want
+    assert rows(every_row) != want  # (the older versions, unmerged, would show)
+
+
 def _panel_rows(
     r: Replayed, dashboard: str, title: str, *, from_ms: int | None = None,
     to_ms: int | None = None, interval_ms: int = 60_000,
@@ -248,7 +311,7 @@ def _panel_rows(
         r.from_ms if from_ms is None else from_ms, r.to_ms if to_ms is None else to_ms,
         interval_ms, _variables(model, picks or {}, _variable_values(r, model)),
     )  # fmt: skip
-    return _run(r.store, interpolate(panel["targets"][0]["rawSql"], ctx))
+    return _run(r.store, interpolate(panel["targets"][0]["rawSql"], panel_context(ctx, panel)))
 
 
 def test_p99_over_the_range_equals_the_merged_stream_sketches(replayed: Replayed) -> None:

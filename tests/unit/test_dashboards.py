@@ -23,6 +23,7 @@ from tools.dev.grafana_sql import (
     apply_conditional_all,
     expand_macros,
     interpolate,
+    panel_context,
     replace_variables,
 )
 
@@ -313,6 +314,73 @@ def test_interval_is_at_least_one_second_and_unknown_macros_fail() -> None:
     assert expand_macros("$__interval_s", QueryContext(0, 1, 90_500)) == "90"
     with pytest.raises(UnknownMacroError):
         expand_macros("SELECT $__timeFilterr(ts)", CTX)
+
+
+@pytest.mark.parametrize(
+    ("time_from", "want_from_ms"),
+    [
+        (None, 1_000),  # no override: the dashboard's range
+        ("", 1_000),
+        ("1h", 10_000_000 - 3_600_000),
+        ("30m", 10_000_000 - 1_800_000),
+        ("90s", 10_000_000 - 90_000),
+        ("2d", 10_000_000 - 172_800_000),  # longer than the dashboard's: Grafana's too
+        ("1w", 10_000_000 - 604_800_000),
+    ],
+)
+def test_a_panels_relative_time_ends_where_the_dashboards_range_ends(
+    time_from: str | None, want_from_ms: int
+) -> None:
+    ctx = QueryContext(1_000, 10_000_000, 60_000, _vars(model="x"))
+    panel = {} if time_from is None else {"timeFrom": time_from}
+    got = panel_context(ctx, panel)
+    assert (got.from_ms, got.to_ms) == (want_from_ms, 10_000_000)
+    assert (got.interval_ms, got.variables) == (ctx.interval_ms, ctx.variables)
+
+
+@pytest.mark.parametrize("time_from", ["now-1h", "1 h", "h", "1y", "-1h"])
+def test_a_relative_time_that_is_not_a_count_and_a_unit_fails(time_from: str) -> None:
+    with pytest.raises(ValueError, match="timeFrom"):
+        panel_context(CTX, {"timeFrom": time_from})
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_only_the_panels_reading_requests_have_their_own_short_range(name: str) -> None:
+    """A panel reading ``requests`` (no rollup: a month of it is 51 M rows, issue 53) shows
+    the last hour whatever the dashboard's range, each request's last version in it
+    (without ``FINAL`` and without a setting: a read-only session refuses ``SETTINGS``);
+    the rollup panels follow the dashboard's range."""
+    for p in _load(name)["panels"]:
+        (target,) = p["targets"]
+        sql = target["rawSql"]
+        if re.search(r"\.requests\b", sql) is not None:
+            assert p.get("timeFrom") == gen.REQUEST_PANEL_RANGE, p["title"]
+            assert sql.count(".requests") == sql.count(gen.LAST_VERSIONS) == 1, p["title"]
+            assert not re.search(r"\bFINAL\b|\bSETTINGS\b", sql), p["title"]
+            assert gen.REQUEST_PANEL_RANGE in p["description"], p["title"]
+        else:
+            assert "timeFrom" not in p, p["title"]
+
+
+def test_the_tenant_variable_lists_the_tenants_of_the_request_panels_range() -> None:
+    (tenant,) = [
+        v for v in _load("tailguard-latency.json")["templating"]["list"] if v["name"] == "tenant"
+    ]
+    sql = tenant["query"]["rawSql"]
+    assert sql == gen.TENANTS_SQL
+    ctx = QueryContext(1_000_000_000_000, 1_000_086_400_000)
+    span = panel_context(ctx, {"timeFrom": gen.REQUEST_PANEL_RANGE})
+    span_s = (span.to_ms - span.from_ms) // 1000
+    want = f"ts >= toDateTime({span.to_ms // 1000}) - INTERVAL {span_s} SECOND AND "
+    assert want in interpolate(sql, ctx)
+
+
+def test_the_panels_reading_requests_are_the_two_per_request_ones() -> None:
+    titles = {p["title"] for name in FILES for p in _load(name)["panels"] if "timeFrom" in p}
+    assert titles == {
+        "Top slow requests with their breakdown",
+        "Latency per tenant (exact, from requests)",
+    }
 
 
 def _vars(**current: str | list[str]) -> dict[str, Variable]:

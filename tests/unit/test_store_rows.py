@@ -8,6 +8,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from pipeline.adapters.store import (
     CHECKPOINT_COLUMNS,
     CONTROL_COLUMNS,
     EVENT_COLUMNS,
+    REQUEST_COLUMNS,
     SLO_COUNT_FIELDS,
     SLO_ROW_BOUNDARY,
     WINDOW_COLUMNS,
@@ -28,6 +30,9 @@ from pipeline.adapters.store import (
     EventRow,
     WindowRow,
     raw_event_columns,
+    record_from_row,
+    records_from_columns,
+    request_columns,
     window_columns,
     window_rows,
     windows_columns,
@@ -42,7 +47,7 @@ from pipeline.contract.wire import decode_fast
 from pipeline.core.sketch import SketchColumns
 from pipeline.core.slo_windows import SLOWindowRow
 from pipeline.core.windows import ClosedWindow
-from tests.factories import completed, finished, received
+from tests.factories import completed, finished, joined, received
 
 
 def _names(spec: tuple[tuple[str, str], ...]) -> list[str]:
@@ -93,6 +98,9 @@ class RecordingStore:
         raise AssertionError("no commands expected")
 
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
+        raise AssertionError("no queries expected")
+
+    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
         raise AssertionError("no queries expected")
 
     def insert_columns(
@@ -295,3 +303,35 @@ def test_checkpoints_and_audit_columns_by_name() -> None:
     }  # fmt: skip
     assert cs == {n: [getattr(control, n)] for n in ControlRow._fields}
     assert be == {n: [getattr(budget, n)] for n in BudgetEventRow._fields}
+
+
+def _stored_records() -> list[Any]:
+    """Records whose stored values differ from their fields: no tenant, hosts, flags, a
+    superseded attempt, a conflict (the store version); a joined, an engine-only and a
+    gateway-only one."""
+    base = joined([received("a", tenant=None), completed("a"), finished("a")])
+    base += joined([finished("b"), received("c", tenant="t2"), completed("c")])
+    (a, *rest) = base
+    return [
+        a,
+        msgspec.structs.replace(a, request_id="a", attempt=2, flags=("x", "y"), conflicts=2),
+        msgspec.structs.replace(a, request_id="d", superseded=True, gateway_host=None),
+        *rest,
+    ]
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_records_from_stored_columns_equal_those_from_stored_rows(n: int) -> None:
+    """The statement's columnar read makes the records :func:`record_from_row` makes of
+    the same rows."""
+    records = _stored_records()[:n]
+    stored = request_columns(records)
+    assert len(stored) == len(REQUEST_COLUMNS)
+    by_row = [record_from_row(row) for row in zip(*stored, strict=True)]
+    assert by_row == records  # (the round trip itself)
+    assert records_from_columns(stored) == by_row
+
+
+def test_stored_columns_of_another_width_are_refused() -> None:
+    with pytest.raises(ValueError, match="columns"):
+        records_from_columns([[]] * (len(REQUEST_COLUMNS) - 1))

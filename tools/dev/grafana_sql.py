@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 ALL_VALUE: Final = "$__all"
 
@@ -314,6 +314,28 @@ def expand_macros(raw: str, ctx: QueryContext) -> str:
         out.append(handler(ctx, args))
         i = end
     return "".join(out)
+
+
+# A panel's relative time override (``timeFrom``): a count and a unit, as Grafana's
+# rangeutil.describeTextRange reads "1h", "30m", "7d"
+_RELATIVE_RE: Final = re.compile(r"(\d+)([smhdw])")
+_UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def panel_context(ctx: QueryContext, panel: Mapping[str, Any]) -> QueryContext:
+    """The context a panel's queries get from a dashboard's ``ctx``: the same, or, for a
+    panel with a relative time override (``timeFrom``, Grafana's "Relative time" query
+    option), the last ``timeFrom`` before the dashboard range's end, whatever its start
+    (Grafana: before now; a dashboard range here ends now). The interval is kept (the
+    overriding panels are tables: no interval in their SQL)."""
+    time_from = panel.get("timeFrom")
+    if not time_from:
+        return ctx
+    m = _RELATIVE_RE.fullmatch(str(time_from))
+    if m is None:
+        raise ValueError(f"timeFrom {time_from!r}: not a count and a unit (s, m, h, d, w)")
+    span_ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
+    return replace(ctx, from_ms=ctx.to_ms - span_ms)
 
 
 def interpolate(raw: str, ctx: QueryContext) -> str:

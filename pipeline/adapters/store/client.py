@@ -39,6 +39,11 @@ class ClickHouseStore:
         with self._lock:
             return list(self._client.query(sql, parameters=parameters).result_rows)
 
+    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[list[Any]]:
+        with self._lock:
+            result = self._client.query(sql, parameters=parameters)
+            return [c if isinstance(c, list) else list(c) for c in result.result_columns]
+
     def insert_columns(
         self,
         table: str,

@@ -27,6 +27,11 @@ class Store(Protocol):
         self, sql: str, parameters: dict[str, Any] | None = None
     ) -> list[tuple[Any, ...]]: ...
 
+    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[list[Any]]:
+        """The result column by column (a list of values per column, in the SELECT's
+        order; no row tuples built: a read of millions of rows, the statement's)."""
+        ...
+
     def insert_columns(
         self,
         table: str,
