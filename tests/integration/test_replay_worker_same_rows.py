@@ -44,6 +44,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from pipeline.adapters.store import migrate, open_store, write_windows
+from pipeline.adapters.store.rollups import _SUM_TOLERANCE as SUM_TOLERANCE
 from pipeline.app.replay import replay_file
 from pipeline.contract.codec import event_to_dict
 from pipeline.contract.summary import Progress, decode_summary
@@ -85,9 +86,8 @@ TABLES = {
 
 # Per table: the position of its sum of floats in a row, equal within SUM_TOLERANCE
 # (the relative difference the rollup repair takes for the same values added in another
-# order: pipeline.adapters.store.rollups); every other column is compared exactly.
+# order); every other column is compared exactly.
 FLOAT_SUM_COLUMN = {"latency_1m": 7, "latency_1h": 7}
-SUM_TOLERANCE = 1e-9
 
 
 def _pick(event: dict[str, Any], one_in: int) -> bool:
