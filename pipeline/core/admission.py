@@ -43,9 +43,9 @@ joining it still gets its first token in time):
   A backoff above the floor is left as it is: raising it to ``decrease * S`` too cost
   priority 0 (``bench/CONTROL-HISTORY.md``);
 * **queue over the allowance but shrinking** (drain): ``R = min(R, C - E / drain_s)``,
-  held at the rate that made it shrink; but when that rate is the floor (the entry
-  or decrease faced a queue larger than the engines drain within ``drain_s``: a
-  burst), ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest
+  held at the rate that made it shrink; but when that rate is the floor (the entry,
+  or a decrease with next to nothing served, faced a queue larger than the engines
+  drain within ``drain_s``: a burst), ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest
   within ``drain_s``, no less than one decrease below capacity. Held at the floor
   while the queue drains, the gateways would turn requests away for minutes after it
   has gone while the engines idle (additive increase from the floor takes
