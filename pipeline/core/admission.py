@@ -45,11 +45,11 @@ joining it still gets its first token in time):
 * **queue over the allowance but shrinking** (drain): ``R = min(R, C - E / drain_s)``,
   held at the rate that made it shrink; but when that rate is the floor (the entry,
   or a decrease with next to nothing served, faced a queue larger than the engines
-  drain within ``drain_s``: a burst), ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest
-  within ``drain_s``, no less than one decrease below capacity. Held at the floor
-  while the queue drains, the gateways would turn requests away for minutes after it
-  has gone while the engines idle (additive increase from the floor takes
-  ``1 / increase`` steps to reach capacity);
+  drain within ``drain_s``: a burst), ``R = min(C - E / drain_s, max(R, decrease *
+  C))``: what drains the rest within ``drain_s``, no less than one decrease below
+  capacity. Held at the floor while the queue drains, the gateways would turn
+  requests away for minutes after it has gone while the engines idle (additive
+  increase from the floor takes ``1 / increase`` steps to reach capacity);
 * **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
   ``max_over_capacity * C`` (the level's exit, not the rate, ends admission); when
   the previous rate was the floor (the burst's queue went from over the floor's reach
