@@ -31,15 +31,25 @@ joining it still gets its first token in time):
   drains the excess queue within ``drain_s`` (Little's law: the queue a new
   request waits behind is what delays its first token);
 * **queue growing** (``E`` larger than at the previous step): multiplicative
-  decrease, ``R = min(C - E / drain_s, decrease * R)`` (AIMD's backoff);
+  decrease, ``R = min(C - E / drain_s, decrease * R)`` (AIMD's backoff); but when that
+  is below the floor (a queue larger than the engines drain within ``drain_s`` even
+  admitting nothing), ``R = decrease * S``, ``S`` what the engines served in the last
+  window: one decrease below what they measurably serve, not the floor. Such a queue
+  was read a window back and filled before the previous rate was in force; the queue
+  cut-off (in force at every level that admits) drops what waits past it, so it is the
+  cut-off's to clear, not the rate's. On the burst trace llama-3-8b's first decrease
+  (136 waiting, 10.2 req/s served) set the floor while the cut-off had already emptied
+  the queue: its engines served 1.4-3.2 req/s for the 15 s it was in force (issue 47).
+  A backoff above the floor is left as it is: raising it to ``decrease * S`` too cost
+  priority 0 (``bench/CONTROL-HISTORY.md``);
 * **queue over the allowance but shrinking** (drain): ``R = min(R, C - E / drain_s)``,
-  held at the rate that made it shrink; but when that rate is the floor (the entry
-  or decrease faced a queue larger than the engines drain within ``drain_s``: a
-  burst), ``R = min(C - E / drain_s, max(R, decrease * C))``: what drains the rest
-  within ``drain_s``, no less than one decrease below capacity. Held at the floor
-  while the queue drains, the gateways would turn requests away for minutes after it
-  has gone while the engines idle (additive increase from the floor takes
-  ``1 / increase`` steps to reach capacity);
+  held at the rate that made it shrink; but when that rate is the floor (the entry,
+  or a decrease with next to nothing served, faced a queue larger than the engines
+  drain within ``drain_s``: a burst), ``R = min(C - E / drain_s, max(R, decrease *
+  C))``: what drains the rest within ``drain_s``, no less than one decrease below
+  capacity. Held at the floor while the queue drains, the gateways would turn
+  requests away for minutes after it has gone while the engines idle (additive
+  increase from the floor takes ``1 / increase`` steps to reach capacity);
 * **healthy** (``E == 0``): additive increase, ``R = R + increase * C``, up to
   ``max_over_capacity * C`` (the level's exit, not the rate, ends admission); when
   the previous rate was the floor (the burst's queue went from over the floor's reach
@@ -218,6 +228,8 @@ class AdmissionControl:
             rate, rule = target, "entry"
         elif excess > st.excess and excess > 0:
             rate, rule = min(target, cfg.decrease * prev), "decrease"
+            if rate < floor:  # a stale burst's queue: the cut-off's to clear (issue 47)
+                rate = max(rate, cfg.decrease * load.served_rps)
         elif excess > 0:
             # shrinking: held at the rate that made it shrink, unless that rate is the
             # floor (a queue the engines could not drain within drain_s): then what

@@ -28,9 +28,26 @@ ADMISSION_TABLE = [
         id="entry drains the excess queue within drain_s",
     ),
     pytest.param(
+        [(8.0, 0, True), (4.0, 12, True)],
+        [("entry", 8.0), ("decrease", min(8.0 - 4 / 10, 0.8 * 8.0))],
+        id="a growing queue: multiplicative decrease",
+    ),
+    pytest.param(
         [(8.0, 80, True), (8.0, 100, True)],
-        [("entry", 0.8), ("decrease", min(8.0 - 92 / 10, 0.8 * 0.8))],
-        id="a growing queue: multiplicative decrease (to the floor)",
+        [("entry", 0.8), ("decrease", 0.8 * 8.0)],
+        id="a growing queue past drain_s: one decrease below what is served, not the floor",
+    ),
+    pytest.param(
+        [(5.47, 0, True), (10.2, 40, True)],
+        [("entry", 5.47), ("decrease", min(10.2 - 32 / 10, 0.8 * 5.47))],
+        id="a backoff above the floor: from the rate in force, whatever the engines served",
+    ),
+    pytest.param(
+        # issue 47's burst, llama-3-8b: entry at the capacity served before it (nothing
+        # queued), then a window read before the rate and the cut-off were in force
+        [(5.47, 0, True), (10.2, 136, True), (10.2, 0, True)],
+        [("entry", 5.47), ("decrease", 0.8 * 10.2), ("increase", 0.8 * 10.2 + 0.05 * 10.2)],
+        id="a burst's stale queue: one decrease below what the engines served, not the floor",
     ),
     pytest.param(
         [(8.0, 120, True), (8.0, 60, True)],
@@ -48,12 +65,12 @@ ADMISSION_TABLE = [
         id="a queue shrinking from the floor: one decrease below capacity, not the floor",
     ),
     pytest.param(
-        [(8.0, 80, True), (8.0, 100, True), (8.0, 20, True), (8.0, 0, True)],
+        [(8.0, 120, True), (8.0, 60, True), (8.0, 20, True), (8.0, 0, True)],
         [
-            ("entry", 0.8),
-            ("decrease", min(8.0 - 92 / 10, 0.64)),
-            ("drain", 0.8 * 8.0),
-            ("increase", 0.8 * 8.0 + 0.05 * 8.0),
+            ("entry", 0.4),
+            ("drain", 8.0 - 52 / 10),
+            ("drain", 8.0 - 52 / 10),
+            ("increase", 8.0 - 52 / 10 + 0.05 * 8.0),
         ],
         id="a burst's queue drains: out of the floor at once, not by additive increase",
     ),
