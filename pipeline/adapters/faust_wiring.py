@@ -211,6 +211,26 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         result: Mapping[TP, int] = await self.call_thread(seek_to_committed, consumer, untracked)
         return result
 
+    async def positions(self, topic: str) -> dict[int, tuple[int | None, bool]]:
+        """Per assigned partition of ``topic``: the consumer's next fetch offset (None:
+        not known yet) and whether it is paused; read on the consumer's thread, without
+        waiting for a position (aiokafka's ``position`` waits for a reset)."""
+        result: dict[int, tuple[int | None, bool]] = await self.call_thread(self._positions, topic)
+        return result
+
+    async def _positions(self, topic: str) -> dict[int, tuple[int | None, bool]]:
+        subscription = self._ensure_consumer()._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return {}
+        out: dict[int, tuple[int | None, bool]] = {}
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if tp.topic == topic and state is not None:
+                position = state.position if state.has_valid_position else None
+                out[tp.partition] = (position, bool(state.paused))
+        return out
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         wait_ms = getattr(self.app, "fetch_max_wait_ms", 1500)  # _App's (Faust's own: 1500)
@@ -356,9 +376,9 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
         take = stream.take_events  # type: ignore[attr-defined]  # faust-streaming API, not in StreamT
         try:
             async for events in take(settings.take_max_messages, within=0.1):
-                await shell.on_batch(
-                    [(ev.message.partition, ev.message.offset, ev.message.value) for ev in events]
-                )
+                batch = [(e.message.partition, e.message.offset, e.message.value) for e in events]
+                with shell.stall.batching():
+                    await shell.on_batch(batch)
         finally:
             shell.abandon_flush()
 
@@ -407,6 +427,7 @@ def build_app(settings: Settings) -> tuple[faust.App, WorkerShell]:
     @app.timer(interval=settings.topic_check_interval_ms / 1000)  # type: ignore[untyped-decorator]
     async def check_topic() -> None:
         await shell.watch.check_topic()
+        await shell.stall.check()
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

@@ -329,15 +329,21 @@ class TopicWatch:
             sorted(tp.partition for tp in back), {tp.partition: first[tp.partition] for tp in back},
             {tp.partition: o for tp, o in back.items()},
         )  # fmt: skip
-        self.barrier.update({tp.partition: o for tp, o in back.items()})
+        return await self.read_again({tp.partition: o for tp, o in back.items()})
+
+    async def read_again(self, back: dict[int, int]) -> set[int]:
+        """Seek the lifecycle partitions of ``back`` to its offsets, dropping what comes
+        before each offset (``barrier``); the partitions moved (none when the seek
+        failed)."""
+        self.barrier.update(back)
         try:
-            await self.app.consumer.seek_wait(back)
+            await self.app.consumer.seek_wait({TP(self.topic, p): o for p, o in back.items()})
         except Exception:
             log.exception("could not seek back: restart the worker to read them")
-            for tp in back:
-                self.barrier.pop(tp.partition, None)
+            for p in back:
+                self.barrier.pop(p, None)
             return set()
-        return {tp.partition for tp in back}
+        return set(back)
 
     def past_barrier(self, messages: list[tuple[int, int, bytes]]) -> list[tuple[int, int, bytes]]:
         """``messages`` without those of partitions being repositioned that came before

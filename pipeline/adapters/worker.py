@@ -56,6 +56,7 @@ from pipeline.adapters.lifecycle_input import LifecycleInput, lagging_of
 from pipeline.adapters.queries.events import read_inflight
 from pipeline.adapters.queries.windows import read_ledger, read_window_horizons
 from pipeline.adapters.reliable import ShuttingDownError
+from pipeline.adapters.stall_guard import StallGuard
 from pipeline.adapters.store import (
     Checkpoint,
     StoreError,
@@ -152,6 +153,7 @@ class WorkerShell:
             drop_state=functools.partial(drop_topic_state, processor, self.commits),
             finish_state=self._finish_topic_state,
         )  # fmt: skip
+        self.stall = StallGuard(self.watch, processor.next_offsets, self.input.store_up.is_set)
         self.counts = WorkerCounts(processor, telemetry)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after

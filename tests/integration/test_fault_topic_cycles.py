@@ -181,7 +181,7 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
             t0 = time.monotonic()
             # The moment the last rows are stored, the worker commits their offsets: the
             # topic goes while that commit is in flight.
-            wait_for(lambda w=want: w <= _stored(s), f"cycle {cycle}'s requests stored", 60, 0.02)  # type: ignore[misc]
+            _wait_stored(s, stream, want, worker, f"cycle {cycle}'s requests stored", 60)
             took.append(time.monotonic() - t0)
             assert worker.alive(), worker.log_tail()
             if cycle < CYCLES:
@@ -193,7 +193,7 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
         stream.hold()
         worker = WorkerProcess(s, tmp_path / "worker2.log")
         want = set(stream.delivered)
-        wait_for(lambda: want <= _stored(s), "the last requests stored", 90, 0.05)
+        _wait_stored(s, stream, want, worker, "the last requests stored", 90)
     finally:
         worker.stop()
         stream.close()
@@ -210,6 +210,46 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
     assert not missing, f"{len(missing)} of {len(stream.delivered)} requests lost"
     assert stored.keys() == stream.delivered
     assert set(stored.values()) == {1}
+
+
+def _wait_stored(
+    s: Settings, stream: Stream, want: set[str], worker: WorkerProcess, what: str, timeout_s: float
+) -> None:
+    """Until every request of ``want`` is stored; past the ceiling, an AssertionError that
+    says where the missing ones are (partition and offsets as acknowledged), where the
+    group's commits and the topic's ends stand, and the worker log's tail."""
+    try:
+        wait_for(lambda: want <= _stored(s), what, timeout_s, 0.02)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_why_not_stored(s, stream, want, worker)}") from None
+
+
+def _why_not_stored(s: Settings, stream: Stream, want: set[str], worker: WorkerProcess) -> str:
+    from confluent_kafka import Consumer, TopicPartition
+
+    lines = []
+    try:
+        missing = want - _stored(s)
+        where: dict[int, list[int]] = defaultdict(list)
+        for rid in missing:
+            p, off = stream.acked_at.get(rid, (-1, -1))
+            where[p].append(off)
+        lines.append(
+            f"{len(missing)} of {len(want)} missing; per partition (offsets as acknowledged): "
+            + ", ".join(f"{p}: {len(o)} at {min(o)}-{max(o)}" for p, o in sorted(where.items()))
+        )
+        c = Consumer(s.kafka_config() | {"group.id": s.group_id, "enable.auto.commit": False})
+        try:
+            tps = [TopicPartition(s.lifecycle_topic, p) for p in range(PARTITIONS)]
+            committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+            ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10) for tp in tps}
+        finally:
+            c.close()
+        lines.append(f"group committed {committed}; topic (low, high) {ends}")
+    except Exception as err:  # the diagnosis must not hide the failure
+        lines.append(f"(diagnosis failed: {err!r})")
+    lines.append(f"worker alive: {worker.alive()}; its log's tail:\n{worker.log_tail(6000)}")
+    return "\n".join(lines)
 
 
 def _stored_final(s: Settings) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from faust.types import TP
 
 from pipeline.adapters.faust_wiring import _ReadOffsets
@@ -122,3 +123,111 @@ def test_the_seek_to_committed_sends_uncommitted_lifecycle_partitions_to_their_f
 
         assert asyncio.run(seek()) == committed, name  # Faust's read offsets from it
         assert consumer.to_first == to_first, name
+
+
+class _StallConsumer:
+    """A consumer whose positions, first offsets and seeks are the test's."""
+
+    def __init__(self, positions: dict[int, tuple[int | None, bool]], first: dict[int, int]):
+        self._thread = self
+        self.pos = positions
+        self.first = first
+        self.first_reads = 0
+        self.seeks: list[dict[TP, int]] = []
+
+    async def positions(self, topic: str) -> dict[int, tuple[int | None, bool]]:
+        return dict(self.pos)
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        self.first_reads += 1
+        return {tp: self.first.get(tp.partition, 0) for tp in tps}
+
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+
+
+def _guard(
+    consumer: _StallConsumer, started: dict[int, int], now: list[float], store_up: bool = True
+) -> Any:
+    from types import SimpleNamespace
+
+    from pipeline.adapters.stall_guard import StallGuard
+
+    watch = _watch(SimpleNamespace(consumer=consumer))
+    watch.assigned_gen = watch.topic_id = "gen-1"
+    return StallGuard(watch, lambda: dict(started), lambda: store_up, clock=lambda: now[0])
+
+
+# Per case: the consumer's positions, first offsets, the worker's next offsets (started
+# partitions), whether a batch is in progress at the checks, and the seeks expected after
+# checks at 0 s, 5 s and 10 s.
+STALL_CASES: dict[str, tuple[Any, ...]] = {
+    "a started partition's fetch never handed over: read again from the next offset": (
+        {0: (120, False)}, {}, {0: 100}, False, [{TP("lc", 0): 100}],
+    ),
+    "caught up: nothing": ({0: (100, False)}, {}, {0: 100}, False, []),
+    "a batch in progress at every check: nothing": ({0: (120, False)}, {}, {0: 100}, True, []),
+    "not started, no commit, past its first offset: read from the first offset": (
+        {1: (40, False)}, {1: 0}, {}, False, [{TP("lc", 1): 0}],
+    ),
+    "not started, at its first offset after retention (nothing produced since): nothing": (
+        {1: (130, False)}, {1: 130}, {}, False, [],
+    ),
+    "paused by Faust: nothing": ({0: (120, True)}, {}, {0: 100}, False, []),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", STALL_CASES, ids=list(STALL_CASES))
+def test_a_fetch_never_handed_over_is_read_again(case: str) -> None:
+    import asyncio
+
+    positions, first, started, busy, want = STALL_CASES[case]
+    consumer = _StallConsumer(positions, first)
+    now = [0.0]
+    guard = _guard(consumer, started, now)
+
+    async def checks() -> None:
+        for t in (0.0, 5.0, 10.0):
+            now[0] = t
+            if busy:
+                with guard.batching():
+                    await guard.check()
+            else:
+                await guard.check()
+
+    asyncio.run(checks())
+    assert consumer.seeks == want
+    assert guard.watch.barrier == {tp.partition: o for s in want for tp, o in s.items()}
+
+
+def test_a_partition_at_its_first_offset_costs_one_read_of_it() -> None:
+    import asyncio
+
+    consumer = _StallConsumer({1: (130, False)}, {1: 130})
+    now = [0.0]
+    guard = _guard(consumer, {}, now)
+
+    async def checks() -> None:
+        for i in range(10):
+            now[0] = 5.0 * i
+            await guard.check()
+
+    asyncio.run(checks())
+    assert consumer.seeks == []
+    assert consumer.first_reads == 1
+
+
+def test_the_store_down_holds_the_judgement() -> None:
+    import asyncio
+
+    consumer = _StallConsumer({0: (120, False)}, {})
+    now = [0.0]
+    guard = _guard(consumer, {0: 100}, now, store_up=False)
+
+    async def checks() -> None:
+        for t in (0.0, 10.0, 20.0):
+            now[0] = t
+            await guard.check()
+
+    asyncio.run(checks())
+    assert consumer.seeks == []
