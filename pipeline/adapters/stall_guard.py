@@ -21,8 +21,8 @@ class StallGuard:
     (:mod:`pipeline.core.stall`), checked with the topic: a lifecycle partition whose
     position stood past the next offset the worker expects (``next_offsets``; a
     partition not started yet: its resumed commit, else its first offset), while no
-    batch was in progress and the store took writes (``store_up``), for
-    ``STALL_AFTER_MS``."""
+    batch was in progress, the store took writes (``store_up``), no rebalance was under
+    way and the topic's generation was the assigned one, for ``STALL_AFTER_MS``."""
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class StallGuard:
         busy = (
             self._batches > 0
             or not self._store_up()
+            or bool(getattr(watch.app, "rebalancing", False))  # Faust's flow is stopped
             or bool(watch.barrier)
             or watch.assigned_gen is None
             or watch.assigned_gen != watch.topic_id

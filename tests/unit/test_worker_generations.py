@@ -231,3 +231,23 @@ def test_the_store_down_holds_the_judgement() -> None:
 
     asyncio.run(checks())
     assert consumer.seeks == []
+
+
+def test_a_rebalance_under_way_holds_the_judgement() -> None:
+    import asyncio
+
+    consumer = _StallConsumer({0: (120, False)}, {})
+    now = [0.0]
+    guard = _guard(consumer, {0: 100}, now)
+    guard.watch.app.rebalancing = True  # Faust's flow stopped: it seeks itself after
+
+    async def checks() -> None:
+        for t in (0.0, 10.0, 20.0):
+            now[0] = t
+            await guard.check()
+
+    asyncio.run(checks())
+    assert consumer.seeks == []
+    guard.watch.app.rebalancing = False
+    asyncio.run(checks())  # (the clock starts again at 0: judged from then on)
+    assert consumer.seeks == [{TP("lc", 0): 100}]
