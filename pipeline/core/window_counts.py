@@ -24,8 +24,10 @@ counts out.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from pipeline.core.record import RequestRecord
 from pipeline.core.skew import offset_bucket, offset_ms
@@ -103,17 +105,29 @@ class RequestCounts:
         keys: list[CountKey] = cols.memo(
             "count_key", lambda: list(zip(*(cols.column(n) for n in _COUNT_FIELDS), strict=True))
         )
-        buckets: list[int | None] = cols.memo("offset_bucket", lambda: [
-            None if (o := offset_ms(r)) is None else offset_bucket(o) for r in cols.records
+        skewed: list[tuple[SkewKey, int] | None] = cols.memo("skew_bucket", lambda: [
+            None if (o := offset_ms(r)) is None else (skew_key(r), offset_bucket(o))
+            for r in cols.records
         ])  # fmt: skip
+        rows_l: list[int] = rows.tolist()
+        if bool((signs > 0).all()):  # the common case: counted in C
+            added = Counter(map(keys.__getitem__, rows_l))
+            offsets = Counter(filter(None, map(skewed.__getitem__, rows_l)))
+            signed: Iterable[tuple[Any, int]] = ()
+        else:
+            added, offsets = Counter(), Counter()
+            signed = zip(rows_l, signs.tolist(), strict=True)
         counts = self.counts
-        records = cols.records
-        for i, s in zip(rows.tolist(), signs.tolist(), strict=True):
+        for k, n in added.items():
+            counts[k] = counts.get(k, 0) + n
+        for (pair, bucket), n in offsets.items():
+            self._bump(pair, bucket, n)
+        for i, sign in signed:
             k = keys[i]
-            counts[k] = counts.get(k, 0) + s
-            bucket = buckets[i]
-            if bucket is not None:
-                self._bump(skew_key(records[i]), bucket, s)
+            counts[k] = counts.get(k, 0) + sign
+            hit = skewed[i]
+            if hit is not None:
+                self._bump(hit[0], hit[1], sign)
 
     def count_rows(self) -> list[RequestCountRow]:
         """The non-zero counts, in key order (``None`` before values)."""
