@@ -99,6 +99,35 @@ def _single_parts(db: str, slos: Sequence[SLO]) -> tuple[list[str], dict[str, An
     return parts, bound
 
 
+# At most this many rows (every version) match a read's filter for it to merge the
+# versions of their keys only (:func:`final_source`); more, and FINAL merges the whole
+# table (a set of every request id of a month would be gigabytes).
+FINAL_KEYS_MAX: Final = 200_000
+
+
+def final_source(store: Store, where: str, bound: dict[str, Any]) -> str:
+    """``requests FINAL WHERE where`` for a ``FROM`` clause, merging the versions of few
+    keys only when few rows match: those whose request id some version matching
+    ``where`` has (found without FINAL, where the skip indexes prune: ``idx_end`` on a
+    range of ends), then ``where`` over their final versions. The same rows: a request
+    whose final version matches has a matching version (itself), and all versions of a
+    key share its request id.
+
+    Why (issue 53): ClickHouse 26.3 skips partition pruning under FINAL for a table whose
+    partition key (``ts``) is not in its sorting key (``defer_partition_pruning_after_final``,
+    the correct behaviour), so FINAL over any range of ends merged every request of the
+    store: 73-96 s for a report over 1 hour of the month store. The parts of a range the
+    windows do not answer (a few seconds at each end, what ended after the last closed
+    window) match a few hundred rows."""
+    db = store.database
+    plain = f"{db}.requests FINAL WHERE {where}"
+    (n,) = store.query_rows(f"SELECT count() FROM {db}.requests WHERE {where}", bound)[0]
+    if int(n) > FINAL_KEYS_MAX:
+        return plain
+    keys = f"SELECT request_id FROM {db}.requests WHERE {where}"
+    return f"{db}.requests FINAL WHERE request_id IN ({keys}) AND {where}"
+
+
 def _spans_where(f: ReportFilter, spans: Sequence[OpenSpan]) -> str:
     """The filter's model and selected traffic (:func:`_where`), request ends in any of
     ``spans`` instead of its time range."""
@@ -115,10 +144,9 @@ def single_attempt_counts(
     filter's requests ending in ``spans`` (:func:`_single_parts`), exact."""
     parts, bound = _single_parts(store.database, slos)
     failed = "countIf(outcome NOT IN ('ok', 'client_abort'))"
+    source = final_source(store, _spans_where(f, spans), _params(f))
     return store.query_rows(
-        f"SELECT count(), {failed}, {', '.join(parts)} FROM {store.database}.requests FINAL "
-        f"WHERE {_spans_where(f, spans)}",
-        {**_params(f), **bound},
+        f"SELECT count(), {failed}, {', '.join(parts)} FROM {source}", {**_params(f), **bound}
     )[0]
 
 
@@ -130,11 +158,8 @@ def boundary_values(
     for b in boundaries:
         if b not in BOUNDARIES:
             raise ValueError(f"unknown boundary {b!r}")
-    return store.query_rows(
-        f"SELECT {', '.join(boundaries)} FROM {store.database}.requests FINAL "
-        f"WHERE {_spans_where(f, spans)}",
-        _params(f),
-    )
+    source = final_source(store, _spans_where(f, spans), _params(f))
+    return store.query_rows(f"SELECT {', '.join(boundaries)} FROM {source}", _params(f))
 
 
 # RangeSummary's read of requests groups them by these (sums per source, per outcome, per
@@ -224,9 +249,10 @@ def range_summary(
     if where is not None:
         splits, split_bound = _split_parts(split_slos)
         parts = ["count()", f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})", *splits]
+        source = final_source(store, where, _params(f))
         rows = store.query_rows(
-            f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {store.database}.requests "
-            f"FINAL WHERE {where} GROUP BY {', '.join(_DIMS)}",
+            f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {source} "
+            f"GROUP BY {', '.join(_DIMS)}",
             {**_params(f), **split_bound},
         )
         for src, out, model, prio, mode, verdict, count, ended_n, *split_row in rows:
@@ -262,10 +288,10 @@ def _check_ended(cover: Cover, ended_from_ms: int) -> None:
 
 def _skew_exact(store: Store, where: str, bound: dict[str, Any]) -> list[Row]:
     """``(gateway, engine, joined, exact P50 offset ms)`` per pair over ``where``."""
+    source = final_source(store, f"{_SKEWED} AND {where}", bound)
     return store.query_rows(
         f"SELECT gateway_host, engine_host, count(), quantileExact(0.5)({_SKEW_MS}) "
-        f"FROM {store.database}.requests FINAL WHERE {_SKEWED} AND {where} "
-        "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
+        f"FROM {source} GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
         bound,
     )
 
@@ -276,10 +302,9 @@ def _skew_merged(store: Store, f: ReportFilter, cover: Cover, where: str | None)
     alike (``pipeline.core.skew``), merged."""
     buckets = counts.skew_buckets(store, cover, f.model)
     if where is not None:
+        source = final_source(store, f"{_SKEWED} AND {where}", _params(f))
         for gateway, engine, offset in store.query_rows(
-            f"SELECT gateway_host, engine_host, {_SKEW_MS} FROM {store.database}.requests "
-            f"FINAL WHERE {_SKEWED} AND {where}",
-            _params(f),
+            f"SELECT gateway_host, engine_host, {_SKEW_MS} FROM {source}", _params(f)
         ):
             pair = buckets.setdefault((str(gateway), str(engine)), {})
             key = offset_bucket(float(offset))
