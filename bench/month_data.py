@@ -42,6 +42,7 @@ from pipeline.core.processor import KeptMessage
 from pipeline.core.record import BOUNDARIES, RequestRecord
 from pipeline.core.sketch import QuantileSketch, SketchColumns, mapping_constants
 from pipeline.core.slo import RecordColumns
+from pipeline.core.window_counts import RequestCounts
 from pipeline.core.windows import (
     ALL_KEY,
     ClosedWindow,
@@ -325,13 +326,16 @@ def hour_windows(
         records = {keys[k]: c for k, c in enumerate(per_key) if c}
         records[ALL_KEY] = len(idx_list)
         slos = None
+        ones = np.ones(len(idx_list), dtype=np.int64)
         if slo_factory is not None:
             slos = slo_factory()
-            slos.add_batch(cols, idx, np.ones(len(idx_list), dtype=np.int64))
+            slos.add_batch(cols, idx, ones)
+        counts = RequestCounts()  # the report's counts, as the aggregator's window counts them
+        counts.add_batch(cols, idx, ones)
         w, p = divmod(g, partitions)
         closed = ClosedWindow(
             p, hour.start_ms + w * size, size, records, sketches.get(g, {}), slos,
-            False, {rids[k]: codes[k] for k in idx_list}, {},
+            False, {rids[k]: codes[k] for k in idx_list}, {}, {}, counts,
         )  # fmt: skip
         out.append(closed)
     out.sort(key=lambda cw: (cw.partition, cw.start_ms))

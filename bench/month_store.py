@@ -229,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         "--partitions", type=int, default=None,
         help="default: the existing store's (a store of another recipe is built anew)",
     )  # fmt: skip
+    ap.add_argument(
+        "--rate", type=float, default=MonthRecipe().rate_per_s,
+        help="requests per second on average (a smaller store of the same month's shape)",
+    )  # fmt: skip
     ap.add_argument("--hours", type=int, default=None, help="write at most this many hours")
     ap.add_argument("--stop-file", type=Path, help="stop between hours once it exists")
     ap.add_argument(
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     partitions = args.partitions
     if partitions is None:
         partitions = existing.recipe.partitions if existing else MonthRecipe().partitions
-    recipe = MonthRecipe(days=args.days, partitions=partitions)
+    recipe = MonthRecipe(days=args.days, partitions=partitions, rate_per_s=args.rate)
     prog = build(
         args.store, recipe, max_hours=args.hours, stop_file=args.stop_file,
         passes=set(args.passes) if args.passes else None,

@@ -20,7 +20,9 @@ import orjson
 
 from pipeline.adapters.store import REQUEST_COLUMNS, Store, record_from_row
 from pipeline.core.record import BOUNDARIES, RequestRecord
-from pipeline.core.slo import SLOEvaluator
+from pipeline.core.skew import offset_bucket, offset_ms
+from pipeline.core.slo import SLOEvaluator, SLOMatcher
+from pipeline.core.window_counts import count_key, skew_key
 from pipeline.core.windows import record_key, window_start
 from pipeline.spec.slo import SLOSpec
 
@@ -161,6 +163,93 @@ def store_mismatches(
     return bad
 
 
+def _stored(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
+def _nonzero(keys: list[int], counts: list[int]) -> dict[int, int]:
+    return {int(k): int(n) for k, n in zip(keys, counts, strict=True) if n}
+
+
+def count_mismatches(
+    store: Store, spec: SLOSpec | None, window_ms: int = 10_000, topic: str | None = None
+) -> list[str]:
+    """Every difference between the report's counts the windows hold (``sql/0018``) and an
+    exact count over requests: per window and key the requests, per window and host pair
+    the clock offsets' 0.1 ms buckets, and (with the ``spec``) per window, SLO and model
+    its measured bad requests (their sums within 1e-9 relative)."""
+    db = store.database
+    where = "" if topic is None else f" AND w.source_topic = '{topic}'"
+    recs = final_records(store)
+    exact: dict[tuple[Any, ...], int] = defaultdict(int)
+    skew: dict[tuple[Any, ...], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in recs:
+        start = window_start(r.end_unix_ns // MS_NS, window_ms)
+        exact[(start, *map(_stored, count_key(r)))] += 1
+        offset = offset_ms(r)
+        if offset is not None:
+            skew[(start, *skew_key(r))][offset_bucket(offset)] += 1
+    rows = "FROM {db}.window_sketches AS w ARRAY JOIN w.{col} AS {a} WHERE w.boundary = '__slo__'"
+    stored = {
+        (int(s), *key[:-1]): int(key[-1])
+        for s, *key in store.query_rows(
+            "SELECT toUnixTimestamp64Milli(w.window_start) AS s, c.source, c.outcome, c.model, "
+            "c.priority, c.control_mode, c.control_verdict, sum(c.requests) "
+            + rows.format(db=db, col="request_counts", a="c")
+            + where
+            + " GROUP BY s, c.source, c.outcome, c.model, c.priority, c.control_mode, "
+            "c.control_verdict HAVING sum(c.requests) != 0"
+        )
+    }
+    bad = [
+        f"window/key {k}: store {stored.get(k, 0)} exact {exact.get(k, 0)}"
+        for k in sorted(set(exact) | set(stored))
+        if exact.get(k, 0) != stored.get(k, 0)
+    ]
+    stored_skew = {
+        (int(s), str(m), str(g), str(e)): _nonzero(*buckets)
+        for s, m, g, e, buckets in store.query_rows(
+            "SELECT toUnixTimestamp64Milli(w.window_start) AS s, k.model, k.gateway_host, "
+            "k.engine_host, sumMap(k.offset_buckets, k.counts) "
+            + rows.format(db=db, col="clock_skew", a="k")
+            + where
+            + " GROUP BY s, k.model, k.gateway_host, k.engine_host"
+        )
+    }
+    for k in sorted(set(skew) | set(stored_skew)):
+        if dict(skew.get(k, {})) != stored_skew.get(k, {}):
+            bad.append(f"window/host pair {k}: offsets differ")
+    if spec is None:
+        return bad
+    matchers = [(s.name, s.boundary, SLOMatcher(s)) for s in spec.slos]
+    split: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for r in recs:
+        start = window_start(r.end_unix_ns // MS_NS, window_ms)
+        for name, boundary, m in matchers:
+            if m.measured_bad(r):
+                acc = split[(start, name, r.model)]
+                acc[0] += 1
+                acc[1] += r.queue_ms or 0.0
+                acc[2] += getattr(r, boundary)
+    stored_split = {
+        (int(s), str(slo), str(m)): [int(n), float(q), float(x)]
+        for s, slo, m, n, q, x in store.query_rows(
+            "SELECT toUnixTimestamp64Milli(w.window_start) AS s, b.slo, b.model, "
+            "sum(b.bad_measured) AS n, sum(b.bad_queue_ms), sum(b.bad_ms) "
+            + rows.format(db=db, col="slo_bad", a="b")
+            + where
+            + " GROUP BY s, b.slo, b.model HAVING n != 0"
+        )
+    }
+    for k in sorted(set(split) | set(stored_split)):
+        e, g = split.get(k, [0, 0.0, 0.0]), stored_split.get(k, [0, 0.0, 0.0])
+        if e[0] != g[0] or any(
+            abs(a - b) > 1e-9 * max(abs(a), abs(b), 1.0) for a, b in zip(e[1:], g[1:], strict=True)
+        ):
+            bad.append(f"window/slo/model {k}: store {g} exact {e}")
+    return bad
+
+
 def slo_totals(store: Store) -> dict[str, tuple[int, int]]:
     """Per SLO over everything: (total, good) from the hourly rollup."""
     return {
@@ -178,6 +267,7 @@ def assert_store_is_exact(
     """The store's windows equal an exact count over ``requests`` (:func:`store_mismatches`),
     and its hourly SLO totals are the replay's (``slos``: ``replay --json``'s)."""
     assert store_mismatches(store, spec) == []
+    assert count_mismatches(store, spec) == []
     totals = slo_totals(store)
     for name, want in slos.items():
         assert totals.get(name, (0, 0)) == (want["total"], want["good"]), name

@@ -3,13 +3,15 @@
 What the windows answer is read from them (issue 53: a report over 30 days reads the
 hourly rollups, not 50 M requests): the SLO counts, and each boundary's count, P50 and
 P99 -- quantiles of the merged latency sketches (1 % relative error, as the stream and
-the dashboards compute them), not of the sorted values. ``requests`` is read for what no
-window holds: the part of a range the windows do not cover (``pipeline.core.cover``: a
-cut base window at either end, what ended after the windows closed so far, and all of
-traffic selected by more than a model, ``--slo``), and, over the whole range in one
-read, the counts per source and outcome, the clock pairs, the control modes and the bad
-requests' queueing time (``requests.range_summary``). The per-logical-request section
-reads the retried requests' attempts (``requests.logical_rows``).
+the dashboards compute them), not of the sorted values; the counts per source and
+outcome, the control modes, the bad requests' queueing time and the clock pairs (their
+offsets' median, to 0.1 ms) from the windows' own counts of them
+(``sql/0018``, ``requests.range_summary``). ``requests`` is read for what no window
+holds: the part of a range the windows do not cover (``pipeline.core.cover``: a cut base
+window at either end, what ended after the windows closed so far, windows written before
+the counts were kept, and all of traffic selected by more than a model, ``--slo``). The
+per-logical-request section reads the retried requests' attempts
+(``requests.logical_rows``).
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pipeline.adapters.queries import budget, control, requests, windows
+from pipeline.adapters.queries import budget, control, counts, requests, windows
 from pipeline.adapters.queries.filters import ReportFilter
 from pipeline.adapters.queries.filters import iso as _iso
 from pipeline.adapters.store import Store, record_from_row
 from pipeline.app.figures import figure, percent
 from pipeline.contract.boundaries import BOUNDARIES, QUEUE_BOUNDARIES
 from pipeline.core.budget import period_at, scope_expected_requests, window_budget
-from pipeline.core.cover import Cover, cover
+from pipeline.core.cover import Cover, cover, cover_from
 from pipeline.core.logical import SERVED, logical_requests
 from pipeline.core.logical import counts as logical_counts
 from pipeline.core.slo import SLOCounts, SLOEvaluator, compliance_report
@@ -341,7 +343,9 @@ def read_logical(
     (``single_attempt_counts``). ``summary`` and ``slo_cover``: as ``read_report`` read
     them (None: read here)."""
     if summary is None:
-        summary = requests.range_summary(store, f, split_slos=(), ended_from_ms=0)
+        summary = requests.range_summary(
+            store, f, split_slos=(), ended_from_ms=0, cover=counts_cover(store, f, 0)
+        )
     if slo_cover is None:
         slo_cover = covers(store, f)[1]
     records = [record_from_row(r) for r in requests.logical_rows(store, f)]
@@ -427,6 +431,24 @@ def covers(store: Store, f: ReportFilter) -> tuple[Cover, Cover]:
     return of(not f.selects), of(not f.selects and f.model is None)
 
 
+def counts_cover(store: Store, f: ReportFilter, last_ms: int) -> Cover:
+    """The filter's range split for ``requests.range_summary``: the windows' counts
+    (per model: not for traffic ``--slo`` selects) from where the windows kept them
+    (``counts.counted_from_ns``) up to the end of the last closed SLO window
+    (``last_ms``, when there is one: none of their requests ended after it, the
+    ``open_windows`` count), the rest from ``requests``."""
+    closed_ns, window_ms = windows.closed_through(store)
+    if last_ms > 0:
+        closed_ns = min(closed_ns, last_ms * 1_000_000)
+    return cover_from(
+        None if f.since_unix_s is None else int(f.since_unix_s * 1e9),
+        None if f.until_unix_s is None else int(f.until_unix_s * 1e9),
+        from_ns=counts.counted_from_ns(store) if window_ms > 0 else 0,
+        closed_ns=closed_ns, window_ns=max(window_ms, 1) * 1_000_000,
+        windowed=not f.selects and window_ms > 0,
+    )  # fmt: skip
+
+
 def read_boundaries(
     store: Store, f: ReportFilter, latency: Cover
 ) -> tuple[dict[str, BoundaryStats], int]:
@@ -466,7 +488,9 @@ def windows_short_hint(report: Report) -> str | None:
     )
 
 
-def report_sources(latency: Cover, slo_cover: Cover, counted: int) -> dict[str, Any]:
+def report_sources(
+    latency: Cover, slo_cover: Cover, counted: int, counts_part: Cover, skew_basis: str
+) -> dict[str, Any]:
     """What the report's figures were read from, for ``--json`` (and the text's note)."""
 
     def spans(c: Cover) -> dict[str, Any]:
@@ -482,8 +506,10 @@ def report_sources(latency: Cover, slo_cover: Cover, counted: int) -> dict[str, 
         "boundaries_counted": counted,  # requests the boundaries' figures are of
         "latency": spans(latency),
         "logical_slo_counts": spans(slo_cover),
-        "requests_whole_range": ["requests", "by_source", "by_outcome", "clock_skew",
-                                 "control_verdicts", "load cause", "open_windows"],
+        # requests, by_source, by_outcome, clock_skew, control_verdicts, load cause and
+        # open_windows: the windows' counts, and requests over the rest
+        "counts": spans(counts_part),
+        "clock_skew": skew_basis,
     }  # fmt: skip
 
 
@@ -496,7 +522,10 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
     shown = [slo for slo in spec.slos if slo.name in slos] if spec is not None else []
     last_ms = budget.last_window_end_ms(store)
     latency, slo_cover = covers(store, f)
-    summary = requests.range_summary(store, f, split_slos=shown, ended_from_ms=last_ms)
+    counts_part = counts_cover(store, f, last_ms)
+    summary = requests.range_summary(
+        store, f, split_slos=shown, ended_from_ms=last_ms, cover=counts_part
+    )
     for slo, split in zip(shown, summary.bad_splits, strict=True):
         slos[slo.name].update(load_cause(split, slo.boundary in QUEUE_BOUNDARIES))
     control_rows = [
@@ -520,7 +549,7 @@ def read_report(store: Store, f: ReportFilter | None = None, spec: SLOSpec | Non
         control_rows, clock_skew, open_windows(last_ms, summary.ended_from), budget_events, f,
         control_verdicts(list(summary.control)),
         read_logical(store, f, spec, summary, slo_cover),
-        report_sources(latency, slo_cover, counted),
+        report_sources(latency, slo_cover, counted, counts_part, summary.skew_basis),
     )  # fmt: skip
 
 
@@ -666,6 +695,8 @@ def render(report: Report) -> Any:
          for pair, est in report.clock_skew.items()],
     )  # fmt: skip
     parts += [s, o, skew]
+    if report.clock_skew and report.sources.get("clock_skew"):
+        parts.append(Text(f"  offset P50: {report.sources['clock_skew']}", style="dim"))
     return Group(*parts)
 
 

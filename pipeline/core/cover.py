@@ -12,7 +12,7 @@ adapters read each span from its table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 MINUTE_NS: Final = 60_000_000_000
@@ -90,3 +90,24 @@ def cover(
     return Cover(
         hours=((h0, h1),), minutes=_spans((m0, h0), (h1, m1)), windows=windows, rest=tuple(rest)
     )
+
+
+def cover_from(
+    since_ns: int | None,
+    until_ns: int | None,
+    *,
+    from_ns: int,
+    closed_ns: int,
+    window_ns: int,
+    windowed: bool = True,
+) -> Cover:
+    """:func:`cover` when the windows answer only from ``from_ns`` on (a window end: the
+    windows before it were written without what is asked, ``sql/0018``): the part of
+    the range before it is ``rest`` too. ``from_ns`` <= 0: :func:`cover` itself."""
+    if from_ns <= 0 or (since_ns is not None and since_ns >= from_ns):
+        return cover(since_ns, until_ns, closed_ns=closed_ns, window_ns=window_ns,
+                     windowed=windowed)  # fmt: skip
+    later = cover(from_ns, until_ns, closed_ns=closed_ns, window_ns=window_ns, windowed=windowed)
+    if (until_ns is not None and until_ns <= from_ns) or not later.windowed:
+        return Cover(rest=((since_ns, until_ns),))
+    return replace(later, rest=((since_ns, from_ns), *later.rest))

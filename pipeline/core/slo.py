@@ -302,6 +302,34 @@ class SLOMatcher:
             bad |= ~ok & ~abort & observed
         return sel & (good | bad), sel & good
 
+    def _measured(self, outcome: str) -> bool:
+        return outcome == "ok" or (outcome == "client_abort" and self.aborts_measured)
+
+    def measured_bad(self, r: RequestRecord) -> bool:
+        """Whether the record is one of the SLO's *measured* bad requests: bad by its
+        latency (rule 4) with a value at the boundary and a queue time, what the report
+        splits into queueing and compute (is the burn load-caused?). A failure (rule 2)
+        and a first byte missing past the threshold (rule 4's lower bound) are bad
+        without a measured time."""
+        return (
+            self._measured(r.outcome)
+            and self.get(r) is not None
+            and r.queue_ms is not None
+            and self.classify(r) == "bad"
+        )
+
+    def measured_bad_many(
+        self, cols: RecordColumns, masks: tuple[BoolArray, BoolArray] | None = None
+    ) -> BoolArray:
+        """:meth:`measured_bad` of every record of a batch (``masks``: its
+        :meth:`classify_many`, when computed already)."""
+        counted, good = masks if masks is not None else self.classify_many(cols)
+        measured = cols.equal("outcome", "ok")
+        if self.aborts_measured:
+            measured = measured | cols.equal("outcome", "client_abort")
+        has_values = ~np.isnan(cols.boundary(self.boundary)) & ~np.isnan(cols.boundary("queue_ms"))
+        return counted & ~good & measured & has_values
+
     def applies(self, record: RequestRecord) -> bool:
         """True when the record is in this SLO's denominator."""
         return self.classify(record) != "skip"

@@ -43,6 +43,7 @@ from pipeline.core.ledger import RETRACTED, code_order
 from pipeline.core.record import BOUNDARIES, RequestRecord, attempt_key
 from pipeline.core.sketch import FloatArray, IntArray, QuantileSketch, SketchColumns
 from pipeline.core.slo import BoolArray, RecordColumns
+from pipeline.core.window_counts import RequestCounts
 
 ALL: Final = "*"
 OTHER_MODEL: Final = "__other__"
@@ -105,6 +106,8 @@ class WindowSLOs(Protocol):
 
     def rows(self) -> list[Any]: ...
 
+    def bad_rows(self) -> list[Any]: ...
+
 
 @dataclass(slots=True)
 class _Rows:
@@ -129,6 +132,8 @@ class _Window:
     cells: dict[tuple[WindowKey, str], QuantileSketch] = field(default_factory=dict)
     rows: dict[WindowKey, _Rows] = field(default_factory=dict)
     slos: WindowSLOs | None = None
+    # what a report counts besides latency and SLOs (pipeline.core.window_counts)
+    counts: RequestCounts = field(default_factory=RequestCounts)
     dirty: bool = True  # changed since its last provisional snapshot
     # request_id -> ledger code (see ledger_code) of each record added: what a restarted
     # worker reads back so that it never counts a request twice
@@ -188,6 +193,8 @@ class ClosedWindow:
     retries: dict[WindowKey, int] = field(default_factory=dict)
     # of ``records``, those answered (outcome ok), keys with none omitted
     answered: dict[WindowKey, int] = field(default_factory=dict)
+    # per source, outcome, ..., and host pair (None: not counted, a window built elsewhere)
+    counts: RequestCounts | None = None
 
 
 @dataclass(slots=True)
@@ -382,6 +389,7 @@ class WindowAggregator:
         self._buffer_rows(win, ALL_KEY, values, s)
         if win.slos is not None:
             win.slos.add_batch(batch.cols, rows, s)
+        win.counts.add_batch(batch.cols, rows, s)
         self._ledger(win, row_list, batch.ledger_keys, batch.codes)
         win.dirty = True
 
@@ -552,7 +560,7 @@ class WindowAggregator:
         return ClosedWindow(
             self.partition, win.start_ms, self.config.size_ms, dict(win.records), sketches,
             win.slos, correction, win.ledger if with_ledger else {}, dict(win.retries),
-            dict(win.answered),
+            dict(win.answered), win.counts,
         )  # fmt: skip
 
     def min_open_offset(self) -> int | None:

@@ -10,14 +10,17 @@ from typing import Any
 
 from pipeline.adapters.store import (
     REQUEST_COLUMNS,
+    WINDOW_COLUMNS,
     ClickHouseStore,
     load_migrations,
     migrate,
     record_from_row,
     request_columns,
+    windows_columns,
     write_requests,
 )
 from pipeline.core.record import RequestRecord
+from pipeline.core.windows import ClosedWindow
 
 NAMES = [n for n, _ in REQUEST_COLUMNS]
 
@@ -86,3 +89,21 @@ def column_types(store: ClickHouseStore, names: Sequence[str]) -> dict[str, str]
             f"AND table = 'requests' AND name IN ({listed})"
         )
     )
+
+
+def write_old_windows(store: ClickHouseStore, windows: Sequence[ClosedWindow], token: str) -> None:
+    """``windows`` as an older release wrote them: only the ``window_sketches`` columns the
+    store's table has (a later migration added the others)."""
+    have = {
+        str(n)
+        for (n,) in store.query_rows(
+            "SELECT name FROM system.columns WHERE database = 'tailguard' "
+            "AND table = 'window_sketches'"
+        )
+    }
+    cols = windows_columns(windows, "t", 0.01, {})
+    kept = [(spec, c) for spec, c in zip(WINDOW_COLUMNS, cols, strict=True) if spec[0] in have]
+    store.insert_columns(
+        "window_sketches", [c for _, c in kept], [n for (n, _), _ in kept],
+        [t for (_, t), _ in kept], {"insert_deduplication_token": token},
+    )  # fmt: skip

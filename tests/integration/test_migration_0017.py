@@ -15,7 +15,7 @@ from pipeline.settings import Settings
 from pipeline.shipped import DEFAULT_TRACE
 from producers.simulator.model import SimConfig, Simulator
 from producers.simulator.trace import read_trace
-from tests.integration.migrations import migrate_before
+from tests.integration.migrations import migrate_before, write_old_windows
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def test_0017_keeps_the_hourly_rollup_in_smaller_granules(tmp_path: Path) -> Non
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
         migrate_before(store, tmp_path, 17)
-        write_windows(store, windows[:half], "t", 0.01, "before")
+        write_old_windows(store, windows[:half], "before")  # without 0018's columns
         before = store.query_rows(HOURLY)
         assert before
         assert migrate(store)[0] == "0017_latency_1h_granularity"

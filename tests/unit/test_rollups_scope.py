@@ -96,6 +96,9 @@ def test_every_rollup_is_compared_with_its_shipped_view_over_the_hours_only() ->
         "latency_1h": "window_sketches",
         "slo_1m": "slo_windows",
         "slo_1h": "slo_windows",
+        "request_counts_1h": "window_sketches",
+        "slo_bad_1h": "window_sketches",
+        "clock_skew_1h": "window_sketches",
     }
     for table, view in views.items():
         sql = view.over("db", {H})

@@ -18,9 +18,12 @@ from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.adapters.store import (
     BUDGET_EVENT_COLUMNS,
     CHECKPOINT_COLUMNS,
+    CLOCK_SKEW_FIELDS,
     CONTROL_COLUMNS,
     EVENT_COLUMNS,
     REQUEST_COLUMNS,
+    REQUEST_COUNT_FIELDS,
+    SLO_BAD_FIELDS,
     SLO_COUNT_FIELDS,
     SLO_ROW_BOUNDARY,
     WINDOW_COLUMNS,
@@ -45,7 +48,8 @@ from pipeline.contract.codec import SourceRef, encode_batch
 from pipeline.contract.events import Event
 from pipeline.contract.wire import decode_fast
 from pipeline.core.sketch import SketchColumns
-from pipeline.core.slo_windows import SLOWindowRow
+from pipeline.core.slo_windows import SLOBadRow, SLOWindowRow
+from pipeline.core.window_counts import ClockSkewRow, RequestCountRow
 from pipeline.core.windows import ClosedWindow
 from tests.factories import completed, finished, joined, received
 
@@ -84,6 +88,19 @@ def test_slo_counts_map_type_names_its_fields_in_order() -> None:
     inner = ", ".join(f"{n} {t}" for n, t in SLO_COUNT_FIELDS)
     assert slo_type == f"Map(String, Tuple({inner}))"
     assert {n for n, _ in SLO_COUNT_FIELDS} <= {f.name for f in dataclasses.fields(SLOWindowRow)}
+
+
+def test_the_report_counts_types_name_their_rows_fields_in_order() -> None:
+    """The '__slo__' row's report counts (sql/0018): each tuple names its core row's
+    fields, in order, and the column's type is the array of them."""
+    for column, fields, row in (
+        ("request_counts", REQUEST_COUNT_FIELDS, RequestCountRow),
+        ("slo_bad", SLO_BAD_FIELDS, SLOBadRow),
+        ("clock_skew", CLOCK_SKEW_FIELDS, ClockSkewRow),
+    ):
+        inner = ", ".join(f"{n} {t}" for n, t in fields)
+        assert dict(WINDOW_COLUMNS)[column] == f"Array(Tuple({inner}))", column
+        assert [n for n, _ in fields] == [f.name for f in dataclasses.fields(row)], column
 
 
 class RecordingStore:
@@ -162,6 +179,9 @@ class _SLOs:
             SLOWindowRow("tier", "blended", "", 0.0, 0.9, 5, 3, 1, 0.5),
         ]
 
+    def bad_rows(self) -> list[SLOBadRow]:
+        return [SLOBadRow("ttft", "m", 1, 250.0, 400.0)]
+
 
 @pytest.mark.parametrize("correction", [False, True])
 def test_window_rows_by_name(correction: bool) -> None:
@@ -230,6 +250,9 @@ class _Rows:
 
     def rows(self) -> list[SLOWindowRow]:
         return self._rows
+
+    def bad_rows(self) -> list[SLOBadRow]:
+        return [SLOBadRow(r.slo, "m", r.total, 1.5 * r.total, 2.5 * r.total) for r in self._rows]
 
 
 _KEYS = st.tuples(st.sampled_from(["m", "n", "*"]), st.sampled_from(["0", "1", "*"]),

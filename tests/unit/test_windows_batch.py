@@ -75,6 +75,7 @@ class PerRecord(WindowAggregator):
             (rows.added if sign > 0 else rows.removed).append(row)
         if win.slos is not None:
             win.slos.add(rec, sign)
+        win.counts.add(rec, sign)
         lk = ledger_key(rec)
         code = ledger_code(rec) | (0 if sign > 0 else RETRACTED)
         have = win.ledger.get(lk)
@@ -85,11 +86,13 @@ class PerRecord(WindowAggregator):
 
 def _seen(w: ClosedWindow) -> tuple[Any, ...]:
     """A window as compared: key order of the counts included, sketches bin for bin (and
-    their float sums exactly), SLO rows, ledger."""
-    slos = None if w.slos is None else w.slos.rows()
+    their float sums exactly), SLO rows and measured bad requests, ledger, the report's
+    counts and clock-skew buckets (pipeline.core.window_counts)."""
+    slos = None if w.slos is None else (w.slos.rows(), w.slos.bad_rows())
+    counts = None if w.counts is None else (w.counts.count_rows(), w.counts.skew_rows())
     return (
         w.partition, w.start_ms, w.size_ms, list(w.records.items()), w.sketches, slos,
-        w.correction, w.ledger,
+        w.correction, w.ledger, counts,
     )  # fmt: skip
 
 

@@ -97,7 +97,9 @@ def boundary_counts(store: Store) -> dict[str, tuple[int, int, int, int]]:
 def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
     """What ../shared/tools/store-check compares, where it differs: per boundary the
     all-traffic count of window_sketches, latency_1m and latency_1h; per SLO total and good
-    of slo_windows, slo_1m and slo_1h. Empty: every rollup equals its source."""
+    of slo_windows, slo_1m and slo_1h; the report's counts of the windows against their
+    hourly rollups (requests, measured bad requests, joined requests with an offset).
+    Empty: every rollup equals its source."""
     db = store.database
     out: dict[str, tuple[int, ...]] = {}
     for (b,) in store.query_rows(
@@ -129,6 +131,20 @@ def rollup_drift(store: Store) -> dict[str, tuple[int, ...]]:
     spread = store.query_rows(f"SELECT sum(total) FROM {db}.slo_windows")[0][0]
     if int(base or 0) != int(spread or 0):
         out["slo_windows"] = (int(base or 0), int(spread or 0))
+    # the report's counts of the '__slo__' rows (sql/0018) and their hourly rollups
+    for table, column, value, rolled in (
+        ("request_counts_1h", "request_counts", "requests", "requests"),
+        ("slo_bad_1h", "slo_bad", "bad_measured", "bad_measured"),
+        ("clock_skew_1h", "clock_skew", "arraySum(a.counts)", "joined"),
+    ):
+        of = value if "(" in value else f"a.{value}"
+        ((base,),) = store.query_rows(
+            f"SELECT sum({of}) FROM {db}.window_sketches AS w ARRAY JOIN w.{column} AS a "
+            "WHERE w.boundary = '__slo__'"
+        )
+        ((hourly,),) = store.query_rows(f"SELECT sum({rolled}) FROM {db}.{table}")
+        if int(base or 0) != int(hourly or 0):
+            out[table] = (int(base or 0), int(hourly or 0))
     return out
 
 

@@ -41,12 +41,21 @@ WHAT: Final = {
     "`TAILGUARD_RAW_EVENTS_TTL_DAYS` (rendered at migration: 7 here)",
     "window_sketches": "per window × topic partition × key × boundary: records, count, "
     "sum, min, max, sketch buckets; `correction = 1` rows add late records (signed); "
-    "`__slo__` rows carry the SLO counts and the ledger",
+    "`__slo__` rows carry the SLO counts, the ledger and the report's counts "
+    "(`counts_kept` 1; sql/0018)",
     "slo_windows": "per window × partition × SLO: total and good (from `window_sketches` "
     "by its materialized view)",
     "latency_1m": "per minute rollup of `window_sketches` (`sumMapMerge` the buckets; a "
     "bucket may hold a repair row: [reliability.md](reliability.md))",
     "latency_1h": "per hour rollup of `window_sketches`",
+    "request_counts_1h": "per hour rollup of the `__slo__` rows' `request_counts`: requests per "
+    "source, outcome, model, priority, control mode and verdict (what `report` counts "
+    "besides latency and SLOs, issue 53)",
+    "slo_bad_1h": "per hour rollup of the `__slo__` rows' `slo_bad`: per SLO and model its "
+    "measured bad requests, Σ `queue_ms` and Σ boundary ms (the report's load cause)",
+    "clock_skew_1h": "per hour rollup of the `__slo__` rows' `clock_skew`: per model and "
+    "gateway → engine host pair the clock offsets of the joined requests, counted per "
+    "0.1 ms bucket (`sumMapMerge(offsets)`)",
     "slo_1m": "per minute rollup of `slo_windows`",
     "slo_1h": "per hour rollup of `slo_windows`",
     "budget_events": "error-budget events per SLO (`budget_80pct_consumed`, `budget_exhausted`), "

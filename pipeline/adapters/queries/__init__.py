@@ -6,6 +6,8 @@ module          tables
 ``requests``    ``requests`` (one row per request attempt)
 ``windows``     ``window_sketches``, ``latency_1m`` (latency sketches)
 ``budget``      ``slo_windows``, ``slo_1m``, ``slo_1h``, ``budget_events``
+``counts``      the report's counts of the windows (``window_sketches``' ``__slo__``
+                rows), ``request_counts_1h``, ``slo_bad_1h``, ``clock_skew_1h``
 ``control``     ``control_signals`` (the directives' audit trail)
 ``events``      ``lifecycle_events`` (raw events as received)
 ==============  ==========================================================

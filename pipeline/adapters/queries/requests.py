@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pipeline.adapters.queries import counts
 from pipeline.adapters.queries.filters import (
     ReportFilter,
     params,
@@ -18,7 +19,8 @@ from pipeline.adapters.queries.filters import (
 )
 from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
-from pipeline.core.cover import OpenSpan
+from pipeline.core.cover import Cover, OpenSpan
+from pipeline.core.skew import median_offset_ms, offset_bucket
 from pipeline.spec.slo import SLO
 
 Row = tuple[Any, ...]
@@ -97,6 +99,35 @@ def _single_parts(db: str, slos: Sequence[SLO]) -> tuple[list[str], dict[str, An
     return parts, bound
 
 
+# At most this many rows (every version) match a read's filter for it to merge the
+# versions of their keys only (:func:`final_source`); more, and FINAL merges the whole
+# table (a set of every request id of a month would be gigabytes).
+FINAL_KEYS_MAX: Final = 200_000
+
+
+def final_source(store: Store, where: str, bound: dict[str, Any]) -> str:
+    """``requests FINAL WHERE where`` for a ``FROM`` clause, merging the versions of few
+    keys only when few rows match: those whose request id some version matching
+    ``where`` has (found without FINAL, where the skip indexes prune: ``idx_end`` on a
+    range of ends), then ``where`` over their final versions. The same rows: a request
+    whose final version matches has a matching version (itself), and all versions of a
+    key share its request id.
+
+    Why (issue 53): ClickHouse 26.3 skips partition pruning under FINAL for a table whose
+    partition key (``ts``) is not in its sorting key (``defer_partition_pruning_after_final``,
+    the correct behaviour), so FINAL over any range of ends merged every request of the
+    store: 73-96 s for a report over 1 hour of the month store. The parts of a range the
+    windows do not answer (a few seconds at each end, what ended after the last closed
+    window) match a few hundred rows."""
+    db = store.database
+    plain = f"{db}.requests FINAL WHERE {where}"
+    (n,) = store.query_rows(f"SELECT count() FROM {db}.requests WHERE {where}", bound)[0]
+    if int(n) > FINAL_KEYS_MAX:
+        return plain
+    keys = f"SELECT request_id FROM {db}.requests WHERE {where}"
+    return f"{db}.requests FINAL WHERE request_id IN ({keys}) AND {where}"
+
+
 def _spans_where(f: ReportFilter, spans: Sequence[OpenSpan]) -> str:
     """The filter's model and selected traffic (:func:`_where`), request ends in any of
     ``spans`` instead of its time range."""
@@ -113,10 +144,9 @@ def single_attempt_counts(
     filter's requests ending in ``spans`` (:func:`_single_parts`), exact."""
     parts, bound = _single_parts(store.database, slos)
     failed = "countIf(outcome NOT IN ('ok', 'client_abort'))"
+    source = final_source(store, _spans_where(f, spans), _params(f))
     return store.query_rows(
-        f"SELECT count(), {failed}, {', '.join(parts)} FROM {store.database}.requests FINAL "
-        f"WHERE {_spans_where(f, spans)}",
-        {**_params(f), **bound},
+        f"SELECT count(), {failed}, {', '.join(parts)} FROM {source}", {**_params(f), **bound}
     )[0]
 
 
@@ -128,19 +158,18 @@ def boundary_values(
     for b in boundaries:
         if b not in BOUNDARIES:
             raise ValueError(f"unknown boundary {b!r}")
-    return store.query_rows(
-        f"SELECT {', '.join(boundaries)} FROM {store.database}.requests FINAL "
-        f"WHERE {_spans_where(f, spans)}",
-        _params(f),
-    )
+    source = final_source(store, _spans_where(f, spans), _params(f))
+    return store.query_rows(f"SELECT {', '.join(boundaries)} FROM {source}", _params(f))
 
 
-# RangeSummary's read groups the range by these (sums per source, per outcome, per
+# RangeSummary's read of requests groups them by these (sums per source, per outcome, per
 # control mode and of the whole range are added up from its groups), and the clock
 # skew's by host pair (issue 53: two reads of the range, not one per table; the skew's
 # exact median cannot be added up from groups, and a GROUPING SETS read held every
 # joined request's offset once per set).
 _DIMS: Final = ("source", "outcome", "model", "priority", "control_mode", "control_verdict")
+# pipeline.core.skew.offset_ms as SQL (tests/integration/test_report_window_counts.py
+# holds the two equal)
 _SKEWED: Final = (
     "source = 'joined' AND gateway_received_unix_ns IS NOT NULL "
     "AND engine_arrival_unix_ns IS NOT NULL AND gateway_overhead_ms IS NOT NULL"
@@ -148,13 +177,19 @@ _SKEWED: Final = (
 _SKEW_MS: Final = (
     "(engine_arrival_unix_ns - gateway_received_unix_ns) / 1e6 - gateway_overhead_ms / 2"
 )
+# What a report's clock skew P50 is: exact over requests alone, else of 0.1 ms buckets.
+SKEW_EXACT = "exact (quantileExact over the stored requests)"
+SKEW_BUCKETED = (
+    "the median of the offsets counted per 0.1 ms by the windows, within 0.05 ms of the exact"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class RangeSummary:
-    """What ``tailguard report`` counts over the filter's requests that the windows do
-    not (sources, outcomes, clock pairs, control modes, the bad requests' time), exact,
-    from two reads of them (``FINAL``; issue 53: not one per table)."""
+    """What ``tailguard report`` counts over the filter's requests besides latency and
+    SLOs (sources, outcomes, clock pairs, control modes, the bad requests' time): from
+    the windows' counts over a cover's window parts (``queries.counts``) and from
+    ``requests`` (``FINAL``) over the rest, or over all of the range."""
 
     requests: int
     by_source: dict[str, int]
@@ -167,43 +202,118 @@ class RangeSummary:
     # (model, priority, control_mode, control_verdict, count) of the requests that
     # carried a control mode (gateway.completed ``control_mode``, issue 48)
     control: tuple[Row, ...]
+    skew_basis: str = SKEW_EXACT  # what clock_skew's P50 is
+
+
+@dataclass(slots=True)
+class _Sums:
+    n: int = 0
+    ended: int = 0
+    by_source: Counter[str] = dataclasses.field(default_factory=Counter)
+    by_outcome: Counter[str] = dataclasses.field(default_factory=Counter)
+    control: Counter[tuple[Any, ...]] = dataclasses.field(default_factory=Counter)
+
+    def add(self, key: Sequence[Any], count: int, ended: int) -> None:
+        """Add the ``count`` requests of a ``_DIMS`` key, ``ended`` of them after the end."""
+        src, out, model, prio, mode, verdict = key
+        self.n += count
+        self.ended += ended
+        self.by_source[str(src)] += count
+        self.by_outcome[str(out)] += count
+        if mode is not None:
+            self.control[model, prio, mode, verdict] += count
 
 
 def range_summary(
-    store: Store, f: ReportFilter, *, split_slos: Sequence[SLO], ended_from_ms: int
+    store: Store,
+    f: ReportFilter,
+    *,
+    split_slos: Sequence[SLO],
+    ended_from_ms: int,
+    cover: Cover | None = None,
 ) -> RangeSummary:
-    """The filter's :class:`RangeSummary`."""
-    splits, split_bound = _split_parts(split_slos)
-    parts = ["count()", f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})", *splits]
-    rows = store.query_rows(
-        f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {store.database}.requests FINAL "
-        f"WHERE {_where(f)} GROUP BY {', '.join(_DIMS)}",
-        {**_params(f), **split_bound},
-    )
-    n = ended = 0
-    split_sum = [0.0] * len(splits)
-    by_source: Counter[str] = Counter()
-    by_outcome: Counter[str] = Counter()
-    control: Counter[tuple[Any, ...]] = Counter()
-    for src, out, model, prio, mode, verdict, count, ended_n, *split_row in rows:
-        n += int(count)
-        ended += int(ended_n)
-        split_sum = [a + float(b or 0) for a, b in zip(split_sum, split_row, strict=True)]
-        by_source[str(src)] += int(count)
-        by_outcome[str(out)] += int(count)
-        if mode is not None:
-            control[model, prio, mode, verdict] += int(count)
-    skew = store.query_rows(
-        f"SELECT gateway_host, engine_host, count(), quantileExact(0.5)({_SKEW_MS}) "
-        f"FROM {store.database}.requests FINAL WHERE {_SKEWED} AND {_where(f)} "
-        "GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
-        _params(f),
-    )
+    """The filter's :class:`RangeSummary`: with a ``cover`` of its range (``f``'s time
+    range split by what answers each part, ``pipeline.core.cover``), its window parts
+    from the windows' counts and its ``rest`` from ``requests``; without one (or with no
+    window part), all of it from ``requests``. The clock skew's P50 is then the median of
+    the offsets' 0.1 ms buckets (``skew_basis``), else exact. The window parts must end at or before
+    ``ended_from_ms`` when it is > 0 (their requests did not end after it), and the
+    filter select no traffic (``f.selects``: the windows do not know it)."""
+    windowed = cover is not None and cover.windowed
+    if windowed and f.selects:
+        raise ValueError("the windows' counts cannot answer traffic selected by SLOs")
+    rest = cover.rest if cover is not None and windowed else None
+    where = _where(f) if rest is None else _spans_where(f, rest) if rest else None
+    sums = _Sums()
+    split_sum = [0.0] * (3 * len(split_slos))
+    if where is not None:
+        splits, split_bound = _split_parts(split_slos)
+        parts = ["count()", f"countIf(end_unix_ns >= {int(ended_from_ms) * 1_000_000})", *splits]
+        source = final_source(store, where, _params(f))
+        rows = store.query_rows(
+            f"SELECT {', '.join(_DIMS)}, {', '.join(parts)} FROM {source} "
+            f"GROUP BY {', '.join(_DIMS)}",
+            {**_params(f), **split_bound},
+        )
+        for src, out, model, prio, mode, verdict, count, ended_n, *split_row in rows:
+            sums.add((src, out, model, prio, mode, verdict), int(count), int(ended_n))
+            split_sum = [a + float(b or 0) for a, b in zip(split_sum, split_row, strict=True)]
+    skew_basis = SKEW_EXACT
+    if cover is not None and windowed:
+        _check_ended(cover, ended_from_ms)
+        for *key, count in counts.request_counts(store, cover, f.model):
+            sums.add(key, count, count if ended_from_ms <= 0 else 0)
+        windows = counts.bad_splits(store, cover, [s.name for s in split_slos], f.model)
+        for i, slo in enumerate(split_slos):
+            for j, v in enumerate(windows[slo.name]):
+                split_sum[3 * i + j] += v
+        skew = _skew_merged(store, f, cover, where)
+        skew_basis = SKEW_BUCKETED
+    else:
+        skew = _skew_exact(store, where or "0", _params(f))
     return RangeSummary(
-        n, dict(sorted(by_source.items())), dict(sorted(by_outcome.items())), ended,
-        _splits_of(split_sum, len(split_slos)), tuple(skew),
-        tuple((*k, c) for k, c in sorted(control.items(), key=lambda kv: _control_order(kv[0]))),
+        sums.n, dict(sorted(sums.by_source.items())), dict(sorted(sums.by_outcome.items())),
+        sums.ended, _splits_of(split_sum, len(split_slos)), tuple(skew),
+        tuple((*k, c) for k, c in sorted(sums.control.items(),
+                                         key=lambda kv: _control_order(kv[0]))),
+        skew_basis,
     )  # fmt: skip
+
+
+def _check_ended(cover: Cover, ended_from_ms: int) -> None:
+    ends = [b for _, b in (*cover.hours, *cover.minutes, *cover.windows)]
+    if ended_from_ms > 0 and max(ends) > ended_from_ms * 1_000_000:
+        raise ValueError("the cover's window parts end after ended_from_ms")
+
+
+def _skew_exact(store: Store, where: str, bound: dict[str, Any]) -> list[Row]:
+    """``(gateway, engine, joined, exact P50 offset ms)`` per pair over ``where``."""
+    source = final_source(store, f"{_SKEWED} AND {where}", bound)
+    return store.query_rows(
+        f"SELECT gateway_host, engine_host, count(), quantileExact(0.5)({_SKEW_MS}) "
+        f"FROM {source} GROUP BY gateway_host, engine_host ORDER BY gateway_host, engine_host",
+        bound,
+    )
+
+
+def _skew_merged(store: Store, f: ReportFilter, cover: Cover, where: str | None) -> list[Row]:
+    """``(gateway, engine, joined, median offset ms)`` per pair: the windows' offset
+    buckets over the cover's window parts and the offsets of its rest (``where``), bucketed
+    alike (``pipeline.core.skew``), merged."""
+    buckets = counts.skew_buckets(store, cover, f.model)
+    if where is not None:
+        source = final_source(store, f"{_SKEWED} AND {where}", _params(f))
+        for gateway, engine, offset in store.query_rows(
+            f"SELECT gateway_host, engine_host, {_SKEW_MS} FROM {source}", _params(f)
+        ):
+            pair = buckets.setdefault((str(gateway), str(engine)), {})
+            key = offset_bucket(float(offset))
+            pair[key] = pair.get(key, 0) + 1
+    return [
+        (g, e, sum(b.values()), median_offset_ms(b))
+        for (g, e), b in sorted(buckets.items())
+        if sum(b.values())
+    ]
 
 
 def _control_order(key: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -81,6 +81,9 @@ from .rollups import (
     write_windows_repairing,
 )
 from .windows import (
+    CLOCK_SKEW_FIELDS,
+    REQUEST_COUNT_FIELDS,
+    SLO_BAD_FIELDS,
     SLO_COUNT_FIELDS,
     SLO_ROW_BOUNDARY,
     WINDOW_COLUMNS,
@@ -94,10 +97,13 @@ from .windows import (
 __all__ = [
     "BUDGET_EVENT_COLUMNS",
     "CHECKPOINT_COLUMNS",
+    "CLOCK_SKEW_FIELDS",
     "CONTROL_COLUMNS",
     "EVENT_COLUMNS",
     "REQUEST_COLUMNS",
+    "REQUEST_COUNT_FIELDS",
     "REQUEST_VERSION_SQL",
+    "SLO_BAD_FIELDS",
     "SLO_COUNT_FIELDS",
     "SLO_ROW_BOUNDARY",
     "WINDOW_COLUMNS",

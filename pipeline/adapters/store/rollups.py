@@ -4,7 +4,8 @@ The materialized views of ``sql/0006_signed_windows.sql`` fill the rollups from 
 written into their sources::
 
     window_sketches ─┬─> latency_1m, latency_1h            (sketch rows)
-                     └─> slo_windows ─┬─> slo_1m, slo_1h   ('__slo__' rows)
+                     ├─> slo_windows ─┬─> slo_1m, slo_1h   ('__slo__' rows)
+                     └─> request_counts_1h, slo_bad_1h, clock_skew_1h  ('__slo__' rows)
 
 An insert into ``window_sketches`` is not atomic across them: the base table can take
 its rows and a view's insert fail after (a disk filling up, the process killed between
@@ -166,6 +167,25 @@ ROLLUPS = (
     Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY),
     Rollup("slo_1m", _MINUTE, ("slo", "kind"), _SLO),
     Rollup("slo_1h", _MINUTE, ("slo", "kind"), _SLO),
+    # the report's counts (sql/0018), from the '__slo__' rows
+    Rollup(
+        "request_counts_1h",
+        _MINUTE,
+        ("model", "source", "outcome", "priority", "control_mode", "control_verdict"),
+        (("requests", SUM),),
+    ),
+    Rollup(
+        "slo_bad_1h",
+        _MINUTE,
+        ("slo", "model"),
+        (("bad_measured", SUM), ("bad_queue_ms", FLOAT_SUM), ("bad_ms", FLOAT_SUM)),
+    ),
+    Rollup(
+        "clock_skew_1h",
+        _MINUTE,
+        ("model", "gateway_host", "engine_host"),
+        (("joined", SUM), ("offsets", SUM_MAP)),
+    ),
 )
 
 _VIEW_RE = re.compile(

@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.adapters.sketch_sql import SKETCH_COLUMNS
 from pipeline.core.sketch import SketchColumns
+from pipeline.core.window_counts import ClockSkewRow, RequestCountRow
 from pipeline.core.windows import ClosedWindow, WindowKey
 
 from .inserts import _insert_columns
@@ -33,6 +34,38 @@ SLO_COUNT_FIELDS: tuple[tuple[str, str], ...] = (
     ("secondary_weight", "Float64"),
 )
 _SLO_COUNT_TYPE = ", ".join(f"{n} {t}" for n, t in SLO_COUNT_FIELDS)
+# The named fields of the report's counts on a window's ``__slo__`` row (sql/0018): one
+# tuple per RequestCountRow, SLOBadRow and ClockSkewRow (their fields, by name; "" for a
+# missing priority, control mode or verdict: the rollups' keys hold no NULL).
+REQUEST_COUNT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("source", "String"),
+    ("outcome", "String"),
+    ("model", "String"),
+    ("priority", "String"),
+    ("control_mode", "String"),
+    ("control_verdict", "String"),
+    ("requests", "Int64"),
+)
+SLO_BAD_FIELDS: tuple[tuple[str, str], ...] = (
+    ("slo", "String"),
+    ("model", "String"),
+    ("bad_measured", "Int64"),
+    ("bad_queue_ms", "Float64"),
+    ("bad_ms", "Float64"),
+)
+CLOCK_SKEW_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model", "String"),
+    ("gateway_host", "String"),
+    ("engine_host", "String"),
+    ("offset_buckets", "Array(Int64)"),  # pipeline.core.skew.offset_bucket: 0.1 ms
+    ("counts", "Array(Int64)"),
+)
+
+
+def _array_of(fields: tuple[tuple[str, str], ...]) -> str:
+    return f"Array(Tuple({', '.join(f'{n} {t}' for n, t in fields)}))"
+
+
 WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("window_start", "DateTime64(3, 'UTC')"),
     ("window_ms", "UInt32"),
@@ -50,6 +83,10 @@ WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("through_offset", "Int64"),
     ("ledger_ids", "Array(String)"),
     ("ledger_versions", "Array(UInt8)"),
+    ("counts_kept", "UInt8"),
+    ("request_counts", _array_of(REQUEST_COUNT_FIELDS)),
+    ("slo_bad", _array_of(SLO_BAD_FIELDS)),
+    ("clock_skew", _array_of(CLOCK_SKEW_FIELDS)),
 )
 SLO_ROW_BOUNDARY = "__slo__"
 _SKETCH_NAMES = frozenset(n for n, _ in SKETCH_COLUMNS)
@@ -78,6 +115,23 @@ class WindowRow:
     through_offset: int
     ledger_ids: list[str]
     ledger_versions: list[int]
+    counts_kept: int  # 1: the next three are the window's ('__slo__' rows; 0: not counted)
+    request_counts: list[tuple[Any, ...]]  # REQUEST_COUNT_FIELDS values
+    slo_bad: list[tuple[Any, ...]]  # SLO_BAD_FIELDS values
+    clock_skew: list[tuple[Any, ...]]  # CLOCK_SKEW_FIELDS values
+
+
+def _stored(v: Any) -> Any:
+    """A count key's value as stored: "" for None, a priority as its digits."""
+    return "" if v is None else str(v) if isinstance(v, int) else v
+
+
+def _count_tuple(r: RequestCountRow) -> tuple[Any, ...]:
+    return tuple(_stored(getattr(r, n)) for n, _ in REQUEST_COUNT_FIELDS)
+
+
+def _skew_tuple(r: ClockSkewRow) -> tuple[Any, ...]:
+    return tuple(getattr(r, n) for n, _ in CLOCK_SKEW_FIELDS)
 
 
 def _row_constants(win: ClosedWindow, topic: str, relative_accuracy: float) -> dict[str, Any]:
@@ -116,7 +170,15 @@ def _slo_row_fields(win: ClosedWindow, through_offset: int) -> dict[str, Any]:
         "through_offset": through_offset,
         "ledger_ids": list(win.ledger),
         "ledger_versions": list(win.ledger.values()),  # in the same (insertion) order
-    }
+        "counts_kept": 0 if win.counts is None else 1,
+        "request_counts": [] if win.counts is None
+        else [_count_tuple(r) for r in win.counts.count_rows()],
+        "slo_bad": [tuple(getattr(r, n) for n, _ in SLO_BAD_FIELDS) for r in win.slos.bad_rows()]
+        if win.slos is not None
+        else [],
+        "clock_skew": [] if win.counts is None
+        else [_skew_tuple(r) for r in win.counts.skew_rows()],
+    }  # fmt: skip
 
 
 def window_rows(
@@ -139,6 +201,10 @@ def window_rows(
             through_offset=0,
             ledger_ids=[],
             ledger_versions=[],
+            counts_kept=0,
+            request_counts=[],
+            slo_bad=[],
+            clock_skew=[],
         )
         for (key, boundary), c in _stored_cells(win)
     ]
@@ -183,6 +249,10 @@ def windows_columns(
             "through_offset": [0] * len(cells),
             "ledger_ids": [[]] * len(cells),
             "ledger_versions": [[]] * len(cells),
+            "counts_kept": [0] * len(cells),
+            "request_counts": [[]] * len(cells),
+            "slo_bad": [[]] * len(cells),
+            "clock_skew": [[]] * len(cells),
         }
         for name, values in by_cell.items():
             out[name] += values

@@ -1,0 +1,122 @@
+"""Issue 53: ``requests.final_source`` reads the same rows as ``requests FINAL WHERE ...``
+however the versions of a request lie, on the real embedded engine, while merging the
+versions of the keys some version of which matches only (ClickHouse 26.3 skips
+partition pruning under FINAL on this table: FINAL over any range merged every request
+of the store).
+
+Each case stores the versions of one request attempt (each write its own part, merges
+stopped, so every version stays a row) where the end moves into or out of the span
+read, in both directions, with equal versions, across day partitions and attempts; the
+rows read through ``final_source`` are FINAL's, on both of its paths (few candidates,
+and more than ``FINAL_KEYS_MAX``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from pipeline.adapters.queries import requests
+from pipeline.adapters.store import Store, migrate, open_store
+from pipeline.adapters.store.requests import write_requests
+from pipeline.core.record import RequestRecord, build_record
+from pipeline.settings import Settings
+from tests.factories import completed, finished, received
+
+pytestmark = pytest.mark.integration
+
+S_NS = 1_000_000_000
+DAY_NS = 86_400 * S_NS
+A_NS = 1_796_000_000 * S_NS  # the span read: [A, B), ten seconds
+B_NS = A_NS + 10 * S_NS
+IN_NS = A_NS + 5 * S_NS
+BEFORE_NS, AFTER_NS = A_NS - 3_600 * S_NS, B_NS + 3_600 * S_NS
+
+_BASE = build_record("x", received("x"), completed("x"), finished("x"))
+
+
+def _row(rid: str, version: int, *, end_ns: int = IN_NS, took_ms: int = 100, attempt: int = 1,
+         outcome: str = "ok") -> RequestRecord:  # fmt: skip
+    """Request attempt ``rid``/``attempt`` stored with ``version`` (2 * revision +
+    superseded: pipeline.core.record.store_version), ended at ``end_ns``."""
+    return msgspec.structs.replace(
+        _BASE, request_id=rid, attempt=attempt, revision=version // 2,
+        superseded=bool(version % 2), end_unix_ns=end_ns,
+        ts_unix_ns=end_ns - took_ms * 1_000_000, outcome=outcome,
+    )  # fmt: skip
+
+
+# (case, the versions in the order written)
+CASES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("one row in the span", [{"version": 6}]),
+    ("one row before the span", [{"version": 6, "end_ns": BEFORE_NS}]),
+    ("one row at the span's end (excluded)", [{"version": 6, "end_ns": B_NS}]),
+    ("newer version ends after the span", [{"version": 2}, {"version": 6, "end_ns": AFTER_NS}]),
+    ("newer version ends before the span", [{"version": 2}, {"version": 6, "end_ns": BEFORE_NS}]),
+    ("older version ended outside, newer inside",
+     [{"version": 2, "end_ns": AFTER_NS, "outcome": "error"}, {"version": 6}]),
+    ("newer version written first", [{"version": 6}, {"version": 2, "end_ns": AFTER_NS}]),
+    ("newer version outside written first", [{"version": 6, "end_ns": AFTER_NS}, {"version": 2}]),
+    ("superseded (a retry followed)", [{"version": 6}, {"version": 7, "outcome": "error"}]),
+    ("the same version twice", [{"version": 6}, {"version": 6}]),
+    ("newer version a day later (another partition)",
+     [{"version": 2}, {"version": 6, "end_ns": IN_NS + DAY_NS}]),
+    ("older version a day earlier (another partition)",
+     [{"version": 2, "end_ns": IN_NS - DAY_NS, "outcome": "error"}, {"version": 6}]),
+    ("the second attempt moved out, the first in the span",
+     [{"version": 6, "attempt": 1}, {"version": 2, "attempt": 2},
+      {"version": 6, "attempt": 2, "end_ns": AFTER_NS}]),
+]  # fmt: skip
+
+WHERE = "end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+BOUND = {"a": A_NS, "b": B_NS}
+COLUMNS = "request_id, attempt, revision, superseded, end_unix_ns, outcome"
+
+
+def _write(store: Store) -> None:
+    """Each case's versions, the n-th version of every case in the n-th writes (one part
+    each: merges are stopped), request ``c<case>``."""
+    store.command(f"SYSTEM STOP MERGES {store.database}.requests")
+    for n in range(max(len(v) for _, v in CASES)):
+        for i, (_, versions) in enumerate(CASES):
+            if n < len(versions):
+                write_requests(store, [_row(f"c{i}", **versions[n])])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(Settings(store_dir=tmp_path / "store"))
+    migrate(s)
+    _write(s)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _rows(store: Store, source: str) -> list[tuple[Any, ...]]:
+    return sorted(store.query_rows(f"SELECT {COLUMNS} FROM {source}", BOUND))
+
+
+@pytest.mark.parametrize("keys_max", [requests.FINAL_KEYS_MAX, 0], ids=["few keys", "many"])
+def test_final_source_reads_finals_rows(store: Store, keys_max: int, monkeypatch: Any) -> None:
+    monkeypatch.setattr(requests, "FINAL_KEYS_MAX", keys_max)
+    ((rows,),) = store.query_rows(f"SELECT count() FROM {store.database}.requests")
+    assert rows == sum(len(v) for _, v in CASES)  # every version is still a row
+    source = requests.final_source(store, WHERE, BOUND)
+    assert ("IN (SELECT request_id" in source) == (keys_max > 0)
+    final = _rows(store, f"{store.database}.requests FINAL WHERE {WHERE}")
+    assert _rows(store, source) == final
+    ids = {r[0] for r in final}
+    in_span = {f"c{i}" for i, (case, v) in enumerate(CASES)}
+    # what the cases say (beside equality with FINAL): the newest version decides
+    assert ids == in_span - {"c1", "c2", "c3", "c4", "c7", "c10"}, ids
+
+
+def test_an_empty_span_reads_nothing(store: Store) -> None:
+    bound = {"a": AFTER_NS + DAY_NS, "b": AFTER_NS + 2 * DAY_NS}
+    source = requests.final_source(store, WHERE, bound)
+    assert store.query_rows(f"SELECT count() FROM {source}", bound) == [(0,)]
