@@ -11,10 +11,12 @@ Row = tuple[Any, ...]
 
 
 def of_request(store: Store, request_id: str) -> list[Row]:
-    """``(kind, host, ts_unix_ns)`` of the events kept for a request, in time order."""
+    """``(kind, host, ts_unix_ns)`` of the events kept for a request, in time order
+    (``PREWHERE`` on the sorting key's first column: FINAL merges its rows only, see
+    ``requests.last_attempt``)."""
     return store.query_rows(
         "SELECT kind, host, ts_unix_ns FROM "
-        f"{store.database}.lifecycle_events FINAL WHERE request_id = {{rid:String}} "
+        f"{store.database}.lifecycle_events FINAL PREWHERE request_id = {{rid:String}} "
         "ORDER BY ts_unix_ns, kind",
         {"rid": request_id},
     )
