@@ -177,17 +177,12 @@ STALL_CASES: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", STALL_CASES, ids=list(STALL_CASES))
-def test_a_fetch_never_handed_over_is_read_again(case: str) -> None:
+def _checks(guard: Any, now: list[float], times: Any, busy: bool = False) -> None:
+    """The guard's checks at ``times`` (s), each inside a batch when ``busy``."""
     import asyncio
 
-    positions, first, started, busy, want = STALL_CASES[case]
-    consumer = _StallConsumer(positions, first)
-    now = [0.0]
-    guard = _guard(consumer, started, now)
-
     async def checks() -> None:
-        for t in (0.0, 5.0, 10.0):
+        for t in times:
             now[0] = t
             if busy:
                 with guard.batching():
@@ -196,58 +191,43 @@ def test_a_fetch_never_handed_over_is_read_again(case: str) -> None:
                 await guard.check()
 
     asyncio.run(checks())
+
+
+@pytest.mark.parametrize("case", STALL_CASES, ids=list(STALL_CASES))
+def test_a_fetch_never_handed_over_is_read_again(case: str) -> None:
+    positions, first, started, busy, want = STALL_CASES[case]
+    consumer = _StallConsumer(positions, first)
+    now = [0.0]
+    guard = _guard(consumer, started, now)
+    _checks(guard, now, (0.0, 5.0, 10.0), busy)
     assert consumer.seeks == want
     assert guard.watch.barrier == {tp.partition: o for s in want for tp, o in s.items()}
 
 
 def test_a_partition_at_its_first_offset_costs_one_read_of_it() -> None:
-    import asyncio
-
     consumer = _StallConsumer({1: (130, False)}, {1: 130})
     now = [0.0]
     guard = _guard(consumer, {}, now)
-
-    async def checks() -> None:
-        for i in range(10):
-            now[0] = 5.0 * i
-            await guard.check()
-
-    asyncio.run(checks())
+    _checks(guard, now, [5.0 * i for i in range(10)])
     assert consumer.seeks == []
     assert consumer.first_reads == 1
 
 
 def test_the_store_down_holds_the_judgement() -> None:
-    import asyncio
-
     consumer = _StallConsumer({0: (120, False)}, {})
     now = [0.0]
     guard = _guard(consumer, {0: 100}, now, store_up=False)
-
-    async def checks() -> None:
-        for t in (0.0, 10.0, 20.0):
-            now[0] = t
-            await guard.check()
-
-    asyncio.run(checks())
+    _checks(guard, now, (0.0, 10.0, 20.0))
     assert consumer.seeks == []
 
 
 def test_a_rebalance_under_way_holds_the_judgement() -> None:
-    import asyncio
-
     consumer = _StallConsumer({0: (120, False)}, {})
     now = [0.0]
     guard = _guard(consumer, {0: 100}, now)
     guard.watch.app.rebalancing = True  # Faust's flow stopped: it seeks itself after
-
-    async def checks() -> None:
-        for t in (0.0, 10.0, 20.0):
-            now[0] = t
-            await guard.check()
-
-    asyncio.run(checks())
+    _checks(guard, now, (0.0, 10.0, 20.0))
     assert consumer.seeks == []
     guard.watch.app.rebalancing = False
-    asyncio.run(checks())  # (the clock starts again at 0: judged from then on)
+    _checks(guard, now, (0.0, 10.0, 20.0))  # (the clock starts again: judged from then on)
     assert consumer.seeks == [{TP("lc", 0): 100}]
