@@ -181,7 +181,9 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
             t0 = time.monotonic()
             # The moment the last rows are stored, the worker commits their offsets: the
             # topic goes while that commit is in flight.
-            _wait_stored(s, stream, want, worker, f"cycle {cycle}'s requests stored", 60)
+            _wait_stored(
+                s, stream, want, worker, what=f"cycle {cycle}'s requests stored", timeout_s=60
+            )
             took.append(time.monotonic() - t0)
             assert worker.alive(), worker.log_tail()
             if cycle < CYCLES:
@@ -193,7 +195,7 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
         stream.hold()
         worker = WorkerProcess(s, tmp_path / "worker2.log")
         want = set(stream.delivered)
-        _wait_stored(s, stream, want, worker, "the last requests stored", 90)
+        _wait_stored(s, stream, want, worker, what="the last requests stored", timeout_s=90)
     finally:
         worker.stop()
         stream.close()
@@ -213,7 +215,13 @@ def test_twenty_recreations_under_a_stream_lose_nothing(kafka, tmp_path: Path) -
 
 
 def _wait_stored(
-    s: Settings, stream: Stream, want: set[str], worker: WorkerProcess, what: str, timeout_s: float
+    s: Settings,
+    stream: Stream,
+    want: set[str],
+    worker: WorkerProcess,
+    *,
+    what: str,
+    timeout_s: float,
 ) -> None:
     """Until every request of ``want`` is stored; past the ceiling, an AssertionError that
     says where the missing ones are (partition and offsets as acknowledged), where the
