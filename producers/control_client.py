@@ -409,6 +409,7 @@ class ControlClient:
         self._consumer: Any = None
         self._assigned: set[int] = set()
         self._eof: set[int] = set()
+        self._read_to: dict[int, int] = {}  # partition -> the next offset to read
 
     # -- request path
     def now_ms(self) -> int:
@@ -441,6 +442,12 @@ class ControlClient:
         out["metadata_errors"] = c.metadata_errors
         out["errors"] += c.errors
         return out
+
+    def read_offsets(self) -> dict[int, int]:
+        """Per partition, the offset after the last message read (or the end seen): what
+        a caller compares with the topic's end to know every signal up to it was read."""
+        with self._count_lock:
+            return dict(self._read_to)
 
     def apply_raw(self, raw: bytes | None) -> Accepted | Rejected:
         """Apply one message value as if consumed (tests, or another transport)."""
@@ -554,6 +561,7 @@ class ControlClient:
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
+                self._note_read(msg.partition(), msg.offset())
                 self._eof.add(msg.partition())
                 if self._assigned <= self._eof:
                     self._caught_up.set()
@@ -563,6 +571,17 @@ class ControlClient:
             return
         self._c.messages += 1
         value = msg.value()
+        try:
+            self._apply_message(msg, value)
+        finally:  # read (applied or rejected): past it
+            self._note_read(msg.partition(), msg.offset() + 1)
+
+    def _note_read(self, partition: int, next_offset: int) -> None:
+        with self._count_lock:
+            if next_offset > self._read_to.get(partition, -1):
+                self._read_to[partition] = next_offset
+
+    def _apply_message(self, msg: Any, value: bytes | None) -> None:
         if value is None:
             self._c.tombstones += 1
             return

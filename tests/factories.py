@@ -56,6 +56,8 @@ def completed(
     http_status: int = 200,
     model: str = "m",
     eid: str | None = None,
+    control_mode: str | None = None,
+    control_verdict: str | None = None,
 ) -> GatewayCompleted:
     return GatewayCompleted(
         **_envelope(rid, "gateway.completed", eid or f"{rid}:c", t_ms, host="gw-0", model=model),
@@ -63,6 +65,8 @@ def completed(
         ttfb_ms=ttfb_ms,
         http_status=http_status,
         outcome=outcome,  # type: ignore[arg-type]
+        control_mode=control_mode,  # type: ignore[arg-type]
+        control_verdict=control_verdict,  # type: ignore[arg-type]
     )
 
 

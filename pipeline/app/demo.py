@@ -6,10 +6,11 @@ The loop's delay: closed loop, the simulated gateways
 (:class:`producers.simulator.gate.ControlClientGate`) record for every new decision the
 simulator's clock at the first arrival decided under it minus the decision's
 ``as_of_unix_ms`` (the end of the latest window it read). Both are the simulator's
-event time (the clock that stamped the evidence), so the delay is in event time: at a
-speed factor ``s`` it is ``s`` times the wall time the trip took (engine -> Kafka ->
-worker -> window close -> summary -> controller -> control topic -> gateway), plus
-nothing for the pacer's pauses (the simulated clock stops while it waits). Printed in
+event time (the clock that stamped the evidence): at a speed factor ``s`` the trip
+(engine -> Kafka -> worker -> window close -> summary -> controller -> control topic ->
+gateway) would take ``s`` times its wall time, so the closed loop's pacer (:class:`_Pacer`)
+stops the simulated clock until the trip is done: the delay stays within the pacer's
+bound (``bound_ms``, 30 s) on any machine, a busy one only takes longer. Printed in
 *what happened*, and in ``--json``'s ``"loop_delay"``.
 """
 
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from rich.console import Console
 
+from pipeline.core.control import decision_clock
 from pipeline.processes import stop_process
 from pipeline.settings import Settings
 from producers.control_keys import generate_secret_b64
@@ -39,6 +41,7 @@ from producers.simulator.model import EPISODE_SHAPES, EpisodeShape, OverloadEpis
 
 if TYPE_CHECKING:
     from pipeline.adapters.kafka_admin import GroupProgress
+    from pipeline.contract.summary import Progress
 
 DEMO_JOIN_TIMEOUT_MS = 5_000
 DEMO_WINDOW_GRACE_MS = 5_000  # the last windows close this long after the input ends
@@ -179,63 +182,173 @@ def _default(obj: Any) -> Any:
 
 class _Pacer:
     """Closed loop: directives must reach the simulated gateways while the traffic they
-    are about is still arriving. On a busy machine a worker at 60x falls minutes of event
-    time behind, and its controller with it. The bound is in *simulated time*, not in
-    messages: a message carries ~90 events in the demo, so a bound of 150 messages let
-    the whole 22-minute closed-loop run through before the first L1 directive was out.
+    are about is still arriving, whatever the machine's speed. A worker at 60x on a busy
+    machine falls minutes of event time behind, and its controller with it; bounded in
+    wall time, in messages or in committed offsets (which in-flight requests hold back by
+    their duration) the loop's delay in event time grew with the load: 40-100 s measured,
+    more in the CI run that failed the closed-loop test.
 
-    At each check (at most every ``every_s`` of wall time) the pacer notes the end offsets
-    of the lifecycle and summaries topics against the simulated clock; then it waits until
-    everything it had sent ``max_lag_s`` of simulated time earlier is committed by the
-    worker and every summary published by then is taken by the controller (the group's
-    committed offsets: what the controller has decided on)."""
+    So the bound is a barrier in *simulated time*, on the whole trip. Every ``every_s`` of
+    simulated time the pacer takes a mark (the simulated clock ``T``), which then passes
+    three stages, each read when the one before it is met:
+
+    1. the controller's decision clock passed ``T``: the pacer reads the worker's
+       ``Progress`` messages on the summaries topic itself into a
+       :class:`~pipeline.core.control.DecisionClock` built as the controller's (each
+       partition's clock, and its close horizon: a window a pending join holds open
+       holds the decisions back);
+    2. the controller took the summaries topic past that message (its decisions are
+       published; Faust commits what it took every flush interval);
+    3. the gateways' control client read the control topic to its end as of stage 2.
+
+    The simulator waits while its oldest mark not through stage 3 is more than
+    ``max_lag_s`` of simulated time old. Marks advance side by side (one slow trip holds
+    the simulator once, not per mark), so a decision on the windows up to ``T`` reaches
+    the gateways by ``T + every_s + max_lag_s`` of simulated time on any machine; only
+    the wall time it takes grows with the load. A wait gives up after ``ceiling_s`` of
+    wall time (``gave_up`` counts it, in the summary: the delay then was not bounded)."""
 
     def __init__(
         self,
         settings: Settings,
         worker: subprocess.Popen[bytes],
-        max_lag_s: float = 60.0,
-        every_s: float = 1.0,
-        poll_s: float = 0.2,
+        client: Any = None,
+        *,
+        max_lag_s: float = 25.0,
+        every_s: float = 5.0,
+        poll_s: float = 0.05,
+        ceiling_s: float = 120.0,
     ) -> None:
         self.settings = settings
         self.worker = worker
+        self.client = client  # the gateways' ControlClient (its read offsets: stage 3)
         self.max_lag_ns = int(max_lag_s * 1e9)
-        self.every_s = every_s
+        self.every_ns = int(every_s * 1e9)
         self.poll_s = poll_s
-        self.next_check = 0.0
+        self.ceiling_s = ceiling_s
+        self.next_check_ns: int | None = None
         self.waited_s = 0.0
-        # (simulated ts_unix_ns, lifecycle end offset, summaries end offset), oldest first
-        self._marks: deque[tuple[int, int, int]] = deque()
+        self.gave_up = 0
+        # [simulated ts_unix_ns, stage (0-2), what that stage waits for], oldest first
+        self._marks: deque[list[int]] = deque()
+        # the controller's decision clock as the worker tells it, and (summaries offset
+        # after the telling message, the decision clock's target then), in order
+        self._clock = decision_clock(
+            settings.window_size_ms,
+            settings.window_grace_ms,
+            partitions=settings.topic_partitions,
+            decision_delay_ms=settings.control_decision_delay_ms,
+        )
+        self._told: deque[tuple[int, int]] = deque()
+        self._stack = ExitStack()
+        self._probe: Any = None
+        self._reader: Any = None
 
-    def _progress(self) -> tuple[GroupProgress, GroupProgress | None]:
-        from pipeline.adapters.kafka_admin import group_progress
+    @property
+    def bound_ms(self) -> float:
+        """The most a decision takes to reach the gateways, in simulated time (ms), plus
+        the wait for the next arrival to apply it: ``every_s + max_lag_s``."""
+        return (self.every_ns + self.max_lag_ns) / 1e6
 
-        s = self.settings
-        lifecycle = group_progress(s, s.lifecycle_topic)
-        summaries = group_progress(s, s.summaries_topic) if s.control_enabled else None
-        return lifecycle, summaries
+    def close(self) -> None:
+        self._stack.close()
+
+    def _progress(self, topic: str) -> GroupProgress:
+        """The worker group's committed offsets and the topic's end (one open consumer)."""
+        if self._probe is None:
+            from pipeline.adapters.kafka_admin import group_progress_probe
+
+            self._probe = self._stack.enter_context(group_progress_probe(self.settings))
+        return self._probe(topic)  # type: ignore[no-any-return]
+
+    def _read_told(self) -> None:
+        """Read the summaries topic's new messages into the decision clock."""
+        if self._reader is None:
+            from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+            conf = self.settings.kafka_config() | {
+                "group.id": f"tailguard-demo-pacer-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+            }
+            self._reader = Consumer(conf)
+            self._stack.callback(self._reader.close)
+            tp = TopicPartition(self.settings.summaries_topic, 0, OFFSET_BEGINNING)
+            self._reader.assign([tp])
+        from pipeline.contract.summary import Progress, decode_summary
+
+        for msg in self._reader.consume(num_messages=10_000, timeout=0):
+            if msg.error() is not None:
+                continue
+            try:
+                s = decode_summary(msg.value())
+            except (ValueError, KeyError, TypeError):
+                continue  # the controller drops it too
+            if isinstance(s, Progress):
+                self.told(s, msg.offset() + 1)
+
+    def told(self, progress: Progress, next_offset: int) -> None:
+        """A ``Progress`` read (``next_offset``: the summaries offset after it): the
+        decision clock's new target, noted where it moved."""
+        self._clock.progress(progress.partition, progress.horizon_ms, progress.clock_ms)
+        target = self._clock.target_ms()
+        if target is not None and (not self._told or target > self._told[-1][1]):
+            self._told.append((next_offset, target))
+
+    def _told_past(self, target_ms: int) -> int | None:
+        """The summaries offset after the first message by which the decision clock
+        reached ``target_ms``; None while not yet told. Targets come in order."""
+        while self._told and self._told[0][1] < target_ms:
+            self._told.popleft()
+        return self._told[0][0] if self._told else None
+
+    def _client_read(self) -> int:
+        """How far the gateways' client has read the control topic (its offsets, summed)."""
+        return sum(self.client.read_offsets().values()) if self.client is not None else 0
 
     def __call__(self, ts_unix_ns: int) -> None:
-        now = time.monotonic()
-        if now < self.next_check:
+        if self.next_check_ns is not None and ts_unix_ns < self.next_check_ns:
             return
-        lifecycle, summaries = self._progress()
-        self._marks.append((ts_unix_ns, lifecycle.end, summaries.end if summaries else 0))
-        due: tuple[int, int, int] | None = None
-        while self._marks and self._marks[0][0] <= ts_unix_ns - self.max_lag_ns:
-            due = self._marks.popleft()
-        if due is not None:
-            _, lifecycle_end, summaries_end = due
-            while self.worker.poll() is None:
-                if lifecycle.committed >= lifecycle_end and (
-                    summaries is None or summaries.committed >= summaries_end
-                ):
+        self.next_check_ns = ts_unix_ns + self.every_ns
+        started = time.monotonic()
+        t_ms = ts_unix_ns // 1_000_000
+        # decisions are made at window boundaries: the last one at or before T
+        self._marks.append([ts_unix_ns, 0, t_ms - t_ms % self.settings.window_size_ms])
+        self._advance()
+        due_ns = ts_unix_ns - self.max_lag_ns
+        while self._marks and self._marks[0][0] <= due_ns and self.worker.poll() is None:
+            if time.monotonic() - started > self.ceiling_s:
+                self.gave_up += 1
+                self._marks.clear()
+                break
+            time.sleep(self.poll_s)
+            self._advance()
+        self.waited_s += time.monotonic() - started
+
+    def _advance(self) -> None:
+        """Move every mark through the stages it has met; drop the marks through all."""
+        s = self.settings
+        self._read_told()
+        summaries: GroupProgress | None = None
+        control_end: int | None = None
+        for mark in self._marks:
+            if mark[1] == 0:
+                offset = self._told_past(mark[2])
+                if offset is None:
+                    break  # later marks wait for later clocks
+                mark[1:] = [1, offset]
+            if mark[1] == 1:
+                summaries = summaries or self._progress(s.summaries_topic)
+                if summaries.committed < mark[2]:
+                    break  # in order: later marks wait for later offsets
+                if control_end is None:
+                    control_end = self._progress(s.control_topic).end
+                mark[1:] = [2, control_end]
+            if mark[1] == 2:
+                if self._client_read() < mark[2]:
                     break
-                time.sleep(self.poll_s)
-                lifecycle, summaries = self._progress()
-        self.waited_s += time.monotonic() - now
-        self.next_check = time.monotonic() + self.every_s
+                mark[1] = 3
+        while self._marks and self._marks[0][1] == 3:
+            self._marks.popleft()
 
 
 def run_demo(
@@ -384,7 +497,9 @@ def _closed_loop(
     client = ControlClient.from_settings(settings, keyring_from_file(keys))
     client.start()
     stack.callback(client.stop)
-    return ControlClientGate(client), _Pacer(settings, worker)
+    pacer = _Pacer(settings, worker, client)
+    stack.callback(pacer.close)
+    return ControlClientGate(client), pacer
 
 
 def _gateways_summary(gate: Any, pace: _Pacer | None) -> dict[str, Any]:
@@ -394,6 +509,9 @@ def _gateways_summary(gate: Any, pace: _Pacer | None) -> dict[str, Any]:
         "context_capped_by_priority": dict(sorted(gate.capped.items())),
         "half_open_admitted": gate.half_open_admitted,
         "paced_s": round(pace.waited_s, 1) if pace is not None else 0.0,
+        # waits that gave up (the loop's delay then was not bounded): 0 in a sound run
+        "pace_gave_up": pace.gave_up if pace is not None else 0,
+        "pace_bound_ms": pace.bound_ms if pace is not None else None,
         # evidence (window end) -> applied at a simulated gateway, event time
         "loop_delay": gate.loop_delay.summary(),
         # the serving side's view: a directive that expired before its heartbeat
@@ -480,6 +598,9 @@ def _print_report(
                 "speedup": speedup,
                 **summary["gateways"]["loop_delay"],
                 "samples_ms": gate.loop_delay.samples() if gate is not None else [],
+                # the pacer's bound in simulated time, and waits that gave up on it
+                "bound_ms": summary["gateways"]["pace_bound_ms"],
+                "pace_gave_up": summary["gateways"]["pace_gave_up"],
             }
         json_out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 

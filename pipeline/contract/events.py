@@ -62,6 +62,12 @@ ControlVerdict = Literal[
     "retry_budget",
     "deadline",
 ]
+# Verdicts of an enforced refusal answered before the request went to an engine (every
+# one but the queue cut-off, which cancels a call already forwarded): such a
+# gateway.completed has no engine.finished to wait for (the join records it at once).
+REFUSED_BEFORE_ENGINE: Final = frozenset(
+    {"shed_priority", "new_session", "rate_limit", "admission", "retry_budget", "deadline"}
+)
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 

@@ -855,10 +855,21 @@ def build_control_loop(
     config = ControllerConfig.for_windows(
         size_ms, grace_ms, queue_capacity=queue_capacity, gateway_instances=gateway_instances
     )
-    clock = DecisionClock(
+    clock = decision_clock(
+        size_ms, grace_ms, partitions=partitions, decision_delay_ms=decision_delay_ms
+    )
+    return ControlLoop(Controller(policy, spec, burn_rules, config), clock)
+
+
+def decision_clock(
+    size_ms: int, grace_ms: int, *, partitions: int = 1, decision_delay_ms: int = 0
+) -> DecisionClock:
+    """The live controller's :class:`DecisionClock` for windows of ``size_ms`` closed
+    ``grace_ms`` late (:func:`build_control_loop`'s; the demo's pacer follows the
+    controller's decisions with one of its own)."""
+    return DecisionClock(
         size_ms,
         partitions=partitions,
         decision_delay_ms=decision_delay_ms,
-        final_lag_ms=config.budget_lag_ms,
+        final_lag_ms=budget_lag_ms(size_ms, grace_ms),
     )
-    return ControlLoop(Controller(policy, spec, burn_rules, config), clock)

@@ -15,7 +15,10 @@ Rules
   ``timeout_ms`` to follow, counted in event time and (in a live worker) also
   in processing time (see :meth:`Joiner.advance`); then a partial record is emitted
   (revision 0): gateway-only (engine fields null; client aborts are only
-  visible here) or engine-only (flagged as direct traffic).
+  visible here) or engine-only (flagged as direct traffic). A ``gateway.completed`` of
+  a request the gateway's enforcement refused before any engine saw it
+  (:func:`~pipeline.core.join_rules.refused_before_engine`) has no partner to wait for:
+  its partial record comes at once.
 * A partner arriving after its partial record was emitted, while the request
   id is still remembered, upgrades it to a joined record (revision 1; the
   store keeps the highest revision).
@@ -77,6 +80,7 @@ from pipeline.core.join_rules import (
     holds_received,
     partial_record,
     received_kind,
+    refused_before_engine,
     rid_of,
     route,
     store_event,
@@ -176,13 +180,11 @@ class Joiner:
         self._recent = RecentJoins(self._conflict_ms)
         self._timers = JoinTimers(self._pending, cfg.inflight_ttl_ms, cfg.timeout_ms)
 
-    def _held_received(
-        self, rid: str, n: int, event: AnyLifecycle
-    ) -> Received | AnyReceived | None:
-        """The gateway.received the join holds under ``event``'s id among the request's
+    def _held_received(self, rid: str, n: int, ev: AnyLifecycle) -> Received | AnyReceived | None:
+        """The gateway.received the join holds under ``ev``'s id among the request's
         ``n`` attempts (the compact copy or the event), for a duplicate's content; None
         where it keeps only the id's hash (a fully joined request past conflict_ttl_ms)."""
-        h = event_id_hash(event.event_id)
+        h = event_id_hash(ev.event_id)
         for k in range(1, n + 1):
             key = attempt_key(rid, k)
             if not holds_received(self._pending, self._resolved, key, h):
@@ -245,8 +247,8 @@ class Joiner:
                             rid, event.ts_unix_ns // NS_PER_MS + self.config.inflight_ttl_ms
                         )
                         return None
-            elif entry is not None:
-                # (a pending request is never resolved too: no _resolved lookup)
+            elif entry is not None and not refused_before_engine(event):
+                # (never resolved too: no _resolved lookup; a refusal: the general path)
                 if isinstance(entry, int):
                     # Its first terminal event: its partner now has timeout_ms to arrive.
                     entry = pending[rid] = self._codec.unpack(entry)
@@ -254,8 +256,7 @@ class Joiner:
                         entry.completed = event  # type: ignore[assignment]
                     else:
                         entry.finished = event  # type: ignore[assignment]
-                    ts_ms = event.ts_unix_ns // NS_PER_MS
-                    ts_ms = max(ts_ms, now_ms)
+                    ts_ms = max(event.ts_unix_ns // NS_PER_MS, now_ms)
                     entry.terminal_ms = ts_ms
                     deadline = entry.deadline_ms = ts_ms + self.config.timeout_ms
                     entry.wall_deadline_ms = (
@@ -324,6 +325,8 @@ class Joiner:
             if entry.completed is not None or entry.finished is not None:
                 return None  # the partner's timeout is already running
             wait_ms = self.config.inflight_ttl_ms
+        elif entry.finished is None and refused_before_engine(event):
+            return self._resolve_partial(key, entry, ts_ms)  # no partner will come
         else:
             # First terminal event: its partner now has timeout_ms to arrive.
             wait_ms = self.config.timeout_ms

@@ -14,6 +14,7 @@ from typing import Final
 
 import msgspec
 
+from pipeline.contract.events import REFUSED_BEFORE_ENGINE
 from pipeline.contract.wire import AnyCompleted, AnyFinished, AnyLifecycle, AnyReceived
 from pipeline.core.join_state import (
     HASH_SHIFT,
@@ -51,6 +52,18 @@ def rid_of(key: str, attempt: int) -> str:
 def build(key: str, attempt: int, retried: bool, parts: Parts, conflicts: int = 0) -> RequestRecord:
     """The record of an attempt (``key``) from the events held."""
     return record_of(rid_of(key, attempt), *parts, attempt, retried, conflicts)
+
+
+def refused_before_engine(ev: AnyLifecycle) -> bool:
+    """A ``gateway.completed`` of a request the gateway's enforcement turned away before
+    any engine saw it (mode enforce, a verdict of :data:`REFUSED_BEFORE_ENGINE`): no
+    engine.finished will come, so its partner's timeout is not waited for (a window
+    holding it would stay open that long, and the control loop's decisions with it)."""
+    return (
+        ev.kind == "gateway.completed"
+        and ev.control_mode == "enforce"
+        and ev.control_verdict in REFUSED_BEFORE_ENGINE
+    )
 
 
 # Outcomes by how bad they are for a conflict (any other outcome, a failure: 2).

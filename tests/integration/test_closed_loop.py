@@ -3,9 +3,10 @@ simulated gateways through the real ControlClient -> capacity-aware admission by
 priority (429) and the queue cut-off (503) -> priority 0 served -> L0.
 
 Time-compressed: the first 7000 requests of the shared trace (~22 min of traffic)
-at 60x, arrivals x2 from minute 2 to minute 7. The simulator is paced by the worker in
-simulated time (it waits while the pipeline is more than a minute of traffic behind), so
-on this machine it runs at ~15x: 80-90 s of wall time.
+at 60x, arrivals x2 from minute 2 to minute 7. The simulator is paced by the whole loop in
+simulated time (it stops its clock until every decision on the traffic 25 s old is in
+force at its gateways), so the loop's delay is bounded in event time on any machine and
+only the wall time grows with the load: ~8x, 170 s, on this machine when quiet.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
     delay = report["loop_delay"]
     assert delay["decisions"] == len(delay["samples_ms"]) > 0
     assert delay["min_ms"] >= 0
+    # ... and never later than the pacer's bound (+ the wait for an arrival to apply it),
+    # however busy the machine: the outcome below cannot depend on its speed
+    assert delay["pace_gave_up"] == 0
+    assert delay["max_ms"] <= delay["bound_ms"] + 5_000, delay
     control = report["control"]
     by_scope: dict[str, list[tuple[int, str]]] = {}
     for c in control:
@@ -111,8 +116,9 @@ def test_overload_l1_directives_applied_p99_recovers_l0(kafka, tmp_path: Path) -
     ]
     # No control serves 1.6 % of them within 2 s in the backtest of this configuration
     # (`tailguard backtest --limit 7000 --overload 120:420:2 --seed 1`), tailguard's loop
-    # 95 %; live the directives come later the busier the machine (89 % measured with the
-    # whole suite running beside it): three quarters is far from no control either way.
+    # 89 % with directives always the pacer's bound late (`--loop-delay 30000`); live 99 %
+    # measured (quiet machine). Before the pacer bounded the delay it grew with the load
+    # and a busy CI run measured 66 %.
     assert p0
-    assert sum(1 for x in p0 if x <= 2_000) / len(p0) >= 0.75, sorted(p0)[-10:]
+    assert sum(1 for x in p0 if x <= 2_000) / len(p0) >= 0.8, sorted(p0)[-10:]
     assert ttfb(EPISODE.end_offset_s + 600, EPISODE.end_offset_s + 800) < 2_000

@@ -510,6 +510,9 @@ def test_client_consumes_from_the_beginning_and_catches_up() -> None:
         assert not client.caught_up  # partition 1 has not reached its end yet
         made[0].queue.append(_eof(1))
         assert client.wait_caught_up(5.0)
+        # how far it read, per partition: past every message, accepted, rejected or not a
+        # signal at all (what a caller compares with the topic's end)
+        assert client.read_offsets() == {0: 2, 1: 2}
         c = made[0]
         assert c.assigned == [
             ("tailguard.control", 0, OFFSET_BEGINNING),

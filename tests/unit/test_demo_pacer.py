@@ -1,11 +1,15 @@
-"""The closed loop's pacer bounds the pipeline's lag in *simulated* time: at a check it
-waits for what was sent ``max_lag_s`` of simulated time earlier to be committed by the
-worker and for the summaries published by then to be taken by the controller; between
-checks, and for newer data, it does not wait. Scripted offsets, no broker."""
+"""The closed loop's pacer is a barrier in *simulated* time on the loop's whole trip: a
+mark taken at simulated time T is through when (1) the controller's decision clock,
+followed from the worker's ``Progress`` messages, passed T's window boundary, (2) the
+controller took the summaries past that message and (3) the gateways' control client
+read the control topic to its end as of (2). The simulator waits only while a mark
+``max_lag_s`` old is not through; marks advance side by side. Scripted looks, no
+broker."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,8 +17,22 @@ import pytest
 
 from pipeline.adapters.kafka_admin import GroupProgress
 from pipeline.app.demo import _Pacer
+from pipeline.contract.summary import Progress
 
 S = 1_000_000_000  # ns per simulated second
+T0 = 1_800_000_000_000  # ms: a window boundary (10 s windows)
+
+
+@dataclass
+class Look:
+    """What one look finds: Progress messages (partition, horizon_ms, clock_ms; the
+    summaries offset after each counts up), the controller's committed summaries
+    offset, the control topic's end and how far the client read it."""
+
+    told: list[tuple[int, int, int | None]] = field(default_factory=list)
+    summaries_committed: int = 0
+    control_end: int = 0
+    client_read: int = 0
 
 
 class _Alive:
@@ -23,60 +41,102 @@ class _Alive:
 
 
 class _Scripted(_Pacer):
-    """Each look at the offsets takes the next scripted (lifecycle, summaries) pair."""
+    """Each look (an advance) takes the next scripted :class:`Look`; the last repeats."""
 
-    def __init__(self, looks: list[tuple[tuple[int, int], tuple[int, int]]], **kw: Any) -> None:
-        settings = SimpleNamespace(control_enabled=True)
-        super().__init__(settings, _Alive(), every_s=0.0, poll_s=0.0, **kw)  # type: ignore[arg-type]
-        self._looks: Iterator[tuple[tuple[int, int], tuple[int, int]]] = iter(looks)
+    def __init__(self, looks: list[Look], partitions: int = 1, **kw: Any) -> None:
+        settings = SimpleNamespace(
+            control_enabled=True, window_size_ms=10_000, window_grace_ms=5_000,
+            topic_partitions=partitions, control_decision_delay_ms=0,
+            lifecycle_topic="lc", summaries_topic="sum", control_topic="ctl",
+        )  # fmt: skip
+        super().__init__(settings, _Alive(), object(), poll_s=0.0, **kw)  # type: ignore[arg-type]
+        self._looks: Iterator[Look] = iter(looks)
+        self._last = looks[-1]
+        self.now = Look()
         self.looked = 0
+        self._offset = 0
 
-    def _progress(self) -> tuple[GroupProgress, GroupProgress | None]:
-        (lc, le), (sc, se) = next(self._looks)
+    def _read_told(self) -> None:
+        self.now = next(self._looks, self._last)
         self.looked += 1
-        return GroupProgress(lc, le), GroupProgress(sc, se)
+        for partition, horizon, clock in self.now.told:
+            self._offset += 1
+            self.told(Progress(partition, horizon, clock), self._offset)
+        self.now.told = []  # (a repeated last look tells nothing again)
+
+    def _progress(self, topic: str) -> GroupProgress:
+        if topic == "sum":
+            return GroupProgress(self.now.summaries_committed, self._offset)
+        assert topic == "ctl"
+        return GroupProgress(0, self.now.control_end)
+
+    def _client_read(self) -> int:
+        return self.now.client_read
 
 
-def test_no_wait_while_nothing_is_older_than_the_bound() -> None:
-    # (committed, end) of lifecycle, then of summaries; nothing committed at all
-    pacer = _Scripted([((0, 10), (0, 3)), ((0, 20), (0, 5))], max_lag_s=60)
-    pacer(0)
-    pacer(59 * S)
-    assert pacer.looked == 2  # one look per check: nothing was due
+def test_no_wait_while_no_mark_is_older_than_the_bound() -> None:
+    pacer = _Scripted([Look()], max_lag_s=25, every_s=5)
+    for s in range(0, 25, 5):  # marks at 0..20 s, none through, none 25 s old
+        pacer(T0 * 1_000_000 + s * S)
+    assert pacer.looked == 5  # one look per check: nothing was due
+    assert pacer.waited_s < 5
+
+
+def test_checks_come_every_every_s_of_simulated_time() -> None:
+    pacer = _Scripted([Look()], max_lag_s=25, every_s=5)
+    for ms in range(0, 10_000, 100):  # 100 arrivals over 10 s
+        pacer(T0 * 1_000_000 + ms * 1_000_000)
+    assert pacer.looked == 2
 
 
 @pytest.mark.parametrize(
-    ("looks_until_free", "looks"),
+    ("looks", "looks_until_free"),
     [
-        # lifecycle committed first, then the controller takes the summaries
-        (4, [((10, 30), (0, 8)), ((25, 30), (3, 8)), ((25, 30), (5, 8))]),
-        # the summaries taken first, the worker commits later
-        (3, [((9, 30), (5, 8)), ((10, 30), (5, 8))]),
-        # already there at the check
-        (2, [((10, 30), (5, 8))]),
+        # the clock passes T, the controller takes it, the client reads the directive
+        ([Look(), Look(told=[(0, T0, T0)]), Look(summaries_committed=1, control_end=4),
+          Look(summaries_committed=1, control_end=4, client_read=4)], 4),
+        # all of it at the first look of the wait
+        ([Look(), Look(told=[(0, T0, T0)], summaries_committed=1, control_end=2,
+                       client_read=2)], 2),
+        # provisional clocks alone do not move it: the horizon held back by a pending
+        # join caps the decisions (final_lag: one window past the horizon)
+        ([Look(), Look(told=[(0, T0 - 20_000, T0 + 30_000)], summaries_committed=9),
+          Look(told=[(0, T0 - 10_000, T0 + 30_000)], summaries_committed=9, control_end=1,
+               client_read=1)], 3),
     ],
-)
-def test_a_check_waits_for_what_was_sent_a_bound_ago(
-    looks_until_free: int, looks: list[tuple[tuple[int, int], tuple[int, int]]]
-) -> None:
-    # at t=0 the topics ended at lifecycle 10, summaries 5: due at t >= 60 s
-    pacer = _Scripted([((0, 10), (0, 5)), *looks], max_lag_s=60)
-    pacer(0)
-    pacer(61 * S)
+)  # fmt: skip
+def test_a_mark_waits_for_the_whole_trip(looks: list[Look], looks_until_free: int) -> None:
+    pacer = _Scripted(looks, max_lag_s=25, every_s=5)
+    pacer(T0 * 1_000_000)  # the mark: decisions at T0
+    pacer(T0 * 1_000_000 + 25 * S)  # 25 s on: it must be through before going on
     assert pacer.looked == looks_until_free
+    assert pacer.gave_up == 0
 
 
-def test_the_newest_due_mark_is_the_one_waited_for() -> None:
+def test_every_partition_must_have_told() -> None:
     looks = [
-        ((0, 10), (0, 2)),  # t=0
-        ((0, 20), (0, 4)),  # t=30
-        ((20, 40), (4, 6)),  # t=95: due marks t=0 and t=30; t=30's ends (20, 4) are met
+        Look(),
+        Look(told=[(0, T0, T0)], summaries_committed=1, control_end=1, client_read=1),
+        Look(told=[(1, T0, T0)], summaries_committed=2, control_end=1, client_read=1),
     ]
-    pacer = _Scripted(looks, max_lag_s=60)
-    pacer(0)
-    pacer(30 * S)
-    pacer(95 * S)
-    assert pacer.looked == 3  # no further look: met at the check itself
+    pacer = _Scripted(looks, partitions=2, max_lag_s=25, every_s=5)
+    pacer(T0 * 1_000_000)
+    pacer(T0 * 1_000_000 + 25 * S)
+    assert pacer.looked == 3
+
+
+def test_marks_advance_side_by_side() -> None:
+    """One look can take several marks through: a slow trip holds the simulator once."""
+    told = [(0, T0 + 10_000 * i, T0 + 10_000 * i) for i in range(6)]
+    looks = [Look(), Look(), Look(), Look(), Look(), Look(), Look(),
+             Look(told=told, summaries_committed=6, control_end=3, client_read=3)]  # fmt: skip
+    pacer = _Scripted(looks, max_lag_s=25, every_s=5)
+    for s in range(0, 30, 5):  # marks 0..25 s: at 25 s the one at 0 s is due
+        pacer(T0 * 1_000_000 + s * S)
+    assert pacer.looked == 8  # six checks, the wait's two looks: the last took all six
+    assert not pacer._marks
+    pacer(T0 * 1_000_000 + 30 * S)  # nothing due: one look, no wait
+    assert pacer.looked == 9
 
 
 def test_a_worker_that_exits_ends_the_wait() -> None:
@@ -84,8 +144,17 @@ def test_a_worker_that_exits_ends_the_wait() -> None:
         def poll(self) -> int:
             return 1
 
-    pacer = _Scripted([((0, 10), (0, 5)), ((0, 10), (0, 5))], max_lag_s=60)
+    pacer = _Scripted([Look()], max_lag_s=25, every_s=5)
     pacer.worker = _Exited()  # type: ignore[assignment]
-    pacer(0)
-    pacer(61 * S)  # never committed: returns because the worker is gone
+    pacer(T0 * 1_000_000)
+    pacer(T0 * 1_000_000 + 25 * S)  # never through: returns because the worker is gone
     assert pacer.looked == 2
+
+
+def test_a_wait_past_the_ceiling_gives_up_and_says_so() -> None:
+    pacer = _Scripted([Look()], max_lag_s=25, every_s=5, ceiling_s=0.0)
+    pacer(T0 * 1_000_000)
+    pacer(T0 * 1_000_000 + 25 * S)
+    assert pacer.gave_up == 1
+    assert not pacer._marks
+    assert pacer.bound_ms == 30_000

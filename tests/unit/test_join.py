@@ -306,3 +306,49 @@ def test_the_resolved_memory_is_bounded(
         mem.put(f"k{i}", expires)
         assert len(mem) <= max_items
     assert set(mem.keys()) == remembered
+
+
+@pytest.mark.parametrize(
+    ("mode", "verdict", "at_once"),
+    [
+        ("enforce", "admission", True),
+        ("enforce", "shed_priority", True),
+        ("enforce", "rate_limit", True),
+        ("enforce", "new_session", True),
+        ("enforce", "retry_budget", True),
+        ("enforce", "deadline", True),
+        # the queue cut-off cancels a call already forwarded: an engine run may report
+        ("enforce", "queue_timeout", False),
+        # shadow: the request was served as without control
+        ("shadow", "admission", False),
+        (None, None, False),
+    ],
+)
+def test_a_request_refused_before_any_engine_is_recorded_at_once(
+    mode: str | None, verdict: str | None, at_once: bool
+) -> None:
+    """No engine.finished comes for a request the gateway turned away: its record is not
+    held for the partner's timeout (nor the windows and decisions behind it)."""
+    j = Joiner(JoinConfig(timeout_ms=5_000))
+    assert j.add(received("r1", 0.0), 0) is None
+    refusal = completed(
+        "r1", 2.0, total_ms=2.0, ttfb_ms=None, http_status=429, outcome="rejected",
+        control_mode=mode, control_verdict=verdict,
+    )  # fmt: skip
+    out = j.add_emitted(refusal, 1)
+    rec = out.record if out is not None else None
+    if at_once:
+        assert rec is not None
+        assert (rec.source, rec.outcome) == ("gateway_only", "rejected")
+        assert rec.control_verdict == verdict
+        assert j.pending_count == 0
+        assert j.oldest_terminal_ms() is None
+        # the same record the timeout would have given, upgraded by a partner that comes
+        late = j.add(finished("r1", 3.0), 2)
+        assert late is not None
+        assert late.source == "joined"
+    else:
+        assert rec is None
+        assert j.oldest_terminal_ms() is not None  # its windows wait for the partner
+        timed_out = j.advance(_now(2.0 + 5_000))
+        assert [r.source for r in timed_out] == ["gateway_only"]

@@ -24,25 +24,30 @@ class _General(Joiner):
 
 
 # One step: an event (request 0-4, kind, which of two event ids, ms after the start,
-# failed or not) or a clock advance (ms).
+# ok / failed / refused by the gateway's enforcement) or a clock advance (ms).
 _EVENT = st.tuples(
     st.integers(0, 4),
     st.sampled_from(["r", "c", "f"]),
     st.integers(0, 1),
     st.integers(0, 3_000),
-    st.booleans(),
+    st.sampled_from(["ok", "failed", "refused"]),
 )
 _STEP = st.one_of(_EVENT, st.integers(0, 3_000).map(lambda ms: ("advance", ms)))
 
 
-def _event(step: tuple[int, str, int, int, bool]) -> LifecycleEvent:
-    n, kind, variant, t_ms, failed = step
+def _event(step: tuple[int, str, int, int, str]) -> LifecycleEvent:
+    n, kind, variant, t_ms, how = step
     rid, eid = f"req-{n}", f"{kind}{n}.{variant}"
     if kind == "r":
         return received(rid, t_ms, eid=eid, tenant=None if variant else "t1")
     if kind == "c":
-        if failed:
+        if how == "failed":
             return completed(rid, t_ms, http_status=500, outcome="error", eid=eid)
+        if how == "refused":  # no partner will come: recorded at once on both paths
+            return completed(
+                rid, t_ms, total_ms=1.0, ttfb_ms=None, http_status=429, outcome="rejected",
+                eid=eid, control_mode="enforce", control_verdict="admission",
+            )  # fmt: skip
         return completed(rid, t_ms, total_ms=50.0 + 100 * variant, eid=eid)
     return finished(rid, t_ms, decode_ms=20.0 + 60 * variant, eid=eid)
 
@@ -88,7 +93,7 @@ def test_fast_and_general_paths_give_the_same_results(
 def test_the_general_path_differs_where_the_fast_path_is_taken(order: str) -> None:
     """The comparison above can fail: the general path is really taken (its events go
     through ``_store``, the fast path's do not) and both build the records."""
-    steps = [(0, k, 0, 10 * i, False) for i, k in enumerate(order)]
+    steps = [(0, k, 0, 10 * i, "ok") for i, k in enumerate(order)]
     config = JoinConfig()
     fast, general = _run(Joiner, steps, config, True), _run(_General, steps, config, True)
     assert fast == general
