@@ -8,8 +8,9 @@ decision's ``as_of_unix_ms`` (the end of the latest window it read), both event 
 (:mod:`producers.loop_delay`; ``pipeline/app/demo.py``). At a speed factor ``s`` a wall
 second of the trip engine -> Kafka -> worker -> window close -> summary -> controller ->
 control topic -> gateway is ``s`` seconds of event time, so the delay grows with the
-speed; the window close (the windows' grace) and the controller's decision clock are
-event time and do not. ``tailguard backtest --loop-delay`` takes the P99 at 1x (real
+speed, up to the demo pacer's bound (30 s of event time: past it the simulated clock
+stops until the trip is done); the window close (the windows' grace) and the
+controller's decision clock are event time and do not. ``tailguard backtest --loop-delay`` takes the P99 at 1x (real
 time, as deployed) as its default (``pipeline.app.backtest.DEFAULT_LOOP_DELAY_MS``); the
 P99 at 20x is what a backtest of the demo's time-compressed run needs.
 
@@ -105,8 +106,10 @@ def loop_delay(ctx: Context) -> Section:
         "window it read): both the simulator's event time, one clock. It includes the "
         "window grace (5 s, event time), Kafka, the worker's flush (250 ms), the "
         "controller's decision clock, the control topic and the client's poll, the last "
-        "four in wall time times the speed factor; the demo's pacer lets the simulator run "
-        "at most 60 s of event time ahead of what the worker committed."
+        "four in wall time times the speed factor; the demo's pacer stops the simulated "
+        "clock until every decision on the traffic 25 s old is in force at the gateways, "
+        "so at any speed the delay stays within 30 s of event time (5 s between its marks "
+        "+ 25 s), a slower machine only taking longer."
     )
     return sec
 
