@@ -10,9 +10,10 @@ second of the trip engine -> Kafka -> worker -> window close -> summary -> contr
 control topic -> gateway is ``s`` seconds of event time, so the delay grows with the
 speed, up to the demo pacer's bound (30 s of event time: past it the simulated clock
 stops until the trip is done); the window close (the windows' grace) and the
-controller's decision clock are event time and do not. ``tailguard backtest --loop-delay`` takes the P99 at 1x (real
-time, as deployed) as its default (``pipeline.app.backtest.DEFAULT_LOOP_DELAY_MS``); the
-P99 at 20x is what a backtest of the demo's time-compressed run needs.
+controller's decision clock are event time and do not. ``tailguard backtest
+--loop-delay`` takes the P99 at 1x (real time, as deployed) as its default
+(``pipeline.app.backtest.DEFAULT_LOOP_DELAY_MS``); the P99 at 20x is what a backtest of
+the demo's time-compressed run needs.
 
 The runs (:data:`RUNS`): at 1x the shared trace's first 8 minutes with arrivals x2 from
 minute 2 to 6; at 20x and 60x its first 25 minutes with arrivals x2 from minute 10 to 20

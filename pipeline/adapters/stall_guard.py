@@ -38,8 +38,9 @@ class StallGuard:
         self._stall = StallWatch()
         self._batches = 0
         self._first: dict[int, int] = {}  # first offsets read, for the assignment below
-        self._first_of = -1  # the assignment (TopicWatch._assignments) they are of
-        self.read_again = 0  # partitions read again so (logged)
+        self._first_of = -1  # the assignment (TopicWatch.assignments) they are of
+        # partitions read again so (logged; /metrics: stalled_partitions_read_again_total)
+        self.read_again = 0
 
     @contextmanager
     def batching(self) -> Iterator[None]:
@@ -57,8 +58,8 @@ class StallGuard:
         except Exception as exc:  # no consumer yet, or another Faust: nothing to judge
             log.debug("positions not read: %s", exc)
             return
-        if watch._assignments != self._first_of:
-            self._first, self._first_of = {}, watch._assignments
+        if watch.assignments != self._first_of:
+            self._first, self._first_of = {}, watch.assignments
         nxt = self._next_offsets()
         views = {
             p: PartitionView(position, self._expected(p, nxt), paused)

@@ -154,7 +154,7 @@ class WorkerShell:
             finish_state=self._finish_topic_state,
         )  # fmt: skip
         self.stall = StallGuard(self.watch, processor.next_offsets, self.input.store_up.is_set)
-        self.counts = WorkerCounts(processor, telemetry)
+        self.counts = WorkerCounts(processor, telemetry, self.stall)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-writer")
         # Set on SIGTERM/SIGINT: retry loops and waits give up at once (nothing after
         # that is committed), so the worker stops within seconds in every state.

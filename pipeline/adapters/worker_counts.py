@@ -18,9 +18,12 @@ LOG_EVERY_S = 10.0
 class WorkerCounts:
     """Counts of ``processor`` into ``telemetry``, and the log line every ``LOG_EVERY_S``."""
 
-    def __init__(self, processor: StreamProcessor, telemetry: WorkerTelemetry | Any) -> None:
+    def __init__(
+        self, processor: StreamProcessor, telemetry: WorkerTelemetry | Any, stall: Any = None
+    ) -> None:
         self.processor = processor
         self.telemetry = telemetry
+        self.stall = stall  # the worker's StallGuard (its partitions read again)
         self._seen: dict[tuple[str, str], int] = {}  # what count() counted, by label
         self._last_log = time.monotonic()
         self.rows_written = 0
@@ -50,6 +53,8 @@ class WorkerCounts:
             "generation_finished_requests": self.finished_requests,
             "generation_finished_windows": self.finished_windows,
             "generation_finished_partials": self.finished_partials,
+            # lifecycle partitions read again after a fetch dropped on its way (StallGuard)
+            "stalled_partitions_read_again": self.stall.read_again if self.stall else 0,
             **self._duplicates(),
         }
 

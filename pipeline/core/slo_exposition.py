@@ -93,6 +93,7 @@ HEALTH_COUNTERS: Final = frozenset(
         "generation_finished_requests",
         "generation_finished_windows",
         "generation_finished_partials",
+        "stalled_partitions_read_again",
         "join_duplicates",
         "join_duplicate_ids_changed",
     }

@@ -116,6 +116,7 @@ def test_names_and_values_equal_the_trackers() -> None:
         ("tailguard_worker_rows_written", "counter"),
         ("tailguard_worker_store_write_retries", "counter"),
         ("tailguard_worker_store_rejected_rows", "counter"),
+        ("tailguard_worker_stalled_partitions_read_again", "counter"),
         ("tailguard_worker_consumer_lag_messages", "gauge"),
         ("tailguard_slo_burn_rate", "gauge"),
         ("tailguard_slo_period_burn_rate_projected", "gauge"),
@@ -127,7 +128,8 @@ def test_types_and_no_recording_rule_names(name: str, kind: str) -> None:
     state = MetricsState(
         health=lambda: dict.fromkeys(
             ("consumer_lag_messages", "events_consumed", "rows_written",
-             "store_write_retries", "store_rejected_rows"), 3.0)
+             "store_write_retries", "store_rejected_rows", "stalled_partitions_read_again"),
+            3.0)
     )  # fmt: skip
     state.use_counters(WindowCounters({"gateway_ttfb_ms": [2000.0]}))
     state.windows_stored([window([100.0, 2500.0], total=2, good=1, tiers={"blended": 1})])
