@@ -3,7 +3,7 @@ item 6): priority 0's compliance during the episode, counted by the same code.
 
     ./tg demo --speedup 20 --tee DIR/events.jsonl --json DIR/report.json
     python -m tools.dev.demo_vs_backtest DIR/events.jsonl --report DIR/report.json \\
-        --loop-delay 0 --loop-delay 40000 [--overload 1200:1800:2 --seed 1]
+        --loop-delay 0 --loop-delay 30000 [--overload 1200:1800:2 --seed 1 --limit N]
 
 The demo's events (``--tee``) are replayed through the core (join, records) and the
 backtest's own per-priority SLO count (:func:`pipeline.app.backtest._slo_doc`) runs over
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--overload", default=DEFAULT_OVERLOAD)
+    ap.add_argument("--limit", type=int, help="only the first N trace requests (the demo's)")
     ap.add_argument("--loop-delay", type=int, action="append", metavar="MS")
     args = ap.parse_args(argv)
     ep = parse_overload(args.overload)
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         SimConfig(start_unix_ns=BACKTEST_START_UNIX_NS, seed=args.seed, overload=ep)
     )
     trace = read_trace(args.trace)
+    if args.limit is not None:
+        trace = trace[: args.limit]
     for delay in args.loop_delay or [DEFAULT_LOOP_DELAY_MS]:
         run = run_loop(trace, config, spec, policy, loop="tailguard", loop_delay_ms=delay)
         p0 = run["by_priority"]["0"]
