@@ -240,11 +240,11 @@ class TopicWatch:
         # yet), the new generation's first, comes from the seek.
         self.barrier: dict[int, int] = {}
 
-
     @property
     def assignments(self) -> int:
         """How many partition assignments this worker has seen (a new one: new state)."""
         return self._assignments
+
     def lifecycle_tps(self) -> set[TP]:
         return {tp for tp in self.app.consumer.assignment() if tp.topic == self.topic}
 

@@ -49,7 +49,8 @@ class _Scripted(_Pacer):
             topic_partitions=partitions, control_decision_delay_ms=0,
             lifecycle_topic="lc", summaries_topic="sum", control_topic="ctl",
         )  # fmt: skip
-        super().__init__(settings, _Alive(), object(), poll_s=0.0, **kw)  # type: ignore[arg-type]
+        kw.setdefault("poll_s", 0.0)
+        super().__init__(settings, _Alive(), object(), **kw)  # type: ignore[arg-type]
         self._looks: Iterator[Look] = iter(looks)
         self._last = looks[-1]
         self.now = Look()
@@ -158,3 +159,25 @@ def test_a_wait_past_the_ceiling_gives_up_and_says_so() -> None:
     assert pacer.gave_up == 1
     assert not pacer._marks
     assert pacer.bound_ms == 30_000
+
+
+def test_clocks_that_only_wall_time_moves_widen_the_bound_then_it_narrows() -> None:
+    """Sparse traffic holds the clocks back in event time: a wait in which they do not
+    move (the worker has nothing left to process) ends after ``settle_s`` and the bound
+    widens to that mark's age (+ two checks); a trip within the base lag narrows it again."""
+    behind = Look(told=[(0, T0 - 60_000, T0 - 60_000)])
+    pacer = _Scripted([behind, Look()], max_lag_s=25, every_s=5, settle_s=0.05, poll_s=0.01)
+    pacer(T0 * 1_000_000)
+    pacer(T0 * 1_000_000 + 25 * S)  # the mark at T0 is due; nothing moves: widened
+    assert (pacer.widened, pacer.gave_up) == (1, 0)
+    assert pacer.max_lag_ns == 35 * S  # its age (25 s) + two checks
+    assert pacer.bound_ms == 40_000
+    pacer(T0 * 1_000_000 + 30 * S)  # within the widened lag: no wait
+    assert pacer.widened == 1
+    # the clocks catch up: every mark goes through, the newest within the base lag
+    pacer._last = Look(told=[(0, T0 + 40_000, T0 + 40_000)], summaries_committed=9,
+                       control_end=1, client_read=1)  # fmt: skip
+    pacer(T0 * 1_000_000 + 35 * S)
+    assert not pacer._marks
+    assert pacer.max_lag_ns == 25 * S
+    assert pacer.bound_ms == 40_000  # the widest used stays reported
