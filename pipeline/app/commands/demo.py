@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
+from types import FrameType
 
 from pipeline.app.commands.common import DEFAULT_OVERLOAD, Command, add_sim, need_file
 
 
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    """SIGTERM stops it as Ctrl-C does: what it started (broker, worker) is stopped by
+    PID as its stack unwinds; exit 143 (130 for Ctrl-C)."""
     from pipeline.app.demo import run_demo, sim_config_from_args
 
     need_file(args.trace)
-    return run_demo(
-        trace=args.trace,
-        sim_config=sim_config_from_args(args),
-        speedup=args.speedup,
-        partitions=args.partitions or 8,
-        workdir=args.workdir,
-        bootstrap=args.bootstrap,
-        limit=args.limit,
-        tee_jsonl=args.tee,
-        json_out=args.json,
-        closed_loop=not args.open_loop,
-    )
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return run_demo(
+            trace=args.trace,
+            sim_config=sim_config_from_args(args),
+            speedup=args.speedup,
+            partitions=args.partitions or 8,
+            workdir=args.workdir,
+            bootstrap=args.bootstrap,
+            limit=args.limit,
+            tee_jsonl=args.tee,
+            json_out=args.json,
+            closed_loop=not args.open_loop,
+        )
+    except KeyboardInterrupt as stopped:
+        return 143 if str(stopped) == "SIGTERM" else 130
 
 
 def _arguments(s: argparse.ArgumentParser) -> None:
