@@ -208,11 +208,10 @@ class _Pacer:
     the wall time it takes grows with the load. Sparse traffic holds the clocks back in
     event time (a host's clock needs a quorum of its events per partition): a wait in
     which, for ``settle_s`` of wall time, the clocks move no faster than twice wall time
-    (the worker has nothing left to process) ends and the bound widens to that mark's
-    age + two checks (``widened``; ``bound_ms``: the widest used) until a trip fits the
-    base lag again.
-    A wait gives up after ``ceiling_s`` of wall time (``gave_up``: the delay then was not
-    bounded)."""
+    (the worker has nothing left to process) while the mark waits for the decision clock
+    ends, and the bound widens to that mark's age + two checks (``widened``; ``bound_ms``:
+    the widest used) until a trip fits the base lag again. A wait gives up after
+    ``ceiling_s`` of wall time (``gave_up``: the delay then was not bounded)."""
 
     def __init__(
         self,
@@ -337,7 +336,8 @@ class _Pacer:
                 self.gave_up += 1
                 self._marks.clear()
                 break
-            if self._only_wall_time_moves(seen, now):
+            idle = self._only_wall_time_moves(seen, now)
+            if idle and self._marks[0][1] == 0:  # (the controller or client: only speed)
                 # The clocks lag the traffic by its own sparseness (a host's clock needs
                 # a quorum of its events per partition: pipeline.core.eventtime), not
                 # by the worker's speed: waiting would only let wall time pass on top

@@ -181,3 +181,15 @@ def test_clocks_that_only_wall_time_moves_widen_the_bound_then_it_narrows() -> N
     assert not pacer._marks
     assert pacer.max_lag_ns == 25 * S
     assert pacer.bound_ms == 40_000  # the widest used stays reported
+
+
+def test_a_slow_controller_or_client_never_widens_the_bound() -> None:
+    """Past the decision clock, only the controller's and the client's speed hold a mark:
+    the wait goes on (to its ceiling) however still the clocks are."""
+    met = Look(told=[(0, T0, T0)])  # the decision clock passed T0; nothing committed
+    pacer = _Scripted([met, Look()], max_lag_s=25, every_s=5, settle_s=0.02, poll_s=0.01,
+                      ceiling_s=0.2)  # fmt: skip
+    pacer(T0 * 1_000_000)
+    pacer(T0 * 1_000_000 + 25 * S)
+    assert (pacer.widened, pacer.gave_up) == (0, 1)
+    assert pacer.bound_ms == 30_000
