@@ -82,9 +82,10 @@ EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_
 # delay) of the bench section "Control loop delay, live (the demo's closed loop)" in
 # bench/RESULTS.md (`./tg bench --only loop_delay`): 5.58 s over 44 decisions (P50
 # 3.58 s), measured 2026-12-06 05:35-05:44 UTC on the shared 2-core machine (load
-# average 4-9). The demo's time-compressed runs are slower in event time, up to its
-# pacer's bound (30 s: pipeline.app.demo._Pacer; at 60x P50 26-29 s, max 26-29 s): a
-# backtest of a demo run takes `--loop-delay 30000`.
+# average 4-9; again 2026-12-06 21:31 UTC: P50 3.45 s, P99 5.91 s over 47). The demo's
+# time-compressed runs are slower in event time, up to its pacer's bound (30 s:
+# pipeline.app.demo._Pacer; the same bench: 20x P50 21.4 s / P99 26.5 s, 60x P50 20.9 s
+# / P99 29.5 s): a backtest of a demo run takes `--loop-delay 30000`.
 DEFAULT_LOOP_DELAY_MS: Final = 5_600
 
 
