@@ -336,7 +336,7 @@ def test_queue_cut_off_503_for_priority_3_while_priority_0_waits_for_its_first_b
                 upstream.release()
                 text = b"".join(r0.iter_raw())
             assert text == b"data: x\n\ndata: [DONE]\n\n"
-            assert upstream.finished == {"p0"}
+            wait_for(lambda: upstream.finished == {"p0"}, what="p0 to finish upstream")
     cut = completed(sink, "p3")["gateway.completed"]
     assert (cut.outcome, cut.http_status) == ("rejected", 503)
     assert cut.ttfb_ms is not None
