@@ -45,6 +45,9 @@ FIRST_BYTE_SLO: Final = "ttft-stream"
 # Priority 0's first-token SLOs of the shipped spec (the "p0" checks: >= 97 %, >= open + 10)
 FIRST_BYTE_SLOS: Final = ("ttft-stream", "gold-ttft")
 BASELINES: Final = ("open", "static", "aimd")
+# A priority turned away at least this share of its attempts in the episode: the engines
+# serve less than it and the higher ones ask, so every lower one is turned away (strict).
+STRICT_SHORT: Final = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +286,22 @@ def _issue_47_checks(tg: dict[str, Any], op: dict[str, Any]) -> list[tuple[str, 
     for p in (1, 2):
         if p in share and p + 1 in share:
             lo, hi = share[p], share[p + 1]
+            met = lo <= 0.5 * hi or lo == 0.0
+            why = ""
+            if not met and share.get(p - 1, 0.0) >= STRICT_SHORT:
+                # strict tiers: a higher priority turned away means every lower one's tokens
+                # were gone; p's share then exceeds half of p+1's <= 100 % (issue 47)
+                why = (
+                    f"; cannot hold with strict tiers while priority {p - 1} is itself "
+                    f"turned away ({100 * share[p - 1]:.1f} %): the engines serve less than "
+                    f"priorities 0-{p - 1} ask (bench/CONTROL-HISTORY.md, 'Strict tiers: "
+                    "why the half rule fails')"
+                )
             out.append(
                 (
                     f"p{p} turned away <= 1/2 p{p + 1}'s in the episode "
-                    f"({100 * lo:.1f} % vs {100 * hi:.1f} %)",
-                    lo <= 0.5 * hi or lo == 0.0,
+                    f"({100 * lo:.1f} % vs {100 * hi:.1f} %{why})",
+                    met,
                 )
             )
     ratio = tg["requests"] / op["requests"] if op["requests"] else 0.0
