@@ -106,7 +106,12 @@ MAX_CONTEXT_HEADER: Final = "x-tailguard-max-context-tokens"
 FALLBACK_MODEL_HEADER: Final = "x-tailguard-fallback-model"
 METADATA_PRIORITY: Final = "priority"
 MAX_IN_FLIGHT: Final = 100_000
-CLOCK_STEP_NS: Final = 50_000_000  # wall - monotonic moving more than this: the wall clock stepped
+# wall - monotonic moving more than CLOCK_STEP_NS plus MAX_SLEW of the monotonic time since
+# the last arrival: the wall clock stepped (NTP slews it at most 500 ppm; anything faster is
+# a step, and a step of a few ms between LiteLLM's stamp and the hook made a non-streamed
+# request's first byte later than the client's in a CI run)
+CLOCK_STEP_NS: Final = 1_000_000
+MAX_SLEW: Final = 500e-6
 
 DirectiveLookup = Callable[[str], DirectiveLike | None]
 
@@ -231,7 +236,8 @@ class TailguardGate:
         self.priority = priority or PriorityRules()
         self._mono = monotonic_ns
         self._wall = wall_ns
-        self._clock_offset_ns: int | None = None  # wall - monotonic at the last arrival
+        # (wall - monotonic, monotonic) at the last arrival
+        self._clock_offset: tuple[int, int] | None = None
         self._inflight: OrderedDict[str, Exchange] = OrderedDict()
         self.counters: dict[str, int] = dict.fromkeys(
             ("requests", "events", "refused", "errors", "evicted"), 0
@@ -301,9 +307,11 @@ class TailguardGate:
         # LiteLLM stamps the arrival on the wall clock; it moves onto the monotonic clock
         # only when the wall clock did not step since the last arrival (a VM resumed, an
         # NTP step): a step between LiteLLM's stamp and now would be counted as waiting.
-        offset, last = wall - mono, self._clock_offset_ns
-        self._clock_offset_ns = offset
-        steady = last is None or abs(offset - last) <= CLOCK_STEP_NS
+        offset, last = wall - mono, self._clock_offset
+        self._clock_offset = (offset, mono)
+        steady = last is None or (
+            abs(offset - last[0]) <= CLOCK_STEP_NS + MAX_SLEW * (mono - last[1])
+        )
         arrival = (data.get("proxy_server_request") or {}).get("arrival_time")
         if steady and isinstance(arrival, int | float) and not isinstance(arrival, bool):
             waited = wall - int(arrival * 1e9)

@@ -131,19 +131,24 @@ def test_a_stream_gives_received_then_completed_with_first_byte_and_usage() -> N
 
 
 @pytest.mark.parametrize(
-    ("step_ms", "ttfb_ms"),
+    ("gap_ms", "step_ms", "ttfb_ms"),
     [
-        (0.0, 23.0),  # steady clocks: LiteLLM's stamp 3 ms before the hook counts
-        (2_500.0, 20.0),  # the wall clock stepped forward 2.5 s: the hook's own stamp
-        (-2_500.0, 20.0),  # ... or back
-        (40.0, 63.0),  # a move under the step threshold: the stamp is trusted, the 40 ms with it
+        (100.0, 0.0, 23.0),  # steady clocks: LiteLLM's stamp 3 ms before the hook counts
+        (100.0, 2_500.0, 20.0),  # the wall clock stepped forward 2.5 s: the hook's own stamp
+        (100.0, -2_500.0, 20.0),  # ... or back
+        (100.0, 7.0, 20.0),  # a 7 ms step (a CI run's): the hook's own stamp
+        (100.0, 1.0, 24.0),  # within 1 ms + 500 ppm of 100 ms: trusted, the 1 ms with it
+        (60_000.0, 25.0, 48.0),  # an NTP slew over a minute (< 500 ppm): trusted
+        (60_000.0, 40.0, 20.0),  # faster than any slew: a step
     ],
 )
-def test_a_wall_clock_step_is_not_counted_as_waiting(step_ms: float, ttfb_ms: float) -> None:
+def test_a_wall_clock_step_is_not_counted_as_waiting(
+    gap_ms: float, step_ms: float, ttfb_ms: float
+) -> None:
     g, sink, clock = gate()
     g.arrive(data(call_id="c0"), None)  # an earlier arrival: the hook knows the clocks
     g.finish("c0", 200, at_once=True)
-    clock.advance_ms(100)
+    clock.advance_ms(gap_ms)
     arrival = (clock.wall - 3_000_000) / 1e9  # LiteLLM stamped it 3 ms ago ...
     clock.wall += int(step_ms * 1e6)  # ... and then the wall clock moved (monotonic did not)
     g.arrive(data(call_id="c1", stream=True, arrival_s=arrival), None)
