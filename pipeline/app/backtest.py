@@ -85,7 +85,9 @@ EPISODE_BOUNDARIES = ("gateway_ttfb_ms", "ttft_engine_ms", "queue_ms", "gateway_
 # average 4-9; again 2026-12-06 21:31 UTC: P50 3.45 s, P99 5.91 s over 47). The demo's
 # time-compressed runs are slower in event time, up to its pacer's bound (30 s:
 # pipeline.app.demo._Pacer; the same bench: 20x P50 21.4 s / P99 26.5 s, 60x P50 20.9 s
-# / P99 29.5 s): a backtest of a demo run takes `--loop-delay 30000`.
+# / P99 29.5 s; wider on a busy machine, where the pacer widens its bound): a backtest of
+# a demo run takes that run's own P99 (its --json "loop_delay"), as
+# tools.dev.demo_vs_backtest is run (bench/CONTROL-HISTORY.md).
 DEFAULT_LOOP_DELAY_MS: Final = 5_600
 
 

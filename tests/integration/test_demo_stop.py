@@ -8,11 +8,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.ceilings import ceiling, wait_for
 from tests.paths import REPO
 
 pytestmark = pytest.mark.integration
@@ -24,13 +24,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s: {what}"
-        time.sleep(0.2)
 
 
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
@@ -54,11 +47,11 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
             assert demo.poll() is None, text[-2000:]
             return False
 
-        _wait(started, 180, "the demo's broker and worker started")
+        wait_for(started, "the demo's broker and worker started", 180, poll_s=0.2)
         assert all(_alive(p) for p in pids.values())
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(120) == 143, log.read_text(errors="replace")[-2000:]
-        _wait(lambda: not any(_alive(p) for p in pids.values()), 60, f"{pids} stopped")
+        assert demo.wait(ceiling(120)) == 143, log.read_text(errors="replace")[-2000:]
+        wait_for(lambda: not any(_alive(p) for p in pids.values()), f"{pids} stopped", 60)
     finally:
         for pid in [demo.pid, *pids.values()]:
             if _alive(pid):

@@ -3,7 +3,10 @@ item 6): priority 0's compliance during the episode, counted by the same code.
 
     ./tg demo --speedup 20 --tee DIR/events.jsonl --json DIR/report.json
     python -m tools.dev.demo_vs_backtest DIR/events.jsonl --report DIR/report.json \\
-        --loop-delay 0 --loop-delay 30000 [--overload 1200:1800:2 --seed 1 --limit N]
+        --loop-delay P99_MS [--loop-delay P50_MS] [--overload 1200:1800:2 --seed 1 --limit N]
+
+(P99_MS: the demo's own ``loop_delay.p99_ms`` from ``--json``; the backtest's rule, as its
+default is the bench's live P99.)
 
 The demo's events (``--tee``) are replayed through the core (join, records) and the
 backtest's own per-priority SLO count (:func:`pipeline.app.backtest._slo_doc`) runs over
