@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from pipeline.adapters.queries import requests
-from pipeline.adapters.store import Store, migrate, open_store
+from pipeline.adapters.store import REQUEST_COLUMNS, Store, migrate, open_store
 from pipeline.adapters.store.requests import write_requests
 from pipeline.core.record import RequestRecord, build_record
 from pipeline.settings import Settings
@@ -39,13 +39,13 @@ _BASE = build_record("x", received("x"), completed("x"), finished("x"))
 
 
 def _row(rid: str, version: int, *, end_ns: int = IN_NS, took_ms: int = 100, attempt: int = 1,
-         outcome: str = "ok") -> RequestRecord:  # fmt: skip
+         outcome: str = "ok", tenant: str | None = "t1") -> RequestRecord:  # fmt: skip
     """Request attempt ``rid``/``attempt`` stored with ``version`` (2 * revision +
     superseded: pipeline.core.record.store_version), ended at ``end_ns``."""
     return msgspec.structs.replace(
         _BASE, request_id=rid, attempt=attempt, revision=version // 2,
         superseded=bool(version % 2), end_unix_ns=end_ns,
-        ts_unix_ns=end_ns - took_ms * 1_000_000, outcome=outcome,
+        ts_unix_ns=end_ns - took_ms * 1_000_000, outcome=outcome, tenant=tenant,
     )  # fmt: skip
 
 
@@ -69,6 +69,10 @@ CASES: list[tuple[str, list[dict[str, Any]]]] = [
     ("the second attempt moved out, the first in the span",
      [{"version": 6, "attempt": 1}, {"version": 2, "attempt": 2},
       {"version": 6, "attempt": 2, "end_ns": AFTER_NS}]),
+    ("the tenant known on the newer version only",
+     [{"version": 0, "tenant": None}, {"version": 6}]),
+    ("the newer version names another tenant", [{"version": 2}, {"version": 6, "tenant": "t2"}]),
+    ("another tenant's older version", [{"version": 2, "tenant": "t2"}, {"version": 6}]),
 ]  # fmt: skip
 
 WHERE = "end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
@@ -114,6 +118,31 @@ def test_final_source_reads_finals_rows(store: Store, keys_max: int, monkeypatch
     in_span = {f"c{i}" for i, (case, v) in enumerate(CASES)}
     # what the cases say (beside equality with FINAL): the newest version decides
     assert ids == in_span - {"c1", "c2", "c3", "c4", "c7", "c10"}, ids
+
+
+def test_tenant_columns_reads_finals_rows_of_the_tenant(store: Store) -> None:
+    """The statement's read (no FINAL: each key's highest version) gives FINAL's rows of
+    the tenant, every column, one row per key, whichever way its versions lie."""
+    for tenant in ("t1", "t2"):
+        cols = requests.tenant_columns(store, tenant, A_NS, B_NS)
+        names = [n for n, _ in REQUEST_COLUMNS]
+        got = sorted(zip(*cols, strict=True)) if cols[0] else []
+        final = sorted(
+            store.query_rows(
+                f"SELECT {', '.join(names)} FROM {store.database}.requests FINAL "
+                f"WHERE tenant = {{t:String}} AND {WHERE}",
+                {**BOUND, "t": tenant},
+            )
+        )
+        assert got == final
+        ids = {r[names.index("request_id")] for r in got}
+        n = len(CASES)
+        if tenant == "t1":
+            assert ids == {f"c{i}" for i in range(n)} - {
+                "c1", "c2", "c3", "c4", "c7", "c10", f"c{n - 2}"
+            }, ids  # fmt: skip
+        else:
+            assert ids == {f"c{n - 2}"}, ids
 
 
 def test_an_empty_span_reads_nothing(store: Store) -> None:
