@@ -5,6 +5,7 @@ its new granules, and its view fills it from the windows written after."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,16 +20,21 @@ from tests.integration.migrations import migrate_before, write_old_windows
 
 pytestmark = pytest.mark.integration
 
-# latency_1h as its engine merges it: per key, boundary and hour, the counts and bins
-HOURLY = (
-    "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), sum(count), "
-    "sum(sum), min(min), max(max), sum(zero_count), sumMapMerge(pos), sumMapMerge(neg) "
-    "FROM tailguard.latency_1h GROUP BY window_start, model, priority, ctx_bucket, boundary "
-    "ORDER BY window_start, model, priority, ctx_bucket, boundary"
-)
 
 
-def test_0017_keeps_the_hourly_rollup_in_smaller_granules(tmp_path: Path) -> None:
+def hourly(merge: str = "sumMapMerge") -> str:
+    """latency_1h as its engine merges it: per key, boundary and hour, the counts and bins
+    (``merge``: sumMapMerge of its states before 0019, sumMap of its arrays after)."""
+    return (
+        "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), sum(count), "
+        f"sum(sum), min(min), max(max), sum(zero_count), {merge}(pos), {merge}(neg) "
+        "FROM tailguard.latency_1h GROUP BY window_start, model, priority, ctx_bucket, "
+        "boundary ORDER BY window_start, model, priority, ctx_bucket, boundary"
+    )
+
+
+def simulated_windows(tmp_path: Path) -> list[Any]:
+    """The closed windows of 600 requests of the shared trace, replayed."""
     events = list(
         Simulator(
             read_trace(DEFAULT_TRACE)[:600],
@@ -37,16 +43,20 @@ def test_0017_keeps_the_hourly_rollup_in_smaller_granules(tmp_path: Path) -> Non
     )
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
-    windows = replay_file(path).windows
+    return list(replay_file(path).windows)
+
+
+def test_0017_keeps_the_hourly_rollup_in_smaller_granules(tmp_path: Path) -> None:
+    windows = simulated_windows(tmp_path)
     half = len(windows) // 2
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
         migrate_before(store, tmp_path, 17)
         write_old_windows(store, windows[:half], "before")  # without 0018's columns
-        before = store.query_rows(HOURLY)
+        before = store.query_rows(hourly())
         assert before
         assert migrate(store)[0] == "0017_latency_1h_granularity"
-        assert store.query_rows(HOURLY) == before
+        assert store.query_rows(hourly("sumMap")) == before  # (0019 after it)
         ((ddl,),) = store.query_rows(
             "SELECT create_table_query FROM system.tables "
             "WHERE database = 'tailguard' AND name = 'latency_1h'"

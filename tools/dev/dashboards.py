@@ -97,12 +97,22 @@ BUCKET: Final = (
 )
 
 
+# latency_1m's sketch bins are aggregate states, latency_1h's plain arrays (sql/0019): in
+# the union, the minute rows' states are finalised to their arrays, merged by sumMap.
+_MINUTE_COLUMNS: Final = {
+    "latency": "window_start, model, priority, ctx_bucket, boundary, records, count, sum, "
+    "min, max, zero_count, finalizeAggregation(pos) AS pos, finalizeAggregation(neg) AS neg",
+    "slo": "*",
+}
+BINS_MERGE: Final = "sumMap"  # the bins of rollup_source("latency"), merged
+
+
 def rollup_source(table: str) -> str:
     """The minute rollup for intervals under :data:`HOURLY_FROM_S`, the hourly one from
     there (one is empty)."""
     return (
-        f"(SELECT * FROM ${{db}}.{table}_1m WHERE $__interval_s < {HOURLY_FROM_S} "
-        "AND $__timeFilter(window_start) "
+        f"(SELECT {_MINUTE_COLUMNS[table]} FROM ${{db}}.{table}_1m "
+        f"WHERE $__interval_s < {HOURLY_FROM_S} AND $__timeFilter(window_start) "
         f"UNION ALL SELECT * FROM ${{db}}.{table}_1h WHERE $__interval_s >= {HOURLY_FROM_S} "
         "AND window_start >= toStartOfHour($__fromTime) AND window_start <= $__toTime)"
     )
@@ -143,8 +153,9 @@ def _latency(boundaries: tuple[str, ...], quantiles: tuple[float, ...] = ()) -> 
     """The report's latency read (:func:`~pipeline.adapters.queries.windows.latency_sql`)
     of the selected keys, per interval."""
     return latency_sql(
-        rollup_source("latency"), KEY_FILTER, boundaries, bucket=BUCKET, quantiles=quantiles
-    )
+        rollup_source("latency"), KEY_FILTER, boundaries, bucket=BUCKET, quantiles=quantiles,
+        merge=BINS_MERGE,
+    )  # fmt: skip
 
 
 def quantiles_sql(boundaries: tuple[str, ...]) -> str:
@@ -184,7 +195,7 @@ def heatmap_sql() -> str:
     values = f"arrayMap(k -> {value_of_key_sql('k')}, m.1)"
     return (
         f"SELECT time, {', '.join(cols)} FROM ("
-        f"SELECT {BUCKET} AS time, sumMapMerge(pos) AS m, sum(zero_count) AS z "
+        f"SELECT {BUCKET} AS time, {BINS_MERGE}(pos) AS m, sum(zero_count) AS z "
         f"FROM {rollup_source('latency')} "
         f"WHERE boundary = '${{boundary}}' AND {KEY_FILTER} GROUP BY time) "
         f"ARRAY JOIN arrayConcat([0.], {values}) AS v, arrayConcat([z], m.2) AS c "

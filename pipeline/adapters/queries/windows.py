@@ -23,16 +23,17 @@ def latency_sql(
     *,
     bucket: str = "window_start",
     quantiles: tuple[float, ...] = (0.99,),
+    merge: str = "sumMapMerge",
 ) -> str:
     """SQL: ``(time, boundary, p<q> for each of quantiles, sum_ms, n)`` per ``bucket`` (an
     expression of ``window_start``) and boundary, over the rows of ``source``
     (``latency_1m``, ``latency_1h`` or a union of them) that ``where`` keeps, their keys'
-    sketches merged: the quantiles of the merged sketch, and the sum and count of the
-    values. The report and the dashboards read the latency rollups through it
-    (tools/dev/dashboards.py)."""
+    sketches merged (``merge``: :func:`bins_merge`): the quantiles of the merged sketch,
+    and the sum and count of the values. The report and the dashboards read the latency
+    rollups through it (tools/dev/dashboards.py)."""
+    pos, neg = f"{merge}(pos)", f"{merge}(neg)"
     qs = "".join(
-        f"{quantile_from_merged_sql(q, 'sumMapMerge(pos)', 'sumMapMerge(neg)', 'sum(zero_count)')}"
-        f" AS p{round(q * 100)}, "
+        f"{quantile_from_merged_sql(q, pos, neg, 'sum(zero_count)')} AS p{round(q * 100)}, "
         for q in quantiles
     )
     bset = ", ".join(f"'{b}'" for b in boundaries)
@@ -40,6 +41,13 @@ def latency_sql(
         f"SELECT {bucket} AS time, boundary, {qs}sum(sum) AS sum_ms, sum(count) AS n "
         f"FROM {source} WHERE boundary IN ({bset}) AND {where} GROUP BY time, boundary"
     )
+
+
+def bins_merge(table: str) -> str:
+    """How the rows of a latency rollup merge their sketch bins: ``latency_1m``'s are
+    aggregate states (``sumMapMerge``), ``latency_1h``'s plain ``(keys, counts)`` arrays
+    (``sumMap``: sql/0019, 3x faster to read)."""
+    return "sumMap" if table == "latency_1h" else "sumMapMerge"
 
 
 def minute_p99_and_means(
@@ -52,7 +60,7 @@ def minute_p99_and_means(
     model = "{model:String}" if f.model is not None else "'*'"
     where = f"model = {model} AND " + time_where("window_start", f)
     table = "latency_1h" if hourly else "latency_1m"
-    minutes = latency_sql(f"{store.database}.{table}", where, boundaries)
+    minutes = latency_sql(f"{store.database}.{table}", where, boundaries, merge=bins_merge(table))
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
@@ -60,9 +68,10 @@ def minute_p99_and_means(
 
 
 # Each part of a :class:`~pipeline.core.cover.Cover` the windows answer: its table, how
-# that table's rows merge their sketch (rollups: aggregate states; base windows: arrays).
+# that table's rows merge their sketch (latency_1m: aggregate states; latency_1h and the
+# base windows: arrays).
 _SKETCH_TIERS: Final = (
-    ("hours", "latency_1h", "sumMapMerge(pos)", "sumMapMerge(neg)"),
+    ("hours", "latency_1h", "sumMap(pos)", "sumMap(neg)"),
     ("minutes", "latency_1m", "sumMapMerge(pos)", "sumMapMerge(neg)"),
     ("windows", "window_sketches", "sumMap(pos_keys, pos_counts)", "sumMap(neg_keys, neg_counts)"),
 )

@@ -112,10 +112,12 @@ def _differs(a: str, b: str) -> str:
 
 
 # How the rows of each rollup combine into one bucket's figure (its engine merges them
-# so: a SimpleAggregateFunction's function, sumMap for the sketch bins). What a rollup
+# so: a SimpleAggregateFunction's function, sumMap for the sketch bins: of aggregate
+# states, SUM_MAP, or of plain (keys, counts) arrays, BINS: latency_1h since 0019). What a rollup
 # holds is its materialized view's SELECT, read from the migrations (:func:`view_selects`):
 # the repair reruns it over the source and compares, never restating the aggregation.
-SUM, FLOAT_SUM, MIN, MAX, ANY, SUM_MAP = "sum", "float sum", "min", "max", "any", "sumMap"
+SUM, FLOAT_SUM, MIN, MAX, ANY = "sum", "float sum", "min", "max", "any"
+SUM_MAP, BINS = "sumMap", "sumMap of arrays"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ class Rollup:
     table: str
     bucket: str
     key: tuple[str, ...]
-    values: tuple[tuple[str, str], ...]  # (column, SUM | FLOAT_SUM | MIN | MAX | ANY | SUM_MAP)
+    values: tuple[tuple[str, str], ...]  # (column, SUM | FLOAT_SUM | ... | SUM_MAP | BINS)
 
     @property
     def columns(self) -> str:
@@ -137,6 +139,7 @@ _LATENCY = (
     ("records", SUM), ("count", SUM), ("sum", FLOAT_SUM), ("min", MIN), ("max", MAX),
     ("zero_count", SUM), ("pos", SUM_MAP), ("neg", SUM_MAP),
 )  # fmt: skip
+_LATENCY_1H = (*_LATENCY[:-2], ("pos", BINS), ("neg", BINS))  # (0019)
 _LATENCY_KEY = ("model", "priority", "ctx_bucket", "boundary")
 _SLO = (
     ("objective", ANY), ("secondary_weight", ANY), ("total", SUM), ("good", SUM),
@@ -164,7 +167,7 @@ ROLLUPS = (
         (("total", SUM), ("good", SUM), ("good_secondary_only", SUM)),
     ),
     Rollup("latency_1m", _MINUTE, _LATENCY_KEY, _LATENCY),
-    Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY),
+    Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY_1H),
     Rollup("slo_1m", _MINUTE, ("slo", "kind"), _SLO),
     Rollup("slo_1h", _MINUTE, ("slo", "kind"), _SLO),
     # the report's counts (sql/0018), from the '__slo__' rows
@@ -229,8 +232,8 @@ def view_selects(sql_dir: Path = SQL_DIR) -> dict[str, ViewSelect]:
 
 def _read(kind: str, column: str) -> str:
     """SQL: the rows' ``column`` combined as the rollup's engine combines them."""
-    fn = {SUM: "sum", FLOAT_SUM: "sum", MIN: "min", MAX: "max", ANY: "any"}.get(kind)
-    return f"{fn or 'sumMapMerge'}({column}) AS {column}"
+    fn = {SUM: "sum", FLOAT_SUM: "sum", MIN: "min", MAX: "max", ANY: "any", BINS: "sumMap"}
+    return f"{fn.get(kind, 'sumMapMerge')}({column}) AS {column}"
 
 
 def _delta(kind: str, c: str) -> str:
@@ -241,6 +244,11 @@ def _delta(kind: str, c: str) -> str:
         return f"if(s.s_in = 1, s.{c}, {'inf' if kind == MIN else '-inf'}) AS {c}"
     if kind == ANY:
         return f"s.{c} AS {c}"
+    if kind == BINS:  # the source's bins, and the rollup's negated (summed as it merges)
+        return (
+            f"(arrayConcat(s.{c}.1, d.{c}.1), arrayConcat(s.{c}.2, arrayMap(x -> -x, d.{c}.2))) "
+            f"AS {c}"
+        )
     return (  # sketch bins: the source's, and the rollup's negated
         f"initializeAggregation('sumMapState', arrayConcat(s.{c}.1, d.{c}.1), "
         f"arrayConcat(s.{c}.2, arrayMap(x -> -x, d.{c}.2))) AS {c}"
@@ -251,7 +259,7 @@ def _differ(kind: str, c: str) -> str | None:
     """SQL: the source's and the rollup's ``c`` differ (None: not compared)."""
     if kind == FLOAT_SUM:
         return _differs(f"s.{c}", f"d.{c}")
-    return f"s.{c} != d.{c}" if kind in {SUM, SUM_MAP} else None
+    return f"s.{c} != d.{c}" if kind in {SUM, SUM_MAP, BINS} else None
 
 
 def _rollup_delta(rollup: Rollup, view: ViewSelect, db: str, hours: set[int] | None) -> str:

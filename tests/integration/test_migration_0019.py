@@ -1,0 +1,64 @@
+"""Migration 0019 (``latency_1h``'s sketch bins as plain arrays, issue 53) upgrades a
+store written before it: the hourly rollup holds the same counts and bins after it
+(merged by ``sumMap`` of its arrays, as ``sumMapMerge`` merged its states), its view
+fills it from the windows written after, and the latency reads answer as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.queries import windows as window_queries
+from pipeline.adapters.store import migrate, open_store, write_windows
+from pipeline.adapters.store.rollups import repair_rollups
+from pipeline.settings import Settings
+from tests.integration.migrations import migrate_before
+from tests.integration.test_migration_0017 import hourly, simulated_windows
+
+pytestmark = pytest.mark.integration
+
+BOUNDARIES = ("gateway_total_ms", "ttft_engine_ms", "queue_ms")
+
+
+def _latency(merge: str) -> str:
+    """The report's and the dashboards' latency read of the hourly rollup (all traffic):
+    P50 and P99 per hour and boundary, bins merged by ``merge``."""
+    sql = window_queries.latency_sql(
+        "tailguard.latency_1h", "model = '*'", BOUNDARIES, quantiles=(0.5, 0.99), merge=merge
+    )
+    return f"SELECT * FROM ({sql}) ORDER BY time, boundary"
+
+
+def test_0019_keeps_the_hourly_rollup_as_arrays(tmp_path: Path) -> None:
+    windows = simulated_windows(tmp_path)
+    half = len(windows) // 2
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        migrate_before(store, tmp_path, 19)
+        write_windows(store, windows[:half], "t", 0.01, "before")
+        before = store.query_rows(hourly())
+        series = store.query_rows(_latency("sumMapMerge"))
+        assert before
+        assert series
+        assert migrate(store) == ["0019_latency_1h_plain_bins"]
+        assert store.query_rows(hourly("sumMap")) == before
+        ((ddl,),) = store.query_rows(
+            "SELECT create_table_query FROM system.tables "
+            "WHERE database = 'tailguard' AND name = 'latency_1h'"
+        )
+        assert "SimpleAggregateFunction(sumMap" in ddl
+        assert "index_granularity = 256" in ddl
+        # the reads through the shared latency SQL: the same answers
+        assert store.query_rows(_latency(window_queries.bins_merge("latency_1h"))) == series
+        write_windows(store, windows[half:], "t", 0.01, "after")
+        ((after,),) = store.query_rows("SELECT sum(records) FROM tailguard.latency_1h")
+        ((base,),) = store.query_rows(
+            "SELECT sum(records) FROM tailguard.window_sketches WHERE boundary != '__slo__'"
+        )
+        assert after == base > sum(r[5] for r in before)
+        # the view's rows and the migrated ones are each their windows' (repair finds
+        # nothing to set right)
+        assert repair_rollups(store).repaired.get("latency_1h") == 0
+    finally:
+        store.close()
