@@ -76,6 +76,11 @@ def logical_rows(store: Store, f: ReportFilter) -> list[Row]:
     where = _where(f)
     keys = f"SELECT {key} FROM {db}.requests WHERE {where} AND {key} IN ({_maybe_retried_sql(db)})"
     rows = f"SELECT request_id, attempt FROM {db}.requests WHERE {key} IN ({keys})"
+    # none: FINAL over an empty set of keys still set up the merge of every part of the
+    # table (1.0 s of a 1.7 s report over 30 days of the month store, which has no retries)
+    ((n,),) = store.query_rows(f"SELECT count() FROM ({rows})", _params(f))
+    if not int(n):
+        return []
     return store.query_rows(
         f"SELECT {_NAMES} FROM (SELECT {_NAMES}, max({where}) OVER (PARTITION BY {key}) "
         f"AS has_one FROM {db}.requests FINAL WHERE (request_id, attempt) IN ({rows})) "
