@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from pipeline.adapters.queries.budget import COMPLIANCE_SQL, budget_events_sql, slo_counts_sql
 from pipeline.adapters.queries.control import directives_sql
-from pipeline.adapters.queries.windows import latency_sql
+from pipeline.adapters.queries.windows import bins_merge, latency_sql
 from pipeline.adapters.sketch_sql import value_of_key_sql
 from pipeline.core.record import BOUNDARIES
 
@@ -104,7 +104,7 @@ _MINUTE_COLUMNS: Final = {
     "min, max, zero_count, finalizeAggregation(pos) AS pos, finalizeAggregation(neg) AS neg",
     "slo": "*",
 }
-BINS_MERGE: Final = "sumMap"  # the bins of rollup_source("latency"), merged
+BINS_MERGE: Final = bins_merge("latency_1h")  # the bins of rollup_source("latency"), merged
 
 
 def rollup_source(table: str) -> str:

@@ -71,8 +71,10 @@ def minute_p99_and_means(
 # that table's rows merge their sketch (latency_1m: aggregate states; latency_1h and the
 # base windows: arrays).
 _SKETCH_TIERS: Final = (
-    ("hours", "latency_1h", "sumMap(pos)", "sumMap(neg)"),
-    ("minutes", "latency_1m", "sumMapMerge(pos)", "sumMapMerge(neg)"),
+    *(
+        (attr, table, f"{bins_merge(table)}(pos)", f"{bins_merge(table)}(neg)")
+        for attr, table in (("hours", "latency_1h"), ("minutes", "latency_1m"))
+    ),
     ("windows", "window_sketches", "sumMap(pos_keys, pos_counts)", "sumMap(neg_keys, neg_counts)"),
 )
 
