@@ -18,16 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
 from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.queries import control as control_queries
-from pipeline.adapters.queries import requests
-from pipeline.adapters.store import Store, records_from_columns
+from pipeline.adapters.queries import statement_rows
+from pipeline.adapters.store import Store
 from pipeline.core.statement import (
+    STATEMENT_VERSION,
     BudgetEventRow,
     LevelChange,
     Statement,
+    StatementRows,
     compute_statement,
     records_digest,
     rows_digest,
@@ -44,13 +47,31 @@ def _iso_ns(ns: int | None) -> str | None:
     return iso_time(ns / 1e9)
 
 
-def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: str) -> Statement:
-    """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store."""
+def build_statement(
+    store: Store,
+    loaded: LoadedContract,
+    tenant: str,
+    period: str,
+    *,
+    version: int = STATEMENT_VERSION,
+) -> Statement:
+    """The statement of ``tenant`` for ``period`` (``YYYY-MM``) from the store, as
+    statement ``version`` makes it (``--verify`` recomputes an older one as it was made:
+    version 2 digests every field of the records)."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    # read column by column (issue 53: a tenant-month of a month store is 2 M rows)
-    records = records_from_columns(requests.tenant_columns(store, tenant, p_start, p_end))
-    until_ns = requests.last_end(store, p_start, p_end)
+    rows: StatementRows | list[Any]
+    if version >= 3:
+        rows = statement_rows.read_rows(store, tenant, p_start, p_end)
+        ends = rows.ints("end_unix_ns")
+        read: dict[str, Any] = {"requests_rows": len(rows), "requests_digest": rows.digest()}
+    else:
+        rows = statement_rows.read_records(store, tenant, p_start, p_end)
+        ends = np.asarray([r.end_unix_ns for r in rows], dtype=np.int64)
+        read = {"requests_rows": len(rows), "requests_digest": records_digest(rows)}
+    first = int(ends.min()) if len(ends) else None
+    last = int(ends.max()) if len(ends) else None
+    until_ns = statement_rows.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
     control = control_queries.levels_before(store, b_ms)
     events = budget_queries.events_between(store, a_ms, b_ms)
@@ -60,16 +81,14 @@ def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: s
     if in_period:
         last_ns = max(in_period) * 1_000_000
         until_ns = last_ns if until_ns is None else max(until_ns, last_ns)
-    ends = [r.end_unix_ns for r in records]
     inputs = {
         "store_database": store.database,
-        "requests_rows": len(records),
-        "requests_digest": records_digest(records),
+        **read,
         "event_time_range": {
-            "from_unix_ns": min(ends) if ends else None,
-            "to_unix_ns": max(ends) if ends else None,
-            "from": _iso_ns(min(ends)) if ends else None,
-            "to": _iso_ns(max(ends)) if ends else None,
+            "from_unix_ns": first,
+            "to_unix_ns": last,
+            "from": _iso_ns(first),
+            "to": _iso_ns(last),
         },
         "observed_until_unix_ns": until_ns,
         "control_rows": len(control),
@@ -93,11 +112,12 @@ def build_statement(store: Store, loaded: LoadedContract, tenant: str, period: s
         period=period,
         contract=contract,
         spec=loaded.spec,
-        records=records,
+        records=rows,
         level_changes=level_changes,
         budget_events=budget,
         observed_until_ns=until_ns,
         inputs=inputs,
+        version=version,
     )
 
 
@@ -195,7 +215,12 @@ def verify(
                 f"{what}: {path} is {got}, not the {what} the statement was made with "
                 f"({want[what]}); the statement is checked with the recorded one"
             )
-    again = build_statement(store, recorded, str(doc["tenant"]), str(doc["period"]))
+    made = doc.get("statement_version")
+    if not isinstance(made, int) or not 2 <= made <= STATEMENT_VERSION:
+        raise TypeError(
+            f"statement_version {made!r}: this tailguard verifies 2 to {STATEMENT_VERSION}"
+        )
+    again = build_statement(store, recorded, str(doc["tenant"]), str(doc["period"]), version=made)
     mine, theirs = _normal(doc), _normal(again.to_json())
     # file names may differ between the two sides; the digests and contents decide
     for side in (mine, theirs):

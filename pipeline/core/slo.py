@@ -62,7 +62,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
@@ -102,19 +102,84 @@ def boundary_table(records: Sequence[RequestRecord]) -> FloatArray:
     return np.fromiter(flat, np.float64, len(records) * k).reshape(len(records), k)
 
 
+class Categorical(Sequence[Any]):
+    """A column of few distinct values (a model, an outcome, ...): each row's code into
+    ``categories``. A sequence of the values; masks over it test each category once."""
+
+    __slots__ = ("categories", "codes")
+
+    def __init__(self, codes: IntArray, categories: Sequence[Any]) -> None:
+        self.codes = codes
+        self.categories = tuple(categories)
+
+    @classmethod
+    def of(cls, values: Sequence[Any]) -> Categorical:
+        """The values, coded (in their first appearance's order)."""
+        if isinstance(values, Categorical):
+            return values
+        index: dict[Any, int] = {}
+        codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int64)
+        return cls(codes, list(index))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.tolist()[i]
+        return self.categories[self.codes[i]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[Any]:
+        lookup = np.empty(len(self.categories), dtype=object)
+        lookup[:] = self.categories
+        values: list[Any] = lookup[self.codes].tolist()
+        return values
+
+    def take(self, rows: IntArray) -> Categorical:
+        return Categorical(self.codes[rows], self.categories)
+
+    def where(self, test: Callable[[Any], bool]) -> BoolArray:
+        """Mask of the rows whose value passes ``test`` (called once per category)."""
+        hits = [i for i, v in enumerate(self.categories) if test(v)]
+        return np.isin(self.codes, hits)
+
+
+# The record fields classify_many reads besides the boundaries (a batch given as columns
+# must hold these: RecordColumns.of_fields).
+CLASSIFY_FIELDS: Final = (
+    "source", "outcome", "superseded", "model", "priority", "ctx_bucket", "tenant", "stream",
+    "prompt_tokens",
+)  # fmt: skip
+
+
 class RecordColumns:
     """A batch of records as columns, for :meth:`SLOMatcher.classify_many`: each column
-    is built once, when first asked for, and shared by every SLO of the batch."""
+    is built once, when first asked for, and shared by every SLO of the batch. Made from
+    the records, or (:meth:`of_fields`) from columns a reader already holds."""
 
-    __slots__ = ("_cache", "records", "values")
+    __slots__ = ("_cache", "_n", "records", "values")
 
     def __init__(self, records: Sequence[RequestRecord], values: FloatArray | None = None) -> None:
         self.records = records
         self.values = boundary_table(records) if values is None else values  # NaN = None
         self._cache: dict[Any, Any] = {}
+        self._n = len(records)
+
+    @classmethod
+    def of_fields(cls, fields: Mapping[str, Sequence[Any]], values: FloatArray) -> RecordColumns:
+        """A batch given as columns: ``fields`` maps at least :data:`CLASSIFY_FIELDS` to
+        one value per record (the record's: None when missing), ``values`` is its
+        :func:`boundary_table`."""
+        cols = cls((), values)
+        cols._n = len(values)
+        cols._cache.update((name, fields[name]) for name in fields)
+        return cols
 
     def __len__(self) -> int:
-        return len(self.records)
+        return self._n
 
     def boundary(self, name: str) -> FloatArray:
         return self.values[:, _BOUNDARY_COLUMN[name]]
@@ -130,12 +195,16 @@ class RecordColumns:
         """One field of every record, as a list."""
         col: list[Any] | None = self._cache.get(name)
         if col is None:
+            if len(self.records) != self._n:
+                raise KeyError(f"a batch given as columns has no field {name!r}")
             col = self._cache[name] = list(map(attrgetter(name), self.records))
         return col
 
     def member(self, name: str, allowed: frozenset[Any]) -> BoolArray:
         """Mask of the records whose field ``name`` is in ``allowed`` (None never is)."""
         col = self.column(name)
+        if isinstance(col, Categorical):
+            return col.where(allowed.__contains__)
         return np.fromiter(map(allowed.__contains__, col), np.bool_, len(col))
 
     def equal(self, name: str, value: Any) -> BoolArray:
@@ -145,11 +214,16 @@ class RecordColumns:
         mask: BoolArray | None = self._cache.get(ck)
         if mask is None:
             col = self.column(name)
-            if value is None or isinstance(value, bool):
-                it: Iterable[bool] = (v is value for v in col)
+            same = value is None or isinstance(value, bool)
+            if isinstance(col, Categorical):
+                mask = col.where((lambda v: v is value) if same else (lambda v: v == value))
             else:
-                it = map(operator.eq, col, itertools.repeat(value))
-            mask = self._cache[ck] = np.fromiter(it, np.bool_, len(col))
+                if same:
+                    it: Iterable[bool] = (v is value for v in col)
+                else:
+                    it = map(operator.eq, col, itertools.repeat(value))
+                mask = np.fromiter(it, np.bool_, len(col))
+            self._cache[ck] = mask
         return mask
 
     def numbers(self, name: str) -> FloatArray:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import hashlib
 import itertools
 import math
 import zoneinfo
@@ -69,15 +70,27 @@ import msgspec
 import numpy as np
 import orjson
 
+from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.core.record import RequestRecord
-from pipeline.core.slo import BoolArray, FloatArray, IntArray, RecordColumns, SLOMatcher
+from pipeline.core.slo import (
+    CLASSIFY_FIELDS,
+    BoolArray,
+    Categorical,
+    FloatArray,
+    IntArray,
+    RecordColumns,
+    SLOMatcher,
+    boundary_table,
+)
 from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import Contract, digest, period_bounds_ns
 from pipeline.spec.durations import parse_duration_ms
 from pipeline.spec.slo import SLOSpec
 
 _NS_PER_MS: Final = 1_000_000
-STATEMENT_VERSION: Final = 2
+# 3: the requests digest is over the columns the statement reads (the store's columns
+# digest), not every field of the records (2)
+STATEMENT_VERSION: Final = 3
 # A tenant "had traffic in a control scope" during a slot of this length in which one of
 # its requests of the scope's models was in flight (the levels' rule, module docstring).
 TRAFFIC_SLOT_MS: Final = 60_000
@@ -340,6 +353,108 @@ _KEY: Final = attrgetter("request_id", "attempt")  # a record's key, and the rec
 _END_NS: Final = attrgetter("end_unix_ns")
 _MODEL: Final = attrgetter("model")
 
+# What the statement reads of a record besides its boundaries: a store reader gives it
+# these as columns (StatementRows), without building records.
+STATEMENT_FIELDS: Final = tuple(
+    dict.fromkeys(
+        (
+            "request_id", "attempt", "tenant", "end_unix_ns", "ts_unix_ns", "model",
+            "engine_host", "cold_start_unix_ns", *CLASSIFY_FIELDS,
+        )
+    )
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StatementRows:
+    """Records as columns, one per key: ``fields`` maps each of :data:`STATEMENT_FIELDS`
+    to one value per record (the record's own, None when missing; a list or a numpy
+    array), ``boundaries`` is their :func:`~pipeline.core.slo.boundary_table`. What the
+    statement reads (a store reader's columns, or :meth:`of_records`: in key order).
+
+    In any order: the statement is the same in every order, but for the last bits of an
+    incident's queue share, summed in the rows' order (a reader gives one canonical
+    order: the store's, by key hash)."""
+
+    fields: Mapping[str, Sequence[Any]]
+    boundaries: FloatArray
+
+    def __len__(self) -> int:
+        return len(self.boundaries)
+
+    @classmethod
+    def of_records(cls, records: Sequence[RequestRecord]) -> StatementRows:
+        ordered = sorted(records, key=_KEY)
+        return cls(
+            {name: list(map(attrgetter(name), ordered)) for name in STATEMENT_FIELDS},
+            boundary_table(ordered),
+        )
+
+    def ints(self, name: str) -> IntArray:
+        """A field that is never missing, as int64."""
+        col = self.fields[name]
+        if isinstance(col, np.ndarray):
+            return col.astype(np.int64, copy=False)
+        return np.fromiter(col, np.int64, len(col))
+
+    def digest(self) -> str:
+        """The rows' digest (statement version 3's ``requests_digest``): the same value
+        whatever form the columns come in, in the rows' order. sha256 over each field of
+        :data:`STATEMENT_FIELDS` in turn, its name (JSON), then: a field never missing
+        (:data:`_INT_FIELDS`) as int64; one of many values (:data:`_LISTED_FIELDS`) as the
+        JSON list of its values; any other as the JSON list of its distinct values (sorted
+        by their JSON) then each row's index among them (int32); then each boundary, its
+        name (JSON), its missing rows (``numpy.packbits``) and its values as float64
+        (missing: 0). Little-endian."""
+        h = hashlib.sha256()
+        for name in STATEMENT_FIELDS:
+            col = self.fields[name]
+            h.update(orjson.dumps(name))
+            if name in _INT_FIELDS:
+                h.update(self.ints(name).astype("<i8").tobytes())
+            elif name in _LISTED_FIELDS:
+                h.update(orjson.dumps(_as_list(col)))
+            else:
+                cat = Categorical.of(col)
+                known = [orjson.dumps(v) for v in cat.categories]
+                distinct = sorted(set(known))
+                rank = {v: i for i, v in enumerate(distinct)}
+                recode = np.array([rank[v] for v in known], dtype="<i4")
+                h.update(b"[" + b",".join(distinct) + b"]")
+                h.update(recode[cat.codes].tobytes())
+        for j, name in enumerate(BOUNDARIES):
+            values = self.boundaries[:, j]
+            missing = np.isnan(values)
+            h.update(orjson.dumps(name))
+            h.update(np.packbits(missing).tobytes())
+            h.update(np.where(missing, 0.0, values).astype("<f8").tobytes())
+        return "sha256:" + h.hexdigest()
+
+    def take(self, rows: IntArray) -> StatementRows:
+        """These rows, in this order."""
+        at = rows.tolist()
+        fields: dict[str, Sequence[Any]] = {}
+        for name, col in self.fields.items():
+            if isinstance(col, Categorical):
+                fields[name] = col.take(rows)
+            elif isinstance(col, np.ndarray):
+                fields[name] = col[rows]
+            else:
+                fields[name] = [col[i] for i in at]
+        return StatementRows(fields, self.boundaries[rows])
+
+
+# StatementRows.digest: fields never missing, and fields of many distinct values
+_INT_FIELDS: Final = frozenset({"attempt", "end_unix_ns", "ts_unix_ns"})
+_LISTED_FIELDS: Final = frozenset({"request_id", "prompt_tokens", "cold_start_unix_ns"})
+
+
+def _as_list(col: Sequence[Any]) -> list[Any]:
+    if isinstance(col, np.ndarray | Categorical):
+        values: list[Any] = col.tolist()
+        return values
+    return list(col)
+
 
 def _json(x: Any) -> Any:
     if hasattr(x, "__dataclass_fields__"):
@@ -380,26 +495,27 @@ def _day(ns: int, tz: zoneinfo.ZoneInfo) -> str:
 
 
 def _exemptions(
-    records: Sequence[RequestRecord], contract: Contract, tz: zoneinfo.ZoneInfo
-) -> tuple[dict[tuple[str, int], str], tuple[ColdStart, ...]]:
-    """(request_id, attempt) -> reason for the exempted; and the cold starts seen."""
-    reasons: dict[tuple[str, int], str] = {}
+    rows: StatementRows, contract: Contract, tz: zoneinfo.ZoneInfo
+) -> tuple[dict[int, str], tuple[ColdStart, ...]]:
+    """Row -> reason for the exempted rows; and the cold starts seen."""
+    reasons: dict[int, str] = {}
     windows = [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
     if windows:
-        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
-        window = np.full(len(records), -1, dtype=np.int64)  # the first window each ends in
+        end_ns = rows.ints("end_unix_ns")
+        window = np.full(len(rows), -1, dtype=np.int64)  # the first window each ends in
         for j, (start, end, _) in reversed(list(enumerate(windows))):
             window[(start <= end_ns) & (end_ns < end)] = j
         for i in np.flatnonzero(window >= 0).tolist():
-            reasons[_KEY(records[i])] = f"maintenance: {windows[int(window[i])][2]}"
-    starts: dict[tuple[int, str], list[RequestRecord]] = defaultdict(list)
-    for r in records:
-        if r.cold_start_unix_ns is not None:
-            starts[(r.cold_start_unix_ns, r.engine_host or "")].append(r)
+            reasons[i] = f"maintenance: {windows[int(window[i])][2]}"
+    starts: dict[tuple[int, str], list[int]] = defaultdict(list)
+    hosts = rows.fields["engine_host"]
+    for i, at in enumerate(rows.fields["cold_start_unix_ns"]):
+        if at is not None:
+            starts[(int(at), hosts[i] or "")].append(i)
     cap = contract.exemptions.cold_starts
     per_day: dict[str, int] = defaultdict(int)
     cold: list[ColdStart] = []
-    for (at_ns, host), recs in sorted(starts.items()):
+    for (at_ns, host), members in sorted(starts.items()):
         day = _day(at_ns, tz)
         per_day[day] += 1
         k = per_day[day]
@@ -411,10 +527,9 @@ def _exemptions(
                 f"cold start: {host} started {_iso(at_ns, tz)} "
                 f"({k} of at most {cap.max_per_day} on {day})"
             )
-            for r in recs:
-                key = (r.request_id, r.attempt)
-                if key not in reasons:
-                    reasons[key] = why
+            for i in members:
+                if i not in reasons:
+                    reasons[i] = why
                     n_exempted += 1
         cold.append(
             ColdStart(
@@ -423,7 +538,7 @@ def _exemptions(
                 started_unix_ns=at_ns,
                 day=day,
                 nth_of_day=k,
-                requests=len(recs),
+                requests=len(members),
                 exempted=exempt,
                 exempted_requests=n_exempted,
             )
@@ -457,21 +572,36 @@ def traffic_intervals(
     record whose two times are more than ``_MAX_SPAN_MS`` apart (a clock off) marks only
     its end's slot. Merged, sorted intervals."""
     n = len(records)
-    end = np.fromiter(map(_END_NS, records), np.int64, n) // _NS_PER_MS
-    start = np.fromiter(map(attrgetter("ts_unix_ns"), records), np.int64, n) // _NS_PER_MS
-    start = np.minimum(start, end)
+    return _traffic(
+        np.fromiter(map(attrgetter("ts_unix_ns"), records), np.int64, n),
+        np.fromiter(map(_END_NS, records), np.int64, n),
+        list(map(_MODEL, records)),
+        scopes=scopes, models=models, start_ms=start_ms, end_ms=end_ms, slot_ms=slot_ms,
+    )  # fmt: skip
+
+
+def _traffic(
+    start_ns: IntArray,
+    end_ns: IntArray,
+    of_record: Sequence[str],
+    *,
+    scopes: Sequence[str],
+    models: list[str] | None,
+    start_ms: int,
+    end_ms: int,
+    slot_ms: int = TRAFFIC_SLOT_MS,
+) -> dict[str, list[tuple[int, int]]]:
+    """:func:`traffic_intervals` of records given as their starts, ends and models."""
+    n = len(end_ns)
+    end = end_ns // _NS_PER_MS
+    start = np.minimum(start_ns // _NS_PER_MS, end)
     start = np.where(end - start > _MAX_SPAN_MS, end, start)
     first, last = start // slot_ms, end // slot_ms
-    of_record = list(map(_MODEL, records))
-    codes = {m: i for i, m in enumerate(dict.fromkeys(of_record))}
-    model = np.fromiter(map(codes.__getitem__, of_record), np.int64, n)
+    model = Categorical.of(of_record)
     out: dict[str, list[tuple[int, int]]] = {}
     for scope in scopes:
         allowed = _scope_models(scope, models)
-        if allowed is None:
-            mine = np.ones(n, dtype=np.bool_)
-        else:
-            mine = np.isin(model, [c for m, c in codes.items() if m in allowed])
+        mine = np.ones(n, np.bool_) if allowed is None else model.where(allowed.__contains__)
         out[scope] = _slot_runs(first[mine], last[mine], start_ms, end_ms, slot_ms)
     return out
 
@@ -564,23 +694,26 @@ def compute_statement(
     period: str,
     contract: Contract,
     spec: SLOSpec,
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestRecord] | StatementRows,
     level_changes: Sequence[LevelChange],
     budget_events: Sequence[BudgetEventRow],
     observed_until_ns: int | None,
     inputs: dict[str, Any],
+    version: int = STATEMENT_VERSION,
 ) -> Statement:
-    """The statement (see the module docstring for every rule)."""
+    """The statement (see the module docstring for every rule). ``records``: the records,
+    or their columns (:class:`StatementRows`, one row per key); only the tenant's ending
+    in the period count."""
     if tenant not in contract.tenants:
         raise ValueError(f"tenant {tenant!r} is not covered by the contract")
     tz = zoneinfo.ZoneInfo(contract.billing.timezone)
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    recs = sorted(
-        (r for r in records if r.tenant == tenant and p_start <= r.end_unix_ns < p_end), key=_KEY
-    )
+    given = records if isinstance(records, StatementRows) else StatementRows.of_records(records)
+    recs = _of_tenant(given, tenant, p_start, p_end)
     reasons, cold = _exemptions(recs, contract, tz)
-    counted = [r for r in recs if _KEY(r) not in reasons] if reasons else recs
-    batch = _Counted.of(counted, contract, spec, tz)
+    kept = np.ones(len(recs), dtype=np.bool_)  # counted: not exempted
+    kept[list(reasons)] = False
+    batch = _Counted.of(recs, kept, contract, spec, tz)
     slos, percentiles, breaches = _slo_results(batch, contract, spec)
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
     until_ms = p_end_ms
@@ -593,20 +726,21 @@ def compute_statement(
     levels, credit = _levels_and_credit(
         recs, level_changes, contract, tz, pauses=pauses, span_ms=(p_start_ms, until_ms, p_end_ms)
     )
+    ids, attempts = recs.fields["request_id"], recs.fields["attempt"]
     by_reason: dict[str, int] = defaultdict(int)
     for why in reasons.values():
         by_reason[why.split(":", 1)[0]] += 1
     n_severe = sum(1 for b in breaches if b.severe)
     rule = contract.breach
     return Statement(
-        statement_version=STATEMENT_VERSION,
+        statement_version=version,
         tenant=tenant,
         period=period,
         timezone=contract.billing.timezone,
         period_start=_iso(p_start, tz),
         period_end=_iso(p_end, tz),
         requests=len(recs),
-        counted=len(counted),
+        counted=int(kept.sum()),
         slos=slos,
         tiers=_tiers(batch, contract, spec),
         percentiles=percentiles,
@@ -628,23 +762,31 @@ def compute_statement(
         credit_percent=_credit_percent(credit),
         cold_starts=cold,
         exempted=tuple(
-            Exemption(r.request_id, r.attempt, reason)
-            for r in recs
-            if (reason := reasons.get(_KEY(r))) is not None
+            Exemption(ids[i], int(attempts[i]), reasons[i])
+            for i in sorted(reasons, key=lambda i: (ids[i], attempts[i]))
         ),
         exempted_by_reason=dict(sorted(by_reason.items())),
-        incidents=_incidents(mine, contract, spec, tz),
+        incidents=_incidents(mine, batch, contract, spec, tz),
         budget_exhausted_not_this_tenant=not_mine,
         inputs=inputs,
     )
 
 
+def _of_tenant(rows: StatementRows, tenant: str, p_start: int, p_end: int) -> StatementRows:
+    """The rows of ``tenant`` ending in ``[p_start, p_end)`` (all of them: themselves)."""
+    end_ns = rows.ints("end_unix_ns")
+    mine = (end_ns >= p_start) & (end_ns < p_end)
+    mine &= Categorical.of(rows.fields["tenant"]).where(lambda v: v == tenant)
+    return rows if bool(mine.all()) else rows.take(np.flatnonzero(mine))
+
+
 @dataclass(frozen=True, slots=True)
 class _Counted:
-    """The counted records as columns: each bound SLO's verdicts (``classify_many``:
-    masks counted and good) and each record's day (contract time zone) as a number."""
+    """The records as columns: each bound SLO's verdicts (``classify_many``: masks
+    counted and good; an exempted record is never counted) and each record's day
+    (contract time zone) as a number."""
 
-    records: Sequence[RequestRecord]
+    rows: StatementRows
     cols: RecordColumns
     verdicts: Mapping[str, tuple[BoolArray, BoolArray]]
     end_ns: IntArray
@@ -653,15 +795,24 @@ class _Counted:
     @classmethod
     def of(
         cls,
-        records: Sequence[RequestRecord],
+        rows: StatementRows,
+        kept: BoolArray,
         contract: Contract,
         spec: SLOSpec,
         tz: zoneinfo.ZoneInfo,
     ) -> _Counted:
-        cols = RecordColumns(records)
-        verdicts = {n: SLOMatcher(spec.slo(n)).classify_many(cols) for n in contract.slos}
-        end_ns = np.fromiter(map(_END_NS, records), np.int64, len(records))
-        return cls(records, cols, verdicts, end_ns, local_days(end_ns, tz))
+        cols = RecordColumns.of_fields(rows.fields, rows.boundaries)
+        verdicts = {}
+        for n in contract.slos:
+            counted, good = SLOMatcher(spec.slo(n)).classify_many(cols)
+            verdicts[n] = (counted & kept, good & kept)
+        end_ns = rows.ints("end_unix_ns")
+        return cls(rows, cols, verdicts, end_ns, local_days(end_ns, tz))
+
+    def value(self, boundary: str, row: int) -> float | None:
+        """A row's value at a boundary (None when it has none)."""
+        v = float(self.cols.boundary(boundary)[row])
+        return None if math.isnan(v) else v
 
 
 _EPOCH_ORDINAL: Final = dt.date(1970, 1, 1).toordinal()
@@ -673,12 +824,22 @@ def _offset_s(unix_s: int, tz: zoneinfo.ZoneInfo) -> int:
     return int(off.total_seconds())
 
 
+# local_days looks up every hour of a span shorter than this (a billing period's), else
+# only the hours of the times (found by sorting them).
+_SPAN_HOURS: Final = 10_000
+
+
 def local_days(end_ns: IntArray, tz: zoneinfo.ZoneInfo) -> IntArray:
     """Each time's calendar day in ``tz`` (what ``_day`` names), as days since
     1970-01-01: the zone's offset is looked up once per hour of the times (per time in an
     hour whose offset changes within it)."""
     unix_s = end_ns // 1_000_000_000
-    hours, where = np.unique(unix_s // 3600, return_inverse=True)
+    hour = unix_s // 3600
+    low = int(hour.min()) if len(hour) else 0
+    if len(hour) and int(hour.max()) - low < _SPAN_HOURS:  # every hour of the span (no sort)
+        hours, where = np.arange(low, int(hour.max()) + 1), hour - low
+    else:
+        hours, where = np.unique(hour, return_inverse=True)
     offsets = np.empty(len(hours), dtype=np.int64)
     steady = np.ones(len(hours), dtype=np.bool_)
     for j, h in enumerate(hours.tolist()):
@@ -691,15 +852,25 @@ def local_days(end_ns: IntArray, tz: zoneinfo.ZoneInfo) -> IntArray:
     return days
 
 
+def _stable_order(keys: IntArray) -> IntArray:
+    """The indices that sort ``keys`` (stable); a radix sort when they span few values
+    (the days of a period)."""
+    span = keys - keys.min(initial=0)
+    if len(keys) and int(span.max()) < 2**15:
+        span = span.astype(np.int16)
+    order: IntArray = np.argsort(span, kind="stable")
+    return order
+
+
 def _day_name(day: int) -> str:
     return dt.date.fromordinal(_EPOCH_ORDINAL + day).isoformat()
 
 
-def _kth_smallest(values: FloatArray, percentile: float) -> int:
-    """Index into ``values`` of the nearest-rank percentile: the ``ceil(p/100 * n)``-th
-    smallest, ties in their order (as ``sorted``); ``values`` is not empty."""
+def _kth_smallest(values: FloatArray, percentile: float) -> float:
+    """The nearest-rank percentile of ``values``: the ``ceil(p/100 * n)``-th smallest;
+    ``values`` is not empty (and has no NaN)."""
     k = max(1, math.ceil(percentile / 100.0 * len(values)))
-    return int(np.argsort(values, kind="stable")[k - 1])
+    return float(np.partition(values, k - 1)[k - 1])
 
 
 def _slo_results(
@@ -727,20 +898,15 @@ def _slo_results(
             met=_met(compliance, slo.objective),
         )
         column = batch.cols.boundary(slo.boundary)
-        rows = np.flatnonzero(counted & ~np.isnan(column))  # in record order
+        rows = np.flatnonzero(counted & ~np.isnan(column))
         values, days_of = column[rows], batch.day[rows]
 
-        def value(i: int, rows: IntArray = rows, boundary: str = slo.boundary) -> float:
-            v = batch.records[int(rows[i])].boundary(boundary)
-            assert v is not None
-            return v
-
         days: dict[str, DayPercentile] = {}
-        by_day = np.lexsort((np.arange(len(rows)), days_of))  # by day, then record order
+        by_day = _stable_order(days_of)
         bounds = np.flatnonzero(np.diff(days_of[by_day])) + 1
         for group in np.split(by_day, bounds) if len(rows) else []:
             day = _day_name(int(days_of[group[0]]))
-            p = value(int(group[_kth_smallest(values[group], rule.percentile)]))
+            p = _kth_smallest(values[group], rule.percentile)
             days[day] = DayPercentile(p=p, n=len(group))
             if p > slo.threshold_ms:
                 ratio = p / slo.threshold_ms
@@ -757,7 +923,7 @@ def _slo_results(
                 )
         percentiles[name] = Percentiles(
             boundary=slo.boundary,
-            period=value(_kth_smallest(values, rule.percentile)) if len(rows) else None,
+            period=_kth_smallest(values, rule.percentile) if len(rows) else None,
             n=len(rows),
             days=days,
         )
@@ -790,7 +956,7 @@ def _tiers(batch: _Counted, contract: Contract, spec: SLOSpec) -> dict[str, Tier
     return tiers
 
 
-_Exhaustion = tuple[BudgetEventRow, list[RequestRecord]]
+_Exhaustion = tuple[BudgetEventRow, IntArray]  # the event, the tenant's bad rows before it
 
 
 def _exhaustions(
@@ -826,9 +992,9 @@ def _exhaustions(
         )
         lo_ns, hi_ns = (e.at_ms - look_ms) * _NS_PER_MS, e.at_ms * _NS_PER_MS
         bad = counted & ~good & (batch.end_ns >= lo_ns) & (batch.end_ns <= hi_ns)
-        bad_recs = [batch.records[i] for i in np.flatnonzero(bad).tolist()]
-        if bad_recs:
-            mine.append((e, bad_recs))
+        bad_rows = np.flatnonzero(bad)
+        if len(bad_rows):
+            mine.append((e, bad_rows))
         else:
             not_mine.append(
                 NotThisTenant(
@@ -859,7 +1025,7 @@ def _pauses(
 
 
 def _levels_and_credit(
-    recs: Sequence[RequestRecord],
+    recs: StatementRows,
     level_changes: Sequence[LevelChange],
     contract: Contract,
     tz: zoneinfo.ZoneInfo,
@@ -871,8 +1037,14 @@ def _levels_and_credit(
     observed until)``, and the credit they and the billing pauses give. ``span_ms``:
     (period start, observed until, period end)."""
     p_start_ms, until_ms, p_end_ms = span_ms
-    traffic = traffic_intervals(
-        recs, sorted({c.scope for c in level_changes}), contract.models, p_start_ms, until_ms
+    traffic = _traffic(
+        recs.ints("ts_unix_ns"),
+        recs.ints("end_unix_ns"),
+        recs.fields["model"],
+        scopes=sorted({c.scope for c in level_changes}),
+        models=contract.models,
+        start_ms=p_start_ms,
+        end_ms=until_ms,
     )
     timeline = _level_timeline(level_changes, contract.models, p_start_ms, until_ms, traffic)
     service = _level_timeline(level_changes, contract.models, p_start_ms, until_ms)
@@ -931,51 +1103,66 @@ def _levels_and_credit(
 
 
 def _incidents(
-    mine: Sequence[_Exhaustion], contract: Contract, spec: SLOSpec, tz: zoneinfo.ZoneInfo
+    mine: Sequence[_Exhaustion],
+    batch: _Counted,
+    contract: Contract,
+    spec: SLOSpec,
+    tz: zoneinfo.ZoneInfo,
 ) -> tuple[Incident, ...]:
     """With ``incident_report``: each of the tenant's exhaustions, its bad records' queue
     share and the worst of them by the SLO's boundary."""
     terms = contract.budget_exhausted
     if not terms.incident_report:
         return ()
+    ids, attempts = batch.rows.fields["request_id"], batch.rows.fields["attempt"]
+    hosts = batch.rows.fields["engine_host"]
     incidents: list[Incident] = []
-    for e, bad_recs in mine:
+    for e, bad_rows in mine:
         slo = spec.slo(e.slo)
+        queue = batch.cols.boundary("queue_ms")[bad_rows].tolist()
+        compute = batch.cols.boundary("inference_ms")[bad_rows].tolist()
+        # in row order, as Python floats (the same sums as record by record)
         both = [
-            (r.queue_ms, r.inference_ms)
-            for r in bad_recs
-            if r.queue_ms is not None and r.inference_ms is not None
+            (x, y)
+            for x, y in zip(queue, compute, strict=True)
+            if not (math.isnan(x) or math.isnan(y))
         ]
         q = sum(x for x, _ in both)
         c = sum(y for _, y in both)
-        worst = sorted(
-            bad_recs,
-            key=lambda r: (-(r.boundary(slo.boundary) or math.inf), r.request_id, r.attempt),
-        )[: terms.worst_requests]
+        at = bad_rows.tolist()
+        rank = [_worst_first(v) for v in batch.cols.boundary(slo.boundary)[bad_rows].tolist()]
+        order = sorted(range(len(at)), key=lambda k: (rank[k], ids[at[k]], attempts[at[k]]))
+        worst = [at[k] for k in order[: terms.worst_requests]]
         incidents.append(
             Incident(
                 at=_iso(e.at_ms * _NS_PER_MS, tz),
                 at_ms=e.at_ms,
                 slo=e.slo,
                 boundary=slo.boundary,
-                bad_requests=len(bad_recs),
+                bad_requests=len(bad_rows),
                 queue_share=q / (q + c) if q + c > 0 else None,
                 compute_share=c / (q + c) if q + c > 0 else None,
                 worst=tuple(
                     WorstRequest(
-                        request_id=r.request_id,
-                        attempt=r.attempt,
-                        value_ms=r.boundary(slo.boundary),
-                        queue_ms=r.queue_ms,
-                        inference_ms=r.inference_ms,
-                        engine_host=r.engine_host,
-                        explain=f"tailguard explain {r.request_id}",
+                        request_id=ids[i],
+                        attempt=int(attempts[i]),
+                        value_ms=batch.value(slo.boundary, i),
+                        queue_ms=batch.value("queue_ms", i),
+                        inference_ms=batch.value("inference_ms", i),
+                        engine_host=hosts[i],
+                        explain=f"tailguard explain {ids[i]}",
                     )
-                    for r in worst
+                    for i in worst
                 ),
             )
         )
     return tuple(incidents)
+
+
+def _worst_first(value: float) -> float:
+    """An incident's order of its bad records: ``-(value or inf)`` (no value, NaN, and 0
+    rank first)."""
+    return -math.inf if math.isnan(value) or not value else -value
 
 
 def _met(compliance: float | None, objective: float) -> bool | None:

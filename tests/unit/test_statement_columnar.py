@@ -53,7 +53,7 @@ def messy_record(draw: st.DrawFn, i: int) -> RequestRecord:
         end_ns,
         took_ms=draw(st.sampled_from([0, 5, 59_000, 61_000, 3_600_001])),
         attempt=i,
-        tenant=draw(st.sampled_from(["acme", "acme", "other"])),
+        tenant=draw(st.sampled_from(["acme", "acme", "other", None])),
         model=draw(st.sampled_from(["m", "n"])),
         outcome=draw(st.sampled_from(["ok", "ok", "error", "timeout", "client_abort"])),
         source=draw(st.sampled_from(["joined", "gateway_only", "engine_only"])),

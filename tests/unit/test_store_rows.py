@@ -117,7 +117,7 @@ class RecordingStore:
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
         raise AssertionError("no queries expected")
 
-    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         raise AssertionError("no queries expected")
 
     def insert_columns(

@@ -5,8 +5,9 @@
 
 Applies every migration in ``sql/`` to a fresh embedded store and reads back what
 ClickHouse made of them (``system.tables``, ``system.columns``,
-``system.data_skipping_indices``): engine, sorting key, partitioning, TTL, skip indexes
-and columns of every table, and what each materialized view reads and writes. The block
+``system.data_skipping_indices``, ``system.projections``): engine, sorting key,
+partitioning, TTL, skip indexes, projections and columns of every table, and what each
+materialized view reads and writes. The block
 between the markers in docs/schema.md is this output; ``tests/unit/test_schema_doc.py``
 fails when it is not (a migration changed and the page was not regenerated), and when a
 table has no line in ``WHAT`` (a new table must say what it is for).
@@ -101,6 +102,13 @@ def render(store: Store) -> list[str]:
         f"WHERE database = '{DB}' ORDER BY table, name",
     ):
         indices.setdefault(str(table), []).append(f"`{name}` {kind} on `{expr}`")
+    projections: dict[str, list[str]] = {}
+    for table, name, query in _q(
+        store,
+        f"SELECT table, name, query FROM system.projections WHERE database = '{DB}' "
+        "ORDER BY table, name",
+    ):
+        projections.setdefault(str(table), []).append(f"`{name}` (`{query}`)")
     for name, engine, sorting, partition, full, _create in tables:
         if engine == "MaterializedView":
             continue
@@ -113,6 +121,8 @@ def render(store: Store) -> list[str]:
             facts.append(f"TTL `{ttl.group(1)}`")
         if str(name) in indices:
             facts.append("skip indexes " + ", ".join(indices[str(name)]))
+        if str(name) in projections:
+            facts.append("projections " + ", ".join(projections[str(name)]))
         out += ["; ".join(facts) + ".", "", "| column | type |", "|---|---|"]
         for col, typ in _q(
             store,

@@ -326,36 +326,6 @@ def _control_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((v is None, v if v is not None else 0) for v in key)
 
 
-def tenant_columns(
-    store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int
-) -> list[list[Any]]:
-    """Whole rows (``REQUEST_COLUMNS``) of a tenant's requests ending in the range, column
-    by column (no row tuples: 2 M rows for a tenant-month of a month store, issue 53), in
-    no order (the statement orders its records itself: an ``ORDER BY`` here took 3 of 5 s
-    for 130,000 rows).
-
-    The rows ``FINAL`` gives, without merging the table: the final version of a key is
-    its highest (``max(revision)`` over every version of every key that has a matching
-    version: a key whose final version matches has one, itself), and a row is read when
-    it matches and is its key's final version (one per key: ``LIMIT 1 BY`` drops a
-    repeated write of the same version). ``FINAL`` merged every version of every request
-    of the table, as ClickHouse does not prune partitions under ``FINAL`` here
-    (:func:`final_source`): 24 s for a tenant-month of the month store."""
-    db = store.database
-    match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
-    final = (
-        f"SELECT request_id, attempt, max(revision) FROM {db}.requests "
-        f"PREWHERE request_id IN (SELECT request_id FROM {db}.requests WHERE {match}) "
-        "GROUP BY request_id, attempt"
-    )
-    columns = store.query_columns(
-        f"SELECT {_NAMES} FROM {db}.requests WHERE {match} "
-        f"AND (request_id, attempt, revision) IN ({final}) LIMIT 1 BY request_id, attempt",
-        {"t": tenant, "a": from_unix_ns, "b": until_unix_ns},
-    )
-    return columns or [[] for _ in REQUEST_COLUMNS]  # (no rows: an engine may name none)
-
-
 def minute_p99_and_means(store: Store, f: ReportFilter, boundaries: tuple[str, ...]) -> list[Row]:
     """``(start s, boundary, p99, sum, count)`` per minute (of the end) and boundary of the
     filter's requests, exact (``quantileExact``): the latency series when the filter
@@ -385,50 +355,6 @@ def filter_rows(store: Store, f: ReportFilter, before_unix_ms: int) -> list[Row]
         "AND end_unix_ns < {before:Int64}",
         {**_params(f), "before": before_unix_ms * 1_000_000},
     )
-
-
-# The latest versions by end that last_end looks at before merging every version.
-LAST_END_CANDIDATES: Final = 64
-
-
-def last_end(store: Store, from_unix_ns: int, until_unix_ns: int) -> int | None:
-    """The latest ``end_unix_ns`` of a request (its last version, as ``FINAL``) ending in
-    the range, None when none does; exact.
-
-    Without merging every version of the range (``FINAL`` over a month of requests: most
-    of a statement's read, issue 53): the :data:`LAST_END_CANDIDATES` latest rows of the
-    range, any version, and of their keys the last version's (the highest store version,
-    over every row of the key wherever it ended). The latest of them that is its key's
-    last is the answer: a last version ending later would be a row of the range ending
-    later, so among them. When none of them is (they were all replaced: a backlog of
-    upgrades), ``FINAL`` decides."""
-    db = store.database
-    in_range = "end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
-    bounds = {"a": from_unix_ns, "b": until_unix_ns}
-    # (the latest rows are found twice, for their keys and as the rows; with ties at the
-    # last place the two may differ there, never above it, where the answer is)
-    latest = f"FROM {db}.requests WHERE {in_range} ORDER BY end_unix_ns DESC " + (
-        f"LIMIT {LAST_END_CANDIDATES}"
-    )
-    last_versions = (
-        f"SELECT request_id, attempt, max(revision) FROM {db}.requests WHERE "
-        f"(request_id, attempt) IN (SELECT request_id, attempt {latest}) "
-        "GROUP BY request_id, attempt"
-    )
-    ((n_rows, end, n_last),) = store.query_rows(
-        "SELECT count(), maxIf(end_unix_ns, is_last), countIf(is_last) FROM (SELECT "
-        f"end_unix_ns, (request_id, attempt, revision) IN ({last_versions}) AS is_last "
-        f"{latest})",
-        bounds,
-    )
-    if n_last:
-        return int(end)
-    if not n_rows:
-        return None
-    ((end, n),) = store.query_rows(
-        f"SELECT max(end_unix_ns), count() FROM {db}.requests FINAL WHERE {in_range}", bounds
-    )
-    return int(end) if n else None
 
 
 def last_attempt(store: Store, request_id: str) -> Row | None:

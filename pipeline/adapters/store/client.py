@@ -39,10 +39,9 @@ class ClickHouseStore:
         with self._lock:
             return list(self._client.query(sql, parameters=parameters).result_rows)
 
-    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[list[Any]]:
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         with self._lock:
-            result = self._client.query(sql, parameters=parameters)
-            return [c if isinstance(c, list) else list(c) for c in result.result_columns]
+            return self._client.query_arrow(sql, parameters=parameters, use_strings=True)
 
     def insert_columns(
         self,

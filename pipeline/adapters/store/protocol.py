@@ -27,9 +27,9 @@ class Store(Protocol):
         self, sql: str, parameters: dict[str, Any] | None = None
     ) -> list[tuple[Any, ...]]: ...
 
-    def query_columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[list[Any]]:
-        """The result column by column (a list of values per column, in the SELECT's
-        order; no row tuples built: a read of millions of rows, the statement's)."""
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        """The result as an Arrow table (``pyarrow.Table``; strings as ``string``): no
+        Python value per cell (a read of millions of rows, the statement's)."""
         ...
 
     def insert_columns(

@@ -1,0 +1,218 @@
+"""What a statement reads of ``requests``: a tenant's rows of a period as the core takes
+them (:class:`~pipeline.core.statement.StatementRows`), exact without ``FINAL``, and the
+latest end of the period (issue 53: a tenant-month of a month store is 2 M rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.adapters.store import REQUEST_COLUMNS, Store, records_from_columns
+from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.core.record import RequestRecord
+from pipeline.core.slo import Categorical
+from pipeline.core.statement import STATEMENT_FIELDS, StatementRows
+
+# The requests columns a statement (version 3 on) reads (StatementRows.digest names what).
+STATEMENT_COLUMNS: Final = (*STATEMENT_FIELDS, *BOUNDARIES)
+_ALL_COLUMNS: Final = tuple(n for n, _ in REQUEST_COLUMNS)
+_NONE_IF_EMPTY: Final = frozenset({"tenant", "engine_host"})  # stored "" (records_from_columns)
+_AS_NUMPY: Final = frozenset({"end_unix_ns", "ts_unix_ns", "attempt", "request_id"})
+_AS_LIST: Final = frozenset({"prompt_tokens", "cold_start_unix_ns"})
+
+
+def read_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> StatementRows:
+    """The tenant's rows ending in the range (statement version 3 on), in the order of
+    their key's hash (:func:`tenant_rows`)."""
+    table, order = tenant_rows(store, tenant, from_unix_ns, until_unix_ns, STATEMENT_COLUMNS)
+    return statement_rows(table, order)
+
+
+def read_records(
+    store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int
+) -> list[RequestRecord]:
+    """The tenant's records ending in the range, every field (statement version 2)."""
+    table, _ = tenant_rows(store, tenant, from_unix_ns, until_unix_ns, _ALL_COLUMNS)
+    return records_from_columns([c.to_pylist() for c in table.columns])
+
+
+def statement_rows(table: Any, order: Any) -> StatementRows:
+    """The statement's columns (:data:`STATEMENT_COLUMNS` of an Arrow table) in ``order``
+    (row indices), as the core takes them: the record's values (None for a stored ""
+    tenant or host); numbers as arrays, few distinct values coded (:class:`Categorical`),
+    no Python value per cell where the core needs none."""
+    fields: dict[str, Any] = {}
+    for name in STATEMENT_FIELDS:
+        col = table.column(name)
+        if name in _AS_NUMPY:
+            fields[name] = col.to_numpy(zero_copy_only=False)[order]  # (request_id: str)
+        elif name in _AS_LIST:
+            fields[name] = np.array(col.to_pylist(), dtype=object)[order]
+        else:
+            codes, categories = few_values(col, none_if_empty=name in _NONE_IF_EMPTY)
+            fields[name] = Categorical(codes[order], categories)
+    # column by column (Fortran order): each boundary's values are contiguous
+    boundaries = np.empty((table.num_rows, len(BOUNDARIES)), dtype=np.float64, order="F")
+    for j, b in enumerate(BOUNDARIES):
+        boundaries[:, j] = table.column(b).to_numpy(zero_copy_only=False)[order]
+    return StatementRows(fields, boundaries)
+
+
+def tenant_rows(
+    store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int, columns: Sequence[str]
+) -> tuple[pa.Table, Any]:
+    """``columns`` (as stored) of a tenant's requests ending in the range: the rows
+    ``FINAL`` gives (each key's last version), as an Arrow table in no order, and the
+    order of its rows by the hash of their key, then the key (a canonical order, ~4x
+    cheaper to sort into than the keys'): ``(table, order)``, ``order`` an int array of
+    row indices. ``columns`` must name request_id and attempt.
+
+    Without ``FINAL``, which merges every version of the table (ClickHouse does not prune
+    partitions under it here: 24 s for a tenant-month of a month store, issue 53):
+
+    1. the matching rows, with the hash of their key (``key_hash``: cityHash64 of
+       (request_id, attempt)) and their version; read from the ``by_tenant`` projection,
+       which holds a tenant's rows together (sql/0020);
+    2. the hashes of theirs that more than one row of the table has (any version of the
+       key, anywhere; or another key with the same hash). A matching row whose hash no other
+       row has is its key's only version: final;
+    3. only when there are such hashes: the highest version of each key that has one of
+       them, compared by the key itself. A matching row with one of them is final when it
+       is its key's highest version (one per key, for a version written twice)."""
+    if "request_id" not in columns or "attempt" not in columns:
+        raise ValueError("tenant_rows needs request_id and attempt")
+    db = store.database
+    p = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
+    match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+    rows = store.query_arrow(
+        f"SELECT {', '.join(columns)}, cityHash64(request_id, attempt) AS _key_hash, "
+        f"revision AS _version FROM {db}.requests WHERE {match}",
+        p,
+    )
+    shared = (
+        f"SELECT key_hash FROM {db}.requests PREWHERE key_hash IN "
+        f"(SELECT cityHash64(request_id, attempt) FROM {db}.requests WHERE {match}) "
+        "GROUP BY key_hash HAVING count() > 1"
+    )
+    hashes = store.query_arrow(shared, p).column(0)
+    if len(hashes):
+        suspect = pc.is_in(rows.column("_key_hash"), value_set=hashes.combine_chunks())
+        top = store.query_arrow(
+            f"SELECT request_id, attempt, max(revision) FROM {db}.requests "
+            f"PREWHERE key_hash IN ({shared}) GROUP BY request_id, attempt",
+            p,
+        )
+        highest = dict(
+            zip(
+                zip(top.column(0).to_pylist(), top.column(1).to_pylist(), strict=True),
+                top.column(2).to_pylist(),
+                strict=True,
+            )
+        )
+        keep = pc.invert(suspect).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(~keep)
+        them = rows.take(at)
+        seen: set[tuple[str, int]] = set()
+        for k, key, version in zip(
+            at.tolist(),
+            zip(
+                them.column("request_id").to_pylist(),
+                them.column("attempt").to_pylist(),
+                strict=True,
+            ),
+            them.column("_version").to_pylist(),
+            strict=True,
+        ):
+            if key not in seen and version == highest[key]:
+                keep[k] = True
+                seen.add(key)
+        rows = rows.filter(pa.array(keep))
+    order = pc.sort_indices(rows, sort_keys=[(k, "ascending") for k in _HASH_ORDER])
+    return rows.select(list(columns)), order.to_numpy()
+
+
+_HASH_ORDER: Final = ("_key_hash", "request_id", "attempt")
+
+
+def few_values(
+    column: pa.ChunkedArray | pa.Array, *, none_if_empty: bool = False
+) -> tuple[Any, list[Any]]:
+    """A column of few distinct values (model, outcome, ...) as codes (an int array)
+    into its distinct values (Python values; null, and with ``none_if_empty`` "", as
+    None): no Python value per row."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = column.dictionary_encode()
+    distinct = encoded.dictionary.to_pylist()
+    if none_if_empty:
+        distinct = [None if v == "" else v for v in distinct]
+    at = pc.fill_null(encoded.indices, len(distinct)).to_numpy(zero_copy_only=False)
+    return at, [*distinct, None]  # null: the last
+
+
+# The latest versions by end that last_end looks at before merging every version (each
+# key costs a lookup: ~5 ms a key on a month store).
+LAST_END_CANDIDATES: Final = 16
+
+
+# How far back from the range's end last_end looks first (then the whole range): a read of
+# the ends of the range's requests is ~2 s for a month of a month store, one of its last
+# hour a few ms (the minmax index on end_unix_ns skips the rest).
+LAST_END_PROBES_NS: Final = (3_600 * 10**9, 86_400 * 10**9)
+
+
+def last_end(store: Store, from_unix_ns: int, until_unix_ns: int) -> int | None:
+    """The latest ``end_unix_ns`` of a request (its last version, as ``FINAL``) ending in
+    the range, None when none does; exact.
+
+    Looked for in the range's last hour, then its last day, then all of it
+    (:data:`LAST_END_PROBES_NS`): when a part ending at the range's end holds a last
+    version, the latest of them is the range's (anything later is in the part too)."""
+    for back in LAST_END_PROBES_NS:
+        if until_unix_ns - back <= from_unix_ns:
+            break
+        found, end = _last_end_in(store, until_unix_ns - back, until_unix_ns)
+        if found:
+            return end
+    return _last_end_in(store, from_unix_ns, until_unix_ns)[1]
+
+
+def _last_end_in(store: Store, from_unix_ns: int, until_unix_ns: int) -> tuple[bool, int | None]:
+    """(whether a request ends in the range, the latest end of a last version there).
+
+    Without merging every version of the range (``FINAL`` over a month of requests: most
+    of a statement's read, issue 53): the :data:`LAST_END_CANDIDATES` latest rows of the
+    range, any version, and of their keys the last version (the highest store version,
+    over every row of the key wherever it ended; the ids' bloom filter finds them). The
+    latest of them that is its key's last is the answer: a last version ending later would
+    be a row of the range ending later, so among them. When none of them is (they were all
+    replaced: a backlog of upgrades), ``FINAL`` decides."""
+    db = store.database
+    in_range = "end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+    bounds = {"a": from_unix_ns, "b": until_unix_ns}
+    latest = store.query_rows(
+        f"SELECT request_id, attempt, revision, end_unix_ns FROM {db}.requests WHERE "
+        f"{in_range} ORDER BY end_unix_ns DESC LIMIT {LAST_END_CANDIDATES}",
+        bounds,
+    )
+    if not latest:
+        return False, None
+    highest = {
+        (rid, attempt): top
+        for rid, attempt, top in store.query_rows(
+            f"SELECT request_id, attempt, max(revision) FROM {db}.requests "
+            "WHERE request_id IN {ids:Array(String)} GROUP BY request_id, attempt",
+            {"ids": sorted({r[0] for r in latest})},
+        )
+    }
+    for rid, attempt, version, end in latest:  # latest first
+        if version == highest[(rid, attempt)]:
+            return True, int(end)
+    ((end, n),) = store.query_rows(
+        f"SELECT max(end_unix_ns), count() FROM {db}.requests FINAL WHERE {in_range}", bounds
+    )
+    return bool(n), int(end) if n else None
