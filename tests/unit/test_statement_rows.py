@@ -170,9 +170,8 @@ def test_categorical_answers_as_its_values() -> None:
     assert [c[i] for i in range(len(values))] == values
     assert c.take(np.array([3, 1, 0])).tolist() == ["a", None, "a"]
     assert c.where(lambda v: v is None).tolist() == [v is None for v in values]
-    assert Categorical(np.array([0, 1, 2, 1]), ["x", None, "x"]).where(lambda v: v == "x").tolist() == [
-        True, False, True, False,
-    ]  # fmt: skip
+    twice = Categorical(np.array([0, 1, 2, 1]), ["x", None, "x"])  # "x" coded twice
+    assert twice.where(lambda v: v == "x").tolist() == [True, False, True, False]
 
 
 @settings(max_examples=100, deadline=None)
