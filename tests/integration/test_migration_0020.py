@@ -50,7 +50,11 @@ def test_0020_gives_old_rows_their_hash_and_projection(tmp_path: Path) -> None:
         migrate_before(store, tmp_path, 20)
         old = _records("old", 1)  # partial versions, upgraded after the migration
         write_requests(store, old)
-        assert migrate(store) == ["0020_requests_by_tenant", "0021_requests_id_bloom"]
+        assert migrate(store) == [
+            "0020_requests_by_tenant",
+            "0021_requests_id_bloom",
+            "0022_by_tenant_granularity",
+        ]
         write_requests(store, _records("new", 1))
         write_requests(store, [msgspec.structs.replace(r, revision=2) for r in old[:30]])
 

@@ -37,7 +37,8 @@ DB: Final = "tailguard"
 WHAT: Final = {
     "requests": "one row per request attempt, every boundary (the joined record); "
     "`ReplacingMergeTree` by `(request_id, attempt)`, the highest `revision` wins: read "
-    "with `FINAL`",
+    "with `FINAL` (the statement's read finds the last versions itself: "
+    "`queries/statement_rows.py`); projection `by_tenant`: a tenant's rows by end",
     "lifecycle_events": "the raw valid events, deduplicated by `event_id`; TTL "
     "`TAILGUARD_RAW_EVENTS_TTL_DAYS` (rendered at migration: 7 here)",
     "window_sketches": "per window × topic partition × key × boundary: records, count, "
@@ -103,12 +104,13 @@ def render(store: Store) -> list[str]:
     ):
         indices.setdefault(str(table), []).append(f"`{name}` {kind} on `{expr}`")
     projections: dict[str, list[str]] = {}
-    for table, name, query in _q(
+    for table, name, query, settings in _q(
         store,
-        f"SELECT table, name, query FROM system.projections WHERE database = '{DB}' "
+        f"SELECT table, name, query, settings FROM system.projections WHERE database = '{DB}' "
         "ORDER BY table, name",
     ):
-        projections.setdefault(str(table), []).append(f"`{name}` (`{query}`)")
+        given = "".join(f", {k} {v}" for k, v in sorted(dict(settings).items()))
+        projections.setdefault(str(table), []).append(f"`{name}` (`{query}`{given})")
     for name, engine, sorting, partition, full, _create in tables:
         if engine == "MaterializedView":
             continue

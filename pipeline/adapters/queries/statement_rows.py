@@ -5,6 +5,7 @@ latest end of the period (issue 53: a tenant-month of a month store is 2 M rows)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 import numpy as np
@@ -27,9 +28,19 @@ _AS_LIST: Final = frozenset({"prompt_tokens", "cold_start_unix_ns"})
 
 def read_rows(store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> StatementRows:
     """The tenant's rows ending in the range (statement version 3 on), in the order of
-    their key's hash (:func:`tenant_rows`)."""
-    table, order = tenant_rows(store, tenant, from_unix_ns, until_unix_ns, STATEMENT_COLUMNS)
-    return statement_rows(table, order)
+    their key's hash: :func:`tenant_rows`, the matching rows converted while the engine
+    looks for their keys' other versions (the engine's query lets the interpreter run:
+    ~1 s of a tenant-month's 2 M rows), again when it found some (rare)."""
+    read = _Read(store, tenant, from_unix_ns, until_unix_ns)
+    rows = read.matching(STATEMENT_COLUMNS)
+    with ThreadPoolExecutor(1, thread_name_prefix="statement-read") as pool:
+        shared = pool.submit(read.shared)
+        converted = statement_rows(rows, _hash_order(rows))
+        found = shared.result()
+    if len(found):
+        rows = read.finals(rows, found)
+        converted = statement_rows(rows, _hash_order(rows))
+    return converted
 
 
 def read_records(
@@ -76,35 +87,56 @@ def tenant_rows(
 
     1. the matching rows, with the hash of their key (``key_hash``: cityHash64 of
        (request_id, attempt)) and their version; read from the ``by_tenant`` projection,
-       which holds a tenant's rows together (sql/0020);
+       which holds a tenant's rows together (sql/0020, sql/0022);
     2. the hashes of theirs that more than one row of the table has (any version of the
        key, anywhere; or another key with the same hash). A matching row whose hash no other
        row has is its key's only version: final;
     3. only when there are such hashes: the highest version of each key that has one of
        them, compared by the key itself. A matching row with one of them is final when it
        is its key's highest version (one per key, for a version written twice)."""
-    if "request_id" not in columns or "attempt" not in columns:
-        raise ValueError("tenant_rows needs request_id and attempt")
-    db = store.database
-    p = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
-    match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
-    rows = store.query_arrow(
-        f"SELECT {', '.join(columns)}, cityHash64(request_id, attempt) AS _key_hash, "
-        f"revision AS _version FROM {db}.requests WHERE {match}",
-        p,
-    )
-    shared = (
-        f"SELECT key_hash FROM {db}.requests PREWHERE key_hash IN "
-        f"(SELECT cityHash64(request_id, attempt) FROM {db}.requests WHERE {match}) "
-        "GROUP BY key_hash HAVING count() > 1"
-    )
-    hashes = store.query_arrow(shared, p).column(0)
-    if len(hashes):
-        suspect = pc.is_in(rows.column("_key_hash"), value_set=hashes.combine_chunks())
-        top = store.query_arrow(
-            f"SELECT request_id, attempt, max(revision) FROM {db}.requests "
-            f"PREWHERE key_hash IN ({shared}) GROUP BY request_id, attempt",
-            p,
+    read = _Read(store, tenant, from_unix_ns, until_unix_ns)
+    rows = read.finals(read.matching(columns), read.shared())
+    return rows.select(list(columns)), _hash_order(rows)
+
+
+class _Read:
+    """The queries of :func:`tenant_rows`, one tenant and range."""
+
+    def __init__(self, store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> None:
+        self.store = store
+        self.db = store.database
+        self.bound = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
+        match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+        self.match = match
+        self.shared_sql = (
+            f"SELECT key_hash FROM {self.db}.requests PREWHERE key_hash IN "
+            f"(SELECT cityHash64(request_id, attempt) FROM {self.db}.requests WHERE {match}) "
+            "GROUP BY key_hash HAVING count() > 1"
+        )
+
+    def matching(self, columns: Sequence[str]) -> pa.Table:
+        """1: the matching rows, every version, with their key's hash and version."""
+        if "request_id" not in columns or "attempt" not in columns:
+            raise ValueError("tenant_rows needs request_id and attempt")
+        return self.store.query_arrow(
+            f"SELECT {', '.join(columns)}, cityHash64(request_id, attempt) AS _key_hash, "
+            f"revision AS _version FROM {self.db}.requests WHERE {self.match}",
+            self.bound,
+        )
+
+    def shared(self) -> pa.Array:
+        """2: the hashes of the matching rows that another row of the table has too."""
+        return self.store.query_arrow(self.shared_sql, self.bound).column(0).combine_chunks()
+
+    def finals(self, rows: pa.Table, shared: pa.Array) -> pa.Table:
+        """3: the matching rows that are their key's final version."""
+        if not len(shared):
+            return rows
+        suspect = pc.is_in(rows.column("_key_hash"), value_set=shared)
+        top = self.store.query_arrow(
+            f"SELECT request_id, attempt, max(revision) FROM {self.db}.requests "
+            f"PREWHERE key_hash IN ({self.shared_sql}) GROUP BY request_id, attempt",
+            self.bound,
         )
         highest = dict(
             zip(
@@ -130,9 +162,12 @@ def tenant_rows(
             if key not in seen and version == highest[key]:
                 keep[k] = True
                 seen.add(key)
-        rows = rows.filter(pa.array(keep))
-    order = pc.sort_indices(rows, sort_keys=[(k, "ascending") for k in _HASH_ORDER])
-    return rows.select(list(columns)), order.to_numpy()
+        return rows.filter(pa.array(keep))
+
+
+def _hash_order(rows: pa.Table) -> Any:
+    """The rows' order by their key's hash, then the key (row indices)."""
+    return pc.sort_indices(rows, sort_keys=[(k, "ascending") for k in _HASH_ORDER]).to_numpy()
 
 
 _HASH_ORDER: Final = ("_key_hash", "request_id", "attempt")
