@@ -244,6 +244,36 @@ def test_an_answer_larger_than_its_limit_is_refused(served_sized) -> None:
     assert client.query("SELECT arrayMap(x -> x, range(1000))").result_rows[0][0][-1] == 999
 
 
+@pytest.mark.parametrize("fmt", ["Arrow", "CSVWithNames", "TabSeparatedWithNamesAndTypes"])
+def test_after_an_answer_too_large_the_next_answers_are_their_own(served_sized, fmt: str) -> None:
+    """chDB hands what a failed query had written (a format's header) to the next query
+    of its session, ahead of that query's answer: a CSV header read as a row, Arrow bytes
+    read as a query. Every session answers its next queries with their own answers."""
+    _settings, _store, server, client = served_sized
+    for _ in range(2):
+        with pytest.raises(Exception, match=r"code: 396\b"):
+            client.raw_query(
+                f"SELECT request_id, n FROM requests ARRAY JOIN range(100000) AS n FORMAT {fmt}"
+            )
+    for i in range(2 * len(server.pool.sessions) + 1):  # (every session, whichever answers)
+        assert client.raw_query(f"SELECT {i} FORMAT TSVRaw") == f"{i}\n".encode()
+
+
+def test_after_a_failed_query_the_stores_next_answer_is_its_own(tmp_path: Path) -> None:
+    """The same in the worker's own store (the embedded engine in this process)."""
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        with pytest.raises(Exception, match="396"):
+            store.query_arrow(
+                "SELECT number, toString(number) FROM numbers(5000000) "
+                "SETTINGS max_result_bytes = 1000000, result_overflow_mode = 'throw'"
+            )
+        assert store.query_rows("SELECT 41 + 1") == [(42,)]
+        assert store.query_arrow("SELECT 7 AS x").column(0).to_pylist() == [7]
+    finally:
+        store.close()
+
+
 # 10 copies of the 10 requests joined: 10^10 rows, in blocks (the engine checks the time
 # between them)
 CROSS_JOIN = "SELECT count() FROM " + ", ".join(f"requests AS t{i}" for i in range(10))

@@ -8,8 +8,9 @@ the table's columns.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -30,18 +31,30 @@ class ClickHouseStore:
         self._lock = threading.Lock()
 
     def command(self, sql: str) -> Any:
-        with self._lock:
+        with self._lock, self._failing():
             return self._client.command(sql)
 
     def query_rows(
         self, sql: str, parameters: dict[str, Any] | None = None
     ) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, self._failing():
             return list(self._client.query(sql, parameters=parameters).result_rows)
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
-        with self._lock:
+        with self._lock, self._failing():
             return self._client.query_arrow(sql, parameters=parameters, use_strings=True)
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """A call that fails is followed by :meth:`_after_failure` (under the lock)."""
+        try:
+            yield
+        except BaseException:
+            self._after_failure()
+            raise
+
+    def _after_failure(self) -> None:
+        """After a call that failed (over HTTP each query stands alone: nothing)."""
 
     def insert_columns(
         self,

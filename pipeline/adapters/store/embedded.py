@@ -5,6 +5,7 @@ do: read files of this host (:class:`~pipeline.adapters.store.protocol.FileInser
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -22,6 +23,13 @@ class EmbeddedStore(ClickHouseStore):
     (the :class:`~pipeline.adapters.store.protocol.FileInsertStore` capability)."""
 
     embedded = True
+
+    def _after_failure(self) -> None:
+        """chDB (4.4) hands what a failed query had written of its answer (a format's
+        header, first blocks: Arrow, Parquet, JSON, ...) to the next query of the session,
+        ahead of that query's own answer: a throwaway query takes it."""
+        with contextlib.suppress(Exception):
+            self._client.raw_query("SELECT 1", fmt="TSVRaw")
 
     def _sent_types(self, types: Sequence[str]) -> Sequence[str]:
         """The engine builds the dictionaries (C++, off the GIL): see :func:`_plain_type`."""
