@@ -1,7 +1,8 @@
 """``tailguard statement``: a tenant's contract statement read from the store.
 
 The store's side of :mod:`pipeline.core.statement`: reads the tenant's ``requests``
-rows of the period (``FINAL``: one row per request attempt, its last version), the
+rows of the period (one row per request attempt, its last version, as columns:
+:mod:`pipeline.adapters.queries.statement_rows`), the
 control audit (``control_signals``) and the budget events, names what it read
 (row counts, digests, event-time range, the contract's and spec's digests) and
 renders the statement as text, JSON or a self-contained HTML page. The contract and

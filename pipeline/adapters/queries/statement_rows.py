@@ -106,12 +106,15 @@ class _Read:
         self.store = store
         self.db = store.database
         self.bound = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
-        match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
-        self.match = match
-        self.shared_sql = (
-            f"SELECT key_hash FROM {self.db}.requests PREWHERE key_hash IN "
-            f"(SELECT cityHash64(request_id, attempt) FROM {self.db}.requests WHERE {match}) "
-            "GROUP BY key_hash HAVING count() > 1"
+        self.match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
+        self.key_hash = "key_hash"
+
+    @property
+    def shared_sql(self) -> str:
+        h = self.key_hash
+        return (
+            f"SELECT {h} AS h FROM {self.db}.requests PREWHERE h IN (SELECT {_KEY_HASH} FROM "
+            f"{self.db}.requests WHERE {self.match}) GROUP BY h HAVING count() > 1"
         )
 
     def matching(self, columns: Sequence[str]) -> pa.Table:
@@ -119,14 +122,23 @@ class _Read:
         if "request_id" not in columns or "attempt" not in columns:
             raise ValueError("tenant_rows needs request_id and attempt")
         return self.store.query_arrow(
-            f"SELECT {', '.join(columns)}, cityHash64(request_id, attempt) AS _key_hash, "
+            f"SELECT {', '.join(columns)}, {_KEY_HASH} AS _key_hash, "
             f"revision AS _version FROM {self.db}.requests WHERE {self.match}",
             self.bound,
         )
 
     def shared(self) -> pa.Array:
-        """2: the hashes of the matching rows that another row of the table has too."""
-        return self.store.query_arrow(self.shared_sql, self.bound).column(0).combine_chunks()
+        """2: the hashes of the matching rows that another row of the table has too. On
+        a store without ``key_hash`` yet (a reader newer than the worker that migrates
+        it), the hash computed from the key: the same values, read from the ids."""
+        try:
+            answer = self.store.query_arrow(self.shared_sql, self.bound)
+        except Exception as exc:
+            if "key_hash" not in str(exc):
+                raise
+            self.key_hash = _KEY_HASH
+            answer = self.store.query_arrow(self.shared_sql, self.bound)
+        return answer.column(0).combine_chunks()
 
     def finals(self, rows: pa.Table, shared: pa.Array) -> pa.Table:
         """3: the matching rows that are their key's final version."""
@@ -135,7 +147,7 @@ class _Read:
         suspect = pc.is_in(rows.column("_key_hash"), value_set=shared)
         top = self.store.query_arrow(
             f"SELECT request_id, attempt, max(revision) FROM {self.db}.requests "
-            f"PREWHERE key_hash IN ({self.shared_sql}) GROUP BY request_id, attempt",
+            f"PREWHERE {self.key_hash} IN ({self.shared_sql}) GROUP BY request_id, attempt",
             self.bound,
         )
         highest = dict(
@@ -171,6 +183,7 @@ def _hash_order(rows: pa.Table) -> Any:
 
 
 _HASH_ORDER: Final = ("_key_hash", "request_id", "attempt")
+_KEY_HASH: Final = "cityHash64(request_id, attempt)"  # = requests.key_hash (sql/0020)
 
 
 def few_values(
