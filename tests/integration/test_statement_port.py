@@ -1,0 +1,66 @@
+"""A statement's read through the worker's query port (issue 53): rows larger than the
+port's answer limit come a day at a time, the same rows as from the store itself. A
+module of its own: chDB hosts one data directory per process, and test_query_server's
+module-wide store would hold it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import clickhouse_connect
+import msgspec
+import pytest
+
+from pipeline.adapters.queries import statement_rows
+from pipeline.adapters.query_server import QueryLimits, QueryServer
+from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_requests
+from pipeline.settings import Settings
+from tests.integration.test_query_server import _records
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_statements_rows_come_through_the_port_a_day_at_a_time(tmp_path: Path) -> None:
+    """A tenant's rows larger than the port's answer limit (1 MiB here) are read a day of
+    ends at a time: the same rows, digest and all, as from the store itself."""
+    day_ns = 86_400 * 10**9
+    base = _records(0, 1)[0]
+    t0 = 1_796_000_000 * 10**9
+    records = [
+        msgspec.structs.replace(
+            base, request_id=f"t-{i:06d}", tenant="t1",
+            end_unix_ns=t0 + (i % 4) * day_ns + i * 10**6,
+            ts_unix_ns=t0 + (i % 4) * day_ns + i * 10**6 - 10**8,
+        )
+        for i in range(16_000)
+    ]  # fmt: skip
+    settings = Settings(store_dir=tmp_path / "store")
+    store = open_store(settings)
+    migrate(store)
+    write_requests(store, records)
+    limits = QueryLimits(
+        max_execution_time_s=60, max_memory_bytes=512 << 20, max_result_bytes=1 << 20
+    )
+    try:
+        server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
+        client = clickhouse_connect.get_client(
+            host="127.0.0.1", port=server.port, compress=False, password=server.token
+        )
+        port = ClickHouseStore(client, store.database)
+        try:
+            whole = statement_rows._Read(port, "t1", t0, t0 + 4 * day_ns)
+            with pytest.raises(Exception, match="Code: 396"):  # one answer: too large
+                port.query_arrow(
+                    f"SELECT {', '.join(statement_rows.STATEMENT_COLUMNS)} FROM requests "
+                    "WHERE tenant = 't1'"
+                )
+            got = statement_rows.read_rows(port, "t1", t0, t0 + 4 * day_ns)
+            want = statement_rows.read_rows(store, "t1", t0, t0 + 4 * day_ns)
+            assert len(got) == len(want) == 16_000
+            assert got.digest() == want.digest()
+            assert whole.matching(["request_id", "attempt"]).num_rows == 16_000
+        finally:
+            client.close()
+            server.stop()
+    finally:
+        store.close()
