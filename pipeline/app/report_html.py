@@ -133,12 +133,14 @@ def _window_remaining(
         for t_ms, n, b in minutes:
             held.append((t_ms, n, b))
             total, bad = total + n, bad + b
+            if t_ms < first_s * 1000:  # before the range: counted, not shown (a window's
+                continue  # start only moves on, so what it leaves is dropped at the next)
             now_ms = t_ms + bucket_ms
             start_ms = period_at(slo.window, now_ms)[0]
             while held and held[0][0] < start_ms:
                 _, n0, b0 = held.popleft()
                 total, bad = total - n0, bad - b0
-            if t_ms < first_s * 1000 or not held:
+            if not held:
                 continue
             left, _ = window_budget(
                 slo.objective, slo.window, total=round(total), bad=bad, first_ms=held[0][0],

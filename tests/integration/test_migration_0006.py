@@ -99,7 +99,7 @@ def test_0006_keeps_what_0003_stored(tmp_path: Path) -> None:
         ) == [("__slo__", 0, [], 0), ("gateway_total_ms", 7, [3, 4], 0)]
         assert store.query_rows(f"SELECT slo, total, good FROM {db}.slo_windows") == [("s1", 7, 5)]
         assert store.query_rows(f"SELECT sum(total), sum(good) FROM {db}.slo_1h") == [(7, 5)]
-        assert store.query_rows(f"SELECT sum(count), sumMapMerge(pos) FROM {db}.latency_1m") == [
+        assert store.query_rows(f"SELECT sum(count), sumMap(pos) FROM {db}.latency_1m") == [
             (7, ([10, 12], [3, 4]))
         ]
         cols = {r[0] for r in store.query_rows(f"DESCRIBE TABLE {db}.worker_checkpoints")}

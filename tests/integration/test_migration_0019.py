@@ -50,7 +50,7 @@ def test_0019_keeps_the_hourly_rollup_as_arrays(tmp_path: Path) -> None:
         assert "SimpleAggregateFunction(sumMap" in ddl
         assert "index_granularity = 256" in ddl
         # the reads through the shared latency SQL: the same answers
-        assert store.query_rows(_latency(window_queries.bins_merge("latency_1h"))) == series
+        assert store.query_rows(_latency(window_queries.BINS_MERGE)) == series
         write_windows(store, windows[half:], "t", 0.01, "after")
         ((after,),) = store.query_rows("SELECT sum(records) FROM tailguard.latency_1h")
         ((base,),) = store.query_rows(

@@ -43,7 +43,7 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from pipeline.adapters.queries.windows import bins_merge
+from pipeline.adapters.queries.windows import BINS_MERGE
 from pipeline.adapters.store import migrate, open_store, write_windows
 from pipeline.adapters.store.rollups import _SUM_TOLERANCE as SUM_TOLERANCE
 from pipeline.app.replay import replay_file
@@ -69,7 +69,7 @@ TABLES = {
         f"latency_{r}": (
             "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), "
             "sum(count), sum(sum), min(min), max(max), sum(zero_count), "
-            f"{bins_merge(f'latency_{r}')}(pos), {bins_merge(f'latency_{r}')}(neg) "
+            f"{BINS_MERGE}(pos), {BINS_MERGE}(neg) "
             f"FROM {{db}}.latency_{r} "
             "GROUP BY window_start, model, priority, ctx_bucket, boundary"
         )

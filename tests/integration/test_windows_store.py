@@ -52,9 +52,7 @@ def test_sql_over_stored_sketches_equals_the_stream(
             assert _same(value, sk.quantile(0.99)), (start_ms, boundary, value, sk.quantile(0.99))
 
         # The per-minute rollup (materialized view) equals the merge of its windows.
-        merged_q = quantile_from_merged_sql(
-            0.99, "sumMapMerge(pos)", "sumMapMerge(neg)", "sum(zero_count)"
-        )
+        merged_q = quantile_from_merged_sql(0.99, "sumMap(pos)", "sumMap(neg)", "sum(zero_count)")
         minutes = store.query_rows(
             f"SELECT toUnixTimestamp(window_start) * 1000, sum(records), {merged_q} "
             f"FROM {db}.latency_1m WHERE model = '*' AND boundary = 'gateway_total_ms' "

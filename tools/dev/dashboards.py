@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from pipeline.adapters.queries.budget import COMPLIANCE_SQL, budget_events_sql, slo_counts_sql
 from pipeline.adapters.queries.control import directives_sql
-from pipeline.adapters.queries.windows import bins_merge, latency_sql
+from pipeline.adapters.queries.windows import BINS_MERGE, latency_sql
 from pipeline.adapters.sketch_sql import value_of_key_sql
 from pipeline.core.record import BOUNDARIES
 
@@ -97,21 +97,11 @@ BUCKET: Final = (
 )
 
 
-# latency_1m's sketch bins are aggregate states, latency_1h's plain arrays (sql/0019): in
-# the union, the minute rows' states are finalised to their arrays, merged by sumMap.
-_MINUTE_COLUMNS: Final = {
-    "latency": "window_start, model, priority, ctx_bucket, boundary, records, count, sum, "
-    "min, max, zero_count, finalizeAggregation(pos) AS pos, finalizeAggregation(neg) AS neg",
-    "slo": "*",
-}
-BINS_MERGE: Final = bins_merge("latency_1h")  # the bins of rollup_source("latency"), merged
-
-
 def rollup_source(table: str) -> str:
     """The minute rollup for intervals under :data:`HOURLY_FROM_S`, the hourly one from
     there (one is empty)."""
     return (
-        f"(SELECT {_MINUTE_COLUMNS[table]} FROM ${{db}}.{table}_1m "
+        f"(SELECT * FROM ${{db}}.{table}_1m "
         f"WHERE $__interval_s < {HOURLY_FROM_S} AND $__timeFilter(window_start) "
         f"UNION ALL SELECT * FROM ${{db}}.{table}_1h WHERE $__interval_s >= {HOURLY_FROM_S} "
         "AND window_start >= toStartOfHour($__fromTime) AND window_start <= $__toTime)"

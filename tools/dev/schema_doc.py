@@ -47,10 +47,11 @@ WHAT: Final = {
     "(`counts_kept` 1; sql/0018)",
     "slo_windows": "per window × partition × SLO: total and good (from `window_sketches` "
     "by its materialized view)",
-    "latency_1m": "per minute rollup of `window_sketches` (`sumMapMerge` the buckets; a "
-    "bucket may hold a repair row: [reliability.md](reliability.md))",
+    "latency_1m": "per minute rollup of `window_sketches`; its buckets are plain arrays "
+    "(`sumMap` them: sql/0023; a bucket may hold a repair row: "
+    "[reliability.md](reliability.md))",
     "latency_1h": "per hour rollup of `window_sketches`; its buckets are plain arrays "
-    "(`sumMap` them: sql/0019, 3x faster to read than `latency_1m`'s states)",
+    "(`sumMap` them: sql/0019)",
     "request_counts_1h": "per hour rollup of the `__slo__` rows' `request_counts`: requests per "
     "source, outcome, model, priority, control mode and verdict (what `report` counts "
     "besides latency and SLOs, issue 53)",

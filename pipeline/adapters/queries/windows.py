@@ -16,6 +16,13 @@ from pipeline.core.sketch import QuantileSketch
 Row = tuple[Any, ...]
 
 
+# How the rows of a latency rollup merge their sketch bins: plain ``(keys, counts)``
+# arrays, merged by ``sumMap`` (latency_1h since sql/0019, latency_1m since sql/0023; as
+# aggregate states, ``sumMapMerge``, the engine deserialised every state it read: 3x
+# slower on the rows wanted, and every state of every granule read).
+BINS_MERGE: Final = "sumMap"
+
+
 def latency_sql(
     source: str,
     where: str,
@@ -23,12 +30,12 @@ def latency_sql(
     *,
     bucket: str = "window_start",
     quantiles: tuple[float, ...] = (0.99,),
-    merge: str = "sumMapMerge",
+    merge: str = BINS_MERGE,
 ) -> str:
     """SQL: ``(time, boundary, p<q> for each of quantiles, sum_ms, n)`` per ``bucket`` (an
     expression of ``window_start``) and boundary, over the rows of ``source``
     (``latency_1m``, ``latency_1h`` or a union of them) that ``where`` keeps, their keys'
-    sketches merged (``merge``: :func:`bins_merge`): the quantiles of the merged sketch,
+    sketches merged (``merge``: :data:`BINS_MERGE`): the quantiles of the merged sketch,
     and the sum and count of the values. The report and the dashboards read the latency
     rollups through it (tools/dev/dashboards.py)."""
     pos, neg = f"{merge}(pos)", f"{merge}(neg)"
@@ -43,13 +50,6 @@ def latency_sql(
     )
 
 
-def bins_merge(table: str) -> str:
-    """How the rows of a latency rollup merge their sketch bins: ``latency_1m``'s are
-    aggregate states (``sumMapMerge``), ``latency_1h``'s plain ``(keys, counts)`` arrays
-    (``sumMap``: sql/0019, 3x faster to read)."""
-    return "sumMap" if table == "latency_1h" else "sumMapMerge"
-
-
 def minute_p99_and_means(
     store: Store, f: ReportFilter, boundaries: tuple[str, ...], *, hourly: bool = False
 ) -> list[Row]:
@@ -60,7 +60,7 @@ def minute_p99_and_means(
     model = "{model:String}" if f.model is not None else "'*'"
     where = f"model = {model} AND " + time_where("window_start", f)
     table = "latency_1h" if hourly else "latency_1m"
-    minutes = latency_sql(f"{store.database}.{table}", where, boundaries, merge=bins_merge(table))
+    minutes = latency_sql(f"{store.database}.{table}", where, boundaries)
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
@@ -68,11 +68,11 @@ def minute_p99_and_means(
 
 
 # Each part of a :class:`~pipeline.core.cover.Cover` the windows answer: its table, how
-# that table's rows merge their sketch (latency_1m: aggregate states; latency_1h and the
-# base windows: arrays).
+# that table's rows merge their sketch (the rollups' bins and the base windows' are
+# arrays).
 _SKETCH_TIERS: Final = (
     *(
-        (attr, table, f"{bins_merge(table)}(pos)", f"{bins_merge(table)}(neg)")
+        (attr, table, f"{BINS_MERGE}(pos)", f"{BINS_MERGE}(neg)")
         for attr, table in (("hours", "latency_1h"), ("minutes", "latency_1m"))
     ),
     ("windows", "window_sketches", "sumMap(pos_keys, pos_counts)", "sumMap(neg_keys, neg_counts)"),

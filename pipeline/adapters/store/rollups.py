@@ -113,9 +113,10 @@ def _differs(a: str, b: str) -> str:
 
 # How the rows of each rollup combine into one bucket's figure (its engine merges them
 # so: a SimpleAggregateFunction's function, sumMap for the sketch bins: of aggregate
-# states, SUM_MAP, or of plain (keys, counts) arrays, BINS: latency_1h since 0019). What a rollup
-# holds is its materialized view's SELECT, read from the migrations (:func:`view_selects`):
-# the repair reruns it over the source and compares, never restating the aggregation.
+# states, SUM_MAP, or of plain (keys, counts) arrays, BINS: latency_1h since 0019,
+# latency_1m since 0023). What a rollup holds is its materialized view's SELECT, read
+# from the migrations (:func:`view_selects`): the repair reruns it over the source and
+# compares, never restating the aggregation.
 SUM, FLOAT_SUM, MIN, MAX, ANY = "sum", "float sum", "min", "max", "any"
 SUM_MAP, BINS = "sumMap", "sumMap of arrays"
 
@@ -135,11 +136,11 @@ class Rollup:
         return ", ".join(("window_start", *self.key, *(c for c, _ in self.values)))
 
 
+# the latency rollups (their sketch bins plain arrays: sql/0019, sql/0023)
 _LATENCY = (
     ("records", SUM), ("count", SUM), ("sum", FLOAT_SUM), ("min", MIN), ("max", MAX),
-    ("zero_count", SUM), ("pos", SUM_MAP), ("neg", SUM_MAP),
+    ("zero_count", SUM), ("pos", BINS), ("neg", BINS),
 )  # fmt: skip
-_LATENCY_1H = (*_LATENCY[:-2], ("pos", BINS), ("neg", BINS))  # (0019)
 _LATENCY_KEY = ("model", "priority", "ctx_bucket", "boundary")
 _SLO = (
     ("objective", ANY), ("secondary_weight", ANY), ("total", SUM), ("good", SUM),
@@ -167,7 +168,7 @@ ROLLUPS = (
         (("total", SUM), ("good", SUM), ("good_secondary_only", SUM)),
     ),
     Rollup("latency_1m", _MINUTE, _LATENCY_KEY, _LATENCY),
-    Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY_1H),
+    Rollup("latency_1h", _MINUTE, _LATENCY_KEY, _LATENCY),
     Rollup("slo_1m", _MINUTE, ("slo", "kind"), _SLO),
     Rollup("slo_1h", _MINUTE, ("slo", "kind"), _SLO),
     # the report's counts (sql/0018), from the '__slo__' rows
