@@ -191,7 +191,11 @@ def read_html_data(
         rows = requests.minute_p99_and_means(store, f, (*LATENCY_BOUNDARIES, *SEGMENTS))
     else:
         rows = windows.minute_p99_and_means(
-            store, f, (*LATENCY_BOUNDARIES, *SEGMENTS), hourly=bucket_s == 3600
+            store,
+            f,
+            LATENCY_BOUNDARIES,
+            means_only=tuple(b for b in SEGMENTS if b not in LATENCY_BOUNDARIES),
+            hourly=bucket_s == 3600,
         )
     latency: dict[str, Series] = defaultdict(list)
     breakdown: dict[str, Series] = defaultdict(list)

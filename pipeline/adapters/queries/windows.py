@@ -51,16 +51,29 @@ def latency_sql(
 
 
 def minute_p99_and_means(
-    store: Store, f: ReportFilter, boundaries: tuple[str, ...], *, hourly: bool = False
+    store: Store,
+    f: ReportFilter,
+    boundaries: tuple[str, ...],
+    *,
+    means_only: tuple[str, ...] = (),
+    hourly: bool = False,
 ) -> list[Row]:
     """``(start s, boundary, p99, sum, count)`` per minute (``hourly``: per hour, from
     the hourly rollup) and boundary of the filter's model (all traffic without one),
     priorities and context buckets folded: all traffic is the one key ``('*', '*', '*')``,
-    a model its keys ``(model, priority, ctx_bucket)``, merged."""
+    a model its keys ``(model, priority, ctx_bucket)``, merged. ``means_only``: more
+    boundaries, their p99 None (their sketches are not merged: most of the read)."""
     model = "{model:String}" if f.model is not None else "'*'"
     where = f"model = {model} AND " + time_where("window_start", f)
-    table = "latency_1h" if hourly else "latency_1m"
-    minutes = latency_sql(f"{store.database}.{table}", where, boundaries)
+    table = f"{store.database}.{'latency_1h' if hourly else 'latency_1m'}"
+    minutes = latency_sql(table, where, boundaries)
+    if means_only:
+        bset = ", ".join(f"'{b}'" for b in means_only)
+        minutes += (
+            " UNION ALL SELECT window_start AS time, boundary, NULL AS p99, sum(sum) AS sum_ms, "
+            f"sum(count) AS n FROM {table} WHERE boundary IN ({bset}) AND {where} "
+            "GROUP BY time, boundary"
+        )
     return store.query_rows(
         f"SELECT toUnixTimestamp(time), boundary, p99, sum_ms, n FROM ({minutes}) ORDER BY time",
         params(f),
