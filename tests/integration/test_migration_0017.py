@@ -22,13 +22,14 @@ pytestmark = pytest.mark.integration
 
 
 
-def hourly(merge: str = "sumMapMerge") -> str:
-    """latency_1h as its engine merges it: per key, boundary and hour, the counts and bins
-    (``merge``: sumMapMerge of its states before 0019, sumMap of its arrays after)."""
+def hourly(merge: str = "sumMapMerge", table: str = "latency_1h") -> str:
+    """A latency rollup (latency_1h) as its engine merges it: per key, boundary and bucket,
+    the counts and bins (``merge``: sumMapMerge of its states before 0019, sumMap of its
+    arrays after; latency_1m's: before and after 0023)."""
     return (
         "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), sum(count), "
         f"sum(sum), min(min), max(max), sum(zero_count), {merge}(pos), {merge}(neg) "
-        "FROM tailguard.latency_1h GROUP BY window_start, model, priority, ctx_bucket, "
+        f"FROM tailguard.{table} GROUP BY window_start, model, priority, ctx_bucket, "
         "boundary ORDER BY window_start, model, priority, ctx_bucket, boundary"
     )
 

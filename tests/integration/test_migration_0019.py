@@ -21,11 +21,11 @@ pytestmark = pytest.mark.integration
 BOUNDARIES = ("gateway_total_ms", "ttft_engine_ms", "queue_ms")
 
 
-def _latency(merge: str) -> str:
-    """The report's and the dashboards' latency read of the hourly rollup (all traffic):
-    P50 and P99 per hour and boundary, bins merged by ``merge``."""
+def latency_read(merge: str, table: str = "latency_1h") -> str:
+    """The report's and the dashboards' latency read of a latency rollup (all traffic):
+    P50 and P99 per bucket and boundary, bins merged by ``merge``."""
     sql = window_queries.latency_sql(
-        "tailguard.latency_1h", "model = '*'", BOUNDARIES, quantiles=(0.5, 0.99), merge=merge
+        f"tailguard.{table}", "model = '*'", BOUNDARIES, quantiles=(0.5, 0.99), merge=merge
     )
     return f"SELECT * FROM ({sql}) ORDER BY time, boundary"
 
@@ -38,7 +38,7 @@ def test_0019_keeps_the_hourly_rollup_as_arrays(tmp_path: Path) -> None:
         migrate_before(store, tmp_path, 19)
         write_windows(store, windows[:half], "t", 0.01, "before")
         before = store.query_rows(hourly())
-        series = store.query_rows(_latency("sumMapMerge"))
+        series = store.query_rows(latency_read("sumMapMerge"))
         assert before
         assert series
         assert migrate(store)[0] == "0019_latency_1h_plain_bins"
@@ -50,7 +50,7 @@ def test_0019_keeps_the_hourly_rollup_as_arrays(tmp_path: Path) -> None:
         assert "SimpleAggregateFunction(sumMap" in ddl
         assert "index_granularity = 256" in ddl
         # the reads through the shared latency SQL: the same answers
-        assert store.query_rows(_latency(window_queries.BINS_MERGE)) == series
+        assert store.query_rows(latency_read(window_queries.BINS_MERGE)) == series
         write_windows(store, windows[half:], "t", 0.01, "after")
         ((after,),) = store.query_rows("SELECT sum(records) FROM tailguard.latency_1h")
         ((base,),) = store.query_rows(

@@ -16,31 +16,20 @@ from pipeline.adapters.store import migrate, open_store, write_windows
 from pipeline.adapters.store.rollups import repair_rollups
 from pipeline.settings import Settings
 from tests.integration.migrations import migrate_before
-from tests.integration.test_migration_0017 import simulated_windows
+from tests.integration.test_migration_0017 import hourly, simulated_windows
+from tests.integration.test_migration_0019 import latency_read
 
 pytestmark = pytest.mark.integration
 
-BOUNDARIES = ("gateway_total_ms", "ttft_engine_ms", "queue_ms")
-
 
 def minutely(merge: str) -> str:
-    """latency_1m as its engine merges it: per key, boundary and minute, the counts and
-    bins (``merge``: sumMapMerge of its states before 0023, sumMap of its arrays after)."""
-    return (
-        "SELECT window_start, model, priority, ctx_bucket, boundary, sum(records), sum(count), "
-        f"sum(sum), min(min), max(max), sum(zero_count), {merge}(pos), {merge}(neg) "
-        "FROM tailguard.latency_1m GROUP BY window_start, model, priority, ctx_bucket, "
-        "boundary ORDER BY window_start, model, priority, ctx_bucket, boundary"
-    )
+    """latency_1m as its engine merges it (sumMapMerge before 0023, sumMap after)."""
+    return hourly(merge, "latency_1m")
 
 
 def _latency(merge: str) -> str:
-    """The report's and the dashboards' latency read of the minute rollup (all traffic):
-    P50 and P99 per minute and boundary, bins merged by ``merge``."""
-    sql = window_queries.latency_sql(
-        "tailguard.latency_1m", "model = '*'", BOUNDARIES, quantiles=(0.5, 0.99), merge=merge
-    )
-    return f"SELECT * FROM ({sql}) ORDER BY time, boundary"
+    """The report's and the dashboards' latency read of the minute rollup."""
+    return latency_read(merge, "latency_1m")
 
 
 def test_0023_keeps_the_minute_rollup_as_arrays(tmp_path: Path) -> None:
