@@ -31,34 +31,44 @@ def latency_read(merge: str, table: str = "latency_1h") -> str:
 
 
 def test_0019_keeps_the_hourly_rollup_as_arrays(tmp_path: Path) -> None:
+    assert_bins_become_arrays(tmp_path, "0019_latency_1h_plain_bins", "latency_1h", 256)
+
+
+def assert_bins_become_arrays(tmp_path: Path, migration: str, table: str, granules: int) -> None:
+    """A store written before ``migration``: after it, ``table`` holds the same counts and
+    bins as plain arrays in granules of ``granules`` rows, the shared latency read answers
+    as before, the view fills it from the windows written after, and the rollup repair
+    finds nothing to set right (0019: latency_1h, 0023: latency_1m)."""
     windows = simulated_windows(tmp_path)
     half = len(windows) // 2
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
-        migrate_before(store, tmp_path, 19)
+        migrate_before(store, tmp_path, int(migration[:4]))
         write_windows(store, windows[:half], "t", 0.01, "before")
-        before = store.query_rows(hourly())
-        series = store.query_rows(latency_read("sumMapMerge"))
+        before = store.query_rows(hourly("sumMapMerge", table))
+        series = store.query_rows(latency_read("sumMapMerge", table))
         assert before
         assert series
-        assert migrate(store)[0] == "0019_latency_1h_plain_bins"
-        assert store.query_rows(hourly("sumMap")) == before
+        assert migrate(store)[0] == migration
+        assert store.query_rows(hourly("sumMap", table)) == before
         ((ddl,),) = store.query_rows(
             "SELECT create_table_query FROM system.tables "
-            "WHERE database = 'tailguard' AND name = 'latency_1h'"
+            f"WHERE database = 'tailguard' AND name = '{table}'"
         )
         assert "SimpleAggregateFunction(sumMap" in ddl
-        assert "index_granularity = 256" in ddl
+        assert f"index_granularity = {granules}" in ddl
         # the reads through the shared latency SQL: the same answers
-        assert store.query_rows(latency_read(window_queries.BINS_MERGE)) == series
+        assert store.query_rows(latency_read(window_queries.BINS_MERGE, table)) == series
         write_windows(store, windows[half:], "t", 0.01, "after")
-        ((after,),) = store.query_rows("SELECT sum(records) FROM tailguard.latency_1h")
+        ((after,),) = store.query_rows(f"SELECT sum(records) FROM tailguard.{table}")
         ((base,),) = store.query_rows(
             "SELECT sum(records) FROM tailguard.window_sketches WHERE boundary != '__slo__'"
         )
         assert after == base > sum(r[5] for r in before)
         # the view's rows and the migrated ones are each their windows' (repair finds
         # nothing to set right)
-        assert repair_rollups(store).repaired.get("latency_1h") == 0
+        repaired = repair_rollups(store).repaired
+        assert repaired.get("latency_1m") == 0
+        assert repaired.get("latency_1h") == 0
     finally:
         store.close()
