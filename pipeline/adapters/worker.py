@@ -220,8 +220,8 @@ class WorkerShell:
         await self.input.store_up.wait()  # back pressure: hold this batch while the store is down
         if self.watch.barrier:
             messages = self.watch.past_barrier(messages)
-            if not messages:
-                return
+        if not (messages := self.counts.not_handled(messages)):  # (handled already)
+            return
         new: dict[int, int] = {}
         for p, off, _ in messages:
             if not self.processor.has_partition(p) and p not in new:

@@ -15,6 +15,19 @@ log = logging.getLogger("tailguard.worker")
 LOG_EVERY_S = 10.0
 
 
+def not_handled(
+    next_offsets: dict[int, int], messages: list[tuple[int, int, bytes]]
+) -> list[tuple[int, int, bytes]]:
+    """``messages`` without those at offsets the partition's state has handled already
+    (``next_offsets``: the processor's): a fetch that came late after its partition was
+    read again from where the worker stood (``StallGuard``: a slow fetch looks like
+    a dropped one on a busy machine). Its valid events would be duplicates to the join,
+    but a malformed message would be dead-lettered twice (``test_fault_malformed.py``
+    under load). A partition whose state was dropped or finished starts again at 0: a
+    rebalance or a new generation reads its offsets again as it should."""
+    return [m for m in messages if m[1] >= next_offsets.get(m[0], 0)]
+
+
 class WorkerCounts:
     """Counts of ``processor`` into ``telemetry``, and the log line every ``LOG_EVERY_S``."""
 
@@ -35,10 +48,18 @@ class WorkerCounts:
         self.finished_requests = 0
         self.finished_windows = 0
         self.finished_partials = 0
+        # lifecycle messages at offsets already handled, dropped (Worker._not_handled)
+        self.redelivered = 0
 
     def written(self, rows: int, retries: int) -> None:
         self.rows_written += rows
         self.write_retries += retries
+
+    def not_handled(self, messages: list[tuple[int, int, bytes]]) -> list[tuple[int, int, bytes]]:
+        """:func:`not_handled` of the processor's partitions, counted."""
+        fresh = not_handled(self.processor.next_offsets(), messages)
+        self.redelivered += len(messages) - len(fresh)
+        return fresh
 
     def health(self, lag: int, lifecycle_input: Any) -> dict[str, float]:
         """The worker's own health for /metrics (``tailguard_worker_<name>``)."""
@@ -55,6 +76,7 @@ class WorkerCounts:
             "generation_finished_partials": self.finished_partials,
             # lifecycle partitions read again after a fetch dropped on its way (StallGuard)
             "stalled_partitions_read_again": self.stall.read_again if self.stall else 0,
+            "redelivered_messages_dropped": self.redelivered,
             **self._duplicates(),
         }
 

@@ -94,6 +94,7 @@ HEALTH_COUNTERS: Final = frozenset(
         "generation_finished_windows",
         "generation_finished_partials",
         "stalled_partitions_read_again",
+        "redelivered_messages_dropped",
         "join_duplicates",
         "join_duplicate_ids_changed",
     }

@@ -70,7 +70,7 @@ def test_0020_gives_old_rows_their_hash_and_projection(tmp_path: Path) -> None:
         # a reader newer than the store (the worker migrates it): the key's hash computed
         for tenant in ("t1", "t2", "t3"):
             assert _read(store, tenant) == _final(store, tenant)
-        assert migrate(store) == [
+        assert migrate(store)[:3] == [  # (and any later ones)
             "0020_requests_by_tenant",
             "0021_requests_id_bloom",
             "0022_by_tenant_granularity",
