@@ -48,7 +48,7 @@ class WorkerCounts:
         self.finished_requests = 0
         self.finished_windows = 0
         self.finished_partials = 0
-        # lifecycle messages at offsets already handled, dropped (Worker._not_handled)
+        # lifecycle messages at offsets already handled, dropped (not_handled)
         self.redelivered = 0
 
     def written(self, rows: int, retries: int) -> None:
