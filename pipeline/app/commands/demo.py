@@ -9,18 +9,26 @@ from types import FrameType
 
 from pipeline.app.commands.common import DEFAULT_OVERLOAD, Command, add_sim, need_file
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
 
 def _stop(signum: int, _frame: FrameType | None) -> None:
+    """The first stop signal unwinds the demo; later ones are ignored, so they cannot cut
+    the stopping of what it started short (nor end the process once its handlers are
+    gone: a CI run under load saw the demo die of a SIGINT while it stopped its broker)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """SIGTERM stops it as Ctrl-C does: what it started (broker, worker) is stopped by
-    PID as its stack unwinds; exit 143 (130 for Ctrl-C)."""
+    PID as its stack unwinds; exit 143 (130 for Ctrl-C). A second signal changes nothing."""
     from pipeline.app.demo import run_demo, sim_config_from_args
 
     need_file(args.trace)
-    signal.signal(signal.SIGTERM, _stop)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop)
     try:
         return run_demo(
             trace=args.trace,
