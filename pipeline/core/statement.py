@@ -63,8 +63,9 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -499,7 +500,7 @@ def _exemptions(
 ) -> tuple[dict[int, str], tuple[ColdStart, ...]]:
     """Row -> reason for the exempted rows; and the cold starts seen."""
     reasons: dict[int, str] = {}
-    windows = [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
+    windows = maintenance_windows(contract)
     if windows:
         end_ns = rows.ints("end_unix_ns")
         window = np.full(len(rows), -1, dtype=np.int64)  # the first window each ends in
@@ -544,6 +545,12 @@ def _exemptions(
             )
         )
     return reasons, tuple(cold)
+
+
+def maintenance_windows(contract: Contract) -> list[tuple[int, int, str]]:
+    """The contract's maintenance windows: ``(start_ns, end_ns, reason)``, as listed (a
+    record ending in ``[start_ns, end_ns)`` of one is exempted: the first's reason)."""
+    return [(_ns_of(w.start), _ns_of(w.end), w.reason) for w in contract.exemptions.maintenance]
 
 
 def _ns_of(t: dt.datetime) -> int:
@@ -694,7 +701,7 @@ def compute_statement(
     period: str,
     contract: Contract,
     spec: SLOSpec,
-    records: Sequence[RequestRecord] | StatementRows,
+    records: Sequence[RequestRecord] | StatementRows | StatementSource,
     level_changes: Sequence[LevelChange],
     budget_events: Sequence[BudgetEventRow],
     observed_until_ns: int | None,
@@ -702,18 +709,21 @@ def compute_statement(
     version: int = STATEMENT_VERSION,
 ) -> Statement:
     """The statement (see the module docstring for every rule). ``records``: the records,
-    or their columns (:class:`StatementRows`, one row per key); only the tenant's ending
-    in the period count."""
+    or their columns (:class:`StatementRows`, one row per key): only the tenant's ending
+    in the period count; or what a store counts of the tenant's period
+    (:class:`StatementSource`, statement version 4 on)."""
     if tenant not in contract.tenants:
         raise ValueError(f"tenant {tenant!r} is not covered by the contract")
     tz = zoneinfo.ZoneInfo(contract.billing.timezone)
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    given = records if isinstance(records, StatementRows) else StatementRows.of_records(records)
-    recs = _of_tenant(given, tenant, p_start, p_end)
-    reasons, cold = _exemptions(recs, contract, tz)
-    kept = np.ones(len(recs), dtype=np.bool_)  # counted: not exempted
-    kept[list(reasons)] = False
-    batch = _Counted.of(recs, kept, contract, spec, tz)
+    if isinstance(records, StatementSource):
+        source = records
+    else:
+        given = records if isinstance(records, StatementRows) else StatementRows.of_records(records)
+        source = RowSource(_of_tenant(given, tenant, p_start, p_end), tz)
+    special = source.special
+    reasons, cold = _exemptions(special, contract, tz)
+    batch = _Counted.of(source, sorted(reasons), contract, spec)
     slos, percentiles, breaches = _slo_results(batch, contract, spec)
     p_start_ms, p_end_ms = p_start // _NS_PER_MS, p_end // _NS_PER_MS
     until_ms = p_end_ms
@@ -724,9 +734,9 @@ def compute_statement(
     )
     pauses = _pauses(mine, contract, p_end_ms)
     levels, credit = _levels_and_credit(
-        recs, level_changes, contract, tz, pauses=pauses, span_ms=(p_start_ms, until_ms, p_end_ms)
+        source, level_changes, contract, tz, pauses=pauses, span_ms=(p_start_ms, until_ms, p_end_ms)
     )
-    ids, attempts = recs.fields["request_id"], recs.fields["attempt"]
+    ids, attempts = special.fields["request_id"], special.fields["attempt"]
     by_reason: dict[str, int] = defaultdict(int)
     for why in reasons.values():
         by_reason[why.split(":", 1)[0]] += 1
@@ -739,8 +749,8 @@ def compute_statement(
         timezone=contract.billing.timezone,
         period_start=_iso(p_start, tz),
         period_end=_iso(p_end, tz),
-        requests=len(recs),
-        counted=int(kept.sum()),
+        requests=source.requests,
+        counted=batch.total(batch.kept),
         slos=slos,
         tiers=_tiers(batch, contract, spec),
         percentiles=percentiles,
@@ -766,10 +776,121 @@ def compute_statement(
             for i in sorted(reasons, key=lambda i: (ids[i], attempts[i]))
         ),
         exempted_by_reason=dict(sorted(by_reason.items())),
-        incidents=_incidents(mine, batch, contract, spec, tz),
+        incidents=_incidents(mine, contract, spec, tz),
         budget_exhausted_not_this_tenant=not_mine,
         inputs=inputs,
     )
+
+
+# A day's (or the period's) nearest-rank percentile of a boundary's values: (day as days
+# since 1970-01-01 in the contract's zone, percentile, how many values)
+DayValue = tuple[int, float, int]
+
+
+@runtime_checkable
+class StatementSource(Protocol):
+    """What :func:`compute_statement` reads of a tenant's period: the tenant's rows
+    (:class:`RowSource`), or what a store counts of them without handing them over
+    (``pipeline.adapters.queries.statement_engine``, statement version 4: a tenant-month
+    of a month store is 15 M rows, issue 53). The rules stay here: the source answers
+    for masks over its :meth:`counted` groups, which ``SLOMatcher.classify_many``
+    judged."""
+
+    @property
+    def requests(self) -> int:
+        """The tenant's rows of the period (exempted or not)."""
+        ...
+
+    @property
+    def special(self) -> StatementRows:
+        """At least every row that ends in a maintenance window of the contract
+        (:func:`maintenance_windows`) or has a cold start: what the exemptions read."""
+        ...
+
+    def counted(self, exempt: Sequence[int]) -> tuple[RecordColumns, IntArray, BoolArray]:
+        """The rows as groups, given the exempted rows (indices into :attr:`special`):
+        the groups' columns (what ``classify_many`` reads: a group's rows are alike for
+        every SLO of the contract), each group's rows, and which groups are counted
+        (not exempted)."""
+        ...
+
+    def percentiles(
+        self, boundary: str, rows: BoolArray, percentile: float
+    ) -> tuple[DayValue | None, list[DayValue]]:
+        """The nearest-rank ``percentile`` of ``boundary``'s values on the rows of the
+        groups in the mask that have one (exempted rows never): over the period (day
+        -1), and per day in day order."""
+        ...
+
+    def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
+        """The rows of the groups in the mask ending in ``[from_ns, to_ns]``, in the order
+        of their key's hash (request_id, attempt, engine_host and the boundaries)."""
+        ...
+
+    def traffic(
+        self, scopes: Sequence[str], models: list[str] | None, start_ms: int, end_ms: int
+    ) -> dict[str, list[tuple[int, int]]]:
+        """:func:`traffic_intervals` of every row (exempted too)."""
+        ...
+
+
+class RowSource:
+    """The tenant's rows of the period, each its own group (statement versions 2 and 3,
+    and the reference every other source is held to)."""
+
+    def __init__(self, rows: StatementRows, tz: zoneinfo.ZoneInfo) -> None:
+        self.rows = rows
+        self.tz = tz
+
+    @property
+    def requests(self) -> int:
+        return len(self.rows)
+
+    @property
+    def special(self) -> StatementRows:
+        return self.rows
+
+    @cached_property
+    def end_ns(self) -> IntArray:
+        return self.rows.ints("end_unix_ns")
+
+    @cached_property
+    def day(self) -> IntArray:
+        return local_days(self.end_ns, self.tz)
+
+    def counted(self, exempt: Sequence[int]) -> tuple[RecordColumns, IntArray, BoolArray]:
+        kept = np.ones(len(self.rows), dtype=np.bool_)
+        kept[list(exempt)] = False
+        cols = RecordColumns.of_fields(self.rows.fields, self.rows.boundaries)
+        return cols, np.ones(len(self.rows), dtype=np.int64), kept
+
+    def percentiles(
+        self, boundary: str, rows: BoolArray, percentile: float
+    ) -> tuple[DayValue | None, list[DayValue]]:
+        column = self.rows.boundaries[:, BOUNDARIES.index(boundary)]
+        at = np.flatnonzero(rows & ~np.isnan(column))
+        if not len(at):
+            return None, []
+        values, days_of = column[at], self.day[at]
+        by_day = _stable_order(days_of)
+        bounds = np.flatnonzero(np.diff(days_of[by_day])) + 1
+        days = [
+            (int(days_of[g[0]]), _kth_smallest(values[g], percentile), len(g))
+            for g in np.split(by_day, bounds)
+        ]
+        return (-1, _kth_smallest(values, percentile), len(at)), days
+
+    def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
+        end = self.end_ns
+        return self.rows.take(np.flatnonzero(rows & (end >= from_ns) & (end <= to_ns)))
+
+    def traffic(
+        self, scopes: Sequence[str], models: list[str] | None, start_ms: int, end_ms: int
+    ) -> dict[str, list[tuple[int, int]]]:
+        return _traffic(
+            self.rows.ints("ts_unix_ns"), self.end_ns, self.rows.fields["model"],
+            scopes=scopes, models=models, start_ms=start_ms, end_ms=end_ms,
+        )  # fmt: skip
 
 
 def _of_tenant(rows: StatementRows, tenant: str, p_start: int, p_end: int) -> StatementRows:
@@ -782,37 +903,34 @@ def _of_tenant(rows: StatementRows, tenant: str, p_start: int, p_end: int) -> St
 
 @dataclass(frozen=True, slots=True)
 class _Counted:
-    """The records as columns: each bound SLO's verdicts (``classify_many``: masks
-    counted and good; an exempted record is never counted) and each record's day
-    (contract time zone) as a number."""
+    """A source's groups judged: each bound SLO's verdicts (``classify_many``: masks
+    counted and good; an exempted group is never counted) and each group's rows."""
 
-    rows: StatementRows
-    cols: RecordColumns
+    source: StatementSource
+    weights: IntArray
+    kept: BoolArray
     verdicts: Mapping[str, tuple[BoolArray, BoolArray]]
-    end_ns: IntArray
-    day: IntArray  # days since 1970-01-01 in the contract's zone
 
     @classmethod
     def of(
-        cls,
-        rows: StatementRows,
-        kept: BoolArray,
-        contract: Contract,
-        spec: SLOSpec,
-        tz: zoneinfo.ZoneInfo,
+        cls, source: StatementSource, exempt: Sequence[int], contract: Contract, spec: SLOSpec
     ) -> _Counted:
-        cols = RecordColumns.of_fields(rows.fields, rows.boundaries)
+        cols, weights, kept = source.counted(exempt)
         verdicts = {}
         for n in contract.slos:
             counted, good = SLOMatcher(spec.slo(n)).classify_many(cols)
             verdicts[n] = (counted & kept, good & kept)
-        end_ns = rows.ints("end_unix_ns")
-        return cls(rows, cols, verdicts, end_ns, local_days(end_ns, tz))
+        return cls(source, weights, kept, verdicts)
 
-    def value(self, boundary: str, row: int) -> float | None:
-        """A row's value at a boundary (None when it has none)."""
-        v = float(self.cols.boundary(boundary)[row])
-        return None if math.isnan(v) else v
+    def total(self, mask: BoolArray) -> int:
+        """The rows of the groups in the mask."""
+        return int(self.weights[mask].sum())
+
+
+def _value(rows: StatementRows, boundary: str, row: int) -> float | None:
+    """A row's value at a boundary (None when it has none)."""
+    v = float(rows.boundaries[row, BOUNDARIES.index(boundary)])
+    return None if math.isnan(v) else v
 
 
 _EPOCH_ORDINAL: Final = dt.date(1970, 1, 1).toordinal()
@@ -886,7 +1004,7 @@ def _slo_results(
     for name in contract.slos:
         slo = spec.slo(name)
         counted, good_mask = batch.verdicts[name]
-        good, total = int(good_mask.sum()), int(counted.sum())
+        good, total = batch.total(good_mask), batch.total(counted)
         compliance = good / total if total else None
         slos[name] = SLOResult(
             boundary=slo.boundary,
@@ -897,17 +1015,11 @@ def _slo_results(
             compliance=compliance,
             met=_met(compliance, slo.objective),
         )
-        column = batch.cols.boundary(slo.boundary)
-        rows = np.flatnonzero(counted & ~np.isnan(column))
-        values, days_of = column[rows], batch.day[rows]
-
+        whole, per_day = batch.source.percentiles(slo.boundary, counted, rule.percentile)
         days: dict[str, DayPercentile] = {}
-        by_day = _stable_order(days_of)
-        bounds = np.flatnonzero(np.diff(days_of[by_day])) + 1
-        for group in np.split(by_day, bounds) if len(rows) else []:
-            day = _day_name(int(days_of[group[0]]))
-            p = _kth_smallest(values[group], rule.percentile)
-            days[day] = DayPercentile(p=p, n=len(group))
+        for d, p, n in per_day:
+            day = _day_name(d)
+            days[day] = DayPercentile(p=p, n=n)
             if p > slo.threshold_ms:
                 ratio = p / slo.threshold_ms
                 breaches.append(
@@ -923,8 +1035,8 @@ def _slo_results(
                 )
         percentiles[name] = Percentiles(
             boundary=slo.boundary,
-            period=_kth_smallest(values, rule.percentile) if len(rows) else None,
-            n=len(rows),
+            period=None if whole is None else whole[1],
+            n=0 if whole is None else whole[2],
             days=days,
         )
     breaches.sort(key=lambda b: (b.day, b.slo))
@@ -939,8 +1051,8 @@ def _tiers(batch: _Counted, contract: Contract, spec: SLOSpec) -> dict[str, Tier
             continue
         counted, good = batch.verdicts[tier.primary]
         good_secondary = batch.verdicts[tier.secondary][1]
-        total, good_p = int(counted.sum()), int(good.sum())
-        good_s = int((counted & ~good & good_secondary).sum())
+        total, good_p = batch.total(counted), batch.total(good)
+        good_s = batch.total(counted & ~good & good_secondary)
         blended = (good_p + tier.secondary_weight * good_s) / total if total else None
         tiers[tname] = TierResult(
             primary=tier.primary,
@@ -956,7 +1068,7 @@ def _tiers(batch: _Counted, contract: Contract, spec: SLOSpec) -> dict[str, Tier
     return tiers
 
 
-_Exhaustion = tuple[BudgetEventRow, IntArray]  # the event, the tenant's bad rows before it
+_Exhaustion = tuple[BudgetEventRow, StatementRows]  # the event, the tenant's bad rows before it
 
 
 def _exhaustions(
@@ -991,8 +1103,7 @@ def _exhaustions(
             else parse_duration_ms(terms.lookback)
         )
         lo_ns, hi_ns = (e.at_ms - look_ms) * _NS_PER_MS, e.at_ms * _NS_PER_MS
-        bad = counted & ~good & (batch.end_ns >= lo_ns) & (batch.end_ns <= hi_ns)
-        bad_rows = np.flatnonzero(bad)
+        bad_rows = batch.source.bad_rows(counted & ~good, lo_ns, hi_ns)
         if len(bad_rows):
             mine.append((e, bad_rows))
         else:
@@ -1025,7 +1136,7 @@ def _pauses(
 
 
 def _levels_and_credit(
-    recs: StatementRows,
+    source: StatementSource,
     level_changes: Sequence[LevelChange],
     contract: Contract,
     tz: zoneinfo.ZoneInfo,
@@ -1037,14 +1148,8 @@ def _levels_and_credit(
     observed until)``, and the credit they and the billing pauses give. ``span_ms``:
     (period start, observed until, period end)."""
     p_start_ms, until_ms, p_end_ms = span_ms
-    traffic = _traffic(
-        recs.ints("ts_unix_ns"),
-        recs.ints("end_unix_ns"),
-        recs.fields["model"],
-        scopes=sorted({c.scope for c in level_changes}),
-        models=contract.models,
-        start_ms=p_start_ms,
-        end_ms=until_ms,
+    traffic = source.traffic(
+        sorted({c.scope for c in level_changes}), contract.models, p_start_ms, until_ms
     )
     timeline = _level_timeline(level_changes, contract.models, p_start_ms, until_ms, traffic)
     service = _level_timeline(level_changes, contract.models, p_start_ms, until_ms)
@@ -1104,7 +1209,6 @@ def _levels_and_credit(
 
 def _incidents(
     mine: Sequence[_Exhaustion],
-    batch: _Counted,
     contract: Contract,
     spec: SLOSpec,
     tz: zoneinfo.ZoneInfo,
@@ -1114,13 +1218,13 @@ def _incidents(
     terms = contract.budget_exhausted
     if not terms.incident_report:
         return ()
-    ids, attempts = batch.rows.fields["request_id"], batch.rows.fields["attempt"]
-    hosts = batch.rows.fields["engine_host"]
     incidents: list[Incident] = []
-    for e, bad_rows in mine:
+    for e, rows in mine:
         slo = spec.slo(e.slo)
-        queue = batch.cols.boundary("queue_ms")[bad_rows].tolist()
-        compute = batch.cols.boundary("inference_ms")[bad_rows].tolist()
+        ids, attempts = rows.fields["request_id"], rows.fields["attempt"]
+        hosts = rows.fields["engine_host"]
+        queue = rows.boundaries[:, BOUNDARIES.index("queue_ms")].tolist()
+        compute = rows.boundaries[:, BOUNDARIES.index("inference_ms")].tolist()
         # in row order, as Python floats (the same sums as record by record)
         both = [
             (x, y)
@@ -1129,26 +1233,27 @@ def _incidents(
         ]
         q = sum(x for x, _ in both)
         c = sum(y for _, y in both)
-        at = bad_rows.tolist()
-        rank = [_worst_first(v) for v in batch.cols.boundary(slo.boundary)[bad_rows].tolist()]
-        order = sorted(range(len(at)), key=lambda k: (rank[k], ids[at[k]], attempts[at[k]]))
-        worst = [at[k] for k in order[: terms.worst_requests]]
+        rank = [
+            _worst_first(v) for v in rows.boundaries[:, BOUNDARIES.index(slo.boundary)].tolist()
+        ]
+        order = sorted(range(len(rows)), key=lambda k: (rank[k], ids[k], attempts[k]))
+        worst = order[: terms.worst_requests]
         incidents.append(
             Incident(
                 at=_iso(e.at_ms * _NS_PER_MS, tz),
                 at_ms=e.at_ms,
                 slo=e.slo,
                 boundary=slo.boundary,
-                bad_requests=len(bad_rows),
+                bad_requests=len(rows),
                 queue_share=q / (q + c) if q + c > 0 else None,
                 compute_share=c / (q + c) if q + c > 0 else None,
                 worst=tuple(
                     WorstRequest(
                         request_id=ids[i],
                         attempt=int(attempts[i]),
-                        value_ms=batch.value(slo.boundary, i),
-                        queue_ms=batch.value("queue_ms", i),
-                        inference_ms=batch.value("inference_ms", i),
+                        value_ms=_value(rows, slo.boundary, i),
+                        queue_ms=_value(rows, "queue_ms", i),
+                        inference_ms=_value(rows, "inference_ms", i),
                         engine_host=hosts[i],
                         explain=f"tailguard explain {ids[i]}",
                     )
