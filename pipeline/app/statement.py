@@ -24,7 +24,7 @@ import orjson
 
 from pipeline.adapters.queries import budget as budget_queries
 from pipeline.adapters.queries import control as control_queries
-from pipeline.adapters.queries import statement_rows
+from pipeline.adapters.queries import statement_engine, statement_rows
 from pipeline.adapters.store import Store
 from pipeline.core.statement import (
     STATEMENT_VERSION,
@@ -32,6 +32,7 @@ from pipeline.core.statement import (
     LevelChange,
     Statement,
     StatementRows,
+    StatementSource,
     compute_statement,
     records_digest,
     rows_digest,
@@ -61,17 +62,21 @@ def build_statement(
     version 2 digests every field of the records)."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    rows: StatementRows | list[Any]
-    if version >= 3:
+    rows: StatementRows | list[Any] | StatementSource
+    if version >= 4:
+        engine = statement_engine.EngineSource(
+            store, contract, loaded.spec, tenant=tenant, from_unix_ns=p_start, until_unix_ns=p_end
+        )
+        rows, first, last = engine, engine.first_end_ns, engine.last_end_ns
+        read: dict[str, Any] = {"requests_rows": engine.requests, "requests_digest": engine.digest}
+    elif version == 3:
         rows = statement_rows.read_rows(store, tenant, p_start, p_end)
-        ends = rows.ints("end_unix_ns")
-        read: dict[str, Any] = {"requests_rows": len(rows), "requests_digest": rows.digest()}
+        first, last = _first_last(rows.ints("end_unix_ns"))
+        read = {"requests_rows": len(rows), "requests_digest": rows.digest()}
     else:
         rows = statement_rows.read_records(store, tenant, p_start, p_end)
-        ends = np.asarray([r.end_unix_ns for r in rows], dtype=np.int64)
+        first, last = _first_last(np.asarray([r.end_unix_ns for r in rows], dtype=np.int64))
         read = {"requests_rows": len(rows), "requests_digest": records_digest(rows)}
-    first = int(ends.min()) if len(ends) else None
-    last = int(ends.max()) if len(ends) else None
     until_ns = statement_rows.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
     control = control_queries.levels_before(store, b_ms)
@@ -120,6 +125,10 @@ def build_statement(
         inputs=inputs,
         version=version,
     )
+
+
+def _first_last(ends: Any) -> tuple[int | None, int | None]:
+    return (int(ends.min()), int(ends.max())) if len(ends) else (None, None)
 
 
 def _normal(doc: Any) -> Any:

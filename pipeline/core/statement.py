@@ -75,6 +75,7 @@ from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import (
     CLASSIFY_FIELDS,
+    LOWER_BOUNDS,
     BoolArray,
     Categorical,
     FloatArray,
@@ -90,13 +91,14 @@ from pipeline.spec.slo import SLOSpec
 
 _NS_PER_MS: Final = 1_000_000
 # 3: the requests digest is over the columns the statement reads (the store's columns
-# digest), not every field of the records (2)
-STATEMENT_VERSION: Final = 3
+# digest), not every field of the records (2); 4: the same numbers, counted in the store's
+# engine, the digest its sum of row hashes (pipeline.adapters.queries.statement_engine)
+STATEMENT_VERSION: Final = 4
 # A tenant "had traffic in a control scope" during a slot of this length in which one of
 # its requests of the scope's models was in flight (the levels' rule, module docstring).
 TRAFFIC_SLOT_MS: Final = 60_000
 # Longer than this from start to end, a record's two clocks disagree: only its end counts.
-_MAX_SPAN_MS: Final = 3_600_000
+MAX_SPAN_MS: Final = 3_600_000
 # Control scopes that hold for every model (the contract's ``models``, when it names them).
 FLEET_SCOPES: Final = frozenset({"*", "fleet"})
 
@@ -576,7 +578,7 @@ def traffic_intervals(
     """Per control scope, where in ``[start_ms, end_ms)`` the records' tenant had traffic
     in it: the ``slot_ms`` slots (aligned to the Unix epoch) that a record of the scope's
     models overlaps, from its start (``ts_unix_ns``) to its end (``end_unix_ns``); a
-    record whose two times are more than ``_MAX_SPAN_MS`` apart (a clock off) marks only
+    record whose two times are more than ``MAX_SPAN_MS`` apart (a clock off) marks only
     its end's slot. Merged, sorted intervals."""
     n = len(records)
     return _traffic(
@@ -602,7 +604,7 @@ def _traffic(
     n = len(end_ns)
     end = end_ns // _NS_PER_MS
     start = np.minimum(start_ns // _NS_PER_MS, end)
-    start = np.where(end - start > _MAX_SPAN_MS, end, start)
+    start = np.where(end - start > MAX_SPAN_MS, end, start)
     first, last = start // slot_ms, end // slot_ms
     model = Categorical.of(of_record)
     out: dict[str, list[tuple[int, int]]] = {}
@@ -618,11 +620,42 @@ def _slot_runs(
 ) -> list[tuple[int, int]]:
     """The union of the slots ``first[i] .. last[i]`` (inclusive), each clipped to
     ``[start_ms, end_ms)`` (a slot left empty is dropped), as merged sorted intervals."""
+    return _runs(slots_of(first, last), start_ms, end_ms, slot_ms)
+
+
+def slots_of(first: IntArray, last: IntArray) -> IntArray:
+    """The distinct slots ``first[i] .. last[i]`` (inclusive) cover, sorted."""
     lengths = last - first + 1
     offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
         np.cumsum(lengths) - lengths, lengths
     )
-    ks = np.unique(np.repeat(first, lengths) + offsets)
+    ks: IntArray = np.unique(np.repeat(first, lengths) + offsets)
+    return ks
+
+
+def traffic_of_slots(
+    slots: Mapping[str, IntArray],
+    scopes: Sequence[str],
+    models: list[str] | None,
+    start_ms: int,
+    end_ms: int,
+    *,
+    slot_ms: int = TRAFFIC_SLOT_MS,
+) -> dict[str, list[tuple[int, int]]]:
+    """:func:`traffic_intervals` given, per model, the slots its records overlap (slot
+    numbers: ``ms // slot_ms``; a record's first and last slots as
+    :func:`traffic_intervals` says, and every slot between)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for scope in scopes:
+        allowed = _scope_models(scope, models)
+        mine = [ks for m, ks in slots.items() if allowed is None or m in allowed]
+        ks = np.unique(np.concatenate(mine)) if mine else np.empty(0, dtype=np.int64)
+        out[scope] = _runs(ks, start_ms, end_ms, slot_ms)
+    return out
+
+
+def _runs(ks: IntArray, start_ms: int, end_ms: int, slot_ms: int) -> list[tuple[int, int]]:
+    """Sorted distinct slots, each clipped to ``[start_ms, end_ms)``, as merged intervals."""
     lo = np.maximum(start_ms, ks * slot_ms)
     hi = np.minimum(end_ms, (ks + 1) * slot_ms)
     keep = lo < hi
@@ -815,11 +848,12 @@ class StatementSource(Protocol):
         ...
 
     def percentiles(
-        self, boundary: str, rows: BoolArray, percentile: float
-    ) -> tuple[DayValue | None, list[DayValue]]:
-        """The nearest-rank ``percentile`` of ``boundary``'s values on the rows of the
-        groups in the mask that have one (exempted rows never): over the period (day
-        -1), and per day in day order."""
+        self, asked: Sequence[tuple[str, BoolArray]], percentile: float
+    ) -> list[tuple[DayValue | None, list[DayValue]]]:
+        """For each ``(boundary, mask)`` asked: the nearest-rank ``percentile`` of the
+        boundary's values on the rows of the groups in the mask that have one (exempted
+        rows never), over the period (day -1; None without values) and per day in day
+        order."""
         ...
 
     def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
@@ -832,6 +866,61 @@ class StatementSource(Protocol):
     ) -> dict[str, list[tuple[int, int]]]:
         """:func:`traffic_intervals` of every row (exempted too)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Cuts:
+    """Where the contract's SLOs cut each value (statement version 4): the thresholds of
+    each boundary they compare (their own, and a missing first byte's lower bound), and
+    the prompt sizes they exclude above. A group of rows alike in the SLOs' fields and in
+    the interval of each cut their values fall in (:meth:`interval`: codes) is alike for
+    every SLO of the contract, so ``classify_many`` judges it on one row standing for it
+    (:meth:`stand_in`, :meth:`prompt_stand_in`)."""
+
+    boundaries: Mapping[str, tuple[float, ...]]  # sorted thresholds per boundary
+    prompt_tokens: tuple[int, ...]  # sorted ``exclude.prompt_tokens_over``
+
+    @classmethod
+    def of(cls, contract: Contract, spec: SLOSpec) -> Cuts:
+        at: dict[str, set[float]] = defaultdict(set)
+        prompts: set[int] = set()
+        for name in contract.slos:
+            slo = spec.slo(name)
+            at[slo.boundary].add(float(slo.threshold_ms))
+            if slo.boundary in LOWER_BOUNDS:
+                at[LOWER_BOUNDS[slo.boundary]].add(float(slo.threshold_ms))
+            if slo.exclude is not None and slo.exclude.prompt_tokens_over is not None:
+                prompts.add(slo.exclude.prompt_tokens_over)
+        return cls({b: tuple(sorted(t)) for b, t in sorted(at.items())}, tuple(sorted(prompts)))
+
+    @staticmethod
+    def interval(value: float | None, cuts: Sequence[float]) -> int:
+        """A value's interval among the cuts ``t1 < ... < tk``: -1 missing, ``2j``
+        between ``t_j`` and ``t_j+1`` (0: below ``t1``, ``2k``: above ``tk``),
+        ``2j - 1`` equal to ``t_j`` (what a store's reader computes in its own terms)."""
+        if value is None or math.isnan(value):
+            return -1
+        return sum(2 * (value > t) + (value == t) for t in cuts)
+
+    @staticmethod
+    def stand_in(code: int, cuts: Sequence[float]) -> float:
+        """A value in interval ``code`` (NaN: missing)."""
+        if code < 0:
+            return math.nan
+        j, equal = divmod(code, 2)
+        if equal:
+            return cuts[j]
+        if j == 0:
+            return cuts[0] - max(1.0, abs(cuts[0]))
+        if j == len(cuts):
+            return cuts[-1] + max(1.0, abs(cuts[-1]))
+        return (cuts[j - 1] + cuts[j]) / 2
+
+    def prompt_stand_in(self, code: int) -> int | None:
+        """A prompt size above exactly ``code`` of the cuts (-1: unknown)."""
+        if code < 0:
+            return None
+        return 0 if code == 0 else self.prompt_tokens[code - 1] + 1
 
 
 class RowSource:
@@ -865,6 +954,11 @@ class RowSource:
         return cols, np.ones(len(self.rows), dtype=np.int64), kept
 
     def percentiles(
+        self, asked: Sequence[tuple[str, BoolArray]], percentile: float
+    ) -> list[tuple[DayValue | None, list[DayValue]]]:
+        return [self._percentiles(b, rows, percentile) for b, rows in asked]
+
+    def _percentiles(
         self, boundary: str, rows: BoolArray, percentile: float
     ) -> tuple[DayValue | None, list[DayValue]]:
         column = self.rows.boundaries[:, BOUNDARIES.index(boundary)]
@@ -1001,7 +1095,9 @@ def _slo_results(
     slos: dict[str, SLOResult] = {}
     percentiles: dict[str, Percentiles] = {}
     breaches: list[Breach] = []
-    for name in contract.slos:
+    asked = [(spec.slo(n).boundary, batch.verdicts[n][0]) for n in contract.slos]
+    values = batch.source.percentiles(asked, rule.percentile)
+    for name, (whole, per_day) in zip(contract.slos, values, strict=True):
         slo = spec.slo(name)
         counted, good_mask = batch.verdicts[name]
         good, total = batch.total(good_mask), batch.total(counted)
@@ -1015,7 +1111,6 @@ def _slo_results(
             compliance=compliance,
             met=_met(compliance, slo.objective),
         )
-        whole, per_day = batch.source.percentiles(slo.boundary, counted, rule.percentile)
         days: dict[str, DayPercentile] = {}
         for d, p, n in per_day:
             day = _day_name(d)

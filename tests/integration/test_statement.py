@@ -491,14 +491,14 @@ def test_verify_uses_the_recorded_contract_and_fails_on_any_edit(
     assert "inputs.contract: the recorded content is not the recorded digest" in bad.stderr
 
 
-def test_version_3_says_what_version_2_said_and_both_verify(
+def test_versions_2_3_and_4_say_the_same_and_each_verifies(
     built: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Version 3 (columns read without records, digested as columns) and version 2 (the
-    records, every field digested) of the same statement: the same numbers, each its own
-    digest; a version 2 statement (issued before version 3) still verifies, and its digest
-    is the records' digest of the tenant's final rows."""
-    out = tmp_path / "both.json"
+    """Version 4 (counted in the engine), version 3 (columns read without records,
+    digested as columns) and version 2 (the records, every field digested) of the same
+    statement: the same numbers, each its own digest; a version 2 or 3 statement (issued
+    before version 4) still verifies."""
+    out = tmp_path / "all.json"
     script = (
         "import orjson\n"
         "from pipeline.adapters.store import open_store\n"
@@ -507,28 +507,29 @@ def test_version_3_says_what_version_2_said_and_both_verify(
         "from pipeline.spec.contract import load_contract_file\n"
         f"s = open_store(Settings(store_dir={str(built['store'])!r}))\n"
         f"c = load_contract_file({str(built['contract'])!r})\n"
-        "both = [build_statement(s, c, 'tenant-c', '2026-11', version=v).to_json()\n"
-        "        for v in (2, 3)]\n"
-        f"open({str(out)!r}, 'wb').write(orjson.dumps(both))\n"
+        "docs = [build_statement(s, c, 'tenant-c', '2026-11', version=v).to_json()\n"
+        "        for v in (2, 3, 4)]\n"
+        f"open({str(out)!r}, 'wb').write(orjson.dumps(docs))\n"
         "s.close()\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO, timeout=600)
-    v2, v3 = orjson.loads(out.read_bytes())
-    assert (v2["statement_version"], v3["statement_version"]) == (2, 3)
-    assert v2["inputs"]["requests_digest"] != v3["inputs"]["requests_digest"]
+    v2, v3, v4 = orjson.loads(out.read_bytes())
+    assert (v2["statement_version"], v3["statement_version"], v4["statement_version"]) == (2, 3, 4)
+    assert len({d["inputs"]["requests_digest"] for d in (v2, v3, v4)}) == 3
     cli = dict(statement(built["store"], "tenant-c", built["contract"]))
     cli.pop("generated_at")  # (the command's, not the statement's)
-    assert v3 == cli, sorted(k for k in v3.keys() | cli.keys() if v3.get(k) != cli.get(k))
-    for doc in (v2, v3):
+    assert v4 == cli, sorted(k for k in v4.keys() | cli.keys() if v4.get(k) != cli.get(k))
+    for doc in (v2, v3, v4):
         doc.pop("statement_version")
         doc["inputs"].pop("requests_digest")
-    assert v2 == v3
-    assert v3["requests"] > 0
-    assert v3["incidents"] or v3["exempted"]  # something beyond the counts to agree on
-    saved = tmp_path / "v2.json"
-    saved.write_bytes(orjson.dumps(orjson.loads(out.read_bytes())[0]))
-    ok = tg("statement", "--store", str(built["store"]), "--verify", str(saved))
-    assert ok.stdout.startswith("ok:"), ok.stdout + ok.stderr
+    assert v2 == v3 == v4
+    assert v4["requests"] > 0
+    assert v4["incidents"] or v4["exempted"]  # something beyond the counts to agree on
+    for k in (0, 1):  # the version 2 and 3 statements, as issued
+        saved = tmp_path / f"v{k + 2}.json"
+        saved.write_bytes(orjson.dumps(orjson.loads(out.read_bytes())[k]))
+        ok = tg("statement", "--store", str(built["store"]), "--verify", str(saved))
+        assert ok.stdout.startswith("ok:"), ok.stdout + ok.stderr
 
 
 def test_html_statement_is_self_contained_and_renders(

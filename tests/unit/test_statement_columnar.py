@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pipeline.core.record import RequestRecord
 from pipeline.core.slo import SLOMatcher
 from pipeline.core.statement import (
-    _MAX_SPAN_MS,
+    MAX_SPAN_MS,
     BudgetEventRow,
     _day,
     _scope_models,
@@ -179,7 +179,7 @@ def _slots_per_record(
                 continue
             b = r.end_unix_ns // 1_000_000
             a = min(r.ts_unix_ns // 1_000_000, b)
-            a = b if b - a > _MAX_SPAN_MS else a
+            a = b if b - a > MAX_SPAN_MS else a
             ks.update(range(a // slot_ms, b // slot_ms + 1))
         merged: list[tuple[int, int]] = []
         for k in sorted(ks):

@@ -113,7 +113,7 @@ class _Read:
     def shared_sql(self) -> str:
         h = self.key_hash
         return (
-            f"SELECT {h} AS h FROM {self.db}.requests PREWHERE h IN (SELECT {_KEY_HASH} FROM "
+            f"SELECT {h} AS h FROM {self.db}.requests PREWHERE h IN (SELECT {h} FROM "
             f"{self.db}.requests WHERE {self.match}) GROUP BY h HAVING count() > 1"
         )
 

@@ -1,0 +1,348 @@
+"""What a statement (version 4 on) reads of ``requests``: the tenant's period counted in
+the engine, not handed over (:class:`EngineSource`, a
+:class:`~pipeline.core.statement.StatementSource`).
+
+Why: a tenant-month of a month store is 15 M rows. Counting them in the engine takes
+about a second; handing their columns to this process takes 15-23 s in any format
+(issue 53, ``docs/performance.md``). So the engine answers what the statement asks, and
+only the rows a statement names come back:
+
+* **the final rows** (each key's last version, as ``FINAL`` would give them, without
+  it): the rows of the tenant's period, less the versions that another row of their
+  key replaces (:class:`~pipeline.adapters.queries.statement_rows._Read`: found by their
+  key's hash, rare);
+* **special rows**, handed over as rows: those ending in a maintenance window of the
+  contract or with a cold start, which the exemptions read;
+* **groups** of the other rows: rows alike in every field the SLOs read and in the
+  interval of each cut their values fall in
+  (:class:`~pipeline.core.statement.Cuts`) are alike for every SLO of the contract; the
+  core judges each group on one row standing for it (``SLOMatcher.classify_many``: the
+  rule is not restated here);
+* for the masks the core gives back (groups, special rows by key): each day's
+  nearest-rank percentile, the bad rows before a budget exhaustion (as rows), the
+  minutes the tenant had traffic in;
+* **the digest** (``requests_digest``, version 4): the rows' count and the sum, modulo
+  2**64, of each row's ``cityHash64`` over the statement's columns (each: whether it is
+  missing, its value) (any order of the
+  rows gives it; a changed value changes it but for a chance of about 2**-64; it names
+  what was read, it is not a signature).
+
+``tests/integration/test_statement_engine.py`` holds every statement equal to version 3's
+(the rows handed over) on stores made messy on purpose.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.adapters.queries.statement_rows import (
+    _HASH_ORDER,
+    _KEY_HASH,
+    STATEMENT_COLUMNS,
+    _hash_order,
+    _Read,
+    few_values,
+    statement_rows,
+)
+from pipeline.adapters.store import Store
+from pipeline.contract.boundaries import BOUNDARIES
+from pipeline.core.slo import BoolArray, IntArray, RecordColumns
+from pipeline.core.statement import (
+    MAX_SPAN_MS,
+    TRAFFIC_SLOT_MS,
+    Cuts,
+    DayValue,
+    StatementRows,
+    maintenance_windows,
+    slots_of,
+    traffic_of_slots,
+)
+from pipeline.spec.contract import Contract
+from pipeline.spec.slo import SLOSpec
+
+# The fields the groups keep as they are (what classify_many reads besides the
+# boundaries and the prompt's size).
+_GROUPED: Final = (
+    "source", "outcome", "superseded", "model", "priority", "ctx_bucket", "tenant", "stream",
+)  # fmt: skip
+_NONE_IF_EMPTY: Final = frozenset({"tenant", "engine_host"})  # stored "" (records_from_columns)
+# A row's exemption class (EngineSource.special_sql): its maintenance window, cold start.
+_CLASS: Final = ("_window", "_cold_host", "_cold_at")
+
+
+def _interval_sql(column: str, cuts: Sequence[float]) -> str:
+    """:meth:`Cuts.interval` in the engine's terms."""
+    terms = " + ".join(f"({column} > {t!r}) * 2 + ({column} = {t!r})" for t in cuts)
+    return f"ifNull(toInt16({terms}), -1)"
+
+
+def _prompt_sql(cuts: Sequence[int]) -> str:
+    """How many of the cuts the prompt's size is above (-1: unknown)."""
+    if not cuts:
+        return "toInt16(-1)"
+    terms = " + ".join(f"(prompt_tokens > {int(t)})" for t in cuts)
+    return f"ifNull(toInt16({terms}), -1)"
+
+
+def _hash_sql(values: Sequence[str]) -> str:
+    """``cityHash64`` of the values, a missing one hashed as missing (``cityHash64`` of a
+    NULL is NULL): each value as (whether it is missing, the value or its type's
+    default)."""
+    return f"cityHash64({', '.join(f'isNull({v}), assumeNotNull({v})' for v in values)})"
+
+
+class EngineSource:
+    """A tenant's period as the engine counts it (module docstring). Reads on
+    construction the final rows' sets (the other versions), the special rows and the
+    groups with their digest; the core's questions are a query each."""
+
+    def __init__(
+        self,
+        store: Store,
+        contract: Contract,
+        spec: SLOSpec,
+        *,
+        tenant: str,
+        from_unix_ns: int,
+        until_unix_ns: int,
+    ) -> None:
+        self.store = store
+        self.tz = zoneinfo.ZoneInfo(contract.billing.timezone)
+        read = _Read(store, tenant, from_unix_ns, until_unix_ns)
+        self.params: dict[str, Any] = dict(read.bound)
+        self.rows_sql = self._final_rows(read)
+        self.cuts = Cuts.of(contract, spec)
+        self.windows = maintenance_windows(contract)
+        # which exemption a row could have: the first maintenance window it ends in
+        # (-1: none), and its cold start (host, start; "" and 0: none)
+        window = " ".join(
+            f"end_unix_ns >= {a} AND end_unix_ns < {b}, {j},"
+            for j, (a, b, _) in enumerate(self.windows)
+        )
+        special = [
+            f"{f'multiIf({window} -1)' if window else 'toInt64(-1)'} AS _window",
+            "if(isNull(cold_start_unix_ns), '', engine_host) AS _cold_host",
+            "ifNull(cold_start_unix_ns, 0) AS _cold_at",
+        ]
+        self.special_sql = ", ".join(special)
+        keys = [f"{f} AS {f}" for f in _GROUPED]
+        keys.append(f"{_prompt_sql(self.cuts.prompt_tokens)} AS _pt")
+        keys += [f"{_interval_sql(b, c)} AS _b_{b}" for b, c in self.cuts.boundaries.items()]
+        keys += special
+        self.key_sql = ", ".join(keys)
+        self.gid_sql = _hash_sql([k.rsplit(" AS ", 1)[0] for k in keys])
+        self.day_sql = (
+            f"toInt32(toDate(toDateTime(intDiv(end_unix_ns, 1000000000), "
+            f"'{contract.billing.timezone}')))"
+        )
+        self._read_groups()
+        self._read_special()
+
+    @property
+    def judged_sql(self) -> str:
+        """The final rows with their group (``_gid``)."""
+        return f"SELECT *, {self.gid_sql} AS _gid FROM ({self.rows_sql})"
+
+    # ----------------------------------------------------------------- reading
+    def _final_rows(self, read: _Read) -> str:
+        """The SQL of the tenant's final rows of the period (a subquery)."""
+        rows = f"SELECT * FROM {read.db}.requests WHERE {read.match}"
+        shared = read.shared()
+        if not len(shared):
+            return rows
+        kh = read.key_hash
+        top = self.store.query_rows(
+            f"SELECT request_id, attempt, max(revision) FROM {read.db}.requests "
+            f"PREWHERE {kh} IN {{shared:Array(UInt64)}} GROUP BY request_id, attempt",
+            {"shared": shared.to_pylist()},
+        )
+        self.params["shared"] = shared.to_pylist()
+        self.params["tops"] = [(str(r), int(a), int(v)) for r, a, v in top]
+        return (
+            f"{rows} AND {kh} NOT IN {{shared:Array(UInt64)}} UNION ALL "
+            f"SELECT * FROM ({rows} AND {kh} IN {{shared:Array(UInt64)}} AND "
+            "(request_id, attempt, revision) IN {tops:Array(Tuple(String, UInt16, UInt8))} "
+            "LIMIT 1 BY request_id, attempt)"
+        )
+
+    def _read_groups(self) -> None:
+        """The groups: their rows, digest and ends."""
+        digest = _hash_sql(STATEMENT_COLUMNS)
+        table = self.store.query_arrow(
+            f"SELECT {self.key_sql}, {self.gid_sql} AS _gid, count() AS _n, "
+            f"sum({digest}) AS _digest, min(end_unix_ns) AS _first, "
+            f"max(end_unix_ns) AS _last FROM ({self.rows_sql}) GROUP BY ALL",
+            self.params,
+        )
+        self._weights = table.column("_n").to_numpy(zero_copy_only=False).astype(np.int64)
+        self._requests = int(self._weights.sum())
+        total = sum(int(x) for x in table.column("_digest").to_pylist()) % 2**64
+        self.digest = f"cityhash64-sum:{self._requests}:{total:016x}"
+        firsts, lasts = table.column("_first").to_pylist(), table.column("_last").to_pylist()
+        self.first_end_ns = min(firsts) if firsts else None
+        self.last_end_ns = max(lasts) if lasts else None
+        self._gids = table.column("_gid").to_numpy(zero_copy_only=False).astype(np.uint64)
+        self._groups = table
+
+    def _read_special(self) -> None:
+        """The rows that could be exempted, with their exemption class."""
+        table = self.store.query_arrow(
+            f"SELECT {', '.join(STATEMENT_COLUMNS)}, {_KEY_HASH} AS _key_hash, "
+            f"{self.special_sql} FROM ({self.rows_sql}) "
+            "WHERE _window >= 0 OR isNotNull(cold_start_unix_ns)",
+            self.params,
+        )
+        order = _hash_order(table)
+        self._special = statement_rows(table, order)
+        self._special_class = list(
+            zip(*(table.column(c).take(pa.array(order)).to_pylist() for c in _CLASS), strict=True)
+        )
+
+    # ------------------------------------------------------------ the source
+    @property
+    def requests(self) -> int:
+        return self._requests
+
+    @property
+    def special(self) -> StatementRows:
+        return self._special
+
+    def counted(self, exempt: Sequence[int]) -> tuple[RecordColumns, IntArray, BoolArray]:
+        """The groups (exempted: those whose rows the exemptions took, every one of
+        them, for the maintenance window or cold start the group is of)."""
+        kept = np.ones(len(self._weights), dtype=np.bool_)
+        classes = self._exempt_classes(exempt)
+        group_class = zip(*(self._groups.column(c).to_pylist() for c in _CLASS), strict=True)
+        for g, c in enumerate(group_class):
+            if c in classes:
+                kept[g] = not classes[c]
+        fields: dict[str, list[Any]] = {}
+        for name in _GROUPED:
+            column = self._groups.column(name)
+            codes, values = few_values(column, none_if_empty=name in _NONE_IF_EMPTY)
+            fields[name] = [values[c] for c in codes.tolist()]
+        pt = self._groups.column("_pt").to_pylist()
+        fields["prompt_tokens"] = [self.cuts.prompt_stand_in(c) for c in pt]
+        values = np.full((len(self._weights), len(BOUNDARIES)), np.nan, dtype=np.float64)
+        for b, cuts in self.cuts.boundaries.items():
+            at = self._groups.column(f"_b_{b}").to_pylist()
+            values[:, BOUNDARIES.index(b)] = [Cuts.stand_in(c, cuts) for c in at]
+        return RecordColumns.of_fields(fields, values), self._weights, kept
+
+    def _exempt_classes(self, exempt: Sequence[int]) -> dict[tuple[Any, ...], bool]:
+        """Each exemption class of the special rows: whether its rows are exempted (all
+        of them: a class the exemptions split is a reader that no longer follows the
+        core's rule, and fails)."""
+        out = set(exempt)
+        seen: dict[tuple[Any, ...], set[bool]] = {}
+        for i, c in enumerate(self._special_class):
+            seen.setdefault(c, set()).add(i in out)
+        split = [c for c, v in seen.items() if len(v) > 1]
+        if split:
+            raise RuntimeError(f"exemptions split the rows of {split[:3]} (statement_engine)")
+        return {c: v.pop() for c, v in seen.items()}
+
+    def _selected(self, rows: BoolArray) -> tuple[str, dict[str, Any]]:
+        """The rows of the groups in the mask: a condition and its parameter."""
+        return "_gid IN {gids:Array(UInt64)}", {"gids": self._gids[rows].tolist()}
+
+    def percentiles(
+        self, asked: Sequence[tuple[str, BoolArray]], percentile: float
+    ) -> list[tuple[DayValue | None, list[DayValue]]]:
+        """One read for every boundary asked: per day and over the period, each mask's
+        values (``groupArrayIf``), their count and their ``k``-th smallest (the
+        ``ceil(p/100 * n)``-th, the core's ``nearest_rank``: a partial sort from the
+        nearer end). Which masks a group is in: one lookup per row (``transform`` of its
+        group to a bit mask)."""
+        if not asked:
+            return []
+        bits = np.zeros(len(self._weights), dtype=np.uint64)
+        for j, (_, rows) in enumerate(asked):
+            bits |= rows.astype(np.uint64) << np.uint64(j)
+        on = np.flatnonzero(bits)
+        params: dict[str, Any] = {
+            **self.params,
+            "p": float(percentile),
+            "gids": self._gids[on].tolist(),
+            "bits": bits[on].tolist(),
+        }
+        picks, conds = [], []
+        for j, (boundary, _) in enumerate(asked):
+            conds.append(f"isNotNull({boundary}) AND bitTest(_bits, {j}) AS _in{j}")
+            values = f"groupArrayIf(assumeNotNull({boundary}), _in{j})"
+            picks.append(
+                f"countIf(_in{j}) AS n{j}, "
+                f"toUInt64(greatest(1, ceil({{p:Float64}} / 100.0 * n{j}))) AS k{j}, "
+                f"if(k{j} <= n{j} - k{j}, arrayPartialSort(k{j}, {values})[k{j}], "
+                f"arrayPartialReverseSort(n{j} - k{j} + 1, {values})[n{j} - k{j} + 1]) AS v{j}"
+            )
+        columns = sorted({b for b, _ in asked})
+        table = self.store.query_arrow(
+            f"SELECT {self.day_sql} AS day, grouping(day) AS _whole, {', '.join(picks)} "
+            f"FROM (SELECT end_unix_ns, {', '.join(columns)}, {', '.join(conds)} FROM ("
+            "SELECT *, transform(_gid, {gids:Array(UInt64)}, {bits:Array(UInt64)}, "
+            f"toUInt64(0)) AS _bits FROM ({self.judged_sql})) WHERE _bits != 0) "
+            "GROUP BY GROUPING SETS ((day), ()) ORDER BY _whole, day",
+            params,
+        )
+        rows = table.to_pylist()
+        out: list[tuple[DayValue | None, list[DayValue]]] = []
+        for j in range(len(asked)):
+            whole: DayValue | None = None
+            days: list[DayValue] = []
+            # (grouping(day) is 1 on the row of the grouping set without the day)
+            for r in rows:
+                n = int(r[f"n{j}"])
+                if not n:
+                    continue
+                if r["_whole"]:
+                    whole = (-1, float(r[f"v{j}"]), n)
+                else:
+                    days.append((int(r["day"]), float(r[f"v{j}"]), n))
+            out.append((whole, days))
+        return out
+
+    def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
+        where, bound = self._selected(rows)
+        params = {**self.params, **bound}
+        table = self.store.query_arrow(
+            f"SELECT request_id, attempt, engine_host, {', '.join(BOUNDARIES)}, "
+            f"{_KEY_HASH} AS _key_hash FROM ({self.judged_sql}) WHERE {where} "
+            "AND end_unix_ns >= {lo:Int64} AND end_unix_ns <= {hi:Int64} "
+            f"ORDER BY {', '.join(_HASH_ORDER)}",
+            {**params, "lo": from_ns, "hi": to_ns},
+        )
+        host_codes, hosts = few_values(table.column("engine_host"), none_if_empty=True)
+        fields = {
+            "request_id": table.column("request_id").to_pylist(),
+            "attempt": table.column("attempt").to_numpy(zero_copy_only=False),
+            "engine_host": [hosts[c] for c in host_codes.tolist()],
+        }
+        values = np.empty((table.num_rows, len(BOUNDARIES)), dtype=np.float64, order="F")
+        for j, b in enumerate(BOUNDARIES):
+            values[:, j] = table.column(b).to_numpy(zero_copy_only=False)
+        return StatementRows(fields, values)
+
+    def traffic(
+        self, scopes: Sequence[str], models: list[str] | None, start_ms: int, end_ms: int
+    ) -> dict[str, list[tuple[int, int]]]:
+        slot = TRAFFIC_SLOT_MS
+        table = self.store.query_arrow(
+            "SELECT model, groupArray(a), groupArray(b) FROM (SELECT DISTINCT model, "
+            "intDiv(s, {slot:Int64}) AS a, intDiv(e, {slot:Int64}) AS b FROM ("
+            "SELECT model, intDiv(end_unix_ns, 1000000) AS e, "
+            "least(intDiv(ts_unix_ns, 1000000), e) AS s0, "
+            "if(e - s0 > {span:Int64}, e, s0) AS s "
+            f"FROM ({self.rows_sql}))) GROUP BY model",
+            {**self.params, "slot": slot, "span": MAX_SPAN_MS},
+        )
+        slots = {
+            str(m): slots_of(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+            for m, a, b in zip(*(c.to_pylist() for c in table.columns), strict=True)
+        }
+        return traffic_of_slots(slots, scopes, models, start_ms, end_ms, slot_ms=slot)

@@ -1,0 +1,57 @@
+"""Statement version 4 judges a group of rows on one row standing for it
+(``pipeline.core.statement.Cuts``): a value's interval among the SLOs' cuts, and the
+stand-in of that interval, must be judged as the value itself by every comparison an SLO
+makes (``<=``, ``<``, ``>`` a threshold; a prompt's size ``>`` an exclusion)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.core.statement import Cuts
+
+CUTS = st.lists(
+    st.floats(min_value=-1e30, max_value=1e30, allow_nan=False), min_size=1, max_size=4, unique=True
+).map(lambda xs: tuple(sorted(xs)))
+
+
+@given(CUTS, st.one_of(st.none(), st.floats(min_value=-1e31, max_value=1e31, allow_nan=False)))
+def test_a_stand_in_compares_with_every_cut_as_its_value(
+    cuts: tuple[float, ...], value: float | None
+) -> None:
+    code = Cuts.interval(value, cuts)
+    stand_in = Cuts.stand_in(code, cuts)
+    if value is None:
+        assert code == -1
+        assert math.isnan(stand_in)
+        return
+    assert Cuts.interval(stand_in, cuts) == code
+    for t in cuts:
+        assert (stand_in <= t) == (value <= t)
+        assert (stand_in < t) == (value < t)
+        assert (stand_in > t) == (value > t)
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=100_000), min_size=1, max_size=3, unique=True),
+    st.one_of(st.none(), st.integers(min_value=0, max_value=200_000)),
+)
+def test_a_prompt_stand_in_is_over_the_same_exclusions(limits: list[int], size: int | None) -> None:
+    cuts = Cuts({}, tuple(sorted(limits)))
+    code = -1 if size is None else sum(size > t for t in cuts.prompt_tokens)
+    stand_in = cuts.prompt_stand_in(code)
+    if size is None:
+        assert stand_in is None
+        return
+    assert stand_in is not None
+    for t in cuts.prompt_tokens:
+        assert (stand_in > t) == (size > t)
+
+
+def test_the_intervals_are_named_as_the_engine_names_them() -> None:
+    cuts = (400.0, 600.0)
+    table = [(None, -1), (0.0, 0), (400.0, 1), (500.0, 2), (600.0, 3), (600.5, 4)]
+    for value, code in table:
+        assert Cuts.interval(value, cuts) == code
