@@ -41,6 +41,9 @@ class StallGuard:
         self._first_of = -1  # the assignment (TopicWatch.assignments) they are of
         # partitions read again so (logged; /metrics: stalled_partitions_read_again_total)
         self.read_again = 0
+        # those whose late fetch may still come: what their state handled is dropped
+        # (worker_counts.not_handled, which takes them out)
+        self.rereading: set[int] = set()
 
     @contextmanager
     def batching(self) -> Iterator[None]:
@@ -85,7 +88,9 @@ class StallGuard:
             "up to %s for %.0f s (a fetch dropped on its way): reading them again from there",
             sorted(back), {p: views[p].position for p in back}, back, STALL_AFTER_MS / 1000,
         )  # fmt: skip
-        self.read_again += len(await watch.read_again(back))
+        moved = await watch.read_again(back)
+        self.rereading |= moved
+        self.read_again += len(moved)
 
     def _expected(self, p: int, nxt: dict[int, int]) -> int:
         if p in nxt:

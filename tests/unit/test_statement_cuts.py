@@ -10,6 +10,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.adapters.queries.statement_engine import DIGEST_NULLABLE
+from pipeline.adapters.queries.statement_rows import STATEMENT_COLUMNS
+from pipeline.adapters.store import REQUEST_COLUMNS
 from pipeline.core.statement import Cuts
 
 CUTS = st.lists(
@@ -55,3 +58,11 @@ def test_the_intervals_are_named_as_the_engine_names_them() -> None:
     table = [(None, -1), (0.0, 0), (400.0, 1), (500.0, 2), (600.0, 3), (600.5, 4)]
     for value, code in table:
         assert Cuts.interval(value, cuts) == code
+
+
+def test_the_digest_hashes_as_missing_exactly_the_columns_that_may_be_missing() -> None:
+    """Version 4's digest definition names the statement's nullable columns; a schema
+    change to one of them needs a digest version of its own."""
+    types = dict(REQUEST_COLUMNS)
+    nullable = {c for c in STATEMENT_COLUMNS if types[c].startswith("Nullable")}
+    assert nullable == DIGEST_NULLABLE

@@ -1,7 +1,9 @@
 """A lifecycle message delivered again at an offset the partition's state has handled
-already is dropped before the processor (no broker): a fetch that came late after its
-partition was read again from where the worker stood would otherwise be handled twice,
-and a malformed message in it dead-lettered twice."""
+already, on a partition the stall guard read again, is dropped before the processor (no
+broker): a fetch that came late after its partition was read again from where the
+worker stood would otherwise be handled twice, and a malformed message in it
+dead-lettered twice. On other partitions nothing is dropped: a topic created again
+restarts its offsets below what the old generation's state handled."""
 
 from __future__ import annotations
 
@@ -34,8 +36,20 @@ def test_messages_at_handled_offsets_are_dropped(
     handled: dict[int, int], delivered: list[tuple[int, int]], kept: list[tuple[int, int]]
 ) -> None:
     processor = _processor(handled)
-    got = not_handled(processor.next_offsets(), [(p, off, b"x") for p, off in delivered])
+    rereading = set(handled)
+    got = not_handled(processor.next_offsets(), [(p, off, b"x") for p, off in delivered], rereading)
     assert [(p, off) for p, off, _ in got] == kept
+    # a partition past its duplicates is no longer filtered
+    assert rereading == {p for p in handled if p not in {q for q, _ in kept}}
+
+
+def test_partitions_not_read_again_pass_whatever_their_offsets() -> None:
+    """A topic created again: the new generation's first offsets, below what the old
+    state handled, reach the processor (the worker notices the generation after)."""
+    processor = _processor({0: 50, 1: 50})
+    delivered = [(0, 0, b"x"), (1, 3, b"x")]
+    assert not_handled(processor.next_offsets(), delivered, set()) == delivered
+    assert not_handled(processor.next_offsets(), delivered, {1}) == [(0, 0, b"x")]
 
 
 def test_a_partition_whose_state_was_dropped_reads_its_offsets_again() -> None:
@@ -43,5 +57,5 @@ def test_a_partition_whose_state_was_dropped_reads_its_offsets_again() -> None:
     are read again from the commit, as they should be."""
     processor = _processor({0: 10})
     processor.revoke([0])
-    got = not_handled(processor.next_offsets(), [(0, 4, b"x")])
+    got = not_handled(processor.next_offsets(), [(0, 4, b"x")], {0})
     assert [(p, off) for p, off, _ in got] == [(0, 4)]

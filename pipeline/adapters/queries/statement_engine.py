@@ -34,7 +34,7 @@ only the rows a statement names come back:
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -49,7 +49,7 @@ from pipeline.adapters.queries.statement_rows import (
     few_values,
     statement_rows,
 )
-from pipeline.adapters.store import Store
+from pipeline.adapters.store import REQUEST_COLUMNS, Store
 from pipeline.contract.boundaries import BOUNDARIES
 from pipeline.core.slo import BoolArray, IntArray, RecordColumns
 from pipeline.core.statement import (
@@ -71,6 +71,14 @@ _GROUPED: Final = (
     "source", "outcome", "superseded", "model", "priority", "ctx_bucket", "tenant", "stream",
 )  # fmt: skip
 _NONE_IF_EMPTY: Final = frozenset({"tenant", "engine_host"})  # stored "" (records_from_columns)
+# Each row's first and last minute of traffic (core.statement.traffic_intervals' rule:
+# from its start, its end only when the two are more than MAX_SPAN_MS apart)
+_SLOTS_SQL: Final = (
+    "intDiv(if(intDiv(end_unix_ns, 1000000) - least(intDiv(ts_unix_ns, 1000000), "
+    "intDiv(end_unix_ns, 1000000)) > {span:Int64}, intDiv(end_unix_ns, 1000000), "
+    "least(intDiv(ts_unix_ns, 1000000), intDiv(end_unix_ns, 1000000))), {slot:Int64}) AS _a, "
+    "intDiv(intDiv(end_unix_ns, 1000000), {slot:Int64}) AS _b"
+)
 # A row's exemption class (EngineSource.special_sql): its maintenance window, cold start.
 _CLASS: Final = ("_window", "_cold_host", "_cold_at")
 
@@ -89,11 +97,25 @@ def _prompt_sql(cuts: Sequence[int]) -> str:
     return f"ifNull(toInt16({terms}), -1)"
 
 
-def _hash_sql(values: Sequence[str]) -> str:
+def _hash_sql(values: Sequence[str], nullable: Collection[str]) -> str:
     """``cityHash64`` of the values, a missing one hashed as missing (``cityHash64`` of a
-    NULL is NULL): each value as (whether it is missing, the value or its type's
-    default)."""
-    return f"cityHash64({', '.join(f'isNull({v}), assumeNotNull({v})' for v in values)})"
+    NULL is NULL): each value that may be missing (``nullable``) as (whether it is
+    missing, the value or its type's default), each other as it is."""
+    args = (f"isNull({v}), assumeNotNull({v})" if v in nullable else v for v in values)
+    return f"cityHash64({', '.join(args)})"
+
+
+# The requests columns that may be NULL (how a group's key is hashed).
+_NULLABLE: Final = frozenset(n for n, t in REQUEST_COLUMNS if t.startswith("Nullable"))
+# Part of the version 4 digest's definition (a statement issued verifies against it for
+# good): the statement's columns hashed as (missing, value). The schema's nullable columns
+# today; were one to change, the digest would need a version of its own
+# (tests/unit/test_statement_cuts.py holds the two equal).
+DIGEST_NULLABLE: Final = frozenset({
+    "cold_start_unix_ns", "priority", "stream", "prompt_tokens", "gateway_total_ms",
+    "gateway_ttfb_ms", "engine_e2e_ms", "queue_ms", "prefill_ms", "decode_ms",
+    "inference_ms", "ttft_engine_ms", "tpot_ms", "gateway_overhead_ms",
+})  # fmt: skip
 
 
 class EngineSource:
@@ -135,7 +157,8 @@ class EngineSource:
         keys += [f"{_interval_sql(b, c)} AS _b_{b}" for b, c in self.cuts.boundaries.items()]
         keys += special
         self.key_sql = ", ".join(keys)
-        self.gid_sql = _hash_sql([k.rsplit(" AS ", 1)[0] for k in keys])
+        self.key_names = [k.rsplit(" AS ", 1)[1] for k in keys]
+        self.gid_sql = _hash_sql([k.rsplit(" AS ", 1)[0] for k in keys], _NULLABLE)
         self.day_sql = (
             f"toInt32(toDate(toDateTime(intDiv(end_unix_ns, 1000000000), "
             f"'{contract.billing.timezone}')))"
@@ -171,14 +194,23 @@ class EngineSource:
         )
 
     def _read_groups(self) -> None:
-        """The groups: their rows, digest and ends."""
-        digest = _hash_sql(STATEMENT_COLUMNS)
+        """The groups (their rows, digest and ends) and the minutes of traffic, in one
+        read (two grouping sets; a group's id hashed from its key as grouped, the same
+        value as from each row's)."""
+        digest = _hash_sql(STATEMENT_COLUMNS, DIGEST_NULLABLE)
+        keys = ", ".join(self.key_names)
         table = self.store.query_arrow(
-            f"SELECT {self.key_sql}, {self.gid_sql} AS _gid, count() AS _n, "
+            f"SELECT *, {_hash_sql(self.key_names, _NULLABLE)} AS _gid FROM ("
+            f"SELECT {self.key_sql}, {_SLOTS_SQL}, grouping(_a) AS _group, count() AS _n, "
             f"sum({digest}) AS _digest, min(end_unix_ns) AS _first, "
-            f"max(end_unix_ns) AS _last FROM ({self.rows_sql}) GROUP BY ALL",
-            self.params,
+            f"max(end_unix_ns) AS _last FROM ({self.rows_sql}) "
+            f"GROUP BY GROUPING SETS (({keys}), (model, _a, _b)))",
+            {**self.params, "slot": TRAFFIC_SLOT_MS, "span": MAX_SPAN_MS},
         )
+        # (grouping(_a) is 1 on the rows of the grouping set without it: the groups')
+        of_groups = table.column("_group").to_numpy(zero_copy_only=False).astype(np.bool_)
+        slots = table.filter(pa.array(~of_groups))
+        table = table.filter(pa.array(of_groups))
         self._weights = table.column("_n").to_numpy(zero_copy_only=False).astype(np.int64)
         self._requests = int(self._weights.sum())
         total = sum(int(x) for x in table.column("_digest").to_pylist()) % 2**64
@@ -188,6 +220,14 @@ class EngineSource:
         self.last_end_ns = max(lasts) if lasts else None
         self._gids = table.column("_gid").to_numpy(zero_copy_only=False).astype(np.uint64)
         self._groups = table
+        codes, models = few_values(slots.column("model"))
+        first = slots.column("_a").to_numpy(zero_copy_only=False).astype(np.int64)
+        last = slots.column("_b").to_numpy(zero_copy_only=False).astype(np.int64)
+        self._slots = {
+            str(m): slots_of(first[codes == j], last[codes == j])
+            for j, m in enumerate(models)
+            if (codes == j).any()
+        }
 
     def _read_special(self) -> None:
         """The rows that could be exempted, with their exemption class."""
@@ -305,7 +345,21 @@ class EngineSource:
                 else:
                     days.append((int(r["day"]), float(r[f"v{j}"]), n))
             out.append((whole, days))
+            self._check(asked[j], 0 if whole is None else whole[2])
         return out
+
+    def _check(self, asked: tuple[str, BoolArray], selected: int) -> None:
+        """The engine selected the rows of the groups asked that have a value: a group's
+        id that no longer names its rows (a key read differently by two queries) would
+        select others, silently."""
+        boundary, rows = asked
+        codes = self._groups.column(f"_b_{boundary}").to_numpy(zero_copy_only=False)
+        want = int(self._weights[rows & (codes >= 0)].sum())
+        if selected != want:
+            raise RuntimeError(
+                f"statement_engine: {selected} rows with a {boundary} selected, the groups "
+                f"asked for hold {want}"
+            )
 
     def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
         where, bound = self._selected(rows)
@@ -331,18 +385,6 @@ class EngineSource:
     def traffic(
         self, scopes: Sequence[str], models: list[str] | None, start_ms: int, end_ms: int
     ) -> dict[str, list[tuple[int, int]]]:
-        slot = TRAFFIC_SLOT_MS
-        table = self.store.query_arrow(
-            "SELECT model, groupArray(a), groupArray(b) FROM (SELECT DISTINCT model, "
-            "intDiv(s, {slot:Int64}) AS a, intDiv(e, {slot:Int64}) AS b FROM ("
-            "SELECT model, intDiv(end_unix_ns, 1000000) AS e, "
-            "least(intDiv(ts_unix_ns, 1000000), e) AS s0, "
-            "if(e - s0 > {span:Int64}, e, s0) AS s "
-            f"FROM ({self.rows_sql}))) GROUP BY model",
-            {**self.params, "slot": slot, "span": MAX_SPAN_MS},
+        return traffic_of_slots(
+            self._slots, scopes, models, start_ms, end_ms, slot_ms=TRAFFIC_SLOT_MS
         )
-        slots = {
-            str(m): slots_of(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-            for m, a, b in zip(*(c.to_pylist() for c in table.columns), strict=True)
-        }
-        return traffic_of_slots(slots, scopes, models, start_ms, end_ms, slot_ms=slot)
