@@ -5,6 +5,7 @@ module-wide store would hold it."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import clickhouse_connect
@@ -14,7 +15,10 @@ import pytest
 from pipeline.adapters.queries import statement_rows
 from pipeline.adapters.query_server import QueryLimits, QueryServer
 from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_requests
+from pipeline.app.statement import build_statement
 from pipeline.settings import Settings
+from pipeline.shipped import EXAMPLE_CONTRACT
+from pipeline.spec.contract import load_contract_file
 from tests.integration.test_query_server import _records
 
 pytestmark = pytest.mark.integration
@@ -59,6 +63,59 @@ def test_a_statements_rows_come_through_the_port_a_day_at_a_time(tmp_path: Path)
             assert len(got) == len(want) == 16_000
             assert got.digest() == want.digest()
             assert whole.matching(["request_id", "attempt"]).num_rows == 16_000
+        finally:
+            client.close()
+            server.stop()
+    finally:
+        store.close()
+
+
+def test_the_engines_statement_through_the_port_is_the_stores(tmp_path: Path) -> None:
+    """Statement version 4 (counted in the engine) through the query port: the same
+    statement as from the store itself; its reads' parameters (a month store's groups)
+    can be too long for a URL, and come as form fields."""
+    day_ns = 86_400 * 10**9
+    base = _records(0, 1)[0]
+    t0 = int(dt.datetime(2026, 11, 10, tzinfo=dt.UTC).timestamp()) * 10**9
+    records = [
+        msgspec.structs.replace(
+            base, request_id=f"t-{i:06d}", tenant="t1",
+            end_unix_ns=t0 + (i % 4) * day_ns + i * 10**6,
+            ts_unix_ns=t0 + (i % 4) * day_ns + i * 10**6 - 10**8,
+            gateway_total_ms=float(i % 900), cold_start_unix_ns=t0 if i % 97 == 0 else None,
+        )
+        for i in range(4_000)
+    ]  # fmt: skip
+    settings = Settings(store_dir=tmp_path / "store")
+    store = open_store(settings)
+    migrate(store)
+    write_requests(store, [*records, records[5]])  # (a key written twice)
+    spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
+    contract = tmp_path / "contract.yaml"
+    contract.write_text(
+        EXAMPLE_CONTRACT.read_text()
+        .replace("tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1]")
+        .replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
+    )
+    loaded = load_contract_file(contract)
+    limits = QueryLimits(max_execution_time_s=60, max_memory_bytes=512 << 20)
+    try:
+        server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
+        client = clickhouse_connect.get_client(
+            host="127.0.0.1", port=server.port, compress=False, password=server.token
+        )
+        port = ClickHouseStore(client, store.database)
+        try:
+            # parameters too long for a URL come as form fields (clickhouse-connect's)
+            ids = list(range(20_000))
+            assert port.query_rows("SELECT length({ids:Array(UInt64)})", {"ids": ids}) == [
+                (20_000,)
+            ]
+            got = build_statement(port, loaded, "t1", "2026-11").to_json()
+            want = build_statement(store, loaded, "t1", "2026-11").to_json()
+            assert got["statement_version"] == 4
+            assert got == want
+            assert got["requests"] == 4_000
         finally:
             client.close()
             server.stop()

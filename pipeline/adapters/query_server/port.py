@@ -16,6 +16,8 @@ import re
 import secrets
 import threading
 from collections.abc import Mapping
+from email.parser import BytesParser
+from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(1000, f"no such path {url.path}")
             return
         args = dict(parse_qsl(url.query, keep_blank_values=True))
+        form = form_fields(self.headers.get("Content-Type", ""), body)
+        if form is not None:  # the query and its parameters as form fields
+            args.update(form)
+            body = b""
         parts = [args.get("query", ""), body.decode(errors="replace")]
         sql = "\n".join(p for p in parts if p).strip()
         if not sql:
@@ -229,6 +235,24 @@ class _Handler(BaseHTTPRequestHandler):
                 "Content-Type": "application/octet-stream",
             },
         )
+
+
+def form_fields(content_type: str, body: bytes) -> dict[str, str] | None:
+    """The fields of a ``multipart/form-data`` body (None for any other body): how
+    ClickHouse's HTTP interface also takes the query and its ``param_*`` values, and how
+    clickhouse-connect sends them when they are too long for the URL (a statement's
+    groups, issue 53)."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        return None
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    fields: dict[str, str] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = payload.decode() if isinstance(payload, bytes) else ""
+    return fields
 
 
 class _Server(ThreadingHTTPServer):
