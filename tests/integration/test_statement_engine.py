@@ -157,13 +157,17 @@ def test_the_engines_statement_is_the_rows_statement(tmp_path: Path, seed: int) 
             ],
         )
         text = EXAMPLE_CONTRACT.read_text().replace(
-            "tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1, t2]"
+            "tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1, t2, t3]"
         )
         spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
         text = text.replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
         path = tmp_path / "contract.yaml"
         path.write_text(text)
         loaded = load_contract_file(path)
+        # a tenant without a request in the period: nothing counted, the same on both
+        empty = [build_statement(store, loaded, "t3", "2026-11", version=v) for v in (3, 4)]
+        assert _doc(empty[0]) == _doc(empty[1])
+        assert empty[1].requests == 0
         for tenant in ("t1", "t2"):
             v3 = build_statement(store, loaded, tenant, "2026-11", version=3)
             v4 = build_statement(store, loaded, tenant, "2026-11", version=4)

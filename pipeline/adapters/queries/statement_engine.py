@@ -13,19 +13,18 @@ only the rows a statement names come back:
   key's hash, rare);
 * **special rows**, handed over as rows: those ending in a maintenance window of the
   contract or with a cold start, which the exemptions read;
-* **groups** of the other rows: rows alike in every field the SLOs read and in the
-  interval of each cut their values fall in
-  (:class:`~pipeline.core.statement.Cuts`) are alike for every SLO of the contract; the
-  core judges each group on one row standing for it (``SLOMatcher.classify_many``: the
-  rule is not restated here);
-* for the masks the core gives back (groups, special rows by key): each day's
-  nearest-rank percentile, the bad rows before a budget exhaustion (as rows), the
-  minutes the tenant had traffic in;
+* **groups** of the rows: rows alike in every field the SLOs read, in the interval of
+  each cut their values fall in (:class:`~pipeline.core.statement.Cuts`) and in the
+  exemption they could have (a maintenance window, a cold start) are alike for every
+  SLO of the contract and for the exemptions; the core judges each group on one row
+  standing for it (``SLOMatcher.classify_many``: the rule is not restated here);
+* for the masks over the groups the core gives back: each day's nearest-rank
+  percentile, the bad rows before a budget exhaustion (as rows); and the minutes the
+  tenant had traffic in;
 * **the digest** (``requests_digest``, version 4): the rows' count and the sum, modulo
-  2**64, of each row's ``cityHash64`` over the statement's columns (each: whether it is
-  missing, its value) (any order of the
-  rows gives it; a changed value changes it but for a chance of about 2**-64; it names
-  what was read, it is not a signature).
+  2**64, of each row's ``cityHash64`` over the statement's columns (a missing value
+  hashed as missing). Any order of the rows gives it; a changed value changes it but
+  for a chance of about 2**-64. It names what was read; it is not a signature.
 
 ``tests/integration/test_statement_engine.py`` holds every statement equal to version 3's
 (the rows handed over) on stores made messy on purpose.
@@ -80,7 +79,7 @@ _SLOTS_SQL: Final = (
     "intDiv(intDiv(end_unix_ns, 1000000), {slot:Int64}) AS _b"
 )
 # A row's exemption class (EngineSource.special_sql): its maintenance window, cold start.
-_CLASS: Final = ("_window", "_cold_host", "_cold_at")
+_CLASS: Final = ("_window", "_cold", "_cold_host", "_cold_at")
 
 
 def _interval_sql(column: str, cuts: Sequence[float]) -> str:
@@ -120,8 +119,9 @@ DIGEST_NULLABLE: Final = frozenset({
 
 class EngineSource:
     """A tenant's period as the engine counts it (module docstring). Reads on
-    construction the final rows' sets (the other versions), the special rows and the
-    groups with their digest; the core's questions are a query each."""
+    construction the other versions of its keys, the groups (with the digest and the
+    minutes of traffic) and the special rows; the percentiles are one read, each
+    incident's bad rows one."""
 
     def __init__(
         self,
@@ -141,13 +141,14 @@ class EngineSource:
         self.cuts = Cuts.of(contract, spec)
         self.windows = maintenance_windows(contract)
         # which exemption a row could have: the first maintenance window it ends in
-        # (-1: none), and its cold start (host, start; "" and 0: none)
+        # (-1: none), and whether it has a cold start, which (host, start; "" and 0: none)
         window = " ".join(
             f"end_unix_ns >= {a} AND end_unix_ns < {b}, {j},"
             for j, (a, b, _) in enumerate(self.windows)
         )
         special = [
             f"{f'multiIf({window} -1)' if window else 'toInt64(-1)'} AS _window",
+            "isNotNull(cold_start_unix_ns) AS _cold",
             "if(isNull(cold_start_unix_ns), '', engine_host) AS _cold_host",
             "ifNull(cold_start_unix_ns, 0) AS _cold_at",
         ]
