@@ -228,7 +228,10 @@ class StreamProcessor:
                 st.events(offset, iter(evs), wall_ms, out)
             else:
                 st.events_fast(offset, evs, wall_ms, out)
-            st.next_offset = offset + 1
+            # never back: an offset below it is a new topic generation's, fetched at the
+            # old positions before the worker noticed (its state is finished with where
+            # the old generation's reading stood: test_fault_topic_gone_midstream.py)
+            st.next_offset = max(st.next_offset, offset + 1)
             touched.add(partition)
         if self.max_pending is not None:
             self._bound_pending(self.max_pending)

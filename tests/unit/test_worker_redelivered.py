@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.adapters.worker_counts import not_handled
+from pipeline.contract.codec import encode_batch
 from pipeline.core.processor import StreamProcessor
+from tests.factories import received
 
 
 def _processor(handled: dict[int, int]) -> StreamProcessor:
@@ -59,3 +61,16 @@ def test_a_partition_whose_state_was_dropped_reads_its_offsets_again() -> None:
     processor.revoke([0])
     got = not_handled(processor.next_offsets(), [(0, 4, b"x")], {0})
     assert [(p, off) for p, off, _ in got] == [(0, 4)]
+
+
+def test_a_lower_offset_never_moves_the_next_offset_back() -> None:
+    """A new topic generation's message fetched at the old positions before the worker
+    noticed (offsets restart at 0): handled, but where the old generation's reading stood
+    stays its next offset (what its finish reports as read)."""
+    processor = StreamProcessor("lc")
+    processor.init_partition(0)
+    message = encode_batch([received("r1")])
+    processor.process([(0, 40, message)], 0, set())
+    assert processor.next_offsets() == {0: 41}
+    processor.process([(0, 3, encode_batch([received("r2")]))], 0, set())
+    assert processor.next_offsets() == {0: 41}
