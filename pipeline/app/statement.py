@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -41,6 +42,7 @@ from pipeline.core.timefmt import iso_time
 from pipeline.spec.contract import LoadedContract, digest, load_recorded, period_bounds_ns
 
 _NOT_COMPARED = frozenset({"generated_at"})
+log = logging.getLogger("tailguard.statement")
 
 
 def _iso_ns(ns: int | None) -> str | None:
@@ -62,21 +64,62 @@ def build_statement(
     version 2 digests every field of the records)."""
     contract = loaded.contract
     p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
-    rows: StatementRows | list[Any] | StatementSource
+    rows: StatementRows | list[Any]
     if version >= 4:
-        engine = statement_engine.EngineSource(
-            store, contract, loaded.spec, tenant=tenant, from_unix_ns=p_start, until_unix_ns=p_end
-        )
-        rows, first, last = engine, engine.first_end_ns, engine.last_end_ns
-        read: dict[str, Any] = {"requests_rows": engine.requests, "requests_digest": engine.digest}
-    elif version == 3:
+        for attempt in range(1, ENGINE_READS + 1):
+            engine = statement_engine.EngineSource(
+                store, contract, loaded.spec, tenant=tenant, from_unix_ns=p_start,
+                until_unix_ns=p_end,
+            )  # fmt: skip
+            read = {"requests_rows": engine.requests, "requests_digest": engine.digest}
+            span = (engine.first_end_ns, engine.last_end_ns)
+            try:
+                statement = _compute(
+                    store, loaded, tenant=tenant, period=period, version=version,
+                    rows=engine, span=span, read=read,
+                )  # fmt: skip
+                engine.check_unchanged()
+            except statement_engine.StoreChangedError as exc:
+                if attempt == ENGINE_READS:
+                    raise
+                log.warning("statement: read again (%s)", exc)
+            else:
+                return statement
+    if version == 3:
         rows = statement_rows.read_rows(store, tenant, p_start, p_end)
-        first, last = _first_last(rows.ints("end_unix_ns"))
+        span = _first_last(rows.ints("end_unix_ns"))
         read = {"requests_rows": len(rows), "requests_digest": rows.digest()}
     else:
         rows = statement_rows.read_records(store, tenant, p_start, p_end)
-        first, last = _first_last(np.asarray([r.end_unix_ns for r in rows], dtype=np.int64))
+        span = _first_last(np.asarray([r.end_unix_ns for r in rows], dtype=np.int64))
         read = {"requests_rows": len(rows), "requests_digest": records_digest(rows)}
+    return _compute(
+        store, loaded, tenant=tenant, period=period, version=version, rows=rows, span=span,
+        read=read,
+    )  # fmt: skip
+
+
+# Version 4 reads its tenant's period in several reads; a store written between them
+# (a live one) is read again, at most this many times in all.
+ENGINE_READS: Final = 3
+
+
+def _compute(
+    store: Store,
+    loaded: LoadedContract,
+    *,
+    tenant: str,
+    period: str,
+    version: int,
+    rows: StatementRows | list[Any] | StatementSource,
+    span: tuple[int | None, int | None],
+    read: dict[str, Any],
+) -> Statement:
+    """The statement of what was read (``rows``; the ends' ``span`` and ``read``, what
+    names it) with the store's audit and budget events of the period."""
+    contract = loaded.contract
+    p_start, p_end = period_bounds_ns(period, contract.billing.timezone)
+    first, last = span
     until_ns = statement_rows.last_end(store, p_start, p_end)
     a_ms, b_ms = p_start // 1_000_000, p_end // 1_000_000
     control = control_queries.levels_before(store, b_ms)

@@ -18,11 +18,14 @@ import msgspec
 import orjson
 import pytest
 
+from pipeline.adapters.queries import statement_engine
+from pipeline.adapters.queries.statement_engine import EngineSource, StoreChangedError
 from pipeline.adapters.store import migrate, open_store
 from pipeline.adapters.store.audit import BudgetEventRow, write_audit
 from pipeline.adapters.store.requests import write_requests
 from pipeline.app.statement import build_statement
 from pipeline.core.record import RequestRecord
+from pipeline.core.statement import compute_statement
 from pipeline.settings import Settings
 from pipeline.shipped import EXAMPLE_CONTRACT
 from pipeline.spec.contract import load_contract_file, period_bounds_ns
@@ -182,3 +185,67 @@ def test_the_engines_statement_is_the_rows_statement(tmp_path: Path, seed: int) 
             assert v3.incidents
     finally:
         store.close()
+
+
+def test_a_store_written_between_the_reads_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4 reads the period several times. Rows written between the first read and
+    the statement's end (a live store) are noticed (``StoreChangedError``), and
+    ``build_statement`` reads again."""
+    store = open_store(Settings(store_dir=tmp_path / "store"))
+    try:
+        migrate(store)
+        records = [r for r in _records(3) if r.tenant == "t1" and r.request_id.startswith("r")]
+        write_requests(store, records[:-50])
+        spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
+        path = tmp_path / "contract.yaml"
+        path.write_text(
+            EXAMPLE_CONTRACT.read_text()
+            .replace("tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1]")
+            .replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
+        )
+        loaded = load_contract_file(path)
+        # rows written after the groups were read: the percentiles' read sees them
+        source = EngineSource(
+            store, loaded.contract, loaded.spec, tenant="t1", from_unix_ns=P_START,
+            until_unix_ns=P_END,
+        )  # fmt: skip
+        write_requests(store, records[-50:])
+        with pytest.raises(StoreChangedError):
+            build_and_check(source, loaded)
+        # build_statement reads again: its first source sees the store change under it
+        built: list[EngineSource] = []
+        real = statement_engine.EngineSource
+
+        def changing(*args: Any, **kwargs: Any) -> EngineSource:
+            got = real(*args, **kwargs)
+            if not built:
+                end = P_START + 5 * DAY_NS
+                late = msgspec.structs.replace(
+                    _BASE, request_id="late", tenant="t1", outcome="ok", stream=True,
+                    end_unix_ns=end, ts_unix_ns=end - 10**8, gateway_total_ms=100.0,
+                    gateway_ttfb_ms=50.0, inference_ms=80.0, prompt_tokens=10,
+                )  # fmt: skip
+                write_requests(store, [late])
+            built.append(got)
+            return got
+
+        monkeypatch.setattr(statement_engine, "EngineSource", changing)
+        again = build_statement(store, loaded, "t1", "2026-11")
+        assert len(built) == 2
+        monkeypatch.undo()
+        assert _doc(again) == _doc(build_statement(store, loaded, "t1", "2026-11", version=3))
+    finally:
+        store.close()
+
+
+def build_and_check(source: EngineSource, loaded: Any) -> None:
+    """The core's statement of a source (no audit, no budget events), then the source's
+    check that the store did not change meanwhile (a read may see the change first)."""
+    compute_statement(
+        tenant="t1", period="2026-11", contract=loaded.contract, spec=loaded.spec,
+        records=source, level_changes=[], budget_events=[], observed_until_ns=None,
+        inputs={},
+    )  # fmt: skip
+    source.check_unchanged()

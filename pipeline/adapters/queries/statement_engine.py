@@ -32,6 +32,7 @@ only the rows a statement names come back:
 
 from __future__ import annotations
 
+import collections
 import zoneinfo
 from collections.abc import Collection, Sequence
 from typing import Any, Final
@@ -80,6 +81,13 @@ _SLOTS_SQL: Final = (
 )
 # A row's exemption class (EngineSource.special_sql): its maintenance window, cold start.
 _CLASS: Final = ("_window", "_cold", "_cold_host", "_cold_at")
+
+
+class StoreChangedError(RuntimeError):
+    """The tenant's rows of the period changed between the reads of one statement (a
+    live store written meanwhile: :meth:`EngineSource.check_unchanged`), or two reads
+    saw different rows (a group's id read differently: a bug). The statement is read
+    again (``pipeline.app.statement.build_statement``)."""
 
 
 def _interval_sql(column: str, cuts: Sequence[float]) -> str:
@@ -136,6 +144,7 @@ class EngineSource:
         self.store = store
         self.tz = zoneinfo.ZoneInfo(contract.billing.timezone)
         read = _Read(store, tenant, from_unix_ns, until_unix_ns)
+        self.db, self.match = read.db, read.match
         self.params: dict[str, Any] = dict(read.bound)
         self.rows_sql = self._final_rows(read)
         self.cuts = Cuts.of(contract, spec)
@@ -164,6 +173,9 @@ class EngineSource:
             f"toInt32(toDate(toDateTime(intDiv(end_unix_ns, 1000000000), "
             f"'{contract.billing.timezone}')))"
         )
+        # the period's rows, every version, before the groups' read (without other
+        # versions: as many as the groups hold)
+        self._stored = self._stored_rows() if "shared" in self.params else None
         self._read_groups()
         self._read_special()
 
@@ -171,6 +183,23 @@ class EngineSource:
     def judged_sql(self) -> str:
         """The final rows with their group (``_gid``)."""
         return f"SELECT *, {self.gid_sql} AS _gid FROM ({self.rows_sql})"
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`StoreChangedError` when the tenant's rows of the period (every
+        version) are not as many as before the first read: a row written between the
+        reads (a live store; or two versions merged into one, read again all the same)."""
+        before = self._requests if self._stored is None else self._stored
+        now = self._stored_rows()
+        if now != before:
+            raise StoreChangedError(f"the period's rows went from {before} to {now}")
+
+    def _stored_rows(self) -> int:
+        """The tenant's rows of the period, every version (the ``by_tenant`` projection:
+        a few ms)."""
+        ((n,),) = self.store.query_rows(
+            f"SELECT count() FROM {self.db}.requests WHERE {self.match}", self.params
+        )
+        return int(n)
 
     # ----------------------------------------------------------------- reading
     def _final_rows(self, read: _Read) -> str:
@@ -259,9 +288,14 @@ class EngineSource:
         kept = np.ones(len(self._weights), dtype=np.bool_)
         classes = self._exempt_classes(exempt)
         group_class = zip(*(self._groups.column(c).to_pylist() for c in _CLASS), strict=True)
+        rows: dict[tuple[Any, ...], int] = dict.fromkeys(classes, 0)
         for g, c in enumerate(group_class):
             if c in classes:
                 kept[g] = not classes[c]
+                rows[c] += int(self._weights[g])
+        special = collections.Counter(self._special_class)
+        if any(rows[c] != special[c] for c in classes):
+            raise StoreChangedError("the special rows are not the groups' (a write between)")
         fields: dict[str, list[Any]] = {}
         for name in _GROUPED:
             column = self._groups.column(name)
@@ -357,9 +391,9 @@ class EngineSource:
         codes = self._groups.column(f"_b_{boundary}").to_numpy(zero_copy_only=False)
         want = int(self._weights[rows & (codes >= 0)].sum())
         if selected != want:
-            raise RuntimeError(
-                f"statement_engine: {selected} rows with a {boundary} selected, the groups "
-                f"asked for hold {want}"
+            raise StoreChangedError(
+                f"{selected} rows with a {boundary} selected, the groups asked for hold "
+                f"{want} (a write between the reads, or a group's id read differently)"
             )
 
     def bad_rows(self, rows: BoolArray, from_ns: int, to_ns: int) -> StatementRows:
