@@ -28,7 +28,7 @@ from pipeline.core.record import RequestRecord
 from pipeline.core.statement import compute_statement
 from pipeline.settings import Settings
 from pipeline.shipped import EXAMPLE_CONTRACT
-from pipeline.spec.contract import load_contract_file, period_bounds_ns
+from pipeline.spec.contract import LoadedContract, load_contract_file, period_bounds_ns
 from tests.integration.test_final_source import _BASE, A_NS, B_NS, CASES, IN_NS
 
 pytestmark = pytest.mark.integration
@@ -130,6 +130,17 @@ def _records(seed: int) -> list[RequestRecord]:
     return out
 
 
+def example_contract(tmp_path: Path, tenants: list[str]) -> LoadedContract:
+    """The shipped example contract for ``tenants`` (its SLO spec by absolute path)."""
+    spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
+    path = tmp_path / "contract.yaml"
+    text = EXAMPLE_CONTRACT.read_text().replace(
+        "tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", f"tenants: [{', '.join(tenants)}]"
+    )
+    path.write_text(text.replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}"))
+    return load_contract_file(path)
+
+
 def _doc(statement: Any) -> dict[str, Any]:
     doc: dict[str, Any] = orjson.loads(orjson.dumps(statement.to_json()))
     doc.pop("statement_version")
@@ -159,14 +170,7 @@ def test_the_engines_statement_is_the_rows_statement(tmp_path: Path, seed: int) 
                 for slo in ("tier1-gateway", "tier3-ttft")
             ],
         )
-        text = EXAMPLE_CONTRACT.read_text().replace(
-            "tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1, t2, t3]"
-        )
-        spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
-        text = text.replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
-        path = tmp_path / "contract.yaml"
-        path.write_text(text)
-        loaded = load_contract_file(path)
+        loaded = example_contract(tmp_path, ["t1", "t2", "t3"])
         # a tenant without a request in the period: nothing counted, the same on both
         empty = [build_statement(store, loaded, "t3", "2026-11", version=v) for v in (3, 4)]
         assert _doc(empty[0]) == _doc(empty[1])
@@ -198,14 +202,7 @@ def test_a_store_written_between_the_reads_is_read_again(
         migrate(store)
         records = [r for r in _records(3) if r.tenant == "t1" and r.request_id.startswith("r")]
         write_requests(store, records[:-50])
-        spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
-        path = tmp_path / "contract.yaml"
-        path.write_text(
-            EXAMPLE_CONTRACT.read_text()
-            .replace("tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1]")
-            .replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
-        )
-        loaded = load_contract_file(path)
+        loaded = example_contract(tmp_path, ["t1"])
         # rows written after the groups were read: the percentiles' read sees them
         source = EngineSource(
             store, loaded.contract, loaded.spec, tenant="t1", from_unix_ns=P_START,

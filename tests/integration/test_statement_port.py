@@ -17,9 +17,8 @@ from pipeline.adapters.query_server import QueryLimits, QueryServer
 from pipeline.adapters.store import ClickHouseStore, migrate, open_store, write_requests
 from pipeline.app.statement import build_statement
 from pipeline.settings import Settings
-from pipeline.shipped import EXAMPLE_CONTRACT
-from pipeline.spec.contract import load_contract_file
 from tests.integration.test_query_server import _records
+from tests.integration.test_statement_engine import example_contract
 
 pytestmark = pytest.mark.integration
 
@@ -90,14 +89,7 @@ def test_the_engines_statement_through_the_port_is_the_stores(tmp_path: Path) ->
     store = open_store(settings)
     migrate(store)
     write_requests(store, [*records, records[5]])  # (a key written twice)
-    spec = EXAMPLE_CONTRACT.parent / "slo-example.yaml"
-    contract = tmp_path / "contract.yaml"
-    contract.write_text(
-        EXAMPLE_CONTRACT.read_text()
-        .replace("tenants: [tenant-a, tenant-b, tenant-c, tenant-d]", "tenants: [t1]")
-        .replace("slo_spec: slo-example.yaml", f"slo_spec: {spec}")
-    )
-    loaded = load_contract_file(contract)
+    loaded = example_contract(tmp_path, ["t1"])
     limits = QueryLimits(max_execution_time_s=60, max_memory_bytes=512 << 20)
     try:
         server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
