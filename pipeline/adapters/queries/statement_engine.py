@@ -33,7 +33,6 @@ only the rows a statement names come back:
 from __future__ import annotations
 
 import collections
-import zoneinfo
 from collections.abc import Collection, Sequence
 from typing import Any, Final
 
@@ -43,6 +42,7 @@ import pyarrow as pa
 from pipeline.adapters.queries.statement_rows import (
     _HASH_ORDER,
     _KEY_HASH,
+    _NONE_IF_EMPTY,
     STATEMENT_COLUMNS,
     _hash_order,
     _Read,
@@ -70,7 +70,6 @@ from pipeline.spec.slo import SLOSpec
 _GROUPED: Final = (
     "source", "outcome", "superseded", "model", "priority", "ctx_bucket", "tenant", "stream",
 )  # fmt: skip
-_NONE_IF_EMPTY: Final = frozenset({"tenant", "engine_host"})  # stored "" (records_from_columns)
 # Each row's first and last minute of traffic (core.statement.traffic_intervals' rule:
 # from its start, its end only when the two are more than MAX_SPAN_MS apart)
 _SLOTS_SQL: Final = (
@@ -142,18 +141,16 @@ class EngineSource:
         until_unix_ns: int,
     ) -> None:
         self.store = store
-        self.tz = zoneinfo.ZoneInfo(contract.billing.timezone)
         read = _Read(store, tenant, from_unix_ns, until_unix_ns)
         self.db, self.match = read.db, read.match
         self.params: dict[str, Any] = dict(read.bound)
         self.rows_sql = self._final_rows(read)
         self.cuts = Cuts.of(contract, spec)
-        self.windows = maintenance_windows(contract)
         # which exemption a row could have: the first maintenance window it ends in
         # (-1: none), and whether it has a cold start, which (host, start; "" and 0: none)
         window = " ".join(
             f"end_unix_ns >= {a} AND end_unix_ns < {b}, {j},"
-            for j, (a, b, _) in enumerate(self.windows)
+            for j, (a, b, _) in enumerate(maintenance_windows(contract))
         )
         special = [
             f"{f'multiIf({window} -1)' if window else 'toInt64(-1)'} AS _window",
