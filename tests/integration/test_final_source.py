@@ -154,10 +154,15 @@ def _final_of(store: Store, tenant: str) -> list[tuple[Any, ...]]:
     )
 
 
-def test_tenant_rows_reads_finals_rows_of_the_tenant(store: Store) -> None:
+@pytest.mark.parametrize("pass_rows", [statement_rows.SHARED_PASS_ROWS, 3], ids=["1", "passes"])
+def test_tenant_rows_reads_finals_rows_of_the_tenant(
+    store: Store, pass_rows: int, monkeypatch: Any
+) -> None:
     """The statement's read (no FINAL: each key's highest version) gives FINAL's rows of
     the tenant, every column, one row per key, whichever way its versions lie, in the
-    order of the key's hash."""
+    order of the key's hash; the same when the other versions are looked for in passes
+    (a table of more than SHARED_PASS_ROWS rows)."""
+    monkeypatch.setattr(statement_rows, "SHARED_PASS_ROWS", pass_rows)
     names = [n for n, _ in REQUEST_COLUMNS]
     for tenant in ("t1", "t2"):
         got, _ = _tenant_rows(store, tenant)

@@ -148,8 +148,23 @@ def _doc(statement: Any) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_engines_statement_is_the_rows_statement(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "select"), [(1, "nth"), (2, "nth"), (1, "sort")])
+def test_the_engines_statement_is_the_rows_statement(
+    tmp_path: Path, seed: int, select: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4 (counted in the engine) says what version 3 (the rows) says; its
+    percentiles selected at the nearest rank ("nth"), or, where the selection's rank is
+    not the core's (forced here: levels that select another rank), sorted ("sort")."""
+    reads: list[bool] = []
+    rows_of = statement_engine.EngineSource._percentile_rows
+
+    def percentile_rows(self: Any, *args: Any, sort: bool) -> Any:
+        reads.append(sort)
+        return rows_of(self, *args, sort=sort)
+
+    monkeypatch.setattr(statement_engine.EngineSource, "_percentile_rows", percentile_rows)
+    if select == "sort":
+        monkeypatch.setattr(statement_engine, "_levels", lambda p: ("0.5", "0.5"))
     records = _records(seed)
     store = open_store(Settings(store_dir=tmp_path / "store"))
     try:
@@ -187,6 +202,13 @@ def test_the_engines_statement_is_the_rows_statement(tmp_path: Path, seed: int) 
             assert any(c.exempted for c in v3.cold_starts)
             assert any(not c.exempted for c in v3.cold_starts)  # over the cap: counted
             assert v3.incidents
+        assert reads
+        # nth: one read per statement, none sorted; sort: a selection that missed the
+        # core's rank (n = 1 cannot miss) read again sorted
+        if select == "nth":
+            assert reads == [False] * len(reads)
+        else:
+            assert True in reads
     finally:
         store.close()
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.adapters.queries.statement_engine import DIGEST_NULLABLE
+from pipeline.adapters.queries.statement_engine import DIGEST_NULLABLE, _levels
 from pipeline.adapters.queries.statement_rows import STATEMENT_COLUMNS
 from pipeline.adapters.store import REQUEST_COLUMNS
-from pipeline.core.statement import Cuts
+from pipeline.core.statement import Cuts, nearest_rank
 
 CUTS = st.lists(
     st.floats(min_value=-1e30, max_value=1e30, allow_nan=False), min_size=1, max_size=4, unique=True
@@ -66,3 +67,20 @@ def test_the_digest_hashes_as_missing_exactly_the_columns_that_may_be_missing() 
     types = dict(REQUEST_COLUMNS)
     nullable = {c for c in STATEMENT_COLUMNS if types[c].startswith("Nullable")}
     assert nullable == DIGEST_NULLABLE
+
+
+@pytest.mark.parametrize(
+    "percentile", [50.0, 75.0, 80.0, 90.0, 95.0, 97.5, 99.0, 99.5, 99.9, 99.95, 99.99, 99.999]
+)
+def test_one_selection_level_gives_the_cores_nearest_rank(percentile: float) -> None:
+    """The engine selects a percentile at ``floor(level * n)`` of the values negated
+    (quantileExact): for the usual percentiles one of its two levels gives the core's
+    rank (``ceil(p/100 * n)``-th smallest, ``core.statement.nearest_rank``) for every n up
+    to 200,000 (a day of a tenant's requests; the read checks each n it meets and sorts
+    where neither does). One level alone misses: 1 - p/100 at p90, n = 10."""
+    a, b = (float(x) for x in _levels(percentile))
+    for n in range(1, 200_001):
+        rank = n - max(1, math.ceil(percentile / 100.0 * n))  # from 0, values negated
+        assert rank in (int(a * n), int(b * n)), n
+    values = [float(v) for v in range(1, 101)]
+    assert -sorted(-v for v in values)[int(a * 100)] == nearest_rank(values, percentile)

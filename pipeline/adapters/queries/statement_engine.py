@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Collection, Sequence
+from decimal import Decimal
 from typing import Any, Final
 
 import numpy as np
@@ -109,6 +110,15 @@ def _hash_sql(values: Sequence[str], nullable: Collection[str]) -> str:
     missing, the value or its type's default), each other as it is."""
     args = (f"isNull({v}), assumeNotNull({v})" if v in nullable else v for v in values)
     return f"cityHash64({', '.join(args)})"
+
+
+def _levels(percentile: float) -> tuple[str, str]:
+    """Two ``quantileExact`` levels (SQL literals) for the nearest rank of ``percentile``
+    on values negated: ``1 - p/100`` from the percentile as written (decimal), and as the
+    core computes ``p/100`` in floating point. Where ``p/100 * n`` is a whole number in one
+    and not in the other, one of the two floors is the core's ``n - ceil(p/100 * n)``."""
+    written = float((100 - Decimal(repr(float(percentile)))) / 100)
+    return repr(written), repr(1.0 - float(percentile) / 100.0)
 
 
 # The requests columns that may be NULL (how a group's key is hashed).
@@ -327,10 +337,16 @@ class EngineSource:
         self, asked: Sequence[tuple[str, BoolArray]], percentile: float
     ) -> list[tuple[DayValue | None, list[DayValue]]]:
         """One read for every boundary asked: per day and over the period, each mask's
-        values (``groupArrayIf``), their count and their ``k``-th smallest (the
-        ``ceil(p/100 * n)``-th, the core's ``nearest_rank``: a partial sort from the
-        nearer end). Which masks a group is in: one lookup per row (``transform`` of its
-        group to a bit mask)."""
+        values, their count and their ``k``-th smallest (the ``ceil(p/100 * n)``-th, the
+        core's ``nearest_rank``). Which masks a group is in: one lookup per row
+        (``transform`` of its group to a bit mask).
+
+        The ``k``-th smallest is the ``(n - k)``-th (from 0) of the values negated, which
+        ``quantileExact`` selects without a sort at ``floor(level * n)``: at two levels
+        (:func:`_levels`), one of which gives that rank for every ``n`` up to a million
+        at the usual percentiles. The read says whether one did; where neither does (or a
+        value is NaN) it is read again with partial sorts of the values (exact by
+        construction, ~0.5 s more for the largest tenant-month)."""
         if not asked:
             return []
         bits = np.zeros(len(self._weights), dtype=np.uint64)
@@ -343,26 +359,9 @@ class EngineSource:
             "gids": self._gids[on].tolist(),
             "bits": bits[on].tolist(),
         }
-        picks, conds = [], []
-        for j, (boundary, _) in enumerate(asked):
-            conds.append(f"isNotNull({boundary}) AND bitTest(_bits, {j}) AS _in{j}")
-            values = f"groupArrayIf(assumeNotNull({boundary}), _in{j})"
-            picks.append(
-                f"countIf(_in{j}) AS n{j}, "
-                f"toUInt64(greatest(1, ceil({{p:Float64}} / 100.0 * n{j}))) AS k{j}, "
-                f"if(k{j} <= n{j} - k{j}, arrayPartialSort(k{j}, {values})[k{j}], "
-                f"arrayPartialReverseSort(n{j} - k{j} + 1, {values})[n{j} - k{j} + 1]) AS v{j}"
-            )
-        columns = sorted({b for b, _ in asked})
-        table = self.store.query_arrow(
-            f"SELECT {self.day_sql} AS day, grouping(day) AS _whole, {', '.join(picks)} "
-            f"FROM (SELECT end_unix_ns, {', '.join(columns)}, {', '.join(conds)} FROM ("
-            "SELECT *, transform(_gid, {gids:Array(UInt64)}, {bits:Array(UInt64)}, "
-            f"toUInt64(0)) AS _bits FROM ({self.judged_sql})) WHERE _bits != 0) "
-            "GROUP BY GROUPING SETS ((day), ()) ORDER BY _whole, day",
-            params,
-        )
-        rows = table.to_pylist()
+        rows = self._percentile_rows(asked, params, sort=False)
+        if not all(r[f"ok{j}"] for r in rows for j in range(len(asked))):
+            rows = self._percentile_rows(asked, params, sort=True)
         out: list[tuple[DayValue | None, list[DayValue]]] = []
         for j in range(len(asked)):
             whole: DayValue | None = None
@@ -379,6 +378,46 @@ class EngineSource:
             out.append((whole, days))
             self._check(asked[j], 0 if whole is None else whole[2])
         return out
+
+    def _percentile_rows(
+        self, asked: Sequence[tuple[str, BoolArray]], params: dict[str, Any], *, sort: bool
+    ) -> list[dict[str, Any]]:
+        """The read of :meth:`percentiles`: by selection (``ok{j}``: whether it selected
+        the ``k``-th), or (``sort``) by a partial sort from the nearer end."""
+        a, b = _levels(params["p"])
+        picks, conds = [], []
+        for j, (boundary, _) in enumerate(asked):
+            conds.append(f"isNotNull({boundary}) AND bitTest(_bits, {j}) AS _in{j}")
+            value = f"assumeNotNull({boundary})"
+            rank = (
+                f"countIf(_in{j}) AS n{j}, "
+                f"toUInt64(greatest(1, ceil({{p:Float64}} / 100.0 * n{j}))) AS k{j}"
+            )
+            if sort:
+                values = f"groupArrayIf({value}, _in{j})"
+                picks.append(
+                    f"{rank}, 1 AS ok{j}, if(k{j} <= n{j} - k{j}, "
+                    f"arrayPartialSort(k{j}, {values})[k{j}], "
+                    f"arrayPartialReverseSort(n{j} - k{j} + 1, {values})[n{j} - k{j} + 1]) AS v{j}"
+                )
+            else:
+                at = f"toUInt64({a} * n{j}) = n{j} - k{j}"
+                picks.append(
+                    f"{rank}, quantilesExactIf({a}, {b})(-{value}, _in{j}) AS _q{j}, "
+                    f"-if({at}, _q{j}[1], _q{j}[2]) AS v{j}, "
+                    f"(n{j} = 0 OR {at} OR toUInt64({b} * n{j}) = n{j} - k{j}) "
+                    f"AND countIf(_in{j} AND isNaN({value})) = 0 AS ok{j}"
+                )
+        columns = sorted({b for b, _ in asked})
+        table = self.store.query_arrow(
+            f"SELECT {self.day_sql} AS day, grouping(day) AS _whole, {', '.join(picks)} "
+            f"FROM (SELECT end_unix_ns, {', '.join(columns)}, {', '.join(conds)} FROM ("
+            "SELECT *, transform(_gid, {gids:Array(UInt64)}, {bits:Array(UInt64)}, "
+            f"toUInt64(0)) AS _bits FROM ({self.judged_sql})) WHERE _bits != 0) "
+            "GROUP BY GROUPING SETS ((day), ()) ORDER BY _whole, day",
+            params,
+        )
+        return table.to_pylist()
 
     def _check(self, asked: tuple[str, BoolArray], selected: int) -> None:
         """The engine selected the rows of the groups asked that have a value: a group's
