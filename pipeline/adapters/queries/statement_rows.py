@@ -148,12 +148,17 @@ class _Read:
 
     def shared(self) -> pa.Array:
         """2: the hashes of the matching rows that another row of the table has too, in
-        as many passes as the table has :data:`SHARED_PASS_ROWS` rows (its grouping holds
-        one entry per hash). On a store without ``key_hash`` yet (a reader newer than the
-        worker that migrates it), the hash computed from the key: the same values, read
-        from the ids."""
-        ((rows,),) = self.store.query_rows(f"SELECT count() FROM {self.db}.requests")
-        passes = max(1, -(-int(rows) // SHARED_PASS_ROWS))
+        as many passes as its grouping needs to stay within :data:`SHARED_PASS_ROWS` and
+        the store's memory limit per query. On a store without ``key_hash`` yet (a reader
+        newer than the worker that migrates it), the hash computed from the key: the same
+        values, read from the ids."""
+        ((rows, limit),) = self.store.query_rows(
+            f"SELECT count(), getSetting('max_memory_usage') FROM {self.db}.requests"
+        )
+        per_pass = SHARED_PASS_ROWS
+        if int(limit):  # the store's limit on a query's memory (the query port: 512 MiB)
+            per_pass = max(1, min(per_pass, int(limit) // SHARED_BYTES_PER_ROW))
+        passes = max(1, -(-int(rows) // per_pass))
         found = []
         for at in range(passes):
             try:
@@ -213,10 +218,13 @@ def _hash_order(rows: pa.Table) -> Any:
 # then read a day of ends at a time (a day of the month bench's largest tenant: ~65 MiB).
 # Not always: 30 reads cost the embedded engine ~0.4 s more than one.
 ANSWER_TOO_LARGE: Final = "Code: 396"
-# The rows of the table whose hashes one query of _Read.shared groups: its grouping holds
-# an entry per hash (the month store's 52 M rows: 2.0 GB at the process's peak, against
-# 1.7 GB with a set of the tenant-month's 14.6 M); a larger table is grouped in passes.
-SHARED_PASS_ROWS: Final = 100_000_000
+# _Read.shared groups the table's hashes in passes (one residue of the hash each), each of
+# at most SHARED_PASS_ROWS rows and within the store's memory limit per query at
+# SHARED_BYTES_PER_ROW a row: on the month store (52 M rows) one pass needed 1-4 GiB, two
+# 0.5-1, four 256-512 MiB and eight under 256 (max_memory_usage tried at 256 MiB steps:
+# ~40 B a row, 64 with a margin). The time: 1.2-2.4 s in one pass, 0.3 s a pass in eight.
+SHARED_PASS_ROWS: Final = 64_000_000
+SHARED_BYTES_PER_ROW: Final = 64
 READ_SPAN_NS: Final = 86_400 * 10**9
 _HASH_ORDER: Final = ("_key_hash", "request_id", "attempt")
 _KEY_HASH: Final = "cityHash64(request_id, attempt)"  # = requests.key_hash (sql/0020)
