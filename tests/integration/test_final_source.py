@@ -154,15 +154,29 @@ def _final_of(store: Store, tenant: str) -> list[tuple[Any, ...]]:
     )
 
 
-@pytest.mark.parametrize("pass_rows", [statement_rows.SHARED_PASS_ROWS, 3], ids=["1", "passes"])
+@pytest.mark.parametrize("how", ["grouped", "passes", "probed"])
 def test_tenant_rows_reads_finals_rows_of_the_tenant(
-    store: Store, pass_rows: int, monkeypatch: Any
+    store: Store, how: str, monkeypatch: Any
 ) -> None:
     """The statement's read (no FINAL: each key's highest version) gives FINAL's rows of
     the tenant, every column, one row per key, whichever way its versions lie, in the
-    order of the key's hash; the same when the other versions are looked for in passes
-    (a table of more than SHARED_PASS_ROWS rows)."""
-    monkeypatch.setattr(statement_rows, "SHARED_PASS_ROWS", pass_rows)
+    order of the key's hash; whichever way the other versions are looked for: the table's
+    hashes grouped, in one pass or in several (a table of more than SHARED_PASS_ROWS
+    rows), or probed (a memory limit the grouping would not fit, the tenant's hashes do)."""
+    queries: list[str] = []
+    query_arrow = store.query_arrow
+    monkeypatch.setattr(
+        store, "query_arrow", lambda q, p=None: queries.append(q) or query_arrow(q, p)
+    )
+    if how == "passes":
+        monkeypatch.setattr(statement_rows, "SHARED_PASS_ROWS", 3)
+    if how == "probed":  # a limit all the table's rows but one fit in: a tenant's do
+        sizes = statement_rows._Read.sizes
+        monkeypatch.setattr(
+            statement_rows._Read,
+            "sizes",
+            lambda r: (sizes(r)[0], (sizes(r)[0] - 1) * statement_rows.SHARED_BYTES_PER_ROW),
+        )
     names = [n for n, _ in REQUEST_COLUMNS]
     for tenant in ("t1", "t2"):
         got, _ = _tenant_rows(store, tenant)
@@ -175,6 +189,14 @@ def test_tenant_rows_reads_finals_rows_of_the_tenant(
             }, ids  # fmt: skip
         else:
             assert ids == {f"c{n - 2}"}, ids
+    grouped = [q for q in queries if "HAVING" in q and "PREWHERE" not in q]
+    probed = [q for q in queries if "HAVING" in q and "PREWHERE" in q]
+    # one read of the other versions per tenant (two tenants), or one per pass
+    if how == "probed":
+        assert (len(grouped), len(probed)) == (0, 2)
+    else:
+        assert not probed
+        assert len(grouped) == 2 if how == "grouped" else len(grouped) > 2
 
 
 def test_a_key_sharing_its_hash_with_another_is_told_apart(store: Store) -> None:

@@ -5,8 +5,11 @@ module-wide store would hold it."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import clickhouse_connect
 import msgspec
@@ -21,6 +24,23 @@ from tests.integration.test_query_server import _records
 from tests.integration.test_statement_engine import example_contract
 
 pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def _through_the_port(
+    store: Any, store_dir: Path, limits: QueryLimits
+) -> Iterator[ClickHouseStore]:
+    """The store as a client of the worker's query port sees it (the server and the
+    client stopped on leaving)."""
+    server = QueryServer(store_dir, store.lock, limits=limits).start()
+    client = clickhouse_connect.get_client(
+        host="127.0.0.1", port=server.port, compress=False, password=server.token
+    )
+    try:
+        yield ClickHouseStore(client, store.database)
+    finally:
+        client.close()
+        server.stop()
 
 
 def test_a_statements_rows_come_through_the_port_a_day_at_a_time(tmp_path: Path) -> None:
@@ -45,12 +65,7 @@ def test_a_statements_rows_come_through_the_port_a_day_at_a_time(tmp_path: Path)
         max_execution_time_s=60, max_memory_bytes=512 << 20, max_result_bytes=1 << 20
     )
     try:
-        server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
-        client = clickhouse_connect.get_client(
-            host="127.0.0.1", port=server.port, compress=False, password=server.token
-        )
-        port = ClickHouseStore(client, store.database)
-        try:
+        with _through_the_port(store, settings.store_dir, limits) as port:
             whole = statement_rows._Read(port, "t1", t0, t0 + 4 * day_ns)
             with pytest.raises(Exception, match="Code: 396"):  # one answer: too large
                 port.query_arrow(
@@ -62,14 +77,13 @@ def test_a_statements_rows_come_through_the_port_a_day_at_a_time(tmp_path: Path)
             assert len(got) == len(want) == 16_000
             assert got.digest() == want.digest()
             assert whole.matching(["request_id", "attempt"]).num_rows == 16_000
-        finally:
-            client.close()
-            server.stop()
     finally:
         store.close()
 
 
-def test_the_engines_statement_through_the_port_is_the_stores(tmp_path: Path) -> None:
+def test_the_engines_statement_through_the_port_is_the_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Statement version 4 (counted in the engine) through the query port: the same
     statement as from the store itself; its reads' parameters (a month store's groups)
     can be too long for a URL, and come as form fields."""
@@ -91,13 +105,18 @@ def test_the_engines_statement_through_the_port_is_the_stores(tmp_path: Path) ->
     write_requests(store, [*records, records[5]])  # (a key written twice)
     loaded = example_contract(tmp_path, ["t1"])
     limits = QueryLimits(max_execution_time_s=60, max_memory_bytes=512 << 20)
+    # the other versions grouped in passes sized to the port's memory limit (as if a
+    # row cost 1/1000 of it: 4 passes over the 4,000 rows)
+    monkeypatch.setattr(statement_rows, "SHARED_BYTES_PER_ROW", (512 << 20) // 1_000)
+    passes: list[str] = []
+    shared_sql = statement_rows._Read.shared_sql
+    monkeypatch.setattr(
+        statement_rows._Read,
+        "shared_sql",
+        lambda self, n, at: passes.append(f"{at}/{n}") or shared_sql(self, n, at),
+    )
     try:
-        server = QueryServer(settings.store_dir, store.lock, limits=limits).start()
-        client = clickhouse_connect.get_client(
-            host="127.0.0.1", port=server.port, compress=False, password=server.token
-        )
-        port = ClickHouseStore(client, store.database)
-        try:
+        with _through_the_port(store, settings.store_dir, limits) as port:
             # parameters too long for a URL come as form fields (clickhouse-connect's)
             ids = list(range(20_000))
             assert port.query_rows("SELECT length({ids:Array(UInt64)})", {"ids": ids}) == [
@@ -108,8 +127,7 @@ def test_the_engines_statement_through_the_port_is_the_stores(tmp_path: Path) ->
             assert got["statement_version"] == 4
             assert got == want
             assert got["requests"] == 4_000
-        finally:
-            client.close()
-            server.stop()
+            assert "3/4" in passes
+            assert "0/1" in passes  # the store itself sets no limit
     finally:
         store.close()

@@ -216,13 +216,8 @@ class EngineSource:
         if not len(shared):
             return rows
         kh = read.key_hash
-        top = self.store.query_rows(
-            f"SELECT request_id, attempt, max(revision) FROM {read.db}.requests "
-            f"PREWHERE {kh} IN {{shared:Array(UInt64)}} GROUP BY request_id, attempt",
-            {"shared": shared.to_pylist()},
-        )
         self.params["shared"] = shared.to_pylist()
-        self.params["tops"] = [(str(r), int(a), int(v)) for r, a, v in top]
+        self.params["tops"] = read.highest(shared)
         return (
             f"{rows} AND {kh} NOT IN {{shared:Array(UInt64)}} UNION ALL "
             f"SELECT * FROM ({rows} AND {kh} IN {{shared:Array(UInt64)}} AND "

@@ -4,7 +4,7 @@ latest end of the period (issue 53: a tenant-month of a month store is 2 M rows)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -111,18 +111,30 @@ class _Read:
         self.key_hash = "key_hash"
 
     def shared_sql(self, passes: int, at: int) -> str:
-        """The query of step 2, the hashes ``h % passes = at`` of them.
+        """The query of step 2 (the hashes ``h % passes = at`` of them), grouped: the
+        table's hashes held by more than one row, then the matching rows' among them.
 
-        Grouping every hash of the table once (~1.1 s for the month store's 52 M rows)
+        Grouping every hash of the table once (~1.2 s for the month store's 52 M rows)
         costs less than asking of each row whether its hash is one of the matching rows'
-        (3.0 s for a 14.6 M-row tenant-month: a set that large is built on one core and
-        probed at random by every row)."""
+        (:meth:`probed_sql`: 3.0 s for a 14.6 M-row tenant-month, a set that large built
+        on one core and probed at random by every row), but it needs memory for every
+        hash of the table, not only the matching rows' (:data:`SHARED_PASS_ROWS`)."""
         h = self.key_hash
         part = f" WHERE {h} % {passes} = {at}" if passes > 1 else ""
         return (
             f"SELECT h FROM (SELECT {h} AS h FROM {self.db}.requests WHERE {self.match} "
             f"AND h IN (SELECT {h} FROM {self.db}.requests{part} GROUP BY {h} "
             "HAVING count() > 1)) GROUP BY h"
+        )
+
+    @property
+    def probed_sql(self) -> str:
+        """The query of step 2, probed: every row of the table asked whether its hash is
+        one of the matching rows' (memory for the matching rows' hashes only)."""
+        h = self.key_hash
+        return (
+            f"SELECT {h} AS h FROM {self.db}.requests PREWHERE h IN (SELECT {h} FROM "
+            f"{self.db}.requests WHERE {self.match}) GROUP BY h HAVING count() > 1"
         )
 
     def matching(self, columns: Sequence[str]) -> pa.Table:
@@ -147,47 +159,61 @@ class _Read:
         )
 
     def shared(self) -> pa.Array:
-        """2: the hashes of the matching rows that another row of the table has too, in
-        as many passes as its grouping needs to stay within :data:`SHARED_PASS_ROWS` and
-        the store's memory limit per query. On a store without ``key_hash`` yet (a reader
-        newer than the worker that migrates it), the hash computed from the key: the same
-        values, read from the ids."""
+        """2: the hashes of the matching rows that another row of the table has too.
+        Grouped (:meth:`shared_sql`) in one pass where the store sets no memory limit per
+        query or the table's hashes fit in it, else probed (:meth:`probed_sql`) where the
+        matching rows' fit (a tenant's period through the query port, 512 MiB), else
+        grouped in as many passes as fit (:data:`SHARED_PASS_ROWS`). On a store without
+        ``key_hash`` yet (a reader newer than the worker that migrates it), the hash
+        computed from the key: the same values, read from the ids."""
+        rows, limit = self.sizes()
+        per_pass = SHARED_PASS_ROWS
+        if limit and rows * SHARED_BYTES_PER_ROW > limit:
+            ((mine,),) = self.store.query_rows(
+                f"SELECT count() FROM {self.db}.requests WHERE {self.match}", self.bound
+            )
+            if int(mine) * SHARED_BYTES_PER_ROW <= limit:
+                return self._hashes(lambda: self.probed_sql)
+            per_pass = max(1, min(per_pass, limit // SHARED_BYTES_PER_ROW))
+        passes = max(1, -(-rows // per_pass))
+        found = [self._hashes(lambda at=at: self.shared_sql(passes, at)) for at in range(passes)]
+        return pa.concat_arrays(found) if found else pa.array([], pa.uint64())
+
+    def sizes(self) -> tuple[int, int]:
+        """(the table's rows, the store's memory limit per query in bytes; 0: none)."""
         ((rows, limit),) = self.store.query_rows(
             f"SELECT count(), getSetting('max_memory_usage') FROM {self.db}.requests"
         )
-        per_pass = SHARED_PASS_ROWS
-        if int(limit):  # the store's limit on a query's memory (the query port: 512 MiB)
-            per_pass = max(1, min(per_pass, int(limit) // SHARED_BYTES_PER_ROW))
-        passes = max(1, -(-int(rows) // per_pass))
-        found = []
-        for at in range(passes):
-            try:
-                answer = self.store.query_arrow(self.shared_sql(passes, at), self.bound)
-            except Exception as exc:
-                if "key_hash" not in str(exc) or self.key_hash == _KEY_HASH:
-                    raise
-                self.key_hash = _KEY_HASH
-                answer = self.store.query_arrow(self.shared_sql(passes, at), self.bound)
-            found.append(answer.column(0).combine_chunks())
-        return pa.concat_arrays(found) if found else pa.array([], pa.uint64())
+        return int(rows), int(limit)
+
+    def _hashes(self, sql: Callable[[], str]) -> pa.Array:
+        """The hashes a query of step 2 answers (``sql`` formed again on a store without
+        ``key_hash``)."""
+        try:
+            answer = self.store.query_arrow(sql(), self.bound)
+        except Exception as exc:
+            if "key_hash" not in str(exc) or self.key_hash == _KEY_HASH:
+                raise
+            self.key_hash = _KEY_HASH
+            answer = self.store.query_arrow(sql(), self.bound)
+        return answer.column(0).combine_chunks()
+
+    def highest(self, shared: pa.Array) -> list[tuple[str, int, int]]:
+        """Each key with one of the hashes ``shared``: (request_id, attempt, its highest
+        version), over every row of the table."""
+        top = self.store.query_rows(
+            f"SELECT request_id, attempt, max(revision) FROM {self.db}.requests "
+            f"PREWHERE {self.key_hash} IN {{shared:Array(UInt64)}} GROUP BY request_id, attempt",
+            {"shared": shared.to_pylist()},
+        )
+        return [(str(r), int(a), int(v)) for r, a, v in top]
 
     def finals(self, rows: pa.Table, shared: pa.Array) -> pa.Table:
         """3: the matching rows that are their key's final version."""
         if not len(shared):
             return rows
         suspect = pc.is_in(rows.column("_key_hash"), value_set=shared)
-        top = self.store.query_arrow(
-            f"SELECT request_id, attempt, max(revision) FROM {self.db}.requests "
-            f"PREWHERE {self.key_hash} IN {{shared:Array(UInt64)}} GROUP BY request_id, attempt",
-            {"shared": shared.to_pylist()},
-        )
-        highest = dict(
-            zip(
-                zip(top.column(0).to_pylist(), top.column(1).to_pylist(), strict=True),
-                top.column(2).to_pylist(),
-                strict=True,
-            )
-        )
+        highest = {(r, a): v for r, a, v in self.highest(shared)}
         keep = pc.invert(suspect).to_numpy(zero_copy_only=False)
         at = np.flatnonzero(~keep)
         them = rows.take(at)
@@ -223,6 +249,8 @@ ANSWER_TOO_LARGE: Final = "Code: 396"
 # SHARED_BYTES_PER_ROW a row: on the month store (52 M rows) one pass needed 1-4 GiB, two
 # 0.5-1, four 256-512 MiB and eight under 256 (max_memory_usage tried at 256 MiB steps:
 # ~40 B a row, 64 with a margin). The time: 1.2-2.4 s in one pass, 0.3 s a pass in eight.
+# Probed (the matching rows' hashes as a set) it needed 256 MiB-1 GiB for the largest
+# tenant-month (14.6 M rows) and under 256 MiB for stark's (2.1 M: 1.6 s).
 SHARED_PASS_ROWS: Final = 64_000_000
 SHARED_BYTES_PER_ROW: Final = 64
 READ_SPAN_NS: Final = 86_400 * 10**9
