@@ -305,11 +305,11 @@ class EngineSource:
             fields[name] = [values[c] for c in codes.tolist()]
         pt = self._groups.column("_pt").to_pylist()
         fields["prompt_tokens"] = [self.cuts.prompt_stand_in(c) for c in pt]
-        values = np.full((len(self._weights), len(BOUNDARIES)), np.nan, dtype=np.float64)
+        stand_ins = np.full((len(self._weights), len(BOUNDARIES)), np.nan, dtype=np.float64)
         for b, cuts in self.cuts.boundaries.items():
             at = self._groups.column(f"_b_{b}").to_pylist()
-            values[:, BOUNDARIES.index(b)] = [Cuts.stand_in(c, cuts) for c in at]
-        return RecordColumns.of_fields(fields, values), self._weights, kept
+            stand_ins[:, BOUNDARIES.index(b)] = [Cuts.stand_in(c, cuts) for c in at]
+        return RecordColumns.of_fields(fields, stand_ins), self._weights, kept
 
     def _exempt_classes(self, exempt: Sequence[int]) -> dict[tuple[Any, ...], bool]:
         """Each exemption class of the special rows: whether its rows are exempted (all
@@ -354,15 +354,15 @@ class EngineSource:
             "gids": self._gids[on].tolist(),
             "bits": bits[on].tolist(),
         }
-        rows = self._percentile_rows(asked, params, sort=False)
-        if not all(r[f"ok{j}"] for r in rows for j in range(len(asked))):
-            rows = self._percentile_rows(asked, params, sort=True)
+        read = self._percentile_rows(asked, params, sort=False)
+        if not all(r[f"ok{j}"] for r in read for j in range(len(asked))):
+            read = self._percentile_rows(asked, params, sort=True)
         out: list[tuple[DayValue | None, list[DayValue]]] = []
         for j in range(len(asked)):
             whole: DayValue | None = None
             days: list[DayValue] = []
             # (grouping(day) is 1 on the row of the grouping set without the day)
-            for r in rows:
+            for r in read:
                 n = int(r[f"n{j}"])
                 if not n:
                     continue
@@ -412,7 +412,8 @@ class EngineSource:
             "GROUP BY GROUPING SETS ((day), ()) ORDER BY _whole, day",
             params,
         )
-        return table.to_pylist()
+        rows: list[dict[str, Any]] = table.to_pylist()
+        return rows
 
     def _check(self, asked: tuple[str, BoolArray], selected: int) -> None:
         """The engine selected the rows of the groups asked that have a value: a group's

@@ -4,6 +4,7 @@ latest end of the period (issue 53: a tenant-month of a month store is 2 M rows)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
@@ -106,7 +107,7 @@ class _Read:
     def __init__(self, store: Store, tenant: str, from_unix_ns: int, until_unix_ns: int) -> None:
         self.store = store
         self.db = store.database
-        self.bound = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
+        self.bound: dict[str, Any] = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
         self.match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
         self.key_hash = "key_hash"
 
@@ -176,7 +177,9 @@ class _Read:
                 return self._hashes(lambda: self.probed_sql)
             per_pass = max(1, min(per_pass, limit // SHARED_BYTES_PER_ROW))
         passes = max(1, -(-rows // per_pass))
-        found = [self._hashes(lambda at=at: self.shared_sql(passes, at)) for at in range(passes)]
+        found = [
+            self._hashes(functools.partial(self.shared_sql, passes, at)) for at in range(passes)
+        ]
         return pa.concat_arrays(found) if found else pa.array([], pa.uint64())
 
     def sizes(self) -> tuple[int, int]:
