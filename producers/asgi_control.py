@@ -367,8 +367,8 @@ class ControlMiddleware:
             if kind == "http.response.body" and not msg.get("body") and msg.get("more_body"):
                 return  # an empty chunk before the first bytes: nothing to send yet
             released.set()  # from here on the request is never cut off
-            for start in held:
-                await send(start)
+            for message in held:
+                await send(message)
             held.clear()
             await send(msg)
 
@@ -423,8 +423,8 @@ class ControlMiddleware:
             return
         await task  # streams on (or has ended); its exceptions propagate
         if held and not released.is_set():  # the app ended without a body: as it sent it
-            for start in held:
-                await send(start)
+            for message in held:
+                await send(message)
 
     def facts(self, scope: Scope) -> RequestFacts:
         """What the enforcement is told of this request (headers only)."""

@@ -66,7 +66,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from pipeline.contract.control_signal import ALL_SCOPES
 from pipeline.contract.events import GatewayCompleted, GatewayReceived
@@ -270,7 +270,7 @@ class TailguardGate:
             if k.startswith("TAILGUARD_")
             and k[len("TAILGUARD_") :].lower() in EmitterSettings.model_fields
         }
-        settings = EmitterSettings(**given)
+        settings = EmitterSettings(**cast(dict[str, Any], given))  # (values as strings)
         modes = Modes.of_settings(settings)
         closers: list[Callable[[], None]] = []
         if sink is None:

@@ -187,7 +187,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             state = subscription.assignment.state_value(AioTopicPartition(tp.topic, tp.partition))
             if state is not None and not state.has_valid_position:
                 return None
-            return super().verify_event_path(now, tp)  # type: ignore[no-any-return]
+            return super().verify_event_path(now, tp)
         except (AssertionError, AttributeError):  # reset in between; no subscription yet
             return None
 
