@@ -115,7 +115,7 @@ TAU_MS: Final = 5_000.0  # time constant of the arrival-rate estimate
 # Fair shares (module docstring): a tenant's demand over a longer horizon than a
 # priority's, and its share worked out for 1.5 x its demand (what it leaves unused stays
 # in the top half of a bucket, where a tenant above its share may take it). Chosen on the
-# flood scenario (docs/admission.md, with the neighbours measured).
+# flood scenario (bench/ADMISSION-HISTORY.md, with the neighbours measured).
 TENANT_TAU_MS: Final = 20_000.0
 FAIR_HEADROOM: Final = 0.5
 WARMUP_MS: Final = 1_000.0  # history before the per-priority allocation is trusted

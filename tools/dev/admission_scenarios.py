@@ -1,10 +1,11 @@
 """Issue 52's scenarios: fair shares across tenants and deadline-aware admission, each
-beside the loops it is judged against (docs/admission.md shows the output).
+beside the loops it is judged against (docs/admission.md sums it up;
+bench/ADMISSION-HISTORY.md has the tables).
 
     .venv/bin/python -m tools.dev.admission_scenarios [flood|deadline|normal ...] [--json F]
         [--seed N] [--run NAME ...]
 
-``--seed`` sets the simulator's seed (the figures in docs/admission.md: seeds 0, 1, 2);
+``--seed`` sets the simulator's seed (the figures in bench/ADMISSION-HISTORY.md: seeds 0, 1, 2);
 ``--run`` runs only the named runs of a scenario (e.g. ``--run "tailguard, no flood"
 --run "tailguard fair"``: the flood check's two).
 
