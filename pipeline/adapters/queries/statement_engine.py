@@ -151,8 +151,7 @@ class EngineSource:
         until_unix_ns: int,
     ) -> None:
         self.store = store
-        read = _Read(store, tenant, from_unix_ns, until_unix_ns)
-        self.db, self.match = read.db, read.match
+        read = self._read = _Read(store, tenant, from_unix_ns, until_unix_ns)
         self.params: dict[str, Any] = dict(read.bound)
         self.rows_sql = self._final_rows(read)
         self.cuts = Cuts.of(contract, spec)
@@ -182,7 +181,7 @@ class EngineSource:
         )
         # the period's rows, every version, before the groups' read (without other
         # versions: as many as the groups hold)
-        self._stored = self._stored_rows() if "shared" in self.params else None
+        self._stored = read.stored() if "shared" in self.params else None
         self._read_groups()
         self._read_special()
 
@@ -196,17 +195,9 @@ class EngineSource:
         version) are not as many as before the first read: a row written between the
         reads (a live store; or two versions merged into one, read again all the same)."""
         before = self._requests if self._stored is None else self._stored
-        now = self._stored_rows()
+        now = self._read.stored()
         if now != before:
             raise StoreChangedError(f"the period's rows went from {before} to {now}")
-
-    def _stored_rows(self) -> int:
-        """The tenant's rows of the period, every version (the ``by_tenant`` projection:
-        a few ms)."""
-        ((n,),) = self.store.query_rows(
-            f"SELECT count() FROM {self.db}.requests WHERE {self.match}", self.params
-        )
-        return int(n)
 
     # ----------------------------------------------------------------- reading
     def _final_rows(self, read: _Read) -> str:
@@ -379,7 +370,7 @@ class EngineSource:
     ) -> list[dict[str, Any]]:
         """The read of :meth:`percentiles`: by selection (``ok{j}``: whether it selected
         the ``k``-th), or (``sort``) by a partial sort from the nearer end."""
-        a, b = _levels(params["p"])
+        written, core = _levels(params["p"])
         picks, conds = [], []
         for j, (boundary, _) in enumerate(asked):
             conds.append(f"isNotNull({boundary}) AND bitTest(_bits, {j}) AS _in{j}")
@@ -396,11 +387,11 @@ class EngineSource:
                     f"arrayPartialReverseSort(n{j} - k{j} + 1, {values})[n{j} - k{j} + 1]) AS v{j}"
                 )
             else:
-                at = f"toUInt64({a} * n{j}) = n{j} - k{j}"
+                at = f"toUInt64({written} * n{j}) = n{j} - k{j}"
                 picks.append(
-                    f"{rank}, quantilesExactIf({a}, {b})(-{value}, _in{j}) AS _q{j}, "
+                    f"{rank}, quantilesExactIf({written}, {core})(-{value}, _in{j}) AS _q{j}, "
                     f"-if({at}, _q{j}[1], _q{j}[2]) AS v{j}, "
-                    f"(n{j} = 0 OR {at} OR toUInt64({b} * n{j}) = n{j} - k{j}) "
+                    f"(n{j} = 0 OR {at} OR toUInt64({core} * n{j}) = n{j} - k{j}) "
                     f"AND countIf(_in{j} AND isNaN({value})) = 0 AS ok{j}"
                 )
         columns = sorted({b for b, _ in asked})
