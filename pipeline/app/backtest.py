@@ -67,7 +67,7 @@ from pipeline.core.slo_windows import WindowSLOCounts
 from pipeline.core.windows import WindowConfig
 from pipeline.spec.burn_rules import BurnRules
 from pipeline.spec.policy import ControlPolicy
-from pipeline.spec.slo import SLOSpec
+from pipeline.spec.slo import SLO, SLOSpec
 from producers.simulator.gate import GatewayGate, directive_of, nonstream_budget_ms
 from producers.simulator.model import OverloadEpisode, SimConfig, Simulator
 from producers.simulator.trace import TraceRequest
@@ -431,31 +431,39 @@ def _admission_doc(
 
 
 def _own_slo(records: list[RequestRecord], span_s: float | None) -> dict[str, Any]:
-    """Attempts carrying their own first-token SLO: ``good`` (served, first byte within
-    it), ``admitted`` (not turned away at the gateway: served, given up on, or cut off
-    in the queue), ``late_admitted`` (admitted, not good), ``refused_as_late``
-    (``deadline``: refused, or in shadow would have been)."""
-    good = sum(
-        1
-        for r in records
-        if r.outcome == "ok"
-        and r.gateway_ttfb_ms is not None
-        and r.slo_ttft_ms is not None
-        and r.gateway_ttfb_ms <= r.slo_ttft_ms
-    )
-    turned_away = sum(
-        1 for r in records if r.outcome == "rejected" and r.control_verdict != "queue_timeout"
-    )
+    """Attempts carrying their own first-token SLO, each judged against it by the SLO
+    spec's one rule (:class:`pipeline.core.slo.SLOMatcher`: the first byte at the
+    gateway, a client abort judged by the time it waited, an error bad): ``good``,
+    ``admitted`` (not turned away at the gateway: served, given up on, or cut off in the
+    queue), ``late_admitted`` (admitted and bad), ``refused_as_late`` (``deadline``:
+    refused, or in shadow would have been)."""
+    matchers = {
+        v: SLOMatcher(
+            SLO(name="own-ttft", boundary="gateway_ttfb_ms", threshold_ms=v, objective=0.99)
+        )
+        for v in {r.slo_ttft_ms for r in records if r.slo_ttft_ms is not None}
+    }
+    verdicts = [
+        (r, matchers[r.slo_ttft_ms].classify(r)) for r in records if r.slo_ttft_ms is not None
+    ]
+    good = sum(1 for _r, v in verdicts if v == "good")
+    admitted_bad = sum(1 for r, v in verdicts if v == "bad" and not _turned_away(r))
+    turned_away = sum(1 for r in records if _turned_away(r))
     admitted = len(records) - turned_away
     return {
         "requests": len(records),
         "admitted": admitted,
         "good": good,
-        "late_admitted": admitted - good,
-        "late_share": (admitted - good) / admitted if admitted else None,
+        "late_admitted": admitted_bad,
+        "late_share": admitted_bad / admitted if admitted else None,
         "refused_as_late": sum(1 for r in records if r.control_verdict == "deadline"),
         "goodput_rps": good / span_s if span_s else None,
     }
+
+
+def _turned_away(r: RequestRecord) -> bool:
+    """Refused at the gateway (a queue cut-off is admitted, then cut)."""
+    return r.outcome == "rejected" and r.control_verdict != "queue_timeout"
 
 
 def _logical_doc(spec: SLOSpec, logical: list[LogicalRequest], in_ep: Any) -> dict[str, Any]:
