@@ -83,6 +83,7 @@ from producers.enforcement import (
     hash_admits,
     spread_admits,
 )
+from producers.gateway_queue import Forwarded
 
 __all__ = [
     "CONTROL_STATE_KEY",
@@ -263,28 +264,38 @@ class ControlMiddleware:
             self.counters["half_open_admitted"] += 1
         if extra:
             self.counters["headers_injected"] += 1
-        if decision.verdict.predicted_ttft_ms is not None:
-            send = self._timing_first_byte(send, decision.verdict)
-        if act.queue_timeout_ms is not None or (decision.mode == "enforce" and facts.priority >= 1):
-            # under a cut-off now, or one a later directive may set while this request
-            # waits for its first byte (as the simulator's gateways: the backtest proves
-            # what this does)
-            await self._with_cutoff(
-                downstream,
-                receive,
-                send,
-                decision=decision,
-                facts=facts,
-                cutoff_ms=act.queue_timeout_ms,
-            )
-            return
-        shadow_cutoff = decision.verdict.queue_timeout_ms
-        if decision.mode == "shadow" and decision.verdict.reason is None and shadow_cutoff:
-            await self._watch_cutoff(
-                scope, receive, send, decision=decision, facts=facts, cutoff_ms=shadow_cutoff
-            )
-            return
-        await self.app(downstream, receive, send)
+        queue = self.enforcement.queue
+        forwarded = (
+            None
+            if decision.mode == "off"
+            else queue.forwarded(facts.model, facts.slo_ttft_ms, self.clock_ms())
+        )
+        if decision.verdict.predicted_ttft_ms is not None or forwarded is not None:
+            send = self._timing_first_byte(send, decision.verdict, forwarded)
+        try:
+            cut_now = act.queue_timeout_ms is not None
+            if cut_now or (decision.mode == "enforce" and facts.priority >= 1):
+                # under a cut-off now, or one a later directive may set while this request
+                # waits for its first byte (as the simulator's gateways: the backtest proves
+                # what this does)
+                await self._with_cutoff(
+                    downstream,
+                    receive,
+                    send,
+                    decision=decision,
+                    facts=facts,
+                    cutoff_ms=act.queue_timeout_ms,
+                )
+                return
+            shadow_cutoff = decision.verdict.queue_timeout_ms
+            if decision.mode == "shadow" and decision.verdict.reason is None and shadow_cutoff:
+                await self._watch_cutoff(
+                    scope, receive, send, decision=decision, facts=facts, cutoff_ms=shadow_cutoff
+                )
+                return
+            await self.app(downstream, receive, send)
+        finally:
+            queue.ended(forwarded)  # without a first byte (else it counted already)
 
     async def _wait_held(self, facts: RequestFacts, decision: Decision) -> Decision:
         """A request the enforcement holds for an admission token waits until its
@@ -302,13 +313,18 @@ class ControlMiddleware:
             self.enforcement.cancel(ticket)
             raise
 
-    def _timing_first_byte(self, send: Send, verdict: Verdict) -> Send:
-        """The first body bytes' time after the decision is the actual of the verdict's
-        first-token prediction (:meth:`Enforcement.observe_ttft`)."""
+    def _timing_first_byte(self, send: Send, verdict: Verdict, forwarded: Forwarded | None) -> Send:
+        """The first body bytes leave the queue this gateway sees
+        (:class:`producers.gateway_queue.GatewayQueue`), and their time after the
+        decision is the actual of the verdict's first-token prediction."""
         t0 = self.clock_ms()
-        return _timing_first_body(
-            send, self.clock_ms, lambda now_ms: self.enforcement.observe_ttft(verdict, now_ms - t0)
-        )
+        queue = self.enforcement.queue
+
+        def first_byte(now_ms: float) -> None:
+            queue.first_byte(forwarded, now_ms)
+            queue.observe_ttft(verdict.predicted_ttft_ms, now_ms - t0)
+
+        return _timing_first_body(send, self.clock_ms, first_byte)
 
     async def _watch_cutoff(
         self,

@@ -31,15 +31,19 @@ The rules, in order (a directive at level 0 admits everything untouched)
    passes either way).
 5. Deadline (issue 52): a request of priority >= 1 that carries its own first-token SLO
    (``slo_ttft_ms``: ``x-llm-d-slo-ttft-ms``) under a directive with a first-token
-   prediction (``ttft_queue_ms + ttft_service_ms``, what the controller measured: the
-   queue ahead over the engines' service rate, plus the unqueued first-token time) and a
-   ``deadline_margin`` (the policy level's; none: never) is refused at once ->
-   ``deadline`` when the prediction exceeds its SLO by more than the margin, rather
-   than admitted to miss it; ``Retry-After`` the
-   predicted excess (at least 1 s, at most ``retry_after_s``). An admitted request's
-   verdict carries the prediction (``predicted_ttft_ms``); the gateway reports the first
-   byte it saw with :meth:`Enforcement.observe_ttft`, and
-   :meth:`Enforcement.prediction_error` gives the P50/P90 of predicted - actual.
+   prediction and a ``deadline_margin`` (the policy level's; none: never) is refused at
+   once -> ``deadline`` rather than admitted to miss, when the prediction exceeds its SLO
+   by more than the margin, or its predicted queue wait exceeds its priority's queue
+   cut-off by more than the margin (it would be cut off there: 503, late whatever its
+   SLO); ``Retry-After`` the predicted excess (at least 1 s, at most ``retry_after_s``).
+   The prediction is the queue wait plus the directive's ``ttft_service_ms`` (the
+   unqueued first-token time); the queue wait is what this gateway sees now
+   (:class:`producers.gateway_queue.GatewayQueue`, ``Enforcement.queue``: the gateway
+   reports each forwarded request's first byte), else the directive's ``ttft_queue_ms``
+   (what the controller measured, a loop behind). An admitted request's verdict carries
+   the prediction (``predicted_ttft_ms``); the gateway reports the first byte it saw with
+   ``Enforcement.queue.observe_ttft``, and ``Enforcement.queue.prediction_error()`` gives
+   the P50/P90 of predicted - actual.
 6. ``admit_rps`` (capacity-aware admission): a :class:`producers.admission.
    PriorityAdmission` per directive scope at ``admit_rps / admit_gateways`` requests/s,
    by strict priority and, with ``fair_share`` (the policy level's), max-min fair among
@@ -95,14 +99,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, get_args
 
 from pipeline.contract.events import ControlVerdict
 from producers.admission import PriorityAdmission
 from producers.client_retry import SHOULD_RETRY_HEADER
+from producers.gateway_queue import GatewayQueue
 
 if TYPE_CHECKING:
     from pipeline.kafka_settings import EmitterSettings
@@ -124,7 +129,6 @@ STATUS: Final[Mapping[Reason, int]] = {
 # The margin docs/admission.md measures with (a policy level's deadline_margin: a request
 # is refused as late when its predicted first-token time exceeds its own SLO by more).
 DEADLINE_MARGIN: Final = 0.25
-PREDICTION_ERRORS_KEPT: Final = 10_000  # the last predicted - actual first-token errors
 
 ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
 PRIORITIES: Final = 4
@@ -382,38 +386,36 @@ class Modes:
         )
 
 
-def predicted_ttft_ms(actions: Any) -> float | None:
+def predicted_ttft_ms(actions: Any, queue_ms: float | None = None) -> float | None:
     """The first-token time a directive predicts for a request arriving now (None: it
-    carries no prediction): ``ttft_queue_ms + ttft_service_ms``."""
-    queue = getattr(actions, "ttft_queue_ms", None)
-    if queue is None:
+    carries no prediction): the queue wait (``queue_ms``, what the gateway sees, else the
+    directive's ``ttft_queue_ms``) plus ``ttft_service_ms``."""
+    directive_queue = getattr(actions, "ttft_queue_ms", None)
+    if directive_queue is None:
         return None
-    return float(queue) + float(getattr(actions, "ttft_service_ms", None) or 0.0)
+    wait = float(directive_queue) if queue_ms is None else queue_ms
+    return wait + float(getattr(actions, "ttft_service_ms", None) or 0.0)
 
 
 def late_by_ms(
-    predicted_ms: float | None, slo_ttft_ms: float | None, margin: float | None
+    predicted_ms: float | None,
+    slo_ttft_ms: float | None,
+    margin: float | None,
+    *,
+    queue_ms: float | None = None,
+    cutoff_ms: float | None = None,
 ) -> float | None:
     """How much later than its SLO a request is predicted to get its first token when
-    that is beyond ``margin`` (None: not late, nothing to compare, or no margin set)."""
+    that is beyond ``margin``, or how much longer than its queue cut-off it is predicted
+    to wait when that is (``queue_ms`` over ``cutoff_ms``: it would be cut off); None:
+    not late, nothing to compare, or no margin set."""
     if predicted_ms is None or slo_ttft_ms is None or margin is None:
         return None
-    if predicted_ms <= slo_ttft_ms * (1.0 + margin):
-        return None
-    return predicted_ms - slo_ttft_ms
-
-
-def error_percentiles(errors_ms: Iterable[float]) -> dict[str, float | int | None]:
-    """``{"n", "p50_ms", "p90_ms"}`` of first-token prediction errors (predicted -
-    actual; None while there is none)."""
-    xs = sorted(errors_ms)
-    if not xs:
-        return {"n": 0, "p50_ms": None, "p90_ms": None}
-    return {
-        "n": len(xs),
-        "p50_ms": xs[min(len(xs) - 1, int(0.5 * len(xs)))],
-        "p90_ms": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
-    }
+    if predicted_ms > slo_ttft_ms * (1.0 + margin):
+        return predicted_ms - slo_ttft_ms
+    if queue_ms is not None and cutoff_ms is not None and queue_ms > cutoff_ms * (1.0 + margin):
+        return queue_ms - cutoff_ms
+    return None
 
 
 def hash_admits(key: str, fraction: float) -> bool:
@@ -594,10 +596,11 @@ class Enforcement:
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, last ms
     _retries: dict[str, RetryWindow] = field(default_factory=dict)
     # predicted - actual first-token time (ms) of admitted requests, the last ones
-    _ttft_errors: deque[float] = field(default_factory=lambda: deque(maxlen=PREDICTION_ERRORS_KEPT))
     _spread_k: int = 0
     _jitter_k: int = 0
     _holds: HeldRequests = field(default_factory=HeldRequests)
+    # the first bytes this gateway sees: rule 5's queue wait, the prediction's error
+    queue: GatewayQueue = field(default_factory=GatewayQueue)
 
     def decide(
         self,
@@ -642,7 +645,12 @@ class Enforcement:
         if a.admit_rps is None:
             self._holds.release(h)
             verdict = self._admitted(
-                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+                a,
+                r,
+                priority,
+                self._unit(r),
+                half_open=False,
+                predicted=self._predicted_ms(a, r, now_ms),
             )
             return r, self._counted(directive, r, priority, mode, verdict, now_ms=now_ms)
         admission = self._admissions[h.scope]
@@ -651,7 +659,12 @@ class Enforcement:
             self._holds.release(h)
             self.applied["held_admitted"] += 1
             verdict = self._admitted(
-                a, r, priority, self._unit(r), half_open=False, predicted=predicted_ttft_ms(a)
+                a,
+                r,
+                priority,
+                self._unit(r),
+                half_open=False,
+                predicted=self._predicted_ms(a, r, now_ms),
             )
         elif now_ms >= h.until_ms:
             self._holds.release(h)
@@ -739,22 +752,6 @@ class Enforcement:
             int(directive.actions.retry_after_s), self._unit(request)
         )
 
-    def observe_ttft(self, verdict: Verdict, actual_ms: float | None) -> None:
-        """The gateway saw the first byte of a request admitted with ``verdict`` after
-        ``actual_ms`` (None: never): its prediction's error is kept."""
-        if verdict.predicted_ttft_ms is not None and actual_ms is not None:
-            self._ttft_errors.append(verdict.predicted_ttft_ms - actual_ms)
-
-    @property
-    def ttft_errors_ms(self) -> tuple[float, ...]:
-        """Predicted - actual first-token time (ms) of the last admitted requests with a
-        prediction."""
-        return tuple(self._ttft_errors)
-
-    def prediction_error(self) -> dict[str, float | int | None]:
-        """:func:`error_percentiles` of :attr:`ttft_errors_ms`."""
-        return error_percentiles(self._ttft_errors)
-
     # -- the rules
     def _verdict(
         self, d: DirectiveLike, r: RequestFacts, priority: int, now_ms: float, *, can_hold: bool
@@ -785,8 +782,15 @@ class Enforcement:
         retry_after_s = spread_retry_after_s(int(a.retry_after_s), u)
         if reason is not None:
             return Verdict(reason=reason, retry_after_s=retry_after_s)
-        predicted = predicted_ttft_ms(a)
-        late = late_by_ms(predicted, r.slo_ttft_ms, getattr(a, "deadline_margin", None))
+        wait_ms = self._queue_wait_ms(a, r, now_ms)
+        predicted = predicted_ttft_ms(a, wait_ms)
+        late = late_by_ms(
+            predicted,
+            r.slo_ttft_ms,
+            getattr(a, "deadline_margin", None),
+            queue_ms=wait_ms,
+            cutoff_ms=a.queue_timeout_for(priority),
+        )
         if late is not None and priority > 0:  # refused at once rather than admitted to miss
             ceiling = max(1, int(a.retry_after_s))
             return Verdict(
@@ -863,6 +867,18 @@ class Enforcement:
             half_open_admitted=half_open,
             predicted_ttft_ms=predicted,
         )
+
+    def _queue_wait_ms(self, a: _ActionsLike, r: RequestFacts, now_ms: float) -> float | None:
+        """Rule 5's queue wait: what this gateway sees now, else the directive's (None:
+        the directive predicts nothing)."""
+        directive_ms = getattr(a, "ttft_queue_ms", None)
+        if directive_ms is None:
+            return None
+        seen_ms = self.queue.wait_ms(r.model, now_ms)
+        return float(directive_ms) if seen_ms is None else seen_ms
+
+    def _predicted_ms(self, a: _ActionsLike, r: RequestFacts, now_ms: float) -> float | None:
+        return predicted_ttft_ms(a, self._queue_wait_ms(a, r, now_ms))
 
     @staticmethod
     def _rate_rps(a: _ActionsLike) -> float:

@@ -303,7 +303,7 @@ def control_metrics(enforcement: Enforcement | None, loop_delay: LoopDelay | Non
         "# TYPE tailguard_gateway_ttft_prediction_error_ms summary",
     ]
     if enforcement is not None:
-        err = enforcement.prediction_error()
+        err = enforcement.queue.prediction_error()
         for q, key in (("0.5", "p50_ms"), ("0.9", "p90_ms")):
             if err[key] is not None:
                 lines.append(f'tailguard_gateway_ttft_prediction_error_ms{{quantile="{q}"}} '

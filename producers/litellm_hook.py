@@ -93,6 +93,7 @@ from producers.gateway import (
     usable_request_id,
     usage_tokens,
 )
+from producers.gateway_queue import Forwarded
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ class Exchange:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     cutoff_counted: bool = False
+    # counted in the queue this gateway sees until its first byte (producers.gateway_queue)
+    forwarded: Forwarded | None = None
 
 
 def request_headers(data: Mapping[str, Any]) -> dict[str, str]:
@@ -366,9 +369,12 @@ class TailguardGate:
         if decision.refused:
             self.counters["refused"] += 1
         x = Exchange(request_id, model, facts, decision, t0)
+        if decision.mode != "off" and not decision.refused:
+            x.forwarded = self.enforcement.queue.forwarded(model, facts.slo_ttft_ms, t0 / 1e6)
         self._inflight[call_id] = x
         while len(self._inflight) > MAX_IN_FLIGHT:
-            self._inflight.popitem(last=False)
+            _call, gone = self._inflight.popitem(last=False)
+            self.enforcement.queue.ended(gone.forwarded)
             self.counters["evicted"] += 1
         if self._stats is not None:
             self._stats.changed()
@@ -383,10 +389,18 @@ class TailguardGate:
         if x is None:
             return
         if x.first_byte_ns is None:
-            x.first_byte_ns = self._mono()
-            self._check_cutoff(x)
+            self._first_byte(x, self._mono())
         if usage is not None:
             self._usage(x, usage)
+
+    def _first_byte(self, x: Exchange, now_ns: int) -> None:
+        """The request's first byte went out at ``now_ns``: its queue cut-off is judged,
+        it leaves the queue this gateway sees, its first-token prediction is timed."""
+        x.first_byte_ns = now_ns
+        self._check_cutoff(x)
+        queue = self.enforcement.queue
+        queue.first_byte(x.forwarded, now_ns / 1e6)
+        queue.observe_ttft(x.decision.verdict.predicted_ttft_ms, (now_ns - x.t0_ns) / 1e6)
 
     def finish(
         self,
@@ -405,8 +419,8 @@ class TailguardGate:
             return
         end = self._mono()
         if at_once and x.first_byte_ns is None:
-            x.first_byte_ns = end
-            self._check_cutoff(x)
+            self._first_byte(x, end)
+        self.enforcement.queue.ended(x.forwarded)  # without a first byte
         if usage is not None:
             self._usage(x, usage)
         d = x.decision

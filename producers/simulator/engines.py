@@ -134,6 +134,8 @@ class EngineLoop(SimCore):
         t_first = now + eng.seg_first_ms
         for req in admitted:
             req.t_first_ms = t_first
+            if req.forwarded is not None and req.stream:  # its gateway sees the first byte
+                self._first_byte_at(t_first + req.post_ms, req)
             last = req.stop_after if req.stop_after else req.gen_tokens
             heapq.heappush(heap, (j + last - 1, self._order, req))
             self._order += 1

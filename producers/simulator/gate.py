@@ -43,10 +43,10 @@ from producers.enforcement import (
     Modes,
     RequestFacts,
     Verdict,
-    error_percentiles,
     hash_admits,
     stricter,
 )
+from producers.gateway_queue import Forwarded, error_percentiles
 from producers.loop_delay import LoopDelay
 
 __all__ = [
@@ -265,13 +265,35 @@ class GatewayGate:
         override it)."""
         seen = self._predicted.pop(done.request_id, None)
         if seen is not None:
-            self.enforcements[seen[0]].observe_ttft(seen[1], done.ttfb_ms)
+            self.enforcements[seen[0]].queue.observe_ttft(seen[1].predicted_ttft_ms, done.ttfb_ms)
+
+    def forwarded(
+        self, gateway: str, model: str, slo_ttft_ms: float | None, t_ms: float
+    ) -> Forwarded | None:
+        """``gateway`` forwards a request it admitted for ``model`` at ``t_ms``: counted
+        in the queue that gateway sees (:class:`producers.gateway_queue.GatewayQueue`)
+        until :meth:`answered`; None when nothing is counted."""
+        enforcement = self.enforcements.get(gateway)
+        if enforcement is None:
+            return None
+        return enforcement.queue.forwarded(model, slo_ttft_ms, t_ms)
+
+    def answered(self, gateway: str, forwarded: Forwarded, first_byte_ms: float | None) -> None:
+        """A forwarded request's first byte reached ``gateway`` at ``first_byte_ms``
+        (None: it ended without one)."""
+        queue = self.enforcements[gateway].queue
+        if first_byte_ms is None:
+            queue.ended(forwarded)
+        else:
+            queue.first_byte(forwarded, first_byte_ms)
 
     def prediction_error(self) -> dict[str, float | int | None]:
         """P50/P90 of predicted - actual first-token time over every gateway's admitted
         requests with a prediction (:meth:`producers.enforcement.Enforcement.
         prediction_error`)."""
-        return error_percentiles([x for e in self.enforcements.values() for x in e.ttft_errors_ms])
+        return error_percentiles(
+            [x for e in self.enforcements.values() for x in e.queue.ttft_errors_ms]
+        )
 
     def shed_by_priority(self) -> dict[int, int]:
         out: dict[int, int] = {}

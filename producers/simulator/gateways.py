@@ -48,6 +48,7 @@ class GatewayLoop(EngineLoop):
         verdict = None
         if self._gate is not None:
             self._directives_arrive(req.t_gateway_ms)
+            self._first_bytes_until(req.t_gateway_ms)
             decision = self._gate.decision(self._arrival(req))
             verdict = decision.act
             if decision.mode != "off":
@@ -105,6 +106,7 @@ class GatewayLoop(EngineLoop):
             return
         now = self._now_ms
         self._directives_arrive(now)
+        self._first_bytes_until(now)
         decision = self._gate.resume(arrival, req.hold_ticket, now)
         verdict = decision.act
         if verdict.held:
@@ -129,6 +131,8 @@ class GatewayLoop(EngineLoop):
             req.prompt_tokens = min(req.prompt_tokens, cap)
             block = cfg.kv_block_tokens
             req.cached_tokens = min(req.cached_tokens, ((req.prompt_tokens - 1) // block) * block)
+        if self._gate is not None and req.gate_model:  # as the gate admitted it
+            req.forwarded = self._gate.forwarded(req.gateway, req.gate_model, req.slo_ttft_ms, t_ms)
         self._push(t_ms + req.pre_ms, _K_ARRIVE, req)
 
     def _reject_at_gateway(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pipeline.contract.events import Event, GatewayCompleted, Outcome
+from producers.gateway_queue import Forwarded
 from producers.simulator.config import ModelConfig, SimConfig
 from producers.simulator.gate import Completion, GatewayGate
 
@@ -73,6 +74,8 @@ class _Req:
     # the gate's (mode, reason) for it, as gateway.completed's control fields (None: off)
     control: tuple[str, str | None] | None = None
     slo_ttft_ms: float | None = None  # its own first-token SLO (x-llm-d-slo-ttft-ms)
+    # forwarded by a gateway that counts it in the queue it sees (producers.gateway_queue)
+    forwarded: Forwarded | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -226,6 +229,9 @@ class SimCore:
             raise ValueError("SimConfig.start_unix_ns is too small for the engine clock skews")
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._order = 0
+        # first bytes of forwarded requests the gateways count (producers.gateway_queue)
+        self._first_bytes: list[tuple[float, int, _Req]] = []
+        self._first_byte_order = 0
         self._out: list[tuple[int, int, Event]] = []
         self._out_order = 0
         self._open_requests = 0
@@ -261,6 +267,24 @@ class SimCore:
         while out and (upto_ns is None or out[0][0] <= upto_ns):
             yield heapq.heappop(out)[2]
 
+    def _first_byte_at(self, t_ms: float, req: _Req) -> None:
+        """``req``'s first byte reaches its gateway at ``t_ms``: told to the gate before
+        its gateway's next decision (:meth:`_first_bytes_until`), not as an event of its
+        own, so that a run's other events are released as without it."""
+        heapq.heappush(self._first_bytes, (t_ms, self._first_byte_order, req))
+        self._first_byte_order += 1
+
+    def _first_bytes_until(self, t_ms: float) -> None:
+        """Tell the gate the first bytes that reached their gateways by ``t_ms``."""
+        pending = self._first_bytes
+        while pending and pending[0][0] <= t_ms:
+            at_ms, _k, req = heapq.heappop(pending)
+            self._answer(req, at_ms)
+
+    def _answer(self, req: _Req, first_byte_ms: float | None) -> None:
+        if req.forwarded is not None and self._gate is not None:
+            self._gate.answered(req.gateway, req.forwarded, first_byte_ms)
+
     def _push(self, t_ms: float, kind: int, payload: object, version: int = 0) -> None:
         heapq.heappush(self._heap, (t_ms, kind, self._order, payload, version))
         self._order += 1
@@ -282,6 +306,11 @@ class SimCore:
     ) -> None:
         """Emit gateway.completed at gateway time t_done_ms and close the request."""
         req.state = _DONE
+        if req.forwarded is not None:
+            if req.t_first_ms < 0:  # no first token: it waits no more
+                self._answer(req, None)
+            elif not req.stream:  # its first byte is its whole answer
+                self._first_byte_at(t_done_ms, req)
         self._open_requests -= 1
         if outcome == "ok":
             self._ok += 1

@@ -15,7 +15,10 @@ are clients' retries, as the SDKs mark them (``x-stainless-retry-count``, or a r
 each gateway's admission reads the arrival's time, so the comparison does not depend on
 this machine's speed. Each arrival names a tenant (``x-tenant-id``: one sends most, some
 none) and some carry their own first-token SLO (``x-llm-d-slo-ttft-ms``), so the fair
-shares across tenants and the deadline refusal (issue 52) are held to it too.
+shares across tenants and the deadline refusal (issue 52) are held to it too; the
+upstream answers at once, and the simulator's gate is told each admitted request's first
+byte at that time, as the gateways see it (the queue each gateway sees,
+``producers.gateway_queue``).
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ SEQUENCE: list[tuple[str, Directive]] = [
     ("*", _d(3, "*", shed_priorities_at_or_above=0, retry_after_s=2)),
     ("*", _d(0, "*", "normal")),
     ("m", _d(1, "m", admit_rps=12.5, rate_limit_rps=40.0, cap_context_tokens=512)),
-    # fair shares (weighted) and the deadline: 900 ms predicted against 300 ms-5 s SLOs
+    # fair shares (weighted) and the deadline: the echo answers at once, so the gateways
+    # see no queue (the directive's 800 ms stand only until they have seen 5 first
+    # bytes): 400 ms predicted against 300 ms-5 s SLOs
     (
         "m",
         _d(
@@ -106,7 +111,7 @@ SEQUENCE: list[tuple[str, Directive]] = [
             fair_share=True,
             tenant_weights={"t1": 3.0},
             ttft_queue_ms=800.0,
-            ttft_service_ms=100.0,
+            ttft_service_ms=400.0,
             deadline_margin=0.25,
             retry_after_s=6,
         ),
@@ -154,6 +159,8 @@ def _expected(gate: GatewayGate, t_ms: float, model: str, prio: int, rid: str, *
     d = gate.decision(Arrival(model, prio, key, rid, "g", 100_000, t_ms, attempt.attempt,
                               attempt.logical_id, tenant=tenant, slo_ttft_ms=slo))  # fmt: skip
     v = d.act
+    if v.reason is None and d.mode != "off":  # forwarded; the echo answers at once
+        gate.answered("g", gate.forwarded("g", model, slo, t_ms), t_ms)
     if v.reason is not None:
         return {"status": v.status, "retry_after": str(v.retry_after_s), "reason": v.reason,
                 "should_retry": None if v.should_retry is None else str(v.should_retry).lower(),

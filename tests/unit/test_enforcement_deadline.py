@@ -15,10 +15,10 @@ from producers.enforcement import (
     Enforcement,
     Modes,
     RequestFacts,
-    error_percentiles,
     late_by_ms,
     predicted_ttft_ms,
 )
+from producers.gateway_queue import error_percentiles
 
 
 def _d(level: int = 1, **actions: Any) -> Directive:
@@ -123,9 +123,11 @@ def test_prediction_error_of_admitted_requests() -> None:
     e = Enforcement()
     for actual in (400.0, 900.0, 1000.0, 1100.0, 3000.0):
         d = e.decide(_d(**PREDICTED), _r(2, slo=5000.0), 0.0)
-        e.observe_ttft(d.verdict, actual)
-    e.observe_ttft(e.decide(_d(**PREDICTED), _r(2), 0.0).verdict, None)  # no first byte
-    assert e.prediction_error() == {"n": 5, "p50_ms": 0.0, "p90_ms": 600.0}
+        e.queue.observe_ttft(d.verdict.predicted_ttft_ms, actual)
+    e.queue.observe_ttft(
+        e.decide(_d(**PREDICTED), _r(2), 0.0).verdict.predicted_ttft_ms, None
+    )  # no first byte
+    assert e.queue.prediction_error() == {"n": 5, "p50_ms": 0.0, "p90_ms": 600.0}
     assert error_percentiles([]) == {"n": 0, "p50_ms": None, "p90_ms": None}
 
 

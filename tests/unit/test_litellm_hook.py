@@ -261,3 +261,29 @@ def test_importing_the_hook_imports_no_litellm() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "False"
+
+
+def test_the_queue_the_hook_sees_counts_forwarded_requests_until_their_first_byte() -> None:
+    """Issue 52: a request with its own first-token SLO counts in the queue the gateway
+    sees (producers/gateway_queue.py) from its admission to its first streamed chunk, a
+    whole answer, or its end; one without, or a refused one, never counts."""
+    g, _sink, clock = gate(Modes("enforce"), SHED_2)
+    slo = {"x-llm-d-slo-ttft-ms": "500", "x-vllm-priority": "1"}
+    for k in range(6):  # 6 streams: 5 first bytes, one still waiting
+        g.arrive(data(headers=slo, stream=True, call_id=f"s{k}"), None)
+    g.arrive(data(headers={"x-vllm-priority": "1"}, call_id="no-slo"), None)  # not counted
+    refused = g.arrive(data(headers={**slo, "x-vllm-priority": "2"}, call_id="shed"), None)
+    assert refused.decision.refused
+    assert refused.forwarded is None
+    clock.advance_ms(1_000)
+    for k in range(5):
+        g.chunk(f"s{k}")
+        g.chunk(f"s{k}")  # a later chunk: counted once
+    now_ms = clock.mono / 1e6
+    assert g.enforcement.queue.wait_ms("m", now_ms) == pytest.approx(1 * 1_000.0 / 5)
+    g.finish("s5", 0, disconnected=True)  # gone without a first byte: waits no more
+    assert g.enforcement.queue.wait_ms("m", now_ms) == 0.0
+    g.arrive(data(headers=slo, call_id="json"), None)
+    assert g.enforcement.queue.wait_ms("m", now_ms) == pytest.approx(1 * 1_000.0 / 5)
+    g.finish("json", 200, at_once=True)  # a whole answer at once is its first byte
+    assert g.enforcement.queue.wait_ms("m", now_ms) == 0.0
