@@ -595,7 +595,6 @@ class Enforcement:
     _admissions: dict[str, PriorityAdmission] = field(default_factory=dict)
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, last ms
     _retries: dict[str, RetryWindow] = field(default_factory=dict)
-    # predicted - actual first-token time (ms) of admitted requests, the last ones
     _spread_k: int = 0
     _jitter_k: int = 0
     _holds: HeldRequests = field(default_factory=HeldRequests)

@@ -21,6 +21,8 @@ gives the wait of a request forwarded now, ``W = L / λ`` (:meth:`GatewayQueue.w
   the directive's prediction stands.
 * The gateway reports each forwarded request's first byte (:meth:`first_byte`) or its
   end without one (:meth:`ended`): whichever comes first counts, the other is ignored.
+* At most :data:`MAX_MODELS` models are kept (a request names its model); the oldest
+  is forgotten first, and what its requests report then is ignored.
 
 Pure and clock-free, as :mod:`producers.enforcement` (which owns one per gateway
 instance, ``Enforcement.queue``).
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
+    "MAX_MODELS",
     "MIN_FIRST_BYTES",
     "PREDICTION_ERRORS_KEPT",
     "WINDOW_MS",
@@ -45,6 +48,8 @@ __all__ = [
 WINDOW_MS: Final = 10_000.0  # the first bytes that give the queue's service rate
 MIN_FIRST_BYTES: Final = 5  # fewer in the window: no estimate
 ANY_MODEL: Final = "*"  # requests whose model the gateway does not know
+# models kept at most (a model is a request's to name): the oldest is forgotten first
+MAX_MODELS: Final = 1_024
 PREDICTION_ERRORS_KEPT: Final = 10_000  # the last predicted - actual first-token errors
 
 
@@ -100,6 +105,8 @@ class GatewayQueue:
         scope = model or ANY_MODEL
         s = self._scopes.get(scope)
         if s is None:
+            if len(self._scopes) >= MAX_MODELS:
+                del self._scopes[next(iter(self._scopes))]
             s = self._scopes[scope] = _Scope(now_ms)
         s.waiting += 1
         return Forwarded(scope)
@@ -109,7 +116,9 @@ class GatewayQueue:
         if f is None or not f.waiting:
             return
         f.waiting = False
-        s = self._scopes[f.scope]
+        s = self._scopes.get(f.scope)
+        if s is None:  # its model was forgotten meanwhile
+            return
         s.waiting -= 1
         s.prune(now_ms)
         s.first_bytes_ms.append(now_ms)
@@ -119,7 +128,9 @@ class GatewayQueue:
         if f is None or not f.waiting:
             return
         f.waiting = False
-        self._scopes[f.scope].waiting -= 1
+        s = self._scopes.get(f.scope)
+        if s is not None:
+            s.waiting -= 1
 
     def wait_ms(self, model: str | None, now_ms: float) -> float | None:
         """The queue wait of a request forwarded to ``model`` now, ``L / λ``; ``None``

@@ -82,6 +82,24 @@ def test_late_by(
 
 
 @pytest.mark.parametrize(
+    ("queue", "cutoff", "margin", "late"),
+    [
+        (1_000.0, 750.0, 0.25, 250.0),  # past 750 ms x 1.25: it would be cut off
+        (937.5, 750.0, 0.25, None),  # exactly at the margin
+        (900.0, 750.0, 0.0, 150.0),
+        (5_000.0, None, 0.25, None),  # no cut-off for its priority
+        (None, 750.0, 0.25, None),  # no queue figure
+        (5_000.0, 750.0, None, None),  # no margin: never late
+    ],
+)
+def test_late_by_its_queue_cutoff_whatever_its_slo(
+    queue: float | None, cutoff: float | None, margin: float | None, late: float | None
+) -> None:
+    """A 5 s SLO is met by a 1.1 s prediction, but a wait past the cut-off is cut (503)."""
+    assert late_by_ms(1_100.0, 5_000.0, margin, queue_ms=queue, cutoff_ms=cutoff) == late
+
+
+@pytest.mark.parametrize(
     ("actions", "want"),
     [
         ({}, None),

@@ -14,7 +14,7 @@ from pipeline.contract.control_signal import Actions
 from producers.asgi_control import ControlMiddleware
 from producers.control_client import NORMAL, Directive
 from producers.enforcement import Enforcement, RequestFacts
-from producers.gateway_queue import MIN_FIRST_BYTES, WINDOW_MS, GatewayQueue
+from producers.gateway_queue import MAX_MODELS, MIN_FIRST_BYTES, WINDOW_MS, GatewayQueue
 
 # (case, steps, now ms, wait ms). Steps: ("fwd", t_ms, slo) -> a handle; ("byte", k, t_ms)
 # -> the k-th handle's first byte; ("end", k) -> the k-th ends without one.
@@ -191,3 +191,16 @@ def test_the_middleware_counts_a_request_until_its_first_body_bytes() -> None:
         assert mw.enforcement.queue.wait_ms("m", now[0]) == 0.0
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_models_are_bounded_and_a_forgotten_ones_reports_are_ignored() -> None:
+    q = GatewayQueue()
+    first = q.forwarded("model-0", 300.0, 0.0)
+    for k in range(1, MAX_MODELS + 1):  # one more model than kept: model-0 is forgotten
+        q.forwarded(f"model-{k}", 300.0, 0.0)
+    q.first_byte(first, 1.0)
+    q.ended(first)
+    hs = [q.forwarded("model-0", 300.0, 2.0) for _ in range(MIN_FIRST_BYTES + 1)]
+    for h in hs[:MIN_FIRST_BYTES]:
+        q.first_byte(h, 3.0)
+    assert q.wait_ms("model-0", 3.0) == pytest.approx(1 * 1.0 / MIN_FIRST_BYTES)
