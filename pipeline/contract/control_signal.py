@@ -311,9 +311,12 @@ class Actions(_Frozen):
         allow_inf_nan=False,
         description=(
             "Deadline-aware admission (with admission): refuse (429, deadline) a request "
-            "of priority >= 1 whose own first-token SLO (x-llm-d-slo-ttft-ms) the "
-            "directive's prediction (ttft_queue_ms + ttft_service_ms) exceeds by more "
-            "than this share (0.25: by 25 %); null: never refused as late."
+            "of priority >= 1 whose own first-token SLO (x-llm-d-slo-ttft-ms) its "
+            "predicted first-token time exceeds by more than this share (0.25: by 25 %), "
+            "or whose predicted queue wait exceeds its priority's queue cut-off by more; "
+            "the wait is the queue the gateway sees (its forwarded requests with no first "
+            "byte yet over their first-byte rate), else ttft_queue_ms, plus "
+            "ttft_service_ms; null: never refused as late."
         ),
     )
     hold_fraction: float | None = Field(
@@ -338,7 +341,8 @@ class Actions(_Frozen):
         description=(
             "Deadline-aware admission: the time a request arriving now is predicted to "
             "wait queued for its first token (the engines' waiting requests over their "
-            "measured service rate). A request that carries its own first-token SLO and "
+            "measured service rate), for a gateway that has not seen enough first bytes "
+            "of its own to tell. A request that carries its own first-token SLO and "
             "is predicted to miss it by a margin is refused at once (429, deadline); "
             "priority 0 never."
         ),
