@@ -400,7 +400,10 @@ class TailguardGate:
         self._check_cutoff(x)
         queue = self.enforcement.queue
         queue.first_byte(x.forwarded, now_ns / 1e6)
-        queue.observe_ttft(x.decision.verdict.predicted_ttft_ms, (now_ns - x.t0_ns) / 1e6)
+        predicted_ms = x.decision.verdict.predicted_ttft_ms
+        queue.observe_ttft(predicted_ms, (now_ns - x.t0_ns) / 1e6)
+        if predicted_ms is not None and self._stats is not None:
+            self._stats.changed()  # its error is in stats()
 
     def finish(
         self,
@@ -469,11 +472,15 @@ class TailguardGate:
 
     def stats(self) -> dict[str, Any]:
         """The enforcement's counts and the hook's (what ``TAILGUARD_LITELLM_STATS_FILE``
-        holds): ``refusals`` rows ``[mode, model, priority, reason, n]``."""
+        holds): ``refusals`` rows ``[mode, model, priority, reason, n]``;
+        ``ttft_prediction_error`` the P50/P90 of predicted - actual first byte over the
+        last admitted requests with a first-token prediction (issue 52; the reference
+        proxy's ``tailguard_gateway_ttft_prediction_error_ms``)."""
         sink_counters = getattr(self.sink, "counters", None)
         return {
             "refusals": [[*k, n] for k, n in sorted(self.enforcement.refusals.items())],
             "applied": dict(self.enforcement.applied),
+            "ttft_prediction_error": self.enforcement.queue.prediction_error(),
             "counters": dict(self.counters),
             "sink": dict(vars(sink_counters)) if sink_counters is not None else {},
         }

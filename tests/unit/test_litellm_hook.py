@@ -287,3 +287,25 @@ def test_the_queue_the_hook_sees_counts_forwarded_requests_until_their_first_byt
     assert g.enforcement.queue.wait_ms("m", now_ms) == pytest.approx(1 * 1_000.0 / 5)
     g.finish("json", 200, at_once=True)  # a whole answer at once is its first byte
     assert g.enforcement.queue.wait_ms("m", now_ms) == 0.0
+
+
+def test_stats_carry_the_first_token_prediction_error_of_admitted_requests() -> None:
+    """Issue 52: the hook's stats (its stats file) report predicted - actual first byte
+    of the admitted requests with a prediction, as the reference proxy's /metrics does."""
+    predicting = Directive(
+        level=1,
+        actions=Actions(
+            admission=True, admit_rps=1_000.0, ttft_queue_ms=200.0, ttft_service_ms=50.0
+        ),
+    )
+    g, _sink, clock = gate(Modes("enforce"), predicting)
+    assert g.stats()["ttft_prediction_error"] == {"n": 0, "p50_ms": None, "p90_ms": None}
+    slo = {"x-llm-d-slo-ttft-ms": "5000", "x-vllm-priority": "1"}
+    for k, took_ms in enumerate((100.0, 250.0, 400.0)):  # predicted 250 ms each
+        g.arrive(data(headers=slo, stream=True, call_id=f"s{k}"), None)
+        clock.advance_ms(took_ms)
+        g.chunk(f"s{k}")
+    err = g.stats()["ttft_prediction_error"]
+    assert err == {"n": 3, "p50_ms": pytest.approx(0.0), "p90_ms": pytest.approx(150.0)}
+    g.chunk("s0")  # a later chunk is not timed again
+    assert g.stats()["ttft_prediction_error"]["n"] == 3
