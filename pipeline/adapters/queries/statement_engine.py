@@ -195,7 +195,7 @@ class EngineSource:
         version) are not as many as before the first read: a row written between the
         reads (a live store; or two versions merged into one, read again all the same)."""
         before = self._requests if self._stored is None else self._stored
-        now = self._read.stored()
+        now = self._read.stored(fresh=True)
         if now != before:
             raise StoreChangedError(f"the period's rows went from {before} to {now}")
 

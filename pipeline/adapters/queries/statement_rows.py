@@ -110,6 +110,7 @@ class _Read:
         self.bound: dict[str, Any] = {"t": tenant, "a": from_unix_ns, "b": until_unix_ns}
         self.match = "tenant = {t:String} AND end_unix_ns >= {a:Int64} AND end_unix_ns < {b:Int64}"
         self.key_hash = "key_hash"
+        self._stored: int | None = None
 
     def shared_sql(self, passes: int, at: int) -> str:
         """The query of step 2 (the hashes ``h % passes = at`` of them), grouped: the
@@ -179,12 +180,16 @@ class _Read:
         ]
         return pa.concat_arrays(found) if found else pa.array([], pa.uint64())
 
-    def stored(self) -> int:
-        """The matching rows, every version (the ``by_tenant`` projection: a few ms)."""
-        ((n,),) = self.store.query_rows(
-            f"SELECT count() FROM {self.db}.requests WHERE {self.match}", self.bound
-        )
-        return int(n)
+    def stored(self, *, fresh: bool = False) -> int:
+        """The matching rows, every version (the ``by_tenant`` projection: a few ms):
+        counted once (by :meth:`shared` or the first caller), then that count, unless
+        ``fresh`` (a live store's check that nothing was written since)."""
+        if self._stored is None or fresh:
+            ((n,),) = self.store.query_rows(
+                f"SELECT count() FROM {self.db}.requests WHERE {self.match}", self.bound
+            )
+            self._stored = int(n)
+        return self._stored
 
     def sizes(self) -> tuple[int, int]:
         """(the table's rows, the store's memory limit per query in bytes; 0: none)."""
