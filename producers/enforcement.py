@@ -105,7 +105,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, get_args
 
 from pipeline.contract.events import ControlVerdict
-from producers.admission import PriorityAdmission
+from producers.admission import PRIORITIES, PriorityAdmission
 from producers.client_retry import SHOULD_RETRY_HEADER
 from producers.gateway_queue import GatewayQueue
 
@@ -131,7 +131,6 @@ STATUS: Final[Mapping[Reason, int]] = {
 DEADLINE_MARGIN: Final = 0.25
 
 ALL_SCOPES: Final = "*"  # the scope of a directive for all traffic (as the control topic's)
-PRIORITIES: Final = 4
 
 
 class _ActionsLike(Protocol):
