@@ -289,8 +289,8 @@ class GatewayGate:
 
     def prediction_error(self) -> dict[str, float | int | None]:
         """P50/P90 of predicted - actual first-token time over every gateway's admitted
-        requests with a prediction (:meth:`producers.enforcement.Enforcement.
-        prediction_error`)."""
+        requests with a prediction (each gateway's :meth:`producers.gateway_queue.
+        GatewayQueue.prediction_error`, pooled)."""
         return error_percentiles(
             [x for e in self.enforcements.values() for x in e.queue.ttft_errors_ms]
         )
